@@ -1,0 +1,91 @@
+// The scalar conversion kernels: the codec of codec.hpp applied element by element. This is the reference the
+// SIMD kernels are compared with, and the path for stochastic rounding.
+#include <bit>
+
+#include "../kernels.hpp"
+
+namespace fp8kit::convert_detail {
+namespace {
+
+float widen(float x) { return x; }
+float widen(bfloat16 x) { return x.to_float(); }
+float widen(float16 x) { return x.to_float(); }
+
+template <typename In>
+void encode_loop(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  const CastOptions& o = p.options;
+  const EncodeSpec spec{o.format, o.overflow, o.rounding};
+  const bool stochastic = o.rounding == Rounding::kStochastic;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = stochastic ? stochastic_bits(o.seed, o.stream_offset + i) : 0;
+    if (o.scale == 1.0f) {
+      out[i] = encode(in[i], spec, bits);  // the exact input, in its own type
+    } else {
+      out[i] = encode(widen(in[i]) * o.scale, spec, bits);
+    }
+  }
+}
+
+float narrow(float x, float) { return x; }
+bfloat16 narrow(float x, bfloat16) { return bfloat16::from_float(x); }
+float16 narrow(float x, float16) { return float16::from_float(x); }
+
+template <typename Out>
+void decode_loop(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = decode_to_float(p.format, in[i]);
+    out[i] = narrow(p.scale_inv == 1.0f ? x : x * p.scale_inv, Out{});
+  }
+}
+
+}  // namespace
+
+void encode_tail(const float* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) { encode_loop(in, out, n, p); }
+void encode_tail(const bfloat16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) { encode_loop(in, out, n, p); }
+void encode_tail(const float16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) { encode_loop(in, out, n, p); }
+void decode_tail(const std::uint8_t* in, float* out, std::size_t n, const DecodeParams& p) { decode_loop(in, out, n, p); }
+void decode_tail(const std::uint8_t* in, bfloat16* out, std::size_t n, const DecodeParams& p) { decode_loop(in, out, n, p); }
+void decode_tail(const std::uint8_t* in, float16* out, std::size_t n, const DecodeParams& p) { decode_loop(in, out, n, p); }
+
+const KernelTable& scalar_kernels() {
+  static const KernelTable table{
+      "scalar",
+      &encode_loop<float>,
+      &encode_loop<bfloat16>,
+      &encode_loop<float16>,
+      &decode_loop<float>,
+      &decode_loop<bfloat16>,
+      &decode_loop<float16>,
+  };
+  return table;
+}
+
+EncodeParams make_encode_params(const CastOptions& options) {
+  const FormatDescriptor& d = descriptor(options.format);
+  EncodeParams p{};
+  p.options = options;
+  p.mantissa_bits = static_cast<std::uint32_t>(d.mantissa_bits);
+  p.min_normal_bits = std::bit_cast<std::uint32_t>(static_cast<float>(min_normal(options.format)));
+  p.rebias = static_cast<std::uint32_t>(127 - d.bias) << d.mantissa_bits;
+  p.subnormal_shift_base = static_cast<std::uint32_t>(151 - d.bias - d.mantissa_bits);
+  p.overflow_code = encode(std::bit_cast<float>(0x7F800000u), EncodeSpec{options.format, options.overflow});
+  p.nan_code = d.nan_code(false);
+  p.sign_on_zero = d.has_negative_zero();
+  // The overflow threshold, found from the scalar codec itself (encoding is monotone in the magnitude):
+  // the smallest positive float whose code is the overflow code.
+  const EncodeSpec nonsat{options.format, Overflow::kNonSaturating};
+  const std::uint8_t overflow_marker = encode(std::bit_cast<float>(0x7F800000u), nonsat);
+  std::uint32_t lo = 0, hi = 0x7F800000u;  // encode(lo) is finite, encode(hi) overflows
+  while (hi - lo > 1) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    if (encode(std::bit_cast<float>(mid), nonsat) == overflow_marker) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  p.overflow_bits = hi;
+  return p;
+}
+
+}  // namespace fp8kit::convert_detail

@@ -1,0 +1,64 @@
+// Internal: the conversion kernel tables (one per instruction set) and the parameters they take.
+// Kernels know nothing of dispatch or threads; convert.cpp picks a table and splits the work.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "fp8kit/convert.hpp"
+
+namespace fp8kit::convert_detail {
+
+// Everything an encoding kernel needs, precomputed from the format descriptor by make_encode_params().
+struct EncodeParams {
+  CastOptions options;
+  // For the SIMD paths (the four sign-magnitude formats; e8m0fnu has its own constants):
+  std::uint32_t mantissa_bits;
+  std::uint32_t min_normal_bits;  // float bits of the smallest normal of the format
+  std::uint32_t overflow_bits;    // float bits of the smallest magnitude that overflows (from the scalar codec)
+  std::uint32_t rebias;           // (127 - bias) << mantissa_bits: float exponent to FP8 exponent
+  std::uint32_t subnormal_shift_base;  // 151 - bias - mantissa_bits: right shift = base - float exponent field
+  std::uint8_t overflow_code;     // positive code for overflow under the policy
+  std::uint8_t nan_code;          // positive canonical NaN code
+  bool sign_on_zero;              // the format has -0
+};
+EncodeParams make_encode_params(const CastOptions& options);
+
+struct DecodeParams {
+  Format format;
+  float scale_inv;
+};
+
+template <typename In>
+using EncodeFn = void (*)(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);
+template <typename Out>
+using DecodeFn = void (*)(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p);
+
+struct KernelTable {
+  std::string_view isa;
+  EncodeFn<float> encode_f32;
+  EncodeFn<bfloat16> encode_bf16;
+  EncodeFn<float16> encode_f16;
+  DecodeFn<float> decode_f32;
+  DecodeFn<bfloat16> decode_bf16;
+  DecodeFn<float16> decode_f16;
+};
+
+// The reference: the scalar codec in a loop. Handles every option, stochastic rounding included.
+const KernelTable& scalar_kernels();
+// AVX2 + F16C + FMA kernels for round-to-nearest-even (stochastic rounding is delegated to the scalar loop);
+// nullptr when this CPU lacks those instructions.
+const KernelTable* avx2_kernels();
+// The best table for this CPU.
+const KernelTable& best_kernels();
+
+// Scalar element loops the SIMD kernels reuse for their tails.
+void encode_tail(const float* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);
+void encode_tail(const bfloat16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);
+void encode_tail(const float16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);
+void decode_tail(const std::uint8_t* in, float* out, std::size_t n, const DecodeParams& p);
+void decode_tail(const std::uint8_t* in, bfloat16* out, std::size_t n, const DecodeParams& p);
+void decode_tail(const std::uint8_t* in, float16* out, std::size_t n, const DecodeParams& p);
+
+}  // namespace fp8kit::convert_detail

@@ -1,0 +1,244 @@
+// Bulk conversions: every kernel table against the scalar reference, for every format, policy and input type,
+// odd lengths, unaligned pointers, scales, threads, and stochastic rounding's reproducibility.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "convert/kernels.hpp"
+#include "fp8kit/convert.hpp"
+#include "fp8kit/cpu.hpp"
+#include "fp8kit/error.hpp"
+
+namespace fp8kit {
+namespace {
+
+using convert_detail::KernelTable;
+
+std::vector<const KernelTable*> fast_tables() {
+  std::vector<const KernelTable*> tables;
+  if (convert_detail::avx2_kernels()) tables.push_back(convert_detail::avx2_kernels());
+  return tables;
+}
+
+const std::size_t kLengths[] = {0, 1, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129, 255, 1000, 4099};
+const float kScales[] = {1.0f, 0.5f, 3.0f, 1e-3f, 448.0f / 17.0f, 1e30f};
+
+// Random floats over every magnitude, with specials and FP8 boundary values mixed in.
+std::vector<float> test_floats(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> v(n);
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 448.0f, 464.0f, 465.0f, 61440.0f, 0x1p-10f, 240.0f, 248.0f, 1.5f, 0x1p-127f};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t r = rng();
+    if (r % 11 == 0) {
+      v[i] = specials[(r >> 8) % std::size(specials)];
+    } else if (r % 3 == 0) {
+      v[i] = std::bit_cast<float>(static_cast<std::uint32_t>(r >> 32));
+    } else {
+      v[i] = std::ldexp(1.0f + static_cast<float>((r >> 8) & 0xFFFF) / 65536.0f, static_cast<int>((r >> 32) % 60) - 40) *
+             ((r >> 40) & 1 ? -1.0f : 1.0f);
+    }
+  }
+  return v;
+}
+
+template <typename T>
+std::vector<T> narrow_all(const std::vector<float>& v) {
+  std::vector<T> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      out[i] = v[i];
+    } else {
+      out[i] = T::from_float(v[i]);
+    }
+  }
+  return out;
+}
+
+template <typename In>
+void check_encode(convert_detail::EncodeFn<In> (KernelTable::*member)) {
+  const auto base = test_floats(5000, 99);
+  const auto input = narrow_all<In>(base);
+  for (const KernelTable* table : fast_tables()) {
+    for (Format f : kAllFormats) {
+      for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+        for (float scale : kScales) {
+          const auto params = convert_detail::make_encode_params(CastOptions{f, o, Rounding::kNearestEven, scale});
+          for (std::size_t n : kLengths) {
+            for (std::size_t misalign : {0, 1, 3}) {
+              if (n + misalign > input.size()) continue;
+              std::vector<std::uint8_t> want(n + 1, 0xAB), got(n + 1 + misalign, 0xAB);
+              (convert_detail::scalar_kernels().*member)(input.data() + misalign, want.data(), n, params);
+              (table->*member)(input.data() + misalign, got.data() + misalign, n, params);
+              for (std::size_t i = 0; i < n; ++i) {
+                ASSERT_EQ(got[misalign + i], want[i]) << table->isa << " " << name(f) << " scale " << scale << " n " << n
+                                                      << " i " << i << " x " << std::hexfloat << base[misalign + i];
+              }
+              EXPECT_EQ(got[misalign + n], 0xAB) << "wrote past the end";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Convert, EncodeFloatMatchesScalar) { check_encode<float>(&KernelTable::encode_f32); }
+TEST(Convert, EncodeBfloat16MatchesScalar) { check_encode<bfloat16>(&KernelTable::encode_bf16); }
+TEST(Convert, EncodeFloat16MatchesScalar) { check_encode<float16>(&KernelTable::encode_f16); }
+
+// All 2^16 bfloat16 and float16 inputs, every format and policy.
+TEST(Convert, EveryHalfInput) {
+  std::vector<bfloat16> bf(65536);
+  std::vector<float16> hf(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    bf[i] = bfloat16::from_bits(static_cast<std::uint16_t>(i));
+    hf[i] = float16::from_bits(static_cast<std::uint16_t>(i));
+  }
+  for (const KernelTable* table : fast_tables()) {
+    for (Format f : kAllFormats) {
+      for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+        const auto params = convert_detail::make_encode_params(CastOptions{f, o});
+        std::vector<std::uint8_t> want(65536), got(65536);
+        convert_detail::scalar_kernels().encode_bf16(bf.data(), want.data(), 65536, params);
+        table->encode_bf16(bf.data(), got.data(), 65536, params);
+        ASSERT_EQ(want, got) << table->isa << " bf16 " << name(f);
+        convert_detail::scalar_kernels().encode_f16(hf.data(), want.data(), 65536, params);
+        table->encode_f16(hf.data(), got.data(), 65536, params);
+        ASSERT_EQ(want, got) << table->isa << " f16 " << name(f);
+      }
+    }
+  }
+}
+
+template <typename Out>
+std::uint32_t bits_of(Out x) {
+  if constexpr (std::is_same_v<Out, float>) {
+    return std::bit_cast<std::uint32_t>(x);
+  } else {
+    return x.bits;
+  }
+}
+
+template <typename Out>
+void check_decode(convert_detail::DecodeFn<Out> (KernelTable::*member)) {
+  std::vector<std::uint8_t> codes(4096 + 8);
+  for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 37 + (i >> 8));
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<std::uint8_t>(c);  // every code, in order
+  for (const KernelTable* table : fast_tables()) {
+    for (Format f : kAllFormats) {
+      for (float scale_inv : kScales) {
+        const convert_detail::DecodeParams params{f, scale_inv};
+        for (std::size_t n : kLengths) {
+          for (std::size_t misalign : {0, 1, 5}) {
+            if (n + misalign > codes.size()) continue;
+            std::vector<Out> want(n), got(n + misalign + 1);
+            (convert_detail::scalar_kernels().*member)(codes.data() + misalign, want.data(), n, params);
+            (table->*member)(codes.data() + misalign, got.data() + misalign, n, params);
+            for (std::size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(bits_of(got[misalign + i]), bits_of(want[i]))
+                  << table->isa << " " << name(f) << " code " << int(codes[misalign + i]) << " scale_inv " << scale_inv;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Convert, DecodeFloatMatchesScalar) { check_decode<float>(&KernelTable::decode_f32); }
+TEST(Convert, DecodeBfloat16MatchesScalar) { check_decode<bfloat16>(&KernelTable::decode_bf16); }
+TEST(Convert, DecodeFloat16MatchesScalar) { check_decode<float16>(&KernelTable::decode_f16); }
+
+TEST(Convert, PublicEntryAndThreadsAgree) {
+  const std::size_t n = (std::size_t{1} << 20) + 77;  // above the parallel threshold, odd tail
+  const auto x = test_floats(n, 5);
+  for (Format f : kAllFormats) {
+    const CastOptions options{f, Overflow::kSaturate, Rounding::kNearestEven, 2.0f};
+    std::vector<std::uint8_t> one(n), two(n), ref(n);
+    set_num_threads(1);
+    cast_to_fp8(x, one, options);
+    set_num_threads(2);
+    cast_to_fp8(x, two, options);
+    convert_detail::scalar_kernels().encode_f32(x.data(), ref.data(), n, convert_detail::make_encode_params(options));
+    EXPECT_EQ(one, ref) << name(f);
+    EXPECT_EQ(two, ref) << name(f);
+    std::vector<float> back1(n), back2(n);
+    set_num_threads(1);
+    cast_from_fp8(one, f, back1, 0.5f);
+    set_num_threads(2);
+    cast_from_fp8(one, f, back2, 0.5f);
+    EXPECT_EQ(std::memcmp(back1.data(), back2.data(), n * sizeof(float)), 0) << name(f);
+  }
+}
+
+TEST(Convert, StochasticRoundingIndependentOfThreadsAndChunks) {
+  const std::size_t n = (std::size_t{1} << 19) + 3;
+  const auto x = test_floats(n, 8);
+  const CastOptions options{Format::e5m2, Overflow::kSaturate, Rounding::kStochastic, 1.0f, 42};
+  std::vector<std::uint8_t> a(n), b(n), c(n);
+  set_num_threads(1);
+  cast_to_fp8(x, a, options);
+  set_num_threads(2);
+  cast_to_fp8(x, b, options);
+  EXPECT_EQ(a, b);
+  // The second half converted on its own, with the stream offset, continues the same stream.
+  CastOptions tail = options;
+  tail.stream_offset = n / 2;
+  cast_to_fp8(std::span<const float>(x).subspan(n / 2), std::span<std::uint8_t>(c).subspan(n / 2), tail);
+  EXPECT_TRUE(std::equal(a.begin() + n / 2, a.end(), c.begin() + n / 2));
+  // A different seed changes some results.
+  CastOptions other = options;
+  other.seed = 43;
+  cast_to_fp8(x, c, other);
+  EXPECT_NE(a, c);
+}
+
+TEST(Convert, RoundTripEveryCodeThroughEveryType) {
+  std::vector<std::uint8_t> codes(256);
+  for (int i = 0; i < 256; ++i) codes[i] = static_cast<std::uint8_t>(i);
+  for (Format f : kAllFormats) {
+    const FormatDescriptor& d = descriptor(f);
+    std::vector<float> xf(256);
+    std::vector<bfloat16> xb(256);
+    cast_from_fp8(codes, f, xf);
+    cast_from_fp8(codes, f, xb);
+    std::vector<std::uint8_t> back_f(256), back_b(256);
+    cast_to_fp8(xf, back_f, CastOptions{f, Overflow::kNonSaturating});
+    cast_to_fp8(xb, back_b, CastOptions{f, Overflow::kNonSaturating});
+    for (int c = 0; c < 256; ++c) {
+      const auto code = static_cast<std::uint8_t>(c);
+      if (d.is_nan(code)) {
+        EXPECT_TRUE(d.is_nan(back_f[c]));
+        EXPECT_TRUE(d.is_nan(back_b[c]));
+      } else {
+        EXPECT_EQ(back_f[c], code) << name(f);
+        EXPECT_EQ(back_b[c], code) << name(f);
+      }
+    }
+  }
+}
+
+TEST(Convert, RejectsMismatchedSizes) {
+  std::vector<float> x(10);
+  std::vector<std::uint8_t> q(9);
+  EXPECT_THROW(cast_to_fp8(x, q, CastOptions{Format::e4m3fn, Overflow::kSaturate}), Error);
+  EXPECT_THROW(cast_from_fp8(q, Format::e4m3fn, std::span<float>(x)), Error);
+  EXPECT_THROW(set_num_threads(0), Error);
+}
+
+TEST(Convert, ReportsIsa) {
+  const auto isa = conversion_isa();
+  if (cpu_features().avx2 && cpu_features().f16c && cpu_features().fma) {
+    EXPECT_EQ(isa, "avx2");
+  } else {
+    EXPECT_EQ(isa, "scalar");
+  }
+}
+
+}  // namespace
+}  // namespace fp8kit
