@@ -3,6 +3,7 @@
 #include <bit>
 
 #include "../kernels.hpp"
+#include "format/codec_impl.hpp"
 
 namespace fp8kit::convert_detail {
 namespace {
@@ -11,18 +12,31 @@ float widen(float x) { return x; }
 float widen(bfloat16 x) { return x.to_float(); }
 float widen(float16 x) { return x.to_float(); }
 
-template <typename In>
-void encode_loop(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+template <Format F, typename In>
+void encode_loop_for(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  constexpr const FormatDescriptor& d = descriptor(F);
   const CastOptions& o = p.options;
   const EncodeSpec spec{o.format, o.overflow, o.rounding};
   const bool stochastic = o.rounding == Rounding::kStochastic;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t bits = stochastic ? stochastic_bits(o.seed, o.stream_offset + i) : 0;
     if (o.scale == 1.0f) {
-      out[i] = encode(in[i], spec, bits);  // the exact input, in its own type
+      out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(in[i]), spec, bits);  // exact, in its own type
     } else {
-      out[i] = encode(widen(in[i]) * o.scale, spec, bits);
+      out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(widen(in[i]) * o.scale), spec, bits);
     }
+  }
+}
+
+// One instantiation per format, so the descriptor's fields are constants inside the loop.
+template <typename In>
+void encode_loop(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  switch (p.options.format) {
+    case Format::e4m3fn: return encode_loop_for<Format::e4m3fn>(in, out, n, p);
+    case Format::e5m2: return encode_loop_for<Format::e5m2>(in, out, n, p);
+    case Format::e4m3fnuz: return encode_loop_for<Format::e4m3fnuz>(in, out, n, p);
+    case Format::e5m2fnuz: return encode_loop_for<Format::e5m2fnuz>(in, out, n, p);
+    case Format::e8m0fnu: return encode_loop_for<Format::e8m0fnu>(in, out, n, p);
   }
 }
 
