@@ -28,6 +28,9 @@ using convert_detail::best_kernels;
 constexpr std::size_t kParallelThreshold = std::size_t{1} << 18;
 // Chunk boundaries are multiples of this, so SIMD bodies stay full-width.
 constexpr std::size_t kChunkAlign = 64;
+// Outputs at least this large are written with non-temporal stores: they would not stay in the caches anyway,
+// and skipping the read-for-ownership of the destination saves memory bandwidth.
+constexpr std::size_t kStreamingBytes = std::size_t{16} << 20;
 
 // Runs body(begin, end) over [0, n), in parallel when n is large.
 template <typename Body>
@@ -51,7 +54,8 @@ void cast_to_fp8_impl(std::span<const In> in, std::span<std::uint8_t> out, const
                       convert_detail::EncodeFn<In> kernel) {
   FP8KIT_CHECK(in.size() == out.size(), "cast_to_fp8: input has ", in.size(), " elements but output has ", out.size());
   if (in.empty()) return;
-  const convert_detail::EncodeParams params = convert_detail::make_encode_params(options);
+  convert_detail::EncodeParams params = convert_detail::make_encode_params(options);
+  params.streaming_stores = out.size_bytes() >= kStreamingBytes;
   parallel_chunks(in.size(), [&](std::size_t begin, std::size_t end) {
     convert_detail::EncodeParams chunk = params;
     chunk.options.stream_offset += begin;
@@ -65,7 +69,7 @@ void cast_from_fp8_impl(std::span<const std::uint8_t> in, Format format, std::sp
   FP8KIT_CHECK(in.size() == out.size(), "cast_from_fp8: input has ", in.size(), " elements but output has ",
                out.size());
   if (in.empty()) return;
-  const convert_detail::DecodeParams params{format, scale_inv};
+  const convert_detail::DecodeParams params{format, scale_inv, out.size_bytes() >= kStreamingBytes};
   parallel_chunks(in.size(), [&](std::size_t begin, std::size_t end) {
     kernel(in.data() + begin, out.data() + begin, end - begin, params);
   });

@@ -67,8 +67,9 @@ void check_encode(convert_detail::EncodeFn<In> (KernelTable::*member)) {
     for (Format f : kAllFormats) {
       for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
         for (float scale : kScales) {
-          const auto params = convert_detail::make_encode_params(CastOptions{f, o, Rounding::kNearestEven, scale});
+          auto params = convert_detail::make_encode_params(CastOptions{f, o, Rounding::kNearestEven, scale});
           for (std::size_t n : kLengths) {
+            params.streaming_stores = (n % 2) == 1;  // both store kinds, on odd and even lengths alike
             for (std::size_t misalign : {0, 1, 3}) {
               if (n + misalign > input.size()) continue;
               std::vector<std::uint8_t> want(n + 1, 0xAB), got(n + 1 + misalign, 0xAB);
@@ -132,8 +133,8 @@ void check_decode(convert_detail::DecodeFn<Out> (KernelTable::*member)) {
   for (const KernelTable* table : fast_tables()) {
     for (Format f : kAllFormats) {
       for (float scale_inv : kScales) {
-        const convert_detail::DecodeParams params{f, scale_inv};
         for (std::size_t n : kLengths) {
+          const convert_detail::DecodeParams params{f, scale_inv, (n % 2) == 1};
           for (std::size_t misalign : {0, 1, 5}) {
             if (n + misalign > codes.size()) continue;
             std::vector<Out> want(n), got(n + misalign + 1);

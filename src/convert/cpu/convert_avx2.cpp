@@ -1,13 +1,18 @@
-// AVX2 + F16C conversion kernels (round to nearest even). Integer-only rounding, so the result does not depend on
-// MXCSR's rounding mode or DAZ/FTZ (only the optional scale multiply is a float operation, as in the reference).
+// AVX2 + F16C conversion kernels (round to nearest even), bit-identical to the scalar codec. They assume MXCSR's
+// default round-to-nearest mode, as all compiled float code does; DAZ/FTZ do not change their results (a float
+// subnormal input rounds to 0 in every FP8 format either way).
 //
-// float32 -> FP8, per element, on a = |x| as bits (E = float exponent field, m = FP8 mantissa bits):
+// float32 -> FP8, per element, on a = |x| as bits (m = FP8 mantissa bits):
 //   normal FP8     ((a + 2^(22-m) - 1 + lsb) >> (23-m)) - ((127-bias) << m)   carry into the exponent is correct
-//   subnormal FP8  sig = 1.mant as an integer, RNE of sig >> (151 - bias - m - E) with variable shifts
+//   subnormal FP8  bits(|x| + C) - bits(C), C = 2^(24-bias-m): the float adder rounds once onto the FP8 quantum
 //   overflow       a >= overflow_bits (found from the scalar codec) -> the policy's overflow code
 //   NaN            a > 0x7F800000 -> the canonical NaN; then the sign bit (never on the fnuz zero)
 // FP8 -> float32: normal (mag << (23-m)) + rebias, subnormal int->float * 2^(1-bias-m) (exact), then specials.
 #include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
 
 #include "../kernels.hpp"
 #include "fp8kit/cpu.hpp"
@@ -15,13 +20,15 @@
 namespace fp8kit::convert_detail {
 namespace {
 
+// Software prefetch distance for the input stream (helps one thread keep enough reads in flight).
+constexpr int kPrefetchBytes = 1024;
+
 __m256i splat(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
 __m256i select(__m256i mask, __m256i if_true, __m256i if_false) { return _mm256_blendv_epi8(if_false, if_true, mask); }
 
 struct EncodeConsts {
   explicit EncodeConsts(const EncodeParams& p)
       : scale(_mm256_set1_ps(p.options.scale)),
-        scaled(p.options.scale != 1.0f),
         shift(_mm_cvtsi32_si128(static_cast<int>(23 - p.mantissa_bits))),
         round_base(splat((1u << (22 - p.mantissa_bits)) - 1u)),
         rebias(splat(p.rebias)),
@@ -29,20 +36,19 @@ struct EncodeConsts {
         overflow_minus_1(splat(p.overflow_bits - 1u)),
         overflow_code(splat(p.overflow_code)),
         nan_code(splat(p.nan_code)),
-        subnormal_shift_base(splat(p.subnormal_shift_base)),
-        sign_on_zero(p.sign_on_zero),
+        subnormal_magic(_mm256_castsi256_ps(splat(p.subnormal_magic_bits))),
         saturate(p.options.overflow == Overflow::kSaturate) {}
   __m256 scale;
-  bool scaled;
   __m128i shift;
-  __m256i round_base, rebias, min_normal, overflow_minus_1, overflow_code, nan_code, subnormal_shift_base;
-  bool sign_on_zero;
+  __m256i round_base, rebias, min_normal, overflow_minus_1, overflow_code, nan_code;
+  __m256 subnormal_magic;
   bool saturate;
 };
 
 // 8 floats -> 8 codes in the low byte of each 32-bit lane: e4m3fn, e5m2, e4m3fnuz, e5m2fnuz.
+template <bool kScaled, bool kSignOnZero>
 inline __m256i encode8(__m256 x, const EncodeConsts& c) {
-  if (c.scaled) x = _mm256_mul_ps(x, c.scale);
+  if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
   const __m256i one = splat(1);
   const __m256i u = _mm256_castps_si256(x);
   const __m256i a = _mm256_and_si256(u, splat(0x7FFFFFFFu));
@@ -50,26 +56,22 @@ inline __m256i encode8(__m256 x, const EncodeConsts& c) {
   const __m256i lsb = _mm256_and_si256(_mm256_srl_epi32(a, c.shift), one);
   const __m256i rounded = _mm256_add_epi32(a, _mm256_add_epi32(c.round_base, lsb));
   const __m256i normal = _mm256_sub_epi32(_mm256_srl_epi32(rounded, c.shift), c.rebias);
-  // Subnormal FP8 result: round the 24-bit significand right by a per-element shift (capped: >= 25 gives 0).
-  const __m256i sig = _mm256_or_si256(_mm256_and_si256(a, splat(0x7FFFFFu)), splat(0x800000u));
-  const __m256i shift = _mm256_min_epu32(_mm256_sub_epi32(c.subnormal_shift_base, _mm256_srli_epi32(a, 23)), splat(31));
-  const __m256i kept = _mm256_srlv_epi32(sig, shift);
-  const __m256i rem = _mm256_sub_epi32(sig, _mm256_sllv_epi32(kept, shift));
-  const __m256i half = _mm256_sllv_epi32(one, _mm256_sub_epi32(shift, one));
-  const __m256i odd = _mm256_cmpeq_epi32(_mm256_and_si256(kept, one), one);
-  const __m256i up = _mm256_or_si256(_mm256_cmpgt_epi32(rem, half), _mm256_and_si256(_mm256_cmpeq_epi32(rem, half), odd));
-  const __m256i subnormal = _mm256_sub_epi32(kept, up);  // up is 0 or -1
+  // Subnormal FP8 result: adding C = 2^(24-bias-m), whose ulp is the FP8 quantum 2^(1-bias-m), makes the
+  // float adder round |x| once, to nearest even, onto that quantum; the code is the difference of the bits.
+  const __m256 rounded_sub = _mm256_add_ps(_mm256_castsi256_ps(a), c.subnormal_magic);
+  const __m256i subnormal = _mm256_sub_epi32(_mm256_castps_si256(rounded_sub), _mm256_castps_si256(c.subnormal_magic));
   __m256i code = select(_mm256_cmpgt_epi32(c.min_normal, a), subnormal, normal);
   code = select(_mm256_cmpgt_epi32(a, c.overflow_minus_1), c.overflow_code, code);
   code = select(_mm256_cmpgt_epi32(a, splat(0x7F800000u)), c.nan_code, code);
   __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), splat(0x80));
-  if (!c.sign_on_zero) sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(code, _mm256_setzero_si256()), sign);
+  if constexpr (!kSignOnZero) sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(code, _mm256_setzero_si256()), sign);
   return _mm256_or_si256(code, sign);
 }
 
 // 8 floats -> 8 e8m0fnu codes: the nearest power of two, ties up (as PyTorch and ml_dtypes), no sign, no zero.
+template <bool kScaled, bool /*kSignOnZero*/>
 inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
-  if (c.scaled) x = _mm256_mul_ps(x, c.scale);
+  if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
   const __m256i u = _mm256_castps_si256(x);
   const __m256i a = _mm256_and_si256(u, splat(0x7FFFFFFFu));
   const __m256i zero = _mm256_setzero_si256();
@@ -87,13 +89,32 @@ inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
   return select(nan, splat(0xFF), code);
 }
 
+// Stores 32 bytes; streaming (non-temporal) stores need a 32-byte aligned address and skip the cache, which pays
+// off for outputs much larger than the caches (no read-for-ownership of the destination).
+template <bool kStream>
+inline void store256(void* p, __m256i v) {
+  if constexpr (kStream) {
+    _mm256_stream_si256(static_cast<__m256i*>(p), v);
+  } else {
+    _mm256_storeu_si256(static_cast<__m256i*>(p), v);
+  }
+}
+
+// Elements to convert one by one before `out` reaches a 32-byte boundary (for streaming stores).
+template <typename T>
+std::size_t head_until_aligned(const T* out, std::size_t n) {
+  const auto misalignment = reinterpret_cast<std::uintptr_t>(out) & 31u;
+  return std::min(n, ((32u - misalignment) & 31u) / sizeof(T));
+}
+
 // Four vectors of 8 codes -> 32 bytes in order.
+template <bool kStream>
 inline void store32(std::uint8_t* out, __m256i c0, __m256i c1, __m256i c2, __m256i c3) {
   const __m256i p01 = _mm256_packus_epi32(c0, c1);
   const __m256i p23 = _mm256_packus_epi32(c2, c3);
   const __m256i bytes = _mm256_packus_epi16(p01, p23);
   const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), ordered);
+  store256<kStream>(out, ordered);
 }
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -103,29 +124,61 @@ inline __m256 load8(const bfloat16* p) {
 }
 inline __m256 load8(const float16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
-template <typename In, bool kE8M0>
+// The loop for one combination of format family, scaling and sign rule, so the vector body has no branches.
+template <typename In, bool kE8M0, bool kScaled, bool kSignOnZero, bool kStream>
 void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   const EncodeConsts c(p);
-  auto enc = [&c](__m256 x) { return kE8M0 ? encode8_e8m0(x, c) : encode8(x, c); };
+  auto enc = [&c](__m256 x) {
+    if constexpr (kE8M0) {
+      return encode8_e8m0<kScaled, kSignOnZero>(x, c);
+    } else {
+      return encode8<kScaled, kSignOnZero>(x, c);
+    }
+  };
   std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    store32(out + i, enc(load8(in + i)), enc(load8(in + i + 8)), enc(load8(in + i + 16)), enc(load8(in + i + 24)));
+  if constexpr (kStream) {
+    i = head_until_aligned(out, n);
+    encode_tail(in, out, i, p);
   }
+  for (; i + 32 <= n; i += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes, _MM_HINT_T0);
+    store32<kStream>(out + i, enc(load8(in + i)), enc(load8(in + i + 8)), enc(load8(in + i + 16)),
+                     enc(load8(in + i + 24)));
+  }
+  if constexpr (kStream) _mm_sfence();
   EncodeParams tail = p;
   tail.options.stream_offset += i;
   encode_tail(in + i, out + i, n - i, tail);
+}
+
+template <typename In, bool kE8M0, bool kScaled>
+void encode_sign_rule(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  const int variant = (p.sign_on_zero ? 1 : 0) | (p.streaming_stores ? 2 : 0);
+  switch (variant) {
+    case 0: return encode_body<In, kE8M0, kScaled, false, false>(in, out, n, p);
+    case 1: return encode_body<In, kE8M0, kScaled, true, false>(in, out, n, p);
+    case 2: return encode_body<In, kE8M0, kScaled, false, true>(in, out, n, p);
+    default: return encode_body<In, kE8M0, kScaled, true, true>(in, out, n, p);
+  }
+}
+
+template <typename In, bool kE8M0>
+void encode_scaling(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  if (p.options.scale != 1.0f) {
+    encode_sign_rule<In, kE8M0, true>(in, out, n, p);
+  } else {
+    encode_sign_rule<In, kE8M0, false>(in, out, n, p);
+  }
 }
 
 template <typename In>
 void encode_avx2(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   if (p.options.rounding != Rounding::kNearestEven) {
     encode_tail(in, out, n, p);  // stochastic rounding: the scalar reference loop
-    return;
-  }
-  if (p.options.format == Format::e8m0fnu) {
-    encode_body<In, true>(in, out, n, p);
+  } else if (p.options.format == Format::e8m0fnu) {
+    encode_scaling<In, true>(in, out, n, p);
   } else {
-    encode_body<In, false>(in, out, n, p);
+    encode_scaling<In, false>(in, out, n, p);
   }
 }
 
@@ -192,49 +245,43 @@ inline __m256i decode_scaled(const std::uint8_t* in, const DecodeConsts& c) {
   return _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(bits), c.scale_inv));
 }
 
-template <bool kE8M0>
-void decode_f32_body(const std::uint8_t* in, float* out, std::size_t n, const DecodeConsts& c) {
+// 16 codes -> 16 outputs per step; Out selects the conversion of the float32 bit patterns.
+template <typename Out, bool kE8M0, bool kStream>
+void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeConsts& c, const DecodeParams& p) {
   std::size_t i = 0;
+  if constexpr (kStream) {
+    i = head_until_aligned(out, n);
+    decode_tail(in, out, i, p);
+  }
   for (; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), decode_scaled<kE8M0>(in + i, c));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i + 8), decode_scaled<kE8M0>(in + i + 8, c));
+    _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 4, _MM_HINT_T0);
+    const __m256i lo = decode_scaled<kE8M0>(in + i, c);
+    const __m256i hi = decode_scaled<kE8M0>(in + i + 8, c);
+    if constexpr (std::is_same_v<Out, float>) {
+      store256<kStream>(out + i, lo);
+      store256<kStream>(out + i + 8, hi);
+    } else if constexpr (std::is_same_v<Out, bfloat16>) {
+      store256<kStream>(out + i, _mm256_permute4x64_epi64(_mm256_packus_epi32(to_bf16_bits(lo), to_bf16_bits(hi)), 0xD8));
+    } else {
+      const __m128i lo16 = _mm256_cvtps_ph(_mm256_castsi256_ps(lo), _MM_FROUND_TO_NEAREST_INT);
+      const __m128i hi16 = _mm256_cvtps_ph(_mm256_castsi256_ps(hi), _MM_FROUND_TO_NEAREST_INT);
+      store256<kStream>(out + i, _mm256_set_m128i(hi16, lo16));
+    }
   }
-  (void)i;
-}
-
-template <bool kE8M0>
-void decode_bf16_body(const std::uint8_t* in, bfloat16* out, std::size_t n, const DecodeConsts& c) {
-  for (std::size_t i = 0; i + 16 <= n; i += 16) {
-    const __m256i lo = to_bf16_bits(decode_scaled<kE8M0>(in + i, c));
-    const __m256i hi = to_bf16_bits(decode_scaled<kE8M0>(in + i + 8, c));
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
-  }
-}
-
-template <bool kE8M0>
-void decode_f16_body(const std::uint8_t* in, float16* out, std::size_t n, const DecodeConsts& c) {
-  for (std::size_t i = 0; i + 16 <= n; i += 16) {
-    const __m128i lo = _mm256_cvtps_ph(_mm256_castsi256_ps(decode_scaled<kE8M0>(in + i, c)), _MM_FROUND_TO_NEAREST_INT);
-    const __m128i hi = _mm256_cvtps_ph(_mm256_castsi256_ps(decode_scaled<kE8M0>(in + i + 8, c)), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), lo);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), hi);
-  }
+  if constexpr (kStream) _mm_sfence();
+  decode_tail(in + i, out + i, n - i, p);
 }
 
 template <typename Out>
 void decode_avx2(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
   const DecodeConsts c(p);
-  const bool e8m0 = p.format == Format::e8m0fnu;
-  if constexpr (std::is_same_v<Out, float>) {
-    e8m0 ? decode_f32_body<true>(in, out, n, c) : decode_f32_body<false>(in, out, n, c);
-  } else if constexpr (std::is_same_v<Out, bfloat16>) {
-    e8m0 ? decode_bf16_body<true>(in, out, n, c) : decode_bf16_body<false>(in, out, n, c);
-  } else {
-    e8m0 ? decode_f16_body<true>(in, out, n, c) : decode_f16_body<false>(in, out, n, c);
+  const int variant = (p.format == Format::e8m0fnu ? 1 : 0) | (p.streaming_stores ? 2 : 0);
+  switch (variant) {
+    case 0: return decode_body<Out, false, false>(in, out, n, c, p);
+    case 1: return decode_body<Out, true, false>(in, out, n, c, p);
+    case 2: return decode_body<Out, false, true>(in, out, n, c, p);
+    default: return decode_body<Out, true, true>(in, out, n, c, p);
   }
-  const std::size_t done = n - n % 16;
-  decode_tail(in + done, out + done, n - done, p);
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ EncodeParams make_encode_params(const CastOptions& options) {
   p.mantissa_bits = static_cast<std::uint32_t>(d.mantissa_bits);
   p.min_normal_bits = std::bit_cast<std::uint32_t>(static_cast<float>(min_normal(options.format)));
   p.rebias = static_cast<std::uint32_t>(127 - d.bias) << d.mantissa_bits;
-  p.subnormal_shift_base = static_cast<std::uint32_t>(151 - d.bias - d.mantissa_bits);
+  p.subnormal_magic_bits = static_cast<std::uint32_t>(127 + 24 - d.bias - d.mantissa_bits) << 23;
   p.overflow_code = encode(std::bit_cast<float>(0x7F800000u), EncodeSpec{options.format, options.overflow});
   p.nan_code = d.nan_code(false);
   p.sign_on_zero = d.has_negative_zero();
