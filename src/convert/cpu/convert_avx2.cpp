@@ -21,7 +21,7 @@ namespace fp8kit::convert_detail {
 namespace {
 
 // Software prefetch distance for the input stream (helps one thread keep enough reads in flight).
-constexpr int kPrefetchBytes = 1024;
+constexpr int kPrefetchBytes = 2048;
 
 __m256i splat(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
 __m256i select(__m256i mask, __m256i if_true, __m256i if_false) { return _mm256_blendv_epi8(if_false, if_true, mask); }
@@ -31,45 +31,81 @@ struct EncodeConsts {
       : scale(_mm256_set1_ps(p.options.scale)),
         shift(_mm_cvtsi32_si128(static_cast<int>(23 - p.mantissa_bits))),
         round_base(splat((1u << (22 - p.mantissa_bits)) - 1u)),
-        rebias(splat(p.rebias)),
-        min_normal(splat(p.min_normal_bits)),
         overflow_minus_1(splat(p.overflow_bits - 1u)),
         overflow_code(splat(p.overflow_code)),
-        nan_code(splat(p.nan_code)),
         subnormal_magic(_mm256_castsi256_ps(splat(p.subnormal_magic_bits))),
+        rebias16(_mm256_set1_epi16(static_cast<short>(p.rebias))),
+        min_normal16(_mm256_set1_epi16(static_cast<short>(p.min_normal_bits >> (23 - p.mantissa_bits)))),
+        max_code16(_mm256_set1_epi16(descriptor(p.options.format).max_code())),
+        overflow_code16(_mm256_set1_epi16(p.overflow_code)),
+        nan_code16(_mm256_set1_epi16(p.nan_code)),
         saturate(p.options.overflow == Overflow::kSaturate) {}
   __m256 scale;
   __m128i shift;
-  __m256i round_base, rebias, min_normal, overflow_minus_1, overflow_code, nan_code;
+  __m256i round_base, overflow_minus_1, overflow_code;
   __m256 subnormal_magic;
+  __m256i rebias16, min_normal16, max_code16, overflow_code16, nan_code16;  // 16-bit lanes
   bool saturate;
 };
 
-// 8 floats -> 8 codes in the low byte of each 32-bit lane: e4m3fn, e5m2, e4m3fnuz, e5m2fnuz.
-template <bool kScaled, bool kSignOnZero>
-inline __m256i encode8(__m256 x, const EncodeConsts& c) {
+// The parts of 8 floats' codes computed in 32-bit lanes (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz):
+//   rounded    (|x| + half - 1 + lsb) >> (23 - m): the normal code plus rebias, correctly rounded
+//   subnormal  bits(|x| + C) - bits(C), C = 2^(24-bias-m): the float adder rounds |x| onto the FP8 quantum
+//   nan, neg   all-ones masks
+template <bool kScaled>
+inline void encode_parts8(__m256 x, const EncodeConsts& c, __m256i& rounded, __m256i& subnormal, __m256i& nan,
+                          __m256i& neg) {
   if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
-  const __m256i one = splat(1);
   const __m256i u = _mm256_castps_si256(x);
   const __m256i a = _mm256_and_si256(u, splat(0x7FFFFFFFu));
-  // Normal FP8 result: add the rounding bias (half - 1 + lsb) and shift the mantissa into place.
-  const __m256i lsb = _mm256_and_si256(_mm256_srl_epi32(a, c.shift), one);
-  const __m256i rounded = _mm256_add_epi32(a, _mm256_add_epi32(c.round_base, lsb));
-  const __m256i normal = _mm256_sub_epi32(_mm256_srl_epi32(rounded, c.shift), c.rebias);
-  // Subnormal FP8 result: adding C = 2^(24-bias-m), whose ulp is the FP8 quantum 2^(1-bias-m), makes the
-  // float adder round |x| once, to nearest even, onto that quantum; the code is the difference of the bits.
-  const __m256 rounded_sub = _mm256_add_ps(_mm256_castsi256_ps(a), c.subnormal_magic);
-  const __m256i subnormal = _mm256_sub_epi32(_mm256_castps_si256(rounded_sub), _mm256_castps_si256(c.subnormal_magic));
-  __m256i code = select(_mm256_cmpgt_epi32(c.min_normal, a), subnormal, normal);
-  code = select(_mm256_cmpgt_epi32(a, c.overflow_minus_1), c.overflow_code, code);
-  code = select(_mm256_cmpgt_epi32(a, splat(0x7F800000u)), c.nan_code, code);
-  __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), splat(0x80));
-  if constexpr (!kSignOnZero) sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(code, _mm256_setzero_si256()), sign);
+  const __m256i lsb = _mm256_and_si256(_mm256_srl_epi32(a, c.shift), splat(1));
+  rounded = _mm256_srl_epi32(_mm256_add_epi32(a, _mm256_add_epi32(c.round_base, lsb)), c.shift);
+  const __m256 sum = _mm256_add_ps(_mm256_castsi256_ps(a), c.subnormal_magic);
+  subnormal = _mm256_sub_epi32(_mm256_castps_si256(sum), _mm256_castps_si256(c.subnormal_magic));
+  nan = _mm256_cmpgt_epi32(a, splat(0x7F800000u));
+  neg = _mm256_srai_epi32(u, 31);
+}
+
+// 16 codes in 16-bit lanes from the packed parts. `rounded` < the rounded value of the smallest normal means the
+// subnormal result applies (where a value just below it rounds up to it, both paths agree).
+template <bool kSignOnZero>
+inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i neg, const EncodeConsts& c) {
+  __m256i code = _mm256_sub_epi16(rounded, c.rebias16);
+  code = select(_mm256_cmpgt_epi16(c.min_normal16, rounded), subnormal, code);
+  code = select(_mm256_cmpgt_epi16(code, c.max_code16), c.overflow_code16, code);
+  code = select(nan, c.nan_code16, code);
+  __m256i sign = _mm256_and_si256(neg, _mm256_set1_epi16(0x80));
+  if constexpr (!kSignOnZero) sign = _mm256_andnot_si256(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), sign);
   return _mm256_or_si256(code, sign);
 }
 
+// Restores element order after packing 32-bit lanes to 16 and then to 8 bits within 128-bit halves.
+inline __m256i order_packed_bytes(__m256i bytes) {
+  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// 16 floats -> 16 codes in 16-bit lanes (in the lane order packing leaves; order_packed_bytes fixes it).
+// Two vectors at a time keep the live values within AVX2's 16 registers.
+template <bool kScaled, bool kSignOnZero>
+inline __m256i encode16(__m256 x0, __m256 x1, const EncodeConsts& c) {
+  __m256i r0, s0, n0, g0, r1, s1, n1, g1;
+  encode_parts8<kScaled>(x0, c, r0, s0, n0, g0);
+  encode_parts8<kScaled>(x1, c, r1, s1, n1, g1);
+  // rounded <= 2^11 and subnormal <= 2^m fit unsigned 16 bits; the masks stay masks under signed packing.
+  return finish16<kSignOnZero>(_mm256_packus_epi32(r0, r1), _mm256_packus_epi32(s0, s1), _mm256_packs_epi32(n0, n1),
+                               _mm256_packs_epi32(g0, g1), c);
+}
+
+// 32 floats -> 32 codes, in order.
+template <bool kScaled, bool kSignOnZero>
+inline __m256i encode32(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const EncodeConsts& c) {
+  const __m256i lo = encode16<kScaled, kSignOnZero>(x0, x1, c);
+  const __m256i hi = encode16<kScaled, kSignOnZero>(x2, x3, c);
+  return order_packed_bytes(_mm256_packus_epi16(lo, hi));
+}
+
 // 8 floats -> 8 e8m0fnu codes: the nearest power of two, ties up (as PyTorch and ml_dtypes), no sign, no zero.
-template <bool kScaled, bool /*kSignOnZero*/>
+template <bool kScaled>
 inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
   if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
   const __m256i u = _mm256_castps_si256(x);
@@ -107,14 +143,12 @@ std::size_t head_until_aligned(const T* out, std::size_t n) {
   return std::min(n, ((32u - misalignment) & 31u) / sizeof(T));
 }
 
-// Four vectors of 8 codes -> 32 bytes in order.
-template <bool kStream>
-inline void store32(std::uint8_t* out, __m256i c0, __m256i c1, __m256i c2, __m256i c3) {
-  const __m256i p01 = _mm256_packus_epi32(c0, c1);
-  const __m256i p23 = _mm256_packus_epi32(c2, c3);
-  const __m256i bytes = _mm256_packus_epi16(p01, p23);
-  const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  store256<kStream>(out, ordered);
+// 32 floats -> 32 e8m0fnu codes, in order.
+template <bool kScaled>
+inline __m256i encode32_e8m0(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const EncodeConsts& c) {
+  const __m256i p01 = _mm256_packus_epi32(encode8_e8m0<kScaled>(x0, c), encode8_e8m0<kScaled>(x1, c));
+  const __m256i p23 = _mm256_packus_epi32(encode8_e8m0<kScaled>(x2, c), encode8_e8m0<kScaled>(x3, c));
+  return order_packed_bytes(_mm256_packus_epi16(p01, p23));
 }
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -128,11 +162,11 @@ inline __m256 load8(const float16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(r
 template <typename In, bool kE8M0, bool kScaled, bool kSignOnZero, bool kStream>
 void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   const EncodeConsts c(p);
-  auto enc = [&c](__m256 x) {
+  auto enc = [&c](__m256 x0, __m256 x1, __m256 x2, __m256 x3) {
     if constexpr (kE8M0) {
-      return encode8_e8m0<kScaled, kSignOnZero>(x, c);
+      return encode32_e8m0<kScaled>(x0, x1, x2, x3, c);
     } else {
-      return encode8<kScaled, kSignOnZero>(x, c);
+      return encode32<kScaled, kSignOnZero>(x0, x1, x2, x3, c);
     }
   };
   std::size_t i = 0;
@@ -142,8 +176,7 @@ void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
   }
   for (; i + 32 <= n; i += 32) {
     _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes, _MM_HINT_T0);
-    store32<kStream>(out + i, enc(load8(in + i)), enc(load8(in + i + 8)), enc(load8(in + i + 16)),
-                     enc(load8(in + i + 24)));
+    store256<kStream>(out + i, enc(load8(in + i), load8(in + i + 8), load8(in + i + 16), load8(in + i + 24)));
   }
   if constexpr (kStream) _mm_sfence();
   EncodeParams tail = p;
@@ -182,52 +215,69 @@ void encode_avx2(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
   }
 }
 
-struct DecodeConsts {
-  explicit DecodeConsts(const DecodeParams& p) : scale_inv(_mm256_set1_ps(p.scale_inv)), scaled(p.scale_inv != 1.0f) {
-    const FormatDescriptor& d = descriptor(p.format);
-    const int m = d.mantissa_bits;
-    shift = _mm_cvtsi32_si128(23 - m);
-    rebias = splat(static_cast<std::uint32_t>(127 - d.bias) << 23);
-    subnormal_limit = splat(1u << m);
-    subnormal_scale = _mm256_set1_ps(static_cast<float>(detail::pow2(1 - d.bias - m)));
-    // Codes whose magnitude is >= special_min are Inf or NaN (none for the fnuz formats: 0x100 never matches).
-    std::uint32_t special_min = 0x100, inf_mag = 0x100;
+// FP8 -> 16-bit float bits (bfloat16 or float16), 16 codes per vector, in 16-bit lanes:
+//   normal codes   (mag << (out_mantissa - m)) + ((out_bias - bias) << out_mantissa)
+//   mag < 8        a pshufb table of the exact results (subnormals, and normals the formula cannot reach)
+//   specials       Inf/NaN magnitudes, the fnuz NaN 0x80; then the sign bit. Every table entry and special
+//                  pattern is taken from the scalar codec, so the kernel cannot disagree with it on a constant.
+// float32 output zero-extends the bfloat16 bits (every FP8 value is exactly a bfloat16).
+struct Decode16Consts {
+  Decode16Consts(Format format, bool to_f16) {
+    const FormatDescriptor& d = descriptor(format);
+    const int out_mantissa = to_f16 ? 10 : 7;
+    const int out_bias = to_f16 ? 15 : 127;
+    auto out_bits = [&](std::uint8_t code) {
+      return to_f16 ? decode_to_float16(format, code).bits : decode_to_bfloat16(format, code).bits;
+    };
+    shift = _mm_cvtsi32_si128(out_mantissa - d.mantissa_bits);
+    rebias = _mm256_set1_epi16(static_cast<short>((out_bias - d.bias) * (1 << out_mantissa)));
+    alignas(16) std::uint16_t table[8];
+    for (int c = 0; c < 8; ++c) table[c] = out_bits(static_cast<std::uint8_t>(c));
+    small_table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table)));
+    // Magnitudes >= special_min are Inf or NaN (none for the fnuz formats: 0x100 never matches).
+    int special_min = 0x100, inf_mag = 0x100;
     if (d.nan == NanEncoding::kAllOnes) special_min = 0x7F;
     if (d.nan == NanEncoding::kIeee) {
-      special_min = static_cast<std::uint32_t>(d.max_exponent_field()) << m;
+      special_min = d.max_exponent_field() << d.mantissa_bits;
       inf_mag = d.inf_code(false);
     }
-    special_minus_1 = splat(special_min - 1);
-    inf_magnitude = splat(inf_mag);
-    nan_exact = splat(d.nan == NanEncoding::kNegativeZero ? 0x80u : 0x100u);
+    special_minus_1 = _mm256_set1_epi16(static_cast<short>(special_min - 1));
+    inf_magnitude = _mm256_set1_epi16(static_cast<short>(inf_mag));
+    inf_bits = _mm256_set1_epi16(static_cast<short>(d.has_inf ? out_bits(d.inf_code(false)) : 0));
+    nan_bits = _mm256_set1_epi16(static_cast<short>(out_bits(d.nan_code(false))));
+    const bool nan_is_0x80 = d.nan == NanEncoding::kNegativeZero;
+    nan_exact = _mm256_set1_epi16(static_cast<short>(nan_is_0x80 ? 0x80 : 0x100));
+    nan_exact_bits = _mm256_set1_epi16(static_cast<short>(nan_is_0x80 ? out_bits(0x80) : 0));
   }
-  __m256 scale_inv;
-  bool scaled;
   __m128i shift;
-  __m256i rebias, subnormal_limit, special_minus_1, inf_magnitude, nan_exact;
-  __m256 subnormal_scale;
+  __m256i rebias, small_table, special_minus_1, inf_magnitude, inf_bits, nan_bits, nan_exact, nan_exact_bits;
 };
 
-// 8 codes -> 8 float32 bit patterns (exact).
-inline __m256i decode8(const std::uint8_t* in, const DecodeConsts& c) {
-  const __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in)));
-  const __m256i mag = _mm256_and_si256(code, splat(0x7F));
-  const __m256i normal = _mm256_add_epi32(_mm256_sll_epi32(mag, c.shift), c.rebias);
-  const __m256i subnormal = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), c.subnormal_scale));
-  __m256i bits = select(_mm256_cmpgt_epi32(c.subnormal_limit, mag), subnormal, normal);
-  const __m256i special = _mm256_cmpgt_epi32(mag, c.special_minus_1);
-  const __m256i special_bits = select(_mm256_cmpeq_epi32(mag, c.inf_magnitude), splat(0x7F800000u), splat(0x7FC00000u));
-  bits = select(special, special_bits, bits);
-  bits = _mm256_or_si256(bits, _mm256_slli_epi32(_mm256_and_si256(code, splat(0x80)), 24));
-  return select(_mm256_cmpeq_epi32(code, c.nan_exact), splat(0xFFC00000u), bits);
+inline __m256i load16_codes(const std::uint8_t* in) {
+  return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
 }
 
-// 8 e8m0fnu codes -> float32: 2^(code-127); 0x00 is the float subnormal 2^-127; 0xFF is NaN.
-inline __m256i decode8_e8m0(const std::uint8_t* in, const DecodeConsts&) {
-  const __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in)));
-  __m256i bits = _mm256_slli_epi32(code, 23);
-  bits = select(_mm256_cmpeq_epi32(code, _mm256_setzero_si256()), splat(0x00400000u), bits);
-  return select(_mm256_cmpeq_epi32(code, splat(0xFF)), splat(0x7FC00000u), bits);
+// 16 codes of e4m3fn, e5m2, e4m3fnuz or e5m2fnuz -> 16 bfloat16 or float16 bit patterns (exact).
+inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
+  const __m256i code = load16_codes(in);
+  const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
+  const __m256i normal = _mm256_add_epi16(_mm256_sll_epi16(mag, c.shift), c.rebias);
+  // pshufb index for 16-bit entry `mag`: bytes 2*mag and 2*mag+1 (only used where mag < 8).
+  const __m256i index = _mm256_add_epi16(_mm256_mullo_epi16(mag, _mm256_set1_epi16(0x0202)), _mm256_set1_epi16(0x0100));
+  const __m256i small = _mm256_shuffle_epi8(c.small_table, index);
+  __m256i bits = select(_mm256_cmpgt_epi16(_mm256_set1_epi16(8), mag), small, normal);
+  const __m256i special_bits = select(_mm256_cmpeq_epi16(mag, c.inf_magnitude), c.inf_bits, c.nan_bits);
+  bits = select(_mm256_cmpgt_epi16(mag, c.special_minus_1), special_bits, bits);
+  bits = _mm256_or_si256(bits, _mm256_slli_epi16(_mm256_and_si256(code, _mm256_set1_epi16(0x80)), 8));
+  return select(_mm256_cmpeq_epi16(code, c.nan_exact), c.nan_exact_bits, bits);
+}
+
+// 16 e8m0fnu codes -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is the subnormal 2^-127 (0x0040); 0xFF NaN.
+inline __m256i decode16_e8m0(const std::uint8_t* in, const Decode16Consts&) {
+  const __m256i code = load16_codes(in);
+  __m256i bits = _mm256_slli_epi16(code, 7);
+  bits = select(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), _mm256_set1_epi16(0x0040), bits);
+  return select(_mm256_cmpeq_epi16(code, _mm256_set1_epi16(0xFF)), _mm256_set1_epi16(0x7FC0), bits);
 }
 
 // float32 bits -> bfloat16 bits in the low half of each lane (round to nearest even, NaN quieted).
@@ -238,16 +288,27 @@ inline __m256i to_bf16_bits(__m256i u) {
   return select(is_nan, nan, _mm256_srli_epi32(rounded, 16));
 }
 
-template <bool kE8M0>
-inline __m256i decode_scaled(const std::uint8_t* in, const DecodeConsts& c) {
-  const __m256i bits = kE8M0 ? decode8_e8m0(in, c) : decode8(in, c);
-  if (!c.scaled) return bits;
-  return _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(bits), c.scale_inv));
+// 16 bfloat16 bit patterns -> two vectors of 8 float32 (elements 0-7 and 8-15), optionally times scale_inv.
+template <bool kScaled>
+inline void widen16(__m256i bf16, __m256 scale_inv, __m256& lo, __m256& hi) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i a = _mm256_unpacklo_epi16(zero, bf16);  // elements 0-3 | 8-11
+  const __m256i b = _mm256_unpackhi_epi16(zero, bf16);  // elements 4-7 | 12-15
+  lo = _mm256_castsi256_ps(_mm256_permute2x128_si256(a, b, 0x20));
+  hi = _mm256_castsi256_ps(_mm256_permute2x128_si256(a, b, 0x31));
+  if constexpr (kScaled) {
+    lo = _mm256_mul_ps(lo, scale_inv);
+    hi = _mm256_mul_ps(hi, scale_inv);
+  }
 }
 
-// 16 codes -> 16 outputs per step; Out selects the conversion of the float32 bit patterns.
-template <typename Out, bool kE8M0, bool kStream>
-void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeConsts& c, const DecodeParams& p) {
+// 16 codes -> 16 outputs per step.
+template <typename Out, bool kE8M0, bool kScaled, bool kStream>
+void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
+  // float16 output without a scale is computed directly in float16 (not for e8m0fnu, whose range float16 lacks).
+  constexpr bool kDirectF16 = std::is_same_v<Out, float16> && !kScaled && !kE8M0;
+  const Decode16Consts c(p.format, kDirectF16);
+  const __m256 scale_inv = _mm256_set1_ps(p.scale_inv);
   std::size_t i = 0;
   if constexpr (kStream) {
     i = head_until_aligned(out, n);
@@ -255,32 +316,46 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeCo
   }
   for (; i + 16 <= n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 4, _MM_HINT_T0);
-    const __m256i lo = decode_scaled<kE8M0>(in + i, c);
-    const __m256i hi = decode_scaled<kE8M0>(in + i + 8, c);
-    if constexpr (std::is_same_v<Out, float>) {
-      store256<kStream>(out + i, lo);
-      store256<kStream>(out + i + 8, hi);
-    } else if constexpr (std::is_same_v<Out, bfloat16>) {
-      store256<kStream>(out + i, _mm256_permute4x64_epi64(_mm256_packus_epi32(to_bf16_bits(lo), to_bf16_bits(hi)), 0xD8));
+    const __m256i bits16 = kE8M0 ? decode16_e8m0(in + i, c) : decode16(in + i, c);
+    if constexpr (kDirectF16 || (std::is_same_v<Out, bfloat16> && !kScaled)) {
+      store256<kStream>(out + i, bits16);
     } else {
-      const __m128i lo16 = _mm256_cvtps_ph(_mm256_castsi256_ps(lo), _MM_FROUND_TO_NEAREST_INT);
-      const __m128i hi16 = _mm256_cvtps_ph(_mm256_castsi256_ps(hi), _MM_FROUND_TO_NEAREST_INT);
-      store256<kStream>(out + i, _mm256_set_m128i(hi16, lo16));
+      __m256 lo, hi;
+      widen16<kScaled>(bits16, scale_inv, lo, hi);
+      if constexpr (std::is_same_v<Out, float>) {
+        store256<kStream>(out + i, _mm256_castps_si256(lo));
+        store256<kStream>(out + i + 8, _mm256_castps_si256(hi));
+      } else if constexpr (std::is_same_v<Out, bfloat16>) {
+        const __m256i packed = _mm256_packus_epi32(to_bf16_bits(_mm256_castps_si256(lo)), to_bf16_bits(_mm256_castps_si256(hi)));
+        store256<kStream>(out + i, _mm256_permute4x64_epi64(packed, 0xD8));
+      } else {
+        const __m128i lo16 = _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT);
+        const __m128i hi16 = _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT);
+        store256<kStream>(out + i, _mm256_set_m128i(hi16, lo16));
+      }
     }
   }
   if constexpr (kStream) _mm_sfence();
   decode_tail(in + i, out + i, n - i, p);
 }
 
+template <typename Out, bool kE8M0>
+void decode_variant(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
+  const int variant = (p.scale_inv != 1.0f ? 1 : 0) | (p.streaming_stores ? 2 : 0);
+  switch (variant) {
+    case 0: return decode_body<Out, kE8M0, false, false>(in, out, n, p);
+    case 1: return decode_body<Out, kE8M0, true, false>(in, out, n, p);
+    case 2: return decode_body<Out, kE8M0, false, true>(in, out, n, p);
+    default: return decode_body<Out, kE8M0, true, true>(in, out, n, p);
+  }
+}
+
 template <typename Out>
 void decode_avx2(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
-  const DecodeConsts c(p);
-  const int variant = (p.format == Format::e8m0fnu ? 1 : 0) | (p.streaming_stores ? 2 : 0);
-  switch (variant) {
-    case 0: return decode_body<Out, false, false>(in, out, n, c, p);
-    case 1: return decode_body<Out, true, false>(in, out, n, c, p);
-    case 2: return decode_body<Out, false, true>(in, out, n, c, p);
-    default: return decode_body<Out, true, true>(in, out, n, c, p);
+  if (p.format == Format::e8m0fnu) {
+    decode_variant<Out, true>(in, out, n, p);
+  } else {
+    decode_variant<Out, false>(in, out, n, p);
   }
 }
 

@@ -1,0 +1,38 @@
+// `fp8kit bench convert`: every conversion kernel against memcpy of the same wide array, in the same run.
+// Throughput counts input plus output bytes (STREAM's convention); memcpy counts what it reads plus writes.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fp8kit::bench {
+
+struct ConvertBenchOptions {
+  std::size_t bytes = std::size_t{256} << 20;  // size of the wide (float32/bfloat16/float16) array
+  std::vector<int> threads = {1, 2};
+  int reps = 11;
+  bool scalar_reference = true;  // also time the scalar reference loop (f32->e4m3fn, e4m3fn->f32)
+};
+
+struct ConvertResult {
+  std::string op;        // "f32->e4m3fn", "e5m2->bf16", ...
+  std::string isa;       // the kernels used: "avx2", "scalar"
+  std::string overflow;  // "saturate" or "non-saturating" (encodes); "" for decodes
+  float scale = 1.0f;    // the scale (encodes) or scale_inv (decodes) applied
+  int threads = 1;
+  std::size_t elements = 0;
+  std::size_t bytes_moved = 0;  // input plus output bytes
+  double seconds = 0;           // median
+  double gbps = 0;
+  double baseline_seconds = 0;  // median memcpy of the wide array
+  double baseline_gbps = 0;     // memcpy: 2 * bytes / seconds
+  double ratio = 0;             // gbps / baseline_gbps
+};
+
+// Runs the benchmark; `progress(done, total)` is called after each measurement.
+std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
+                                             const std::function<void(int, int)>& progress = {});
+
+}  // namespace fp8kit::bench

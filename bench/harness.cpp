@@ -1,0 +1,68 @@
+// Benchmark harness implementation.
+#include "harness.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace fp8kit::bench {
+
+Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 64) + 63) / 64 * 64;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  data_.reset(p);
+}
+
+void Buffer::Free::operator()(std::byte* p) const { std::free(p); }
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double time_once(const std::function<void()>& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  const auto stop = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(stop - start).count();
+}
+
+PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps) {
+  kernel();  // warm-up: page tables, caches, thread pool
+  baseline();
+  std::vector<double> k, b;
+  for (int r = 0; r < reps; ++r) {
+    if (r % 2 == 0) {
+      k.push_back(time_once(kernel));
+      b.push_back(time_once(baseline));
+    } else {
+      b.push_back(time_once(baseline));
+      k.push_back(time_once(kernel));
+    }
+  }
+  return {median(k), median(b)};
+}
+
+void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads) {
+  if (threads <= 1) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const std::size_t per = (bytes / static_cast<std::size_t>(threads) + 63) / 64 * 64;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int t = 0; t < threads; ++t) {
+    const std::size_t begin = std::min(bytes, per * static_cast<std::size_t>(t));
+    const std::size_t end = std::min(bytes, begin + per);
+    if (begin < end) std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
+  }
+}
+
+}  // namespace fp8kit::bench

@@ -1,0 +1,48 @@
+// The benchmark harness: aligned, pre-touched buffers; a monotonic timer; interleaved repetitions of a kernel
+// and its baseline (ABAB...) reported as medians, so slow drift and noisy neighbours hit both sides alike.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace fp8kit::bench {
+
+// A 64-byte aligned buffer, written once so its pages exist before timing.
+class Buffer {
+ public:
+  explicit Buffer(std::size_t bytes);
+  std::byte* data() { return data_.get(); }
+  std::size_t size() const { return bytes_; }
+  template <typename T>
+  std::span<T> as() {
+    return {reinterpret_cast<T*>(data_.get()), bytes_ / sizeof(T)};
+  }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  std::size_t bytes_;
+};
+
+double median(std::vector<double> values);
+
+// Seconds taken by fn().
+double time_once(const std::function<void()>& fn);
+
+struct PairTiming {
+  double kernel_seconds;    // median
+  double baseline_seconds;  // median
+};
+// Runs warmup rounds, then `reps` rounds of (kernel, baseline) alternating which goes first.
+PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps);
+
+// memcpy split across `threads` threads (each copies a contiguous part), the convention of the baseline.
+void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads);
+
+}  // namespace fp8kit::bench

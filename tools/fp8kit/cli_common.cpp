@@ -1,0 +1,80 @@
+// Shared CLI helpers: format-list parsing, printing codes and exact values, terminal detection.
+// Used by several commands; nothing here knows about any one command.
+#include "cli_common.hpp"
+
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdio>
+
+namespace fp8kit::cli {
+
+std::string known_format_names() {
+  std::string names;
+  for (Format f : kAllFormats) {
+    if (!names.empty()) names += ", ";
+    names += name(f);
+  }
+  return names;
+}
+
+std::vector<Format> parse_format_list(std::string_view text) {
+  std::vector<Format> formats;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string_view token = text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
+    const auto format = parse_format(token);
+    if (!format) {
+      throw UsageError("unknown format '" + std::string(token) + "' (known: " + known_format_names() + ")");
+    }
+    formats.push_back(*format);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return formats;
+}
+
+std::string code_bits(Format format, std::uint8_t code, char separator) {
+  const FormatDescriptor& d = descriptor(format);
+  std::string out;
+  const auto append_field = [&](int value, int width) {
+    if (width == 0) return;
+    if (!out.empty()) out += separator;
+    for (int bit = width - 1; bit >= 0; --bit) out += ((value >> bit) & 1) ? '1' : '0';
+  };
+  append_field(d.has_sign ? code >> 7 : 0, d.has_sign ? 1 : 0);
+  append_field((code >> d.mantissa_bits) & ((1 << d.exponent_bits) - 1), d.exponent_bits);
+  append_field(code & ((1 << d.mantissa_bits) - 1), d.mantissa_bits);
+  return out;
+}
+
+std::string format_exact(double value, std::size_t max_chars) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
+  if (value == 0) return std::signbit(value) ? "-0" : "0";
+  // value = significand * 2^exponent with an odd integer significand: the exact decimal has max(0, -exponent)
+  // digits after the point, and printf prints every one of them exactly.
+  int binary_exponent = 0;
+  const double fraction = std::frexp(std::fabs(value), &binary_exponent);
+  const auto significand = static_cast<std::uint64_t>(std::ldexp(fraction, 53));
+  const int lowest_bit = binary_exponent - 53 + std::countr_zero(significand);
+  const int decimals = lowest_bit < 0 ? -lowest_bit : 0;
+  const int length = std::snprintf(nullptr, 0, "%.*f", decimals, value);
+  if (length > 0 && static_cast<std::size_t>(length) <= max_chars) {
+    std::string text(static_cast<std::size_t>(length) + 1, '\0');
+    std::snprintf(text.data(), text.size(), "%.*f", decimals, value);
+    text.pop_back();
+    return text;
+  }
+  if (significand == (std::uint64_t{1} << 52)) {  // a power of two
+    return fmt::format("{}2^{} ({:.6g})", value < 0 ? "-" : "", binary_exponent - 1, value);
+  }
+  return fmt::format("~{:.6g}", value);
+}
+
+bool stderr_is_terminal() { return isatty(STDERR_FILENO) == 1; }
+
+}  // namespace fp8kit::cli

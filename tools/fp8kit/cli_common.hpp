@@ -1,0 +1,45 @@
+// Shared pieces of the CLI commands: how a command registers itself, the usage-error type, small parsers for the
+// option values several commands take (format lists), and how codes and exact values are printed.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fp8kit/format.hpp"
+
+namespace fp8kit::cli {
+
+// Bad usage or bad input: main() prints "fp8kit <command>: <message>" and exits with status 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Each command adds its subcommand (options + callback) to the app.
+void add_formats_command(CLI::App& app);
+void add_cast_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+// "e4m3fn,e5m2" -> formats; an unknown name is a UsageError naming it and listing the known ones.
+std::vector<Format> parse_format_list(std::string_view text);
+
+// The known format names, comma-separated (for help texts and errors).
+std::string known_format_names();
+
+// An FP8 code as its bit fields, sign exponent mantissa, joined by `separator`: "0 1111 110" for e4m3fn 448.
+// A format without a sign or mantissa field shows only the fields it has (e8m0fnu: "01111111").
+std::string code_bits(Format format, std::uint8_t code, char separator = ' ');
+
+// A double printed exactly ("448", "0.001953125", "-0", "inf", "nan") when its exact decimal form takes at most
+// `max_chars` characters; otherwise "2^127 (1.70141e+38)" for a power of two, "~1.23457e+38" for anything else.
+std::string format_exact(double value, std::size_t max_chars = 24);
+
+// True when stderr is a terminal (progress output goes there only then).
+bool stderr_is_terminal();
+
+}  // namespace fp8kit::cli

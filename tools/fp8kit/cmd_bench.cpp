@@ -1,0 +1,108 @@
+// `fp8kit bench convert`: the conversion kernels against memcpy, measured in the same run (medians of
+// interleaved repetitions). Benchmarks report ratios to a baseline, never a pass/fail on absolute times.
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_common.hpp"
+#include "convert_bench.hpp"
+#include "fp8kit/convert.hpp"
+#include "fp8kit/cpu.hpp"
+
+namespace fp8kit::cli {
+namespace {
+
+// "268435456", "256M", "256MiB", "1G": bytes.
+std::size_t parse_size(const std::string& text) {
+  std::size_t pos = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    throw UsageError("--bytes: '" + text + "' is not a size (examples: 268435456, 256M, 1G)");
+  }
+  const std::string suffix = text.substr(pos);
+  unsigned long long unit = 1;
+  if (suffix == "K" || suffix == "KiB") unit = 1ull << 10;
+  else if (suffix == "M" || suffix == "MiB") unit = 1ull << 20;
+  else if (suffix == "G" || suffix == "GiB") unit = 1ull << 30;
+  else if (!suffix.empty()) throw UsageError("--bytes: unknown unit '" + suffix + "' (use K, M or G)");
+  const unsigned long long bytes = value * unit;
+  if (bytes < 4096 || bytes > (16ull << 30)) throw UsageError("--bytes: " + text + " is outside 4K..16G");
+  return static_cast<std::size_t>(bytes);
+}
+
+struct BenchConvertArgs {
+  bool json = false;
+  int threads = 0;
+  std::string bytes = "256M";
+  int reps = 11;
+};
+
+void run_bench_convert(const BenchConvertArgs& args) {
+  bench::ConvertBenchOptions options;
+  options.bytes = parse_size(args.bytes);
+  options.reps = args.reps;
+  if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
+  if (args.threads < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(args.threads));
+  if (args.threads > 0) {
+    options.threads = {args.threads};
+  } else {
+    options.threads = {1};
+    if (num_threads() > 1) options.threads.push_back(num_threads());
+  }
+  const bool show_progress = stderr_is_terminal();
+  const auto results = bench::run_convert_bench(options, [&](int done, int total) {
+    if (show_progress) std::fprintf(stderr, "\rbench convert: %d/%d", done, total);
+  });
+  if (show_progress) std::fprintf(stderr, "\r\033[K");
+  const std::string cpu = cpu_features().brand;
+  if (args.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      out.push_back({{"op", r.op},
+                     {"isa", r.isa},
+                     {"overflow", r.overflow.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.overflow)},
+                     {"scale", r.scale},
+                     {"threads", r.threads},
+                     {"elements", r.elements},
+                     {"bytes", r.bytes_moved},
+                     {"seconds", r.seconds},
+                     {"gbps", r.gbps},
+                     {"baseline", "memcpy"},
+                     {"baseline_seconds", r.baseline_seconds},
+                     {"baseline_gbps", r.baseline_gbps},
+                     {"ratio", r.ratio},
+                     {"cpu", cpu}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  fmt::print("conversion kernels vs memcpy of the same {} MiB array ({} repetitions, medians; CPU: {})\n",
+             options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
+  fmt::print("GB/s counts input + output bytes; memcpy counts its reads + writes\n\n");
+  fmt::print("{:<16} {:<7} {:<15} {:>6} {:>7} {:>9} {:>12} {:>7}\n", "op", "isa", "overflow", "scale", "threads",
+             "GB/s", "memcpy GB/s", "ratio");
+  for (const auto& r : results) {
+    fmt::print("{:<16} {:<7} {:<15} {:>6.3g} {:>7} {:>9.1f} {:>12.1f} {:>6.2f}x\n", r.op, r.isa,
+               r.overflow.empty() ? "-" : r.overflow, r.scale, r.threads, r.gbps, r.baseline_gbps, r.ratio);
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: kernels against baselines measured in the same run");
+  bench->require_subcommand(1);
+  auto args = std::make_shared<BenchConvertArgs>();
+  CLI::App* convert = bench->add_subcommand("convert", "Conversion kernels against memcpy of the same bytes");
+  convert->add_flag("--json", args->json, "Print a JSON array instead of the table");
+  convert->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
+  convert->add_option("--bytes", args->bytes, "Size of the wide array, e.g. 256M (default 256M)");
+  convert->add_option("--reps", args->reps, "Repetitions per measurement (default 11)");
+  convert->callback([args] { run_bench_convert(*args); });
+}
+
+}  // namespace fp8kit::cli

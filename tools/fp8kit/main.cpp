@@ -1,0 +1,59 @@
+// fp8kit: the command-line tool. Dispatches to one command per file; turns every error into one line on stderr
+// and an exit status (0 success, 2 bad usage or bad input, 1 any other failure). Never prints a stack trace.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "cli_common.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/version.hpp"
+
+namespace {
+
+// The name of the command being run, for error messages ("fp8kit cast: ...").
+std::string command_name(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands()) {
+    std::string name = "fp8kit " + sub->get_name();
+    for (const CLI::App* subsub : sub->get_subcommands()) name += " " + subsub->get_name();
+    return name;
+  }
+  return "fp8kit";
+}
+
+int fail(const std::string& who, const std::string& message, int status) {
+  std::fprintf(stderr, "%s: %s\n", who.c_str(), message.c_str());
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fp8kit: exact FP8 formats, conversions, and the tools around them.", "fp8kit"};
+  app.set_version_flag("--version", std::string(fp8kit::kVersion));
+  app.require_subcommand(1);
+  fp8kit::cli::add_formats_command(app);
+  fp8kit::cli::add_cast_command(app);
+  fp8kit::cli::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return fail(command_name(app), std::string(e.what()) + " (see --help)", 2);
+  } catch (const fp8kit::cli::UsageError& e) {
+    return fail(command_name(app), e.what(), 2);
+  } catch (const fp8kit::Error& e) {
+    const bool bad_input =
+        e.kind() == fp8kit::ErrorKind::kInvalidArgument || e.kind() == fp8kit::ErrorKind::kParse;
+    return fail(command_name(app), e.what(), bad_input ? 2 : 1);
+  } catch (const std::exception& e) {
+    return fail(command_name(app), e.what(), 1);
+  }
+  return 0;
+}
