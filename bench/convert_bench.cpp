@@ -83,6 +83,26 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
   const auto& scalar = convert_detail::scalar_kernels();
   for (int threads : options.threads) {
     set_num_threads(threads);
+    {
+      // The read-bandwidth probe: how fast this machine streams the wide array in at all. An encode reads
+      // 4 bytes (float32) per byte it writes, so read bandwidth * 5/4 bounds it when reads are the limit.
+      ConvertResult r;
+      r.op = "read-bandwidth";
+      r.isa = "-";
+      r.threads = threads;
+      r.elements = options.bytes / 8;
+      r.bytes_moved = options.bytes;
+      volatile std::uint64_t sink = 0;
+      const PairTiming t = time_interleaved([&] { sink = sink ^ read_all(copy_src.data(), options.bytes, threads); },
+                                            [&] { parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, threads); },
+                                            options.reps);
+      r.seconds = t.kernel_seconds;
+      r.baseline_seconds = t.baseline_seconds;
+      r.gbps = static_cast<double>(options.bytes) / t.kernel_seconds / 1e9;
+      r.baseline_gbps = 2.0 * static_cast<double>(options.bytes) / t.baseline_seconds / 1e9;
+      r.ratio = r.gbps / r.baseline_gbps;
+      results.push_back(r);
+    }
     for (const Op& op : ops) {
       const std::size_t n = options.bytes / wide_size(op.wide);
       ConvertResult r;

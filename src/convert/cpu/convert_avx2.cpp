@@ -36,7 +36,6 @@ struct EncodeConsts {
         subnormal_magic(_mm256_castsi256_ps(splat(p.subnormal_magic_bits))),
         rebias16(_mm256_set1_epi16(static_cast<short>(p.rebias))),
         min_normal16(_mm256_set1_epi16(static_cast<short>(p.min_normal_bits >> (23 - p.mantissa_bits)))),
-        max_code16(_mm256_set1_epi16(descriptor(p.options.format).max_code())),
         overflow_code16(_mm256_set1_epi16(p.overflow_code)),
         nan_code16(_mm256_set1_epi16(p.nan_code)),
         saturate(p.options.overflow == Overflow::kSaturate) {}
@@ -44,7 +43,7 @@ struct EncodeConsts {
   __m128i shift;
   __m256i round_base, overflow_minus_1, overflow_code;
   __m256 subnormal_magic;
-  __m256i rebias16, min_normal16, max_code16, overflow_code16, nan_code16;  // 16-bit lanes
+  __m256i rebias16, min_normal16, overflow_code16, nan_code16;  // 16-bit lanes
   bool saturate;
 };
 
@@ -52,7 +51,7 @@ struct EncodeConsts {
 //   rounded    (|x| + half - 1 + lsb) >> (23 - m): the normal code plus rebias, correctly rounded
 //   subnormal  bits(|x| + C) - bits(C), C = 2^(24-bias-m): the float adder rounds |x| onto the FP8 quantum
 //   nan, neg   all-ones masks
-template <bool kScaled>
+template <bool kScaled, bool kNanFolds>
 inline void encode_parts8(__m256 x, const EncodeConsts& c, __m256i& rounded, __m256i& subnormal, __m256i& nan,
                           __m256i& neg) {
   if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
@@ -62,18 +61,21 @@ inline void encode_parts8(__m256 x, const EncodeConsts& c, __m256i& rounded, __m
   rounded = _mm256_srl_epi32(_mm256_add_epi32(a, _mm256_add_epi32(c.round_base, lsb)), c.shift);
   const __m256 sum = _mm256_add_ps(_mm256_castsi256_ps(a), c.subnormal_magic);
   subnormal = _mm256_sub_epi32(_mm256_castps_si256(sum), _mm256_castps_si256(c.subnormal_magic));
-  nan = _mm256_cmpgt_epi32(a, splat(0x7F800000u));
+  if constexpr (!kNanFolds) nan = _mm256_cmpgt_epi32(a, splat(0x7F800000u));
   neg = _mm256_srai_epi32(u, 31);
 }
 
 // 16 codes in 16-bit lanes from the packed parts. `rounded` < the rounded value of the smallest normal means the
 // subnormal result applies (where a value just below it rounds up to it, both paths agree).
-template <bool kSignOnZero>
+// The overflow code is max (saturating) or max + 1 (Inf or NaN), and every code the rounding can produce past the
+// largest finite one is an overflow, so min() applies the policy. A NaN input's rounded code is far past max too:
+// where the policy's overflow code is the NaN code (kNanFolds), min() alone handles NaN as well.
+template <bool kSignOnZero, bool kNanFolds>
 inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i neg, const EncodeConsts& c) {
   __m256i code = _mm256_sub_epi16(rounded, c.rebias16);
   code = select(_mm256_cmpgt_epi16(c.min_normal16, rounded), subnormal, code);
-  code = select(_mm256_cmpgt_epi16(code, c.max_code16), c.overflow_code16, code);
-  code = select(nan, c.nan_code16, code);
+  code = _mm256_min_epi16(code, c.overflow_code16);
+  if constexpr (!kNanFolds) code = select(nan, c.nan_code16, code);
   __m256i sign = _mm256_and_si256(neg, _mm256_set1_epi16(0x80));
   if constexpr (!kSignOnZero) sign = _mm256_andnot_si256(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), sign);
   return _mm256_or_si256(code, sign);
@@ -86,21 +88,22 @@ inline __m256i order_packed_bytes(__m256i bytes) {
 
 // 16 floats -> 16 codes in 16-bit lanes (in the lane order packing leaves; order_packed_bytes fixes it).
 // Two vectors at a time keep the live values within AVX2's 16 registers.
-template <bool kScaled, bool kSignOnZero>
+template <bool kScaled, bool kSignOnZero, bool kNanFolds>
 inline __m256i encode16(__m256 x0, __m256 x1, const EncodeConsts& c) {
-  __m256i r0, s0, n0, g0, r1, s1, n1, g1;
-  encode_parts8<kScaled>(x0, c, r0, s0, n0, g0);
-  encode_parts8<kScaled>(x1, c, r1, s1, n1, g1);
+  __m256i r0, s0, n0{}, g0, r1, s1, n1{}, g1;
+  encode_parts8<kScaled, kNanFolds>(x0, c, r0, s0, n0, g0);
+  encode_parts8<kScaled, kNanFolds>(x1, c, r1, s1, n1, g1);
   // rounded <= 2^11 and subnormal <= 2^m fit unsigned 16 bits; the masks stay masks under signed packing.
-  return finish16<kSignOnZero>(_mm256_packus_epi32(r0, r1), _mm256_packus_epi32(s0, s1), _mm256_packs_epi32(n0, n1),
-                               _mm256_packs_epi32(g0, g1), c);
+  const __m256i nan = kNanFolds ? n0 : _mm256_packs_epi32(n0, n1);
+  return finish16<kSignOnZero, kNanFolds>(_mm256_packus_epi32(r0, r1), _mm256_packus_epi32(s0, s1), nan,
+                                          _mm256_packs_epi32(g0, g1), c);
 }
 
 // 32 floats -> 32 codes, in order.
-template <bool kScaled, bool kSignOnZero>
+template <bool kScaled, bool kSignOnZero, bool kNanFolds>
 inline __m256i encode32(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const EncodeConsts& c) {
-  const __m256i lo = encode16<kScaled, kSignOnZero>(x0, x1, c);
-  const __m256i hi = encode16<kScaled, kSignOnZero>(x2, x3, c);
+  const __m256i lo = encode16<kScaled, kSignOnZero, kNanFolds>(x0, x1, c);
+  const __m256i hi = encode16<kScaled, kSignOnZero, kNanFolds>(x2, x3, c);
   return order_packed_bytes(_mm256_packus_epi16(lo, hi));
 }
 
@@ -159,14 +162,14 @@ inline __m256 load8(const bfloat16* p) {
 inline __m256 load8(const float16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // The loop for one combination of format family, scaling and sign rule, so the vector body has no branches.
-template <typename In, bool kE8M0, bool kScaled, bool kSignOnZero, bool kStream>
+template <typename In, bool kE8M0, bool kScaled, bool kSignOnZero, bool kNanFolds, bool kStream>
 void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   const EncodeConsts c(p);
   auto enc = [&c](__m256 x0, __m256 x1, __m256 x2, __m256 x3) {
     if constexpr (kE8M0) {
       return encode32_e8m0<kScaled>(x0, x1, x2, x3, c);
     } else {
-      return encode32<kScaled, kSignOnZero>(x0, x1, x2, x3, c);
+      return encode32<kScaled, kSignOnZero, kNanFolds>(x0, x1, x2, x3, c);
     }
   };
   std::size_t i = 0;
@@ -186,12 +189,17 @@ void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
 
 template <typename In, bool kE8M0, bool kScaled>
 void encode_sign_rule(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
-  const int variant = (p.sign_on_zero ? 1 : 0) | (p.streaming_stores ? 2 : 0);
+  const bool nan_folds = p.nan_code == p.overflow_code;
+  const int variant = (p.sign_on_zero ? 1 : 0) | (nan_folds ? 2 : 0) | (p.streaming_stores ? 4 : 0);
   switch (variant) {
-    case 0: return encode_body<In, kE8M0, kScaled, false, false>(in, out, n, p);
-    case 1: return encode_body<In, kE8M0, kScaled, true, false>(in, out, n, p);
-    case 2: return encode_body<In, kE8M0, kScaled, false, true>(in, out, n, p);
-    default: return encode_body<In, kE8M0, kScaled, true, true>(in, out, n, p);
+    case 0: return encode_body<In, kE8M0, kScaled, false, false, false>(in, out, n, p);
+    case 1: return encode_body<In, kE8M0, kScaled, true, false, false>(in, out, n, p);
+    case 2: return encode_body<In, kE8M0, kScaled, false, true, false>(in, out, n, p);
+    case 3: return encode_body<In, kE8M0, kScaled, true, true, false>(in, out, n, p);
+    case 4: return encode_body<In, kE8M0, kScaled, false, false, true>(in, out, n, p);
+    case 5: return encode_body<In, kE8M0, kScaled, true, false, true>(in, out, n, p);
+    case 6: return encode_body<In, kE8M0, kScaled, false, true, true>(in, out, n, p);
+    default: return encode_body<In, kE8M0, kScaled, true, true, true>(in, out, n, p);
   }
 }
 
@@ -245,19 +253,22 @@ struct Decode16Consts {
     inf_magnitude = _mm256_set1_epi16(static_cast<short>(inf_mag));
     inf_bits = _mm256_set1_epi16(static_cast<short>(d.has_inf ? out_bits(d.inf_code(false)) : 0));
     nan_bits = _mm256_set1_epi16(static_cast<short>(out_bits(d.nan_code(false))));
-    const bool nan_is_0x80 = d.nan == NanEncoding::kNegativeZero;
-    nan_exact = _mm256_set1_epi16(static_cast<short>(nan_is_0x80 ? 0x80 : 0x100));
-    nan_exact_bits = _mm256_set1_epi16(static_cast<short>(nan_is_0x80 ? out_bits(0x80) : 0));
+    nan_exact_bits = _mm256_set1_epi16(static_cast<short>(d.nan == NanEncoding::kNegativeZero ? out_bits(0x80) : 0));
   }
   __m128i shift;
-  __m256i rebias, small_table, special_minus_1, inf_magnitude, inf_bits, nan_bits, nan_exact, nan_exact_bits;
+  __m256i rebias, small_table, special_minus_1, inf_magnitude, inf_bits, nan_bits, nan_exact_bits;
 };
 
+// How a format marks Inf and NaN, as a template parameter so each kernel does only its own checks.
+enum class Specials { kNanAllOnes, kIeee, kNanAt0x80 };
+
+// 16 codes, sign-extended to 16 bits: the sign lands on bit 15 where bfloat16 and float16 keep theirs.
 inline __m256i load16_codes(const std::uint8_t* in) {
-  return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
 }
 
 // 16 codes of e4m3fn, e5m2, e4m3fnuz or e5m2fnuz -> 16 bfloat16 or float16 bit patterns (exact).
+template <Specials S>
 inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
   const __m256i code = load16_codes(in);
   const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
@@ -266,15 +277,22 @@ inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
   const __m256i index = _mm256_add_epi16(_mm256_mullo_epi16(mag, _mm256_set1_epi16(0x0202)), _mm256_set1_epi16(0x0100));
   const __m256i small = _mm256_shuffle_epi8(c.small_table, index);
   __m256i bits = select(_mm256_cmpgt_epi16(_mm256_set1_epi16(8), mag), small, normal);
-  const __m256i special_bits = select(_mm256_cmpeq_epi16(mag, c.inf_magnitude), c.inf_bits, c.nan_bits);
-  bits = select(_mm256_cmpgt_epi16(mag, c.special_minus_1), special_bits, bits);
-  bits = _mm256_or_si256(bits, _mm256_slli_epi16(_mm256_and_si256(code, _mm256_set1_epi16(0x80)), 8));
-  return select(_mm256_cmpeq_epi16(code, c.nan_exact), c.nan_exact_bits, bits);
+  if constexpr (S == Specials::kNanAllOnes) {
+    bits = select(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7F)), c.nan_bits, bits);
+  } else if constexpr (S == Specials::kIeee) {
+    const __m256i special_bits = select(_mm256_cmpeq_epi16(mag, c.inf_magnitude), c.inf_bits, c.nan_bits);
+    bits = select(_mm256_cmpgt_epi16(mag, c.special_minus_1), special_bits, bits);
+  }
+  bits = _mm256_or_si256(bits, _mm256_and_si256(code, _mm256_set1_epi16(static_cast<short>(0x8000))));
+  if constexpr (S == Specials::kNanAt0x80) {
+    bits = select(_mm256_cmpeq_epi16(code, _mm256_set1_epi16(static_cast<short>(0xFF80))), c.nan_exact_bits, bits);
+  }
+  return bits;
 }
 
 // 16 e8m0fnu codes -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is the subnormal 2^-127 (0x0040); 0xFF NaN.
-inline __m256i decode16_e8m0(const std::uint8_t* in, const Decode16Consts&) {
-  const __m256i code = load16_codes(in);
+inline __m256i decode16_e8m0(const std::uint8_t* in) {
+  const __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
   __m256i bits = _mm256_slli_epi16(code, 7);
   bits = select(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), _mm256_set1_epi16(0x0040), bits);
   return select(_mm256_cmpeq_epi16(code, _mm256_set1_epi16(0xFF)), _mm256_set1_epi16(0x7FC0), bits);
@@ -302,11 +320,26 @@ inline void widen16(__m256i bf16, __m256 scale_inv, __m256& lo, __m256& hi) {
   }
 }
 
+// The family of a format's decoder: its Specials, or e8m0fnu's own.
+enum class DecodeFamily { kNanAllOnes, kIeee, kNanAt0x80, kE8M0 };
+
+template <DecodeFamily F>
+inline __m256i decode16_family(const std::uint8_t* in, const Decode16Consts& c) {
+  if constexpr (F == DecodeFamily::kE8M0) {
+    return decode16_e8m0(in);
+  } else {
+    constexpr Specials S = F == DecodeFamily::kNanAllOnes ? Specials::kNanAllOnes
+                           : F == DecodeFamily::kIeee     ? Specials::kIeee
+                                                          : Specials::kNanAt0x80;
+    return decode16<S>(in, c);
+  }
+}
+
 // 16 codes -> 16 outputs per step.
-template <typename Out, bool kE8M0, bool kScaled, bool kStream>
+template <typename Out, DecodeFamily F, bool kScaled, bool kStream>
 void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
   // float16 output without a scale is computed directly in float16 (not for e8m0fnu, whose range float16 lacks).
-  constexpr bool kDirectF16 = std::is_same_v<Out, float16> && !kScaled && !kE8M0;
+  constexpr bool kDirectF16 = std::is_same_v<Out, float16> && !kScaled && F != DecodeFamily::kE8M0;
   const Decode16Consts c(p.format, kDirectF16);
   const __m256 scale_inv = _mm256_set1_ps(p.scale_inv);
   std::size_t i = 0;
@@ -316,7 +349,7 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
   }
   for (; i + 16 <= n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 4, _MM_HINT_T0);
-    const __m256i bits16 = kE8M0 ? decode16_e8m0(in + i, c) : decode16(in + i, c);
+    const __m256i bits16 = decode16_family<F>(in + i, c);
     if constexpr (kDirectF16 || (std::is_same_v<Out, bfloat16> && !kScaled)) {
       store256<kStream>(out + i, bits16);
     } else {
@@ -339,23 +372,24 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
   decode_tail(in + i, out + i, n - i, p);
 }
 
-template <typename Out, bool kE8M0>
+template <typename Out, DecodeFamily F>
 void decode_variant(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
   const int variant = (p.scale_inv != 1.0f ? 1 : 0) | (p.streaming_stores ? 2 : 0);
   switch (variant) {
-    case 0: return decode_body<Out, kE8M0, false, false>(in, out, n, p);
-    case 1: return decode_body<Out, kE8M0, true, false>(in, out, n, p);
-    case 2: return decode_body<Out, kE8M0, false, true>(in, out, n, p);
-    default: return decode_body<Out, kE8M0, true, true>(in, out, n, p);
+    case 0: return decode_body<Out, F, false, false>(in, out, n, p);
+    case 1: return decode_body<Out, F, true, false>(in, out, n, p);
+    case 2: return decode_body<Out, F, false, true>(in, out, n, p);
+    default: return decode_body<Out, F, true, true>(in, out, n, p);
   }
 }
 
 template <typename Out>
 void decode_avx2(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
-  if (p.format == Format::e8m0fnu) {
-    decode_variant<Out, true>(in, out, n, p);
-  } else {
-    decode_variant<Out, false>(in, out, n, p);
+  switch (descriptor(p.format).nan) {
+    case NanEncoding::kAllOnes: return decode_variant<Out, DecodeFamily::kNanAllOnes>(in, out, n, p);
+    case NanEncoding::kIeee: return decode_variant<Out, DecodeFamily::kIeee>(in, out, n, p);
+    case NanEncoding::kNegativeZero: return decode_variant<Out, DecodeFamily::kNanAt0x80>(in, out, n, p);
+    case NanEncoding::kUnsignedMax: return decode_variant<Out, DecodeFamily::kE8M0>(in, out, n, p);
   }
 }
 
