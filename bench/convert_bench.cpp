@@ -58,6 +58,16 @@ void fill_inputs(std::span<float> x, std::span<std::uint8_t> codes) {
   for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(rng());
 }
 
+// Fills in the timing fields: throughput of r.bytes_moved, and memcpy's of a copy of `copy_bytes` (read + write).
+ConvertResult with_timing(ConvertResult r, const PairTiming& t, std::size_t copy_bytes) {
+  r.seconds = t.kernel_seconds;
+  r.baseline_seconds = t.baseline_seconds;
+  r.gbps = static_cast<double>(r.bytes_moved) / t.kernel_seconds / 1e9;
+  r.baseline_gbps = 2.0 * static_cast<double>(copy_bytes) / t.baseline_seconds / 1e9;
+  r.ratio = r.gbps / r.baseline_gbps;
+  return r;
+}
+
 }  // namespace
 
 std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
@@ -93,15 +103,9 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
       r.elements = options.bytes / 8;
       r.bytes_moved = options.bytes;
       volatile std::uint64_t sink = 0;
-      const PairTiming t = time_interleaved([&] { sink = sink ^ read_all(copy_src.data(), options.bytes, threads); },
-                                            [&] { parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, threads); },
-                                            options.reps);
-      r.seconds = t.kernel_seconds;
-      r.baseline_seconds = t.baseline_seconds;
-      r.gbps = static_cast<double>(options.bytes) / t.kernel_seconds / 1e9;
-      r.baseline_gbps = 2.0 * static_cast<double>(options.bytes) / t.baseline_seconds / 1e9;
-      r.ratio = r.gbps / r.baseline_gbps;
-      results.push_back(r);
+      const auto probe = [&] { sink = sink ^ read_all(copy_src.data(), options.bytes, threads); };
+      const auto baseline = [&] { parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, threads); };
+      results.push_back(with_timing(r, time_interleaved(probe, baseline, options.reps), options.bytes));
     }
     for (const Op& op : ops) {
       const std::size_t n = options.bytes / wide_size(op.wide);
@@ -143,13 +147,7 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
         parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, copy_threads);
       };
       const int reps = op.scalar ? std::max(3, options.reps / 3) : options.reps;
-      const PairTiming t = time_interleaved(kernel, baseline, reps);
-      r.seconds = t.kernel_seconds;
-      r.baseline_seconds = t.baseline_seconds;
-      r.gbps = static_cast<double>(r.bytes_moved) / t.kernel_seconds / 1e9;
-      r.baseline_gbps = 2.0 * static_cast<double>(options.bytes) / t.baseline_seconds / 1e9;
-      r.ratio = r.gbps / r.baseline_gbps;
-      results.push_back(r);
+      results.push_back(with_timing(r, time_interleaved(kernel, baseline, reps), options.bytes));
       if (progress) progress(++done, total);
     }
   }
