@@ -20,7 +20,9 @@ Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
   data_.reset(p);
 }
 
-void Buffer::Free::operator()(std::byte* p) const { std::free(p); }
+void Buffer::Free::operator()(std::byte* p) const {
+  std::free(p);
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0.0;
@@ -36,7 +38,8 @@ double time_once(const std::function<void()>& fn) {
   return std::chrono::duration<double>(stop - start).count();
 }
 
-PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps) {
+PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline,
+                            int reps) {
   kernel();  // warm-up: page tables, caches, thread pool
   baseline();
   std::vector<double> k, b;
@@ -67,7 +70,8 @@ std::uint64_t read_all(const void* data, std::size_t bytes, int threads) {
     }
     __m128i sum = acc[0];
     for (int j = 1; j < 8; ++j) sum = _mm_xor_si128(sum, acc[j]);
-    total ^= static_cast<std::uint64_t>(_mm_cvtsi128_si64(sum)) ^ static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm_unpackhi_epi64(sum, sum)));
+    total ^= static_cast<std::uint64_t>(_mm_cvtsi128_si64(sum)) ^
+             static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm_unpackhi_epi64(sum, sum)));
   }
   return total;
 }
@@ -82,7 +86,8 @@ void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads)
   for (int t = 0; t < threads; ++t) {
     const std::size_t begin = std::min(bytes, per * static_cast<std::size_t>(t));
     const std::size_t end = std::min(bytes, begin + per);
-    if (begin < end) std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
+    if (begin < end)
+      std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
   }
 }
 

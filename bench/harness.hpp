@@ -41,10 +41,11 @@ struct PairTiming {
   double baseline_seconds;  // median
 };
 // Runs warmup rounds, then `reps` rounds of (kernel, baseline) alternating which goes first.
-PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps);
+PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline,
+                            int reps);
 
-// Reads every byte of `data` (8 independent accumulators, so it is bound by memory, not add latency), split across
-// `threads` threads; returns a value that depends on all of it so the reads cannot be optimized away.
+// Reads every byte of `data` (8 independent accumulators, so it is bound by memory, not add latency), split
+// across `threads` threads; returns a value that depends on all of it so the reads cannot be optimized away.
 std::uint64_t read_all(const void* data, std::size_t bytes, int threads);
 
 // memcpy split across `threads` threads (each copies a contiguous part), the convention of the baseline.

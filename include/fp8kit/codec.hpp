@@ -36,17 +36,18 @@ std::uint8_t encode(float x, const EncodeSpec& spec, std::uint32_t random_bits =
 std::uint8_t encode(bfloat16 x, const EncodeSpec& spec, std::uint32_t random_bits = 0);
 std::uint8_t encode(float16 x, const EncodeSpec& spec, std::uint32_t random_bits = 0);
 
-// Exact decoding. NaN codes give the quiet NaN with the code's sign bit (the fnuz NaN 0x80 decodes as -NaN, as
-// in ml_dtypes); Inf gives Inf.
+// Exact decoding. NaN codes give the quiet NaN with the code's sign bit (the fnuz NaN 0x80 decodes as -NaN,
+// as in ml_dtypes); Inf gives Inf.
 double decode_to_double(Format f, std::uint8_t code);
 float decode_to_float(Format f, std::uint8_t code);
 // Exact for every format: all FP8 values are bfloat16 values.
 bfloat16 decode_to_bfloat16(Format f, std::uint8_t code);
-// Exact except e8m0fnu outside float16's range (2^-25 and below become 0, 2^16 and above Inf: round to nearest even).
+// Exact except e8m0fnu outside float16's range (2^-25 and below become 0, 2^16 and above Inf: round to
+// nearest even).
 float16 decode_to_float16(Format f, std::uint8_t code);
 
-// The 32 random bits stochastic rounding uses for element `index` of a stream seeded with `seed`: a counter-based
-// hash, so bulk conversions give the same result for any thread count and kernel.
+// The 32 random bits stochastic rounding uses for element `index` of a stream seeded with `seed`: a
+// counter-based hash, so bulk conversions give the same result for any thread count and kernel.
 constexpr std::uint32_t stochastic_bits(std::uint64_t seed, std::uint64_t index) {
   std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;  // splitmix64 finalizer
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

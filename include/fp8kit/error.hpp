@@ -1,5 +1,6 @@
 // The one error vocabulary of fp8kit: a typed exception carrying file:line and a formatted message.
-// Library code checks its preconditions with FP8KIT_CHECK(cond, parts...); the CLI turns errors into one line.
+// Library code checks its preconditions with FP8KIT_CHECK(cond, parts...); the CLI turns errors into one
+// line.
 #pragma once
 
 #include <concepts>
@@ -43,7 +44,7 @@ std::string concat(const Parts&... parts) {
 }
 // The condition of a check must already be a bool: FP8KIT_CHECK("text") or FP8KIT_CHECK(ptr) do not compile.
 template <typename T>
-  requires std::same_as<T, bool>
+requires std::same_as<T, bool>
 constexpr bool check_condition(T value) {
   return value;
 }
@@ -55,17 +56,17 @@ constexpr bool check_condition(T value) {
   throw ::fp8kit::Error((kind), ::fp8kit::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
 
 // Throws ErrorKind::kInvalidArgument with the message parts concatenated when cond is false.
-#define FP8KIT_CHECK(cond, ...)                                                 \
-  do {                                                                          \
-    if (!::fp8kit::detail::check_condition(cond)) {                             \
-      FP8KIT_THROW(::fp8kit::ErrorKind::kInvalidArgument, __VA_ARGS__);         \
-    }                                                                           \
+#define FP8KIT_CHECK(cond, ...)                                         \
+  do {                                                                  \
+    if (!::fp8kit::detail::check_condition(cond)) {                     \
+      FP8KIT_THROW(::fp8kit::ErrorKind::kInvalidArgument, __VA_ARGS__); \
+    }                                                                   \
   } while (false)
 
 // Same, with an explicit kind.
-#define FP8KIT_CHECK_KIND(cond, kind, ...)                                      \
-  do {                                                                          \
-    if (!::fp8kit::detail::check_condition(cond)) {                             \
-      FP8KIT_THROW((kind), __VA_ARGS__);                                        \
-    }                                                                           \
+#define FP8KIT_CHECK_KIND(cond, kind, ...)          \
+  do {                                              \
+    if (!::fp8kit::detail::check_condition(cond)) { \
+      FP8KIT_THROW((kind), __VA_ARGS__);            \
+    }                                               \
   } while (false)

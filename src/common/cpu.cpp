@@ -40,7 +40,8 @@ CpuFeatures detect() {
   char brand[49] = {};
   unsigned regs[12];
   if (__get_cpuid(0x80000000, &a, &b, &c, &d) && a >= 0x80000004) {
-    for (unsigned i = 0; i < 3; ++i) __get_cpuid(0x80000002 + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
+    for (unsigned i = 0; i < 3; ++i)
+      __get_cpuid(0x80000002 + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
     std::memcpy(brand, regs, 48);
     f.brand = brand;
     while (!f.brand.empty() && f.brand.back() == ' ') f.brand.pop_back();
@@ -61,6 +62,8 @@ void set_num_threads(int n) {
   omp_set_num_threads(n);
 }
 
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace fp8kit

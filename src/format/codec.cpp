@@ -1,5 +1,6 @@
 // The generic scalar converter (the specification of every FP8 conversion in fp8kit) and exact decoding.
-// Written as numbered steps over an exactly unpacked input: sign, class, and value = significand * 2^exponent.
+// Written as numbered steps over an exactly unpacked input: sign, class, and value = significand *
+// 2^exponent.
 #include "fp8kit/codec.hpp"
 
 #include <array>
@@ -32,12 +33,14 @@ double decode_to_double(Format f, std::uint8_t code) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     return negative ? -nan : nan;
   }
-  if (d.is_inf(code)) return negative ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+  if (d.is_inf(code))
+    return negative ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
   return finite_value(d, code);
 }
 
 namespace {
-// decode_to_double for every code of every format, narrowed to float (exact: FP8 values need at most 12 bits).
+// decode_to_double for every code of every format, narrowed to float (exact: FP8 values need at most 12
+// bits).
 using FloatTables = std::array<std::array<float, 256>, kAllFormats.size()>;
 FloatTables make_float_tables() {
   FloatTables tables{};
@@ -60,6 +63,8 @@ bfloat16 decode_to_bfloat16(Format f, std::uint8_t code) {
   return bfloat16::from_bits(static_cast<std::uint16_t>(u >> 16));  // exact: FP8 values use at most 12 bits
 }
 
-float16 decode_to_float16(Format f, std::uint8_t code) { return float16::from_float(decode_to_float(f, code)); }
+float16 decode_to_float16(Format f, std::uint8_t code) {
+  return float16::from_float(decode_to_float(f, code));
+}
 
 }  // namespace fp8kit

@@ -31,7 +31,8 @@ const float kScales[] = {1.0f, 0.5f, 3.0f, 1e-3f, 448.0f / 17.0f, 1e30f};
 std::vector<float> test_floats(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<float> v(n);
-  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 448.0f, 464.0f, 465.0f, 61440.0f, 0x1p-10f, 240.0f, 248.0f, 1.5f, 0x1p-127f};
+  const float specials[] = {0.0f,   -0.0f,    INFINITY, -INFINITY, NAN,    -NAN, 448.0f,   464.0f,
+                            465.0f, 61440.0f, 0x1p-10f, 240.0f,    248.0f, 1.5f, 0x1p-127f};
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t r = rng();
     if (r % 11 == 0) {
@@ -39,7 +40,8 @@ std::vector<float> test_floats(std::size_t n, std::uint64_t seed) {
     } else if (r % 3 == 0) {
       v[i] = std::bit_cast<float>(static_cast<std::uint32_t>(r >> 32));
     } else {
-      v[i] = std::ldexp(1.0f + static_cast<float>((r >> 8) & 0xFFFF) / 65536.0f, static_cast<int>((r >> 32) % 60) - 40) *
+      v[i] = std::ldexp(1.0f + static_cast<float>((r >> 8) & 0xFFFF) / 65536.0f,
+                        static_cast<int>((r >> 32) % 60) - 40) *
              ((r >> 40) & 1 ? -1.0f : 1.0f);
     }
   }
@@ -60,7 +62,7 @@ std::vector<T> narrow_all(const std::vector<float>& v) {
 }
 
 template <typename In>
-void check_encode(convert_detail::EncodeFn<In> (KernelTable::*member)) {
+void check_encode(convert_detail::EncodeFn<In>(KernelTable::*member)) {
   const auto base = test_floats(5000, 99);
   const auto input = narrow_all<In>(base);
   for (const KernelTable* table : fast_tables()) {
@@ -76,8 +78,9 @@ void check_encode(convert_detail::EncodeFn<In> (KernelTable::*member)) {
               (convert_detail::scalar_kernels().*member)(input.data() + misalign, want.data(), n, params);
               (table->*member)(input.data() + misalign, got.data() + misalign, n, params);
               for (std::size_t i = 0; i < n; ++i) {
-                ASSERT_EQ(got[misalign + i], want[i]) << table->isa << " " << name(f) << " scale " << scale << " n " << n
-                                                      << " i " << i << " x " << std::hexfloat << base[misalign + i];
+                ASSERT_EQ(got[misalign + i], want[i])
+                    << table->isa << " " << name(f) << " scale " << scale << " n " << n << " i " << i << " x "
+                    << std::hexfloat << base[misalign + i];
               }
               EXPECT_EQ(got[misalign + n], 0xAB) << "wrote past the end";
             }
@@ -88,9 +91,15 @@ void check_encode(convert_detail::EncodeFn<In> (KernelTable::*member)) {
   }
 }
 
-TEST(Convert, EncodeFloatMatchesScalar) { check_encode<float>(&KernelTable::encode_f32); }
-TEST(Convert, EncodeBfloat16MatchesScalar) { check_encode<bfloat16>(&KernelTable::encode_bf16); }
-TEST(Convert, EncodeFloat16MatchesScalar) { check_encode<float16>(&KernelTable::encode_f16); }
+TEST(Convert, EncodeFloatMatchesScalar) {
+  check_encode<float>(&KernelTable::encode_f32);
+}
+TEST(Convert, EncodeBfloat16MatchesScalar) {
+  check_encode<bfloat16>(&KernelTable::encode_bf16);
+}
+TEST(Convert, EncodeFloat16MatchesScalar) {
+  check_encode<float16>(&KernelTable::encode_f16);
+}
 
 // All 2^16 bfloat16 and float16 inputs, every format and policy.
 TEST(Convert, EveryHalfInput) {
@@ -126,7 +135,7 @@ std::uint32_t bits_of(Out x) {
 }
 
 template <typename Out>
-void check_decode(convert_detail::DecodeFn<Out> (KernelTable::*member)) {
+void check_decode(convert_detail::DecodeFn<Out>(KernelTable::*member)) {
   std::vector<std::uint8_t> codes(4096 + 8);
   for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 37 + (i >> 8));
   for (int c = 0; c < 256; ++c) codes[c] = static_cast<std::uint8_t>(c);  // every code, in order
@@ -142,7 +151,8 @@ void check_decode(convert_detail::DecodeFn<Out> (KernelTable::*member)) {
             (table->*member)(codes.data() + misalign, got.data() + misalign, n, params);
             for (std::size_t i = 0; i < n; ++i) {
               ASSERT_EQ(bits_of(got[misalign + i]), bits_of(want[i]))
-                  << table->isa << " " << name(f) << " code " << int(codes[misalign + i]) << " scale_inv " << scale_inv;
+                  << table->isa << " " << name(f) << " code " << int(codes[misalign + i]) << " scale_inv "
+                  << scale_inv;
             }
           }
         }
@@ -151,9 +161,15 @@ void check_decode(convert_detail::DecodeFn<Out> (KernelTable::*member)) {
   }
 }
 
-TEST(Convert, DecodeFloatMatchesScalar) { check_decode<float>(&KernelTable::decode_f32); }
-TEST(Convert, DecodeBfloat16MatchesScalar) { check_decode<bfloat16>(&KernelTable::decode_bf16); }
-TEST(Convert, DecodeFloat16MatchesScalar) { check_decode<float16>(&KernelTable::decode_f16); }
+TEST(Convert, DecodeFloatMatchesScalar) {
+  check_decode<float>(&KernelTable::decode_f32);
+}
+TEST(Convert, DecodeBfloat16MatchesScalar) {
+  check_decode<bfloat16>(&KernelTable::decode_bf16);
+}
+TEST(Convert, DecodeFloat16MatchesScalar) {
+  check_decode<float16>(&KernelTable::decode_f16);
+}
 
 TEST(Convert, PublicEntryAndThreadsAgree) {
   const std::size_t n = (std::size_t{1} << 20) + 77;  // above the parallel threshold, odd tail
@@ -165,7 +181,8 @@ TEST(Convert, PublicEntryAndThreadsAgree) {
     cast_to_fp8(x, one, options);
     set_num_threads(2);
     cast_to_fp8(x, two, options);
-    convert_detail::scalar_kernels().encode_f32(x.data(), ref.data(), n, convert_detail::make_encode_params(options));
+    convert_detail::scalar_kernels().encode_f32(x.data(), ref.data(), n,
+                                                convert_detail::make_encode_params(options));
     EXPECT_EQ(one, ref) << name(f);
     EXPECT_EQ(two, ref) << name(f);
     std::vector<float> back1(n), back2(n);

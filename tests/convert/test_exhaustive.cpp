@@ -1,5 +1,5 @@
-// Every float32 input (all 2^32 bit patterns) for every FP8 format and overflow policy: the fast kernels this CPU
-// dispatches to must agree with the scalar reference on every one. Threads split the input space.
+// Every float32 input (all 2^32 bit patterns) for every FP8 format and overflow policy: the fast kernels this
+// CPU dispatches to must agree with the scalar reference on every one. Threads split the input space.
 #include <gtest/gtest.h>
 #include <omp.h>
 

@@ -19,8 +19,12 @@ constexpr Overflow kPolicies[] = {Overflow::kNonSaturating, Overflow::kSaturate}
 const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::uint8_t enc(Format f, Overflow o, double x) { return encode(x, EncodeSpec{f, o}); }
-std::uint8_t encf(Format f, Overflow o, float x) { return encode(x, EncodeSpec{f, o}); }
+std::uint8_t enc(Format f, Overflow o, double x) {
+  return encode(x, EncodeSpec{f, o});
+}
+std::uint8_t encf(Format f, Overflow o, float x) {
+  return encode(x, EncodeSpec{f, o});
+}
 
 // ---------------------------------------------------------------- all 256 codes
 
@@ -40,7 +44,7 @@ TEST(Codec, DecodeEveryCodeAndRoundTrip) {
         for (Overflow o : kPolicies) EXPECT_TRUE(d.is_nan(enc(f, o, x)));
         continue;
       }
-      EXPECT_EQ(static_cast<double>(xf), x);  // exact in float
+      EXPECT_EQ(static_cast<double>(xf), x);                                      // exact in float
       EXPECT_EQ(static_cast<double>(decode_to_bfloat16(f, code).to_float()), x);  // exact in bfloat16
       if (f != Format::e8m0fnu) EXPECT_EQ(static_cast<double>(decode_to_float16(f, code).to_float()), x);
       for (Overflow o : kPolicies) {
@@ -83,34 +87,23 @@ void check_rows(Format f, std::initializer_list<Row> rows) {
   for (const Row& r : rows) {
     EXPECT_EQ(enc(f, Overflow::kNonSaturating, r.x), r.nonsat) << name(f) << " non-saturating x=" << r.x;
     EXPECT_EQ(enc(f, Overflow::kSaturate, r.x), r.sat) << name(f) << " saturating x=" << r.x;
-    EXPECT_EQ(encf(f, Overflow::kNonSaturating, static_cast<float>(r.x)), r.nonsat) << name(f) << " float x=" << r.x;
+    EXPECT_EQ(encf(f, Overflow::kNonSaturating, static_cast<float>(r.x)), r.nonsat)
+        << name(f) << " float x=" << r.x;
     EXPECT_EQ(encf(f, Overflow::kSaturate, static_cast<float>(r.x)), r.sat) << name(f) << " float x=" << r.x;
   }
 }
 
 TEST(Codec, BoundaryTableE4M3FN) {
-  check_rows(Format::e4m3fn, {{0x1p-10, 0x00, 0x00},  // half the smallest subnormal: tie to even 0
-                              {0.3, 0x2A, 0x2A},
-                              {240.0, 0x77, 0x77},
-                              {247.9, 0x77, 0x77},
-                              {248.0, 0x78, 0x78},
-                              {448.0, 0x7E, 0x7E},
-                              {449.0, 0x7E, 0x7E},
-                              {463.9, 0x7E, 0x7E},
-                              {464.0, 0x7E, 0x7E},  // midpoint 448|480: tie to even (448)
-                              {464.0001, 0x7F, 0x7E},
-                              {465.0, 0x7F, 0x7E},
-                              {470.0, 0x7F, 0x7E},
-                              {479.9, 0x7F, 0x7E},
-                              {480.0, 0x7F, 0x7E},
-                              {1000.0, 0x7F, 0x7E},
-                              {-465.0, 0xFF, 0xFE},
-                              {kInf, 0x7F, 0x7E},
-                              {-kInf, 0xFF, 0xFE},
-                              {kNaN, 0x7F, 0x7F},
-                              {-kNaN, 0xFF, 0xFF},
-                              {-0.0, 0x80, 0x80},
-                              {0.0, 0x00, 0x00}});
+  check_rows(Format::e4m3fn,
+             {{0x1p-10, 0x00, 0x00},  // half the smallest subnormal: tie to even 0
+              {0.3, 0x2A, 0x2A},      {240.0, 0x77, 0x77}, {247.9, 0x77, 0x77},
+              {248.0, 0x78, 0x78},    {448.0, 0x7E, 0x7E}, {449.0, 0x7E, 0x7E},
+              {463.9, 0x7E, 0x7E},    {464.0, 0x7E, 0x7E},  // midpoint 448|480: tie to even (448)
+              {464.0001, 0x7F, 0x7E}, {465.0, 0x7F, 0x7E}, {470.0, 0x7F, 0x7E},
+              {479.9, 0x7F, 0x7E},    {480.0, 0x7F, 0x7E}, {1000.0, 0x7F, 0x7E},
+              {-465.0, 0xFF, 0xFE},   {kInf, 0x7F, 0x7E},  {-kInf, 0xFF, 0xFE},
+              {kNaN, 0x7F, 0x7F},     {-kNaN, 0xFF, 0xFF}, {-0.0, 0x80, 0x80},
+              {0.0, 0x00, 0x00}});
 }
 
 TEST(Codec, BoundaryTableE4M3FNUZ) {
@@ -155,27 +148,28 @@ TEST(Codec, BoundaryTableE5M2FNUZ) {
                                 {-0.0, 0x00, 0x00}});
 }
 
-// e8m0fnu: fp8kit follows ml_dtypes (non-saturating): the nearest power of two with ties up, negatives and zero
-// are NaN. Saturating: zero becomes the minimum 2^-127, overflow and +Inf the maximum 2^127.
+// e8m0fnu: fp8kit follows ml_dtypes (non-saturating): the nearest power of two with ties up, negatives and
+// zero are NaN. Saturating: zero becomes the minimum 2^-127, overflow and +Inf the maximum 2^127.
 TEST(Codec, E8M0Choices) {
-  check_rows(Format::e8m0fnu, {{1.0, 0x7F, 0x7F},
-                               {1.4999, 0x7F, 0x7F},
-                               {1.5, 0x80, 0x80},  // tie: up
-                               {3.0, 0x81, 0x81},
-                               {6.0, 0x82, 0x82},
-                               {0x1p-127, 0x00, 0x00},
-                               {0x1p-128, 0x00, 0x00},  // below the minimum: the minimum (there is no zero)
-                               {0x1p-140, 0x00, 0x00},
-                               {1.5 * 0x1p-127, 0x01, 0x01},
-                               {1.25 * 0x1p-127, 0x00, 0x00},  // nearest (ml_dtypes rounds float subnormals up)
-                               {0x1p127, 0xFE, 0xFE},
-                               {1.5 * 0x1p127, 0xFF, 0xFE},
-                               {0.0, 0xFF, 0x00},
-                               {-0.0, 0xFF, 0x00},
-                               {-1.0, 0xFF, 0xFF},
-                               {kInf, 0xFF, 0xFE},
-                               {-kInf, 0xFF, 0xFF},
-                               {kNaN, 0xFF, 0xFF}});
+  check_rows(Format::e8m0fnu,
+             {{1.0, 0x7F, 0x7F},
+              {1.4999, 0x7F, 0x7F},
+              {1.5, 0x80, 0x80},  // tie: up
+              {3.0, 0x81, 0x81},
+              {6.0, 0x82, 0x82},
+              {0x1p-127, 0x00, 0x00},
+              {0x1p-128, 0x00, 0x00},  // below the minimum: the minimum (there is no zero)
+              {0x1p-140, 0x00, 0x00},
+              {1.5 * 0x1p-127, 0x01, 0x01},
+              {1.25 * 0x1p-127, 0x00, 0x00},  // nearest (ml_dtypes rounds float subnormals up)
+              {0x1p127, 0xFE, 0xFE},
+              {1.5 * 0x1p127, 0xFF, 0xFE},
+              {0.0, 0xFF, 0x00},
+              {-0.0, 0xFF, 0x00},
+              {-1.0, 0xFF, 0xFF},
+              {kInf, 0xFF, 0xFE},
+              {-kInf, 0xFF, 0xFF},
+              {kNaN, 0xFF, 0xFF}});
 }
 
 // ---------------------------------------------------------------- an independent oracle
@@ -198,8 +192,8 @@ std::uint8_t oracle(Format f, Overflow o, double x) {
   const int max_exp = std::ilogb(max);
   const double beyond = max + std::ldexp(1.0, max_exp - d.mantissa_bits);
   if (a > 2 * beyond) return overflow();  // (far away the differences below would lose their low bits)
-  // Candidates: every finite code plus "beyond"; pick the nearest, ties to the even code (beyond counts as even
-  // when max's code is odd). With no mantissa bits (e8m0fnu) every significand is 1, odd: ties go up.
+  // Candidates: every finite code plus "beyond"; pick the nearest, ties to the even code (beyond counts as
+  // even when max's code is odd). With no mantissa bits (e8m0fnu) every significand is 1, odd: ties go up.
   const bool ties_up = d.mantissa_bits == 0;
   std::uint8_t best = 0;
   double best_err = INFINITY;
@@ -212,7 +206,8 @@ std::uint8_t oracle(Format f, Overflow o, double x) {
     }
   }
   const double err_beyond = std::fabs(beyond - a);
-  if (err_beyond < best_err || (err_beyond == best_err && (ties_up || d.max_code() % 2 == 1))) best_beyond = true;
+  if (err_beyond < best_err || (err_beyond == best_err && (ties_up || d.max_code() % 2 == 1)))
+    best_beyond = true;
   if (best_beyond) return overflow();
   if (best == 0 && !d.has_negative_zero()) return 0;
   return static_cast<std::uint8_t>(best | (neg ? d.sign_mask() : 0));
@@ -243,7 +238,8 @@ TEST(Codec, AgreesWithBruteForceOracle) {
         const std::uint8_t want = oracle(f, o, x);
         const std::uint8_t got = encf(f, o, x);
         if (want != got && ++mismatches < 20) {
-          ADD_FAILURE() << name(f) << " x=" << std::hexfloat << x << " oracle " << int(want) << " codec " << int(got);
+          ADD_FAILURE() << name(f) << " x=" << std::hexfloat << x << " oracle " << int(want) << " codec "
+                        << int(got);
         }
       }
     }
@@ -321,7 +317,8 @@ TEST(Codec, StochasticRoundingIsUnbiasedAndReproducible) {
       sum += v;
     }
     const double mean = sum / n;
-    // Each sample is lo or hi: the standard error of the mean is at most (hi - lo) / 2 / sqrt(n); allow 5 of them.
+    // Each sample is lo or hi: the standard error of the mean is at most (hi - lo) / 2 / sqrt(n); allow 5 of
+    // them.
     EXPECT_NEAR(mean, x, 5 * (hi - lo) / 2 / std::sqrt(n)) << "x=" << x;
   }
   // Exactly representable values never move.
@@ -331,7 +328,8 @@ TEST(Codec, StochasticRoundingIsUnbiasedAndReproducible) {
   EXPECT_NE(stochastic_bits(1, 5), stochastic_bits(2, 5));
   EXPECT_NE(stochastic_bits(1, 5), stochastic_bits(1, 6));
   // Overflow still follows the policy: just below max + ulp rounds up with high probability.
-  EXPECT_EQ(encode(479.0f, EncodeSpec{Format::e4m3fn, Overflow::kNonSaturating, Rounding::kStochastic}, 0), 0x7F);
+  EXPECT_EQ(encode(479.0f, EncodeSpec{Format::e4m3fn, Overflow::kNonSaturating, Rounding::kStochastic}, 0),
+            0x7F);
   EXPECT_EQ(encode(479.0f, EncodeSpec{Format::e4m3fn, Overflow::kSaturate, Rounding::kStochastic}, 0), 0x7E);
 }
 

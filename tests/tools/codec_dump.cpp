@@ -1,6 +1,7 @@
 // Test helper for check_ml_dtypes.py: converts raw little-endian inputs with fp8kit and writes raw results.
-//   codec_dump encode FORMAT SRC(f32|f64|bf16|f16) saturate(0|1) IN OUT   -> one code per input (bulk path; f64: scalar)
-//   codec_dump decode FORMAT DST(f32|bf16|f16) IN OUT                      -> decoded values of the codes in IN
+//   codec_dump encode FORMAT SRC(f32|f64|bf16|f16) saturate(0|1) IN OUT   -> one code per input (bulk path;
+//   f64: scalar) codec_dump decode FORMAT DST(f32|bf16|f16) IN OUT                      -> decoded values of
+//   the codes in IN
 #include <cstdio>
 #include <cstring>
 #include <fstream>

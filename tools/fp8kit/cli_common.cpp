@@ -25,7 +25,8 @@ std::vector<Format> parse_format_list(std::string_view text) {
   std::size_t start = 0;
   while (start <= text.size()) {
     const std::size_t comma = text.find(',', start);
-    const std::string_view token = text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
+    const std::string_view token =
+        text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
     const auto format = parse_format(token);
     if (!format) {
       throw UsageError("unknown format '" + std::string(token) + "' (known: " + known_format_names() + ")");
@@ -75,6 +76,8 @@ std::string format_exact(double value, std::size_t max_chars) {
   return fmt::format("~{:.6g}", value);
 }
 
-bool stderr_is_terminal() { return isatty(STDERR_FILENO) == 1; }
+bool stderr_is_terminal() {
+  return isatty(STDERR_FILENO) == 1;
+}
 
 }  // namespace fp8kit::cli

@@ -1,5 +1,5 @@
-// Shared pieces of the CLI commands: how a command registers itself, the usage-error type, small parsers for the
-// option values several commands take (format lists), and how codes and exact values are printed.
+// Shared pieces of the CLI commands: how a command registers itself, the usage-error type, small parsers for
+// the option values several commands take (format lists), and how codes and exact values are printed.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -35,8 +35,9 @@ std::string known_format_names();
 // A format without a sign or mantissa field shows only the fields it has (e8m0fnu: "01111111").
 std::string code_bits(Format format, std::uint8_t code, char separator = ' ');
 
-// A double printed exactly ("448", "0.001953125", "-0", "inf", "nan") when its exact decimal form takes at most
-// `max_chars` characters; otherwise "2^127 (1.70141e+38)" for a power of two, "~1.23457e+38" for anything else.
+// A double printed exactly ("448", "0.001953125", "-0", "inf", "nan") when its exact decimal form takes at
+// most `max_chars` characters; otherwise "2^127 (1.70141e+38)" for a power of two, "~1.23457e+38" for
+// anything else.
 std::string format_exact(double value, std::size_t max_chars = 24);
 
 // True when stderr is a terminal (progress output goes there only then).

@@ -25,10 +25,14 @@ std::size_t parse_size(const std::string& text) {
   }
   const std::string suffix = text.substr(pos);
   unsigned long long unit = 1;
-  if (suffix == "K" || suffix == "KiB") unit = 1ull << 10;
-  else if (suffix == "M" || suffix == "MiB") unit = 1ull << 20;
-  else if (suffix == "G" || suffix == "GiB") unit = 1ull << 30;
-  else if (!suffix.empty()) throw UsageError("--bytes: unknown unit '" + suffix + "' (use K, M or G)");
+  if (suffix == "K" || suffix == "KiB")
+    unit = 1ull << 10;
+  else if (suffix == "M" || suffix == "MiB")
+    unit = 1ull << 20;
+  else if (suffix == "G" || suffix == "GiB")
+    unit = 1ull << 30;
+  else if (!suffix.empty())
+    throw UsageError("--bytes: unknown unit '" + suffix + "' (use K, M or G)");
   const unsigned long long bytes = value * unit;
   if (bytes < 4096 || bytes > (16ull << 30)) throw UsageError("--bytes: " + text + " is outside 4K..16G");
   return static_cast<std::size_t>(bytes);
@@ -83,8 +87,8 @@ void run_bench_convert(const BenchConvertArgs& args) {
   fmt::print("conversion kernels vs memcpy of the same {} MiB array ({} repetitions, medians; CPU: {})\n",
              options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
   fmt::print("GB/s counts input + output bytes; memcpy counts its reads + writes\n\n");
-  fmt::print("{:<16} {:<7} {:<15} {:>6} {:>7} {:>9} {:>12} {:>7}\n", "op", "isa", "overflow", "scale", "threads",
-             "GB/s", "memcpy GB/s", "ratio");
+  fmt::print("{:<16} {:<7} {:<15} {:>6} {:>7} {:>9} {:>12} {:>7}\n", "op", "isa", "overflow", "scale",
+             "threads", "GB/s", "memcpy GB/s", "ratio");
   for (const auto& r : results) {
     fmt::print("{:<16} {:<7} {:<15} {:>6.3g} {:>7} {:>9.1f} {:>12.1f} {:>6.2f}x\n", r.op, r.isa,
                r.overflow.empty() ? "-" : r.overflow, r.scale, r.threads, r.gbps, r.baseline_gbps, r.ratio);
@@ -94,7 +98,8 @@ void run_bench_convert(const BenchConvertArgs& args) {
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: kernels against baselines measured in the same run");
+  CLI::App* bench =
+      app.add_subcommand("bench", "Benchmarks: kernels against baselines measured in the same run");
   bench->require_subcommand(1);
   auto args = std::make_shared<BenchConvertArgs>();
   CLI::App* convert = bench->add_subcommand("convert", "Conversion kernels against memcpy of the same bytes");

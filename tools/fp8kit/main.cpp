@@ -1,5 +1,6 @@
-// fp8kit: the command-line tool. Dispatches to one command per file; turns every error into one line on stderr
-// and an exit status (0 success, 2 bad usage or bad input, 1 any other failure). Never prints a stack trace.
+// fp8kit: the command-line tool. Dispatches to one command per file; turns every error into one line on
+// stderr and an exit status (0 success, 2 bad usage or bad input, 1 any other failure). Never prints a stack
+// trace.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -45,6 +46,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // CLI11 reports a missing command before an unknown one; name the token the user typed instead.
+    if (app.get_subcommands().empty() && !app.remaining().empty()) {
+      return fail("fp8kit", "unknown command or option '" + app.remaining().front() + "' (see --help)", 2);
+    }
     return fail(command_name(app), std::string(e.what()) + " (see --help)", 2);
   } catch (const fp8kit::cli::UsageError& e) {
     return fail(command_name(app), e.what(), 2);

@@ -1,13 +1,14 @@
-// AVX2 + F16C conversion kernels (round to nearest even), bit-identical to the scalar codec. They assume MXCSR's
-// default round-to-nearest mode, as all compiled float code does; DAZ/FTZ do not change their results (a float
-// subnormal input rounds to 0 in every FP8 format either way).
+// AVX2 + F16C conversion kernels (round to nearest even), bit-identical to the scalar codec. They assume
+// MXCSR's default round-to-nearest mode, as all compiled float code does; DAZ/FTZ do not change their results
+// (a float subnormal input rounds to 0 in every FP8 format either way).
 //
 // float32 -> FP8, per element, on a = |x| as bits (m = FP8 mantissa bits):
-//   normal FP8     ((a + 2^(22-m) - 1 + lsb) >> (23-m)) - ((127-bias) << m)   carry into the exponent is correct
-//   subnormal FP8  bits(|x| + C) - bits(C), C = 2^(24-bias-m): the float adder rounds once onto the FP8 quantum
-//   overflow       a >= overflow_bits (found from the scalar codec) -> the policy's overflow code
+//   normal FP8     ((a + 2^(22-m) - 1 + lsb) >> (23-m)) - ((127-bias) << m)   carry into the exponent is
+//   correct subnormal FP8  bits(|x| + C) - bits(C), C = 2^(24-bias-m): the float adder rounds once onto the
+//   FP8 quantum overflow       a >= overflow_bits (found from the scalar codec) -> the policy's overflow code
 //   NaN            a > 0x7F800000 -> the canonical NaN; then the sign bit (never on the fnuz zero)
-// FP8 -> float32: normal (mag << (23-m)) + rebias, subnormal int->float * 2^(1-bias-m) (exact), then specials.
+// FP8 -> float32: normal (mag << (23-m)) + rebias, subnormal int->float * 2^(1-bias-m) (exact), then
+// specials.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,8 +24,12 @@ namespace {
 // Software prefetch distance for the input stream (helps one thread keep enough reads in flight).
 constexpr int kPrefetchBytes = 2048;
 
-__m256i splat(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
-__m256i select(__m256i mask, __m256i if_true, __m256i if_false) { return _mm256_blendv_epi8(if_false, if_true, mask); }
+__m256i splat(std::uint32_t v) {
+  return _mm256_set1_epi32(static_cast<int>(v));
+}
+__m256i select(__m256i mask, __m256i if_true, __m256i if_false) {
+  return _mm256_blendv_epi8(if_false, if_true, mask);
+}
 
 struct EncodeConsts {
   explicit EncodeConsts(const EncodeParams& p)
@@ -65,10 +70,10 @@ inline void encode_parts8(__m256 x, const EncodeConsts& c, __m256i& rounded, __m
   neg = _mm256_srai_epi32(u, 31);
 }
 
-// 16 codes in 16-bit lanes from the packed parts. `rounded` < the rounded value of the smallest normal means the
-// subnormal result applies (where a value just below it rounds up to it, both paths agree).
-// The overflow code is max (saturating) or max + 1 (Inf or NaN), and every code the rounding can produce past the
-// largest finite one is an overflow, so min() applies the policy. A NaN input's rounded code is far past max too:
+// 16 codes in 16-bit lanes from the packed parts. `rounded` < the rounded value of the smallest normal means
+// the subnormal result applies (where a value just below it rounds up to it, both paths agree). The overflow
+// code is max (saturating) or max + 1 (Inf or NaN), and every code the rounding can produce past the largest
+// finite one is an overflow, so min() applies the policy. A NaN input's rounded code is far past max too:
 // where the policy's overflow code is the NaN code (kNanFolds), min() alone handles NaN as well.
 template <bool kSignOnZero, bool kNanFolds>
 inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i neg, const EncodeConsts& c) {
@@ -77,7 +82,8 @@ inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i
   code = _mm256_min_epi16(code, c.overflow_code16);
   if constexpr (!kNanFolds) code = select(nan, c.nan_code16, code);
   __m256i sign = _mm256_and_si256(neg, _mm256_set1_epi16(0x80));
-  if constexpr (!kSignOnZero) sign = _mm256_andnot_si256(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), sign);
+  if constexpr (!kSignOnZero)
+    sign = _mm256_andnot_si256(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), sign);
   return _mm256_or_si256(code, sign);
 }
 
@@ -107,7 +113,8 @@ inline __m256i encode32(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const Encode
   return order_packed_bytes(_mm256_packus_epi16(lo, hi));
 }
 
-// 8 floats -> 8 e8m0fnu codes: the nearest power of two, ties up (as PyTorch and ml_dtypes), no sign, no zero.
+// 8 floats -> 8 e8m0fnu codes: the nearest power of two, ties up (as PyTorch and ml_dtypes), no sign, no
+// zero.
 template <bool kScaled>
 inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
   if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
@@ -116,7 +123,8 @@ inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
   const __m256i zero = _mm256_setzero_si256();
   const __m256i field = _mm256_srli_epi32(a, 23);
   // normal float: exponent field, plus one when the mantissa is >= 1.5
-  const __m256i normal = _mm256_sub_epi32(field, _mm256_cmpgt_epi32(_mm256_and_si256(a, splat(0x7FFFFFu)), splat(0x3FFFFFu)));
+  const __m256i normal =
+      _mm256_sub_epi32(field, _mm256_cmpgt_epi32(_mm256_and_si256(a, splat(0x7FFFFFu)), splat(0x3FFFFFu)));
   // subnormal float (< 2^-126): 2^-127 (code 0) or, from 1.5 * 2^-127 up, 2^-126 (code 1)
   const __m256i denormal = _mm256_and_si256(_mm256_cmpgt_epi32(a, splat(0x5FFFFFu)), splat(1));
   __m256i code = select(_mm256_cmpeq_epi32(field, zero), denormal, normal);
@@ -128,8 +136,8 @@ inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
   return select(nan, splat(0xFF), code);
 }
 
-// Stores 32 bytes; streaming (non-temporal) stores need a 32-byte aligned address and skip the cache, which pays
-// off for outputs much larger than the caches (no read-for-ownership of the destination).
+// Stores 32 bytes; streaming (non-temporal) stores need a 32-byte aligned address and skip the cache, which
+// pays off for outputs much larger than the caches (no read-for-ownership of the destination).
 template <bool kStream>
 inline void store256(void* p, __m256i v) {
   if constexpr (kStream) {
@@ -154,12 +162,16 @@ inline __m256i encode32_e8m0(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const E
   return order_packed_bytes(_mm256_packus_epi16(p01, p23));
 }
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
 inline __m256 load8(const bfloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline __m256 load8(const float16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load8(const float16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 // The loop for one combination of format family, scaling and sign rule, so the vector body has no branches.
 template <typename In, bool kE8M0, bool kScaled, bool kSignOnZero, bool kNanFolds, bool kStream>
@@ -192,14 +204,22 @@ void encode_sign_rule(const In* in, std::uint8_t* out, std::size_t n, const Enco
   const bool nan_folds = p.nan_code == p.overflow_code;
   const int variant = (p.sign_on_zero ? 1 : 0) | (nan_folds ? 2 : 0) | (p.streaming_stores ? 4 : 0);
   switch (variant) {
-    case 0: return encode_body<In, kE8M0, kScaled, false, false, false>(in, out, n, p);
-    case 1: return encode_body<In, kE8M0, kScaled, true, false, false>(in, out, n, p);
-    case 2: return encode_body<In, kE8M0, kScaled, false, true, false>(in, out, n, p);
-    case 3: return encode_body<In, kE8M0, kScaled, true, true, false>(in, out, n, p);
-    case 4: return encode_body<In, kE8M0, kScaled, false, false, true>(in, out, n, p);
-    case 5: return encode_body<In, kE8M0, kScaled, true, false, true>(in, out, n, p);
-    case 6: return encode_body<In, kE8M0, kScaled, false, true, true>(in, out, n, p);
-    default: return encode_body<In, kE8M0, kScaled, true, true, true>(in, out, n, p);
+    case 0:
+      return encode_body<In, kE8M0, kScaled, false, false, false>(in, out, n, p);
+    case 1:
+      return encode_body<In, kE8M0, kScaled, true, false, false>(in, out, n, p);
+    case 2:
+      return encode_body<In, kE8M0, kScaled, false, true, false>(in, out, n, p);
+    case 3:
+      return encode_body<In, kE8M0, kScaled, true, true, false>(in, out, n, p);
+    case 4:
+      return encode_body<In, kE8M0, kScaled, false, false, true>(in, out, n, p);
+    case 5:
+      return encode_body<In, kE8M0, kScaled, true, false, true>(in, out, n, p);
+    case 6:
+      return encode_body<In, kE8M0, kScaled, false, true, true>(in, out, n, p);
+    default:
+      return encode_body<In, kE8M0, kScaled, true, true, true>(in, out, n, p);
   }
 }
 
@@ -227,7 +247,8 @@ void encode_avx2(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
 //   normal codes   (mag << (out_mantissa - m)) + ((out_bias - bias) << out_mantissa)
 //   mag < 8        a pshufb table of the exact results (subnormals, and normals the formula cannot reach)
 //   specials       Inf/NaN magnitudes, the fnuz NaN 0x80; then the sign bit. Every table entry and special
-//                  pattern is taken from the scalar codec, so the kernel cannot disagree with it on a constant.
+//                  pattern is taken from the scalar codec, so the kernel cannot disagree with it on a
+//                  constant.
 // float32 output zero-extends the bfloat16 bits (every FP8 value is exactly a bfloat16).
 struct Decode16Consts {
   Decode16Consts(Format format, bool to_f16) {
@@ -253,7 +274,8 @@ struct Decode16Consts {
     inf_magnitude = _mm256_set1_epi16(static_cast<short>(inf_mag));
     inf_bits = _mm256_set1_epi16(static_cast<short>(d.has_inf ? out_bits(d.inf_code(false)) : 0));
     nan_bits = _mm256_set1_epi16(static_cast<short>(out_bits(d.nan_code(false))));
-    nan_exact_bits = _mm256_set1_epi16(static_cast<short>(d.nan == NanEncoding::kNegativeZero ? out_bits(0x80) : 0));
+    nan_exact_bits =
+        _mm256_set1_epi16(static_cast<short>(d.nan == NanEncoding::kNegativeZero ? out_bits(0x80) : 0));
   }
   __m128i shift;
   __m256i rebias, small_table, special_minus_1, inf_magnitude, inf_bits, nan_bits, nan_exact_bits;
@@ -274,7 +296,8 @@ inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
   const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
   const __m256i normal = _mm256_add_epi16(_mm256_sll_epi16(mag, c.shift), c.rebias);
   // pshufb index for 16-bit entry `mag`: bytes 2*mag and 2*mag+1 (only used where mag < 8).
-  const __m256i index = _mm256_add_epi16(_mm256_mullo_epi16(mag, _mm256_set1_epi16(0x0202)), _mm256_set1_epi16(0x0100));
+  const __m256i index =
+      _mm256_add_epi16(_mm256_mullo_epi16(mag, _mm256_set1_epi16(0x0202)), _mm256_set1_epi16(0x0100));
   const __m256i small = _mm256_shuffle_epi8(c.small_table, index);
   __m256i bits = select(_mm256_cmpgt_epi16(_mm256_set1_epi16(8), mag), small, normal);
   if constexpr (S == Specials::kNanAllOnes) {
@@ -285,12 +308,14 @@ inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
   }
   bits = _mm256_or_si256(bits, _mm256_and_si256(code, _mm256_set1_epi16(static_cast<short>(0x8000))));
   if constexpr (S == Specials::kNanAt0x80) {
-    bits = select(_mm256_cmpeq_epi16(code, _mm256_set1_epi16(static_cast<short>(0xFF80))), c.nan_exact_bits, bits);
+    bits = select(_mm256_cmpeq_epi16(code, _mm256_set1_epi16(static_cast<short>(0xFF80))), c.nan_exact_bits,
+                  bits);
   }
   return bits;
 }
 
-// 16 e8m0fnu codes -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is the subnormal 2^-127 (0x0040); 0xFF NaN.
+// 16 e8m0fnu codes -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is the subnormal 2^-127 (0x0040); 0xFF
+// NaN.
 inline __m256i decode16_e8m0(const std::uint8_t* in) {
   const __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
   __m256i bits = _mm256_slli_epi16(code, 7);
@@ -300,7 +325,8 @@ inline __m256i decode16_e8m0(const std::uint8_t* in) {
 
 // float32 bits -> bfloat16 bits in the low half of each lane (round to nearest even, NaN quieted).
 inline __m256i to_bf16_bits(__m256i u) {
-  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(splat(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1))));
+  const __m256i rounded = _mm256_add_epi32(
+      u, _mm256_add_epi32(splat(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1))));
   const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(0x7FFFFFFFu)), splat(0x7F800000u));
   const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), splat(0x40));
   return select(is_nan, nan, _mm256_srli_epi32(rounded, 16));
@@ -338,7 +364,8 @@ inline __m256i decode16_family(const std::uint8_t* in, const Decode16Consts& c) 
 // 16 codes -> 16 outputs per step.
 template <typename Out, DecodeFamily F, bool kScaled, bool kStream>
 void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
-  // float16 output without a scale is computed directly in float16 (not for e8m0fnu, whose range float16 lacks).
+  // float16 output without a scale is computed directly in float16 (not for e8m0fnu, whose range float16
+  // lacks).
   constexpr bool kDirectF16 = std::is_same_v<Out, float16> && !kScaled && F != DecodeFamily::kE8M0;
   const Decode16Consts c(p.format, kDirectF16);
   const __m256 scale_inv = _mm256_set1_ps(p.scale_inv);
@@ -359,7 +386,8 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
         store256<kStream>(out + i, _mm256_castps_si256(lo));
         store256<kStream>(out + i + 8, _mm256_castps_si256(hi));
       } else if constexpr (std::is_same_v<Out, bfloat16>) {
-        const __m256i packed = _mm256_packus_epi32(to_bf16_bits(_mm256_castps_si256(lo)), to_bf16_bits(_mm256_castps_si256(hi)));
+        const __m256i packed =
+            _mm256_packus_epi32(to_bf16_bits(_mm256_castps_si256(lo)), to_bf16_bits(_mm256_castps_si256(hi)));
         store256<kStream>(out + i, _mm256_permute4x64_epi64(packed, 0xD8));
       } else {
         const __m128i lo16 = _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT);
@@ -376,20 +404,28 @@ template <typename Out, DecodeFamily F>
 void decode_variant(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
   const int variant = (p.scale_inv != 1.0f ? 1 : 0) | (p.streaming_stores ? 2 : 0);
   switch (variant) {
-    case 0: return decode_body<Out, F, false, false>(in, out, n, p);
-    case 1: return decode_body<Out, F, true, false>(in, out, n, p);
-    case 2: return decode_body<Out, F, false, true>(in, out, n, p);
-    default: return decode_body<Out, F, true, true>(in, out, n, p);
+    case 0:
+      return decode_body<Out, F, false, false>(in, out, n, p);
+    case 1:
+      return decode_body<Out, F, true, false>(in, out, n, p);
+    case 2:
+      return decode_body<Out, F, false, true>(in, out, n, p);
+    default:
+      return decode_body<Out, F, true, true>(in, out, n, p);
   }
 }
 
 template <typename Out>
 void decode_avx2(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
   switch (descriptor(p.format).nan) {
-    case NanEncoding::kAllOnes: return decode_variant<Out, DecodeFamily::kNanAllOnes>(in, out, n, p);
-    case NanEncoding::kIeee: return decode_variant<Out, DecodeFamily::kIeee>(in, out, n, p);
-    case NanEncoding::kNegativeZero: return decode_variant<Out, DecodeFamily::kNanAt0x80>(in, out, n, p);
-    case NanEncoding::kUnsignedMax: return decode_variant<Out, DecodeFamily::kE8M0>(in, out, n, p);
+    case NanEncoding::kAllOnes:
+      return decode_variant<Out, DecodeFamily::kNanAllOnes>(in, out, n, p);
+    case NanEncoding::kIeee:
+      return decode_variant<Out, DecodeFamily::kIeee>(in, out, n, p);
+    case NanEncoding::kNegativeZero:
+      return decode_variant<Out, DecodeFamily::kNanAt0x80>(in, out, n, p);
+    case NanEncoding::kUnsignedMax:
+      return decode_variant<Out, DecodeFamily::kE8M0>(in, out, n, p);
   }
 }
 

@@ -8,9 +8,15 @@
 namespace fp8kit::convert_detail {
 namespace {
 
-float widen(float x) { return x; }
-float widen(bfloat16 x) { return x.to_float(); }
-float widen(float16 x) { return x.to_float(); }
+float widen(float x) {
+  return x;
+}
+float widen(bfloat16 x) {
+  return x.to_float();
+}
+float widen(float16 x) {
+  return x.to_float();
+}
 
 template <Format F, typename In>
 void encode_loop_for(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
@@ -21,7 +27,8 @@ void encode_loop_for(const In* in, std::uint8_t* out, std::size_t n, const Encod
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t bits = stochastic ? stochastic_bits(o.seed, o.stream_offset + i) : 0;
     if (o.scale == 1.0f) {
-      out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(in[i]), spec, bits);  // exact, in its own type
+      out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(in[i]), spec,
+                                             bits);  // exact, in its own type
     } else {
       out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(widen(in[i]) * o.scale), spec, bits);
     }
@@ -32,17 +39,28 @@ void encode_loop_for(const In* in, std::uint8_t* out, std::size_t n, const Encod
 template <typename In>
 void encode_loop(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   switch (p.options.format) {
-    case Format::e4m3fn: return encode_loop_for<Format::e4m3fn>(in, out, n, p);
-    case Format::e5m2: return encode_loop_for<Format::e5m2>(in, out, n, p);
-    case Format::e4m3fnuz: return encode_loop_for<Format::e4m3fnuz>(in, out, n, p);
-    case Format::e5m2fnuz: return encode_loop_for<Format::e5m2fnuz>(in, out, n, p);
-    case Format::e8m0fnu: return encode_loop_for<Format::e8m0fnu>(in, out, n, p);
+    case Format::e4m3fn:
+      return encode_loop_for<Format::e4m3fn>(in, out, n, p);
+    case Format::e5m2:
+      return encode_loop_for<Format::e5m2>(in, out, n, p);
+    case Format::e4m3fnuz:
+      return encode_loop_for<Format::e4m3fnuz>(in, out, n, p);
+    case Format::e5m2fnuz:
+      return encode_loop_for<Format::e5m2fnuz>(in, out, n, p);
+    case Format::e8m0fnu:
+      return encode_loop_for<Format::e8m0fnu>(in, out, n, p);
   }
 }
 
-float narrow(float x, float) { return x; }
-bfloat16 narrow(float x, bfloat16) { return bfloat16::from_float(x); }
-float16 narrow(float x, float16) { return float16::from_float(x); }
+float narrow(float x, float) {
+  return x;
+}
+bfloat16 narrow(float x, bfloat16) {
+  return bfloat16::from_float(x);
+}
+float16 narrow(float x, float16) {
+  return float16::from_float(x);
+}
 
 template <typename Out>
 void decode_loop(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
@@ -54,12 +72,24 @@ void decode_loop(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
 
 }  // namespace
 
-void encode_tail(const float* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) { encode_loop(in, out, n, p); }
-void encode_tail(const bfloat16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) { encode_loop(in, out, n, p); }
-void encode_tail(const float16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) { encode_loop(in, out, n, p); }
-void decode_tail(const std::uint8_t* in, float* out, std::size_t n, const DecodeParams& p) { decode_loop(in, out, n, p); }
-void decode_tail(const std::uint8_t* in, bfloat16* out, std::size_t n, const DecodeParams& p) { decode_loop(in, out, n, p); }
-void decode_tail(const std::uint8_t* in, float16* out, std::size_t n, const DecodeParams& p) { decode_loop(in, out, n, p); }
+void encode_tail(const float* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  encode_loop(in, out, n, p);
+}
+void encode_tail(const bfloat16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  encode_loop(in, out, n, p);
+}
+void encode_tail(const float16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  encode_loop(in, out, n, p);
+}
+void decode_tail(const std::uint8_t* in, float* out, std::size_t n, const DecodeParams& p) {
+  decode_loop(in, out, n, p);
+}
+void decode_tail(const std::uint8_t* in, bfloat16* out, std::size_t n, const DecodeParams& p) {
+  decode_loop(in, out, n, p);
+}
+void decode_tail(const std::uint8_t* in, float16* out, std::size_t n, const DecodeParams& p) {
+  decode_loop(in, out, n, p);
+}
 
 const KernelTable& scalar_kernels() {
   static const KernelTable table{

@@ -1,0 +1,430 @@
+# End-to-end tests of the fp8kit CLI: runs the binary given as argv[1] and checks its output against results
+# computed here independently (an FP8 reference written from the bit layouts). Exits 1 on any failure.
+import bisect
+import functools
+import json
+import math
+import random
+import struct
+import subprocess
+import sys
+import traceback
+
+BINARY = None
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def run(*args, stdin=None, timeout=120):
+    """Runs fp8kit with args; returns (exit status, stdout, stderr) as text."""
+    p = subprocess.run([BINARY, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def run_json(*args, stdin=None):
+    rc, out, err = run(*args, stdin=stdin)
+    assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
+    assert err == "", f"unexpected stderr: {err!r}"
+    return json.loads(out)
+
+
+# ---------------------------------------------------------------- an independent FP8 reference
+# name: (exponent bits, mantissa bits, bias, has Inf, NaN style, has -0)
+LAYOUTS = {
+    "e4m3fn": (4, 3, 7, False, "all_ones", True),
+    "e5m2": (5, 2, 15, True, "ieee", True),
+    "e4m3fnuz": (4, 3, 8, False, "neg_zero", False),
+    "e5m2fnuz": (5, 2, 16, False, "neg_zero", False),
+}
+
+
+def decode(name, code):
+    """The value of a code of a signed format, from its bit fields alone."""
+    e_bits, m_bits, bias, has_inf, nan_style, _ = LAYOUTS[name]
+    sign = -1.0 if code & 0x80 else 1.0
+    e = (code >> m_bits) & ((1 << e_bits) - 1)
+    m = code & ((1 << m_bits) - 1)
+    top = (1 << e_bits) - 1
+    if nan_style == "neg_zero" and code == 0x80:
+        return math.nan
+    if nan_style == "all_ones" and e == top and m == (1 << m_bits) - 1:
+        return math.nan
+    if nan_style == "ieee" and e == top:
+        return sign * math.inf if m == 0 else math.nan
+    if e == 0:
+        return sign * m * 2.0 ** (1 - bias - m_bits)
+    return sign * (1 + m / 2**m_bits) * 2.0 ** (e - bias)
+
+
+@functools.lru_cache(maxsize=None)
+def positive_table(name):
+    """([values], [codes]) of the positive finite codes, ascending, then the value one step past the maximum
+    (code max_code + 1 in a format with one more exponent): where rounding starts to overflow."""
+    m_bits = LAYOUTS[name][1]
+    pairs = [(decode(name, c), c) for c in range(0x80)]
+    pairs = [(v, c) for v, c in pairs if math.isfinite(v)]
+    max_value, max_code = pairs[-1]
+    pairs.append((max_value + 2.0 ** (math.frexp(max_value)[1] - 1 - m_bits), max_code + 1))
+    return [v for v, _ in pairs], [c for _, c in pairs]
+
+
+def nan_code(name):
+    return {"all_ones": 0x7F, "ieee": 0x7E, "neg_zero": 0x80}[LAYOUTS[name][4]]
+
+
+def ref_encode(x, name, saturate=False):
+    """Round to nearest, ties to the even code, of the exact value x, by searching the table of all values."""
+    e_bits, m_bits, bias, has_inf, nan_style, neg_zero = LAYOUTS[name]
+    if math.isnan(x):
+        return nan_code(name)
+    values, codes = positive_table(name)
+    negative = math.copysign(1.0, x) < 0
+    a = abs(x)
+    overflow = a > values[-1]
+    if not overflow:
+        i = bisect.bisect_left(values, a)
+        if values[i] == a or i == 0:
+            code = codes[i]
+        else:
+            below, above = a - values[i - 1], values[i] - a
+            code = codes[i - 1] if below < above or (below == above and codes[i - 1] % 2 == 0) else codes[i]
+        overflow = code == codes[-1]
+    if overflow:
+        if saturate:
+            code = codes[-2]
+        elif has_inf:
+            code = ((1 << e_bits) - 1) << m_bits
+        elif nan_style == "neg_zero":
+            return nan_code(name)
+        else:
+            code = nan_code(name)
+    if code == 0 and negative:
+        return 0x80 if neg_zero else 0x00
+    return code | (0x80 if negative else 0)
+
+
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def same_number(got, expected):
+    if isinstance(expected, float) and math.isnan(expected):
+        return got == "nan"
+    if isinstance(expected, float) and math.isinf(expected):
+        return got == ("inf" if expected > 0 else "-inf")
+    return isinstance(got, (int, float)) and got == expected
+
+
+# ---------------------------------------------------------------- help and usage
+@test
+def help_on_every_command():
+    for args in ([], ["formats"], ["cast"], ["bench"], ["bench", "convert"]):
+        rc, out, err = run(*args, "--help")
+        assert rc == 0, f"{args} --help exited {rc}"
+        assert "Usage" in out, f"{args} --help printed no usage: {out[:200]!r}"
+
+
+@test
+def no_command_is_one_line_exit_2():
+    rc, out, err = run()
+    assert rc == 2, rc
+    assert out == "", out
+    assert len(err.strip().splitlines()) == 1 and err.startswith("fp8kit"), err
+
+
+# ---------------------------------------------------------------- formats
+@test
+def formats_json_constants():
+    data = run_json("formats", "--json")
+    by_name = {d["name"]: d for d in data}
+    assert [d["name"] for d in data] == ["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu"], list(by_name)
+    expected = {
+        # name: (e, m, bias, max, min normal, min subnormal, epsilon, has_inf, has -0, max_code, NaNs, Infs)
+        "e4m3fn": (4, 3, 7, 448, 2**-6, 2**-9, 2**-3, False, True, 0x7E, [0x7F, 0xFF], []),
+        "e5m2": (5, 2, 15, 57344, 2**-14, 2**-16, 2**-2, True, True, 0x7B,
+                 [0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF], [0x7C, 0xFC]),
+        "e4m3fnuz": (4, 3, 8, 240, 2**-7, 2**-10, 2**-3, False, False, 0x7F, [0x80], []),
+        "e5m2fnuz": (5, 2, 16, 57344, 2**-15, 2**-17, 2**-2, False, False, 0x7F, [0x80], []),
+        "e8m0fnu": (8, 0, 127, 2.0**127, 2.0**-127, None, 1, False, False, 0xFE, [0xFF], []),
+    }
+    for name, (e, m, bias, mx, mn, sub, eps, inf, nz, max_code, nans, infs) in expected.items():
+        d = by_name[name]
+        keys = ("exponent_bits", "mantissa_bits", "bias", "max", "min_normal", "min_subnormal", "epsilon",
+                "has_inf", "has_negative_zero", "max_code", "nan_codes", "inf_codes")
+        got = tuple(d[k] for k in keys)
+        assert got == (e, m, bias, mx, mn, sub, eps, inf, nz, max_code, nans, infs), f"{name}: {got}"
+        assert d["torch_name"] == "float8_" + name, d["torch_name"]
+        assert isinstance(d["has_inf"], bool) and isinstance(d["has_negative_zero"], bool)
+    assert by_name["e8m0fnu"]["min_subnormal"] is None
+    assert [n for n, d in by_name.items() if d["has_inf"]] == ["e5m2"]
+
+
+@test
+def formats_json_agrees_with_reference_decoder():
+    for d in run_json("formats", "--json"):
+        if d["name"] not in LAYOUTS:
+            continue
+        values, codes = positive_table(d["name"])
+        assert (values[-2], codes[-2]) == (d["max"], d["max_code"]), d["name"]
+        assert values[0] == 0 and values[1] == d["min_subnormal"], d["name"]
+        assert [c for c in range(256) if math.isnan(decode(d["name"], c))] == d["nan_codes"], d["name"]
+
+
+@test
+def formats_table():
+    rc, out, err = run("formats")
+    assert rc == 0 and err == "", err
+    for text in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu", "448", "57344", "240", "0.001953125",
+                 "S.11111.00", "S.1111.111", "S.11111.{01,10,11}", "1.0000.000 (0x80) only",
+                 "11111111 (0xFF)",
+                 "2^127 (1.70141e+38)", "0 1111 110"):
+        assert text in out, f"{text!r} missing from the formats table"
+
+
+# ---------------------------------------------------------------- cast
+ARTICLE_VALUES = ["1.0", "1.5", "1.25", "1.125", "1.1", "0.1", "448", "449", "0.015625", "0.0001"]
+
+
+def check_rows(rows, texts, formats, saturate=False, parse=float, to_source=f32):
+    assert len(rows) == len(texts) * len(formats), (len(rows), len(texts))
+    i = 0
+    for index, text in enumerate(texts):
+        x = to_source(parse(text))
+        for name in formats:
+            r = rows[i]
+            i += 1
+            assert r["input"] == text and r["format"] == name and r["index"] == index, r
+            assert same_number(r["source_value"], x), (r, x)
+            expected = ref_encode(x, name, saturate)
+            assert r["code"] == expected, f"{text} -> {name}: got {r['hex']}, expected {expected:#04x}"
+            assert r["hex"] == f"{expected:#04x}" and len(r["bits"].replace(" ", "")) == 8, r
+            assert int(r["bits"].replace(" ", ""), 2) == expected, r
+            value = decode(name, expected)
+            assert same_number(r["value"], value), r
+            if math.isfinite(value) and math.isfinite(x):
+                assert r["abs_error"] == abs(value - x), r
+                assert r["rel_error"] == (abs(value - x) / abs(x) if x != 0 else None), r
+            else:
+                assert r["abs_error"] is None and r["rel_error"] is None, r
+
+
+@test
+def cast_article_values():
+    rows = run_json("cast", "--json", *ARTICLE_VALUES)
+    check_rows(rows, ARTICLE_VALUES, ["e4m3fn", "e5m2"])
+    codes = {(r["input"], r["format"]): r["code"] for r in rows}
+    # The article's table, spelled out: 1.1 -> 1.125 in e4m3fn but 1.0 in e5m2; 449 -> 448 in both.
+    assert codes[("1.1", "e4m3fn")] == 0x39 and codes[("1.1", "e5m2")] == 0x3C
+    assert codes[("449", "e4m3fn")] == 0x7E and codes[("449", "e5m2")] == 0x5F
+    assert codes[("0.0001", "e4m3fn")] == 0x00
+
+
+@test
+def cast_every_format_and_float64():
+    values = ["0.3", "-2.75", "1e-3", "250", "-0.0", "3e-6", "60000"]
+    formats = ["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
+    rows = run_json("cast", "--json", "--from", "float64", "--to", ",".join(formats), *values)
+    check_rows(rows, values, formats, to_source=lambda x: x)
+    rows = run_json("cast", "--json", "--saturate", "--from", "f64", "--to", ",".join(formats), *values)
+    check_rows(rows, values, formats, saturate=True, to_source=lambda x: x)
+
+
+def one(args, value):
+    rows = run_json("cast", "--json", *args, "--", value)
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+@test
+def cast_overflow_boundaries():
+    e4 = ["--to", "e4m3fn"]
+    assert one(e4, "464")["code"] == 0x7E  # halfway to the 480 that does not exist: ties to even 448
+    r = one(e4, "465")
+    assert r["code"] == 0x7F and r["value"] == "nan", r
+    assert one(e4 + ["--saturate"], "465")["code"] == 0x7E
+    assert one(e4 + ["--saturate"], "inf")["code"] == 0x7E
+    assert one(e4, "inf")["code"] == 0x7F
+    assert one(e4 + ["--saturate"], "-inf")["code"] == 0xFE
+    r = one(["--to", "e5m2"], "61440")
+    assert r["code"] == 0x7C and r["value"] == "inf", r
+    assert one(["--to", "e5m2"], "61439")["code"] == 0x7B
+    assert one(["--to", "e5m2", "--saturate"], "61440")["code"] == 0x7B
+    r = one(["--to", "e4m3fnuz"], "-0.0")
+    assert r["code"] == 0x00 and r["source_value"] == 0.0, r
+    assert one(["--to", "e4m3fn"], "-0.0")["code"] == 0x80
+    assert one(["--to", "float8_e4m3fn"], "1.1")["code"] == 0x39  # PyTorch spelling of the format
+
+
+@test
+def cast_hex_float_and_special_spellings():
+    rows = run_json("cast", "--json", "--to", "e4m3fn", "0x1.8p+3", "-0X1P-9", "0x.8p1", "+2", ".5", "-3e-5")
+    assert [r["code"] for r in rows] == [0x54, 0x81, 0x38, 0x40, 0x30, ref_encode(f32(-3e-5), "e4m3fn")], rows
+    assert [r["source_value"] for r in rows[:2]] == [12, -2**-9], rows
+    rows = run_json("cast", "--json", "--to", "e5m2", "NaN", "-Infinity", "+INF", "inf", "1e400", "1e-60")
+    assert [r["code"] for r in rows] == [0x7E, 0xFC, 0x7C, 0x7C, 0x7C, 0x00], rows
+    assert [r["source_value"] for r in rows] == ["nan", "-inf", "inf", "inf", "inf", 0.0], rows
+
+
+@test
+def cast_negative_values_on_the_command_line():
+    rows = run_json("cast", "--json", "--to", "e5m2", "-1.5", "2", "-inf", "-.5", "-nan", "-0x1p-2", "-1e2")
+    assert [r["input"] for r in rows] == ["-1.5", "2", "-inf", "-.5", "-nan", "-0x1p-2", "-1e2"], rows
+    assert [r["code"] for r in rows] == [0xBE, 0x40, 0xFC, 0xB8, 0xFE, 0xB4, 0xD6], rows
+    rows = run_json("cast", "--json", "--to", "e4m3fn", "--", "-1.5")
+    assert [(r["input"], r["code"]) for r in rows] == [("-1.5", 0xBC)], rows
+    rows = run_json("cast", "-0.25", "--json", "--", "-inf", "-.75")
+    assert [r["input"] for r in rows] == ["-0.25"] * 2 + ["-inf"] * 2 + ["-.75"] * 2, rows
+
+
+@test
+def cast_table_output():
+    rc, out, err = run("cast", "1.1", "-inf")
+    assert rc == 0 and err == "", err
+    lines = out.splitlines()
+    assert "float32" in lines[0] and "non-saturating" in lines[0], lines[0]
+    header = ["input", "format", "fp8", "value", "bits", "hex", "abs", "error", "rel", "error"]
+    assert lines[1].split() == header, lines[1]
+    assert lines[2].split() == ["1.1", "e4m3fn", "1.125", "0", "0111", "001", "0x39", "0.025", "0.0227273"]
+    assert lines[5].split() == ["-inf", "e5m2", "-inf", "1", "11111", "00", "0xfc", "-", "-"], lines[5]
+    rc, out, err = run("cast", "--saturate", "--to", "e8m0fnu", "1.6e38", "1e-39")
+    assert rc == 0 and "saturating" in out.splitlines()[0], out
+    assert "2^127 (1.70141e+38)" in out and "2^-127 (5.87747e-39)" in out, out
+
+
+@test
+def cast_bfloat16_and_float16_ties():
+    def source(args, text):
+        return one(["--to", "e4m3fn"] + args, text)["source_value"]
+
+    bf = ["--from", "bfloat16"]
+    assert source(bf, "1.00390625") == 1.0  # exactly halfway between 1 and 1.0078125: ties to even
+    assert source(bf, "1.0039062500000000001") == 1.0078125  # the double is 1.00390625; the text is above it
+    assert source(bf, "1.0039062499999999999") == 1.0
+    assert source(bf, "1.01171875") == 1.015625  # halfway between 1.0078125 (odd) and 1.015625 (even)
+    assert source(bf, "-1.0039062500000000001") == -1.0078125
+    assert source(bf, "0x1.01p0") == 1.0
+    assert source(bf, "0x1.0100000000000000001p0") == 1.0078125  # more bits than a double holds
+    assert source(bf, "0x1.00fffffffffffffffffp0") == 1.0
+    assert source(["--from", "bf16"], "1.1") == 1.1015625
+    f16 = ["--from", "float16"]
+    assert source(f16, "1.00048828125") == 1.0
+    assert source(f16, "1.00048828125000000001") == 1.0009765625
+    assert source(f16, "65520") == "inf"  # the overflow threshold ties to even: Inf
+    assert source(f16, "65519.99999999999999999") == 65504
+    assert source(f16, "2.98023223876953125e-8") == 0.0  # 2^-25, half the smallest subnormal
+    assert source(f16, "2.98023223876953125000001e-8") == 2.0**-24
+    assert source(["--from", "f16"], "0.1") == 0.0999755859375
+    assert source(["--from", "f32"], "1.1") == f32(1.1)
+
+
+@test
+def cast_stdin_matches_command_line():
+    rng = random.Random(20240601)
+    values = []
+    for i in range(100000):
+        kind = i % 5
+        if kind == 0:
+            values.append(repr(rng.uniform(-500, 500)))
+        elif kind == 1:
+            values.append(repr(rng.uniform(-1, 1) * 2.0 ** rng.randint(-20, 17)))
+        elif kind == 2:
+            values.append(f"{rng.uniform(0, 2):.3f}")
+        elif kind == 3:
+            values.append(rng.choice(["nan", "inf", "-inf", "0", "-0", "448", "464", "465", "61440"]))
+        else:
+            values.append(float(rng.uniform(-1, 1)).hex())
+    text = "\n".join(values[:50]) + "\n\n  \n" + "\n".join(values[50:]) + "\n"  # blank lines are skipped
+    rows = run_json("cast", "--json", stdin=text)
+    assert len(rows) == 2 * len(values), len(rows)
+    few = values[:40]
+    direct = run_json("cast", "--json", "--", *few)
+    assert direct == rows[: 2 * len(few)], "stdin and command-line results differ"
+    parse = lambda t: float.fromhex(t) if "0x" in t else float(t)
+    check_rows(rows, values, ["e4m3fn", "e5m2"], parse=parse)
+    rc, out, err = run("cast", stdin=text)
+    assert rc == 0 and len(out.splitlines()) == 2 + 2 * len(values), (rc, err)
+
+
+@test
+def cast_stochastic_rounding():
+    text = "1.1\n" * 1000
+    args = ["cast", "--json", "--to", "e4m3fn", "--rounding", "stochastic"]
+    a = [r["value"] for r in run_json(*args, "--seed", "1", stdin=text)]
+    b = [r["value"] for r in run_json(*args, "--seed", "1", stdin=text)]
+    c = [r["value"] for r in run_json(*args, "--seed", "2", stdin=text)]
+    assert a == b, "the same seed gave different results"
+    assert a != c, "different seeds gave the same 1000 results"
+    assert set(a) == {1.0, 1.125}, set(a)
+    mean = sum(a) / len(a)
+    assert abs(mean - 1.1) < 0.012, mean  # 6 standard deviations of the mean of 1000 draws
+    nearest = [r["code"] for r in run_json("cast", "--json", "--to", "e4m3fn", stdin=text)]
+    assert set(nearest) == {0x39}, set(nearest)
+
+
+# ---------------------------------------------------------------- errors
+def check_usage_error(args, token, stdin=None):
+    rc, out, err = run(*args, stdin=stdin)
+    assert rc == 2, f"{args}: exit {rc}"
+    assert out == "", f"{args}: stdout not empty: {out[:200]!r}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"{args}: stderr has {len(lines)} lines: {err!r}"
+    assert token in lines[0], f"{args}: {token!r} not named in {lines[0]!r}"
+
+
+@test
+def cast_bad_inputs():
+    check_usage_error(["cast", "1.5", "abc"], "'abc'")
+    check_usage_error(["cast", "--to", "e4m3", "1"], "e4m3")
+    check_usage_error(["cast", "1", "--bogus"], "--bogus")
+    check_usage_error(["cast", "--from", "float8", "1"], "float8")
+    check_usage_error(["cast", "--rounding", "up", "1"], "up")
+    check_usage_error(["cast", "--seed", "x", "1"], "--seed")
+    check_usage_error(["cast", "--seed", "-1", "1"], "'-1'")
+    check_usage_error(["cast", "1", "--", "--x"], "--x")
+    check_usage_error(["cast", "1.5.2"], "1.5.2")
+    check_usage_error(["cast", "0x"], "0x")
+    check_usage_error(["cast", "--json"], "line 3", stdin="1\n2\n1,5\n4\n")
+    check_usage_error(["cast"], "abc", stdin="1.0\n" * 200000 + "abc\n")
+    check_usage_error(["formats", "--bogus"], "--bogus")
+    check_usage_error(["bench"], "bench")
+
+
+# ---------------------------------------------------------------- bench
+@test
+def bench_convert_small():
+    rows = run_json("bench", "convert", "--bytes", "1M", "--reps", "3", "--json")
+    assert len(rows) > 0
+    for r in rows:
+        assert isinstance(r["op"], str) and r["op"], r
+        assert isinstance(r["threads"], int) and r["threads"] >= 1, r
+        for key in ("gbps", "baseline_gbps", "ratio"):
+            assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r)
+        assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) <= 1e-6 * r["ratio"], r
+
+
+def main():
+    global BINARY
+    if len(sys.argv) != 2:
+        print("usage: test_cli.py PATH_TO_fp8kit", file=sys.stderr)
+        return 2
+    BINARY = sys.argv[1]
+    passed = failed = 0
+    for fn in TESTS:
+        try:
+            fn()
+            passed += 1
+            print(f"ok    {fn.__name__}")
+        except Exception:  # noqa: BLE001 - every failure is reported and counted
+            failed += 1
+            print(f"FAIL  {fn.__name__}")
+            traceback.print_exc(limit=3, file=sys.stdout)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
