@@ -40,6 +40,7 @@ struct EncodeConsts {
         overflow_code(splat(p.overflow_code)),
         subnormal_magic(_mm256_castsi256_ps(splat(p.subnormal_magic_bits))),
         rebias16(_mm256_set1_epi16(static_cast<short>(p.rebias))),
+        max_code16(_mm256_set1_epi16(descriptor(p.options.format).max_code())),
         min_normal16(_mm256_set1_epi16(static_cast<short>(p.min_normal_bits >> (23 - p.mantissa_bits)))),
         overflow_code16(_mm256_set1_epi16(p.overflow_code)),
         nan_code16(_mm256_set1_epi16(p.nan_code)),
@@ -48,7 +49,7 @@ struct EncodeConsts {
   __m128i shift;
   __m256i round_base, overflow_minus_1, overflow_code;
   __m256 subnormal_magic;
-  __m256i rebias16, min_normal16, overflow_code16, nan_code16;  // 16-bit lanes
+  __m256i rebias16, max_code16, min_normal16, overflow_code16, nan_code16;  // 16-bit lanes
   bool saturate;
 };
 
@@ -79,8 +80,13 @@ template <bool kSignOnZero, bool kNanFolds>
 inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i neg, const EncodeConsts& c) {
   __m256i code = _mm256_sub_epi16(rounded, c.rebias16);
   code = select(_mm256_cmpgt_epi16(c.min_normal16, rounded), subnormal, code);
-  code = _mm256_min_epi16(code, c.overflow_code16);
-  if constexpr (!kNanFolds) code = select(nan, c.nan_code16, code);
+  if constexpr (kNanFolds) {
+    code = _mm256_min_epi16(code, c.overflow_code16);
+  } else {
+    // (measured: compare-and-blend is faster than min() here on Zen 3, where the NaN blend follows anyway)
+    code = select(_mm256_cmpgt_epi16(code, c.max_code16), c.overflow_code16, code);
+    code = select(nan, c.nan_code16, code);
+  }
   __m256i sign = _mm256_and_si256(neg, _mm256_set1_epi16(0x80));
   if constexpr (!kSignOnZero)
     sign = _mm256_andnot_si256(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), sign);
@@ -274,23 +280,19 @@ struct Decode16Consts {
     inf_magnitude = _mm256_set1_epi16(static_cast<short>(inf_mag));
     inf_bits = _mm256_set1_epi16(static_cast<short>(d.has_inf ? out_bits(d.inf_code(false)) : 0));
     nan_bits = _mm256_set1_epi16(static_cast<short>(out_bits(d.nan_code(false))));
-    nan_exact_bits =
-        _mm256_set1_epi16(static_cast<short>(d.nan == NanEncoding::kNegativeZero ? out_bits(0x80) : 0));
+    const bool nan_is_0x80 = d.nan == NanEncoding::kNegativeZero;
+    nan_exact = _mm256_set1_epi16(static_cast<short>(nan_is_0x80 ? 0x80 : 0x100));
+    nan_exact_bits = _mm256_set1_epi16(static_cast<short>(nan_is_0x80 ? out_bits(0x80) : 0));
   }
   __m128i shift;
-  __m256i rebias, small_table, special_minus_1, inf_magnitude, inf_bits, nan_bits, nan_exact_bits;
+  __m256i rebias, small_table, special_minus_1, inf_magnitude, inf_bits, nan_bits, nan_exact, nan_exact_bits;
 };
 
-// How a format marks Inf and NaN, as a template parameter so each kernel does only its own checks.
-enum class Specials { kNanAllOnes, kIeee, kNanAt0x80 };
-
-// 16 codes, sign-extended to 16 bits: the sign lands on bit 15 where bfloat16 and float16 keep theirs.
 inline __m256i load16_codes(const std::uint8_t* in) {
-  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
+  return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
 }
 
 // 16 codes of e4m3fn, e5m2, e4m3fnuz or e5m2fnuz -> 16 bfloat16 or float16 bit patterns (exact).
-template <Specials S>
 inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
   const __m256i code = load16_codes(in);
   const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
@@ -300,24 +302,16 @@ inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
       _mm256_add_epi16(_mm256_mullo_epi16(mag, _mm256_set1_epi16(0x0202)), _mm256_set1_epi16(0x0100));
   const __m256i small = _mm256_shuffle_epi8(c.small_table, index);
   __m256i bits = select(_mm256_cmpgt_epi16(_mm256_set1_epi16(8), mag), small, normal);
-  if constexpr (S == Specials::kNanAllOnes) {
-    bits = select(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7F)), c.nan_bits, bits);
-  } else if constexpr (S == Specials::kIeee) {
-    const __m256i special_bits = select(_mm256_cmpeq_epi16(mag, c.inf_magnitude), c.inf_bits, c.nan_bits);
-    bits = select(_mm256_cmpgt_epi16(mag, c.special_minus_1), special_bits, bits);
-  }
-  bits = _mm256_or_si256(bits, _mm256_and_si256(code, _mm256_set1_epi16(static_cast<short>(0x8000))));
-  if constexpr (S == Specials::kNanAt0x80) {
-    bits = select(_mm256_cmpeq_epi16(code, _mm256_set1_epi16(static_cast<short>(0xFF80))), c.nan_exact_bits,
-                  bits);
-  }
-  return bits;
+  const __m256i special_bits = select(_mm256_cmpeq_epi16(mag, c.inf_magnitude), c.inf_bits, c.nan_bits);
+  bits = select(_mm256_cmpgt_epi16(mag, c.special_minus_1), special_bits, bits);
+  bits = _mm256_or_si256(bits, _mm256_slli_epi16(_mm256_and_si256(code, _mm256_set1_epi16(0x80)), 8));
+  return select(_mm256_cmpeq_epi16(code, c.nan_exact), c.nan_exact_bits, bits);
 }
 
 // 16 e8m0fnu codes -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is the subnormal 2^-127 (0x0040); 0xFF
 // NaN.
-inline __m256i decode16_e8m0(const std::uint8_t* in) {
-  const __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
+inline __m256i decode16_e8m0(const std::uint8_t* in, const Decode16Consts&) {
+  const __m256i code = load16_codes(in);
   __m256i bits = _mm256_slli_epi16(code, 7);
   bits = select(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), _mm256_set1_epi16(0x0040), bits);
   return select(_mm256_cmpeq_epi16(code, _mm256_set1_epi16(0xFF)), _mm256_set1_epi16(0x7FC0), bits);
@@ -346,27 +340,12 @@ inline void widen16(__m256i bf16, __m256 scale_inv, __m256& lo, __m256& hi) {
   }
 }
 
-// The family of a format's decoder: its Specials, or e8m0fnu's own.
-enum class DecodeFamily { kNanAllOnes, kIeee, kNanAt0x80, kE8M0 };
-
-template <DecodeFamily F>
-inline __m256i decode16_family(const std::uint8_t* in, const Decode16Consts& c) {
-  if constexpr (F == DecodeFamily::kE8M0) {
-    return decode16_e8m0(in);
-  } else {
-    constexpr Specials S = F == DecodeFamily::kNanAllOnes ? Specials::kNanAllOnes
-                           : F == DecodeFamily::kIeee     ? Specials::kIeee
-                                                          : Specials::kNanAt0x80;
-    return decode16<S>(in, c);
-  }
-}
-
 // 16 codes -> 16 outputs per step.
-template <typename Out, DecodeFamily F, bool kScaled, bool kStream>
+template <typename Out, bool kE8M0, bool kScaled, bool kStream>
 void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
   // float16 output without a scale is computed directly in float16 (not for e8m0fnu, whose range float16
   // lacks).
-  constexpr bool kDirectF16 = std::is_same_v<Out, float16> && !kScaled && F != DecodeFamily::kE8M0;
+  constexpr bool kDirectF16 = std::is_same_v<Out, float16> && !kScaled && !kE8M0;
   const Decode16Consts c(p.format, kDirectF16);
   const __m256 scale_inv = _mm256_set1_ps(p.scale_inv);
   std::size_t i = 0;
@@ -376,7 +355,7 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
   }
   for (; i + 16 <= n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 4, _MM_HINT_T0);
-    const __m256i bits16 = decode16_family<F>(in + i, c);
+    const __m256i bits16 = kE8M0 ? decode16_e8m0(in + i, c) : decode16(in + i, c);
     if constexpr (kDirectF16 || (std::is_same_v<Out, bfloat16> && !kScaled)) {
       store256<kStream>(out + i, bits16);
     } else {
@@ -400,32 +379,27 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
   decode_tail(in + i, out + i, n - i, p);
 }
 
-template <typename Out, DecodeFamily F>
+template <typename Out, bool kE8M0>
 void decode_variant(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
   const int variant = (p.scale_inv != 1.0f ? 1 : 0) | (p.streaming_stores ? 2 : 0);
   switch (variant) {
     case 0:
-      return decode_body<Out, F, false, false>(in, out, n, p);
+      return decode_body<Out, kE8M0, false, false>(in, out, n, p);
     case 1:
-      return decode_body<Out, F, true, false>(in, out, n, p);
+      return decode_body<Out, kE8M0, true, false>(in, out, n, p);
     case 2:
-      return decode_body<Out, F, false, true>(in, out, n, p);
+      return decode_body<Out, kE8M0, false, true>(in, out, n, p);
     default:
-      return decode_body<Out, F, true, true>(in, out, n, p);
+      return decode_body<Out, kE8M0, true, true>(in, out, n, p);
   }
 }
 
 template <typename Out>
 void decode_avx2(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
-  switch (descriptor(p.format).nan) {
-    case NanEncoding::kAllOnes:
-      return decode_variant<Out, DecodeFamily::kNanAllOnes>(in, out, n, p);
-    case NanEncoding::kIeee:
-      return decode_variant<Out, DecodeFamily::kIeee>(in, out, n, p);
-    case NanEncoding::kNegativeZero:
-      return decode_variant<Out, DecodeFamily::kNanAt0x80>(in, out, n, p);
-    case NanEncoding::kUnsignedMax:
-      return decode_variant<Out, DecodeFamily::kE8M0>(in, out, n, p);
+  if (p.format == Format::e8m0fnu) {
+    decode_variant<Out, true>(in, out, n, p);
+  } else {
+    decode_variant<Out, false>(in, out, n, p);
   }
 }
 
