@@ -79,7 +79,7 @@ inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding 
     if (!d.has_zero()) return spec.overflow == Overflow::kSaturate ? 0x00 : d.nan_code(false);
     return with_sign(d, 0, u.negative);
   }
-  // 5. Find the value's binary exponent E (value = 1.xxx * 2^E) and the quantum of the target at that
+  // 5. Find the value's binary exponent E (value = 1.fff * 2^E) and the quantum of the target at that
   // exponent.
   const int m = d.mantissa_bits;
   const int msb = 63 - std::countl_zero(u.significand);

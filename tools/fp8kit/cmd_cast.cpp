@@ -217,7 +217,7 @@ Normalized normalize_double(double a, bool binary) {
   Normalized n;
   if (binary) {
     int exponent = 0;
-    const double fraction = std::frexp(a, &exponent);  // a = 0.1xxx (binary) x 2^exponent
+    const double fraction = std::frexp(a, &exponent);  // a = 0.1bbb (binary) x 2^exponent
     const auto significand = static_cast<std::uint64_t>(std::ldexp(fraction, 53));
     for (int bit = 52; bit >= 0; --bit) n.digits += ((significand >> bit) & 1) ? '1' : '0';
     n.exponent = exponent;
