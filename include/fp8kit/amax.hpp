@@ -1,0 +1,37 @@
+// amax: the largest finite magnitude of a tensor, its rows, columns or blocks, the input of every scale formula.
+// NaN and Inf are counted and reported, never silently dropped or allowed to poison the maximum.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace fp8kit {
+
+struct AmaxResult {
+  float amax = 0.0f;           // max |x| over the finite elements (0 when there are none)
+  std::uint64_t nan_count = 0;
+  std::uint64_t inf_count = 0;
+  bool has_nonfinite() const { return nan_count + inf_count != 0; }
+};
+
+// A row-major matrix: rows x cols floats, consecutive rows `cols` apart. A tensor of any shape is viewed this way
+// with its last dimension as the row.
+struct MatrixView {
+  const float* data = nullptr;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+};
+
+// Over all elements (SIMD, and threads for large inputs).
+AmaxResult amax(std::span<const float> x);
+
+// Over every block of block_rows x block_cols (edge blocks are what remains), written row-major over the block grid
+// into `out` (ceil(rows / block_rows) * ceil(cols / block_cols) entries). Per row: block 1 x cols; per column:
+// rows x 1; per tensor: rows x cols. `total`, when given, receives the whole matrix's amax and non-finite counts.
+void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
+                 AmaxResult* total = nullptr);
+
+// ceil(a / b) for the block grid.
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace fp8kit

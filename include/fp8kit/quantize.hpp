@@ -1,0 +1,97 @@
+// Scaled quantization of a matrix (any tensor viewed with its last dimension as the row): FP8 codes plus one
+// dequantization scale per block, at every granularity the field uses, with diagnostics of what was lost.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fp8kit/amax.hpp"
+#include "fp8kit/codec.hpp"
+#include "fp8kit/format.hpp"
+#include "fp8kit/scale.hpp"
+
+namespace fp8kit {
+
+// How an MX block's E8M0 scale is chosen from its amax.
+enum class MxScaleMode : std::uint8_t {
+  kFloor,  // OCP MX v1.0: 2^(floor(log2(amax)) - emax_elem); the top of a block can clip (up to ~2x)
+  kRceil,  // cuBLAS, Transformer Engine: amax / fp8_max rounded up to a power of two; nothing clips
+};
+
+// Which elements share a scale. Every granularity is a block shape over the rows x cols matrix.
+struct Granularity {
+  enum class Kind : std::uint8_t { kTensor, kRow, kColumn, kBlock, kMx };
+  Kind kind = Kind::kTensor;
+  std::int64_t block_rows = 0;  // kBlock: the block shape; kMx: 1 x block_cols (32)
+  std::int64_t block_cols = 0;
+  MxScaleMode mx_mode = MxScaleMode::kFloor;
+
+  static Granularity tensor() { return {Kind::kTensor}; }
+  static Granularity row() { return {Kind::kRow}; }
+  static Granularity column() { return {Kind::kColumn}; }
+  static Granularity block(std::int64_t rows, std::int64_t cols) { return {Kind::kBlock, rows, cols}; }
+  static Granularity mx(MxScaleMode mode = MxScaleMode::kFloor) { return {Kind::kMx, 1, 32, mode}; }
+
+  // "tensor", "row", "col", "block:1x128", "mx32" (FLOOR), "mx32-rceil".
+  std::string name() const;
+  static std::optional<Granularity> parse(std::string_view text);
+  // The block shape on a rows x cols matrix (tensor: the whole matrix; row: 1 x cols; column: rows x 1).
+  std::int64_t rows_per_block(std::int64_t rows) const;
+  std::int64_t cols_per_block(std::int64_t cols) const;
+};
+
+struct QuantizeOptions {
+  Format format = Format::e4m3fn;
+  Overflow overflow = Overflow::kSaturate;
+  Granularity granularity = Granularity::tensor();
+  ScaleOptions scale;  // margin, epsilon, power-of-two rounding (not used by MX, whose scales are E8M0)
+};
+
+// FP8 data and its dequantization scales: x ~= decode(data[r][c]) * scale_inv[block of (r, c)].
+struct ScaledMatrix {
+  Format format = Format::e4m3fn;
+  Overflow overflow = Overflow::kSaturate;
+  Granularity granularity;
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::uint8_t> data;   // rows * cols codes, row-major
+  std::vector<float> scale_inv;     // one per block, row-major over the block grid
+  std::vector<std::uint8_t> scale_e8m0;  // MX only: the same scales as E8M0 codes
+
+  std::int64_t block_rows() const { return granularity.rows_per_block(rows); }
+  std::int64_t block_cols() const { return granularity.cols_per_block(cols); }
+  std::int64_t grid_rows() const { return ceil_div(rows, block_rows()); }
+  std::int64_t grid_cols() const { return ceil_div(cols, block_cols()); }
+};
+
+// What a quantization did to the data.
+struct QuantDiagnostics {
+  float amax = 0.0f;                   // over all finite inputs
+  std::optional<float> scale;          // the quantization scale when there is one for the whole tensor
+  std::uint64_t count = 0;             // elements
+  std::uint64_t nonzero_finite = 0;    // finite, nonzero inputs
+  std::uint64_t underflow_count = 0;   // nonzero finite inputs that became 0
+  std::uint64_t saturated_count = 0;   // finite inputs beyond the format's range after scaling (clamped or Inf/NaN)
+  std::uint64_t nonfinite_count = 0;   // NaN or Inf inputs
+  std::optional<double> sqnr_db;       // 10 log10(sum x^2 / sum (x - dq)^2) over finite inputs with finite
+                                       // results; none when there is no signal, +inf is reported as none too
+  bool exact = false;                  // every finite input came back exactly (error 0)
+  double max_abs_error = 0.0;          // over finite inputs with finite results
+  double max_rel_error = 0.0;          // over nonzero finite inputs with finite results
+  double underflow_fraction() const {
+    return nonzero_finite ? static_cast<double>(underflow_count) / static_cast<double>(nonzero_finite) : 0.0;
+  }
+};
+
+// Quantizes x; when `diagnostics` is given, also measures what was lost (a dequantization and a pass over x).
+ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
+// out has rows * cols elements: decode(code) * scale_inv of its block, in float32.
+void dequantize(const ScaledMatrix& q, std::span<float> out);
+
+// The E8M0 scale code of an MX block from its amax (NaN -> 0xFF, +Inf -> 0xFE, 0 -> 0x00).
+std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode);
+
+}  // namespace fp8kit

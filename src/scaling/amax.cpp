@@ -1,0 +1,112 @@
+// amax over spans and blocks: the scalar reference, the dispatch to SIMD, threads for large inputs, and the block
+// grid (per row, per column, per block, per tensor are all block shapes).
+#include "fp8kit/amax.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "fp8kit/cpu.hpp"
+#include "fp8kit/error.hpp"
+#include "kernels.hpp"
+
+namespace fp8kit {
+namespace scaling_detail {
+
+void amax_scalar(const float* x, std::size_t n, AmaxResult& acc) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (std::isnan(a)) {
+      ++acc.nan_count;
+    } else if (std::isinf(a)) {
+      ++acc.inf_count;
+    } else if (a > acc.amax) {
+      acc.amax = a;
+    }
+  }
+}
+
+AmaxFn best_amax_kernel() {
+  static const AmaxFn fn = amax_avx2_kernel() ? amax_avx2_kernel() : &amax_scalar;
+  return fn;
+}
+
+}  // namespace scaling_detail
+
+namespace {
+
+constexpr std::size_t kParallelThreshold = std::size_t{1} << 18;
+
+void merge(AmaxResult& into, const AmaxResult& part) {
+  into.amax = std::max(into.amax, part.amax);
+  into.nan_count += part.nan_count;
+  into.inf_count += part.inf_count;
+}
+
+}  // namespace
+
+AmaxResult amax(std::span<const float> x) {
+  const auto kernel = scaling_detail::best_amax_kernel();
+  AmaxResult total;
+  const int threads = num_threads();
+  if (x.size() < kParallelThreshold || threads <= 1) {
+    kernel(x.data(), x.size(), total);
+    return total;
+  }
+  std::vector<AmaxResult> parts(static_cast<std::size_t>(threads));
+  const std::size_t per = (x.size() + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int t = 0; t < threads; ++t) {
+    const std::size_t begin = std::min(x.size(), per * static_cast<std::size_t>(t));
+    const std::size_t end = std::min(x.size(), begin + per);
+    kernel(x.data() + begin, end - begin, parts[static_cast<std::size_t>(t)]);
+  }
+  for (const AmaxResult& part : parts) merge(total, part);
+  return total;
+}
+
+void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
+                 AmaxResult* total) {
+  FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0, "amax_blocks: negative shape ", x.rows, "x", x.cols);
+  FP8KIT_CHECK(block_rows >= 1 && block_cols >= 1, "amax_blocks: block shape must be positive, got ", block_rows, "x",
+               block_cols);
+  const std::int64_t grid_rows = ceil_div(x.rows, block_rows);
+  const std::int64_t grid_cols = ceil_div(x.cols, block_cols);
+  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == grid_rows * grid_cols, "amax_blocks: output has ", out.size(),
+               " entries, the ", grid_rows, "x", grid_cols, " block grid needs ", grid_rows * grid_cols);
+  const auto kernel = scaling_detail::best_amax_kernel();
+  std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
+  const bool parallel = x.rows * x.cols >= static_cast<std::int64_t>(kParallelThreshold) && grid_rows > 1;
+  // One block row per iteration: its blocks are reduced row by row, each row segment by the span kernel (or,
+  // for narrow blocks such as single columns, elementwise).
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
+    AmaxResult& part = parts[static_cast<std::size_t>(gr)];
+    float* block_amax = out.data() + gr * grid_cols;
+    std::fill(block_amax, block_amax + grid_cols, 0.0f);
+    const std::int64_t row_end = std::min(x.rows, (gr + 1) * block_rows);
+    for (std::int64_t r = gr * block_rows; r < row_end; ++r) {
+      const float* row = x.data + r * x.cols;
+      for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+        const std::int64_t c0 = gc * block_cols;
+        const std::int64_t c1 = std::min(x.cols, c0 + block_cols);
+        AmaxResult seg;
+        if (block_cols >= 16) {
+          kernel(row + c0, static_cast<std::size_t>(c1 - c0), seg);
+        } else {
+          scaling_detail::amax_scalar(row + c0, static_cast<std::size_t>(c1 - c0), seg);
+        }
+        block_amax[gc] = std::max(block_amax[gc], seg.amax);
+        merge(part, seg);
+      }
+    }
+  }
+  if (total != nullptr) {
+    *total = AmaxResult{};
+    for (const AmaxResult& part : parts) merge(*total, part);
+  }
+}
+
+}  // namespace fp8kit

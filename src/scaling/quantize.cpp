@@ -1,0 +1,259 @@
+// Scaled quantization at every granularity: block amax -> one scale per block (the scale formula, or E8M0 for
+// MX) -> encode each block's row segments with the conversion kernels; dequantization; diagnostics.
+#include "fp8kit/quantize.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cmath>
+
+#include "convert/kernels.hpp"
+#include "fp8kit/error.hpp"
+
+namespace fp8kit {
+
+// ---------------------------------------------------------------- granularity
+
+std::string Granularity::name() const {
+  switch (kind) {
+    case Kind::kTensor: return "tensor";
+    case Kind::kRow: return "row";
+    case Kind::kColumn: return "col";
+    case Kind::kBlock: return "block:" + std::to_string(block_rows) + "x" + std::to_string(block_cols);
+    case Kind::kMx: return "mx" + std::to_string(block_cols) + (mx_mode == MxScaleMode::kRceil ? "-rceil" : "");
+  }
+  return "?";
+}
+
+std::optional<Granularity> Granularity::parse(std::string_view text) {
+  if (text == "tensor") return tensor();
+  if (text == "row" || text == "channel") return row();
+  if (text == "col" || text == "column") return column();
+  if (text == "mx32" || text == "mx32-floor") return mx(MxScaleMode::kFloor);
+  if (text == "mx32-rceil") return mx(MxScaleMode::kRceil);
+  constexpr std::string_view kBlock = "block:";
+  if (text.substr(0, kBlock.size()) == kBlock) {
+    const std::string_view shape = text.substr(kBlock.size());
+    const std::size_t x = shape.find('x');
+    if (x == std::string_view::npos) return std::nullopt;
+    std::int64_t r = 0, c = 0;
+    const auto [pr, er] = std::from_chars(shape.data(), shape.data() + x, r);
+    const auto [pc, ec] = std::from_chars(shape.data() + x + 1, shape.data() + shape.size(), c);
+    if (er != std::errc() || ec != std::errc() || pr != shape.data() + x || pc != shape.data() + shape.size()) {
+      return std::nullopt;
+    }
+    if (r < 1 || c < 1) return std::nullopt;
+    return block(r, c);
+  }
+  return std::nullopt;
+}
+
+std::int64_t Granularity::rows_per_block(std::int64_t rows) const {
+  switch (kind) {
+    case Kind::kTensor:
+    case Kind::kColumn: return std::max<std::int64_t>(rows, 1);
+    case Kind::kRow:
+    case Kind::kMx: return 1;
+    case Kind::kBlock: return block_rows;
+  }
+  return 1;
+}
+
+std::int64_t Granularity::cols_per_block(std::int64_t cols) const {
+  switch (kind) {
+    case Kind::kTensor:
+    case Kind::kRow: return std::max<std::int64_t>(cols, 1);
+    case Kind::kColumn: return 1;
+    case Kind::kBlock:
+    case Kind::kMx: return block_cols;
+  }
+  return 1;
+}
+
+// ---------------------------------------------------------------- MX scales
+
+std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode) {
+  if (std::isnan(amax)) return 0xFF;
+  const float a = std::fabs(amax);
+  if (std::isinf(a)) return 0xFE;
+  if (a == 0.0f) return 0x00;
+  int code = 0;
+  if (mode == MxScaleMode::kFloor) {
+    // X = 2^(floor(log2(amax)) - emax_elem), emax_elem the exponent of the element format's largest normal.
+    const int emax_elem = std::ilogb(max_finite(element_format));
+    code = std::ilogb(a) - emax_elem + 127;
+  } else {
+    // amax * (1 / fp8_max) in float, as Transformer Engine computes it, rounded up to a power of two.
+    const float s = a * (1.0f / static_cast<float>(max_finite(element_format)));
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(s);
+    const int field = static_cast<int>(bits >> 23);
+    const std::uint32_t mant = bits & 0x7FFFFFu;
+    if (s == 0.0f) {
+      code = 0;
+    } else if (field == 0) {  // subnormal float: 2^ceil(log2(mant * 2^-149))
+      code = static_cast<int>(std::bit_width(mant - 1)) - 149 + 127;
+    } else {
+      code = field + (mant != 0 ? 1 : 0);
+    }
+  }
+  return static_cast<std::uint8_t>(std::clamp(code, 0, 254));
+}
+
+namespace {
+
+float e8m0_value(std::uint8_t code) {
+  return code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, code - 127);
+}
+
+// Narrow blocks (single columns, tiny blocks) go element by element; wider ones through the SIMD kernels.
+constexpr std::int64_t kKernelMinRun = 16;
+
+void check_shape(MatrixView x, const Granularity& g) {
+  FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0, "quantize: negative shape ", x.rows, "x", x.cols);
+  FP8KIT_CHECK(x.data != nullptr || x.rows * x.cols == 0, "quantize: null data for a ", x.rows, "x", x.cols, " matrix");
+  if (g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) {
+    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ", g.block_rows,
+                 "x", g.block_cols);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- quantize / dequantize
+
+ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
+  check_shape(x, options.granularity);
+  ScaledMatrix q;
+  q.format = options.format;
+  q.overflow = options.overflow;
+  q.granularity = options.granularity;
+  q.rows = x.rows;
+  q.cols = x.cols;
+  q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
+  const std::int64_t br = q.block_rows(), bc = q.block_cols();
+  const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
+  const auto blocks = static_cast<std::size_t>(grid_rows * grid_cols);
+
+  // 1. amax of every block.
+  std::vector<float> block_amax(blocks);
+  AmaxResult total;
+  amax_blocks(x, br, bc, block_amax, &total);
+
+  // 2. One scale per block: the quantization multiplier and its dequantization scale.
+  std::vector<float> multiplier(blocks);
+  q.scale_inv.resize(blocks);
+  const bool mx = options.granularity.kind == Granularity::Kind::kMx;
+  if (mx) q.scale_e8m0.resize(blocks);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    if (mx) {
+      const std::uint8_t code = mx_scale_code(block_amax[b], options.format, options.granularity.mx_mode);
+      q.scale_e8m0[b] = code;
+      q.scale_inv[b] = e8m0_value(code);
+      multiplier[b] = code == 0xFF ? q.scale_inv[b] : std::ldexp(1.0f, 127 - code);
+    } else {
+      multiplier[b] = compute_scale(block_amax[b], options.format, options.scale);
+      q.scale_inv[b] = dequantization_scale(multiplier[b]);
+    }
+  }
+
+  // 3. Encode, block row by block row (each block's rows are still in cache from the amax pass when blocks are
+  //    short; threads split the block rows).
+  const auto& kernels = convert_detail::best_kernels();
+  const convert_detail::EncodeParams base =
+      convert_detail::make_encode_params(CastOptions{options.format, options.overflow});
+  const EncodeSpec spec{options.format, options.overflow};
+  const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
+    convert_detail::EncodeParams p = base;
+    const std::int64_t row_end = std::min(x.rows, (gr + 1) * br);
+    for (std::int64_t r = gr * br; r < row_end; ++r) {
+      for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+        const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
+        const float scale = multiplier[static_cast<std::size_t>(gr * grid_cols + gc)];
+        const float* in = x.data + r * x.cols + c0;
+        std::uint8_t* out = q.data.data() + r * x.cols + c0;
+        if (c1 - c0 >= kKernelMinRun) {
+          p.options.scale = scale;
+          kernels.encode_f32(in, out, static_cast<std::size_t>(c1 - c0), p);
+        } else {
+          for (std::int64_t c = 0; c < c1 - c0; ++c) out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
+        }
+      }
+    }
+  }
+
+  if (diagnostics != nullptr) {
+    // 4. Diagnostics: dequantize and compare with the input.
+    std::vector<float> back(q.data.size());
+    dequantize(q, back);
+    QuantDiagnostics d;
+    d.amax = total.amax;
+    if (options.granularity.kind == Granularity::Kind::kTensor && blocks == 1) d.scale = multiplier[0];
+    d.count = q.data.size();
+    d.nonfinite_count = total.nan_count + total.inf_count;
+    const double fp8_max = max_finite(options.format);
+    double signal = 0.0, noise = 0.0;
+    for (std::int64_t r = 0; r < x.rows; ++r) {
+      for (std::int64_t c = 0; c < x.cols; ++c) {
+        const std::size_t i = static_cast<std::size_t>(r * x.cols + c);
+        const double xi = x.data[i];
+        if (!std::isfinite(xi)) continue;
+        const float scale = multiplier[static_cast<std::size_t>((r / br) * grid_cols + c / bc)];
+        if (std::fabs(xi * scale) > fp8_max) ++d.saturated_count;
+        const double dq = back[i];
+        if (xi != 0.0) {
+          ++d.nonzero_finite;
+          if (dq == 0.0) ++d.underflow_count;
+        }
+        if (!std::isfinite(dq)) continue;
+        const double err = std::fabs(xi - dq);
+        signal += xi * xi;
+        noise += err * err;
+        d.max_abs_error = std::max(d.max_abs_error, err);
+        if (xi != 0.0) d.max_rel_error = std::max(d.max_rel_error, err / std::fabs(xi));
+      }
+    }
+    d.exact = noise == 0.0 && d.saturated_count == 0;
+    if (signal > 0.0 && noise > 0.0) d.sqnr_db = 10.0 * std::log10(signal / noise);
+    *diagnostics = d;
+  }
+  return q;
+}
+
+void dequantize(const ScaledMatrix& q, std::span<float> out) {
+  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == q.rows * q.cols, "dequantize: output has ", out.size(),
+               " elements, the ", q.rows, "x", q.cols, " matrix needs ", q.rows * q.cols);
+  FP8KIT_CHECK(static_cast<std::int64_t>(q.data.size()) == q.rows * q.cols, "dequantize: data has ", q.data.size(),
+               " codes for a ", q.rows, "x", q.cols, " matrix");
+  const std::int64_t br = q.block_rows(), bc = q.block_cols();
+  const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
+  FP8KIT_CHECK(static_cast<std::int64_t>(q.scale_inv.size()) == grid_rows * grid_cols, "dequantize: ",
+               q.scale_inv.size(), " scales for a ", grid_rows, "x", grid_cols, " block grid");
+  const auto& kernels = convert_detail::best_kernels();
+  const bool parallel = q.rows * q.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
+    const std::int64_t row_end = std::min(q.rows, (gr + 1) * br);
+    for (std::int64_t r = gr * br; r < row_end; ++r) {
+      for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+        const std::int64_t c0 = gc * bc, c1 = std::min(q.cols, c0 + bc);
+        const float scale_inv = q.scale_inv[static_cast<std::size_t>(gr * grid_cols + gc)];
+        const std::uint8_t* in = q.data.data() + r * q.cols + c0;
+        float* dst = out.data() + r * q.cols + c0;
+        if (c1 - c0 >= kKernelMinRun) {
+          kernels.decode_f32(in, dst, static_cast<std::size_t>(c1 - c0), convert_detail::DecodeParams{q.format, scale_inv});
+        } else {
+          for (std::int64_t c = 0; c < c1 - c0; ++c) {
+            const float v = decode_to_float(q.format, in[c]);
+            dst[c] = scale_inv == 1.0f ? v : v * scale_inv;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace fp8kit
