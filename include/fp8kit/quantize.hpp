@@ -74,7 +74,7 @@ struct QuantDiagnostics {
   std::uint64_t count = 0;             // elements
   std::uint64_t nonzero_finite = 0;    // finite, nonzero inputs
   std::uint64_t underflow_count = 0;   // nonzero finite inputs that became 0
-  std::uint64_t saturated_count = 0;   // finite inputs beyond the format's range after scaling (clamped or Inf/NaN)
+  std::uint64_t saturated_count = 0;   // finite inputs that overflowed after scaling (clamped, or Inf/NaN)
   std::uint64_t nonfinite_count = 0;   // NaN or Inf inputs
   std::optional<double> sqnr_db;       // 10 log10(sum x^2 / sum (x - dq)^2) over finite inputs with finite
                                        // results; none when there is no signal, +inf is reported as none too

@@ -194,7 +194,9 @@ ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnos
     if (options.granularity.kind == Granularity::Kind::kTensor && blocks == 1) d.scale = multiplier[0];
     d.count = q.data.size();
     d.nonfinite_count = total.nan_count + total.inf_count;
-    const double fp8_max = max_finite(options.format);
+    // Saturated (clamped, or Inf/NaN without saturation): the scaled value is past what rounding brings back to
+    // the largest finite code, i.e. at or above the overflow threshold the encoder uses.
+    const float overflow_threshold = std::bit_cast<float>(base.overflow_bits);
     double signal = 0.0, noise = 0.0;
     for (std::int64_t r = 0; r < x.rows; ++r) {
       for (std::int64_t c = 0; c < x.cols; ++c) {
@@ -202,7 +204,7 @@ ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnos
         const double xi = x.data[i];
         if (!std::isfinite(xi)) continue;
         const float scale = multiplier[static_cast<std::size_t>((r / br) * grid_cols + c / bc)];
-        if (std::fabs(xi * scale) > fp8_max) ++d.saturated_count;
+        if (std::fabs(x.data[i] * scale) >= overflow_threshold) ++d.saturated_count;
         const double dq = back[i];
         if (xi != 0.0) {
           ++d.nonzero_finite;

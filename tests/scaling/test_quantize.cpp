@@ -1,0 +1,235 @@
+// Scaled quantization at every granularity against a plain element-by-element reference (bit for bit), MX FLOOR
+// against RCEIL on crafted blocks, round-trip error bounds, and the diagnostics.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/quantize.hpp"
+
+namespace fp8kit {
+namespace {
+
+std::vector<float> gaussian(std::size_t n, std::uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(rng);
+  return x;
+}
+
+// The reference: for each element, the amax of its block by brute force, the scale formula, then the codec.
+ScaledMatrix reference_quantize(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
+                                const QuantizeOptions& o) {
+  ScaledMatrix q;
+  q.format = o.format;
+  q.overflow = o.overflow;
+  q.granularity = o.granularity;
+  q.rows = rows;
+  q.cols = cols;
+  const std::int64_t br = q.block_rows(), bc = q.block_cols(), gr = q.grid_rows(), gc = q.grid_cols();
+  std::vector<float> mult(static_cast<std::size_t>(gr * gc));
+  q.scale_inv.resize(mult.size());
+  for (std::int64_t i = 0; i < gr; ++i) {
+    for (std::int64_t j = 0; j < gc; ++j) {
+      float a = 0.0f;
+      for (std::int64_t r = i * br; r < std::min(rows, (i + 1) * br); ++r) {
+        for (std::int64_t c = j * bc; c < std::min(cols, (j + 1) * bc); ++c) {
+          const float v = x[static_cast<std::size_t>(r * cols + c)];
+          if (std::isfinite(v)) a = std::max(a, std::fabs(v));
+        }
+      }
+      const std::size_t b = static_cast<std::size_t>(i * gc + j);
+      if (o.granularity.kind == Granularity::Kind::kMx) {
+        const std::uint8_t code = mx_scale_code(a, o.format, o.granularity.mx_mode);
+        mult[b] = std::ldexp(1.0f, 127 - code);
+        q.scale_inv[b] = std::ldexp(1.0f, code - 127);
+      } else {
+        mult[b] = compute_scale(a, o.format, o.scale);
+        q.scale_inv[b] = 1.0f / mult[b];
+      }
+    }
+  }
+  q.data.resize(x.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::size_t i = static_cast<std::size_t>(r * cols + c);
+      const float m = mult[static_cast<std::size_t>((r / br) * gc + c / bc)];
+      q.data[i] = encode(m == 1.0f ? x[i] : x[i] * m, EncodeSpec{o.format, o.overflow});
+    }
+  }
+  return q;
+}
+
+const Granularity kGranularities[] = {Granularity::tensor(),       Granularity::row(),
+                                      Granularity::column(),       Granularity::block(1, 128),
+                                      Granularity::block(128, 128), Granularity::block(3, 5),
+                                      Granularity::mx(MxScaleMode::kFloor), Granularity::mx(MxScaleMode::kRceil)};
+
+TEST(Quantize, MatchesReferenceBitForBit) {
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {1, 3}, {3, 7}, {17, 129}, {130, 300}, {2, 32}, {64, 33}, {0, 5}};
+  for (const auto& [rows, cols] : shapes) {
+    auto x = gaussian(static_cast<std::size_t>(rows * cols), static_cast<std::uint32_t>(rows * 1000 + cols), 10.0f);
+    if (x.size() > 10) {
+      x[3] = 3000.0f;  // an outlier
+      x[5] = std::numeric_limits<float>::quiet_NaN();
+      x[7] = -std::numeric_limits<float>::infinity();
+      x[9] = 1e-7f;
+    }
+    for (const Granularity& g : kGranularities) {
+      for (Format f : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz}) {
+        for (Overflow o : {Overflow::kSaturate, Overflow::kNonSaturating}) {
+          const QuantizeOptions options{f, o, g};
+          const ScaledMatrix got = quantize(MatrixView{x.data(), rows, cols}, options);
+          const ScaledMatrix want = reference_quantize(x, rows, cols, options);
+          SCOPED_TRACE(g.name() + " " + std::string(name(f)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+          ASSERT_EQ(got.scale_inv.size(), want.scale_inv.size());
+          for (std::size_t b = 0; b < got.scale_inv.size(); ++b) ASSERT_EQ(got.scale_inv[b], want.scale_inv[b]) << b;
+          ASSERT_EQ(got.data, want.data);
+          // dequantize: code * scale_inv of its block
+          std::vector<float> back(x.size());
+          dequantize(got, back);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            for (std::int64_t c = 0; c < cols; ++c) {
+              const std::size_t i = static_cast<std::size_t>(r * cols + c);
+              const float s = got.scale_inv[static_cast<std::size_t>((r / got.block_rows()) * got.grid_cols() + c / got.block_cols())];
+              const float want_value = decode_to_float(f, got.data[i]) * s;
+              ASSERT_TRUE(back[i] == want_value || (std::isnan(back[i]) && std::isnan(want_value))) << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Quantize, RoundTripErrorWithinHalfAnUlp) {
+  // Gaussian data, no outliers: every element within range; relative error <= 2^-(m+1) above the normal range.
+  const std::int64_t rows = 64, cols = 256;
+  const auto x = gaussian(static_cast<std::size_t>(rows * cols), 77, 5.0f);
+  for (const Granularity& g : kGranularities) {
+    for (Format f : {Format::e4m3fn, Format::e5m2}) {
+      QuantDiagnostics d;
+      const ScaledMatrix q = quantize(MatrixView{x.data(), rows, cols}, QuantizeOptions{f, Overflow::kSaturate, g}, &d);
+      std::vector<float> back(x.size());
+      dequantize(q, back);
+      const double half_ulp = std::ldexp(1.0, -(descriptor(f).mantissa_bits + 1));
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const std::int64_t r = static_cast<std::int64_t>(i) / cols, c = static_cast<std::int64_t>(i) % cols;
+        const float s = q.scale_inv[static_cast<std::size_t>((r / q.block_rows()) * q.grid_cols() + c / q.block_cols())];
+        const double scaled = std::fabs(x[i]) / s;  // where the element sat in FP8 units
+        if (scaled < min_normal(f) || g.kind == Granularity::Kind::kMx) continue;
+        ASSERT_LE(std::fabs(back[i] - x[i]), half_ulp * std::fabs(x[i]) * 1.0001) << g.name() << " " << name(f) << " " << i;
+      }
+      // Only MX with FLOOR scales can clip the top of a block; every other scale maps amax to at most fp8_max.
+      if (!(g.kind == Granularity::Kind::kMx && g.mx_mode == MxScaleMode::kFloor)) {
+        EXPECT_EQ(d.saturated_count, 0u) << g.name() << " " << name(f);
+      }
+      EXPECT_EQ(d.nonfinite_count, 0u);
+      ASSERT_TRUE(d.sqnr_db.has_value());
+      // e4m3 keeps ~31 dB on Gaussian data at any granularity; e5m2 ~25 dB.
+      EXPECT_GT(*d.sqnr_db, f == Format::e4m3fn ? 28.0 : 22.0) << g.name() << " " << name(f);
+    }
+  }
+}
+
+TEST(Quantize, MxFloorClipsWhereRceilDoesNot) {
+  // One 32-element block whose amax is 500: FLOOR picks 2^(floor(log2 500) - 8) = 1, so 500 clips to 448;
+  // RCEIL picks 500/448 rounded up to 2, and nothing clips.
+  std::vector<float> x(32, 1.0f);
+  x[7] = 500.0f;
+  QuantDiagnostics floor_d, rceil_d;
+  const ScaledMatrix floor_q = quantize(MatrixView{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kFloor)}, &floor_d);
+  const ScaledMatrix rceil_q = quantize(MatrixView{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kRceil)}, &rceil_d);
+  ASSERT_EQ(floor_q.scale_e8m0.size(), 1u);
+  EXPECT_EQ(floor_q.scale_e8m0[0], 127);
+  EXPECT_EQ(rceil_q.scale_e8m0[0], 128);
+  EXPECT_EQ(floor_q.data[7], 0x7E);  // clipped to 448
+  EXPECT_EQ(floor_d.saturated_count, 1u);
+  EXPECT_EQ(rceil_d.saturated_count, 0u);
+  std::vector<float> back(32);
+  dequantize(rceil_q, back);
+  EXPECT_EQ(back[7], 512.0f);  // 250 rounds to 256 in e4m3fn, times 2
+  dequantize(floor_q, back);
+  EXPECT_EQ(back[7], 448.0f);
+  // Where amax / 448 is exactly a power of two both agree; crafted codes for both modes.
+  EXPECT_EQ(mx_scale_code(448.0f, Format::e4m3fn, MxScaleMode::kFloor), 127);
+  EXPECT_EQ(mx_scale_code(448.0f, Format::e4m3fn, MxScaleMode::kRceil), 127);
+  EXPECT_EQ(mx_scale_code(449.0f, Format::e4m3fn, MxScaleMode::kRceil), 128);
+  EXPECT_EQ(mx_scale_code(1.0f, Format::e4m3fn, MxScaleMode::kFloor), 119);  // 2^(0 - 8)
+  EXPECT_EQ(mx_scale_code(1.0f, Format::e5m2, MxScaleMode::kFloor), 112);    // 2^(0 - 15)
+  EXPECT_EQ(mx_scale_code(0.0f, Format::e4m3fn, MxScaleMode::kFloor), 0x00);
+  EXPECT_EQ(mx_scale_code(std::numeric_limits<float>::quiet_NaN(), Format::e4m3fn, MxScaleMode::kRceil), 0xFF);
+  EXPECT_EQ(mx_scale_code(std::numeric_limits<float>::infinity(), Format::e4m3fn, MxScaleMode::kRceil), 0xFE);
+  EXPECT_EQ(mx_scale_code(1e-44f, Format::e4m3fn, MxScaleMode::kRceil), 0x00);  // clamps at 2^-127
+  EXPECT_EQ(mx_scale_code(3e38f, Format::e4m3fn, MxScaleMode::kFloor), 127 + 127 - 8);
+}
+
+TEST(Quantize, Diagnostics) {
+  // Per tensor with one outlier: small values underflow, nothing saturates, the scale is reported.
+  std::vector<float> x = {1e4f, 1e-3f, -1e-3f, 0.0f, 1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, -5e-4f};
+  QuantDiagnostics d;
+  quantize(MatrixView{x.data(), 1, 8}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()}, &d);
+  EXPECT_EQ(d.amax, 1e4f);
+  ASSERT_TRUE(d.scale.has_value());
+  EXPECT_EQ(*d.scale, 448.0f / 1e4f);
+  EXPECT_EQ(d.count, 8u);
+  EXPECT_EQ(d.nonfinite_count, 1u);
+  EXPECT_EQ(d.nonzero_finite, 6u);
+  EXPECT_EQ(d.underflow_count, 3u);  // 1e-3 * 0.0448 = 4.5e-5 < 2^-10: flushed to zero (and 5e-4)
+  EXPECT_NEAR(d.underflow_fraction(), 0.5, 1e-12);
+  EXPECT_EQ(d.saturated_count, 0u);
+  EXPECT_GT(d.max_rel_error, 0.99);  // the flushed ones lost everything
+  // Per row of the same data with a per-row scale: no scale for the whole tensor.
+  QuantDiagnostics dr;
+  quantize(MatrixView{x.data(), 2, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::row()}, &dr);
+  EXPECT_FALSE(dr.scale.has_value());
+  // Exactly representable data comes back exactly; SQNR is then undefined (no noise): none.
+  std::vector<float> exact = {1.0f, 2.0f, 448.0f, -0.5f};
+  QuantDiagnostics de;
+  quantize(MatrixView{exact.data(), 1, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()}, &de);
+  EXPECT_TRUE(de.exact);
+  EXPECT_FALSE(de.sqnr_db.has_value());
+  EXPECT_EQ(de.max_abs_error, 0.0);
+  // Saturation counted with a margin that pushes values out of range (scale 2x too large).
+  QuantDiagnostics ds;
+  quantize(MatrixView{exact.data(), 1, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(), ScaleOptions{-1}}, &ds);
+  EXPECT_EQ(ds.saturated_count, 1u);  // 448 * 2 > 448
+}
+
+TEST(Quantize, GranularityNames) {
+  for (const Granularity& g : kGranularities) {
+    const auto parsed = Granularity::parse(g.name());
+    ASSERT_TRUE(parsed.has_value()) << g.name();
+    EXPECT_EQ(parsed->name(), g.name());
+  }
+  EXPECT_EQ(Granularity::parse("block:1x128")->block_cols, 128);
+  EXPECT_FALSE(Granularity::parse("block:0x128").has_value());
+  EXPECT_FALSE(Granularity::parse("block:1x").has_value());
+  EXPECT_FALSE(Granularity::parse("blocks").has_value());
+  EXPECT_FALSE(Granularity::parse("mx16").has_value());
+}
+
+TEST(Quantize, RejectsBadArguments) {
+  std::vector<float> x(6);
+  EXPECT_THROW(quantize(MatrixView{x.data(), 2, 3}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(0, 2)}), Error);
+  EXPECT_THROW(quantize(MatrixView{x.data(), -1, 3}, {}), Error);
+  const ScaledMatrix q = quantize(MatrixView{x.data(), 2, 3}, {});
+  std::vector<float> wrong(5);
+  EXPECT_THROW(dequantize(q, wrong), Error);
+}
+
+TEST(Quantize, LargeParallelMatchesSerial) {
+  const std::int64_t rows = 512, cols = 1024;
+  const auto x = gaussian(static_cast<std::size_t>(rows * cols), 9, 100.0f);
+  for (const Granularity& g : {Granularity::tensor(), Granularity::block(128, 128), Granularity::mx()}) {
+    const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g};
+    EXPECT_EQ(quantize(MatrixView{x.data(), rows, cols}, o).data, reference_quantize(x, rows, cols, o).data) << g.name();
+  }
+}
+
+}  // namespace
+}  // namespace fp8kit

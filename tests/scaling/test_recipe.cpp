@@ -1,0 +1,153 @@
+// Delayed scaling step by step against hand-computed sequences (max and most_recent, e4m3fn and e5m2), the
+// no-roll rule, NaN/Inf/0/tiny amaxes, EMA smoothing, and the serialized state.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/recipe.hpp"
+
+namespace fp8kit {
+namespace {
+
+std::vector<float> hist(const DelayedScaling& s) { return {s.history().begin(), s.history().end()}; }
+
+TEST(DelayedScaling, MaxOverWindowByHand) {
+  DelayedScaling s(DelayedScalingConfig{Format::e4m3fn, 3, AmaxCompute::kMax});
+  EXPECT_EQ(s.scale(), 1.0f);  // TE's initial scale
+  EXPECT_EQ(hist(s), (std::vector<float>{0, 0, 0}));
+  s.record(2.0f);
+  s.update();  // window {2, 0, 0} -> amax 2
+  EXPECT_EQ(s.scale(), 224.0f);
+  EXPECT_EQ(hist(s), (std::vector<float>{0, 0, 2}));
+  s.record(4.0f);
+  s.update();  // window {4, 0, 2} -> 4
+  EXPECT_EQ(s.scale(), 112.0f);
+  EXPECT_EQ(hist(s), (std::vector<float>{0, 2, 4}));
+  s.record(1.0f);
+  s.update();  // window {1, 2, 4} -> 4
+  EXPECT_EQ(s.scale(), 112.0f);
+  EXPECT_EQ(hist(s), (std::vector<float>{0, 4, 1}));
+  s.record(1.0f);
+  s.update();  // window {1, 4, 1} -> 4
+  EXPECT_EQ(s.scale(), 112.0f);
+  EXPECT_EQ(hist(s), (std::vector<float>{0, 1, 1}));
+  s.record(1.0f);
+  s.update();  // window {1, 1, 1}: the 4 has left the window
+  EXPECT_EQ(s.scale(), 448.0f);
+  EXPECT_FLOAT_EQ(s.scale_inv(), 1.0f / 448.0f);
+}
+
+TEST(DelayedScaling, MostRecentAndMargin) {
+  DelayedScaling s(DelayedScalingConfig{Format::e5m2, 4, AmaxCompute::kMostRecent, 1});
+  s.record(8.0f);
+  s.update();
+  EXPECT_EQ(s.scale(), 57344.0f / 8.0f / 2.0f);
+  s.record(2.0f);
+  s.record(1.0f);  // several records in a step: their maximum
+  s.update();
+  EXPECT_EQ(s.scale(), 57344.0f / 2.0f / 2.0f);
+}
+
+TEST(DelayedScaling, EdgeCases) {
+  for (Format f : {Format::e4m3fn, Format::e5m2}) {
+    for (AmaxCompute algo : {AmaxCompute::kMax, AmaxCompute::kMostRecent}) {
+      SCOPED_TRACE(std::string(name(f)) + (algo == AmaxCompute::kMax ? " max" : " most_recent"));
+      DelayedScaling s(DelayedScalingConfig{f, 4, algo});
+      s.record(4.0f);
+      s.update();
+      const float good = static_cast<float>(max_finite(f)) / 4.0f;
+      EXPECT_EQ(s.scale(), good);
+      // amax 0 (the module did not run): no roll, no new scale.
+      const auto before = hist(s);
+      s.update();
+      EXPECT_EQ(hist(s), before);
+      EXPECT_EQ(s.scale(), good);
+      // +Inf: the previous scale stays (kMax: Inf is the window max; kMostRecent: Inf itself).
+      s.record(std::numeric_limits<float>::infinity());
+      s.update();
+      EXPECT_EQ(s.scale(), good);
+      // NaN: kMostRecent keeps the previous scale; kMax ignores NaN like fmaxf, the window max (Inf) keeps it too.
+      s.record(std::numeric_limits<float>::quiet_NaN());
+      s.update();
+      EXPECT_EQ(s.scale(), good);
+      // Tiny amax: the scale overflows float -> FLT_MAX (once the larger amaxes have left the window).
+      DelayedScaling t(DelayedScalingConfig{f, 1, algo});
+      t.record(1e-42f);
+      t.update();
+      EXPECT_EQ(t.scale(), FLT_MAX);
+    }
+  }
+}
+
+TEST(DelayedScaling, ExponentialMovingAverage) {
+  DelayedScalingConfig config{Format::e4m3fn, 1, AmaxCompute::kMostRecent};
+  config.ema_decay = 0.5f;
+  DelayedScaling s(config);
+  s.record(4.0f);
+  s.update();  // first: 4
+  EXPECT_EQ(s.smoothed_amax(), 4.0f);
+  EXPECT_EQ(s.scale(), 112.0f);
+  s.record(12.0f);
+  s.update();  // 0.5 * 4 + 0.5 * 12 = 8
+  EXPECT_EQ(s.smoothed_amax(), 8.0f);
+  EXPECT_EQ(s.scale(), 56.0f);
+  EXPECT_THROW(DelayedScaling(DelayedScalingConfig{Format::e4m3fn, 0}), Error);
+  DelayedScalingConfig bad;
+  bad.ema_decay = 1.5f;
+  EXPECT_THROW(DelayedScaling{bad}, Error);
+}
+
+TEST(DelayedScaling, SerializeRoundTrip) {
+  DelayedScalingConfig config{Format::e5m2, 5, AmaxCompute::kMax, 2};
+  config.ema_decay = 0.9f;
+  DelayedScaling s(config);
+  for (float a : {3.0f, 7.0f, 1.0f}) {
+    s.record(a);
+    s.update();
+  }
+  s.record(5.0f);  // mid-step state is kept too
+  const auto bytes = s.serialize();
+  const DelayedScaling r = DelayedScaling::deserialize(bytes);
+  EXPECT_EQ(r.scale(), s.scale());
+  EXPECT_EQ(hist(r), hist(s));
+  EXPECT_EQ(r.smoothed_amax(), s.smoothed_amax());
+  EXPECT_EQ(r.config().format, Format::e5m2);
+  EXPECT_EQ(r.config().margin, 2);
+  EXPECT_EQ(r.config().ema_decay, 0.9f);
+  EXPECT_EQ(r.serialize(), bytes);
+  // Continuing from the restored state gives the same scales as continuing the original.
+  DelayedScaling a = s, b = r;
+  for (float x : {9.0f, 2.0f}) {
+    a.record(x);
+    a.update();
+    b.record(x);
+    b.update();
+    EXPECT_EQ(a.scale(), b.scale());
+  }
+  // Corrupted inputs are refused with a parse error.
+  auto truncated = bytes;
+  truncated.pop_back();
+  EXPECT_THROW(DelayedScaling::deserialize(truncated), Error);
+  auto bad_magic = bytes;
+  bad_magic[0] ^= 0xFF;
+  EXPECT_THROW(DelayedScaling::deserialize(bad_magic), Error);
+  auto bad_version = bytes;
+  bad_version[4] = 99;
+  EXPECT_THROW(DelayedScaling::deserialize(bad_version), Error);
+  auto trailing = bytes;
+  trailing.push_back(0);
+  EXPECT_THROW(DelayedScaling::deserialize(trailing), Error);
+}
+
+TEST(CurrentScaling, IsTheScaleFormula) {
+  const CurrentScaling c{Format::e4m3fn, ScaleOptions{0, 1e-12f}};
+  EXPECT_EQ(c.scale_for(3.5f), 128.0f);
+  EXPECT_EQ(c.scale_for(0.0f), static_cast<float>(448.0 / double{1e-12f}));
+}
+
+}  // namespace
+}  // namespace fp8kit
