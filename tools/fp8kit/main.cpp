@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   fp8kit::cli::add_formats_command(app);
   fp8kit::cli::add_cast_command(app);
+  fp8kit::cli::add_analyze_command(app);
   fp8kit::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);

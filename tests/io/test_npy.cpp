@@ -1,0 +1,109 @@
+// The .npy reader: every version, dtype and order it accepts, and a specific error for each malformed input.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/npy.hpp"
+
+namespace fp8kit {
+namespace {
+
+// Builds a .npy file the way numpy.save does (header padded with spaces to a multiple of 64, ending in '\n').
+std::vector<std::byte> make_npy(const std::string& dict, const void* data, std::size_t bytes, int major = 1) {
+  std::string header = dict;
+  const std::size_t prefix = major == 1 ? 10 : 12;
+  while ((prefix + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::vector<std::byte> out;
+  auto put = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  const unsigned char magic[] = {0x93, 'N', 'U', 'M', 'P', 'Y', static_cast<unsigned char>(major), 0};
+  put(magic, 8);
+  const std::uint32_t len = static_cast<std::uint32_t>(header.size());
+  put(&len, major == 1 ? 2 : 4);
+  put(header.data(), header.size());
+  put(data, bytes);
+  return out;
+}
+
+TEST(Npy, ReadsFloat32CAndFortranOrder) {
+  const float c[] = {1, 2, 3, 4, 5, 6};  // 2 x 3, C order
+  const NpyArray a =
+      parse_npy(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", c, sizeof c));
+  EXPECT_EQ(a.dtype, NpyDType::kFloat32);
+  EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(a.to_float32(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  const float f[] = {1, 4, 2, 5, 3, 6};  // the same matrix in Fortran order
+  const NpyArray b =
+      parse_npy(make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", f, sizeof f, 2));
+  EXPECT_EQ(b.to_float32(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(Npy, ReadsFloat16Float64ScalarsAndEmpty) {
+  const std::uint16_t h[] = {0x3C00, 0xC000};  // 1, -2
+  EXPECT_EQ(parse_npy(make_npy("{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }", h, sizeof h))
+                .to_float32(),
+            (std::vector<float>{1.0f, -2.0f}));
+  const double d[] = {0.1};
+  const NpyArray s =
+      parse_npy(make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (), }", d, sizeof d, 3));
+  EXPECT_TRUE(s.shape.empty());
+  EXPECT_EQ(s.numel(), 1);
+  EXPECT_EQ(s.to_float32(), (std::vector<float>{0.1f}));
+  const NpyArray e =
+      parse_npy(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", nullptr, 0));
+  EXPECT_EQ(e.numel(), 0);
+}
+
+void expect_parse_error(const std::vector<std::byte>& bytes, const std::string& needle) {
+  try {
+    parse_npy(bytes);
+    ADD_FAILURE() << "accepted; expected an error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kParse);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Npy, RejectsMalformedFiles) {
+  const float v[] = {1, 2};
+  const std::string ok = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
+  auto good = make_npy(ok, v, sizeof v);
+  EXPECT_NO_THROW(parse_npy(good));
+  auto bad_magic = good;
+  bad_magic[1] = std::byte{'X'};
+  expect_parse_error(bad_magic, "magic");
+  auto bad_version = good;
+  bad_version[6] = std::byte{9};
+  expect_parse_error(bad_version, "version 9");
+  expect_parse_error(std::vector<std::byte>(good.begin(), good.begin() + 9), "magic");
+  expect_parse_error(std::vector<std::byte>(good.begin(), good.end() - 1), "needs 8");  // truncated data
+  auto extra = good;
+  extra.push_back(std::byte{0});
+  expect_parse_error(extra, "needs 8");
+  expect_parse_error(make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", v, sizeof v),
+                     "'<i4'");
+  expect_parse_error(make_npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", v, sizeof v),
+                     "big-endian");
+  expect_parse_error(make_npy("{'descr': '<f4', 'shape': (2,), }", v, sizeof v), "lacks");
+  expect_parse_error(make_npy("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,), }", v, sizeof v),
+                     "True or False");
+  expect_parse_error(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", v, sizeof v),
+                     "non-negative");
+  expect_parse_error(
+      make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'extra': 1}", v, sizeof v),
+      "unknown header key");
+  expect_parse_error(
+      make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999, 99999999999), }",
+               v, sizeof v),
+      "too large");
+  EXPECT_THROW(load_npy("/nonexistent/file.npy"), Error);
+}
+
+}  // namespace
+}  // namespace fp8kit

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""`fp8kit analyze` on arrays written by numpy.save: JSON fields, values against an independent computation,
+the verdict, and one-line errors with exit status 2 for bad files and options. Usage: test_analyze.py FP8KIT."""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+passed = 0
+failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL {name} {detail}")
+
+
+def run(exe, *args):
+    return subprocess.run([exe, *args], capture_output=True, text=True)
+
+
+def main():
+    exe = sys.argv[1]
+    with tempfile.TemporaryDirectory() as d:
+        rng = np.random.default_rng(1)
+        gauss = rng.normal(0, 2, size=(64, 256)).astype(np.float32)
+        path = os.path.join(d, "act.npy")
+        np.save(path, gauss)
+        r = run(exe, "analyze", path, "--json")
+        check("json exit 0", r.returncode == 0, r.stderr)
+        rows = json.loads(r.stdout)
+        check("json has 8 rows (2 formats x 4 granularities)", len(rows) == 8, str(len(rows)))
+        needed = {"format", "granularity", "amax", "scale", "sqnr_db", "underflow_fraction", "saturated_count", "nonfinite_count"}
+        check("json fields", all(needed <= set(x) for x in rows))
+        amax = float(np.max(np.abs(gauss)))
+        check("amax", all(x["amax"] == amax for x in rows), f"{rows[0]['amax']} vs {amax}")
+        t = [x for x in rows if x["format"] == "e4m3fn" and x["granularity"] == "tensor"][0]
+        check("tensor scale = 448 / amax", t["scale"] == np.float32(448.0) / np.float32(amax), str(t["scale"]))
+        check("per-row has no single scale", all(x["scale"] is None for x in rows if x["granularity"] != "tensor"))
+        # SQNR of e4m3fn per tensor, computed independently with ml_dtypes
+        import ml_dtypes
+        s = np.float32(448.0) / np.float32(amax)
+        q = (gauss * s).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * (np.float32(1) / s)
+        sqnr = 10 * math.log10(float(np.sum(gauss.astype(np.float64) ** 2)) / float(np.sum((gauss.astype(np.float64) - q) ** 2)))
+        check("sqnr matches an ml_dtypes computation", abs(t["sqnr_db"] - sqnr) < 1e-6, f"{t['sqnr_db']} vs {sqnr}")
+        check("gaussian holds in e4m3fn", t["sqnr_db"] > 28 and t["saturated_count"] == 0)
+        # table output with a verdict line
+        r = run(exe, "analyze", path)
+        check("table exit 0", r.returncode == 0, r.stderr)
+        check("verdict line", r.stdout.strip().splitlines()[-1].startswith("verdict: e4m3fn holds"), r.stdout[-300:])
+
+        # activations with outliers and tiny values: per tensor underflows, finer granularities help
+        x = (rng.normal(0, 1e-3, size=(32, 128)) * np.where(rng.random((32, 128)) < 0.01, 1e6, 1)).astype(np.float64)
+        x[0, 0] = np.nan
+        p2 = os.path.join(d, "outliers.npy")
+        np.save(p2, x)
+        r = run(exe, "analyze", p2, "--json", "--format", "e4m3fn", "--granularity", "tensor,block:1x32,mx32-rceil")
+        rows = json.loads(r.stdout)
+        check("nonfinite counted", all(x["nonfinite_count"] == 1 for x in rows))
+        by = {x["granularity"]: x for x in rows}
+        check("finer blocks underflow less", by["block:1x32"]["underflow_fraction"] < by["tensor"]["underflow_fraction"],
+              f"{by['block:1x32']['underflow_fraction']} vs {by['tensor']['underflow_fraction']}")
+        check("json has no NaN/Inf", "NaN" not in r.stdout and "Infinity" not in r.stdout)
+
+        # float16, Fortran order, 1-D and 3-D
+        np.save(os.path.join(d, "h.npy"), np.asfortranarray(rng.normal(size=(4, 5, 6)).astype(np.float16)))
+        r = run(exe, "analyze", os.path.join(d, "h.npy"), "--json")
+        check("float16 3-D fortran", r.returncode == 0 and json.loads(r.stdout)[0]["rows"] == 20, r.stderr)
+        np.save(os.path.join(d, "v.npy"), np.arange(10, dtype=np.float32))
+        r = run(exe, "analyze", os.path.join(d, "v.npy"), "--json", "--no-saturate")
+        check("1-D, exact integers", r.returncode == 0 and json.loads(r.stdout)[0]["overflow"] == "non-saturating", r.stderr)
+
+        # errors: one line on stderr, exit 2, nothing on stdout
+        bad = os.path.join(d, "bad.npy")
+        with open(bad, "wb") as f:
+            f.write(b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'")
+        ints = os.path.join(d, "ints.npy")
+        np.save(ints, np.arange(4, dtype=np.int32))
+        pt = os.path.join(d, "model.pt")
+        with open(pt, "wb") as f:
+            f.write(b"\x80\x02")
+        for args, needle in [((bad,), "not a valid .npy"), ((ints,), "'<i4'"), ((pt,), "pickle"),
+                             ((os.path.join(d, "missing.npy"),), "missing.npy"),
+                             ((path, "--granularity", "block:0x4"), "block:0x4"),
+                             ((path, "--format", "e4m3"), "e4m3"), ((path, "--tensor", "w"), "--tensor"),
+                             ((path, "--saturate", "--no-saturate"), "contradict")]:
+            r = run(exe, "analyze", *args)
+            lines = r.stderr.strip().splitlines()
+            check(f"error {needle}", r.returncode == 2 and len(lines) == 1 and needle in lines[0] and r.stdout == "",
+                  f"rc={r.returncode} stderr={r.stderr!r} stdout={r.stdout[:100]!r}")
+        r = run(exe, "analyze", "--help")
+        check("help", r.returncode == 0 and "granularity" in r.stdout)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+// `fp8kit analyze FILE`: does FP8 hold this tensor, and at which granularity? Quantizes a .npy array (viewed
+// as 2-D, last dimension as the row) for each format x granularity and reports what each loses, with a
+// verdict.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli_common.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/npy.hpp"
+#include "fp8kit/quantize.hpp"
+
+namespace fp8kit::cli {
+namespace {
+
+struct AnalyzeArgs {
+  std::string file;
+  std::string tensor;
+  std::string formats = "e4m3fn,e5m2";
+  std::string granularities = "tensor,row,block:1x128,mx32";
+  bool saturate = false;
+  bool no_saturate = false;
+  bool json = false;
+};
+
+struct Row {
+  Format format;
+  Granularity granularity;
+  QuantDiagnostics d;
+};
+
+// What "holds" means in the verdict: a signal-to-noise ratio FP8's 3-4 significant bits can reach on
+// well-scaled data, almost nothing flushed to zero, and nothing clipped.
+constexpr double kGoodSqnrDb = 25.0;
+constexpr double kMaxUnderflowFraction = 0.001;
+
+bool holds(const QuantDiagnostics& d) {
+  const bool sqnr_ok = d.exact || (d.sqnr_db && *d.sqnr_db >= kGoodSqnrDb);
+  return sqnr_ok && d.saturated_count == 0 && d.underflow_fraction() <= kMaxUnderflowFraction;
+}
+
+// Coarser granularities need fewer scales: prefer them when they hold.
+int coarseness_rank(const Granularity& g) {
+  switch (g.kind) {
+    case Granularity::Kind::kTensor:
+      return 0;
+    case Granularity::Kind::kRow:
+    case Granularity::Kind::kColumn:
+      return 1;
+    case Granularity::Kind::kBlock:
+      return 2;
+    case Granularity::Kind::kMx:
+      return 3;
+  }
+  return 4;
+}
+
+std::string sqnr_text(const QuantDiagnostics& d) {
+  if (d.sqnr_db) return fmt::format("{:.1f}", *d.sqnr_db);
+  return d.exact ? "exact" : "-";
+}
+
+std::string verdict(const std::vector<Row>& rows) {
+  const Row* best = nullptr;
+  for (const Row& r : rows) {
+    if (!holds(r.d)) continue;
+    // e4m3fn's precision is the point of FP8 for weights and activations; among holders prefer coarse, then
+    // SQNR
+    if (best == nullptr || coarseness_rank(r.granularity) < coarseness_rank(best->granularity) ||
+        (coarseness_rank(r.granularity) == coarseness_rank(best->granularity) &&
+         r.d.sqnr_db.value_or(1e9) > best->d.sqnr_db.value_or(1e9))) {
+      best = &r;
+    }
+  }
+  if (best != nullptr) {
+    return fmt::format(
+        "verdict: {} holds this tensor at '{}' granularity (SQNR {} dB, {:.3f}% underflow, 0 saturated)",
+        name(best->format), best->granularity.name(), sqnr_text(best->d),
+        100.0 * best->d.underflow_fraction());
+  }
+  const Row* top = nullptr;
+  for (const Row& r : rows) {
+    if (top == nullptr || r.d.sqnr_db.value_or(-1e9) > top->d.sqnr_db.value_or(-1e9)) top = &r;
+  }
+  if (top == nullptr) return "verdict: nothing was analyzed";
+  return fmt::format(
+      "verdict: no combination tried holds this tensor (SQNR >= {:.0f} dB, <= {:.1f}% underflow, none "
+      "saturated); "
+      "best: {} '{}' at {} dB, {:.3f}% underflow, {} saturated",
+      kGoodSqnrDb, 100.0 * kMaxUnderflowFraction, name(top->format), top->granularity.name(),
+      sqnr_text(top->d), 100.0 * top->d.underflow_fraction(), top->d.saturated_count);
+}
+
+nlohmann::json number_or_null(std::optional<double> v) {
+  if (!v || !std::isfinite(*v)) return nullptr;
+  return *v;
+}
+
+void run_analyze(const AnalyzeArgs& args) {
+  if (args.saturate && args.no_saturate)
+    throw UsageError("--saturate and --no-saturate contradict each other");
+  const std::vector<Format> formats = parse_format_list(args.formats);
+  std::vector<Granularity> granularities;
+  for (std::size_t start = 0; start <= args.granularities.size();) {
+    const std::size_t comma = args.granularities.find(',', start);
+    const std::string token =
+        args.granularities.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const auto g = Granularity::parse(token);
+    if (!g) {
+      throw UsageError("unknown granularity '" + token +
+                       "' (use tensor, row, col, block:RxC such as block:1x128, mx32, mx32-rceil)");
+    }
+    granularities.push_back(*g);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  const std::filesystem::path path(args.file);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw UsageError("'" + args.file + "' is not a readable file");
+  const std::string ext = path.extension().string();
+  if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".pkl") {
+    throw UsageError(
+        "'" + args.file +
+        "' is a pickle file, which fp8kit never loads (it can run code); save the tensor with numpy.save");
+  }
+  if (ext != ".npy")
+    throw UsageError("'" + args.file + "': analyze reads NumPy .npy files (save one with numpy.save)");
+  if (!args.tensor.empty()) {
+    throw UsageError("--tensor selects a tensor inside a multi-tensor file; '" + args.file +
+                     "' holds a single array");
+  }
+  NpyArray array;
+  try {
+    array = load_npy(path);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  const std::vector<float> values = array.to_float32();
+  const std::int64_t cols = array.shape.empty() ? 1 : std::max<std::int64_t>(array.shape.back(), 1);
+  const std::int64_t rows = array.numel() == 0 ? 0 : array.numel() / cols;
+  const MatrixView view{values.data(), rows, array.numel() == 0 ? 0 : cols};
+  const Overflow overflow = args.no_saturate ? Overflow::kNonSaturating : Overflow::kSaturate;
+
+  std::vector<Row> results;
+  for (Format f : formats) {
+    for (const Granularity& g : granularities) {
+      Row r{f, g, {}};
+      quantize(view, QuantizeOptions{f, overflow, g, ScaleOptions{}}, &r.d);
+      results.push_back(r);
+    }
+  }
+  if (args.json) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const Row& r : results) {
+      out.push_back(
+          {{"format", std::string(name(r.format))},
+           {"granularity", r.granularity.name()},
+           {"overflow", overflow == Overflow::kSaturate ? "saturate" : "non-saturating"},
+           {"rows", rows},
+           {"cols", view.cols},
+           {"amax", r.d.amax},
+           {"scale", r.d.scale ? nlohmann::ordered_json(*r.d.scale) : nlohmann::ordered_json(nullptr)},
+           {"sqnr_db", number_or_null(r.d.sqnr_db)},
+           {"exact", r.d.exact},
+           {"underflow_fraction", r.d.underflow_fraction()},
+           {"underflow_count", r.d.underflow_count},
+           {"saturated_count", r.d.saturated_count},
+           {"nonfinite_count", r.d.nonfinite_count},
+           {"max_abs_error", number_or_null(r.d.max_abs_error)},
+           {"max_rel_error", number_or_null(r.d.max_rel_error)},
+           {"holds", holds(r.d)}});
+    }
+    fmt::print("{}\n", out.dump(2));
+    return;
+  }
+  std::string shape;
+  for (std::size_t i = 0; i < array.shape.size(); ++i)
+    shape += (i ? ", " : "") + std::to_string(array.shape[i]);
+  fmt::print("{}: {} ({}), viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file,
+             array.descr, shape.empty() ? "scalar" : "(" + shape + ")", rows, view.cols,
+             overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
+             results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count);
+  fmt::print("{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale",
+             "SQNR dB", "underflow", "saturated", "max rel err", "holds");
+  for (const Row& r : results) {
+    fmt::print("{:<9} {:<14} {:>12} {:>9} {:>10.3f}% {:>10} {:>12.4g} {:>6}\n", name(r.format),
+               r.granularity.name(), r.d.scale ? fmt::format("{:.6g}", *r.d.scale) : "per block",
+               sqnr_text(r.d), 100.0 * r.d.underflow_fraction(), r.d.saturated_count, r.d.max_rel_error,
+               holds(r.d) ? "yes" : "no");
+  }
+  fmt::print("{}\n", verdict(results));
+}
+
+}  // namespace
+
+void add_analyze_command(CLI::App& app) {
+  auto args = std::make_shared<AnalyzeArgs>();
+  CLI::App* cmd =
+      app.add_subcommand("analyze", "Does FP8 hold this tensor, and at which granularity? (.npy files)");
+  cmd->add_option("FILE", args->file, "A NumPy .npy file (float16, float32 or float64, any shape)")
+      ->required();
+  cmd->add_option("--tensor", args->tensor, "The tensor to analyze in a multi-tensor file");
+  cmd->add_option("--format", args->formats, "Comma-separated formats (default e4m3fn,e5m2)");
+  cmd->add_option(
+      "--granularity", args->granularities,
+      "Comma-separated: tensor, row, col, block:RxC, mx32, mx32-rceil (default tensor,row,block:1x128,mx32)");
+  cmd->add_flag("--saturate", args->saturate, "Clamp overflow to +-max (the default)");
+  cmd->add_flag("--no-saturate", args->no_saturate, "Overflow to Inf/NaN, as PyTorch .to() up to 2.11");
+  cmd->add_flag("--json", args->json, "Print a JSON array instead of the table");
+  cmd->callback([args] { run_analyze(*args); });
+}
+
+}  // namespace fp8kit::cli
