@@ -57,8 +57,8 @@ struct ScaledMatrix {
   Overflow overflow = Overflow::kSaturate;
   Granularity granularity;
   std::int64_t rows = 0, cols = 0;
-  std::vector<std::uint8_t> data;   // rows * cols codes, row-major
-  std::vector<float> scale_inv;     // one per block, row-major over the block grid
+  std::vector<std::uint8_t> data;        // rows * cols codes, row-major
+  std::vector<float> scale_inv;          // one per block, row-major over the block grid
   std::vector<std::uint8_t> scale_e8m0;  // MX only: the same scales as E8M0 codes
 
   std::int64_t block_rows() const { return granularity.rows_per_block(rows); }
@@ -69,18 +69,18 @@ struct ScaledMatrix {
 
 // What a quantization did to the data.
 struct QuantDiagnostics {
-  float amax = 0.0f;                   // over all finite inputs
-  std::optional<float> scale;          // the quantization scale when there is one for the whole tensor
-  std::uint64_t count = 0;             // elements
-  std::uint64_t nonzero_finite = 0;    // finite, nonzero inputs
-  std::uint64_t underflow_count = 0;   // nonzero finite inputs that became 0
-  std::uint64_t saturated_count = 0;   // finite inputs that overflowed after scaling (clamped, or Inf/NaN)
-  std::uint64_t nonfinite_count = 0;   // NaN or Inf inputs
-  std::optional<double> sqnr_db;       // 10 log10(sum x^2 / sum (x - dq)^2) over finite inputs with finite
-                                       // results; none when there is no signal, +inf is reported as none too
-  bool exact = false;                  // every finite input came back exactly (error 0)
-  double max_abs_error = 0.0;          // over finite inputs with finite results
-  double max_rel_error = 0.0;          // over nonzero finite inputs with finite results
+  float amax = 0.0f;                  // over all finite inputs
+  std::optional<float> scale;         // the quantization scale when there is one for the whole tensor
+  std::uint64_t count = 0;            // elements
+  std::uint64_t nonzero_finite = 0;   // finite, nonzero inputs
+  std::uint64_t underflow_count = 0;  // nonzero finite inputs that became 0
+  std::uint64_t saturated_count = 0;  // finite inputs that overflowed after scaling (clamped, or Inf/NaN)
+  std::uint64_t nonfinite_count = 0;  // NaN or Inf inputs
+  std::optional<double> sqnr_db;      // 10 log10(sum x^2 / sum (x - dq)^2) over finite inputs with finite
+                                      // results; none when there is no signal, +inf is reported as none too
+  bool exact = false;                 // every finite input came back exactly (error 0)
+  double max_abs_error = 0.0;         // over finite inputs with finite results
+  double max_rel_error = 0.0;         // over nonzero finite inputs with finite results
   double underflow_fraction() const {
     return nonzero_finite ? static_cast<double>(underflow_count) / static_cast<double>(nonzero_finite) : 0.0;
   }
@@ -88,6 +88,10 @@ struct QuantDiagnostics {
 
 // Quantizes x; when `diagnostics` is given, also measures what was lost (a dequantization and a pass over x).
 ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
+// The same into an existing ScaledMatrix, reusing its buffers when they are large enough (no allocation
+// then).
+void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& out,
+                   QuantDiagnostics* diagnostics = nullptr);
 // out has rows * cols elements: decode(code) * scale_inv of its block, in float32.
 void dequantize(const ScaledMatrix& q, std::span<float> out);
 

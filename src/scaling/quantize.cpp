@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "convert/kernels.hpp"
+#include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"
 
 namespace fp8kit {
@@ -18,11 +19,16 @@ namespace fp8kit {
 
 std::string Granularity::name() const {
   switch (kind) {
-    case Kind::kTensor: return "tensor";
-    case Kind::kRow: return "row";
-    case Kind::kColumn: return "col";
-    case Kind::kBlock: return "block:" + std::to_string(block_rows) + "x" + std::to_string(block_cols);
-    case Kind::kMx: return "mx" + std::to_string(block_cols) + (mx_mode == MxScaleMode::kRceil ? "-rceil" : "");
+    case Kind::kTensor:
+      return "tensor";
+    case Kind::kRow:
+      return "row";
+    case Kind::kColumn:
+      return "col";
+    case Kind::kBlock:
+      return "block:" + std::to_string(block_rows) + "x" + std::to_string(block_cols);
+    case Kind::kMx:
+      return "mx" + std::to_string(block_cols) + (mx_mode == MxScaleMode::kRceil ? "-rceil" : "");
   }
   return "?";
 }
@@ -41,7 +47,8 @@ std::optional<Granularity> Granularity::parse(std::string_view text) {
     std::int64_t r = 0, c = 0;
     const auto [pr, er] = std::from_chars(shape.data(), shape.data() + x, r);
     const auto [pc, ec] = std::from_chars(shape.data() + x + 1, shape.data() + shape.size(), c);
-    if (er != std::errc() || ec != std::errc() || pr != shape.data() + x || pc != shape.data() + shape.size()) {
+    if (er != std::errc() || ec != std::errc() || pr != shape.data() + x ||
+        pc != shape.data() + shape.size()) {
       return std::nullopt;
     }
     if (r < 1 || c < 1) return std::nullopt;
@@ -53,10 +60,13 @@ std::optional<Granularity> Granularity::parse(std::string_view text) {
 std::int64_t Granularity::rows_per_block(std::int64_t rows) const {
   switch (kind) {
     case Kind::kTensor:
-    case Kind::kColumn: return std::max<std::int64_t>(rows, 1);
+    case Kind::kColumn:
+      return std::max<std::int64_t>(rows, 1);
     case Kind::kRow:
-    case Kind::kMx: return 1;
-    case Kind::kBlock: return block_rows;
+    case Kind::kMx:
+      return 1;
+    case Kind::kBlock:
+      return block_rows;
   }
   return 1;
 }
@@ -64,10 +74,13 @@ std::int64_t Granularity::rows_per_block(std::int64_t rows) const {
 std::int64_t Granularity::cols_per_block(std::int64_t cols) const {
   switch (kind) {
     case Kind::kTensor:
-    case Kind::kRow: return std::max<std::int64_t>(cols, 1);
-    case Kind::kColumn: return 1;
+    case Kind::kRow:
+      return std::max<std::int64_t>(cols, 1);
+    case Kind::kColumn:
+      return 1;
     case Kind::kBlock:
-    case Kind::kMx: return block_cols;
+    case Kind::kMx:
+      return block_cols;
   }
   return 1;
 }
@@ -112,10 +125,11 @@ constexpr std::int64_t kKernelMinRun = 16;
 
 void check_shape(MatrixView x, const Granularity& g) {
   FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0, "quantize: negative shape ", x.rows, "x", x.cols);
-  FP8KIT_CHECK(x.data != nullptr || x.rows * x.cols == 0, "quantize: null data for a ", x.rows, "x", x.cols, " matrix");
+  FP8KIT_CHECK(x.data != nullptr || x.rows * x.cols == 0, "quantize: null data for a ", x.rows, "x", x.cols,
+               " matrix");
   if (g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) {
-    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ", g.block_rows,
-                 "x", g.block_cols);
+    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ",
+                 g.block_rows, "x", g.block_cols);
   }
 }
 
@@ -123,9 +137,33 @@ void check_shape(MatrixView x, const Granularity& g) {
 
 // ---------------------------------------------------------------- quantize / dequantize
 
+namespace {
+
+// The quantization multiplier and dequantization scale of one block from its amax.
+void block_scale(float amax, const QuantizeOptions& options, ScaledMatrix& q, std::vector<float>& multiplier,
+                 std::size_t b) {
+  if (options.granularity.kind == Granularity::Kind::kMx) {
+    const std::uint8_t code = mx_scale_code(amax, options.format, options.granularity.mx_mode);
+    q.scale_e8m0[b] = code;
+    q.scale_inv[b] = e8m0_value(code);
+    multiplier[b] = code == 0xFF ? q.scale_inv[b] : std::ldexp(1.0f, 127 - code);
+  } else {
+    multiplier[b] = compute_scale(amax, options.format, options.scale);
+    q.scale_inv[b] = dequantization_scale(multiplier[b]);
+  }
+}
+
+}  // namespace
+
 ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
-  check_shape(x, options.granularity);
   ScaledMatrix q;
+  quantize_into(x, options, q, diagnostics);
+  return q;
+}
+
+void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q,
+                   QuantDiagnostics* diagnostics) {
+  check_shape(x, options.granularity);
   q.format = options.format;
   q.overflow = options.overflow;
   q.granularity = options.granularity;
@@ -135,53 +173,59 @@ ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnos
   const std::int64_t br = q.block_rows(), bc = q.block_cols();
   const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
   const auto blocks = static_cast<std::size_t>(grid_rows * grid_cols);
-
-  // 1. amax of every block.
-  std::vector<float> block_amax(blocks);
-  AmaxResult total;
-  amax_blocks(x, br, bc, block_amax, &total);
-
-  // 2. One scale per block: the quantization multiplier and its dequantization scale.
   std::vector<float> multiplier(blocks);
   q.scale_inv.resize(blocks);
-  const bool mx = options.granularity.kind == Granularity::Kind::kMx;
-  if (mx) q.scale_e8m0.resize(blocks);
-  for (std::size_t b = 0; b < blocks; ++b) {
-    if (mx) {
-      const std::uint8_t code = mx_scale_code(block_amax[b], options.format, options.granularity.mx_mode);
-      q.scale_e8m0[b] = code;
-      q.scale_inv[b] = e8m0_value(code);
-      multiplier[b] = code == 0xFF ? q.scale_inv[b] : std::ldexp(1.0f, 127 - code);
-    } else {
-      multiplier[b] = compute_scale(block_amax[b], options.format, options.scale);
-      q.scale_inv[b] = dequantization_scale(multiplier[b]);
-    }
-  }
-
-  // 3. Encode, block row by block row (each block's rows are still in cache from the amax pass when blocks are
-  //    short; threads split the block rows).
-  const auto& kernels = convert_detail::best_kernels();
+  q.scale_e8m0.resize(options.granularity.kind == Granularity::Kind::kMx ? blocks : 0);
   const convert_detail::EncodeParams base =
       convert_detail::make_encode_params(CastOptions{options.format, options.overflow});
-  const EncodeSpec spec{options.format, options.overflow};
-  const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
+  AmaxResult total;
+
+  if (blocks == 1) {
+    // One scale for everything: a threaded amax pass, then one threaded scaled encode (two passes over x).
+    const std::span<const float> all(x.data, q.data.size());
+    total = amax(all);
+    block_scale(total.amax, options, q, multiplier, 0);
+    cast_to_fp8(all, q.data,
+                CastOptions{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]});
+  } else {
+    // Fused, block row by block row: the amax of its blocks, their scales, then the encode while the block
+    // row is still in cache. Threads split the block rows.
+    const auto& kernels = convert_detail::best_kernels();
+    const EncodeSpec spec{options.format, options.overflow};
+    std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
+    const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
-    convert_detail::EncodeParams p = base;
-    const std::int64_t row_end = std::min(x.rows, (gr + 1) * br);
-    for (std::int64_t r = gr * br; r < row_end; ++r) {
+    for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
+      const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
+      const MatrixView band{x.data + row_begin * x.cols, row_end - row_begin, x.cols};
+      const std::span<float> band_amax(multiplier.data() + gr * grid_cols,
+                                       static_cast<std::size_t>(grid_cols));
+      amax_blocks(band, br, bc, band_amax, &parts[static_cast<std::size_t>(gr)]);
       for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
-        const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
-        const float scale = multiplier[static_cast<std::size_t>(gr * grid_cols + gc)];
-        const float* in = x.data + r * x.cols + c0;
-        std::uint8_t* out = q.data.data() + r * x.cols + c0;
-        if (c1 - c0 >= kKernelMinRun) {
-          p.options.scale = scale;
-          kernels.encode_f32(in, out, static_cast<std::size_t>(c1 - c0), p);
-        } else {
-          for (std::int64_t c = 0; c < c1 - c0; ++c) out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
+        const auto b = static_cast<std::size_t>(gr * grid_cols + gc);
+        block_scale(multiplier[b], options, q, multiplier, b);  // the amax slot becomes the multiplier
+      }
+      convert_detail::EncodeParams p = base;
+      for (std::int64_t r = row_begin; r < row_end; ++r) {
+        for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+          const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
+          const float scale = multiplier[static_cast<std::size_t>(gr * grid_cols + gc)];
+          const float* in = x.data + r * x.cols + c0;
+          std::uint8_t* out = q.data.data() + r * x.cols + c0;
+          if (c1 - c0 >= kKernelMinRun) {
+            p.options.scale = scale;
+            kernels.encode_f32(in, out, static_cast<std::size_t>(c1 - c0), p);
+          } else {
+            for (std::int64_t c = 0; c < c1 - c0; ++c)
+              out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
+          }
         }
       }
+    }
+    for (const AmaxResult& part : parts) {
+      total.amax = std::max(total.amax, part.amax);
+      total.nan_count += part.nan_count;
+      total.inf_count += part.inf_count;
     }
   }
 
@@ -191,11 +235,11 @@ ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnos
     dequantize(q, back);
     QuantDiagnostics d;
     d.amax = total.amax;
-    if (options.granularity.kind == Granularity::Kind::kTensor && blocks == 1) d.scale = multiplier[0];
+    if (options.granularity.kind == Granularity::Kind::kTensor) d.scale = multiplier[0];
     d.count = q.data.size();
     d.nonfinite_count = total.nan_count + total.inf_count;
-    // Saturated (clamped, or Inf/NaN without saturation): the scaled value is past what rounding brings back to
-    // the largest finite code, i.e. at or above the overflow threshold the encoder uses.
+    // Saturated (clamped, or Inf/NaN without saturation): the scaled value is past what rounding brings back
+    // to the largest finite code, i.e. at or above the overflow threshold the encoder uses.
     const float overflow_threshold = std::bit_cast<float>(base.overflow_bits);
     double signal = 0.0, noise = 0.0;
     for (std::int64_t r = 0; r < x.rows; ++r) {
@@ -222,18 +266,18 @@ ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnos
     if (signal > 0.0 && noise > 0.0) d.sqnr_db = 10.0 * std::log10(signal / noise);
     *diagnostics = d;
   }
-  return q;
 }
 
 void dequantize(const ScaledMatrix& q, std::span<float> out) {
-  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == q.rows * q.cols, "dequantize: output has ", out.size(),
-               " elements, the ", q.rows, "x", q.cols, " matrix needs ", q.rows * q.cols);
-  FP8KIT_CHECK(static_cast<std::int64_t>(q.data.size()) == q.rows * q.cols, "dequantize: data has ", q.data.size(),
-               " codes for a ", q.rows, "x", q.cols, " matrix");
+  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == q.rows * q.cols, "dequantize: output has ",
+               out.size(), " elements, the ", q.rows, "x", q.cols, " matrix needs ", q.rows * q.cols);
+  FP8KIT_CHECK(static_cast<std::int64_t>(q.data.size()) == q.rows * q.cols, "dequantize: data has ",
+               q.data.size(), " codes for a ", q.rows, "x", q.cols, " matrix");
   const std::int64_t br = q.block_rows(), bc = q.block_cols();
   const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
-  FP8KIT_CHECK(static_cast<std::int64_t>(q.scale_inv.size()) == grid_rows * grid_cols, "dequantize: ",
-               q.scale_inv.size(), " scales for a ", grid_rows, "x", grid_cols, " block grid");
+  FP8KIT_CHECK(static_cast<std::int64_t>(q.scale_inv.size()) == grid_rows * grid_cols,
+               "dequantize: ", q.scale_inv.size(), " scales for a ", grid_rows, "x", grid_cols,
+               " block grid");
   const auto& kernels = convert_detail::best_kernels();
   const bool parallel = q.rows * q.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
@@ -246,7 +290,8 @@ void dequantize(const ScaledMatrix& q, std::span<float> out) {
         const std::uint8_t* in = q.data.data() + r * q.cols + c0;
         float* dst = out.data() + r * q.cols + c0;
         if (c1 - c0 >= kKernelMinRun) {
-          kernels.decode_f32(in, dst, static_cast<std::size_t>(c1 - c0), convert_detail::DecodeParams{q.format, scale_inv});
+          kernels.decode_f32(in, dst, static_cast<std::size_t>(c1 - c0),
+                             convert_detail::DecodeParams{q.format, scale_inv});
         } else {
           for (std::int64_t c = 0; c < c1 - c0; ++c) {
             const float v = decode_to_float(q.format, in[c]);

@@ -10,6 +10,7 @@
 #include "convert_bench.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
+#include "scaling_bench.hpp"
 
 namespace fp8kit::cli {
 namespace {
@@ -38,6 +39,15 @@ std::size_t parse_size(const std::string& text) {
   return static_cast<std::size_t>(bytes);
 }
 
+// --threads N: just N; absent (0): one thread, then all of them.
+std::vector<int> thread_counts(int requested) {
+  if (requested < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(requested));
+  if (requested > 0) return {requested};
+  std::vector<int> counts = {1};
+  if (num_threads() > 1) counts.push_back(num_threads());
+  return counts;
+}
+
 struct BenchConvertArgs {
   bool json = false;
   int threads = 0;
@@ -50,13 +60,7 @@ void run_bench_convert(const BenchConvertArgs& args) {
   options.bytes = parse_size(args.bytes);
   options.reps = args.reps;
   if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
-  if (args.threads < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(args.threads));
-  if (args.threads > 0) {
-    options.threads = {args.threads};
-  } else {
-    options.threads = {1};
-    if (num_threads() > 1) options.threads.push_back(num_threads());
-  }
+  options.threads = thread_counts(args.threads);
   const bool show_progress = stderr_is_terminal();
   const auto results = bench::run_convert_bench(options, [&](int done, int total) {
     if (show_progress) std::fprintf(stderr, "\rbench convert: %d/%d", done, total);
@@ -95,6 +99,54 @@ void run_bench_convert(const BenchConvertArgs& args) {
   }
 }
 
+void run_bench_scaling(const BenchConvertArgs& args) {
+  bench::ScalingBenchOptions options;
+  options.bytes = parse_size(args.bytes);
+  if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
+  options.reps = args.reps;
+  options.threads = thread_counts(args.threads);
+  const bool show_progress = stderr_is_terminal();
+  const auto results = bench::run_scaling_bench(options, [&](int done, int total) {
+    if (show_progress) std::fprintf(stderr, "\rbench scaling: %d/%d", done, total);
+  });
+  if (show_progress) std::fprintf(stderr, "\r\033[K");
+  const std::string cpu = cpu_features().brand;
+  if (args.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      out.push_back(
+          {{"op", r.op},
+           {"granularity", r.granularity.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.granularity)},
+           {"format",
+            r.op == "quantize" || r.op == "dequantize" ? nlohmann::json("e4m3fn") : nlohmann::json(nullptr)},
+           {"threads", r.threads},
+           {"bytes", r.bytes_moved},
+           {"seconds", r.seconds},
+           {"gbps", r.gbps},
+           {"baseline", r.baseline},
+           {"baseline_seconds", r.baseline_seconds},
+           {"baseline_gbps", r.baseline_gbps},
+           {"ratio", r.ratio},
+           {"cpu", cpu}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  fmt::print(
+      "scaling kernels on a {} MiB float32 matrix (rows x 4096, e4m3fn, saturating; {} repetitions, medians; "
+      "CPU: {})\n",
+      options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
+  fmt::print(
+      "GB/s counts bytes read + written; amax is compared with the read probe, the rest with memcpy\n\n");
+  fmt::print("{:<15} {:<15} {:>7} {:>9} {:<15} {:>13} {:>7}\n", "op", "granularity", "threads", "GB/s",
+             "baseline", "baseline GB/s", "ratio");
+  for (const auto& r : results) {
+    fmt::print("{:<15} {:<15} {:>7} {:>9.1f} {:<15} {:>13.1f} {:>6.2f}x\n", r.op,
+               r.granularity.empty() ? "-" : r.granularity, r.threads, r.gbps, r.baseline, r.baseline_gbps,
+               r.ratio);
+  }
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -108,6 +160,14 @@ void add_bench_command(CLI::App& app) {
   convert->add_option("--bytes", args->bytes, "Size of the wide array, e.g. 256M (default 256M)");
   convert->add_option("--reps", args->reps, "Repetitions per measurement (default 11)");
   convert->callback([args] { run_bench_convert(*args); });
+  auto scaling_args = std::make_shared<BenchConvertArgs>();
+  CLI::App* scaling =
+      bench->add_subcommand("scaling", "amax, quantize and dequantize against the read probe and memcpy");
+  scaling->add_flag("--json", scaling_args->json, "Print a JSON array instead of the table");
+  scaling->add_option("--threads", scaling_args->threads, "Thread count (default: 1, then all cores)");
+  scaling->add_option("--bytes", scaling_args->bytes, "Size of the float32 matrix, e.g. 256M (default 256M)");
+  scaling->add_option("--reps", scaling_args->reps, "Repetitions per measurement (default 11)");
+  scaling->callback([scaling_args] { run_bench_scaling(*scaling_args); });
 }
 
 }  // namespace fp8kit::cli

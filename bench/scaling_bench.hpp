@@ -1,0 +1,30 @@
+// `fp8kit bench scaling`: amax against the read-bandwidth probe; quantize (amax + scaled encode, per tensor
+// and fused per row/block/MX) and dequantize against memcpy of the float32 array, all in the same run.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fp8kit::bench {
+
+struct ScalingBenchOptions {
+  std::size_t bytes = std::size_t{256} << 20;  // the float32 matrix, viewed as rows x 4096
+  std::vector<int> threads = {1, 2};
+  int reps = 11;
+};
+
+struct ScalingResult {
+  std::string op;           // "amax", "quantize", "dequantize", "read-bandwidth"
+  std::string granularity;  // "tensor", "row", "block:1x128", ... ("" for amax and the probe)
+  std::string baseline;     // "read-bandwidth" (amax) or "memcpy"
+  int threads = 1;
+  std::size_t bytes_moved = 0;  // read + written
+  double seconds = 0, gbps = 0, baseline_seconds = 0, baseline_gbps = 0, ratio = 0;
+};
+
+std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
+                                             const std::function<void(int, int)>& progress = {});
+
+}  // namespace fp8kit::bench
