@@ -40,9 +40,15 @@ using EncodeFn = void (*)(const In* in, std::uint8_t* out, std::size_t n, const 
 template <typename Out>
 using DecodeFn = void (*)(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p);
 
+// Encodes x[k * segment, ...) with scale scales[k] for every segment (round to nearest even; p.options.scale
+// is ignored). One call per row of a block-scaled matrix instead of one per block.
+using EncodeSegmentsFn = void (*)(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
+                                  const float* scales, const EncodeParams& p);
+
 struct KernelTable {
   std::string_view isa;
   EncodeFn<float> encode_f32;
+  EncodeSegmentsFn encode_f32_segments;
   EncodeFn<bfloat16> encode_bf16;
   EncodeFn<float16> encode_f16;
   DecodeFn<float> decode_f32;
@@ -59,6 +65,8 @@ const KernelTable* avx2_kernels();
 const KernelTable& best_kernels();
 
 // Scalar element loops the SIMD kernels reuse for their tails.
+void encode_segments_tail(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
+                          const float* scales, const EncodeParams& p);
 void encode_tail(const float* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);
 void encode_tail(const bfloat16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);
 void encode_tail(const float16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);

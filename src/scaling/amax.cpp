@@ -1,5 +1,5 @@
-// amax over spans and blocks: the scalar reference, the dispatch to SIMD, threads for large inputs, and the block
-// grid (per row, per column, per block, per tensor are all block shapes).
+// amax over spans and blocks: the scalar reference, the dispatch to SIMD, threads for large inputs, and the
+// block grid (per row, per column, per block, per tensor are all block shapes).
 #include "fp8kit/amax.hpp"
 
 #include <omp.h>
@@ -26,6 +26,23 @@ void amax_scalar(const float* x, std::size_t n, AmaxResult& acc) {
       acc.amax = a;
     }
   }
+}
+
+void amax_segments_scalar(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc) {
+  for (std::size_t k = 0; k * segment < n; ++k) {
+    AmaxResult seg;
+    amax_scalar(x + k * segment, std::min(segment, n - k * segment), seg);
+    out[k] = seg.amax;
+    acc.amax = std::max(acc.amax, seg.amax);
+    acc.nan_count += seg.nan_count;
+    acc.inf_count += seg.inf_count;
+  }
+}
+
+AmaxSegmentsFn best_amax_segments_kernel() {
+  static const AmaxSegmentsFn fn =
+      amax_segments_avx2_kernel() ? amax_segments_avx2_kernel() : &amax_segments_scalar;
+  return fn;
 }
 
 AmaxFn best_amax_kernel() {
@@ -56,7 +73,8 @@ AmaxResult amax(std::span<const float> x) {
     return total;
   }
   std::vector<AmaxResult> parts(static_cast<std::size_t>(threads));
-  const std::size_t per = (x.size() + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
+  const std::size_t per =
+      (x.size() + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int t = 0; t < threads; ++t) {
     const std::size_t begin = std::min(x.size(), per * static_cast<std::size_t>(t));
@@ -70,12 +88,13 @@ AmaxResult amax(std::span<const float> x) {
 void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
                  AmaxResult* total) {
   FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0, "amax_blocks: negative shape ", x.rows, "x", x.cols);
-  FP8KIT_CHECK(block_rows >= 1 && block_cols >= 1, "amax_blocks: block shape must be positive, got ", block_rows, "x",
-               block_cols);
+  FP8KIT_CHECK(block_rows >= 1 && block_cols >= 1, "amax_blocks: block shape must be positive, got ",
+               block_rows, "x", block_cols);
   const std::int64_t grid_rows = ceil_div(x.rows, block_rows);
   const std::int64_t grid_cols = ceil_div(x.cols, block_cols);
-  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == grid_rows * grid_cols, "amax_blocks: output has ", out.size(),
-               " entries, the ", grid_rows, "x", grid_cols, " block grid needs ", grid_rows * grid_cols);
+  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == grid_rows * grid_cols, "amax_blocks: output has ",
+               out.size(), " entries, the ", grid_rows, "x", grid_cols, " block grid needs ",
+               grid_rows * grid_cols);
   const auto kernel = scaling_detail::best_amax_kernel();
   std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
   const bool parallel = x.rows * x.cols >= static_cast<std::int64_t>(kParallelThreshold) && grid_rows > 1;

@@ -12,6 +12,7 @@
 #include "convert/kernels.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"
+#include "kernels.hpp"
 
 namespace fp8kit {
 
@@ -96,7 +97,9 @@ std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode) 
   if (mode == MxScaleMode::kFloor) {
     // X = 2^(floor(log2(amax)) - emax_elem), emax_elem the exponent of the element format's largest normal.
     const int emax_elem = std::ilogb(max_finite(element_format));
-    code = std::ilogb(a) - emax_elem + 127;
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(a);
+    const int exponent = (bits >> 23) != 0 ? static_cast<int>(bits >> 23) - 127 : std::ilogb(a);
+    code = exponent - emax_elem + 127;
   } else {
     // amax * (1 / fp8_max) in float, as Transformer Engine computes it, rounded up to a power of two.
     const float s = a * (1.0f / static_cast<float>(max_finite(element_format)));
@@ -116,8 +119,14 @@ std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode) 
 
 namespace {
 
+// 2^e for -127 <= e <= 127, exactly, without a libm call (2^-127 is a float subnormal).
+float pow2f(int e) {
+  return e >= -126 ? std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23)
+                   : std::bit_cast<float>(0x00400000u);
+}
+
 float e8m0_value(std::uint8_t code) {
-  return code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, code - 127);
+  return code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : pow2f(code - 127);
 }
 
 // Narrow blocks (single columns, tiny blocks) go element by element; wider ones through the SIMD kernels.
@@ -146,7 +155,7 @@ void block_scale(float amax, const QuantizeOptions& options, ScaledMatrix& q, st
     const std::uint8_t code = mx_scale_code(amax, options.format, options.granularity.mx_mode);
     q.scale_e8m0[b] = code;
     q.scale_inv[b] = e8m0_value(code);
-    multiplier[b] = code == 0xFF ? q.scale_inv[b] : std::ldexp(1.0f, 127 - code);
+    multiplier[b] = code == 0xFF ? q.scale_inv[b] : pow2f(127 - code);
   } else {
     multiplier[b] = compute_scale(amax, options.format, options.scale);
     q.scale_inv[b] = dequantization_scale(multiplier[b]);
@@ -193,25 +202,47 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
     const auto& kernels = convert_detail::best_kernels();
     const EncodeSpec spec{options.format, options.overflow};
     std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
+    const bool segmented = bc % 32 == 0;
+    const auto amax_segments = scaling_detail::best_amax_segments_kernel();
     const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
     for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
       const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
       const MatrixView band{x.data + row_begin * x.cols, row_end - row_begin, x.cols};
-      const std::span<float> band_amax(multiplier.data() + gr * grid_cols,
-                                       static_cast<std::size_t>(grid_cols));
-      amax_blocks(band, br, bc, band_amax, &parts[static_cast<std::size_t>(gr)]);
+      float* band_scales = multiplier.data() + gr * grid_cols;
+      AmaxResult& part = parts[static_cast<std::size_t>(gr)];
+      if (segmented) {
+        // Blocks of a multiple of 32 columns: one amax call and one encode call per row, each block a
+        // segment.
+        std::vector<float> row_amax(static_cast<std::size_t>(grid_cols));
+        std::fill(band_scales, band_scales + grid_cols, 0.0f);
+        for (std::int64_t r = 0; r < band.rows; ++r) {
+          amax_segments(band.data + r * x.cols, static_cast<std::size_t>(x.cols),
+                        static_cast<std::size_t>(bc), row_amax.data(), part);
+          for (std::int64_t gc = 0; gc < grid_cols; ++gc)
+            band_scales[gc] = std::max(band_scales[gc], row_amax[gc]);
+        }
+      } else {
+        amax_blocks(band, br, bc, std::span<float>(band_scales, static_cast<std::size_t>(grid_cols)), &part);
+      }
       for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
         const auto b = static_cast<std::size_t>(gr * grid_cols + gc);
         block_scale(multiplier[b], options, q, multiplier, b);  // the amax slot becomes the multiplier
       }
       convert_detail::EncodeParams p = base;
       for (std::int64_t r = row_begin; r < row_end; ++r) {
+        const float* in_row = x.data + r * x.cols;
+        std::uint8_t* out_row = q.data.data() + r * x.cols;
+        if (segmented) {
+          kernels.encode_f32_segments(in_row, out_row, static_cast<std::size_t>(x.cols),
+                                      static_cast<std::size_t>(bc), band_scales, p);
+          continue;
+        }
         for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
           const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
-          const float scale = multiplier[static_cast<std::size_t>(gr * grid_cols + gc)];
-          const float* in = x.data + r * x.cols + c0;
-          std::uint8_t* out = q.data.data() + r * x.cols + c0;
+          const float scale = band_scales[gc];
+          const float* in = in_row + c0;
+          std::uint8_t* out = out_row + c0;
           if (c1 - c0 >= kKernelMinRun) {
             p.options.scale = scale;
             kernels.encode_f32(in, out, static_cast<std::size_t>(c1 - c0), p);

@@ -256,6 +256,51 @@ void encode_avx2(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
 //                  pattern is taken from the scalar codec, so the kernel cannot disagree with it on a
 //                  constant.
 // float32 output zero-extends the bfloat16 bits (every FP8 value is exactly a bfloat16).
+// Segments of a multiple of 32 elements, each with its own scale: the constants are built once per call and
+// only the scale is re-broadcast per segment.
+template <bool kE8M0, bool kSignOnZero, bool kNanFolds>
+void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
+                          const float* scales, const EncodeParams& p) {
+  EncodeConsts c(p);
+  std::size_t k = 0;
+  for (; (k + 1) * segment <= n; ++k) {
+    c.scale = _mm256_set1_ps(scales[k]);
+    const float* x = in + k * segment;
+    std::uint8_t* o = out + k * segment;
+    for (std::size_t i = 0; i < segment; i += 32) {
+      const __m256 x0 = load8(x + i), x1 = load8(x + i + 8), x2 = load8(x + i + 16), x3 = load8(x + i + 24);
+      if constexpr (kE8M0) {
+        store256<false>(o + i, encode32_e8m0<true>(x0, x1, x2, x3, c));
+      } else {
+        store256<false>(o + i, encode32<true, kSignOnZero, kNanFolds>(x0, x1, x2, x3, c));
+      }
+    }
+  }
+  if (k * segment < n)
+    encode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scales + k, p);
+}
+
+void encode_segments_avx2(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
+                          const float* scales, const EncodeParams& p) {
+  if (segment == 0 || segment % 32 != 0 || p.options.rounding != Rounding::kNearestEven) {
+    encode_segments_tail(in, out, n, segment, scales, p);
+    return;
+  }
+  if (p.options.format == Format::e8m0fnu)
+    return encode_segments_body<true, false, false>(in, out, n, segment, scales, p);
+  const bool nan_folds = p.nan_code == p.overflow_code;
+  switch ((p.sign_on_zero ? 1 : 0) | (nan_folds ? 2 : 0)) {
+    case 0:
+      return encode_segments_body<false, false, false>(in, out, n, segment, scales, p);
+    case 1:
+      return encode_segments_body<false, true, false>(in, out, n, segment, scales, p);
+    case 2:
+      return encode_segments_body<false, false, true>(in, out, n, segment, scales, p);
+    default:
+      return encode_segments_body<false, true, true>(in, out, n, segment, scales, p);
+  }
+}
+
 struct Decode16Consts {
   Decode16Consts(Format format, bool to_f16) {
     const FormatDescriptor& d = descriptor(format);
@@ -409,6 +454,7 @@ const KernelTable* avx2_kernels() {
   static const KernelTable table{
       "avx2",
       &encode_avx2<float>,
+      &encode_segments_avx2,
       &encode_avx2<bfloat16>,
       &encode_avx2<float16>,
       &decode_avx2<float>,

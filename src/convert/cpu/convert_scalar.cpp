@@ -1,5 +1,6 @@
 // The scalar conversion kernels: the codec of codec.hpp applied element by element. This is the reference the
 // SIMD kernels are compared with, and the path for stochastic rounding.
+#include <algorithm>
 #include <bit>
 
 #include "../kernels.hpp"
@@ -91,10 +92,20 @@ void decode_tail(const std::uint8_t* in, float16* out, std::size_t n, const Deco
   decode_loop(in, out, n, p);
 }
 
+void encode_segments_tail(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
+                          const float* scales, const EncodeParams& p) {
+  EncodeParams q = p;
+  for (std::size_t k = 0; k * segment < n; ++k) {
+    q.options.scale = scales[k];
+    encode_loop(in + k * segment, out + k * segment, std::min(segment, n - k * segment), q);
+  }
+}
+
 const KernelTable& scalar_kernels() {
   static const KernelTable table{
       "scalar",
       &encode_loop<float>,
+      &encode_segments_tail,
       &encode_loop<bfloat16>,
       &encode_loop<float16>,
       &decode_loop<float>,
