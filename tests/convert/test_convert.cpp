@@ -101,6 +101,33 @@ TEST(Convert, EncodeFloat16MatchesScalar) {
   check_encode<float16>(&KernelTable::encode_f16);
 }
 
+// Per-segment scales (block quantization): every table against the scalar one, full and partial segments.
+TEST(Convert, EncodeSegmentsMatchesScalar) {
+  const auto x = test_floats(4096 + 77, 21);
+  for (const KernelTable* table : fast_tables()) {
+    for (Format f : kAllFormats) {
+      for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+        const auto params = convert_detail::make_encode_params(CastOptions{f, o});
+        for (std::size_t segment : {std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{48}, std::size_t{7}}) {
+          for (std::size_t n : {std::size_t{0}, std::size_t{31}, std::size_t{32}, std::size_t{1000}, x.size()}) {
+            std::vector<float> scales((n + segment - 1) / segment + 1);
+            for (std::size_t k = 0; k < scales.size(); ++k) scales[k] = k % 3 == 0 ? 1.0f : 0.37f * static_cast<float>(k + 1);
+            std::vector<std::uint8_t> want(n), got(n);
+            convert_detail::scalar_kernels().encode_f32_segments(x.data(), want.data(), n, segment, scales.data(), params);
+            table->encode_f32_segments(x.data(), got.data(), n, segment, scales.data(), params);
+            ASSERT_EQ(want, got) << table->isa << " " << name(f) << " segment " << segment << " n " << n;
+            // and the scalar table is the codec applied with each segment's scale
+            for (std::size_t i = 0; i < n; ++i) {
+              const float s = scales[i / segment];
+              ASSERT_EQ(want[i], encode(s == 1.0f ? x[i] : x[i] * s, EncodeSpec{f, o})) << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // All 2^16 bfloat16 and float16 inputs, every format and policy.
 TEST(Convert, EveryHalfInput) {
   std::vector<bfloat16> bf(65536);
