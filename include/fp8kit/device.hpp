@@ -1,5 +1,5 @@
-// Where a tensor's storage lives: the CPU now, CUDA devices later. Only the CPU allocates in this build; asking
-// for a CUDA device is a clear Error(kUnsupported), never a silent fallback.
+// Where a tensor's storage lives: the CPU now, CUDA devices later. Only the CPU allocates in this build;
+// asking for a CUDA device is a clear Error(kUnsupported), never a silent fallback.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +24,8 @@ std::string to_string(const Device& device);
 // Whether this build can allocate on `device` (the CPU only, for now).
 bool is_available(const Device& device);
 
-// Throws Error(kUnsupported) naming the device when this build cannot allocate on it ("this build of fp8kit has
-// no CUDA backend").
+// Throws Error(kUnsupported) naming the device when this build cannot allocate on it ("this build of fp8kit
+// has no CUDA backend").
 void check_available(const Device& device);
 
 }  // namespace fp8kit

@@ -1,5 +1,5 @@
-// Tensor element types: the DType registry (size, PyTorch name, kind, FP8 format) and the process-wide default
-// dtype, which only a floating type with arithmetic of its own (never FP8) may be.
+// Tensor element types: the DType registry (size, PyTorch name, kind, FP8 format) and the process-wide
+// default dtype, which only a floating type with arithmetic of its own (never FP8) may be.
 #pragma once
 
 #include <array>
@@ -44,9 +44,9 @@ enum class DTypeKind : std::uint8_t {
 // One row of the registry; everything else about a dtype is derived from it.
 struct DTypeInfo {
   DType dtype;
-  std::string_view name;      // as PyTorch prints it, without "torch."
+  std::string_view name;        // as PyTorch prints it, without "torch."
   std::string_view short_name;  // fp8kit's spelling: "f32", "bf16", "e4m3fn", "i64", "bool"
-  int size;                   // bytes per element
+  int size;                     // bytes per element
   DTypeKind kind;
   Format format;  // kFp8 only (ignored otherwise)
 };
@@ -76,13 +76,25 @@ inline constexpr std::array<DType, kDTypeInfos.size()> kAllDTypes = [] {
   return all;
 }();
 
-constexpr const DTypeInfo& info(DType d) { return kDTypeInfos[static_cast<int>(d)]; }
-constexpr int element_size(DType d) { return info(d).size; }
+constexpr const DTypeInfo& info(DType d) {
+  return kDTypeInfos[static_cast<int>(d)];
+}
+constexpr int element_size(DType d) {
+  return info(d).size;
+}
 // "float32", "float8_e4m3fn", "bfloat16", "int64", "bool": what PyTorch prints after "torch.".
-constexpr std::string_view name(DType d) { return info(d).name; }
-constexpr bool is_floating(DType d) { return info(d).kind == DTypeKind::kFloat || info(d).kind == DTypeKind::kFp8; }
-constexpr bool is_fp8(DType d) { return info(d).kind == DTypeKind::kFp8; }
-constexpr bool is_integral(DType d) { return info(d).kind == DTypeKind::kInt; }
+constexpr std::string_view name(DType d) {
+  return info(d).name;
+}
+constexpr bool is_floating(DType d) {
+  return info(d).kind == DTypeKind::kFloat || info(d).kind == DTypeKind::kFp8;
+}
+constexpr bool is_fp8(DType d) {
+  return info(d).kind == DTypeKind::kFp8;
+}
+constexpr bool is_integral(DType d) {
+  return info(d).kind == DTypeKind::kInt;
+}
 
 // The FP8 format of an FP8 dtype; nothing for every other dtype.
 constexpr std::optional<Format> fp8_format(DType d) {
@@ -98,37 +110,52 @@ constexpr DType dtype_of(Format f) {
 }
 
 // Accepts PyTorch's names with or without "torch." ("float32", "torch.bfloat16", "float8_e4m3fn", "bool"),
-// PyTorch's aliases (float, double, half, short, int, long), fp8kit's short names (f32, f64, f16, bf16, e4m3fn,
-// e5m2, ..., i8, u8, i16, i32, i64). Case-sensitive.
+// PyTorch's aliases (float, double, half, short, int, long), fp8kit's short names (f32, f64, f16, bf16,
+// e4m3fn, e5m2, ..., i8, u8, i16, i32, i64). Case-sensitive.
 std::optional<DType> parse_dtype(std::string_view text);
 
-// The C++ type whose values a dtype's elements are. FP8 codes are std::uint8_t (or float8<F>, which also says the
-// format); bool_ is bool.
+// The C++ type whose values a dtype's elements are. FP8 codes are std::uint8_t (or float8<F>, which also says
+// the format); bool_ is bool.
 template <typename T>
-concept ElementType =
-    std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, float16> ||
+concept ElementType = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, float16> ||
     std::same_as<T, bfloat16> || std::same_as<T, std::int8_t> || std::same_as<T, std::uint8_t> ||
     std::same_as<T, std::int16_t> || std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
     std::same_as<T, bool> || std::same_as<T, float8_e4m3fn> || std::same_as<T, float8_e5m2> ||
     std::same_as<T, float8_e4m3fnuz> || std::same_as<T, float8_e5m2fnuz> || std::same_as<T, float8_e8m0fnu>;
 
 // The dtype a C++ element type stands for (std::uint8_t: uint8; it is also accepted for every FP8 dtype).
+namespace detail {
+template <typename T>
+inline constexpr DType kDTypeFor = dtype_of(T::format);  // float8<F>
+template <>
+inline constexpr DType kDTypeFor<float> = DType::float32;
+template <>
+inline constexpr DType kDTypeFor<double> = DType::float64;
+template <>
+inline constexpr DType kDTypeFor<float16> = DType::float16;
+template <>
+inline constexpr DType kDTypeFor<bfloat16> = DType::bfloat16;
+template <>
+inline constexpr DType kDTypeFor<std::int8_t> = DType::int8;
+template <>
+inline constexpr DType kDTypeFor<std::uint8_t> = DType::uint8;
+template <>
+inline constexpr DType kDTypeFor<std::int16_t> = DType::int16;
+template <>
+inline constexpr DType kDTypeFor<std::int32_t> = DType::int32;
+template <>
+inline constexpr DType kDTypeFor<std::int64_t> = DType::int64;
+template <>
+inline constexpr DType kDTypeFor<bool> = DType::bool_;
+}  // namespace detail
+
 template <ElementType T>
 constexpr DType dtype_for() {
-  if constexpr (std::same_as<T, float>) return DType::float32;
-  else if constexpr (std::same_as<T, double>) return DType::float64;
-  else if constexpr (std::same_as<T, float16>) return DType::float16;
-  else if constexpr (std::same_as<T, bfloat16>) return DType::bfloat16;
-  else if constexpr (std::same_as<T, std::int8_t>) return DType::int8;
-  else if constexpr (std::same_as<T, std::uint8_t>) return DType::uint8;
-  else if constexpr (std::same_as<T, std::int16_t>) return DType::int16;
-  else if constexpr (std::same_as<T, std::int32_t>) return DType::int32;
-  else if constexpr (std::same_as<T, std::int64_t>) return DType::int64;
-  else if constexpr (std::same_as<T, bool>) return DType::bool_;
-  else return dtype_of(T::format);  // float8<F>
+  return detail::kDTypeFor<T>;
 }
 
-// Whether data<T>() may view elements of dtype d: T's own dtype, or std::uint8_t for any FP8 dtype (raw codes).
+// Whether data<T>() may view elements of dtype d: T's own dtype, or std::uint8_t for any FP8 dtype (raw
+// codes).
 template <ElementType T>
 constexpr bool accepts(DType d) {
   return d == dtype_for<T>() || (std::same_as<T, std::uint8_t> && is_fp8(d));

@@ -8,8 +8,8 @@
 
 namespace fp8kit {
 
-// Bytes held by tensor storages. Each storage counts the bytes it really allocates: its nbytes rounded up to a
-// multiple of 64 (storages are 64-byte aligned and padded); an empty tensor allocates nothing.
+// Bytes held by tensor storages. Each storage counts the bytes it really allocates: its nbytes rounded up to
+// a multiple of 64 (storages are 64-byte aligned and padded); an empty tensor allocates nothing.
 struct MemoryStats {
   std::int64_t current_bytes = 0;  // held now
   std::int64_t peak_bytes = 0;     // the most held at once since start-up or the last reset_peak_memory()

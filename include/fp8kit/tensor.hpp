@@ -1,5 +1,5 @@
-// Tensor: an owning, contiguous, row-major array with a dtype, a shape and a device; its factories, conversions
-// between dtypes (FP8 included, through the exact codecs) and printing in PyTorch's style.
+// Tensor: an owning, contiguous, row-major array with a dtype, a shape and a device; its factories,
+// conversions between dtypes (FP8 included, through the exact codecs) and printing in PyTorch's style.
 #pragma once
 
 #include <cstddef>
@@ -47,10 +47,10 @@ class Tensor {
   DType dtype() const noexcept { return dtype_; }
   Device device() const noexcept { return device_; }
 
-  // Typed access to the elements, checked against the dtype: T must be the dtype's C++ type (float for float32,
-  // bfloat16, float16, std::int64_t for int64, bool for bool_, ...). FP8 codes are read as std::uint8_t or as
-  // float8<F> of the tensor's format. A mismatch throws Error(kInvalidArgument) naming both dtypes. An empty
-  // tensor may return nullptr.
+  // Typed access to the elements, checked against the dtype: T must be the dtype's C++ type (float for
+  // float32, bfloat16, float16, std::int64_t for int64, bool for bool_, ...). FP8 codes are read as
+  // std::uint8_t or as float8<F> of the tensor's format. A mismatch throws Error(kInvalidArgument) naming
+  // both dtypes. An empty tensor may return nullptr.
   template <ElementType T>
   T* data() {
     check_access<T>("data");
@@ -86,20 +86,24 @@ class Tensor {
   Tensor clone() const;
 
   // Conversion to another dtype, element by element, each value rounded once from its exact value:
-  //   float <-> FP8: the exact codecs (cast_to_fp8 / cast_from_fp8 for float32, bfloat16 and float16; encode on
+  //   float <-> FP8: the exact codecs (cast_to_fp8 / cast_from_fp8 for float32, bfloat16 and float16; encode
+  //   on
   //     the exact double for float64 and for FP8 -> FP8, which decodes exactly and encodes once). `overflow`
-  //     only matters for an FP8 target; the default, kNonSaturating, is PyTorch eager .to() (+-Inf for e5m2, NaN
-  //     for the formats without Inf); kSaturate clamps to the largest finite value (Transformer Engine, torchao).
-  //   float <-> float: round to nearest even once (float64 -> float16 and bfloat16 do not round through float32).
-  //   float -> integer: truncation toward zero (as torch); NaN becomes 0 and out-of-range values the type's
+  //     only matters for an FP8 target; the default, kNonSaturating, is PyTorch eager .to() (+-Inf for e5m2,
+  //     NaN for the formats without Inf); kSaturate clamps to the largest finite value (Transformer Engine,
+  //     torchao).
+  //   float <-> float: round to nearest even once (float64 -> float16 and bfloat16 do not round through
+  //   float32). float -> integer: truncation toward zero (as torch); NaN becomes 0 and out-of-range values
+  //   the type's
   //     minimum or maximum (C++ leaves them undefined; fp8kit defines them).
   //   integer -> float: round to nearest even once; integer -> integer: C++ conversion (modulo 2^bits).
   //   anything -> bool: nonzero is true (NaN is true); bool -> anything: 0 or 1.
-  // Converting to the tensor's own dtype returns a tensor sharing its storage, as PyTorch does (clone() copies).
+  // Converting to the tensor's own dtype returns a tensor sharing its storage, as PyTorch does (clone()
+  // copies).
   Tensor to(DType dtype, Overflow overflow = Overflow::kNonSaturating) const;
 
-  // The value of one element (row-major flat index), exactly for every dtype but int64 beyond 2^53 (rounded to
-  // nearest even). For tests and printing, not for loops.
+  // The value of one element (row-major flat index), exactly for every dtype but int64 beyond 2^53 (rounded
+  // to nearest even). For tests and printing, not for loops.
   double item_as_double(std::int64_t flat_index) const;
 
  private:
@@ -136,37 +140,42 @@ Tensor full(Shape shape, double value, DType dtype = default_dtype(), Device dev
 // (PyTorch's torch.tensor(values, dtype=...): non-saturating for FP8). tensor({1.0, 1.5, 1.25},
 // DType::float8_e4m3fn).
 Tensor tensor(std::initializer_list<double> values, DType dtype = default_dtype());
+// A 1-d tensor of the values.
+Tensor tensor(std::span<const double> values, DType dtype = default_dtype());
 // The values in row-major order with a shape whose numel is values.size().
 Tensor tensor(std::span<const double> values, Shape shape, DType dtype = default_dtype());
 // A 0-d tensor.
 Tensor scalar_tensor(double value, DType dtype = default_dtype());
 
 // Seeded random tensors of a floating, non-FP8 dtype (for FP8, create in float32 and convert with to()).
-// Counter-based: element i depends only on (seed, i), so the result does not depend on threads and a prefix of a
-// larger tensor equals a smaller tensor with the same seed. Algorithm (fixed; see docs/tensor.md):
-//   rand:  64 bits from stochastic_bits(seed, 2i) (high) and stochastic_bits(seed, 2i+1) (low); their top p bits
+// Counter-based: element i depends only on (seed, i), so the result does not depend on threads and a prefix
+// of a larger tensor equals a smaller tensor with the same seed. Algorithm (fixed; see docs/tensor.md):
+//   rand:  64 bits from stochastic_bits(seed, 2i) (high) and stochastic_bits(seed, 2i+1) (low); their top p
+//   bits
 //          k give k * 2^-p, with p the dtype's significand precision (float32 24, float64 53, float16 11,
 //          bfloat16 8): uniform on [0, 1), never 1, exact in the dtype.
-//   randn: Box-Muller on element pairs (2j, 2j+1): u1 = (k1 + 1) * 2^-53 from counters (4j, 4j+1), u2 = k2 * 2^-53
-//          from (4j+2, 4j+3); r = sqrt(-2 ln u1); element 2j is r cos(2 pi u2), element 2j+1 is r sin(2 pi u2),
-//          computed in double and rounded once to the dtype.
+//   randn: Box-Muller on element pairs (2j, 2j+1): u1 = (k1 + 1) * 2^-53 from counters (4j, 4j+1), u2 = k2 *
+//   2^-53
+//          from (4j+2, 4j+3); r = sqrt(-2 ln u1); element 2j is r cos(2 pi u2), element 2j+1 is r sin(2 pi
+//          u2), computed in double and rounded once to the dtype.
 Tensor rand(Shape shape, std::uint64_t seed, DType dtype = default_dtype());
 Tensor randn(Shape shape, std::uint64_t seed, DType dtype = default_dtype());
 
 // ---------------------------------------------------------------- printing
 // PyTorch's printing options (torch.set_printoptions), passed explicitly instead of set globally.
 struct PrintOptions {
-  int precision = 4;                // digits after the decimal point
-  std::int64_t threshold = 1000;    // summarize tensors with more elements than this
-  int edgeitems = 3;                // elements kept at each end of a summarized dimension (>= 1)
-  int linewidth = 80;               // characters per line before wrapping
-  std::optional<bool> sci_mode;     // force scientific notation on or off; by default chosen from the values
+  int precision = 4;              // digits after the decimal point
+  std::int64_t threshold = 1000;  // summarize tensors with more elements than this
+  int edgeitems = 3;              // elements kept at each end of a summarized dimension (>= 1)
+  int linewidth = 80;             // characters per line before wrapping
+  std::optional<bool> sci_mode;   // force scientific notation on or off; by default chosen from the values
 };
 
-// As PyTorch's repr: "tensor([1.0000, 1.5000, 1.2500], dtype=float8_e4m3fn)". float16, bfloat16 and FP8 values
-// are printed as their float32 values; integer mode ("1.", "2."), fixed ("1.5000") or scientific ("1.0000e-05")
-// from the nonzero finite values; nan, inf, -inf; right-aligned columns; summarization with "..."; wrapping at
-// the line width; no dtype suffix for the default dtype, int64 and bool (dtype names without "torch.").
+// As PyTorch's repr: "tensor([1.0000, 1.5000, 1.2500], dtype=float8_e4m3fn)". float16, bfloat16 and FP8
+// values are printed as their float32 values; integer mode ("1.", "2."), fixed ("1.5000") or scientific
+// ("1.0000e-05") from the nonzero finite values; nan, inf, -inf; right-aligned columns; summarization with
+// "..."; wrapping at the line width; no dtype suffix for the default dtype, int64 and bool (dtype names
+// without "torch.").
 std::string to_string(const Tensor& t, const PrintOptions& options = {});
 std::ostream& operator<<(std::ostream& out, const Tensor& t);
 
