@@ -1,11 +1,20 @@
 // Everything public in fp8kit, in one include.
 #pragma once
 
+#include "fp8kit/amax.hpp"
 #include "fp8kit/codec.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
+#include "fp8kit/device.hpp"
+#include "fp8kit/dtype.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/float8.hpp"
 #include "fp8kit/format.hpp"
 #include "fp8kit/half.hpp"
+#include "fp8kit/memory.hpp"
+#include "fp8kit/npy.hpp"
+#include "fp8kit/quantize.hpp"
+#include "fp8kit/recipe.hpp"
+#include "fp8kit/scale.hpp"
+#include "fp8kit/tensor.hpp"
 #include "fp8kit/version.hpp"

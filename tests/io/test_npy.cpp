@@ -19,8 +19,10 @@ std::vector<std::byte> make_npy(const std::string& dict, const void* data, std::
   header += '\n';
   std::vector<std::byte> out;
   auto put = [&](const void* p, std::size_t n) {
-    const auto* b = static_cast<const std::byte*>(p);
-    out.insert(out.end(), b, b + n);
+    if (n == 0) return;
+    const std::size_t at = out.size();
+    out.resize(at + n);
+    std::memcpy(out.data() + at, p, n);
   };
   const unsigned char magic[] = {0x93, 'N', 'U', 'M', 'P', 'Y', static_cast<unsigned char>(major), 0};
   put(magic, 8);

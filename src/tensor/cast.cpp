@@ -1,0 +1,60 @@
+// Tensor::to: conversion between any two dtypes. float32/bfloat16/float16 <-> FP8 run on the bulk SIMD
+// kernels (bit-identical to the scalar codec); every other pair goes element by element through
+// convert_element.
+#include <cstdint>
+#include <span>
+
+#include "fp8kit/convert.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/tensor.hpp"
+#include "tensor/element.hpp"
+
+namespace fp8kit {
+namespace {
+
+// Arrays at least this long are split over threads in the element-wise path.
+constexpr std::int64_t kParallelThreshold = std::int64_t{1} << 16;
+
+template <typename T>
+constexpr bool kHasBulkKernel =
+    std::same_as<T, float> || std::same_as<T, bfloat16> || std::same_as<T, float16>;
+
+template <typename S, typename D>
+void convert_elements(const S* in, D* out, std::int64_t n, Overflow overflow) {
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = detail::convert_element<D>(in[i], overflow);
+}
+
+template <typename S, typename D>
+void convert(const Tensor& src, Tensor& dst, Overflow overflow) {
+  const auto n = static_cast<std::size_t>(src.numel());
+  const S* in = reinterpret_cast<const S*>(src.raw());
+  D* out = reinterpret_cast<D*>(dst.raw());
+  if constexpr (kHasBulkKernel<S> && detail::Fp8Element<D>) {
+    cast_to_fp8(std::span<const S>(in, n), std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out), n),
+                CastOptions{D::format, overflow});
+  } else if constexpr (detail::Fp8Element<S> && kHasBulkKernel<D>) {
+    cast_from_fp8(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(in), n), S::format,
+                  std::span<D>(out, n));
+  } else {
+    convert_elements(in, out, src.numel(), overflow);
+  }
+}
+
+}  // namespace
+
+Tensor Tensor::to(DType dtype, Overflow overflow) const {
+  if (dtype == dtype_) return *this;
+  Tensor out = empty(shape_, dtype, device_);
+  if (numel_ == 0) return out;
+  detail::visit_dtype(dtype_, [&](auto src_tag) {
+    detail::visit_dtype(dtype, [&](auto dst_tag) {
+      using S = typename decltype(src_tag)::type;
+      using D = typename decltype(dst_tag)::type;
+      convert<S, D>(*this, out, overflow);
+    });
+  });
+  return out;
+}
+
+}  // namespace fp8kit

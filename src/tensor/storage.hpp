@@ -1,0 +1,36 @@
+// A tensor's storage: one 64-byte-aligned allocation, shared by every Tensor that views it and freed with the
+// last; each allocation and free updates the device's MemoryStats.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fp8kit/device.hpp"
+
+namespace fp8kit::detail {
+
+class Storage {
+ public:
+  static constexpr std::size_t kAlignment = 64;
+
+  // nbytes may be 0 (no allocation). Throws Error(kUnsupported) for a device this build cannot allocate on.
+  Storage(std::int64_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  std::byte* data() const noexcept { return data_; }
+  std::int64_t nbytes() const noexcept { return nbytes_; }
+  // What the allocation really holds (nbytes rounded up to a multiple of kAlignment), as MemoryStats counts
+  // it.
+  std::int64_t allocated_bytes() const noexcept { return allocated_; }
+  Device device() const noexcept { return device_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::int64_t nbytes_ = 0;
+  std::int64_t allocated_ = 0;
+  Device device_;
+};
+
+}  // namespace fp8kit::detail
