@@ -1,0 +1,45 @@
+// ScaledTensor: Tensor-level quantize/dequantize on top of the matrix quantizer.
+#include "fp8kit/scaled_tensor.hpp"
+
+#include <cstring>
+
+#include "fp8kit/error.hpp"
+
+namespace fp8kit {
+
+Tensor ScaledTensor::data() const {
+  Tensor t = empty(shape, dtype_of(matrix.format));
+  if (!matrix.data.empty()) std::memcpy(t.raw(), matrix.data.data(), matrix.data.size());
+  return t;
+}
+
+Tensor ScaledTensor::scale_inv() const {
+  Tensor t = empty(Shape{matrix.grid_rows(), matrix.grid_cols()}, DType::float32);
+  if (!matrix.scale_inv.empty())
+    std::memcpy(t.raw(), matrix.scale_inv.data(), matrix.scale_inv.size() * sizeof(float));
+  return t;
+}
+
+ScaledTensor quantize(const Tensor& x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
+  FP8KIT_CHECK(is_floating(x.dtype()) && !is_fp8(x.dtype()), "quantize: the input is ", name(x.dtype()),
+               "; quantize a float32, bfloat16, float16 or float64 tensor (convert with .to(float32) first)");
+  const Tensor f32 = x.to(DType::float32);  // shares storage when x is already float32
+  const View2d v = x.view2d();
+  ScaledTensor q;
+  q.shape = x.shape();
+  q.original_dtype = x.dtype();
+  const MatrixView view{f32.data<float>(), x.numel() == 0 ? 0 : v.rows, x.numel() == 0 ? 0 : v.cols};
+  quantize_into(view, options, q.matrix, diagnostics);
+  return q;
+}
+
+Tensor dequantize(const ScaledTensor& q, std::optional<DType> dtype) {
+  const DType target = dtype.value_or(q.original_dtype);
+  FP8KIT_CHECK(is_floating(target) && !is_fp8(target), "dequantize: the target dtype is ", name(target),
+               "; dequantize to float32, bfloat16, float16 or float64");
+  Tensor out = empty(q.shape, DType::float32);
+  dequantize(q.matrix, out.span<float>());
+  return out.to(target);
+}
+
+}  // namespace fp8kit
