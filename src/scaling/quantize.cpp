@@ -205,7 +205,8 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
     const bool segmented = bc % 32 == 0;
     const auto amax_segments = scaling_detail::best_amax_segments_kernel();
     const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    // Bands are equal in size: a static split costs nothing per band (bands can be a single short row).
+#pragma omp parallel for schedule(static) if (parallel)
     for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
       const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
       const MatrixView band{x.data + row_begin * x.cols, row_end - row_begin, x.cols};
@@ -214,7 +215,8 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
       if (segmented) {
         // Blocks of a multiple of 32 columns: one amax call and one encode call per row, each block a
         // segment.
-        std::vector<float> row_amax(static_cast<std::size_t>(grid_cols));
+        thread_local std::vector<float> row_amax;
+        row_amax.resize(static_cast<std::size_t>(grid_cols));
         std::fill(band_scales, band_scales + grid_cols, 0.0f);
         for (std::int64_t r = 0; r < band.rows; ++r) {
           amax_segments(band.data + r * x.cols, static_cast<std::size_t>(x.cols),
