@@ -313,7 +313,7 @@ void dequantize(const ScaledMatrix& q, std::span<float> out) {
                " block grid");
   const auto& kernels = convert_detail::best_kernels();
   const bool parallel = q.rows * q.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+#pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
     const std::int64_t row_end = std::min(q.rows, (gr + 1) * br);
     for (std::int64_t r = gr * br; r < row_end; ++r) {
