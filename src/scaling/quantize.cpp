@@ -311,6 +311,11 @@ void dequantize(const ScaledMatrix& q, std::span<float> out) {
   FP8KIT_CHECK(static_cast<std::int64_t>(q.scale_inv.size()) == grid_rows * grid_cols,
                "dequantize: ", q.scale_inv.size(), " scales for a ", grid_rows, "x", grid_cols,
                " block grid");
+  if (grid_rows * grid_cols == 1) {
+    // One scale: the threaded, streaming bulk decode over everything.
+    cast_from_fp8(q.data, q.format, out, q.scale_inv[0]);
+    return;
+  }
   const auto& kernels = convert_detail::best_kernels();
   const bool parallel = q.rows * q.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
 #pragma omp parallel for schedule(static) if (parallel)
