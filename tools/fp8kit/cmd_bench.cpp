@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -55,17 +56,40 @@ struct BenchConvertArgs {
   int reps = 11;
 };
 
-void run_bench_convert(const BenchConvertArgs& args) {
-  bench::ConvertBenchOptions options;
+// The options every benchmark shares, validated, copied into its own options struct.
+template <typename Options>
+Options common_options(const BenchConvertArgs& args) {
+  if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
+  Options options;
   options.bytes = parse_size(args.bytes);
   options.reps = args.reps;
-  if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
   options.threads = thread_counts(args.threads);
-  const bool show_progress = stderr_is_terminal();
-  const auto results = bench::run_convert_bench(options, [&](int done, int total) {
-    if (show_progress) std::fprintf(stderr, "\rbench convert: %d/%d", done, total);
-  });
-  if (show_progress) std::fprintf(stderr, "\r\033[K");
+  return options;
+}
+
+// "bench NAME: done/total" on stderr while a benchmark runs, only on a terminal; erased at the end.
+class Progress {
+ public:
+  explicit Progress(std::string name) : name_(std::move(name)), shown_(stderr_is_terminal()) {}
+  ~Progress() {
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+  }
+  void operator()(int done, int total) const {
+    if (shown_) std::fprintf(stderr, "\rbench %s: %d/%d", name_.c_str(), done, total);
+  }
+
+ private:
+  std::string name_;
+  bool shown_;
+};
+
+void run_bench_convert(const BenchConvertArgs& args) {
+  const auto options = common_options<bench::ConvertBenchOptions>(args);
+  std::vector<bench::ConvertResult> results;
+  {
+    const Progress progress("convert");
+    results = bench::run_convert_bench(options, std::cref(progress));
+  }
   const std::string cpu = cpu_features().brand;
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
@@ -100,16 +124,12 @@ void run_bench_convert(const BenchConvertArgs& args) {
 }
 
 void run_bench_scaling(const BenchConvertArgs& args) {
-  bench::ScalingBenchOptions options;
-  options.bytes = parse_size(args.bytes);
-  if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
-  options.reps = args.reps;
-  options.threads = thread_counts(args.threads);
-  const bool show_progress = stderr_is_terminal();
-  const auto results = bench::run_scaling_bench(options, [&](int done, int total) {
-    if (show_progress) std::fprintf(stderr, "\rbench scaling: %d/%d", done, total);
-  });
-  if (show_progress) std::fprintf(stderr, "\r\033[K");
+  const auto options = common_options<bench::ScalingBenchOptions>(args);
+  std::vector<bench::ScalingResult> results;
+  {
+    const Progress progress("scaling");
+    results = bench::run_scaling_bench(options, std::cref(progress));
+  }
   const std::string cpu = cpu_features().brand;
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
