@@ -1,9 +1,11 @@
-// AVX2 amax: |x| as integer bits (finite magnitudes order like unsigned integers), four max accumulators, and
-// NaN/Inf counted in 32-bit lanes, flushed to 64-bit totals every 2^24 vectors.
+// AVX2 amax: |x| as integer bits (finite magnitudes order like unsigned integers, NaN and Inf above them),
+// two max accumulators, non-finite elements counted in 32-bit lanes and split into NaN and Inf only when
+// there are any.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 #include "../kernels.hpp"
 #include "fp8kit/cpu.hpp"
@@ -25,42 +27,45 @@ std::uint32_t lane_max(__m256i v) {
   return *std::max_element(lanes, lanes + 8);
 }
 
+// One vector's step: finite magnitudes into the max, non-finite (|x| >= Inf as integers) counted.
+inline void step(__m256i a, __m256i largest_finite, __m256i& max, __m256i& nonfinite) {
+  const __m256i bad = _mm256_cmpgt_epi32(a, largest_finite);
+  max = _mm256_max_epu32(max, _mm256_andnot_si256(bad, a));
+  nonfinite = _mm256_sub_epi32(nonfinite, bad);
+}
+
+// Only when something was not finite: split the count into NaN and Inf (a second, scalar look at the data).
+void split_nonfinite(const float* x, std::size_t n, std::uint64_t nonfinite, AmaxResult& acc) {
+  if (nonfinite == 0) return;
+  std::uint64_t infs = 0;
+  for (std::size_t i = 0; i < n; ++i) infs += std::isinf(x[i]) ? 1 : 0;
+  acc.inf_count += infs;
+  acc.nan_count += nonfinite - infs;
+}
+
 void amax_avx2(const float* x, std::size_t n, AmaxResult& acc) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
-  const __m256i inf = _mm256_set1_epi32(0x7F800000);
-  __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
+  const __m256i largest_finite = _mm256_set1_epi32(0x7F7FFFFF);
+  __m256i m0 = _mm256_setzero_si256(), m1 = m0;
+  std::uint64_t nonfinite = 0;
   std::size_t i = 0;
   constexpr std::size_t kFlush = std::size_t{32} << 24;  // elements per counter flush (lanes stay below 2^31)
   while (n - i >= 32) {
-    __m256i nans = _mm256_setzero_si256(), infs = nans;
+    __m256i bad0 = _mm256_setzero_si256(), bad1 = bad0;
     const std::size_t end = i + std::min(kFlush, (n - i) / 32 * 32);
     for (; i < end; i += 32) {
-      const __m256i a0 =
-          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask);
-      const __m256i a1 =
-          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), abs_mask);
-      const __m256i a2 =
-          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 16)), abs_mask);
-      const __m256i a3 =
-          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 24)), abs_mask);
-      // finite magnitudes are < inf as integers; NaN and Inf contribute 0 to the maximum and 1 to their
-      // counter
-      m0 = _mm256_max_epu32(m0, _mm256_and_si256(a0, _mm256_cmpgt_epi32(inf, a0)));
-      m1 = _mm256_max_epu32(m1, _mm256_and_si256(a1, _mm256_cmpgt_epi32(inf, a1)));
-      m2 = _mm256_max_epu32(m2, _mm256_and_si256(a2, _mm256_cmpgt_epi32(inf, a2)));
-      m3 = _mm256_max_epu32(m3, _mm256_and_si256(a3, _mm256_cmpgt_epi32(inf, a3)));
-      nans = _mm256_sub_epi32(
-          nans, _mm256_add_epi32(_mm256_add_epi32(_mm256_cmpgt_epi32(a0, inf), _mm256_cmpgt_epi32(a1, inf)),
-                                 _mm256_add_epi32(_mm256_cmpgt_epi32(a2, inf), _mm256_cmpgt_epi32(a3, inf))));
-      infs = _mm256_sub_epi32(
-          infs, _mm256_add_epi32(_mm256_add_epi32(_mm256_cmpeq_epi32(a0, inf), _mm256_cmpeq_epi32(a1, inf)),
-                                 _mm256_add_epi32(_mm256_cmpeq_epi32(a2, inf), _mm256_cmpeq_epi32(a3, inf))));
+      auto load = [&](std::size_t k) {
+        return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + k)), abs_mask);
+      };
+      step(load(0), largest_finite, m0, bad0);
+      step(load(8), largest_finite, m1, bad1);
+      step(load(16), largest_finite, m0, bad0);
+      step(load(24), largest_finite, m1, bad1);
     }
-    acc.nan_count += lane_sum(nans);
-    acc.inf_count += lane_sum(infs);
+    nonfinite += lane_sum(_mm256_add_epi32(bad0, bad1));
   }
-  const std::uint32_t bits = lane_max(_mm256_max_epu32(_mm256_max_epu32(m0, m1), _mm256_max_epu32(m2, m3)));
-  acc.amax = std::max(acc.amax, std::bit_cast<float>(bits));
+  split_nonfinite(x, i, nonfinite, acc);
+  acc.amax = std::max(acc.amax, std::bit_cast<float>(lane_max(_mm256_max_epu32(m0, m1))));
   amax_scalar(x + i, n - i, acc);
 }
 
@@ -72,21 +77,20 @@ void amax_segments_avx2(const float* x, std::size_t n, std::size_t segment, floa
     return;
   }
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
-  const __m256i inf = _mm256_set1_epi32(0x7F800000);
+  const __m256i largest_finite = _mm256_set1_epi32(0x7F7FFFFF);
   constexpr std::size_t kFlush = std::size_t{8} << 24;  // elements per counter flush
-  __m256i nans = _mm256_setzero_si256(), infs = nans;
+  __m256i bad = _mm256_setzero_si256();
   __m256i overall = _mm256_setzero_si256();
+  std::uint64_t nonfinite = 0;
   std::size_t since_flush = 0;
   std::size_t k = 0;
   for (; (k + 1) * segment <= n; ++k) {
     const float* seg = x + k * segment;
     __m256i m = _mm256_setzero_si256();
     for (std::size_t i = 0; i < segment; i += 8) {
-      const __m256i a =
-          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seg + i)), abs_mask);
-      m = _mm256_max_epu32(m, _mm256_and_si256(a, _mm256_cmpgt_epi32(inf, a)));
-      nans = _mm256_sub_epi32(nans, _mm256_cmpgt_epi32(a, inf));
-      infs = _mm256_sub_epi32(infs, _mm256_cmpeq_epi32(a, inf));
+      if (i % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(seg + i) + 2048, _MM_HINT_T0);
+      step(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seg + i)), abs_mask),
+           largest_finite, m, bad);
     }
     overall = _mm256_max_epu32(overall, m);
     __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
@@ -95,14 +99,13 @@ void amax_segments_avx2(const float* x, std::size_t n, std::size_t segment, floa
     out[k] = std::bit_cast<float>(static_cast<std::uint32_t>(_mm_cvtsi128_si32(h)));
     since_flush += segment;
     if (since_flush >= kFlush) {
-      acc.nan_count += lane_sum(nans);
-      acc.inf_count += lane_sum(infs);
-      nans = infs = _mm256_setzero_si256();
+      nonfinite += lane_sum(bad);
+      bad = _mm256_setzero_si256();
       since_flush = 0;
     }
   }
-  acc.nan_count += lane_sum(nans);
-  acc.inf_count += lane_sum(infs);
+  nonfinite += lane_sum(bad);
+  split_nonfinite(x, k * segment, nonfinite, acc);
   acc.amax = std::max(acc.amax, std::bit_cast<float>(lane_max(overall)));
   if (k * segment < n) amax_segments_scalar(x + k * segment, n - k * segment, segment, out + k, acc);
 }
