@@ -85,21 +85,18 @@ class Tensor {
   // A deep copy: new storage, same dtype, shape and values.
   Tensor clone() const;
 
-  // Conversion to another dtype, element by element, each value rounded once from its exact value:
-  //   float <-> FP8: the exact codecs (cast_to_fp8 / cast_from_fp8 for float32, bfloat16 and float16; encode
-  //   on
-  //     the exact double for float64 and for FP8 -> FP8, which decodes exactly and encodes once). `overflow`
-  //     only matters for an FP8 target; the default, kNonSaturating, is PyTorch eager .to() (+-Inf for e5m2,
-  //     NaN for the formats without Inf); kSaturate clamps to the largest finite value (Transformer Engine,
-  //     torchao).
-  //   float <-> float: round to nearest even once (float64 -> float16 and bfloat16 do not round through
-  //   float32). float -> integer: truncation toward zero (as torch); NaN becomes 0 and out-of-range values
-  //   the type's
-  //     minimum or maximum (C++ leaves them undefined; fp8kit defines them).
-  //   integer -> float: round to nearest even once; integer -> integer: C++ conversion (modulo 2^bits).
-  //   anything -> bool: nonzero is true (NaN is true); bool -> anything: 0 or 1.
-  // Converting to the tensor's own dtype returns a tensor sharing its storage, as PyTorch does (clone()
-  // copies).
+  // Conversion to another dtype, element by element, each value rounded once from its exact value.
+  // float <-> FP8: the exact codecs (cast_to_fp8 / cast_from_fp8 for float32, bfloat16 and float16; encode
+  // on the exact double for float64, and for FP8 -> FP8, which decodes exactly and encodes once).
+  // `overflow` only matters for an FP8 target: kNonSaturating (the default) is PyTorch eager .to(), +-Inf
+  // for e5m2 and NaN for the formats without Inf; kSaturate clamps to the largest finite value (Transformer
+  // Engine, torchao).
+  // float <-> float: round to nearest even once (float64 -> float16/bfloat16 not through float32).
+  // float -> integer: truncation toward zero (as torch); NaN becomes 0, out-of-range values the type's
+  // minimum or maximum (C++ leaves them undefined; fp8kit defines them).
+  // integer -> float: round to nearest even once; integer -> integer: C++ conversion (modulo 2^bits).
+  // anything -> bool: nonzero is true (NaN is true); bool -> anything: 0 or 1.
+  // Converting to the tensor's own dtype shares storage, as PyTorch returns self (clone() copies).
   Tensor to(DType dtype, Overflow overflow = Overflow::kNonSaturating) const;
 
   // The value of one element (row-major flat index), exactly for every dtype but int64 beyond 2^53 (rounded
