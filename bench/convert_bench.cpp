@@ -40,8 +40,7 @@ std::vector<Op> operations(bool scalar_reference) {
     ops.push_back({true, Wide::kF32, f, Overflow::kNonSaturating, 1.0f, false});
   ops.push_back({true, Wide::kF32, Format::e4m3fn, Overflow::kSaturate, 0.37f, false});
   for (Wide w : {Wide::kBF16, Wide::kF16}) {
-    for (Format f : {Format::e4m3fn, Format::e5m2})
-      ops.push_back({true, w, f, Overflow::kSaturate, 1.0f, false});
+    for (Format f : {Format::e4m3fn, Format::e5m2}) ops.push_back({true, w, f, Overflow::kSaturate, 1.0f, false});
   }
   for (Wide w : {Wide::kF32, Wide::kBF16}) {
     for (Format f : kAllFormats) ops.push_back({false, w, f, Overflow::kSaturate, 1.0f, false});
@@ -65,8 +64,7 @@ void fill_inputs(std::span<float> x, std::span<std::uint8_t> codes) {
   for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(rng());
 }
 
-// Fills in the timing fields: throughput of r.bytes_moved, and memcpy's of a copy of `copy_bytes` (read +
-// write).
+// Fills in the timing fields: throughput of r.bytes_moved, and memcpy's of a copy of `copy_bytes` (read + write).
 ConvertResult with_timing(ConvertResult r, const PairTiming& t, std::size_t copy_bytes) {
   r.seconds = t.kernel_seconds;
   r.baseline_seconds = t.baseline_seconds;
@@ -112,9 +110,7 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
       r.bytes_moved = options.bytes;
       volatile std::uint64_t sink = 0;
       const auto probe = [&] { sink = sink ^ read_all(copy_src.data(), options.bytes, threads); };
-      const auto baseline = [&] {
-        parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, threads);
-      };
+      const auto baseline = [&] { parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, threads); };
       results.push_back(with_timing(r, time_interleaved(probe, baseline, options.reps), options.bytes));
     }
     for (const Op& op : ops) {
@@ -135,11 +131,11 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
         // The reference loop on one thread, over the same arrays.
         const auto enc = convert_detail::make_encode_params(cast);
         const convert_detail::DecodeParams dec{op.format, op.scale};
-        kernel = op.encode ? std::function<void()>(
-                                 [&, n, enc] { scalar.encode_f32(f32.as<float>().data(), q.data(), n, enc); })
-                           : std::function<void()>([&, n, dec] {
-                               scalar.decode_f32(q.data(), wide_out.as<float>().data(), n, dec);
-                             });
+        kernel =
+            op.encode
+                ? std::function<void()>([&, n, enc] { scalar.encode_f32(f32.as<float>().data(), q.data(), n, enc); })
+                : std::function<void()>(
+                      [&, n, dec] { scalar.decode_f32(q.data(), wide_out.as<float>().data(), n, dec); });
       } else if (op.encode) {
         switch (op.wide) {
           case Wide::kF32:

@@ -38,8 +38,7 @@ double time_once(const std::function<void()>& fn) {
   return std::chrono::duration<double>(stop - start).count();
 }
 
-PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline,
-                            int reps) {
+PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps) {
   kernel();  // warm-up: page tables, caches, thread pool
   baseline();
   std::vector<double> k, b;
@@ -86,8 +85,7 @@ void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads)
   for (int t = 0; t < threads; ++t) {
     const std::size_t begin = std::min(bytes, per * static_cast<std::size_t>(t));
     const std::size_t end = std::min(bytes, begin + per);
-    if (begin < end)
-      std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
+    if (begin < end) std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
   }
 }
 

@@ -41,8 +41,7 @@ struct PairTiming {
   double baseline_seconds;  // median
 };
 // Runs warmup rounds, then `reps` rounds of (kernel, baseline) alternating which goes first.
-PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline,
-                            int reps);
+PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps);
 
 // Reads every byte of `data` (8 independent accumulators, so it is bound by memory, not add latency), split
 // across `threads` threads; returns a value that depends on all of it so the reads cannot be optimized away.

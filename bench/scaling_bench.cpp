@@ -60,15 +60,13 @@ std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
     add("read-bandwidth", "", "memcpy", bytes, read_probe, memcpy_baseline, 2 * bytes);
     volatile float amax_sink = 0;
     add(
-        "amax", "", "read-bandwidth", bytes, [&] { amax_sink = amax(x.as<const float>()).amax; }, read_probe,
-        bytes);
+        "amax", "", "read-bandwidth", bytes, [&] { amax_sink = amax(x.as<const float>()).amax; }, read_probe, bytes);
     ScaledMatrix q;
     for (const Granularity& g : granularities) {
       const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g, ScaleOptions{}};
       quantize_into(view, o, q);  // allocate once, outside the timing
       add(
-          "quantize", g.name(), "memcpy", bytes + n, [&] { quantize_into(view, o, q); }, memcpy_baseline,
-          2 * bytes);
+          "quantize", g.name(), "memcpy", bytes + n, [&] { quantize_into(view, o, q); }, memcpy_baseline, 2 * bytes);
     }
     for (const Granularity& g : {Granularity::tensor(), Granularity::block(128, 128)}) {
       q = quantize(view, QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, g, ScaleOptions{}});

@@ -8,7 +8,7 @@
 namespace fp8kit {
 
 struct AmaxResult {
-  float amax = 0.0f;           // max |x| over the finite elements (0 when there are none)
+  float amax = 0.0f;  // max |x| over the finite elements (0 when there are none)
   std::uint64_t nan_count = 0;
   std::uint64_t inf_count = 0;
   bool has_nonfinite() const { return nan_count + inf_count != 0; }
@@ -32,6 +32,8 @@ void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols,
                  AmaxResult* total = nullptr);
 
 // ceil(a / b) for the block grid.
-constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace fp8kit

@@ -17,8 +17,7 @@ struct CastOptions {
   Format format;
   Overflow overflow;
   Rounding rounding = Rounding::kNearestEven;
-  // Quantization scale: each element is multiplied by it in float32 before the cast (Transformer Engine's
-  // order).
+  // Quantization scale: each element is multiplied by it in float32 before the cast (Transformer Engine's order).
   float scale = 1.0f;
   // Stochastic rounding only: element i uses stochastic_bits(seed, stream_offset + i).
   std::uint64_t seed = 0;
@@ -32,12 +31,9 @@ void cast_to_fp8(std::span<const float16> in, std::span<std::uint8_t> out, const
 
 // out[i] = decode(in[i]) * scale_inv, computed in float32 and rounded to nearest even into the output type.
 // With scale_inv == 1 the result is exact (for float16: except e8m0fnu outside float16's range).
-void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float> out,
-                   float scale_inv = 1.0f);
-void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<bfloat16> out,
-                   float scale_inv = 1.0f);
-void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float16> out,
-                   float scale_inv = 1.0f);
+void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float> out, float scale_inv = 1.0f);
+void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<bfloat16> out, float scale_inv = 1.0f);
+void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float16> out, float scale_inv = 1.0f);
 
 // The instruction set the conversion kernels run with on this machine ("avx2", "scalar", ...).
 std::string_view conversion_isa();

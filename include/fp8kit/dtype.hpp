@@ -154,8 +154,7 @@ constexpr DType dtype_for() {
   return detail::kDTypeFor<T>;
 }
 
-// Whether data<T>() may view elements of dtype d: T's own dtype, or std::uint8_t for any FP8 dtype (raw
-// codes).
+// Whether data<T>() may view elements of dtype d: T's own dtype, or std::uint8_t for any FP8 dtype (raw codes).
 template <ElementType T>
 constexpr bool accepts(DType d) {
   return d == dtype_for<T>() || (std::same_as<T, std::uint8_t> && is_fp8(d));

@@ -1,6 +1,5 @@
 // The one error vocabulary of fp8kit: a typed exception carrying file:line and a formatted message.
-// Library code checks its preconditions with FP8KIT_CHECK(cond, parts...); the CLI turns errors into one
-// line.
+// Library code checks its preconditions with FP8KIT_CHECK(cond, parts...); the CLI turns errors into one line.
 #pragma once
 
 #include <concepts>
@@ -52,8 +51,7 @@ constexpr bool check_condition(T value) {
 
 }  // namespace fp8kit
 
-#define FP8KIT_THROW(kind, ...) \
-  throw ::fp8kit::Error((kind), ::fp8kit::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
+#define FP8KIT_THROW(kind, ...) throw ::fp8kit::Error((kind), ::fp8kit::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
 
 // Throws ErrorKind::kInvalidArgument with the message parts concatenated when cond is false.
 #define FP8KIT_CHECK(cond, ...)                                         \

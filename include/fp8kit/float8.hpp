@@ -18,9 +18,7 @@ struct float8 {
   static constexpr float8 from_bits(std::uint8_t b) { return float8{b}; }
   // Round to nearest even. The overflow policy has no default: say which convention you want.
   static float8 from_float(float x, Overflow overflow) { return float8{encode(x, EncodeSpec{F, overflow})}; }
-  static float8 from_double(double x, Overflow overflow) {
-    return float8{encode(x, EncodeSpec{F, overflow})};
-  }
+  static float8 from_double(double x, Overflow overflow) { return float8{encode(x, EncodeSpec{F, overflow})}; }
   float to_float() const { return decode_to_float(F, bits); }
   double to_double() const { return decode_to_double(F, bits); }
   constexpr bool is_nan() const { return descriptor(F).is_nan(bits); }
@@ -66,11 +64,9 @@ class std::numeric_limits<fp8kit::float8<F>> {
   static constexpr int max_digits10 = fp8kit::descriptor(F).mantissa_bits == 0 ? 2 : 3;
   static constexpr int radix = 2;
   // As in <limits>: min_exponent is one more than the exponent of min(), max_exponent one more than max()'s.
-  static constexpr int min_exponent =
-      (fp8kit::descriptor(F).has_subnormals ? 1 : 0) - fp8kit::descriptor(F).bias + 1;
+  static constexpr int min_exponent = (fp8kit::descriptor(F).has_subnormals ? 1 : 0) - fp8kit::descriptor(F).bias + 1;
   static constexpr int max_exponent =
-      (fp8kit::descriptor(F).max_code() >> fp8kit::descriptor(F).mantissa_bits) - fp8kit::descriptor(F).bias +
-      1;
+      (fp8kit::descriptor(F).max_code() >> fp8kit::descriptor(F).mantissa_bits) - fp8kit::descriptor(F).bias + 1;
   static constexpr int min_exponent10 = 0;
   static constexpr int max_exponent10 = 0;
   static constexpr bool traps = false;
@@ -79,8 +75,7 @@ class std::numeric_limits<fp8kit::float8<F>> {
   static constexpr T min() noexcept { return T::from_bits(min_normal_code()); }
   static constexpr T max() noexcept { return T::from_bits(d().max_code()); }
   static constexpr T lowest() noexcept {
-    return T::from_bits(
-        static_cast<std::uint8_t>(d().has_sign ? (d().max_code() | 0x80) : min_normal_code()));
+    return T::from_bits(static_cast<std::uint8_t>(d().has_sign ? (d().max_code() | 0x80) : min_normal_code()));
   }
   // 1 + epsilon is the next value after 1.0: epsilon = 2^-mantissa_bits.
   static constexpr T epsilon() noexcept {
@@ -88,8 +83,8 @@ class std::numeric_limits<fp8kit::float8<F>> {
   }
   // Half an ulp of 1.0 (round to nearest).
   static constexpr T round_error() noexcept {
-    return T::from_bits(static_cast<std::uint8_t>(
-        d().mantissa_bits == 0 ? (d().bias - 1) : ((d().bias - 1) << d().mantissa_bits)));
+    return T::from_bits(
+        static_cast<std::uint8_t>(d().mantissa_bits == 0 ? (d().bias - 1) : ((d().bias - 1) << d().mantissa_bits)));
   }
   static constexpr T infinity() noexcept {
     return T::from_bits(d().has_inf ? d().inf_code(false) : d().nan_code(false));

@@ -11,16 +11,16 @@ namespace fp8kit {
 
 // The formats, in the order `fp8kit formats` prints them.
 enum class Format : std::uint8_t {
-  e4m3fn,  // s eeee mmm, bias 7,  no Inf, NaN = S.1111.111,           max 448    (OCP E4M3,
-           // torch.float8_e4m3fn)
-  e5m2,  // s eeeee mm, bias 15, IEEE Inf and NaN,                   max 57344  (OCP E5M2, torch.float8_e5m2)
+  e4m3fn,    // s eeee mmm, bias 7,  no Inf, NaN = S.1111.111,           max 448    (OCP E4M3,
+             // torch.float8_e4m3fn)
+  e5m2,      // s eeeee mm, bias 15, IEEE Inf and NaN,                   max 57344  (OCP E5M2, torch.float8_e5m2)
   e4m3fnuz,  // s eeee mmm, bias 8,  no Inf, NaN = 0x80 only, no -0,     max 240    (AMD MI300, Graphcore)
   e5m2fnuz,  // s eeeee mm, bias 16, no Inf, NaN = 0x80 only, no -0,     max 57344  (AMD MI300, Graphcore)
   e8m0fnu,   // eeeeeeee,   bias 127, unsigned powers of two, NaN = 0xFF, no zero  (OCP MX block scale)
 };
 
-inline constexpr std::array<Format, 5> kAllFormats = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz,
-                                                      Format::e5m2fnuz, Format::e8m0fnu};
+inline constexpr std::array<Format, 5> kAllFormats = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz,
+                                                      Format::e8m0fnu};
 
 // How a format spells NaN.
 enum class NanEncoding : std::uint8_t {
@@ -41,8 +41,7 @@ struct FormatDescriptor {
   bool has_sign;  // false only for e8m0fnu
   bool has_inf;   // IEEE Inf at exponent all ones, mantissa 0
   NanEncoding nan;
-  bool
-      has_subnormals;  // exponent field 0 means 0.mmm * 2^(1-bias); false for e8m0fnu, where it means 2^-bias
+  bool has_subnormals;  // exponent field 0 means 0.mmm * 2^(1-bias); false for e8m0fnu, where it means 2^-bias
 
   constexpr std::uint8_t sign_mask() const { return has_sign ? 0x80 : 0x00; }
   constexpr std::uint8_t magnitude_mask() const { return has_sign ? 0x7F : 0xFF; }
@@ -70,8 +69,7 @@ struct FormatDescriptor {
     const std::uint8_t sign = negative ? sign_mask() : 0;
     switch (nan) {
       case NanEncoding::kIeee:  // quiet NaN: top mantissa bit set, as IEEE (and ml_dtypes) do
-        return static_cast<std::uint8_t>((max_exponent_field() << mantissa_bits) |
-                                         (1 << (mantissa_bits - 1)) | sign);
+        return static_cast<std::uint8_t>((max_exponent_field() << mantissa_bits) | (1 << (mantissa_bits - 1)) | sign);
       case NanEncoding::kAllOnes:
         return static_cast<std::uint8_t>(0x7F | sign);
       case NanEncoding::kNegativeZero:
@@ -98,9 +96,7 @@ struct FormatDescriptor {
     }
     return false;
   }
-  constexpr bool is_inf(std::uint8_t code) const {
-    return has_inf && (code & magnitude_mask()) == inf_code(false);
-  }
+  constexpr bool is_inf(std::uint8_t code) const { return has_inf && (code & magnitude_mask()) == inf_code(false); }
 };
 
 namespace detail {
@@ -132,8 +128,7 @@ inline constexpr std::array<FormatDescriptor, 5> kFormatDescriptors = {{
     // e4m3fnuz: 0.1111.111 = 1.875 * 2^7 = 240; 0.0001.000 = 2^-7; 0.0000.001 = 2^-10; NaN 1.0000.000 only
     {Format::e4m3fnuz, "e4m3fnuz", "float8_e4m3fnuz", 4, 3, 8, true, false, NanEncoding::kNegativeZero, true},
     // e5m2fnuz: 0.11111.11 = 1.75 * 2^15 = 57344; 0.00001.00 = 2^-15; 0.00000.01 = 2^-17; NaN 1.00000.00 only
-    {Format::e5m2fnuz, "e5m2fnuz", "float8_e5m2fnuz", 5, 2, 16, true, false, NanEncoding::kNegativeZero,
-     true},
+    {Format::e5m2fnuz, "e5m2fnuz", "float8_e5m2fnuz", 5, 2, 16, true, false, NanEncoding::kNegativeZero, true},
     // e8m0fnu: 11111110 = 2^127; 00000000 = 2^-127; NaN 11111111; no sign, no zero
     {Format::e8m0fnu, "e8m0fnu", "float8_e8m0fnu", 8, 0, 127, false, false, NanEncoding::kUnsignedMax, false},
 }};

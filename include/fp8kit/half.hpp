@@ -42,7 +42,7 @@ struct float16 {
     // subnormal half (or zero): quantum 2^-24
     if (e < -25) return float16{sign};  // below half the smallest subnormal (2^-25 itself rounds to even 0)
     const std::uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;  // value = sig * 2^(e-23)
-    const int shift = -e - 1;  // (e - 23) - (-24) = e + 1 -> shift right by -(e+1)
+    const int shift = -e - 1;                               // (e - 23) - (-24) = e + 1 -> shift right by -(e+1)
     const std::uint32_t kept = sig >> shift;
     const std::uint32_t rem = sig & ((1u << shift) - 1u);
     const std::uint32_t half = 1u << (shift - 1);

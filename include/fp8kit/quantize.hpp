@@ -88,8 +88,7 @@ struct QuantDiagnostics {
 
 // Quantizes x; when `diagnostics` is given, also measures what was lost (a dequantization and a pass over x).
 ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
-// The same into an existing ScaledMatrix, reusing its buffers when they are large enough (no allocation
-// then).
+// The same into an existing ScaledMatrix, reusing its buffers when they are large enough (no allocation then).
 void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& out,
                    QuantDiagnostics* diagnostics = nullptr);
 // out has rows * cols elements: decode(code) * scale_inv of its block, in float32.

@@ -7,13 +7,13 @@
 namespace fp8kit {
 
 enum class ScaleRounding : std::uint8_t {
-  kExact,            // fp8_max / amax / 2^margin, rounded once to float (Transformer Engine, torchao tensorwise)
-  kPowerOfTwoDown,   // then rounded down to a power of two (torchao row-wise, MS-AMP, TE block scaling)
+  kExact,           // fp8_max / amax / 2^margin, rounded once to float (Transformer Engine, torchao tensorwise)
+  kPowerOfTwoDown,  // then rounded down to a power of two (torchao row-wise, MS-AMP, TE block scaling)
 };
 
 struct ScaleOptions {
-  int margin = 0;          // scale = (fp8_max / amax) / 2^margin
-  float epsilon = 0.0f;    // amax = max(amax, epsilon) first (torchao uses 1e-12; 0 = off)
+  int margin = 0;        // scale = (fp8_max / amax) / 2^margin
+  float epsilon = 0.0f;  // amax = max(amax, epsilon) first (torchao uses 1e-12; 0 = off)
   ScaleRounding rounding = ScaleRounding::kExact;
 };
 
@@ -25,6 +25,8 @@ struct ScaleOptions {
 float compute_scale(float amax, Format format, const ScaleOptions& options = {}, float previous_scale = 1.0f);
 
 // The dequantization scale: 1 / scale, in float.
-inline float dequantization_scale(float scale) { return 1.0f / scale; }
+inline float dequantization_scale(float scale) {
+  return 1.0f / scale;
+}
 
 }  // namespace fp8kit

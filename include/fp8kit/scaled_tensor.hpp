@@ -1,6 +1,5 @@
-// ScaledTensor: a Tensor quantized to FP8 with its dequantization scales, granularity, format, overflow
-// policy, original shape and original dtype — everything needed to get it back, or to hand it to a GEMM or a
-// checkpoint.
+// ScaledTensor: a Tensor quantized to FP8 with its dequantization scales, granularity, format, overflow policy,
+// original shape and original dtype: everything needed to get it back or to hand it to a GEMM or a checkpoint.
 #pragma once
 
 #include <optional>
@@ -24,8 +23,7 @@ struct ScaledTensor {
 
 // Quantizes a float32, bfloat16, float16 or float64 tensor (bfloat16/float16 exactly through float32; float64
 // rounded to float32 first). FP8, integer and bool tensors are refused: convert them to a float dtype first.
-ScaledTensor quantize(const Tensor& x, const QuantizeOptions& options,
-                      QuantDiagnostics* diagnostics = nullptr);
+ScaledTensor quantize(const Tensor& x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
 // Back to a tensor of the original shape, in the original dtype unless another float dtype is given.
 Tensor dequantize(const ScaledTensor& q, std::optional<DType> dtype = std::nullopt);
 

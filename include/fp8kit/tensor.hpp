@@ -147,8 +147,7 @@ Tensor scalar_tensor(double value, DType dtype = default_dtype());
 // Seeded random tensors of a floating, non-FP8 dtype (for FP8, create in float32 and convert with to()).
 // Counter-based: element i depends only on (seed, i), so the result does not depend on threads and a prefix
 // of a larger tensor equals a smaller tensor with the same seed. Algorithm (fixed; see docs/tensor.md):
-//   rand:  64 bits from stochastic_bits(seed, 2i) (high) and stochastic_bits(seed, 2i+1) (low); their top p
-//   bits
+//   rand:  64 bits from stochastic_bits(seed, 2i) (high) and stochastic_bits(seed, 2i+1) (low); their top p bits
 //          k give k * 2^-p, with p the dtype's significand precision (float32 24, float64 53, float16 11,
 //          bfloat16 8): uniform on [0, 1), never 1, exact in the dtype.
 //   randn: Box-Muller on element pairs (2j, 2j+1): u1 = (k1 + 1) * 2^-53 from counters (4j, 4j+1), u2 = k2 *

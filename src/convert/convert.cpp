@@ -1,6 +1,5 @@
 // Entry points of the bulk conversions: check arguments, pick the kernel table for this CPU, split large
-// arrays across threads. Results never depend on the kernel or the thread count (stochastic rounding
-// included).
+// arrays across threads. Results never depend on the kernel or the thread count (stochastic rounding included).
 #include "fp8kit/convert.hpp"
 
 #include <omp.h>
@@ -41,8 +40,7 @@ void parallel_chunks(std::size_t n, const Body& body) {
     body(std::size_t{0}, n);
     return;
   }
-  const std::size_t per =
-      (n / static_cast<std::size_t>(threads) + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+  const std::size_t per = (n / static_cast<std::size_t>(threads) + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int t = 0; t < threads; ++t) {
     const std::size_t begin = std::min(n, per * static_cast<std::size_t>(t));
@@ -54,8 +52,7 @@ void parallel_chunks(std::size_t n, const Body& body) {
 template <typename In>
 void cast_to_fp8_impl(std::span<const In> in, std::span<std::uint8_t> out, const CastOptions& options,
                       convert_detail::EncodeFn<In> kernel) {
-  FP8KIT_CHECK(in.size() == out.size(), "cast_to_fp8: input has ", in.size(), " elements but output has ",
-               out.size());
+  FP8KIT_CHECK(in.size() == out.size(), "cast_to_fp8: input has ", in.size(), " elements but output has ", out.size());
   if (in.empty()) return;
   convert_detail::EncodeParams params = convert_detail::make_encode_params(options);
   params.streaming_stores = out.size_bytes() >= kStreamingBytes;
@@ -92,8 +89,7 @@ void cast_to_fp8(std::span<const float16> in, std::span<std::uint8_t> out, const
 void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float> out, float scale_inv) {
   cast_from_fp8_impl(in, format, out, scale_inv, best_kernels().decode_f32);
 }
-void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<bfloat16> out,
-                   float scale_inv) {
+void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<bfloat16> out, float scale_inv) {
   cast_from_fp8_impl(in, format, out, scale_inv, best_kernels().decode_bf16);
 }
 void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float16> out, float scale_inv) {

@@ -15,24 +15,21 @@ struct EncodeParams {
   CastOptions options;
   // For the SIMD paths (the four sign-magnitude formats; e8m0fnu has its own constants):
   std::uint32_t mantissa_bits;
-  std::uint32_t min_normal_bits;  // float bits of the smallest normal of the format
-  std::uint32_t overflow_bits;  // float bits of the smallest magnitude that overflows (from the scalar codec)
-  std::uint32_t rebias;         // (127 - bias) << mantissa_bits: float exponent to FP8 exponent
-  std::uint32_t
-      subnormal_magic_bits;    // float bits of 2^(24 - bias - mantissa_bits), whose ulp is the FP8 quantum
-  std::uint8_t overflow_code;  // positive code for overflow under the policy
-  std::uint8_t nan_code;       // positive canonical NaN code
-  bool sign_on_zero;           // the format has -0
-  bool streaming_stores =
-      false;  // write the output with non-temporal stores (large outputs; set by the entry)
+  std::uint32_t min_normal_bits;       // float bits of the smallest normal of the format
+  std::uint32_t overflow_bits;         // float bits of the smallest magnitude that overflows (from the scalar codec)
+  std::uint32_t rebias;                // (127 - bias) << mantissa_bits: float exponent to FP8 exponent
+  std::uint32_t subnormal_magic_bits;  // float bits of 2^(24 - bias - mantissa_bits), whose ulp is the FP8 quantum
+  std::uint8_t overflow_code;          // positive code for overflow under the policy
+  std::uint8_t nan_code;               // positive canonical NaN code
+  bool sign_on_zero;                   // the format has -0
+  bool streaming_stores = false;       // write the output with non-temporal stores (large outputs; set by the entry)
 };
 EncodeParams make_encode_params(const CastOptions& options);
 
 struct DecodeParams {
   Format format;
   float scale_inv;
-  bool streaming_stores =
-      false;  // write the output with non-temporal stores (large outputs; set by the entry)
+  bool streaming_stores = false;  // write the output with non-temporal stores (large outputs; set by the entry)
 };
 
 template <typename In>
@@ -65,8 +62,8 @@ const KernelTable* avx2_kernels();
 const KernelTable& best_kernels();
 
 // Scalar element loops the SIMD kernels reuse for their tails.
-void encode_segments_tail(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
-                          const float* scales, const EncodeParams& p);
+void encode_segments_tail(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
+                          const EncodeParams& p);
 void encode_tail(const float* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);
 void encode_tail(const bfloat16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);
 void encode_tail(const float16* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);

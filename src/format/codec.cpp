@@ -39,8 +39,7 @@ double decode_to_double(Format f, std::uint8_t code) {
 }
 
 namespace {
-// decode_to_double for every code of every format, narrowed to float (exact: FP8 values need at most 12
-// bits).
+// decode_to_double for every code of every format, narrowed to float (exact: FP8 values need at most 12 bits).
 using FloatTables = std::array<std::array<float, 256>, kAllFormats.size()>;
 FloatTables make_float_tables() {
   FloatTables tables{};

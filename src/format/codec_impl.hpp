@@ -45,8 +45,7 @@ inline std::uint8_t overflow_code(const FormatDescriptor& d, Overflow overflow, 
 }
 
 // Should a value whose dropped part is `rem` out of 2^shift round away from zero?
-inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding rounding,
-                     std::uint32_t random_bits) {
+inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding rounding, std::uint32_t random_bits) {
   // rem = sig mod 2^shift (all of sig when shift >= 64)
   const std::uint64_t rem = shift >= 64 ? sig : (sig & ((std::uint64_t{1} << shift) - 1));
   if (rounding == Rounding::kNearestEven) {
@@ -66,8 +65,7 @@ inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding 
 
 // The converter. `d` is a parameter so that loops over one format can pass a constant and let it fold.
 [[gnu::always_inline]] inline std::uint8_t encode_unpacked(const FormatDescriptor& d, const Unpacked& u,
-                                                           const EncodeSpec& spec,
-                                                           std::uint32_t random_bits) {
+                                                           const EncodeSpec& spec, std::uint32_t random_bits) {
   // 1. NaN stays NaN (the canonical quiet NaN, with the input's sign where the format has a signed NaN).
   if (u.kind == Unpacked::Kind::kNan) return d.nan_code(u.negative);
   // 2. A format without a sign bit (e8m0fnu) has no representation for negative values: NaN.
@@ -79,8 +77,7 @@ inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding 
     if (!d.has_zero()) return spec.overflow == Overflow::kSaturate ? 0x00 : d.nan_code(false);
     return with_sign(d, 0, u.negative);
   }
-  // 5. Find the value's binary exponent E (value = 1.fff * 2^E) and the quantum of the target at that
-  // exponent.
+  // 5. Find the value's binary exponent E (value = 1.fff * 2^E) and the quantum of the target at that exponent.
   const int m = d.mantissa_bits;
   const int msb = 63 - std::countl_zero(u.significand);
   const int e = u.exponent + msb;
@@ -101,8 +98,7 @@ inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding 
   std::uint64_t code;
   if (e < emin) {
     // Below the smallest normal: subnormal codes are kept itself (kept == 2^m is the smallest normal).
-    // A format without subnormals (e8m0fnu) has no zero either: what rounds below its minimum becomes the
-    // minimum.
+    // A format without subnormals (e8m0fnu) has no zero either: what rounds below its minimum becomes the minimum.
     code = d.has_subnormals ? kept : 0;
   } else {
     code = (static_cast<std::uint64_t>(e + d.bias) << m) + (kept - (std::uint64_t{1} << m));

@@ -38,8 +38,7 @@ class HeaderParser {
     return false;
   }
   void expect(char c) {
-    if (!consume(c))
-      NPY_FAIL("expected '", c, "' at position ", pos_, " of the header: ", std::string(text_));
+    if (!consume(c)) NPY_FAIL("expected '", c, "' at position ", pos_, " of the header: ", std::string(text_));
   }
   std::string string() {
     skip_space();
@@ -71,8 +70,7 @@ class HeaderParser {
       std::int64_t v = 0;
       bool any = false;
       while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
-        if (v > (std::numeric_limits<std::int64_t>::max() - 9) / 10)
-          NPY_FAIL("a dimension in 'shape' is too large");
+        if (v > (std::numeric_limits<std::int64_t>::max() - 9) / 10) NPY_FAIL("a dimension in 'shape' is too large");
         v = v * 10 + (text_[pos_++] - '0');
         any = true;
       }
@@ -181,8 +179,7 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
   a.descr = *descr;
   a.shape = *shape;
   const std::string& d = *descr;
-  const bool little =
-      !d.empty() && (d[0] == '<' || (d[0] == '=' && std::endian::native == std::endian::little));
+  const bool little = !d.empty() && (d[0] == '<' || (d[0] == '=' && std::endian::native == std::endian::little));
   const std::string kind = d.size() > 1 ? d.substr(1) : "";
   if (kind == "f2" || kind == "f4" || kind == "f8") {
     if (!little)
@@ -205,8 +202,8 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
   const std::size_t data_start = header_start + header_len;
   const std::uint64_t available = bytes.size() - data_start;
   if (available != numel * size) {
-    NPY_FAIL("the data holds ", available, " bytes but shape ", a.shape.size(), "-d with ", numel,
-             " elements of ", size, " bytes needs ", numel * size);
+    NPY_FAIL("the data holds ", available, " bytes but shape ", a.shape.size(), "-d with ", numel, " elements of ",
+             size, " bytes needs ", numel * size);
   }
   const std::byte* src = bytes.data() + data_start;
   a.data.resize(static_cast<std::size_t>(numel * size));

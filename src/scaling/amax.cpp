@@ -40,8 +40,7 @@ void amax_segments_scalar(const float* x, std::size_t n, std::size_t segment, fl
 }
 
 AmaxSegmentsFn best_amax_segments_kernel() {
-  static const AmaxSegmentsFn fn =
-      amax_segments_avx2_kernel() ? amax_segments_avx2_kernel() : &amax_segments_scalar;
+  static const AmaxSegmentsFn fn = amax_segments_avx2_kernel() ? amax_segments_avx2_kernel() : &amax_segments_scalar;
   return fn;
 }
 
@@ -73,8 +72,7 @@ AmaxResult amax(std::span<const float> x) {
     return total;
   }
   std::vector<AmaxResult> parts(static_cast<std::size_t>(threads));
-  const std::size_t per =
-      (x.size() + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
+  const std::size_t per = (x.size() + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int t = 0; t < threads; ++t) {
     const std::size_t begin = std::min(x.size(), per * static_cast<std::size_t>(t));
@@ -88,13 +86,12 @@ AmaxResult amax(std::span<const float> x) {
 void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
                  AmaxResult* total) {
   FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0, "amax_blocks: negative shape ", x.rows, "x", x.cols);
-  FP8KIT_CHECK(block_rows >= 1 && block_cols >= 1, "amax_blocks: block shape must be positive, got ",
-               block_rows, "x", block_cols);
+  FP8KIT_CHECK(block_rows >= 1 && block_cols >= 1, "amax_blocks: block shape must be positive, got ", block_rows, "x",
+               block_cols);
   const std::int64_t grid_rows = ceil_div(x.rows, block_rows);
   const std::int64_t grid_cols = ceil_div(x.cols, block_cols);
-  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == grid_rows * grid_cols, "amax_blocks: output has ",
-               out.size(), " entries, the ", grid_rows, "x", grid_cols, " block grid needs ",
-               grid_rows * grid_cols);
+  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == grid_rows * grid_cols, "amax_blocks: output has ", out.size(),
+               " entries, the ", grid_rows, "x", grid_cols, " block grid needs ", grid_rows * grid_cols);
   const auto kernel = scaling_detail::best_amax_kernel();
   std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
   const bool parallel = x.rows * x.cols >= static_cast<std::int64_t>(kParallelThreshold) && grid_rows > 1;

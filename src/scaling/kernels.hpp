@@ -12,8 +12,7 @@ using AmaxFn = void (*)(const float* x, std::size_t n, AmaxResult& acc);
 
 // out[k] = amax of x[k * segment, min(n, (k + 1) * segment)) for every segment; counts and the overall max go
 // into `acc` as for AmaxFn.
-using AmaxSegmentsFn = void (*)(const float* x, std::size_t n, std::size_t segment, float* out,
-                                AmaxResult& acc);
+using AmaxSegmentsFn = void (*)(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc);
 
 void amax_scalar(const float* x, std::size_t n, AmaxResult& acc);
 void amax_segments_scalar(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc);

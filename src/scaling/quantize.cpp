@@ -48,8 +48,7 @@ std::optional<Granularity> Granularity::parse(std::string_view text) {
     std::int64_t r = 0, c = 0;
     const auto [pr, er] = std::from_chars(shape.data(), shape.data() + x, r);
     const auto [pc, ec] = std::from_chars(shape.data() + x + 1, shape.data() + shape.size(), c);
-    if (er != std::errc() || ec != std::errc() || pr != shape.data() + x ||
-        pc != shape.data() + shape.size()) {
+    if (er != std::errc() || ec != std::errc() || pr != shape.data() + x || pc != shape.data() + shape.size()) {
       return std::nullopt;
     }
     if (r < 1 || c < 1) return std::nullopt;
@@ -134,11 +133,10 @@ constexpr std::int64_t kKernelMinRun = 16;
 
 void check_shape(MatrixView x, const Granularity& g) {
   FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0, "quantize: negative shape ", x.rows, "x", x.cols);
-  FP8KIT_CHECK(x.data != nullptr || x.rows * x.cols == 0, "quantize: null data for a ", x.rows, "x", x.cols,
-               " matrix");
+  FP8KIT_CHECK(x.data != nullptr || x.rows * x.cols == 0, "quantize: null data for a ", x.rows, "x", x.cols, " matrix");
   if (g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) {
-    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ",
-                 g.block_rows, "x", g.block_cols);
+    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ", g.block_rows,
+                 "x", g.block_cols);
   }
 }
 
@@ -170,8 +168,7 @@ ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnos
   return q;
 }
 
-void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q,
-                   QuantDiagnostics* diagnostics) {
+void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q, QuantDiagnostics* diagnostics) {
   check_shape(x, options.granularity);
   q.format = options.format;
   q.overflow = options.overflow;
@@ -194,8 +191,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
     const std::span<const float> all(x.data, q.data.size());
     total = amax(all);
     block_scale(total.amax, options, q, multiplier, 0);
-    cast_to_fp8(all, q.data,
-                CastOptions{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]});
+    cast_to_fp8(all, q.data, CastOptions{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]});
   } else {
     // Fused, block row by block row: the amax of its blocks, their scales, then the encode while the block
     // row is still in cache. Threads split the block rows.
@@ -213,16 +209,14 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
       float* band_scales = multiplier.data() + gr * grid_cols;
       AmaxResult& part = parts[static_cast<std::size_t>(gr)];
       if (segmented) {
-        // Blocks of a multiple of 32 columns: one amax call and one encode call per row, each block a
-        // segment.
+        // Blocks of a multiple of 32 columns: one amax call and one encode call per row, each block a segment.
         thread_local std::vector<float> row_amax;
         row_amax.resize(static_cast<std::size_t>(grid_cols));
         std::fill(band_scales, band_scales + grid_cols, 0.0f);
         for (std::int64_t r = 0; r < band.rows; ++r) {
-          amax_segments(band.data + r * x.cols, static_cast<std::size_t>(x.cols),
-                        static_cast<std::size_t>(bc), row_amax.data(), part);
-          for (std::int64_t gc = 0; gc < grid_cols; ++gc)
-            band_scales[gc] = std::max(band_scales[gc], row_amax[gc]);
+          amax_segments(band.data + r * x.cols, static_cast<std::size_t>(x.cols), static_cast<std::size_t>(bc),
+                        row_amax.data(), part);
+          for (std::int64_t gc = 0; gc < grid_cols; ++gc) band_scales[gc] = std::max(band_scales[gc], row_amax[gc]);
         }
       } else {
         amax_blocks(band, br, bc, std::span<float>(band_scales, static_cast<std::size_t>(grid_cols)), &part);
@@ -236,8 +230,8 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         const float* in_row = x.data + r * x.cols;
         std::uint8_t* out_row = q.data.data() + r * x.cols;
         if (segmented) {
-          kernels.encode_f32_segments(in_row, out_row, static_cast<std::size_t>(x.cols),
-                                      static_cast<std::size_t>(bc), band_scales, p);
+          kernels.encode_f32_segments(in_row, out_row, static_cast<std::size_t>(x.cols), static_cast<std::size_t>(bc),
+                                      band_scales, p);
           continue;
         }
         for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
@@ -249,8 +243,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
             p.options.scale = scale;
             kernels.encode_f32(in, out, static_cast<std::size_t>(c1 - c0), p);
           } else {
-            for (std::int64_t c = 0; c < c1 - c0; ++c)
-              out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
+            for (std::int64_t c = 0; c < c1 - c0; ++c) out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
           }
         }
       }
@@ -302,15 +295,14 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
 }
 
 void dequantize(const ScaledMatrix& q, std::span<float> out) {
-  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == q.rows * q.cols, "dequantize: output has ",
-               out.size(), " elements, the ", q.rows, "x", q.cols, " matrix needs ", q.rows * q.cols);
-  FP8KIT_CHECK(static_cast<std::int64_t>(q.data.size()) == q.rows * q.cols, "dequantize: data has ",
-               q.data.size(), " codes for a ", q.rows, "x", q.cols, " matrix");
+  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == q.rows * q.cols, "dequantize: output has ", out.size(),
+               " elements, the ", q.rows, "x", q.cols, " matrix needs ", q.rows * q.cols);
+  FP8KIT_CHECK(static_cast<std::int64_t>(q.data.size()) == q.rows * q.cols, "dequantize: data has ", q.data.size(),
+               " codes for a ", q.rows, "x", q.cols, " matrix");
   const std::int64_t br = q.block_rows(), bc = q.block_cols();
   const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
   FP8KIT_CHECK(static_cast<std::int64_t>(q.scale_inv.size()) == grid_rows * grid_cols,
-               "dequantize: ", q.scale_inv.size(), " scales for a ", grid_rows, "x", grid_cols,
-               " block grid");
+               "dequantize: ", q.scale_inv.size(), " scales for a ", grid_rows, "x", grid_cols, " block grid");
   if (grid_rows * grid_cols == 1) {
     // One scale: the threaded, streaming bulk decode over everything.
     cast_from_fp8(q.data, q.format, out, q.scale_inv[0]);

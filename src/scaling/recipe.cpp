@@ -66,11 +66,10 @@ class Reader {
  public:
   explicit Reader(std::span<const std::uint8_t> bytes) : bytes_(bytes) {}
   std::uint32_t u32() {
-    FP8KIT_CHECK_KIND(pos_ + 4 <= bytes_.size(), ErrorKind::kParse,
-                      "delayed scaling state: truncated at byte ", pos_, " of ", bytes_.size());
+    FP8KIT_CHECK_KIND(pos_ + 4 <= bytes_.size(), ErrorKind::kParse, "delayed scaling state: truncated at byte ", pos_,
+                      " of ", bytes_.size());
     std::uint32_t v = 0;
-    for (int i = 0; i < 4; ++i)
-      v |= static_cast<std::uint32_t>(bytes_[pos_ + static_cast<std::size_t>(i)]) << (8 * i);
+    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(bytes_[pos_ + static_cast<std::size_t>(i)]) << (8 * i);
     pos_ += 4;
     return v;
   }
@@ -111,16 +110,14 @@ DelayedScaling DelayedScaling::deserialize(std::span<const std::uint8_t> bytes) 
                     " is not supported (this build reads version ", kVersion, ")");
   DelayedScalingConfig config;
   const std::uint32_t format = in.u32();
-  FP8KIT_CHECK_KIND(format < kAllFormats.size(), ErrorKind::kParse, "delayed scaling state: unknown format ",
-                    format);
+  FP8KIT_CHECK_KIND(format < kAllFormats.size(), ErrorKind::kParse, "delayed scaling state: unknown format ", format);
   config.format = static_cast<Format>(format);
   const std::uint32_t length = in.u32();
   FP8KIT_CHECK_KIND(length >= 1 && length <= (1u << 24), ErrorKind::kParse,
                     "delayed scaling state: bad history length ", length);
   config.history_length = static_cast<int>(length);
   const std::uint32_t algorithm = in.u32();
-  FP8KIT_CHECK_KIND(algorithm <= 1, ErrorKind::kParse, "delayed scaling state: unknown amax algorithm ",
-                    algorithm);
+  FP8KIT_CHECK_KIND(algorithm <= 1, ErrorKind::kParse, "delayed scaling state: unknown amax algorithm ", algorithm);
   config.algorithm = static_cast<AmaxCompute>(algorithm);
   config.margin = static_cast<int>(in.u32());
   const bool has_ema = in.u32() != 0;

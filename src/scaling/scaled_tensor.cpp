@@ -15,8 +15,7 @@ Tensor ScaledTensor::data() const {
 
 Tensor ScaledTensor::scale_inv() const {
   Tensor t = empty(Shape{matrix.grid_rows(), matrix.grid_cols()}, DType::float32);
-  if (!matrix.scale_inv.empty())
-    std::memcpy(t.raw(), matrix.scale_inv.data(), matrix.scale_inv.size() * sizeof(float));
+  if (!matrix.scale_inv.empty()) std::memcpy(t.raw(), matrix.scale_inv.data(), matrix.scale_inv.size() * sizeof(float));
   return t;
 }
 

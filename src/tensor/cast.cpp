@@ -16,8 +16,7 @@ namespace {
 constexpr std::int64_t kParallelThreshold = std::int64_t{1} << 16;
 
 template <typename T>
-constexpr bool kHasBulkKernel =
-    std::same_as<T, float> || std::same_as<T, bfloat16> || std::same_as<T, float16>;
+constexpr bool kHasBulkKernel = std::same_as<T, float> || std::same_as<T, bfloat16> || std::same_as<T, float16>;
 
 template <typename S, typename D>
 void convert_elements(const S* in, D* out, std::int64_t n, Overflow overflow) {

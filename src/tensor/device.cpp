@@ -21,9 +21,8 @@ bool is_available(const Device& device) {
 }
 
 void check_available(const Device& device) {
-  FP8KIT_CHECK_KIND(
-      is_available(device), ErrorKind::kUnsupported, "device '", to_string(device),
-      "' is not available: this build of fp8kit has no CUDA backend (only 'cpu' can hold tensors)");
+  FP8KIT_CHECK_KIND(is_available(device), ErrorKind::kUnsupported, "device '", to_string(device),
+                    "' is not available: this build of fp8kit has no CUDA backend (only 'cpu' can hold tensors)");
 }
 
 }  // namespace fp8kit

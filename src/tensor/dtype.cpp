@@ -35,20 +35,18 @@ void set_default_dtype(DType d) {
   if (is_fp8(d)) {
     const Format f = *fp8_format(d);
     const FormatDescriptor& desc = descriptor(f);
-    FP8KIT_THROW(
-        ErrorKind::kInvalidArgument, "set_default_dtype(", name(d), "): an FP8 dtype cannot be the default ",
-        "dtype. FP8 is a storage format with no arithmetic of its own, and its range (largest finite value ",
-        max_finite(f), ") and precision (", desc.mantissa_bits,
-        " mantissa bits) are far too small for values ",
-        "created without a scale: ones, randn, sums and gradients would overflow, underflow or lose most of ",
-        "their digits. Create tensors in float32 or bfloat16 (the default stays ", name(default_dtype()),
-        ") and convert explicitly, e.g. t.to(DType::", name(d), ", Overflow::kSaturate), or quantize with ",
-        "a scale computed from the tensor's amax.");
+    FP8KIT_THROW(ErrorKind::kInvalidArgument, "set_default_dtype(", name(d), "): an FP8 dtype cannot be the default ",
+                 "dtype. FP8 is a storage format with no arithmetic of its own, and its range (largest finite value ",
+                 max_finite(f), ") and precision (", desc.mantissa_bits,
+                 " mantissa bits) are far too small for values ",
+                 "created without a scale: ones, randn, sums and gradients would overflow, underflow or lose most of ",
+                 "their digits. Create tensors in float32 or bfloat16 (the default stays ", name(default_dtype()),
+                 ") and convert explicitly, e.g. t.to(DType::", name(d), ", Overflow::kSaturate), or quantize with ",
+                 "a scale computed from the tensor's amax.");
   }
-  FP8KIT_CHECK(
-      info(d).kind == DTypeKind::kFloat, "set_default_dtype(", name(d),
-      "): only a floating dtype (float32, float64, float16 or bfloat16) can be the default dtype, as in ",
-      "PyTorch; pass integer and bool dtypes to the factories explicitly");
+  FP8KIT_CHECK(info(d).kind == DTypeKind::kFloat, "set_default_dtype(", name(d),
+               "): only a floating dtype (float32, float64, float16 or bfloat16) can be the default dtype, as in ",
+               "PyTorch; pass integer and bool dtypes to the factories explicitly");
   g_default_dtype.store(d, std::memory_order_relaxed);
 }
 

@@ -76,8 +76,7 @@ class Formatter {
     } else {
       sci_mode_ = wide || min_abs < 1.0e-4;
       for (double v : nonzero_finite) {
-        width_ =
-            std::max(width_, static_cast<int>(format_double(v, sci_mode_ ? 'e' : 'f', precision_).size()));
+        width_ = std::max(width_, static_cast<int>(format_double(v, sci_mode_ ? 'e' : 'f', precision_).size()));
       }
     }
     if (options.sci_mode) sci_mode_ = *options.sci_mode;
@@ -115,8 +114,7 @@ class Formatter {
 // Walks a tensor's elements in PyTorch's nested layout.
 class Printer {
  public:
-  Printer(const Tensor& t, const PrintOptions& options)
-      : t_(t), options_(options), strides_(t.shape().size()) {
+  Printer(const Tensor& t, const PrintOptions& options) : t_(t), options_(options), strides_(t.shape().size()) {
     FP8KIT_CHECK(options.edgeitems >= 1, "PrintOptions::edgeitems must be >= 1, not ", options.edgeitems);
     FP8KIT_CHECK(options.precision >= 0, "PrintOptions::precision must be >= 0, not ", options.precision);
     std::int64_t stride = 1;

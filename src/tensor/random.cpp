@@ -33,10 +33,9 @@ constexpr int precision_bits() {
 }
 
 void check_random_dtype(const char* what, DType dtype) {
-  FP8KIT_CHECK(
-      info(dtype).kind == DTypeKind::kFloat, what, "(): dtype ", name(dtype),
-      " is not supported; random tensors are float32, float64, float16 or bfloat16",
-      is_fp8(dtype) ? " (for FP8, create in float32 and convert: randn(shape, seed).to(dtype))" : "");
+  FP8KIT_CHECK(info(dtype).kind == DTypeKind::kFloat, what, "(): dtype ", name(dtype),
+               " is not supported; random tensors are float32, float64, float16 or bfloat16",
+               is_fp8(dtype) ? " (for FP8, create in float32 and convert: randn(shape, seed).to(dtype))" : "");
 }
 
 // Calls fill(T* out) with the tensor's element type (one of the four floating dtypes).

@@ -11,8 +11,7 @@
 namespace fp8kit {
 namespace {
 
-// Counters of one device. Peak is raised with a compare-and-swap loop so concurrent allocations never lose
-// it.
+// Counters of one device. Peak is raised with a compare-and-swap loop so concurrent allocations never lose it.
 struct Counters {
   std::atomic<std::int64_t> current{0};
   std::atomic<std::int64_t> peak{0};
@@ -56,8 +55,7 @@ Storage::Storage(std::int64_t nbytes, Device device) : nbytes_(nbytes), device_(
   if (nbytes == 0) return;
   constexpr std::int64_t a = static_cast<std::int64_t>(kAlignment);
   allocated_ = (nbytes + a - 1) / a * a;
-  data_ = static_cast<std::byte*>(
-      ::operator new (static_cast<std::size_t>(allocated_), std::align_val_t{kAlignment}));
+  data_ = static_cast<std::byte*>(::operator new (static_cast<std::size_t>(allocated_), std::align_val_t{kAlignment}));
   counters.add(allocated_);
 }
 

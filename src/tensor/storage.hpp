@@ -21,8 +21,7 @@ class Storage {
 
   std::byte* data() const noexcept { return data_; }
   std::int64_t nbytes() const noexcept { return nbytes_; }
-  // What the allocation really holds (nbytes rounded up to a multiple of kAlignment), as MemoryStats counts
-  // it.
+  // What the allocation really holds (nbytes rounded up to a multiple of kAlignment), as MemoryStats counts it.
   std::int64_t allocated_bytes() const noexcept { return allocated_; }
   Device device() const noexcept { return device_; }
 

@@ -47,8 +47,7 @@ std::int64_t checked_numel(const Shape& shape, DType dtype) {
     FP8KIT_CHECK(n <= kLimit / s, "shape ", shape_string(shape), " has too many elements");
     n *= s;
   }
-  FP8KIT_CHECK(n <= kLimit / element_size(dtype), "shape ", shape_string(shape), " of ", name(dtype),
-               " is too large");
+  FP8KIT_CHECK(n <= kLimit / element_size(dtype), "shape ", shape_string(shape), " of ", name(dtype), " is too large");
   return n;
 }
 
@@ -67,8 +66,8 @@ void fill_from_doubles(Tensor& t, std::span<const double> values) {
 
 namespace detail {
 void throw_dtype_mismatch(std::string_view accessor, DType requested, DType actual) {
-  FP8KIT_THROW(ErrorKind::kInvalidArgument, "Tensor::", accessor, "<T>(): T is the element type of ",
-               name(requested), ", but the tensor's dtype is ", name(actual),
+  FP8KIT_THROW(ErrorKind::kInvalidArgument, "Tensor::", accessor, "<T>(): T is the element type of ", name(requested),
+               ", but the tensor's dtype is ", name(actual),
                is_fp8(actual) ? " (read FP8 codes as std::uint8_t or float8<F> of the same format)" : "");
 }
 }  // namespace detail
@@ -105,8 +104,8 @@ Tensor Tensor::reshape(Shape shape) const {
     }
   }
   if (inferred >= 0) {
-    FP8KIT_CHECK(known != 0 && numel_ % known == 0, "reshape of ", shape_string(shape_), " to ",
-                 shape_string(shape), ": the -1 dimension cannot be inferred");
+    FP8KIT_CHECK(known != 0 && numel_ % known == 0, "reshape of ", shape_string(shape_), " to ", shape_string(shape),
+                 ": the -1 dimension cannot be inferred");
     shape[static_cast<std::size_t>(inferred)] = numel_ / known;
   }
   FP8KIT_CHECK(checked_numel(shape, dtype_) == numel_, "reshape of ", shape_string(shape_), " (", numel_,
@@ -185,8 +184,8 @@ Tensor full(Shape shape, double value, DType dtype, Device device) {
 }
 
 Tensor tensor(std::initializer_list<double> values, DType dtype) {
-  return tensor(std::span<const double>(values.begin(), values.size()),
-                Shape{static_cast<std::int64_t>(values.size())}, dtype);
+  return tensor(std::span<const double>(values.begin(), values.size()), Shape{static_cast<std::int64_t>(values.size())},
+                dtype);
 }
 
 Tensor tensor(std::span<const double> values, DType dtype) {

@@ -40,9 +40,9 @@ std::vector<float> test_floats(std::size_t n, std::uint64_t seed) {
     } else if (r % 3 == 0) {
       v[i] = std::bit_cast<float>(static_cast<std::uint32_t>(r >> 32));
     } else {
-      v[i] = std::ldexp(1.0f + static_cast<float>((r >> 8) & 0xFFFF) / 65536.0f,
-                        static_cast<int>((r >> 32) % 60) - 40) *
-             ((r >> 40) & 1 ? -1.0f : 1.0f);
+      v[i] =
+          std::ldexp(1.0f + static_cast<float>((r >> 8) & 0xFFFF) / 65536.0f, static_cast<int>((r >> 32) % 60) - 40) *
+          ((r >> 40) & 1 ? -1.0f : 1.0f);
     }
   }
   return v;
@@ -108,12 +108,15 @@ TEST(Convert, EncodeSegmentsMatchesScalar) {
     for (Format f : kAllFormats) {
       for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
         const auto params = convert_detail::make_encode_params(CastOptions{f, o});
-        for (std::size_t segment : {std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{48}, std::size_t{7}}) {
+        for (std::size_t segment :
+             {std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{48}, std::size_t{7}}) {
           for (std::size_t n : {std::size_t{0}, std::size_t{31}, std::size_t{32}, std::size_t{1000}, x.size()}) {
             std::vector<float> scales((n + segment - 1) / segment + 1);
-            for (std::size_t k = 0; k < scales.size(); ++k) scales[k] = k % 3 == 0 ? 1.0f : 0.37f * static_cast<float>(k + 1);
+            for (std::size_t k = 0; k < scales.size(); ++k)
+              scales[k] = k % 3 == 0 ? 1.0f : 0.37f * static_cast<float>(k + 1);
             std::vector<std::uint8_t> want(n), got(n);
-            convert_detail::scalar_kernels().encode_f32_segments(x.data(), want.data(), n, segment, scales.data(), params);
+            convert_detail::scalar_kernels().encode_f32_segments(x.data(), want.data(), n, segment, scales.data(),
+                                                                 params);
             table->encode_f32_segments(x.data(), got.data(), n, segment, scales.data(), params);
             ASSERT_EQ(want, got) << table->isa << " " << name(f) << " segment " << segment << " n " << n;
             // and the scalar table is the codec applied with each segment's scale
@@ -178,8 +181,7 @@ void check_decode(convert_detail::DecodeFn<Out>(KernelTable::*member)) {
             (table->*member)(codes.data() + misalign, got.data() + misalign, n, params);
             for (std::size_t i = 0; i < n; ++i) {
               ASSERT_EQ(bits_of(got[misalign + i]), bits_of(want[i]))
-                  << table->isa << " " << name(f) << " code " << int(codes[misalign + i]) << " scale_inv "
-                  << scale_inv;
+                  << table->isa << " " << name(f) << " code " << int(codes[misalign + i]) << " scale_inv " << scale_inv;
             }
           }
         }
@@ -208,8 +210,7 @@ TEST(Convert, PublicEntryAndThreadsAgree) {
     cast_to_fp8(x, one, options);
     set_num_threads(2);
     cast_to_fp8(x, two, options);
-    convert_detail::scalar_kernels().encode_f32(x.data(), ref.data(), n,
-                                                convert_detail::make_encode_params(options));
+    convert_detail::scalar_kernels().encode_f32(x.data(), ref.data(), n, convert_detail::make_encode_params(options));
     EXPECT_EQ(one, ref) << name(f);
     EXPECT_EQ(two, ref) << name(f);
     std::vector<float> back1(n), back2(n);

@@ -87,23 +87,20 @@ void check_rows(Format f, std::initializer_list<Row> rows) {
   for (const Row& r : rows) {
     EXPECT_EQ(enc(f, Overflow::kNonSaturating, r.x), r.nonsat) << name(f) << " non-saturating x=" << r.x;
     EXPECT_EQ(enc(f, Overflow::kSaturate, r.x), r.sat) << name(f) << " saturating x=" << r.x;
-    EXPECT_EQ(encf(f, Overflow::kNonSaturating, static_cast<float>(r.x)), r.nonsat)
-        << name(f) << " float x=" << r.x;
+    EXPECT_EQ(encf(f, Overflow::kNonSaturating, static_cast<float>(r.x)), r.nonsat) << name(f) << " float x=" << r.x;
     EXPECT_EQ(encf(f, Overflow::kSaturate, static_cast<float>(r.x)), r.sat) << name(f) << " float x=" << r.x;
   }
 }
 
 TEST(Codec, BoundaryTableE4M3FN) {
-  check_rows(Format::e4m3fn,
-             {{0x1p-10, 0x00, 0x00},  // half the smallest subnormal: tie to even 0
-              {0.3, 0x2A, 0x2A},      {240.0, 0x77, 0x77}, {247.9, 0x77, 0x77},
-              {248.0, 0x78, 0x78},    {448.0, 0x7E, 0x7E}, {449.0, 0x7E, 0x7E},
-              {463.9, 0x7E, 0x7E},    {464.0, 0x7E, 0x7E},  // midpoint 448|480: tie to even (448)
-              {464.0001, 0x7F, 0x7E}, {465.0, 0x7F, 0x7E}, {470.0, 0x7F, 0x7E},
-              {479.9, 0x7F, 0x7E},    {480.0, 0x7F, 0x7E}, {1000.0, 0x7F, 0x7E},
-              {-465.0, 0xFF, 0xFE},   {kInf, 0x7F, 0x7E},  {-kInf, 0xFF, 0xFE},
-              {kNaN, 0x7F, 0x7F},     {-kNaN, 0xFF, 0xFF}, {-0.0, 0x80, 0x80},
-              {0.0, 0x00, 0x00}});
+  check_rows(
+      Format::e4m3fn,
+      {{0x1p-10, 0x00, 0x00},  // half the smallest subnormal: tie to even 0
+       {0.3, 0x2A, 0x2A},      {240.0, 0x77, 0x77},  {247.9, 0x77, 0x77}, {248.0, 0x78, 0x78}, {448.0, 0x7E, 0x7E},
+       {449.0, 0x7E, 0x7E},    {463.9, 0x7E, 0x7E},  {464.0, 0x7E, 0x7E},  // midpoint 448|480: tie to even (448)
+       {464.0001, 0x7F, 0x7E}, {465.0, 0x7F, 0x7E},  {470.0, 0x7F, 0x7E}, {479.9, 0x7F, 0x7E}, {480.0, 0x7F, 0x7E},
+       {1000.0, 0x7F, 0x7E},   {-465.0, 0xFF, 0xFE}, {kInf, 0x7F, 0x7E},  {-kInf, 0xFF, 0xFE}, {kNaN, 0x7F, 0x7F},
+       {-kNaN, 0xFF, 0xFF},    {-0.0, 0x80, 0x80},   {0.0, 0x00, 0x00}});
 }
 
 TEST(Codec, BoundaryTableE4M3FNUZ) {
@@ -151,25 +148,24 @@ TEST(Codec, BoundaryTableE5M2FNUZ) {
 // e8m0fnu: fp8kit follows ml_dtypes (non-saturating): the nearest power of two with ties up, negatives and
 // zero are NaN. Saturating: zero becomes the minimum 2^-127, overflow and +Inf the maximum 2^127.
 TEST(Codec, E8M0Choices) {
-  check_rows(Format::e8m0fnu,
-             {{1.0, 0x7F, 0x7F},
-              {1.4999, 0x7F, 0x7F},
-              {1.5, 0x80, 0x80},  // tie: up
-              {3.0, 0x81, 0x81},
-              {6.0, 0x82, 0x82},
-              {0x1p-127, 0x00, 0x00},
-              {0x1p-128, 0x00, 0x00},  // below the minimum: the minimum (there is no zero)
-              {0x1p-140, 0x00, 0x00},
-              {1.5 * 0x1p-127, 0x01, 0x01},
-              {1.25 * 0x1p-127, 0x00, 0x00},  // nearest (ml_dtypes rounds float subnormals up)
-              {0x1p127, 0xFE, 0xFE},
-              {1.5 * 0x1p127, 0xFF, 0xFE},
-              {0.0, 0xFF, 0x00},
-              {-0.0, 0xFF, 0x00},
-              {-1.0, 0xFF, 0xFF},
-              {kInf, 0xFF, 0xFE},
-              {-kInf, 0xFF, 0xFF},
-              {kNaN, 0xFF, 0xFF}});
+  check_rows(Format::e8m0fnu, {{1.0, 0x7F, 0x7F},
+                               {1.4999, 0x7F, 0x7F},
+                               {1.5, 0x80, 0x80},  // tie: up
+                               {3.0, 0x81, 0x81},
+                               {6.0, 0x82, 0x82},
+                               {0x1p-127, 0x00, 0x00},
+                               {0x1p-128, 0x00, 0x00},  // below the minimum: the minimum (there is no zero)
+                               {0x1p-140, 0x00, 0x00},
+                               {1.5 * 0x1p-127, 0x01, 0x01},
+                               {1.25 * 0x1p-127, 0x00, 0x00},  // nearest (ml_dtypes rounds float subnormals up)
+                               {0x1p127, 0xFE, 0xFE},
+                               {1.5 * 0x1p127, 0xFF, 0xFE},
+                               {0.0, 0xFF, 0x00},
+                               {-0.0, 0xFF, 0x00},
+                               {-1.0, 0xFF, 0xFF},
+                               {kInf, 0xFF, 0xFE},
+                               {-kInf, 0xFF, 0xFF},
+                               {kNaN, 0xFF, 0xFF}});
 }
 
 // ---------------------------------------------------------------- an independent oracle
@@ -206,8 +202,7 @@ std::uint8_t oracle(Format f, Overflow o, double x) {
     }
   }
   const double err_beyond = std::fabs(beyond - a);
-  if (err_beyond < best_err || (err_beyond == best_err && (ties_up || d.max_code() % 2 == 1)))
-    best_beyond = true;
+  if (err_beyond < best_err || (err_beyond == best_err && (ties_up || d.max_code() % 2 == 1))) best_beyond = true;
   if (best_beyond) return overflow();
   if (best == 0 && !d.has_negative_zero()) return 0;
   return static_cast<std::uint8_t>(best | (neg ? d.sign_mask() : 0));
@@ -238,8 +233,7 @@ TEST(Codec, AgreesWithBruteForceOracle) {
         const std::uint8_t want = oracle(f, o, x);
         const std::uint8_t got = encf(f, o, x);
         if (want != got && ++mismatches < 20) {
-          ADD_FAILURE() << name(f) << " x=" << std::hexfloat << x << " oracle " << int(want) << " codec "
-                        << int(got);
+          ADD_FAILURE() << name(f) << " x=" << std::hexfloat << x << " oracle " << int(want) << " codec " << int(got);
         }
       }
     }
@@ -317,8 +311,7 @@ TEST(Codec, StochasticRoundingIsUnbiasedAndReproducible) {
       sum += v;
     }
     const double mean = sum / n;
-    // Each sample is lo or hi: the standard error of the mean is at most (hi - lo) / 2 / sqrt(n); allow 5 of
-    // them.
+    // Each sample is lo or hi: the standard error of the mean is at most (hi - lo) / 2 / sqrt(n); allow 5 of them.
     EXPECT_NEAR(mean, x, 5 * (hi - lo) / 2 / std::sqrt(n)) << "x=" << x;
   }
   // Exactly representable values never move.
@@ -328,8 +321,7 @@ TEST(Codec, StochasticRoundingIsUnbiasedAndReproducible) {
   EXPECT_NE(stochastic_bits(1, 5), stochastic_bits(2, 5));
   EXPECT_NE(stochastic_bits(1, 5), stochastic_bits(1, 6));
   // Overflow still follows the policy: just below max + ulp rounds up with high probability.
-  EXPECT_EQ(encode(479.0f, EncodeSpec{Format::e4m3fn, Overflow::kNonSaturating, Rounding::kStochastic}, 0),
-            0x7F);
+  EXPECT_EQ(encode(479.0f, EncodeSpec{Format::e4m3fn, Overflow::kNonSaturating, Rounding::kStochastic}, 0), 0x7F);
   EXPECT_EQ(encode(479.0f, EncodeSpec{Format::e4m3fn, Overflow::kSaturate, Rounding::kStochastic}, 0), 0x7E);
 }
 

@@ -54,15 +54,13 @@ TEST(Format, SpecialEncodings) {
   const auto& e4 = descriptor(Format::e4m3fn);
   EXPECT_TRUE(e4.is_nan(0x7F));
   EXPECT_TRUE(e4.is_nan(0xFF));
-  for (int c = 0x78; c <= 0x7E; ++c)
-    EXPECT_FALSE(e4.is_nan(static_cast<std::uint8_t>(c))) << c;  // 256..448 finite
+  for (int c = 0x78; c <= 0x7E; ++c) EXPECT_FALSE(e4.is_nan(static_cast<std::uint8_t>(c))) << c;  // 256..448 finite
   EXPECT_EQ(e4.nan_code(false), 0x7F);
   EXPECT_EQ(e4.nan_code(true), 0xFF);
   const auto& e5 = descriptor(Format::e5m2);
   EXPECT_TRUE(e5.is_inf(0x7C));
   EXPECT_TRUE(e5.is_inf(0xFC));
-  for (int c : {0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF})
-    EXPECT_TRUE(e5.is_nan(static_cast<std::uint8_t>(c))) << c;
+  for (int c : {0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF}) EXPECT_TRUE(e5.is_nan(static_cast<std::uint8_t>(c))) << c;
   EXPECT_EQ(e5.nan_code(false), 0x7E);
   EXPECT_EQ(e5.inf_code(true), 0xFC);
   for (Format f : {Format::e4m3fnuz, Format::e5m2fnuz}) {

@@ -1,6 +1,5 @@
 // Golden vectors from ml_dtypes (tests/golden/ml_dtypes_vectors.txt, made by make_ml_dtypes_golden.py): every
-// conversion fp8kit makes without saturation must give ml_dtypes' code, from float, double, bfloat16 and
-// float16.
+// conversion fp8kit makes without saturation must give ml_dtypes' code, from float, double, bfloat16 and float16.
 #include <gtest/gtest.h>
 
 #include <bit>

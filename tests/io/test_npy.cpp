@@ -35,30 +35,25 @@ std::vector<std::byte> make_npy(const std::string& dict, const void* data, std::
 
 TEST(Npy, ReadsFloat32CAndFortranOrder) {
   const float c[] = {1, 2, 3, 4, 5, 6};  // 2 x 3, C order
-  const NpyArray a =
-      parse_npy(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", c, sizeof c));
+  const NpyArray a = parse_npy(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", c, sizeof c));
   EXPECT_EQ(a.dtype, NpyDType::kFloat32);
   EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 3}));
   EXPECT_EQ(a.to_float32(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
   const float f[] = {1, 4, 2, 5, 3, 6};  // the same matrix in Fortran order
-  const NpyArray b =
-      parse_npy(make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", f, sizeof f, 2));
+  const NpyArray b = parse_npy(make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", f, sizeof f, 2));
   EXPECT_EQ(b.to_float32(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
 }
 
 TEST(Npy, ReadsFloat16Float64ScalarsAndEmpty) {
   const std::uint16_t h[] = {0x3C00, 0xC000};  // 1, -2
-  EXPECT_EQ(parse_npy(make_npy("{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }", h, sizeof h))
-                .to_float32(),
+  EXPECT_EQ(parse_npy(make_npy("{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }", h, sizeof h)).to_float32(),
             (std::vector<float>{1.0f, -2.0f}));
   const double d[] = {0.1};
-  const NpyArray s =
-      parse_npy(make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (), }", d, sizeof d, 3));
+  const NpyArray s = parse_npy(make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (), }", d, sizeof d, 3));
   EXPECT_TRUE(s.shape.empty());
   EXPECT_EQ(s.numel(), 1);
   EXPECT_EQ(s.to_float32(), (std::vector<float>{0.1f}));
-  const NpyArray e =
-      parse_npy(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", nullptr, 0));
+  const NpyArray e = parse_npy(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", nullptr, 0));
   EXPECT_EQ(e.numel(), 0);
 }
 
@@ -88,21 +83,18 @@ TEST(Npy, RejectsMalformedFiles) {
   auto extra = good;
   extra.push_back(std::byte{0});
   expect_parse_error(extra, "needs 8");
-  expect_parse_error(make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", v, sizeof v),
-                     "'<i4'");
-  expect_parse_error(make_npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", v, sizeof v),
-                     "big-endian");
+  expect_parse_error(make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", v, sizeof v), "'<i4'");
+  expect_parse_error(make_npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", v, sizeof v), "big-endian");
   expect_parse_error(make_npy("{'descr': '<f4', 'shape': (2,), }", v, sizeof v), "lacks");
   expect_parse_error(make_npy("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,), }", v, sizeof v),
                      "True or False");
   expect_parse_error(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", v, sizeof v),
                      "non-negative");
+  expect_parse_error(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'extra': 1}", v, sizeof v),
+                     "unknown header key");
   expect_parse_error(
-      make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'extra': 1}", v, sizeof v),
-      "unknown header key");
-  expect_parse_error(
-      make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999, 99999999999), }",
-               v, sizeof v),
+      make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999, 99999999999), }", v,
+               sizeof v),
       "too large");
   EXPECT_THROW(load_npy("/nonexistent/file.npy"), Error);
 }

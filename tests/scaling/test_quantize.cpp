@@ -64,13 +64,18 @@ ScaledMatrix reference_quantize(const std::vector<float>& x, std::int64_t rows, 
   return q;
 }
 
-const Granularity kGranularities[] = {Granularity::tensor(),       Granularity::row(),
-                                      Granularity::column(),       Granularity::block(1, 128),
-                                      Granularity::block(128, 128), Granularity::block(3, 5),
-                                      Granularity::mx(MxScaleMode::kFloor), Granularity::mx(MxScaleMode::kRceil)};
+const Granularity kGranularities[] = {Granularity::tensor(),
+                                      Granularity::row(),
+                                      Granularity::column(),
+                                      Granularity::block(1, 128),
+                                      Granularity::block(128, 128),
+                                      Granularity::block(3, 5),
+                                      Granularity::mx(MxScaleMode::kFloor),
+                                      Granularity::mx(MxScaleMode::kRceil)};
 
 TEST(Quantize, MatchesReferenceBitForBit) {
-  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {1, 3}, {3, 7}, {17, 129}, {130, 300}, {2, 32}, {64, 33}, {0, 5}};
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1},     {1, 3},  {3, 7},   {17, 129},
+                                                          {130, 300}, {2, 32}, {64, 33}, {0, 5}};
   for (const auto& [rows, cols] : shapes) {
     auto x = gaussian(static_cast<std::size_t>(rows * cols), static_cast<std::uint32_t>(rows * 1000 + cols), 10.0f);
     if (x.size() > 10) {
@@ -95,7 +100,8 @@ TEST(Quantize, MatchesReferenceBitForBit) {
           for (std::int64_t r = 0; r < rows; ++r) {
             for (std::int64_t c = 0; c < cols; ++c) {
               const std::size_t i = static_cast<std::size_t>(r * cols + c);
-              const float s = got.scale_inv[static_cast<std::size_t>((r / got.block_rows()) * got.grid_cols() + c / got.block_cols())];
+              const float s = got.scale_inv[static_cast<std::size_t>((r / got.block_rows()) * got.grid_cols() +
+                                                                     c / got.block_cols())];
               const float want_value = decode_to_float(f, got.data[i]) * s;
               ASSERT_TRUE(back[i] == want_value || (std::isnan(back[i]) && std::isnan(want_value))) << i;
             }
@@ -119,10 +125,12 @@ TEST(Quantize, RoundTripErrorWithinHalfAnUlp) {
       const double half_ulp = std::ldexp(1.0, -(descriptor(f).mantissa_bits + 1));
       for (std::size_t i = 0; i < x.size(); ++i) {
         const std::int64_t r = static_cast<std::int64_t>(i) / cols, c = static_cast<std::int64_t>(i) % cols;
-        const float s = q.scale_inv[static_cast<std::size_t>((r / q.block_rows()) * q.grid_cols() + c / q.block_cols())];
+        const float s =
+            q.scale_inv[static_cast<std::size_t>((r / q.block_rows()) * q.grid_cols() + c / q.block_cols())];
         const double scaled = std::fabs(x[i]) / s;  // where the element sat in FP8 units
         if (scaled < min_normal(f) || g.kind == Granularity::Kind::kMx) continue;
-        ASSERT_LE(std::fabs(back[i] - x[i]), half_ulp * std::fabs(x[i]) * 1.0001) << g.name() << " " << name(f) << " " << i;
+        ASSERT_LE(std::fabs(back[i] - x[i]), half_ulp * std::fabs(x[i]) * 1.0001)
+            << g.name() << " " << name(f) << " " << i;
       }
       // Only MX with FLOOR scales can clip the top of a block; every other scale maps amax to at most fp8_max.
       if (!(g.kind == Granularity::Kind::kMx && g.mx_mode == MxScaleMode::kFloor)) {
@@ -142,8 +150,12 @@ TEST(Quantize, MxFloorClipsWhereRceilDoesNot) {
   std::vector<float> x(32, 1.0f);
   x[7] = 500.0f;
   QuantDiagnostics floor_d, rceil_d;
-  const ScaledMatrix floor_q = quantize(MatrixView{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kFloor)}, &floor_d);
-  const ScaledMatrix rceil_q = quantize(MatrixView{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kRceil)}, &rceil_d);
+  const ScaledMatrix floor_q =
+      quantize(MatrixView{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kFloor)},
+               &floor_d);
+  const ScaledMatrix rceil_q =
+      quantize(MatrixView{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kRceil)},
+               &rceil_d);
   ASSERT_EQ(floor_q.scale_e8m0.size(), 1u);
   EXPECT_EQ(floor_q.scale_e8m0[0], 127);
   EXPECT_EQ(rceil_q.scale_e8m0[0], 128);
@@ -196,7 +208,8 @@ TEST(Quantize, Diagnostics) {
   EXPECT_EQ(de.max_abs_error, 0.0);
   // Saturation counted with a margin that pushes values out of range (scale 2x too large).
   QuantDiagnostics ds;
-  quantize(MatrixView{exact.data(), 1, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(), ScaleOptions{-1}}, &ds);
+  quantize(MatrixView{exact.data(), 1, 4},
+           {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(), ScaleOptions{-1}}, &ds);
   EXPECT_EQ(ds.saturated_count, 1u);  // 448 * 2 > 448
 }
 
@@ -215,7 +228,8 @@ TEST(Quantize, GranularityNames) {
 
 TEST(Quantize, RejectsBadArguments) {
   std::vector<float> x(6);
-  EXPECT_THROW(quantize(MatrixView{x.data(), 2, 3}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(0, 2)}), Error);
+  EXPECT_THROW(quantize(MatrixView{x.data(), 2, 3}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(0, 2)}),
+               Error);
   EXPECT_THROW(quantize(MatrixView{x.data(), -1, 3}, {}), Error);
   const ScaledMatrix q = quantize(MatrixView{x.data(), 2, 3}, {});
   std::vector<float> wrong(5);
@@ -227,7 +241,8 @@ TEST(Quantize, LargeParallelMatchesSerial) {
   const auto x = gaussian(static_cast<std::size_t>(rows * cols), 9, 100.0f);
   for (const Granularity& g : {Granularity::tensor(), Granularity::block(128, 128), Granularity::mx()}) {
     const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g};
-    EXPECT_EQ(quantize(MatrixView{x.data(), rows, cols}, o).data, reference_quantize(x, rows, cols, o).data) << g.name();
+    EXPECT_EQ(quantize(MatrixView{x.data(), rows, cols}, o).data, reference_quantize(x, rows, cols, o).data)
+        << g.name();
   }
 }
 

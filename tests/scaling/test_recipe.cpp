@@ -13,7 +13,9 @@
 namespace fp8kit {
 namespace {
 
-std::vector<float> hist(const DelayedScaling& s) { return {s.history().begin(), s.history().end()}; }
+std::vector<float> hist(const DelayedScaling& s) {
+  return {s.history().begin(), s.history().end()};
+}
 
 TEST(DelayedScaling, MaxOverWindowByHand) {
   DelayedScaling s(DelayedScalingConfig{Format::e4m3fn, 3, AmaxCompute::kMax});

@@ -24,11 +24,11 @@ TEST(Scale, Table) {
   for (Format f : {Format::e4m3fn, Format::e5m2}) {
     const float fp8_max = static_cast<float>(max_finite(f));
     SCOPED_TRACE(std::string(name(f)));
-    EXPECT_EQ(compute_scale(0.0f, f, {}, 2.5f), 2.5f);                  // nothing to scale: previous scale
-    EXPECT_EQ(compute_scale(kInf, f, {}, 2.5f), 2.5f);                  // non-finite: previous scale
+    EXPECT_EQ(compute_scale(0.0f, f, {}, 2.5f), 2.5f);  // nothing to scale: previous scale
+    EXPECT_EQ(compute_scale(kInf, f, {}, 2.5f), 2.5f);  // non-finite: previous scale
     EXPECT_EQ(compute_scale(-kInf, f, {}, 2.5f), 2.5f);
     EXPECT_EQ(compute_scale(kNaN, f, {}, 2.5f), 2.5f);
-    EXPECT_EQ(compute_scale(1e-40f, f, {}, 2.5f), FLT_MAX);             // the scale overflows float: FLT_MAX
+    EXPECT_EQ(compute_scale(1e-40f, f, {}, 2.5f), FLT_MAX);              // the scale overflows float: FLT_MAX
     EXPECT_EQ(compute_scale(3.5f, f), fp8_max / 3.5f);                   // 448 / 3.5 = 128
     EXPECT_EQ(compute_scale(3.5f, f, ScaleOptions{1}), fp8_max / 7.0f);  // margin 1 halves it
     EXPECT_EQ(compute_scale(3.5f, f, ScaleOptions{-2}), fp8_max / 3.5f * 4.0f);
@@ -127,8 +127,8 @@ TEST(Amax, BlocksAgainstReference) {
   struct Case {
     std::int64_t rows, cols, br, bc;
   };
-  const Case cases[] = {{1, 1, 1, 1},     {3, 7, 1, 7},      {3, 7, 3, 1},     {17, 129, 1, 128}, {130, 300, 128, 128},
-                        {5, 64, 2, 32},   {64, 33, 1, 32},   {4, 5, 4, 5},     {0, 8, 1, 8},      {200, 200, 200, 200}};
+  const Case cases[] = {{1, 1, 1, 1},   {3, 7, 1, 7},    {3, 7, 3, 1}, {17, 129, 1, 128}, {130, 300, 128, 128},
+                        {5, 64, 2, 32}, {64, 33, 1, 32}, {4, 5, 4, 5}, {0, 8, 1, 8},      {200, 200, 200, 200}};
   for (const Case& c : cases) {
     const auto x = test_data(static_cast<std::size_t>(c.rows * c.cols), 5, c.rows * c.cols > 20);
     const std::int64_t gr = ceil_div(c.rows, c.br), gc = ceil_div(c.cols, c.bc);
@@ -144,7 +144,8 @@ TEST(Amax, BlocksAgainstReference) {
             if (std::isfinite(v)) want = std::max(want, std::fabs(v));
           }
         }
-        EXPECT_EQ(got[static_cast<std::size_t>(i * gc + j)], want) << c.rows << "x" << c.cols << " block " << i << "," << j;
+        EXPECT_EQ(got[static_cast<std::size_t>(i * gc + j)], want)
+            << c.rows << "x" << c.cols << " block " << i << "," << j;
       }
     }
     const AmaxResult all = reference_amax(x.data(), x.size());

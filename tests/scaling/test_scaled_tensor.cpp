@@ -1,5 +1,4 @@
-// ScaledTensor: quantize and dequantize Tensors of any shape and float dtype, keeping the original dtype and
-// shape.
+// ScaledTensor: quantize and dequantize Tensors of any shape and float dtype, keeping the original dtype and shape.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,8 +15,7 @@ TEST(ScaledTensor, RoundTripKeepsShapeAndDtype) {
     for (const Granularity& g :
          {Granularity::tensor(), Granularity::row(), Granularity::block(2, 32), Granularity::mx()}) {
       QuantDiagnostics d;
-      const ScaledTensor q =
-          quantize(x, QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, g, ScaleOptions{}}, &d);
+      const ScaledTensor q = quantize(x, QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, g, ScaleOptions{}}, &d);
       EXPECT_EQ(q.shape, x.shape());
       EXPECT_EQ(q.original_dtype, dtype);
       EXPECT_EQ(q.matrix.rows, 15);
@@ -31,10 +29,8 @@ TEST(ScaledTensor, RoundTripKeepsShapeAndDtype) {
       // The same values as dequantizing the matrix in float32 and converting once.
       std::vector<float> want(static_cast<std::size_t>(x.numel()));
       dequantize(q.matrix, want);
-      const Tensor want_t =
-          tensor(std::vector<double>(want.begin(), want.end()), x.shape(), DType::float32).to(dtype);
-      for (std::int64_t i = 0; i < x.numel(); ++i)
-        ASSERT_EQ(back.item_as_double(i), want_t.item_as_double(i)) << i;
+      const Tensor want_t = tensor(std::vector<double>(want.begin(), want.end()), x.shape(), DType::float32).to(dtype);
+      for (std::int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(back.item_as_double(i), want_t.item_as_double(i)) << i;
       ASSERT_TRUE(d.sqnr_db.has_value());
       EXPECT_GT(*d.sqnr_db, 25.0) << name(dtype) << " " << g.name();
     }

@@ -76,8 +76,8 @@ TEST(Cast, EveryFloatDTypeToEveryFp8DTypeMatchesTheCodec) {
           const std::uint8_t want = reference_encode(src, i, EncodeSpec{f, o});
           if (codes[i] != want) {
             ++mismatches;
-            ADD_FAILURE() << "element " << i << " value " << src.item_as_double(i) << ": got "
-                          << int(codes[i]) << " want " << int(want);
+            ADD_FAILURE() << "element " << i << " value " << src.item_as_double(i) << ": got " << int(codes[i])
+                          << " want " << int(want);
           }
         }
       }
@@ -171,8 +171,7 @@ TEST(Cast, Fp8ToFp8DecodesExactlyThenEncodesOnce) {
           continue;
         }
         for (int c = 0; c < 256; ++c) {
-          const std::uint8_t want =
-              encode(decode_to_double(from, static_cast<std::uint8_t>(c)), EncodeSpec{to, o});
+          const std::uint8_t want = encode(decode_to_double(from, static_cast<std::uint8_t>(c)), EncodeSpec{to, o});
           EXPECT_EQ(out.data<std::uint8_t>()[c], want) << c;
         }
       }
@@ -321,9 +320,7 @@ TEST(Cast, LargeTensorsMatchReferencesForAnyThreadCount) {
     set_num_threads(threads);
     const Tensor e4 = f64.to(DType::float8_e4m3fn, Overflow::kSaturate);
     for (std::int64_t i = 0; i < f64.numel(); ++i) {
-      ASSERT_EQ(e4.data<std::uint8_t>()[i],
-                encode(values[i], EncodeSpec{Format::e4m3fn, Overflow::kSaturate}))
-          << i;
+      ASSERT_EQ(e4.data<std::uint8_t>()[i], encode(values[i], EncodeSpec{Format::e4m3fn, Overflow::kSaturate})) << i;
     }
     halves.push_back(f64.to(DType::float16));
   }

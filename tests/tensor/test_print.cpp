@@ -42,15 +42,14 @@ TEST(Print, IntegerMode) {
   EXPECT_EQ(to_string(tensor({-1.0, 2.0, 100.0})), "tensor([ -1.,   2., 100.])");
   EXPECT_EQ(to_string(zeros({3})), "tensor([0., 0., 0.])");
   EXPECT_EQ(to_string(tensor({-0.0, 1.0})), "tensor([-0., 1.])");
-  EXPECT_EQ(to_string(tensor({448.0, -448.0}, DType::float8_e4m3fn)),
-            "tensor([ 448., -448.], dtype=float8_e4m3fn)");
+  EXPECT_EQ(to_string(tensor({448.0, -448.0}, DType::float8_e4m3fn)), "tensor([ 448., -448.], dtype=float8_e4m3fn)");
   EXPECT_EQ(to_string(tensor({1.0, 2.0, 0.5}, DType::float8_e8m0fnu)),
             "tensor([1.0000, 2.0000, 0.5000], dtype=float8_e8m0fnu)");
 }
 
 TEST(Print, ScientificMode) {
-  EXPECT_EQ(to_string(tensor({1e-5, 1.0})), "tensor([1.0000e-05, 1.0000e+00])");     // min < 1e-4
-  EXPECT_EQ(to_string(tensor({1.0, 10000.0})), "tensor([1.0000e+00, 1.0000e+04])");  // max / min > 1000
+  EXPECT_EQ(to_string(tensor({1e-5, 1.0})), "tensor([1.0000e-05, 1.0000e+00])");               // min < 1e-4
+  EXPECT_EQ(to_string(tensor({1.0, 10000.0})), "tensor([1.0000e+00, 1.0000e+04])");            // max / min > 1000
   EXPECT_EQ(to_string(tensor({1e9}, DType::float64)), "tensor([1.0000e+09], dtype=float64)");  // max > 1e8
   EXPECT_EQ(to_string(tensor({0.0, 0.001953125, 448.0}, DType::float8_e4m3fn)),
             "tensor([0.0000e+00, 1.9531e-03, 4.4800e+02], dtype=float8_e4m3fn)");
@@ -66,8 +65,7 @@ TEST(Print, NanAndInf) {
   EXPECT_EQ(to_string(tensor({1.0, 1000.0}, DType::float8_e4m3fn)), "tensor([1., nan], dtype=float8_e4m3fn)");
   EXPECT_EQ(to_string(tensor({1.0, 1e6}, DType::float8_e5m2)), "tensor([1., inf], dtype=float8_e5m2)");
   // The fnuz NaN decodes with the sign bit set; Python prints it as "nan".
-  EXPECT_EQ(to_string(tensor({1.0, 1000.0}, DType::float8_e4m3fnuz)),
-            "tensor([1., nan], dtype=float8_e4m3fnuz)");
+  EXPECT_EQ(to_string(tensor({1.0, 1000.0}, DType::float8_e4m3fnuz)), "tensor([1., nan], dtype=float8_e4m3fnuz)");
   EXPECT_EQ(to_string(tensor({-NAN})), "tensor([nan])");
 }
 

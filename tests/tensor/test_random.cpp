@@ -83,8 +83,7 @@ TEST(Random, UniformInUnitIntervalAndExactInEveryDType) {
     EXPECT_LT(lo, 0.01);
     EXPECT_GT(hi, 0.99);
   }
-  // The same draw in float32 and float64 agrees to float32's 24 bits (both take the top bits of one 64-bit
-  // word).
+  // The same draw in float32 and float64 agrees to float32's 24 bits (both take the top bits of one 64-bit word).
   const Tensor a = rand({1000}, 9, DType::float32);
   const Tensor b = rand({1000}, 9, DType::float64);
   for (std::int64_t i = 0; i < 1000; ++i) {

@@ -25,8 +25,7 @@ std::vector<Format> parse_format_list(std::string_view text) {
   std::size_t start = 0;
   while (start <= text.size()) {
     const std::size_t comma = text.find(',', start);
-    const std::string_view token =
-        text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
+    const std::string_view token = text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
     const auto format = parse_format(token);
     if (!format) {
       throw UsageError("unknown format '" + std::string(token) + "' (known: " + known_format_names() + ")");

@@ -1,6 +1,5 @@
 // `fp8kit analyze FILE`: does FP8 hold this tensor, and at which granularity? Quantizes a .npy array (viewed
-// as 2-D, last dimension as the row) for each format x granularity and reports what each loses, with a
-// verdict.
+// as 2-D, last dimension as the row) for each format x granularity and reports what each loses, with a verdict.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -70,8 +69,7 @@ std::string verdict(const std::vector<Row>& rows) {
   const Row* best = nullptr;
   for (const Row& r : rows) {
     if (!holds(r.d)) continue;
-    // e4m3fn's precision is the point of FP8 for weights and activations; among holders prefer coarse, then
-    // SQNR
+    // e4m3fn's precision is the point of FP8 for weights and activations; among holders prefer coarse, then SQNR
     if (best == nullptr || coarseness_rank(r.granularity) < coarseness_rank(best->granularity) ||
         (coarseness_rank(r.granularity) == coarseness_rank(best->granularity) &&
          r.d.sqnr_db.value_or(1e9) > best->d.sqnr_db.value_or(1e9))) {
@@ -79,10 +77,9 @@ std::string verdict(const std::vector<Row>& rows) {
     }
   }
   if (best != nullptr) {
-    return fmt::format(
-        "verdict: {} holds this tensor at '{}' granularity (SQNR {} dB, {:.3f}% underflow, 0 saturated)",
-        name(best->format), best->granularity.name(), sqnr_text(best->d),
-        100.0 * best->d.underflow_fraction());
+    return fmt::format("verdict: {} holds this tensor at '{}' granularity (SQNR {} dB, {:.3f}% underflow, 0 saturated)",
+                       name(best->format), best->granularity.name(), sqnr_text(best->d),
+                       100.0 * best->d.underflow_fraction());
   }
   const Row* top = nullptr;
   for (const Row& r : rows) {
@@ -93,8 +90,8 @@ std::string verdict(const std::vector<Row>& rows) {
       "verdict: no combination tried holds this tensor (SQNR >= {:.0f} dB, <= {:.1f}% underflow, none "
       "saturated); "
       "best: {} '{}' at {} dB, {:.3f}% underflow, {} saturated",
-      kGoodSqnrDb, 100.0 * kMaxUnderflowFraction, name(top->format), top->granularity.name(),
-      sqnr_text(top->d), 100.0 * top->d.underflow_fraction(), top->d.saturated_count);
+      kGoodSqnrDb, 100.0 * kMaxUnderflowFraction, name(top->format), top->granularity.name(), sqnr_text(top->d),
+      100.0 * top->d.underflow_fraction(), top->d.saturated_count);
 }
 
 nlohmann::json number_or_null(std::optional<double> v) {
@@ -103,8 +100,7 @@ nlohmann::json number_or_null(std::optional<double> v) {
 }
 
 void run_analyze(const AnalyzeArgs& args) {
-  if (args.saturate && args.no_saturate)
-    throw UsageError("--saturate and --no-saturate contradict each other");
+  if (args.saturate && args.no_saturate) throw UsageError("--saturate and --no-saturate contradict each other");
   const std::vector<Format> formats = parse_format_list(args.formats);
   std::vector<Granularity> granularities;
   for (std::size_t start = 0; start <= args.granularities.size();) {
@@ -122,19 +118,15 @@ void run_analyze(const AnalyzeArgs& args) {
   }
   const std::filesystem::path path(args.file);
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw UsageError("'" + args.file + "' is not a readable file");
+  if (!std::filesystem::is_regular_file(path, ec)) throw UsageError("'" + args.file + "' is not a readable file");
   const std::string ext = path.extension().string();
   if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".pkl") {
-    throw UsageError(
-        "'" + args.file +
-        "' is a pickle file, which fp8kit never loads (it can run code); save the tensor with numpy.save");
+    throw UsageError("'" + args.file +
+                     "' is a pickle file, which fp8kit never loads (it can run code); save the tensor with numpy.save");
   }
-  if (ext != ".npy")
-    throw UsageError("'" + args.file + "': analyze reads NumPy .npy files (save one with numpy.save)");
+  if (ext != ".npy") throw UsageError("'" + args.file + "': analyze reads NumPy .npy files (save one with numpy.save)");
   if (!args.tensor.empty()) {
-    throw UsageError("--tensor selects a tensor inside a multi-tensor file; '" + args.file +
-                     "' holds a single array");
+    throw UsageError("--tensor selects a tensor inside a multi-tensor file; '" + args.file + "' holds a single array");
   }
   NpyArray array;
   try {
@@ -159,41 +151,38 @@ void run_analyze(const AnalyzeArgs& args) {
   if (args.json) {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const Row& r : results) {
-      out.push_back(
-          {{"format", std::string(name(r.format))},
-           {"granularity", r.granularity.name()},
-           {"overflow", overflow == Overflow::kSaturate ? "saturate" : "non-saturating"},
-           {"rows", rows},
-           {"cols", view.cols},
-           {"amax", r.d.amax},
-           {"scale", r.d.scale ? nlohmann::ordered_json(*r.d.scale) : nlohmann::ordered_json(nullptr)},
-           {"sqnr_db", number_or_null(r.d.sqnr_db)},
-           {"exact", r.d.exact},
-           {"underflow_fraction", r.d.underflow_fraction()},
-           {"underflow_count", r.d.underflow_count},
-           {"saturated_count", r.d.saturated_count},
-           {"nonfinite_count", r.d.nonfinite_count},
-           {"max_abs_error", number_or_null(r.d.max_abs_error)},
-           {"max_rel_error", number_or_null(r.d.max_rel_error)},
-           {"holds", holds(r.d)}});
+      out.push_back({{"format", std::string(name(r.format))},
+                     {"granularity", r.granularity.name()},
+                     {"overflow", overflow == Overflow::kSaturate ? "saturate" : "non-saturating"},
+                     {"rows", rows},
+                     {"cols", view.cols},
+                     {"amax", r.d.amax},
+                     {"scale", r.d.scale ? nlohmann::ordered_json(*r.d.scale) : nlohmann::ordered_json(nullptr)},
+                     {"sqnr_db", number_or_null(r.d.sqnr_db)},
+                     {"exact", r.d.exact},
+                     {"underflow_fraction", r.d.underflow_fraction()},
+                     {"underflow_count", r.d.underflow_count},
+                     {"saturated_count", r.d.saturated_count},
+                     {"nonfinite_count", r.d.nonfinite_count},
+                     {"max_abs_error", number_or_null(r.d.max_abs_error)},
+                     {"max_rel_error", number_or_null(r.d.max_rel_error)},
+                     {"holds", holds(r.d)}});
     }
     fmt::print("{}\n", out.dump(2));
     return;
   }
   std::string shape;
-  for (std::size_t i = 0; i < array.shape.size(); ++i)
-    shape += (i ? ", " : "") + std::to_string(array.shape[i]);
-  fmt::print("{}: {} ({}), viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file,
-             array.descr, shape.empty() ? "scalar" : "(" + shape + ")", rows, view.cols,
+  for (std::size_t i = 0; i < array.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(array.shape[i]);
+  fmt::print("{}: {} ({}), viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file, array.descr,
+             shape.empty() ? "scalar" : "(" + shape + ")", rows, view.cols,
              overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
              results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count);
-  fmt::print("{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale",
-             "SQNR dB", "underflow", "saturated", "max rel err", "holds");
+  fmt::print("{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale", "SQNR dB",
+             "underflow", "saturated", "max rel err", "holds");
   for (const Row& r : results) {
-    fmt::print("{:<9} {:<14} {:>12} {:>9} {:>10.3f}% {:>10} {:>12.4g} {:>6}\n", name(r.format),
-               r.granularity.name(), r.d.scale ? fmt::format("{:.6g}", *r.d.scale) : "per block",
-               sqnr_text(r.d), 100.0 * r.d.underflow_fraction(), r.d.saturated_count, r.d.max_rel_error,
-               holds(r.d) ? "yes" : "no");
+    fmt::print("{:<9} {:<14} {:>12} {:>9} {:>10.3f}% {:>10} {:>12.4g} {:>6}\n", name(r.format), r.granularity.name(),
+               r.d.scale ? fmt::format("{:.6g}", *r.d.scale) : "per block", sqnr_text(r.d),
+               100.0 * r.d.underflow_fraction(), r.d.saturated_count, r.d.max_rel_error, holds(r.d) ? "yes" : "no");
   }
   fmt::print("{}\n", verdict(results));
 }
@@ -202,10 +191,8 @@ void run_analyze(const AnalyzeArgs& args) {
 
 void add_analyze_command(CLI::App& app) {
   auto args = std::make_shared<AnalyzeArgs>();
-  CLI::App* cmd =
-      app.add_subcommand("analyze", "Does FP8 hold this tensor, and at which granularity? (.npy files)");
-  cmd->add_option("FILE", args->file, "A NumPy .npy file (float16, float32 or float64, any shape)")
-      ->required();
+  CLI::App* cmd = app.add_subcommand("analyze", "Does FP8 hold this tensor, and at which granularity? (.npy files)");
+  cmd->add_option("FILE", args->file, "A NumPy .npy file (float16, float32 or float64, any shape)")->required();
   cmd->add_option("--tensor", args->tensor, "The tensor to analyze in a multi-tensor file");
   cmd->add_option("--format", args->formats, "Comma-separated formats (default e4m3fn,e5m2)");
   cmd->add_option(

@@ -115,8 +115,8 @@ void run_bench_convert(const BenchConvertArgs& args) {
   fmt::print("conversion kernels vs memcpy of the same {} MiB array ({} repetitions, medians; CPU: {})\n",
              options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
   fmt::print("GB/s counts input + output bytes; memcpy counts its reads + writes\n\n");
-  fmt::print("{:<16} {:<7} {:<15} {:>6} {:>7} {:>9} {:>12} {:>7}\n", "op", "isa", "overflow", "scale",
-             "threads", "GB/s", "memcpy GB/s", "ratio");
+  fmt::print("{:<16} {:<7} {:<15} {:>6} {:>7} {:>9} {:>12} {:>7}\n", "op", "isa", "overflow", "scale", "threads",
+             "GB/s", "memcpy GB/s", "ratio");
   for (const auto& r : results) {
     fmt::print("{:<16} {:<7} {:<15} {:>6.3g} {:>7} {:>9.1f} {:>12.1f} {:>6.2f}x\n", r.op, r.isa,
                r.overflow.empty() ? "-" : r.overflow, r.scale, r.threads, r.gbps, r.baseline_gbps, r.ratio);
@@ -137,8 +137,7 @@ void run_bench_scaling(const BenchConvertArgs& args) {
       out.push_back(
           {{"op", r.op},
            {"granularity", r.granularity.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.granularity)},
-           {"format",
-            r.op == "quantize" || r.op == "dequantize" ? nlohmann::json("e4m3fn") : nlohmann::json(nullptr)},
+           {"format", r.op == "quantize" || r.op == "dequantize" ? nlohmann::json("e4m3fn") : nlohmann::json(nullptr)},
            {"threads", r.threads},
            {"bytes", r.bytes_moved},
            {"seconds", r.seconds},
@@ -156,22 +155,19 @@ void run_bench_scaling(const BenchConvertArgs& args) {
       "scaling kernels on a {} MiB float32 matrix (rows x 4096, e4m3fn, saturating; {} repetitions, medians; "
       "CPU: {})\n",
       options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
-  fmt::print(
-      "GB/s counts bytes read + written; amax is compared with the read probe, the rest with memcpy\n\n");
-  fmt::print("{:<15} {:<15} {:>7} {:>9} {:<15} {:>13} {:>7}\n", "op", "granularity", "threads", "GB/s",
-             "baseline", "baseline GB/s", "ratio");
+  fmt::print("GB/s counts bytes read + written; amax is compared with the read probe, the rest with memcpy\n\n");
+  fmt::print("{:<15} {:<15} {:>7} {:>9} {:<15} {:>13} {:>7}\n", "op", "granularity", "threads", "GB/s", "baseline",
+             "baseline GB/s", "ratio");
   for (const auto& r : results) {
     fmt::print("{:<15} {:<15} {:>7} {:>9.1f} {:<15} {:>13.1f} {:>6.2f}x\n", r.op,
-               r.granularity.empty() ? "-" : r.granularity, r.threads, r.gbps, r.baseline, r.baseline_gbps,
-               r.ratio);
+               r.granularity.empty() ? "-" : r.granularity, r.threads, r.gbps, r.baseline, r.baseline_gbps, r.ratio);
   }
 }
 
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
-  CLI::App* bench =
-      app.add_subcommand("bench", "Benchmarks: kernels against baselines measured in the same run");
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: kernels against baselines measured in the same run");
   bench->require_subcommand(1);
   auto args = std::make_shared<BenchConvertArgs>();
   CLI::App* convert = bench->add_subcommand("convert", "Conversion kernels against memcpy of the same bytes");

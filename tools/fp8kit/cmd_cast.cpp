@@ -78,9 +78,7 @@ bool equals_ignoring_case(std::string_view a, std::string_view lower) {
 }
 
 std::string_view trim(std::string_view text) {
-  const auto space = [](char c) {
-    return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v';
-  };
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; };
   while (!text.empty() && space(text.front())) text.remove_prefix(1);
   while (!text.empty() && space(text.back())) text.remove_suffix(1);
   return text;
@@ -311,13 +309,12 @@ std::optional<SourceValue> parse_value(std::string_view text, Source source) {
   bool tie = false;
   std::uint16_t bits = narrow_to_half(*d, layout, 0, &tie);
   if (tie) bits = narrow_to_half(*d, layout, compare_text_to_double(*number, std::fabs(*d)), nullptr);
-  const float widened = source == Source::kBfloat16 ? bfloat16::from_bits(bits).to_float()
-                                                    : float16::from_bits(bits).to_float();
+  const float widened =
+      source == Source::kBfloat16 ? bfloat16::from_bits(bits).to_float() : float16::from_bits(bits).to_float();
   return SourceValue{static_cast<double>(widened), bits};
 }
 
-std::uint8_t encode_source(Source source, const SourceValue& v, const EncodeSpec& spec,
-                           std::uint32_t random_bits) {
+std::uint8_t encode_source(Source source, const SourceValue& v, const EncodeSpec& spec, std::uint32_t random_bits) {
   switch (source) {
     case Source::kFloat32:
       return encode(static_cast<float>(v.value), spec, random_bits);
@@ -380,8 +377,7 @@ std::string quote_token(std::string_view token) {
 }
 
 std::string unparsable(std::string_view token) {
-  return "unparsable value " + quote_token(token) +
-         " (expected a decimal or hex-float number, nan, inf or -inf)";
+  return "unparsable value " + quote_token(token) + " (expected a decimal or hex-float number, nan, inf or -inf)";
 }
 
 // "--bogus", "-x": an option this command does not have (a number such as -1.5 or -inf never gets here).
@@ -442,8 +438,8 @@ class CastPrinter {
     fmt::format_to(fmt::appender(out_), "{} -> {}; overflow: {}; rounding: {}\n",
                    cast_detail::source_name(setup_.source), formats, overflow, rounding);
     fmt::format_to(fmt::appender(out_), "{:<{}}  {:<{}}  {:>{}}  {:<{}}  {:<4}  {:>11}  {:>11}\n", "input",
-                   input_width_, "format", format_width_, "fp8 value", value_width_, "bits", bits_width_,
-                   "hex", "abs error", "rel error");
+                   input_width_, "format", format_width_, "fp8 value", value_width_, "bits", bits_width_, "hex",
+                   "abs error", "rel error");
   }
 
   // All the rows of the value at 0-based input position `index`.
@@ -452,8 +448,8 @@ class CastPrinter {
         setup_.rounding == Rounding::kStochastic ? stochastic_bits(setup_.seed, index) : 0;
     for (std::size_t i = 0; i < setup_.formats.size(); ++i) {
       const Format f = setup_.formats[i];
-      const std::uint8_t code = cast_detail::encode_source(
-          setup_.source, v, EncodeSpec{f, setup_.overflow, setup_.rounding}, random_bits);
+      const std::uint8_t code =
+          cast_detail::encode_source(setup_.source, v, EncodeSpec{f, setup_.overflow, setup_.rounding}, random_bits);
       const double value = decode_to_double(f, code);
       const bool defined = std::isfinite(value) && std::isfinite(v.value);
       const double abs_error = std::fabs(value - v.value);
@@ -462,12 +458,10 @@ class CastPrinter {
       const auto& t = setup_.texts[i][code];
       const auto out = fmt::appender(out_);
       if (setup_.json) {
-        fmt::format_to(out,
-                       "{}\n  {{\"input\": \"{}\", \"index\": {}, \"format\": \"{}\", \"source_value\": ",
+        fmt::format_to(out, "{}\n  {{\"input\": \"{}\", \"index\": {}, \"format\": \"{}\", \"source_value\": ",
                        first_ ? "" : ",", input, index, name(f));
         append_json_number(out_, v.value);
-        fmt::format_to(out, ", \"code\": {}, \"hex\": \"{}\", \"bits\": \"{}\", \"value\": ", code, t.hex,
-                       t.bits);
+        fmt::format_to(out, ", \"code\": {}, \"hex\": \"{}\", \"bits\": \"{}\", \"value\": ", code, t.hex, t.bits);
         append_json_number(out_, value);
         fmt::format_to(out, ", \"abs_error\": ");
         append_json_number(out_, defined ? abs_error : kNull);
@@ -493,8 +487,7 @@ class CastPrinter {
   // measures Unicode widths: too slow for millions of rows.)
   void append_cell(std::string_view text, std::size_t width, bool right, bool first = false) {
     static constexpr std::string_view kSpaces = "                                                  ";
-    const std::string_view fill =
-        kSpaces.substr(0, std::min(kSpaces.size(), width - std::min(width, text.size())));
+    const std::string_view fill = kSpaces.substr(0, std::min(kSpaces.size(), width - std::min(width, text.size())));
     if (!first) out_.append(kSpaces.substr(0, 2));
     if (right) out_.append(fill);
     out_.append(text);
@@ -543,9 +536,7 @@ struct PendingValues {
     items.push_back({arena.size(), text.size(), value});
     arena.append(text);
   }
-  std::string_view text(const Item& item) const {
-    return std::string_view(arena).substr(item.offset, item.length);
-  }
+  std::string_view text(const Item& item) const { return std::string_view(arena).substr(item.offset, item.length); }
   std::size_t widest() const {
     std::size_t width = 5;
     for (const Item& item : items) width = std::max(width, std::min(item.length, kMaxInputWidth));
@@ -630,8 +621,7 @@ CastSetup make_setup(const CastArgs& args) {
   } else if (args.rounding == "stochastic") {
     setup.rounding = Rounding::kStochastic;
   } else {
-    throw UsageError("--rounding: unknown rounding " + quote_token(args.rounding) +
-                     " (known: nearest, stochastic)");
+    throw UsageError("--rounding: unknown rounding " + quote_token(args.rounding) + " (known: nearest, stochastic)");
   }
   setup.overflow = args.saturate ? Overflow::kSaturate : Overflow::kNonSaturating;
   const char* seed_end = args.seed.data() + args.seed.size();
@@ -716,27 +706,23 @@ void add_cast_command(CLI::App& app) {
   CLI::App* cast = app.add_subcommand(
       "cast", "Cast values to FP8 with the exact codec: code, bits, value and error for each format");
   auto args = std::make_shared<CastArgs>();
-  cast->add_option("--to", args->to,
-                   "Target formats, comma-separated (default e4m3fn,e5m2; also float8_* names)");
+  cast->add_option("--to", args->to, "Target formats, comma-separated (default e4m3fn,e5m2; also float8_* names)");
   cast->add_option("--from", args->from,
                    "Source precision each value is first rounded to: float32 (default), float64, bfloat16, "
                    "float16 (or f32, f64, bf16, f16)");
-  cast->add_flag(
-      "--saturate", args->saturate,
-      "Overflow to +-max finite (default: non-saturating, Inf or NaN as PyTorch .to() and ml_dtypes)");
+  cast->add_flag("--saturate", args->saturate,
+                 "Overflow to +-max finite (default: non-saturating, Inf or NaN as PyTorch .to() and ml_dtypes)");
   cast->add_option("--rounding", args->rounding, "nearest (default: to nearest, ties to even) or stochastic");
-  cast->add_option("--seed", args->seed,
-                   "Seed for --rounding stochastic (default 0); value i uses stream index i")
+  cast->add_option("--seed", args->seed, "Seed for --rounding stochastic (default 0); value i uses stream index i")
       ->type_name("UINT");
   cast->add_flag("--json", args->json, "Print a JSON array, one object per (value, format)");
   // Values such as -inf or -.5 look like short options to CLI11, which would split them off from the other
   // values. So nothing is ever stored in VALUES (its check refuses every token) and extras are allowed: every
   // value, and any unknown option, stays in remaining() in command-line order, and run_cast sorts them out.
   // VALUES still makes "--" work: everything after it is a value, even "-1.5" or "--x" (then unparsable).
-  cast->add_option(
-          "values", args->values,
-          "Values: decimal (1.1, -3e-5, .5), hex-float (0x1.8p+3), nan, inf, -inf. Read from stdin, one "
-          "per line, when none are given")
+  cast->add_option("values", args->values,
+                   "Values: decimal (1.1, -3e-5, .5), hex-float (0x1.8p+3), nan, inf, -inf. Read from stdin, one "
+                   "per line, when none are given")
       ->check(CLI::Validator([](const std::string&) { return std::string("a value"); }, "", "value"));
   cast->validate_positionals();
   cast->allow_extras();

@@ -99,11 +99,10 @@ struct Row {
 };
 
 std::vector<Row> table_rows() {
-  std::vector<Row> rows = {
-      {"format", {}},        {"torch dtype", {}}, {"sign bits", {}},     {"exponent bits", {}},
-      {"mantissa bits", {}}, {"bias", {}},        {"max finite", {}},    {"  code", {}},
-      {"min normal", {}},    {"  exactly", {}},   {"min subnormal", {}}, {"  exactly", {}},
-      {"epsilon", {}},       {"inf", {}},         {"nan", {}},           {"negative zero", {}}};
+  std::vector<Row> rows = {{"format", {}},        {"torch dtype", {}}, {"sign bits", {}},     {"exponent bits", {}},
+                           {"mantissa bits", {}}, {"bias", {}},        {"max finite", {}},    {"  code", {}},
+                           {"min normal", {}},    {"  exactly", {}},   {"min subnormal", {}}, {"  exactly", {}},
+                           {"epsilon", {}},       {"inf", {}},         {"nan", {}},           {"negative zero", {}}};
   for (Format f : kAllFormats) {
     const FormatDescriptor& d = descriptor(f);
     const auto min_sub = min_subnormal(f);
@@ -141,8 +140,7 @@ void print_table() {
   std::string out;
   for (const Row& row : rows) {
     std::string line = fmt::format("{:<{}}", row.label, label_width);
-    for (std::size_t i = 0; i < row.cells.size(); ++i)
-      line += fmt::format("  {:<{}}", row.cells[i], widths[i]);
+    for (std::size_t i = 0; i < row.cells.size(); ++i) line += fmt::format("  {:<{}}", row.cells[i], widths[i]);
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
   }
@@ -156,8 +154,7 @@ void print_table() {
 }  // namespace
 
 void add_formats_command(CLI::App& app) {
-  CLI::App* formats =
-      app.add_subcommand("formats", "Describe every FP8 format: layout, range, special encodings");
+  CLI::App* formats = app.add_subcommand("formats", "Describe every FP8 format: layout, range, special encodings");
   auto json = std::make_shared<bool>(false);
   formats->add_flag("--json", *json, "Print a JSON array (one object per format) instead of the table");
   formats->callback([json] {

@@ -1,6 +1,5 @@
 // fp8kit: the command-line tool. Dispatches to one command per file; turns every error into one line on
-// stderr and an exit status (0 success, 2 bad usage or bad input, 1 any other failure). Never prints a stack
-// trace.
+// stderr and an exit status (0 success, 2 bad usage or bad input, 1 any other failure). Never prints a stack trace.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -55,8 +54,7 @@ int main(int argc, char** argv) {
   } catch (const fp8kit::cli::UsageError& e) {
     return fail(command_name(app), e.what(), 2);
   } catch (const fp8kit::Error& e) {
-    const bool bad_input =
-        e.kind() == fp8kit::ErrorKind::kInvalidArgument || e.kind() == fp8kit::ErrorKind::kParse;
+    const bool bad_input = e.kind() == fp8kit::ErrorKind::kInvalidArgument || e.kind() == fp8kit::ErrorKind::kParse;
     return fail(command_name(app), e.what(), bad_input ? 2 : 1);
   } catch (const std::exception& e) {
     return fail(command_name(app), e.what(), 1);

@@ -7,8 +7,7 @@
 //   correct subnormal FP8  bits(|x| + C) - bits(C), C = 2^(24-bias-m): the float adder rounds once onto the
 //   FP8 quantum overflow       a >= overflow_bits (found from the scalar codec) -> the policy's overflow code
 //   NaN            a > 0x7F800000 -> the canonical NaN; then the sign bit (never on the fnuz zero)
-// FP8 -> float32: normal (mag << (23-m)) + rebias, subnormal int->float * 2^(1-bias-m) (exact), then
-// specials.
+// FP8 -> float32: normal (mag << (23-m)) + rebias, subnormal int->float * 2^(1-bias-m) (exact), then specials.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -88,8 +87,7 @@ inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i
     code = select(nan, c.nan_code16, code);
   }
   __m256i sign = _mm256_and_si256(neg, _mm256_set1_epi16(0x80));
-  if constexpr (!kSignOnZero)
-    sign = _mm256_andnot_si256(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), sign);
+  if constexpr (!kSignOnZero) sign = _mm256_andnot_si256(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), sign);
   return _mm256_or_si256(code, sign);
 }
 
@@ -119,8 +117,7 @@ inline __m256i encode32(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const Encode
   return order_packed_bytes(_mm256_packus_epi16(lo, hi));
 }
 
-// 8 floats -> 8 e8m0fnu codes: the nearest power of two, ties up (as PyTorch and ml_dtypes), no sign, no
-// zero.
+// 8 floats -> 8 e8m0fnu codes: the nearest power of two, ties up (as PyTorch and ml_dtypes), no sign, no zero.
 template <bool kScaled>
 inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
   if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
@@ -259,8 +256,8 @@ void encode_avx2(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
 // Segments of a multiple of 32 elements, each with its own scale: the constants are built once per call and
 // only the scale is re-broadcast per segment.
 template <bool kE8M0, bool kSignOnZero, bool kNanFolds>
-void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
-                          const float* scales, const EncodeParams& p) {
+void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
+                          const EncodeParams& p) {
   EncodeConsts c(p);
   std::size_t k = 0;
   for (; (k + 1) * segment <= n; ++k) {
@@ -280,8 +277,8 @@ void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std
     encode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scales + k, p);
 }
 
-void encode_segments_avx2(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
-                          const float* scales, const EncodeParams& p) {
+void encode_segments_avx2(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
+                          const EncodeParams& p) {
   if (segment == 0 || segment % 32 != 0 || p.options.rounding != Rounding::kNearestEven) {
     encode_segments_tail(in, out, n, segment, scales, p);
     return;
@@ -343,8 +340,7 @@ inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
   const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
   const __m256i normal = _mm256_add_epi16(_mm256_sll_epi16(mag, c.shift), c.rebias);
   // pshufb index for 16-bit entry `mag`: bytes 2*mag and 2*mag+1 (only used where mag < 8).
-  const __m256i index =
-      _mm256_add_epi16(_mm256_mullo_epi16(mag, _mm256_set1_epi16(0x0202)), _mm256_set1_epi16(0x0100));
+  const __m256i index = _mm256_add_epi16(_mm256_mullo_epi16(mag, _mm256_set1_epi16(0x0202)), _mm256_set1_epi16(0x0100));
   const __m256i small = _mm256_shuffle_epi8(c.small_table, index);
   __m256i bits = select(_mm256_cmpgt_epi16(_mm256_set1_epi16(8), mag), small, normal);
   const __m256i special_bits = select(_mm256_cmpeq_epi16(mag, c.inf_magnitude), c.inf_bits, c.nan_bits);
@@ -353,8 +349,7 @@ inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
   return select(_mm256_cmpeq_epi16(code, c.nan_exact), c.nan_exact_bits, bits);
 }
 
-// 16 e8m0fnu codes -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is the subnormal 2^-127 (0x0040); 0xFF
-// NaN.
+// 16 e8m0fnu codes -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is the subnormal 2^-127 (0x0040); 0xFF NaN.
 inline __m256i decode16_e8m0(const std::uint8_t* in, const Decode16Consts&) {
   const __m256i code = load16_codes(in);
   __m256i bits = _mm256_slli_epi16(code, 7);
@@ -364,8 +359,8 @@ inline __m256i decode16_e8m0(const std::uint8_t* in, const Decode16Consts&) {
 
 // float32 bits -> bfloat16 bits in the low half of each lane (round to nearest even, NaN quieted).
 inline __m256i to_bf16_bits(__m256i u) {
-  const __m256i rounded = _mm256_add_epi32(
-      u, _mm256_add_epi32(splat(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1))));
+  const __m256i rounded =
+      _mm256_add_epi32(u, _mm256_add_epi32(splat(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1))));
   const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(0x7FFFFFFFu)), splat(0x7F800000u));
   const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), splat(0x40));
   return select(is_nan, nan, _mm256_srli_epi32(rounded, 16));
@@ -388,8 +383,7 @@ inline void widen16(__m256i bf16, __m256 scale_inv, __m256& lo, __m256& hi) {
 // 16 codes -> 16 outputs per step.
 template <typename Out, bool kE8M0, bool kScaled, bool kStream>
 void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
-  // float16 output without a scale is computed directly in float16 (not for e8m0fnu, whose range float16
-  // lacks).
+  // float16 output without a scale is computed directly in float16 (not for e8m0fnu, whose range float16 lacks).
   constexpr bool kDirectF16 = std::is_same_v<Out, float16> && !kScaled && !kE8M0;
   const Decode16Consts c(p.format, kDirectF16);
   const __m256 scale_inv = _mm256_set1_ps(p.scale_inv);

@@ -92,8 +92,8 @@ void decode_tail(const std::uint8_t* in, float16* out, std::size_t n, const Deco
   decode_loop(in, out, n, p);
 }
 
-void encode_segments_tail(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
-                          const float* scales, const EncodeParams& p) {
+void encode_segments_tail(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
+                          const EncodeParams& p) {
   EncodeParams q = p;
   for (std::size_t k = 0; k * segment < n; ++k) {
     q.options.scale = scales[k];
