@@ -26,17 +26,28 @@ constexpr int kPrefetchBytes = 2048;
 // A step of 32 float32 inputs reads two cache lines: prefetch both (prefetching one per step left every other
 // line to the hardware and halved the encode's speed for most input alignments: 42 ms vs 20 ms for 64 Mi floats).
 template <typename In>
-inline void prefetch_two_lines(const In* p) {
+[[gnu::always_inline]] inline void prefetch_two_lines(const In* p) {
   const char* c = reinterpret_cast<const char*>(p) + kPrefetchBytes;
   _mm_prefetch(c, _MM_HINT_T0);
   _mm_prefetch(c + 64, _MM_HINT_T0);
 }
 
-__m256i splat(std::uint32_t v) {
+[[gnu::always_inline]] inline __m256i splat(std::uint32_t v) {
   return _mm256_set1_epi32(static_cast<int>(v));
 }
-__m256i select(__m256i mask, __m256i if_true, __m256i if_false) {
+[[gnu::always_inline]] inline __m256i select(__m256i mask, __m256i if_true, __m256i if_false) {
   return _mm256_blendv_epi8(if_false, if_true, mask);
+}
+
+// How a kernel applies the overflow policy and NaN (a template parameter, so each variant has no branches):
+//   kFoldNone   compare-and-blend for overflow, a NaN mask for NaN (non-saturating e5m2, whose Inf and NaN differ)
+//   kFoldMin    one min(code, overflow code), which is also the NaN code (non-saturating e4m3fn and fnuz)
+//   kFoldClamp  clamp |x| to the largest finite value, then min(code, NaN code) (every saturating conversion)
+constexpr int kFoldNone = 0, kFoldMin = 1, kFoldClamp = 2;
+
+int fold_mode(const EncodeParams& p) {
+  if (p.options.overflow == Overflow::kSaturate) return kFoldClamp;
+  return p.nan_code == p.overflow_code ? kFoldMin : kFoldNone;
 }
 
 struct EncodeConsts {
@@ -51,13 +62,16 @@ struct EncodeConsts {
         max_code16(_mm256_set1_epi16(descriptor(p.options.format).max_code())),
         min_normal16(_mm256_set1_epi16(static_cast<short>(p.min_normal_bits >> (23 - p.mantissa_bits)))),
         overflow_code16(_mm256_set1_epi16(p.overflow_code)),
+        fold_code16(_mm256_set1_epi16(p.options.overflow == Overflow::kSaturate ? p.nan_code : p.overflow_code)),
         nan_code16(_mm256_set1_epi16(p.nan_code)),
+        largest_finite(_mm256_set1_ps(static_cast<float>(fp8kit::max_finite(p.options.format)))),
         saturate(p.options.overflow == Overflow::kSaturate) {}
   __m256 scale;
   __m128i shift;
   __m256i round_base, overflow_minus_1, overflow_code;
   __m256 subnormal_magic;
-  __m256i rebias16, max_code16, min_normal16, overflow_code16, nan_code16;  // 16-bit lanes
+  __m256i rebias16, max_code16, min_normal16, overflow_code16, fold_code16, nan_code16;  // 16-bit lanes
+  __m256 largest_finite;
   bool saturate;
 };
 
@@ -65,17 +79,22 @@ struct EncodeConsts {
 //   rounded    (|x| + half - 1 + lsb) >> (23 - m): the normal code plus rebias, correctly rounded
 //   subnormal  bits(|x| + C) - bits(C), C = 2^(24-bias-m): the float adder rounds |x| onto the FP8 quantum
 //   nan, neg   all-ones masks
-template <bool kScaled, bool kNanFolds>
-inline void encode_parts8(__m256 x, const EncodeConsts& c, __m256i& rounded, __m256i& subnormal, __m256i& nan,
-                          __m256i& neg) {
+template <bool kScaled, int kFold>
+[[gnu::always_inline]] inline void encode_parts8(__m256 x, const EncodeConsts& c, __m256i& rounded, __m256i& subnormal,
+                                                 __m256i& nan, __m256i& neg) {
   if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
   const __m256i u = _mm256_castps_si256(x);
-  const __m256i a = _mm256_and_si256(u, splat(0x7FFFFFFFu));
+  __m256i a = _mm256_and_si256(u, splat(0x7FFFFFFFu));
+  if constexpr (kFold == kFoldClamp) {
+    // Saturating: clamp |x| to the largest finite value first (vminps returns its second operand, |x|, when that
+    // is NaN, so NaN survives and rounds far past max, where min(code, NaN code) catches it).
+    a = _mm256_castps_si256(_mm256_min_ps(c.largest_finite, _mm256_castsi256_ps(a)));
+  }
   const __m256i lsb = _mm256_and_si256(_mm256_srl_epi32(a, c.shift), splat(1));
   rounded = _mm256_srl_epi32(_mm256_add_epi32(a, _mm256_add_epi32(c.round_base, lsb)), c.shift);
   const __m256 sum = _mm256_add_ps(_mm256_castsi256_ps(a), c.subnormal_magic);
   subnormal = _mm256_sub_epi32(_mm256_castps_si256(sum), _mm256_castps_si256(c.subnormal_magic));
-  if constexpr (!kNanFolds) nan = _mm256_cmpgt_epi32(a, splat(0x7F800000u));
+  if constexpr (kFold == kFoldNone) nan = _mm256_cmpgt_epi32(a, splat(0x7F800000u));
   neg = _mm256_srai_epi32(u, 31);
 }
 
@@ -83,13 +102,14 @@ inline void encode_parts8(__m256 x, const EncodeConsts& c, __m256i& rounded, __m
 // the subnormal result applies (where a value just below it rounds up to it, both paths agree). The overflow
 // code is max (saturating) or max + 1 (Inf or NaN), and every code the rounding can produce past the largest
 // finite one is an overflow, so min() applies the policy. A NaN input's rounded code is far past max too:
-// where the policy's overflow code is the NaN code (kNanFolds), min() alone handles NaN as well.
-template <bool kSignOnZero, bool kNanFolds>
-inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i neg, const EncodeConsts& c) {
+// where the policy's overflow code is the NaN code (kFold), min() alone handles NaN as well.
+template <bool kSignOnZero, int kFold>
+[[gnu::always_inline]] inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i neg,
+                                               const EncodeConsts& c) {
   __m256i code = _mm256_sub_epi16(rounded, c.rebias16);
   code = select(_mm256_cmpgt_epi16(c.min_normal16, rounded), subnormal, code);
-  if constexpr (kNanFolds) {
-    code = _mm256_min_epi16(code, c.overflow_code16);
+  if constexpr (kFold != kFoldNone) {
+    code = _mm256_min_epi16(code, c.fold_code16);
   } else {
     // (measured: compare-and-blend is faster than min() here on Zen 3, where the NaN blend follows anyway)
     code = select(_mm256_cmpgt_epi16(code, c.max_code16), c.overflow_code16, code);
@@ -101,34 +121,34 @@ inline __m256i finish16(__m256i rounded, __m256i subnormal, __m256i nan, __m256i
 }
 
 // Restores element order after packing 32-bit lanes to 16 and then to 8 bits within 128-bit halves.
-inline __m256i order_packed_bytes(__m256i bytes) {
+[[gnu::always_inline]] inline __m256i order_packed_bytes(__m256i bytes) {
   return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 // 16 floats -> 16 codes in 16-bit lanes (in the lane order packing leaves; order_packed_bytes fixes it).
 // Two vectors at a time keep the live values within AVX2's 16 registers.
-template <bool kScaled, bool kSignOnZero, bool kNanFolds>
-inline __m256i encode16(__m256 x0, __m256 x1, const EncodeConsts& c) {
+template <bool kScaled, bool kSignOnZero, int kFold>
+[[gnu::always_inline]] inline __m256i encode16(__m256 x0, __m256 x1, const EncodeConsts& c) {
   __m256i r0, s0, n0{}, g0, r1, s1, n1{}, g1;
-  encode_parts8<kScaled, kNanFolds>(x0, c, r0, s0, n0, g0);
-  encode_parts8<kScaled, kNanFolds>(x1, c, r1, s1, n1, g1);
+  encode_parts8<kScaled, kFold>(x0, c, r0, s0, n0, g0);
+  encode_parts8<kScaled, kFold>(x1, c, r1, s1, n1, g1);
   // rounded <= 2^11 and subnormal <= 2^m fit unsigned 16 bits; the masks stay masks under signed packing.
-  const __m256i nan = kNanFolds ? n0 : _mm256_packs_epi32(n0, n1);
-  return finish16<kSignOnZero, kNanFolds>(_mm256_packus_epi32(r0, r1), _mm256_packus_epi32(s0, s1), nan,
-                                          _mm256_packs_epi32(g0, g1), c);
+  const __m256i nan = kFold != kFoldNone ? n0 : _mm256_packs_epi32(n0, n1);
+  return finish16<kSignOnZero, kFold>(_mm256_packus_epi32(r0, r1), _mm256_packus_epi32(s0, s1), nan,
+                                      _mm256_packs_epi32(g0, g1), c);
 }
 
 // 32 floats -> 32 codes, in order.
-template <bool kScaled, bool kSignOnZero, bool kNanFolds>
-inline __m256i encode32(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const EncodeConsts& c) {
-  const __m256i lo = encode16<kScaled, kSignOnZero, kNanFolds>(x0, x1, c);
-  const __m256i hi = encode16<kScaled, kSignOnZero, kNanFolds>(x2, x3, c);
+template <bool kScaled, bool kSignOnZero, int kFold>
+[[gnu::always_inline]] inline __m256i encode32(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const EncodeConsts& c) {
+  const __m256i lo = encode16<kScaled, kSignOnZero, kFold>(x0, x1, c);
+  const __m256i hi = encode16<kScaled, kSignOnZero, kFold>(x2, x3, c);
   return order_packed_bytes(_mm256_packus_epi16(lo, hi));
 }
 
 // 8 floats -> 8 e8m0fnu codes: the nearest power of two, ties up (as PyTorch and ml_dtypes), no sign, no zero.
 template <bool kScaled>
-inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
+[[gnu::always_inline]] inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
   if constexpr (kScaled) x = _mm256_mul_ps(x, c.scale);
   const __m256i u = _mm256_castps_si256(x);
   const __m256i a = _mm256_and_si256(u, splat(0x7FFFFFFFu));
@@ -151,7 +171,7 @@ inline __m256i encode8_e8m0(__m256 x, const EncodeConsts& c) {
 // Stores 32 bytes; streaming (non-temporal) stores need a 32-byte aligned address and skip the cache, which
 // pays off for outputs much larger than the caches (no read-for-ownership of the destination).
 template <bool kStream>
-inline void store256(void* p, __m256i v) {
+[[gnu::always_inline]] inline void store256(void* p, __m256i v) {
   if constexpr (kStream) {
     _mm256_stream_si256(static_cast<__m256i*>(p), v);
   } else {
@@ -168,32 +188,32 @@ std::size_t head_until_aligned(const T* out, std::size_t n) {
 
 // 32 floats -> 32 e8m0fnu codes, in order.
 template <bool kScaled>
-inline __m256i encode32_e8m0(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const EncodeConsts& c) {
+[[gnu::always_inline]] inline __m256i encode32_e8m0(__m256 x0, __m256 x1, __m256 x2, __m256 x3, const EncodeConsts& c) {
   const __m256i p01 = _mm256_packus_epi32(encode8_e8m0<kScaled>(x0, c), encode8_e8m0<kScaled>(x1, c));
   const __m256i p23 = _mm256_packus_epi32(encode8_e8m0<kScaled>(x2, c), encode8_e8m0<kScaled>(x3, c));
   return order_packed_bytes(_mm256_packus_epi16(p01, p23));
 }
 
-inline __m256 load8(const float* p) {
+[[gnu::always_inline]] inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
 }
-inline __m256 load8(const bfloat16* p) {
+[[gnu::always_inline]] inline __m256 load8(const bfloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline __m256 load8(const float16* p) {
+[[gnu::always_inline]] inline __m256 load8(const float16* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // The loop for one combination of format family, scaling and sign rule, so the vector body has no branches.
-template <typename In, bool kE8M0, bool kScaled, bool kSignOnZero, bool kNanFolds, bool kStream>
+template <typename In, bool kE8M0, bool kScaled, bool kSignOnZero, int kFold, bool kStream>
 void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   const EncodeConsts c(p);
   auto enc = [&c](__m256 x0, __m256 x1, __m256 x2, __m256 x3) {
     if constexpr (kE8M0) {
       return encode32_e8m0<kScaled>(x0, x1, x2, x3, c);
     } else {
-      return encode32<kScaled, kSignOnZero, kNanFolds>(x0, x1, x2, x3, c);
+      return encode32<kScaled, kSignOnZero, kFold>(x0, x1, x2, x3, c);
     }
   };
   std::size_t i = 0;
@@ -213,25 +233,26 @@ void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
 
 template <typename In, bool kE8M0, bool kScaled>
 void encode_sign_rule(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
-  const bool nan_folds = p.nan_code == p.overflow_code;
-  const int variant = (p.sign_on_zero ? 1 : 0) | (nan_folds ? 2 : 0) | (p.streaming_stores ? 4 : 0);
-  switch (variant) {
-    case 0:
-      return encode_body<In, kE8M0, kScaled, false, false, false>(in, out, n, p);
-    case 1:
-      return encode_body<In, kE8M0, kScaled, true, false, false>(in, out, n, p);
-    case 2:
-      return encode_body<In, kE8M0, kScaled, false, true, false>(in, out, n, p);
-    case 3:
-      return encode_body<In, kE8M0, kScaled, true, true, false>(in, out, n, p);
-    case 4:
-      return encode_body<In, kE8M0, kScaled, false, false, true>(in, out, n, p);
-    case 5:
-      return encode_body<In, kE8M0, kScaled, true, false, true>(in, out, n, p);
-    case 6:
-      return encode_body<In, kE8M0, kScaled, false, true, true>(in, out, n, p);
+  const int variant = (p.sign_on_zero ? 1 : 0) | (p.streaming_stores ? 2 : 0);
+  auto run = [&]<int kF>() {
+    switch (variant) {
+      case 0:
+        return encode_body<In, kE8M0, kScaled, false, kF, false>(in, out, n, p);
+      case 1:
+        return encode_body<In, kE8M0, kScaled, true, kF, false>(in, out, n, p);
+      case 2:
+        return encode_body<In, kE8M0, kScaled, false, kF, true>(in, out, n, p);
+      default:
+        return encode_body<In, kE8M0, kScaled, true, kF, true>(in, out, n, p);
+    }
+  };
+  switch (fold_mode(p)) {
+    case kFoldClamp:
+      return run.template operator()<kFoldClamp>();
+    case kFoldMin:
+      return run.template operator()<kFoldMin>();
     default:
-      return encode_body<In, kE8M0, kScaled, true, true, true>(in, out, n, p);
+      return run.template operator()<kFoldNone>();
   }
 }
 
@@ -264,7 +285,7 @@ void encode_avx2(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
 // float32 output zero-extends the bfloat16 bits (every FP8 value is exactly a bfloat16).
 // Segments of a multiple of 32 elements, each with its own scale: the constants are built once per call and
 // only the scale is re-broadcast per segment.
-template <bool kE8M0, bool kSignOnZero, bool kNanFolds>
+template <bool kE8M0, bool kSignOnZero, int kFold>
 void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
                           const EncodeParams& p) {
   EncodeConsts c(p);
@@ -279,7 +300,7 @@ void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std
       if constexpr (kE8M0) {
         store256<false>(o + i, encode32_e8m0<true>(x0, x1, x2, x3, c));
       } else {
-        store256<false>(o + i, encode32<true, kSignOnZero, kNanFolds>(x0, x1, x2, x3, c));
+        store256<false>(o + i, encode32<true, kSignOnZero, kFold>(x0, x1, x2, x3, c));
       }
     }
   }
@@ -294,17 +315,18 @@ void encode_segments_avx2(const float* in, std::uint8_t* out, std::size_t n, std
     return;
   }
   if (p.options.format == Format::e8m0fnu)
-    return encode_segments_body<true, false, false>(in, out, n, segment, scales, p);
-  const bool nan_folds = p.nan_code == p.overflow_code;
-  switch ((p.sign_on_zero ? 1 : 0) | (nan_folds ? 2 : 0)) {
-    case 0:
-      return encode_segments_body<false, false, false>(in, out, n, segment, scales, p);
-    case 1:
-      return encode_segments_body<false, true, false>(in, out, n, segment, scales, p);
-    case 2:
-      return encode_segments_body<false, false, true>(in, out, n, segment, scales, p);
+    return encode_segments_body<true, false, kFoldNone>(in, out, n, segment, scales, p);
+  auto run = [&]<int kF>() {
+    if (p.sign_on_zero) return encode_segments_body<false, true, kF>(in, out, n, segment, scales, p);
+    return encode_segments_body<false, false, kF>(in, out, n, segment, scales, p);
+  };
+  switch (fold_mode(p)) {
+    case kFoldClamp:
+      return run.template operator()<kFoldClamp>();
+    case kFoldMin:
+      return run.template operator()<kFoldMin>();
     default:
-      return encode_segments_body<false, true, true>(in, out, n, segment, scales, p);
+      return run.template operator()<kFoldNone>();
   }
 }
 
@@ -340,12 +362,12 @@ struct Decode16Consts {
   __m256i rebias, small_table, special_minus_1, inf_magnitude, inf_bits, nan_bits, nan_exact, nan_exact_bits;
 };
 
-inline __m256i load16_codes(const std::uint8_t* in) {
+[[gnu::always_inline]] inline __m256i load16_codes(const std::uint8_t* in) {
   return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
 }
 
 // 16 codes of e4m3fn, e5m2, e4m3fnuz or e5m2fnuz -> 16 bfloat16 or float16 bit patterns (exact).
-inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
+[[gnu::always_inline]] inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
   const __m256i code = load16_codes(in);
   const __m256i mag = _mm256_and_si256(code, _mm256_set1_epi16(0x7F));
   const __m256i normal = _mm256_add_epi16(_mm256_sll_epi16(mag, c.shift), c.rebias);
@@ -360,7 +382,7 @@ inline __m256i decode16(const std::uint8_t* in, const Decode16Consts& c) {
 }
 
 // 16 e8m0fnu codes -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is the subnormal 2^-127 (0x0040); 0xFF NaN.
-inline __m256i decode16_e8m0(const std::uint8_t* in, const Decode16Consts&) {
+[[gnu::always_inline]] inline __m256i decode16_e8m0(const std::uint8_t* in, const Decode16Consts&) {
   const __m256i code = load16_codes(in);
   __m256i bits = _mm256_slli_epi16(code, 7);
   bits = select(_mm256_cmpeq_epi16(code, _mm256_setzero_si256()), _mm256_set1_epi16(0x0040), bits);
@@ -368,7 +390,7 @@ inline __m256i decode16_e8m0(const std::uint8_t* in, const Decode16Consts&) {
 }
 
 // float32 bits -> bfloat16 bits in the low half of each lane (round to nearest even, NaN quieted).
-inline __m256i to_bf16_bits(__m256i u) {
+[[gnu::always_inline]] inline __m256i to_bf16_bits(__m256i u) {
   const __m256i rounded =
       _mm256_add_epi32(u, _mm256_add_epi32(splat(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1))));
   const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(0x7FFFFFFFu)), splat(0x7F800000u));
@@ -378,7 +400,7 @@ inline __m256i to_bf16_bits(__m256i u) {
 
 // 16 bfloat16 bit patterns -> two vectors of 8 float32 (elements 0-7 and 8-15), optionally times scale_inv.
 template <bool kScaled>
-inline void widen16(__m256i bf16, __m256 scale_inv, __m256& lo, __m256& hi) {
+[[gnu::always_inline]] inline void widen16(__m256i bf16, __m256 scale_inv, __m256& lo, __m256& hi) {
   const __m256i zero = _mm256_setzero_si256();
   const __m256i a = _mm256_unpacklo_epi16(zero, bf16);  // elements 0-3 | 8-11
   const __m256i b = _mm256_unpackhi_epi16(zero, bf16);  // elements 4-7 | 12-15
