@@ -42,6 +42,10 @@ using DecodeFn = void (*)(const std::uint8_t* in, Out* out, std::size_t n, const
 using EncodeSegmentsFn = void (*)(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment,
                                   const float* scales, const EncodeParams& p);
 
+// Decodes in[k * segment, ...) to float32 times scale_invs[k] for every segment (p.scale_inv is ignored).
+using DecodeSegmentsFn = void (*)(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
+                                  const float* scale_invs, const DecodeParams& p);
+
 struct KernelTable {
   std::string_view isa;
   EncodeFn<float> encode_f32;
@@ -49,6 +53,7 @@ struct KernelTable {
   EncodeFn<bfloat16> encode_bf16;
   EncodeFn<float16> encode_f16;
   DecodeFn<float> decode_f32;
+  DecodeSegmentsFn decode_f32_segments;
   DecodeFn<bfloat16> decode_bf16;
   DecodeFn<float16> decode_f16;
 };
@@ -62,6 +67,8 @@ const KernelTable* avx2_kernels();
 const KernelTable& best_kernels();
 
 // Scalar element loops the SIMD kernels reuse for their tails.
+void decode_segments_tail(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
+                          const float* scale_invs, const DecodeParams& p);
 void encode_segments_tail(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
                           const EncodeParams& p);
 void encode_tail(const float* in, std::uint8_t* out, std::size_t n, const EncodeParams& p);

@@ -314,6 +314,12 @@ void dequantize(const ScaledMatrix& q, std::span<float> out) {
   for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
     const std::int64_t row_end = std::min(q.rows, (gr + 1) * br);
     for (std::int64_t r = gr * br; r < row_end; ++r) {
+      if (bc % 16 == 0) {
+        kernels.decode_f32_segments(q.data.data() + r * q.cols, out.data() + r * q.cols,
+                                    static_cast<std::size_t>(q.cols), static_cast<std::size_t>(bc),
+                                    q.scale_inv.data() + gr * grid_cols, convert_detail::DecodeParams{q.format, 1.0f});
+        continue;
+      }
       for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
         const std::int64_t c0 = gc * bc, c1 = std::min(q.cols, c0 + bc);
         const float scale_inv = q.scale_inv[static_cast<std::size_t>(gr * grid_cols + gc)];

@@ -131,6 +131,37 @@ TEST(Convert, EncodeSegmentsMatchesScalar) {
   }
 }
 
+// Per-segment dequantization scales: every table against the scalar one and the codec.
+TEST(Convert, DecodeSegmentsMatchesScalar) {
+  std::vector<std::uint8_t> codes(4096 + 40);
+  for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 37 + (i >> 8));
+  for (const KernelTable* table : fast_tables()) {
+    for (Format f : kAllFormats) {
+      for (std::size_t segment : {std::size_t{16}, std::size_t{32}, std::size_t{128}, std::size_t{40}}) {
+        for (std::size_t n : {std::size_t{0}, std::size_t{15}, std::size_t{16}, std::size_t{1000}, codes.size()}) {
+          std::vector<float> scales((n + segment - 1) / segment + 1);
+          for (std::size_t k = 0; k < scales.size(); ++k)
+            scales[k] = k % 3 == 0 ? 1.0f : 0.37f * static_cast<float>(k + 1);
+          std::vector<float> want(n), got(n);
+          const convert_detail::DecodeParams params{f, 1.0f};
+          convert_detail::scalar_kernels().decode_f32_segments(codes.data(), want.data(), n, segment, scales.data(),
+                                                               params);
+          table->decode_f32_segments(codes.data(), got.data(), n, segment, scales.data(), params);
+          for (std::size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
+                << table->isa << " " << name(f) << " " << i;
+            const float s = scales[i / segment];
+            const float v = decode_to_float(f, codes[i]);
+            const float ref = s == 1.0f ? v : v * s;
+            ASSERT_TRUE(std::bit_cast<std::uint32_t>(want[i]) == std::bit_cast<std::uint32_t>(ref) ||
+                        (std::isnan(ref) && std::isnan(want[i])));
+          }
+        }
+      }
+    }
+  }
+}
+
 // All 2^16 bfloat16 and float16 inputs, every format and policy.
 TEST(Convert, EveryHalfInput) {
   std::vector<bfloat16> bf(65536);

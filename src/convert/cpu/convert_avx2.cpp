@@ -450,6 +450,41 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
   decode_tail(in + i, out + i, n - i, p);
 }
 
+// Segments of a multiple of 16 codes, each with its own dequantization scale; constants built once per call.
+template <bool kE8M0>
+void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
+                          const float* scale_invs, const DecodeParams& p) {
+  const Decode16Consts c(p.format, false);
+  std::size_t k = 0;
+  for (; (k + 1) * segment <= n; ++k) {
+    const float s = scale_invs[k];
+    const __m256 sv = _mm256_set1_ps(s);
+    const std::uint8_t* src = in + k * segment;
+    float* dst = out + k * segment;
+    for (std::size_t i = 0; i < segment; i += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes / 4, _MM_HINT_T0);
+      const __m256i bits16 = kE8M0 ? decode16_e8m0(src + i, c) : decode16(src + i, c);
+      __m256 lo, hi;
+      if (s == 1.0f) {
+        widen16<false>(bits16, sv, lo, hi);  // exact, as the scalar loop does without a scale
+      } else {
+        widen16<true>(bits16, sv, lo, hi);
+      }
+      store256<false>(dst + i, _mm256_castps_si256(lo));
+      store256<false>(dst + i + 8, _mm256_castps_si256(hi));
+    }
+  }
+  if (k * segment < n)
+    decode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scale_invs + k, p);
+}
+
+void decode_segments_avx2(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
+                          const float* scale_invs, const DecodeParams& p) {
+  if (segment == 0 || segment % 16 != 0) return decode_segments_tail(in, out, n, segment, scale_invs, p);
+  if (p.format == Format::e8m0fnu) return decode_segments_body<true>(in, out, n, segment, scale_invs, p);
+  decode_segments_body<false>(in, out, n, segment, scale_invs, p);
+}
+
 template <typename Out, bool kE8M0>
 void decode_variant(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
   const int variant = (p.scale_inv != 1.0f ? 1 : 0) | (p.streaming_stores ? 2 : 0);
@@ -484,6 +519,7 @@ const KernelTable* avx2_kernels() {
       &encode_avx2<bfloat16>,
       &encode_avx2<float16>,
       &decode_avx2<float>,
+      &decode_segments_avx2,
       &decode_avx2<bfloat16>,
       &decode_avx2<float16>,
   };

@@ -101,6 +101,15 @@ void encode_segments_tail(const float* in, std::uint8_t* out, std::size_t n, std
   }
 }
 
+void decode_segments_tail(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
+                          const float* scale_invs, const DecodeParams& p) {
+  DecodeParams q = p;
+  for (std::size_t k = 0; k * segment < n; ++k) {
+    q.scale_inv = scale_invs[k];
+    decode_loop(in + k * segment, out + k * segment, std::min(segment, n - k * segment), q);
+  }
+}
+
 const KernelTable& scalar_kernels() {
   static const KernelTable table{
       "scalar",
@@ -109,6 +118,7 @@ const KernelTable& scalar_kernels() {
       &encode_loop<bfloat16>,
       &encode_loop<float16>,
       &decode_loop<float>,
+      &decode_segments_tail,
       &decode_loop<bfloat16>,
       &decode_loop<float16>,
   };
