@@ -256,7 +256,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
   }
 
   if (diagnostics != nullptr) {
-    // 4. Diagnostics: dequantize and compare with the input.
+    // Diagnostics: dequantize and compare with the input.
     std::vector<float> back(q.data.size());
     dequantize(q, back);
     QuantDiagnostics d;
