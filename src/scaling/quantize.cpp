@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -87,7 +88,32 @@ std::int64_t Granularity::cols_per_block(std::int64_t cols) const {
 
 // ---------------------------------------------------------------- MX scales
 
+namespace {
+// Per element format: the exponent of its largest normal (OCP's emax_elem) and 1 / its largest finite value, as
+// Transformer Engine's float reciprocal.
+struct MxConstants {
+  int emax_elem;
+  float max_reciprocal;
+};
+constexpr int floor_log2(double x) {
+  int e = 0;
+  for (; x >= 2.0; x /= 2.0) ++e;
+  for (; x < 1.0; x *= 2.0) --e;
+  return e;
+}
+constexpr auto kMxConstants = [] {
+  std::array<MxConstants, kAllFormats.size()> c{};
+  for (Format f : kAllFormats) {
+    c[static_cast<std::size_t>(f)] = {floor_log2(max_finite(f)), 1.0f / static_cast<float>(max_finite(f))};
+  }
+  return c;
+}();
+static_assert(kMxConstants[static_cast<std::size_t>(Format::e4m3fn)].emax_elem == 8);
+static_assert(kMxConstants[static_cast<std::size_t>(Format::e5m2)].emax_elem == 15);
+}  // namespace
+
 std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode) {
+  const MxConstants& k = kMxConstants[static_cast<std::size_t>(element_format)];
   if (std::isnan(amax)) return 0xFF;
   const float a = std::fabs(amax);
   if (std::isinf(a)) return 0xFE;
@@ -95,13 +121,13 @@ std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode) 
   int code = 0;
   if (mode == MxScaleMode::kFloor) {
     // X = 2^(floor(log2(amax)) - emax_elem), emax_elem the exponent of the element format's largest normal.
-    const int emax_elem = std::ilogb(max_finite(element_format));
+    const int emax_elem = k.emax_elem;
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(a);
     const int exponent = (bits >> 23) != 0 ? static_cast<int>(bits >> 23) - 127 : std::ilogb(a);
     code = exponent - emax_elem + 127;
   } else {
     // amax * (1 / fp8_max) in float, as Transformer Engine computes it, rounded up to a power of two.
-    const float s = a * (1.0f / static_cast<float>(max_finite(element_format)));
+    const float s = a * k.max_reciprocal;
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(s);
     const int field = static_cast<int>(bits >> 23);
     const std::uint32_t mant = bits & 0x7FFFFFu;

@@ -4,28 +4,30 @@
 #include <array>
 #include <cfloat>
 #include <cmath>
+#include <limits>
 
 namespace fp8kit {
 
 namespace {
-// max_finite() of every format, computed once (the descriptor arithmetic is not free on a per-block path).
+// max_finite() of every format as a float, computed once (the descriptor arithmetic is not free per block).
 constexpr auto kMaxFinite = [] {
-  std::array<double, kAllFormats.size()> m{};
-  for (Format f : kAllFormats) m[static_cast<std::size_t>(f)] = max_finite(f);
+  std::array<float, kAllFormats.size()> m{};
+  for (Format f : kAllFormats) m[static_cast<std::size_t>(f)] = static_cast<float>(max_finite(f));
   return m;
 }();
 }  // namespace
 
 float compute_scale(float amax, Format format, const ScaleOptions& options, float previous_scale) {
   if (!std::isfinite(amax)) return previous_scale;
-  double a = std::fabs(static_cast<double>(amax));
+  float a = std::fabs(amax);
   if (a < options.epsilon) a = options.epsilon;
-  if (a == 0.0) return previous_scale;
-  // In double, then rounded once to float: the same as a correctly rounded float division (53 >= 2 * 24 + 2).
-  double exact = kMaxFinite[static_cast<std::size_t>(format)] / a;
-  if (options.margin != 0) exact = std::ldexp(exact, -options.margin);
-  float scale = exact > FLT_MAX ? FLT_MAX : static_cast<float>(exact);
-  if (scale == 0.0f) scale = FLT_MIN * FLT_EPSILON;  // a huge amax: the smallest positive scale, never zero
+  if (a == 0.0f) return previous_scale;
+  // One correctly rounded float division (the same result as dividing in double and rounding once: 53 >= 2*24+2);
+  // the margin's power of two is exact unless the scale leaves float's normal range.
+  float scale = kMaxFinite[static_cast<std::size_t>(format)] / a;
+  if (options.margin != 0) scale = std::ldexp(scale, -options.margin);
+  if (std::isinf(scale)) scale = FLT_MAX;
+  if (scale == 0.0f) scale = std::numeric_limits<float>::denorm_min();  // a huge amax: smallest positive scale
   if (options.rounding == ScaleRounding::kPowerOfTwoDown) {
     int exponent = 0;
     std::frexp(scale, &exponent);  // scale = m * 2^exponent, 0.5 <= m < 1
