@@ -154,6 +154,9 @@ float e8m0_value(std::uint8_t code) {
   return code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : pow2f(code - 127);
 }
 
+// Outputs at least this large are written with non-temporal stores by the segment kernels (as the bulk casts do).
+constexpr std::size_t kStreamingBytes = std::size_t{16} << 20;
+
 // Narrow blocks (single columns, tiny blocks) go element by element; wider ones through the SIMD kernels.
 constexpr std::int64_t kKernelMinRun = 16;
 
@@ -252,6 +255,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         block_scale(multiplier[b], options, q, multiplier, b);  // the amax slot becomes the multiplier
       }
       convert_detail::EncodeParams p = base;
+      p.streaming_stores = q.data.size() >= kStreamingBytes;
       for (std::int64_t r = row_begin; r < row_end; ++r) {
         const float* in_row = x.data + r * x.cols;
         std::uint8_t* out_row = q.data.data() + r * x.cols;
@@ -343,7 +347,8 @@ void dequantize(const ScaledMatrix& q, std::span<float> out) {
       if (bc % 16 == 0) {
         kernels.decode_f32_segments(q.data.data() + r * q.cols, out.data() + r * q.cols,
                                     static_cast<std::size_t>(q.cols), static_cast<std::size_t>(bc),
-                                    q.scale_inv.data() + gr * grid_cols, convert_detail::DecodeParams{q.format, 1.0f});
+                                    q.scale_inv.data() + gr * grid_cols,
+                                    convert_detail::DecodeParams{q.format, 1.0f, out.size_bytes() >= kStreamingBytes});
         continue;
       }
       for (std::int64_t gc = 0; gc < grid_cols; ++gc) {

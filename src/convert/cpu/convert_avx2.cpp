@@ -179,6 +179,23 @@ template <bool kStream>
   }
 }
 
+// Stores 32 bytes at a 16-byte aligned address, as two non-temporal 16-byte stores when kStream (segment kernels
+// write rows of a larger array, which are 16- but not always 32-byte aligned).
+template <bool kStream>
+[[gnu::always_inline]] inline void store256_16aligned(void* p, __m256i v) {
+  if constexpr (kStream) {
+    _mm_stream_si128(static_cast<__m128i*>(p), _mm256_castsi256_si128(v));
+    _mm_stream_si128(static_cast<__m128i*>(p) + 1, _mm256_extracti128_si256(v, 1));
+  } else {
+    _mm256_storeu_si256(static_cast<__m256i*>(p), v);
+  }
+}
+
+// Whether a segment kernel may stream its stores: asked for, and every store address 16-byte aligned.
+inline bool can_stream(bool requested, const void* out) {
+  return requested && (reinterpret_cast<std::uintptr_t>(out) & 15u) == 0;
+}
+
 // Elements to convert one by one before `out` reaches a 32-byte boundary (for streaming stores).
 template <typename T>
 std::size_t head_until_aligned(const T* out, std::size_t n) {
@@ -285,7 +302,7 @@ void encode_avx2(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
 // float32 output zero-extends the bfloat16 bits (every FP8 value is exactly a bfloat16).
 // Segments of a multiple of 32 elements, each with its own scale: the constants are built once per call and
 // only the scale is re-broadcast per segment.
-template <bool kE8M0, bool kSignOnZero, int kFold>
+template <bool kE8M0, bool kSignOnZero, int kFold, bool kStream>
 void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
                           const EncodeParams& p) {
   EncodeConsts c(p);
@@ -298,12 +315,13 @@ void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std
       prefetch_two_lines(x + i);
       const __m256 x0 = load8(x + i), x1 = load8(x + i + 8), x2 = load8(x + i + 16), x3 = load8(x + i + 24);
       if constexpr (kE8M0) {
-        store256<false>(o + i, encode32_e8m0<true>(x0, x1, x2, x3, c));
+        store256_16aligned<kStream>(o + i, encode32_e8m0<true>(x0, x1, x2, x3, c));
       } else {
-        store256<false>(o + i, encode32<true, kSignOnZero, kFold>(x0, x1, x2, x3, c));
+        store256_16aligned<kStream>(o + i, encode32<true, kSignOnZero, kFold>(x0, x1, x2, x3, c));
       }
     }
   }
+  if constexpr (kStream) _mm_sfence();
   if (k * segment < n)
     encode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scales + k, p);
 }
@@ -314,11 +332,22 @@ void encode_segments_avx2(const float* in, std::uint8_t* out, std::size_t n, std
     encode_segments_tail(in, out, n, segment, scales, p);
     return;
   }
-  if (p.options.format == Format::e8m0fnu)
-    return encode_segments_body<true, false, kFoldNone>(in, out, n, segment, scales, p);
+  const bool stream = can_stream(p.streaming_stores, out);
+  if (p.options.format == Format::e8m0fnu) {
+    if (stream) return encode_segments_body<true, false, kFoldNone, true>(in, out, n, segment, scales, p);
+    return encode_segments_body<true, false, kFoldNone, false>(in, out, n, segment, scales, p);
+  }
   auto run = [&]<int kF>() {
-    if (p.sign_on_zero) return encode_segments_body<false, true, kF>(in, out, n, segment, scales, p);
-    return encode_segments_body<false, false, kF>(in, out, n, segment, scales, p);
+    switch ((p.sign_on_zero ? 1 : 0) | (stream ? 2 : 0)) {
+      case 0:
+        return encode_segments_body<false, false, kF, false>(in, out, n, segment, scales, p);
+      case 1:
+        return encode_segments_body<false, true, kF, false>(in, out, n, segment, scales, p);
+      case 2:
+        return encode_segments_body<false, false, kF, true>(in, out, n, segment, scales, p);
+      default:
+        return encode_segments_body<false, true, kF, true>(in, out, n, segment, scales, p);
+    }
   };
   switch (fold_mode(p)) {
     case kFoldClamp:
@@ -451,7 +480,7 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
 }
 
 // Segments of a multiple of 16 codes, each with its own dequantization scale; constants built once per call.
-template <bool kE8M0>
+template <bool kE8M0, bool kStream>
 void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
                           const float* scale_invs, const DecodeParams& p) {
   const Decode16Consts c(p.format, false);
@@ -470,10 +499,11 @@ void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std
       } else {
         widen16<true>(bits16, sv, lo, hi);
       }
-      store256<false>(dst + i, _mm256_castps_si256(lo));
-      store256<false>(dst + i + 8, _mm256_castps_si256(hi));
+      store256_16aligned<kStream>(dst + i, _mm256_castps_si256(lo));
+      store256_16aligned<kStream>(dst + i + 8, _mm256_castps_si256(hi));
     }
   }
+  if constexpr (kStream) _mm_sfence();
   if (k * segment < n)
     decode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scale_invs + k, p);
 }
@@ -481,8 +511,13 @@ void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std
 void decode_segments_avx2(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
                           const float* scale_invs, const DecodeParams& p) {
   if (segment == 0 || segment % 16 != 0) return decode_segments_tail(in, out, n, segment, scale_invs, p);
-  if (p.format == Format::e8m0fnu) return decode_segments_body<true>(in, out, n, segment, scale_invs, p);
-  decode_segments_body<false>(in, out, n, segment, scale_invs, p);
+  const bool stream = can_stream(p.streaming_stores, out);
+  if (p.format == Format::e8m0fnu) {
+    if (stream) return decode_segments_body<true, true>(in, out, n, segment, scale_invs, p);
+    return decode_segments_body<true, false>(in, out, n, segment, scale_invs, p);
+  }
+  if (stream) return decode_segments_body<false, true>(in, out, n, segment, scale_invs, p);
+  decode_segments_body<false, false>(in, out, n, segment, scale_invs, p);
 }
 
 template <typename Out, bool kE8M0>
