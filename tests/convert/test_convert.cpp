@@ -107,10 +107,11 @@ TEST(Convert, EncodeSegmentsMatchesScalar) {
   for (const KernelTable* table : fast_tables()) {
     for (Format f : kAllFormats) {
       for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
-        const auto params = convert_detail::make_encode_params(CastOptions{f, o});
+        auto params = convert_detail::make_encode_params(CastOptions{f, o});
         for (std::size_t segment :
              {std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{48}, std::size_t{7}}) {
           for (std::size_t n : {std::size_t{0}, std::size_t{31}, std::size_t{32}, std::size_t{1000}, x.size()}) {
+            params.streaming_stores = (n + segment) % 2 == 0;  // both store kinds
             std::vector<float> scales((n + segment - 1) / segment + 1);
             for (std::size_t k = 0; k < scales.size(); ++k)
               scales[k] = k % 3 == 0 ? 1.0f : 0.37f * static_cast<float>(k + 1);
@@ -143,7 +144,7 @@ TEST(Convert, DecodeSegmentsMatchesScalar) {
           for (std::size_t k = 0; k < scales.size(); ++k)
             scales[k] = k % 3 == 0 ? 1.0f : 0.37f * static_cast<float>(k + 1);
           std::vector<float> want(n), got(n);
-          const convert_detail::DecodeParams params{f, 1.0f};
+          const convert_detail::DecodeParams params{f, 1.0f, (n + segment) % 2 == 0};  // both store kinds
           convert_detail::scalar_kernels().decode_f32_segments(codes.data(), want.data(), n, segment, scales.data(),
                                                                params);
           table->decode_f32_segments(codes.data(), got.data(), n, segment, scales.data(), params);
