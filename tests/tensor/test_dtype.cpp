@@ -130,7 +130,7 @@ TEST(DefaultDType, StartsAsFloat32AndAcceptsTheFourFloatingTypes) {
   }
 }
 
-TEST(DefaultDType, RefusesEveryFp8FormatAndSaysWhatToDo) {
+TEST(DefaultDType, RefusesEveryFp8FormatAndSaysWhatInstead) {
   DefaultDTypeGuard guard;
   set_default_dtype(DType::bfloat16);
   for (Format f : kAllFormats) {

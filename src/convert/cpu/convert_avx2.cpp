@@ -50,6 +50,19 @@ int fold_mode(const EncodeParams& p) {
   return p.nan_code == p.overflow_code ? kFoldMin : kFoldNone;
 }
 
+// Calls run.template operator()<kFold>() with the fold mode these parameters need.
+template <typename Run>
+void with_fold_mode(const EncodeParams& p, const Run& run) {
+  switch (fold_mode(p)) {
+    case kFoldClamp:
+      return run.template operator()<kFoldClamp>();
+    case kFoldMin:
+      return run.template operator()<kFoldMin>();
+    default:
+      return run.template operator()<kFoldNone>();
+  }
+}
+
 struct EncodeConsts {
   explicit EncodeConsts(const EncodeParams& p)
       : scale(_mm256_set1_ps(p.options.scale)),
@@ -263,14 +276,7 @@ void encode_sign_rule(const In* in, std::uint8_t* out, std::size_t n, const Enco
         return encode_body<In, kE8M0, kScaled, true, kF, true>(in, out, n, p);
     }
   };
-  switch (fold_mode(p)) {
-    case kFoldClamp:
-      return run.template operator()<kFoldClamp>();
-    case kFoldMin:
-      return run.template operator()<kFoldMin>();
-    default:
-      return run.template operator()<kFoldNone>();
-  }
+  with_fold_mode(p, run);
 }
 
 template <typename In, bool kE8M0>
@@ -349,14 +355,7 @@ void encode_segments_avx2(const float* in, std::uint8_t* out, std::size_t n, std
         return encode_segments_body<false, true, kF, true>(in, out, n, segment, scales, p);
     }
   };
-  switch (fold_mode(p)) {
-    case kFoldClamp:
-      return run.template operator()<kFoldClamp>();
-    case kFoldMin:
-      return run.template operator()<kFoldMin>();
-    default:
-      return run.template operator()<kFoldNone>();
-  }
+  with_fold_mode(p, run);
 }
 
 struct Decode16Consts {
