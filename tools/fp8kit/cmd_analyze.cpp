@@ -173,7 +173,7 @@ void run_analyze(const AnalyzeArgs& args) {
   }
   std::string shape;
   for (std::size_t i = 0; i < array.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(array.shape[i]);
-  fmt::print("{}: {} ({}), viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file, array.descr,
+  fmt::print("{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file, array.descr,
              shape.empty() ? "scalar" : "(" + shape + ")", rows, view.cols,
              overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
              results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count);
