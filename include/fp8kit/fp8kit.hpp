@@ -16,6 +16,7 @@
 #include "fp8kit/quantize.hpp"
 #include "fp8kit/recipe.hpp"
 #include "fp8kit/scale.hpp"
+#include "fp8kit/scaled_mm.hpp"
 #include "fp8kit/scaled_tensor.hpp"
 #include "fp8kit/tensor.hpp"
 #include "fp8kit/version.hpp"

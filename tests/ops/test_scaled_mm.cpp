@@ -1,0 +1,157 @@
+// The reference scaled_mm: exact on integer-valued inputs against FP64, bounded error on random inputs, every scale
+// granularity and both B layouts agreeing, odd shapes, and the refused combinations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/scaled_mm.hpp"
+
+namespace fp8kit {
+namespace {
+
+std::vector<float> random_matrix(std::int64_t rows, std::int64_t cols, std::uint32_t seed, bool integers) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (auto& x : v) x = integers ? static_cast<float>(small(rng)) : normal(rng);
+  return v;
+}
+
+std::vector<float> transpose(const std::vector<float>& x, std::int64_t rows, std::int64_t cols) {
+  std::vector<float> t(x.size());
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j)
+      t[static_cast<std::size_t>(j * rows + i)] = x[static_cast<std::size_t>(i * cols + j)];
+  return t;
+}
+
+// FP64 product of the dequantized operands (what the FP8 values and scales represent).
+std::vector<double> reference64(const ScaledMatrix& a, const ScaledMatrix& b_nk) {
+  std::vector<float> da(a.data.size()), db(b_nk.data.size());
+  dequantize(a, da);
+  dequantize(b_nk, db);
+  const std::int64_t m = a.rows, k = a.cols, n = b_nk.rows;
+  std::vector<double> out(static_cast<std::size_t>(m * n), 0.0);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::int64_t kk = 0; kk < k; ++kk)
+        s += double{da[static_cast<std::size_t>(i * k + kk)]} * db[static_cast<std::size_t>(j * k + kk)];
+      out[static_cast<std::size_t>(i * n + j)] = s;
+    }
+  return out;
+}
+
+TEST(ScaledMm, IntegerInputsAreExact) {
+  // Small integers are exact in e4m3fn; per-tensor scales of powers of two keep everything exact in FP32.
+  for (auto [m, k, n] : {std::tuple{1, 1, 1}, std::tuple{3, 17, 5}, std::tuple{17, 129, 3}, std::tuple{8, 256, 16}}) {
+    const auto x = random_matrix(m, k, 1, true), w = random_matrix(n, k, 2, true);
+    const ScaledMatrix a =
+        quantize(MatrixView{x.data(), m, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(),
+                                              ScaleOptions{0, 0.0f, ScaleRounding::kPowerOfTwoDown}});
+    const ScaledMatrix b =
+        quantize(MatrixView{w.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(),
+                                              ScaleOptions{0, 0.0f, ScaleRounding::kPowerOfTwoDown}});
+    const ScaledMmResult r = scaled_mm_reference(a, b);
+    const auto want = reference64(a, b);
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(static_cast<double>(r.out[i]), want[i]) << i;
+    // and the dequantized integers are the original ones
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (std::int64_t kk = 0; kk < k; ++kk)
+          s += double{x[static_cast<std::size_t>(i * k + kk)]} * w[static_cast<std::size_t>(j * k + kk)];
+        ASSERT_EQ(static_cast<double>(r.out[static_cast<std::size_t>(i * n + j)]), s);
+      }
+  }
+}
+
+TEST(ScaledMm, EveryGranularityAndLayoutWithinBound) {
+  const std::int64_t m = 17, k = 300, n = 129;
+  const auto x = random_matrix(m, k, 3, false), w = random_matrix(n, k, 4, false);
+  const auto wt = transpose(w, n, k);  // K x N
+  const Granularity a_grans[] = {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128)};
+  const Granularity b_grans[] = {Granularity::tensor(), Granularity::row(), Granularity::block(128, 128)};
+  for (const Granularity& ga : a_grans) {
+    for (const Granularity& gb : b_grans) {
+      for (Format fa : {Format::e4m3fn, Format::e5m2}) {
+        const Format fb = Format::e4m3fn;
+        const ScaledMatrix a = quantize(MatrixView{x.data(), m, k}, {fa, Overflow::kSaturate, ga, {}});
+        const ScaledMatrix b = quantize(MatrixView{w.data(), n, k}, {fb, Overflow::kSaturate, gb, {}});
+        const ScaledMmResult r = scaled_mm_reference(a, b);
+        const auto want = reference64(a, b);
+        // FP32 accumulation of k exact products: |error| <= k * 2^-24 * sum |a b| (plus the scale products' rounding)
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) {
+            const std::size_t o = static_cast<std::size_t>(i * n + j);
+            double abs_sum = 0;
+            for (std::int64_t kk = 0; kk < k; ++kk)
+              abs_sum +=
+                  std::fabs(double{x[static_cast<std::size_t>(i * k + kk)]} * w[static_cast<std::size_t>(j * k + kk)]);
+            ASSERT_NEAR(r.out[o], want[o], (k + 8) * std::ldexp(1.0, -24) * abs_sum * 1.5 + 1e-30)
+                << ga.name() << " x " << gb.name() << " " << i << "," << j;
+          }
+        // B given as K x N with the matching granularity gives the same result.
+        const Granularity gb_kn = gb.kind == Granularity::Kind::kRow     ? Granularity::column()
+                                  : gb.kind == Granularity::Kind::kBlock ? Granularity::block(128, 128)
+                                                                         : gb;
+        const ScaledMatrix bt = quantize(MatrixView{wt.data(), k, n}, {fb, Overflow::kSaturate, gb_kn, {}});
+        const ScaledMmResult rt = scaled_mm_reference(a, bt, {BLayout::kKN});
+        ASSERT_EQ(rt.out, r.out) << ga.name() << " x " << gb.name();
+      }
+    }
+  }
+}
+
+TEST(ScaledMm, BiasBfloat16OutputAndAmax) {
+  const std::int64_t m = 3, k = 64, n = 5;
+  const auto x = random_matrix(m, k, 5, false), w = random_matrix(n, k, 6, false);
+  const ScaledMatrix a = quantize(MatrixView{x.data(), m, k}, {});
+  const ScaledMatrix b = quantize(MatrixView{w.data(), n, k}, {});
+  const std::vector<float> bias = {1.0f, -2.0f, 0.5f, 100.0f, 0.0f};
+  const ScaledMmResult f32 = scaled_mm_reference(a, b, {BLayout::kNK, DType::float32, bias});
+  const ScaledMmResult plain = scaled_mm_reference(a, b);
+  const ScaledMmResult bf16 = scaled_mm_reference(a, b, {BLayout::kNK, DType::bfloat16, bias});
+  float amax = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::size_t o = static_cast<std::size_t>(i * n + j);
+      EXPECT_EQ(f32.out[o], plain.out[o] + bias[static_cast<std::size_t>(j)]);
+      EXPECT_EQ(bf16.out[o], bfloat16::from_float(f32.out[o]).to_float());
+      amax = std::max(amax, std::fabs(f32.out[o]));
+    }
+  EXPECT_EQ(f32.amax, amax);
+}
+
+TEST(ScaledMm, RefusesWhatDoesNotFit) {
+  const auto x = random_matrix(4, 256, 7, false);
+  const ScaledMatrix e4 =
+      quantize(MatrixView{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(), {}});
+  const ScaledMatrix e5 =
+      quantize(MatrixView{x.data(), 4, 256}, {Format::e5m2, Overflow::kSaturate, Granularity::tensor(), {}});
+  EXPECT_THROW(scaled_mm_reference(e5, e5), Error);  // e5m2 x e5m2
+  EXPECT_NO_THROW(scaled_mm_reference(e4, e5));
+  const ScaledMatrix k128 = quantize(MatrixView{x.data(), 2, 128}, {});
+  EXPECT_THROW(scaled_mm_reference(e4, k128), Error);  // K 256 vs 128
+  const ScaledMatrix col =
+      quantize(MatrixView{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::column(), {}});
+  EXPECT_THROW(scaled_mm_reference(col, e4), Error);  // A per column
+  const ScaledMatrix mx =
+      quantize(MatrixView{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(), {}});
+  EXPECT_THROW(scaled_mm_reference(mx, e4), Error);
+  const ScaledMatrix a64 =
+      quantize(MatrixView{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 64), {}});
+  const ScaledMatrix b128 =
+      quantize(MatrixView{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(128, 128), {}});
+  EXPECT_THROW(scaled_mm_reference(a64, b128), Error);  // K blocks differ
+  EXPECT_THROW(scaled_mm_reference(e4, e4, {BLayout::kNK, DType::float16}), Error);
+  const std::vector<float> bias(3);
+  EXPECT_THROW(scaled_mm_reference(e4, e4, {BLayout::kNK, DType::float32, bias}), Error);
+}
+
+}  // namespace
+}  // namespace fp8kit
