@@ -64,16 +64,6 @@ void fill_inputs(std::span<float> x, std::span<std::uint8_t> codes) {
   for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(rng());
 }
 
-// Fills in the timing fields: throughput of r.bytes_moved, and memcpy's of a copy of `copy_bytes` (read + write).
-ConvertResult with_timing(ConvertResult r, const PairTiming& t, std::size_t copy_bytes) {
-  r.seconds = t.kernel_seconds;
-  r.baseline_seconds = t.baseline_seconds;
-  r.gbps = static_cast<double>(r.bytes_moved) / t.kernel_seconds / 1e9;
-  r.baseline_gbps = 2.0 * static_cast<double>(copy_bytes) / t.baseline_seconds / 1e9;
-  r.ratio = r.gbps / r.baseline_gbps;
-  return r;
-}
-
 }  // namespace
 
 std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
@@ -105,13 +95,12 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
       ConvertResult r;
       r.op = "read-bandwidth";
       r.isa = "-";
-      r.threads = threads;
       r.elements = options.bytes / 8;
-      r.bytes_moved = options.bytes;
       volatile std::uint64_t sink = 0;
       const auto probe = [&] { sink = sink ^ read_all(copy_src.data(), options.bytes, threads); };
       const auto baseline = [&] { parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, threads); };
-      results.push_back(with_timing(r, time_interleaved(probe, baseline, options.reps), options.bytes));
+      r.timing = measure(probe, baseline, options.reps, threads, options.bytes, 2 * options.bytes);
+      results.push_back(r);
     }
     for (const Op& op : ops) {
       const std::size_t n = options.bytes / wide_size(op.wide);
@@ -121,9 +110,8 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
       r.isa = op.scalar ? "scalar" : std::string(conversion_isa());
       r.overflow = op.encode ? (op.overflow == Overflow::kSaturate ? "saturate" : "non-saturating") : "";
       r.scale = op.scale;
-      r.threads = op.scalar ? 1 : threads;
+      const int op_threads = op.scalar ? 1 : threads;
       r.elements = n;
-      r.bytes_moved = n * (wide_size(op.wide) + 1);
       std::function<void()> kernel;
       const CastOptions cast{op.format, op.overflow, Rounding::kNearestEven, op.scale};
       auto q = codes.as<std::uint8_t>().first(n);
@@ -163,12 +151,12 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
             break;
         }
       }
-      const int copy_threads = r.threads;
-      const auto baseline = [&, copy_threads] {
-        parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, copy_threads);
+      const auto baseline = [&, op_threads] {
+        parallel_memcpy(copy_dst.data(), copy_src.data(), options.bytes, op_threads);
       };
       const int reps = op.scalar ? std::max(3, options.reps / 3) : options.reps;
-      results.push_back(with_timing(r, time_interleaved(kernel, baseline, reps), options.bytes));
+      r.timing = measure(kernel, baseline, reps, op_threads, n * (wide_size(op.wide) + 1), 2 * options.bytes);
+      results.push_back(r);
       if (progress) progress(++done, total);
     }
   }

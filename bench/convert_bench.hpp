@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "harness.hpp"
+
 namespace fp8kit::bench {
 
 struct ConvertBenchOptions {
@@ -21,14 +23,8 @@ struct ConvertResult {
   std::string isa;       // the kernels used: "avx2", "scalar"
   std::string overflow;  // "saturate" or "non-saturating" (encodes); "" for decodes
   float scale = 1.0f;    // the scale (encodes) or scale_inv (decodes) applied
-  int threads = 1;
   std::size_t elements = 0;
-  std::size_t bytes_moved = 0;  // input plus output bytes
-  double seconds = 0;           // median
-  double gbps = 0;
-  double baseline_seconds = 0;  // median memcpy of the wide array
-  double baseline_gbps = 0;     // memcpy: 2 * bytes / seconds
-  double ratio = 0;             // gbps / baseline_gbps
+  Timing timing;  // bytes_moved: input plus output; baseline: memcpy of the wide array (2 * bytes / seconds)
 };
 
 // Runs the benchmark; `progress(done, total)` is called after each measurement.

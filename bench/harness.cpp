@@ -75,6 +75,20 @@ std::uint64_t read_all(const void* data, std::size_t bytes, int threads) {
   return total;
 }
 
+Timing measure(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps, int threads,
+               std::size_t bytes_moved, std::size_t baseline_bytes) {
+  const PairTiming t = time_interleaved(kernel, baseline, reps);
+  Timing m;
+  m.threads = threads;
+  m.bytes_moved = bytes_moved;
+  m.seconds = t.kernel_seconds;
+  m.baseline_seconds = t.baseline_seconds;
+  m.gbps = static_cast<double>(bytes_moved) / t.kernel_seconds / 1e9;
+  m.baseline_gbps = static_cast<double>(baseline_bytes) / t.baseline_seconds / 1e9;
+  m.ratio = m.gbps / m.baseline_gbps;
+  return m;
+}
+
 void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads) {
   if (threads <= 1) {
     std::memcpy(dst, src, bytes);

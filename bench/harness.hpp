@@ -43,6 +43,21 @@ struct PairTiming {
 // Runs warmup rounds, then `reps` rounds of (kernel, baseline) alternating which goes first.
 PairTiming time_interleaved(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps);
 
+// One measurement as every benchmark reports it: medians, throughputs and the ratio to the baseline.
+struct Timing {
+  int threads = 1;
+  std::size_t bytes_moved = 0;  // bytes the kernel reads plus writes
+  double seconds = 0;           // median
+  double gbps = 0;
+  double baseline_seconds = 0;  // median
+  double baseline_gbps = 0;
+  double ratio = 0;  // gbps / baseline_gbps
+};
+
+// Times kernel against baseline (interleaved, medians); the baseline moves `baseline_bytes` per run.
+Timing measure(const std::function<void()>& kernel, const std::function<void()>& baseline, int reps, int threads,
+               std::size_t bytes_moved, std::size_t baseline_bytes);
+
 // Reads every byte of `data` (8 independent accumulators, so it is bound by memory, not add latency), split
 // across `threads` threads; returns a value that depends on all of it so the reads cannot be optimized away.
 std::uint64_t read_all(const void* data, std::size_t bytes, int threads);

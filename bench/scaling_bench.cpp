@@ -41,19 +41,8 @@ std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
     auto add = [&](std::string op, std::string granularity, std::string baseline_name, std::size_t moved,
                    const std::function<void()>& kernel, const std::function<void()>& baseline,
                    std::size_t baseline_bytes) {
-      const PairTiming t = time_interleaved(kernel, baseline, options.reps);
-      ScalingResult r;
-      r.op = std::move(op);
-      r.granularity = std::move(granularity);
-      r.baseline = std::move(baseline_name);
-      r.threads = threads;
-      r.bytes_moved = moved;
-      r.seconds = t.kernel_seconds;
-      r.baseline_seconds = t.baseline_seconds;
-      r.gbps = static_cast<double>(moved) / t.kernel_seconds / 1e9;
-      r.baseline_gbps = static_cast<double>(baseline_bytes) / t.baseline_seconds / 1e9;
-      r.ratio = r.gbps / r.baseline_gbps;
-      results.push_back(r);
+      results.push_back({std::move(op), std::move(granularity), std::move(baseline_name),
+                         measure(kernel, baseline, options.reps, threads, moved, baseline_bytes)});
       if (progress) progress(++done, total);
     };
     // The read probe against memcpy (for reference), then amax against the read probe.

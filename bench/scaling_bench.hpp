@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "harness.hpp"
+
 namespace fp8kit::bench {
 
 struct ScalingBenchOptions {
@@ -19,9 +21,7 @@ struct ScalingResult {
   std::string op;           // "amax", "quantize", "dequantize", "read-bandwidth"
   std::string granularity;  // "tensor", "row", "block:1x128", ... ("" for amax and the probe)
   std::string baseline;     // "read-bandwidth" (amax) or "memcpy"
-  int threads = 1;
-  std::size_t bytes_moved = 0;  // read + written
-  double seconds = 0, gbps = 0, baseline_seconds = 0, baseline_gbps = 0, ratio = 0;
+  Timing timing;
 };
 
 std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,

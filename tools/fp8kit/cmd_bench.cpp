@@ -49,7 +49,7 @@ std::vector<int> thread_counts(int requested) {
   return counts;
 }
 
-struct BenchConvertArgs {
+struct BenchArgs {
   bool json = false;
   int threads = 0;
   std::string bytes = "256M";
@@ -58,7 +58,7 @@ struct BenchConvertArgs {
 
 // The options every benchmark shares, validated, copied into its own options struct.
 template <typename Options>
-Options common_options(const BenchConvertArgs& args) {
+Options common_options(const BenchArgs& args) {
   if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
   Options options;
   options.bytes = parse_size(args.bytes);
@@ -83,7 +83,24 @@ class Progress {
   bool shown_;
 };
 
-void run_bench_convert(const BenchConvertArgs& args) {
+// The fields every benchmark row has in --json output.
+nlohmann::json timing_json(const bench::Timing& t, const std::string& baseline, const std::string& cpu) {
+  return {{"threads", t.threads},
+          {"bytes", t.bytes_moved},
+          {"seconds", t.seconds},
+          {"gbps", t.gbps},
+          {"baseline", baseline},
+          {"baseline_seconds", t.baseline_seconds},
+          {"baseline_gbps", t.baseline_gbps},
+          {"ratio", t.ratio},
+          {"cpu", cpu}};
+}
+
+nlohmann::json string_or_null(const std::string& s) {
+  return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s);
+}
+
+void run_bench_convert(const BenchArgs& args) {
   const auto options = common_options<bench::ConvertBenchOptions>(args);
   std::vector<bench::ConvertResult> results;
   {
@@ -94,20 +111,13 @@ void run_bench_convert(const BenchConvertArgs& args) {
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : results) {
-      out.push_back({{"op", r.op},
-                     {"isa", r.isa},
-                     {"overflow", r.overflow.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.overflow)},
-                     {"scale", r.scale},
-                     {"threads", r.threads},
-                     {"elements", r.elements},
-                     {"bytes", r.bytes_moved},
-                     {"seconds", r.seconds},
-                     {"gbps", r.gbps},
-                     {"baseline", "memcpy"},
-                     {"baseline_seconds", r.baseline_seconds},
-                     {"baseline_gbps", r.baseline_gbps},
-                     {"ratio", r.ratio},
-                     {"cpu", cpu}});
+      nlohmann::json row = timing_json(r.timing, "memcpy", cpu);
+      row["op"] = r.op;
+      row["isa"] = r.isa;
+      row["overflow"] = string_or_null(r.overflow);
+      row["scale"] = r.scale;
+      row["elements"] = r.elements;
+      out.push_back(row);
     }
     std::printf("%s\n", out.dump(2).c_str());
     return;
@@ -119,11 +129,12 @@ void run_bench_convert(const BenchConvertArgs& args) {
              "GB/s", "memcpy GB/s", "ratio");
   for (const auto& r : results) {
     fmt::print("{:<16} {:<7} {:<15} {:>6.3g} {:>7} {:>9.1f} {:>12.1f} {:>6.2f}x\n", r.op, r.isa,
-               r.overflow.empty() ? "-" : r.overflow, r.scale, r.threads, r.gbps, r.baseline_gbps, r.ratio);
+               r.overflow.empty() ? "-" : r.overflow, r.scale, r.timing.threads, r.timing.gbps, r.timing.baseline_gbps,
+               r.timing.ratio);
   }
 }
 
-void run_bench_scaling(const BenchConvertArgs& args) {
+void run_bench_scaling(const BenchArgs& args) {
   const auto options = common_options<bench::ScalingBenchOptions>(args);
   std::vector<bench::ScalingResult> results;
   {
@@ -134,19 +145,11 @@ void run_bench_scaling(const BenchConvertArgs& args) {
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : results) {
-      out.push_back(
-          {{"op", r.op},
-           {"granularity", r.granularity.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.granularity)},
-           {"format", r.op == "quantize" || r.op == "dequantize" ? nlohmann::json("e4m3fn") : nlohmann::json(nullptr)},
-           {"threads", r.threads},
-           {"bytes", r.bytes_moved},
-           {"seconds", r.seconds},
-           {"gbps", r.gbps},
-           {"baseline", r.baseline},
-           {"baseline_seconds", r.baseline_seconds},
-           {"baseline_gbps", r.baseline_gbps},
-           {"ratio", r.ratio},
-           {"cpu", cpu}});
+      nlohmann::json row = timing_json(r.timing, r.baseline, cpu);
+      row["op"] = r.op;
+      row["granularity"] = string_or_null(r.granularity);
+      row["format"] = r.op == "quantize" || r.op == "dequantize" ? nlohmann::json("e4m3fn") : nlohmann::json(nullptr);
+      out.push_back(row);
     }
     std::printf("%s\n", out.dump(2).c_str());
     return;
@@ -160,7 +163,8 @@ void run_bench_scaling(const BenchConvertArgs& args) {
              "baseline GB/s", "ratio");
   for (const auto& r : results) {
     fmt::print("{:<15} {:<15} {:>7} {:>9.1f} {:<15} {:>13.1f} {:>6.2f}x\n", r.op,
-               r.granularity.empty() ? "-" : r.granularity, r.threads, r.gbps, r.baseline, r.baseline_gbps, r.ratio);
+               r.granularity.empty() ? "-" : r.granularity, r.timing.threads, r.timing.gbps, r.baseline,
+               r.timing.baseline_gbps, r.timing.ratio);
   }
 }
 
@@ -169,21 +173,19 @@ void run_bench_scaling(const BenchConvertArgs& args) {
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: kernels against baselines measured in the same run");
   bench->require_subcommand(1);
-  auto args = std::make_shared<BenchConvertArgs>();
-  CLI::App* convert = bench->add_subcommand("convert", "Conversion kernels against memcpy of the same bytes");
-  convert->add_flag("--json", args->json, "Print a JSON array instead of the table");
-  convert->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
-  convert->add_option("--bytes", args->bytes, "Size of the wide array, e.g. 256M (default 256M)");
-  convert->add_option("--reps", args->reps, "Repetitions per measurement (default 11)");
-  convert->callback([args] { run_bench_convert(*args); });
-  auto scaling_args = std::make_shared<BenchConvertArgs>();
-  CLI::App* scaling =
-      bench->add_subcommand("scaling", "amax, quantize and dequantize against the read probe and memcpy");
-  scaling->add_flag("--json", scaling_args->json, "Print a JSON array instead of the table");
-  scaling->add_option("--threads", scaling_args->threads, "Thread count (default: 1, then all cores)");
-  scaling->add_option("--bytes", scaling_args->bytes, "Size of the float32 matrix, e.g. 256M (default 256M)");
-  scaling->add_option("--reps", scaling_args->reps, "Repetitions per measurement (default 11)");
-  scaling->callback([scaling_args] { run_bench_scaling(*scaling_args); });
+  // The options every benchmark takes; `what` names the array --bytes sizes.
+  auto add = [bench](const char* name, const char* help, const char* what, void (*run)(const BenchArgs&)) {
+    auto args = std::make_shared<BenchArgs>();
+    CLI::App* cmd = bench->add_subcommand(name, help);
+    cmd->add_flag("--json", args->json, "Print a JSON array instead of the table");
+    cmd->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
+    cmd->add_option("--bytes", args->bytes, std::string("Size of the ") + what + ", e.g. 256M (default 256M)");
+    cmd->add_option("--reps", args->reps, "Repetitions per measurement (default 11)");
+    cmd->callback([args, run] { run(*args); });
+  };
+  add("convert", "Conversion kernels against memcpy of the same bytes", "wide array", &run_bench_convert);
+  add("scaling", "amax, quantize and dequantize against the read probe and memcpy", "float32 matrix",
+      &run_bench_scaling);
 }
 
 }  // namespace fp8kit::cli
