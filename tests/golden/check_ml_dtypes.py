@@ -19,19 +19,11 @@ import tempfile
 import ml_dtypes
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import check, summary  # noqa: E402
+
 FORMATS = ["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu"]
 MAX_CODE = {"e4m3fn": 0x7E, "e5m2": 0x7B, "e4m3fnuz": 0x7F, "e5m2fnuz": 0x7F, "e8m0fnu": 0xFE}
-passed = 0
-failed = 0
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL {name} {detail}")
 
 
 def run(dump, args, data, out_dtype):
@@ -121,8 +113,7 @@ def main():
         with np.errstate(all="ignore"):
             f64 = float32_inputs(fmt, rng)[:300_000].astype(np.float64)
         compare_encode(dump, fmt, "f64", f64)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

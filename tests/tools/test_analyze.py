@@ -10,17 +10,9 @@ import tempfile
 
 import numpy as np
 
-passed = 0
-failed = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import check, summary  # noqa: E402
 
-
-def check(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL {name} {detail}")
 
 
 def run(exe, *args):
@@ -98,8 +90,7 @@ def main():
                   f"rc={r.returncode} stderr={r.stderr!r} stdout={r.stdout[:100]!r}")
         r = run(exe, "analyze", "--help")
         check("help", r.returncode == 0 and "granularity" in r.stdout)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":
