@@ -83,8 +83,7 @@ class std::numeric_limits<fp8kit::float8<F>> {
   }
   // Half an ulp of 1.0 (round to nearest).
   static constexpr T round_error() noexcept {
-    return T::from_bits(
-        static_cast<std::uint8_t>(d().mantissa_bits == 0 ? (d().bias - 1) : ((d().bias - 1) << d().mantissa_bits)));
+    return T::from_bits(static_cast<std::uint8_t>((d().bias - 1) << d().mantissa_bits));
   }
   static constexpr T infinity() noexcept {
     return T::from_bits(d().has_inf ? d().inf_code(false) : d().nan_code(false));
