@@ -23,6 +23,10 @@ struct EncodeParams {
   std::uint8_t nan_code;               // positive canonical NaN code
   bool sign_on_zero;                   // the format has -0
   bool streaming_stores = false;       // write the output with non-temporal stores (large outputs; set by the entry)
+  // Segment kernels: when nonzero, prefetch this many bytes past each input position instead of the default
+  // short distance (quantize points it at the next block row, so that row's amax pass reads from cache while
+  // this one encodes).
+  std::size_t prefetch_ahead_bytes = 0;
 };
 EncodeParams make_encode_params(const CastOptions& options);
 
