@@ -5,8 +5,10 @@
 
 #include "fp8kit/error.hpp"
 #include "fp8kit/scaled_mm.hpp"
+#include "mm_plan.hpp"
 
 namespace fp8kit {
+namespace mm_detail {
 namespace {
 
 using Kind = Granularity::Kind;
@@ -14,70 +16,123 @@ using Kind = Granularity::Kind;
 bool is_e5m2_family(Format f) {
   return f == Format::e5m2 || f == Format::e5m2fnuz;
 }
-
-// The K extent of one scale block of an operand (K when its scale does not change along K).
-std::int64_t k_block_of_a(const ScaledMatrix& a) {
-  return a.granularity.kind == Kind::kBlock ? a.block_cols() : a.cols;
+bool is_blocked(const ScaledMatrix& x) {
+  return x.granularity.kind == Kind::kBlock || x.granularity.kind == Kind::kMx;
 }
-std::int64_t k_block_of_b(const ScaledMatrix& b, BLayout layout, std::int64_t k) {
-  if (b.granularity.kind != Kind::kBlock) return k;
-  return layout == BLayout::kNK ? b.block_cols() : b.block_rows();
+
+void check_element_format(const char* what, const ScaledMatrix& x) {
+  FP8KIT_CHECK(x.format != Format::e8m0fnu, what, " is e8m0fnu, a scale format: its elements must be e4m3fn, e5m2, ",
+               "e4m3fnuz or e5m2fnuz");
+  FP8KIT_CHECK(static_cast<std::int64_t>(x.data.size()) == x.rows * x.cols, what, " has ", x.data.size(),
+               " codes for a ", x.rows, "x", x.cols, " matrix");
+  FP8KIT_CHECK(static_cast<std::int64_t>(x.scale_inv.size()) == x.grid_rows() * x.grid_cols(), what, " has ",
+               x.scale_inv.size(), " scales for a ", x.grid_rows(), "x", x.grid_cols(), " block grid");
+}
+
+// Where B's scales live, as weights (N x K, output channel = row) or as K x N (output channel = column).
+ScaleIndex b_scales(const ScaledMatrix& b, bool nk) {
+  ScaleIndex s{b.scale_inv.data()};
+  switch (b.granularity.kind) {
+    case Kind::kTensor:
+      break;
+    case Kind::kRow:
+    case Kind::kColumn:
+      s.r_stride = 1;
+      break;
+    default:
+      if (nk) {
+        s.r_div = b.block_rows();
+        s.r_stride = b.grid_cols();
+        s.kb_stride = 1;
+      } else {
+        s.r_div = b.block_cols();
+        s.r_stride = 1;
+        s.kb_stride = b.grid_cols();
+      }
+  }
+  return s;
+}
+
+// B's checks, shared by both products: scales per tensor, per output channel or blocks.
+void check_b_granularity(const char* what, const ScaledMatrix& b, bool nk) {
+  const Kind per_channel = nk ? Kind::kRow : Kind::kColumn;
+  const Kind kind = b.granularity.kind;
+  FP8KIT_CHECK(kind == Kind::kTensor || kind == per_channel || is_blocked(b), what,
+               "'s scales must be per tensor, per output channel (", nk ? "row" : "col",
+               " of this layout) or blocks, not ", b.granularity.name());
 }
 
 }  // namespace
 
-ScaledMmResult scaled_mm_reference(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options) {
+MmPlan plan_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options) {
   const bool nk = options.b_layout == BLayout::kNK;
-  const std::int64_t m = a.rows, k = a.cols;
-  const std::int64_t n = nk ? b.rows : b.cols;
+  MmPlan p;
+  p.m = a.rows;
+  p.k = a.cols;
+  p.n = nk ? b.rows : b.cols;
   const std::int64_t kb_rows = nk ? b.cols : b.rows;
-  FP8KIT_CHECK(kb_rows == k, "scaled_mm: A is ", m, "x", k, " but B has K = ", kb_rows,
+  FP8KIT_CHECK(kb_rows == p.k, "scaled_mm: A is ", p.m, "x", p.k, " but B has K = ", kb_rows,
                nk ? " (B given as N x K)" : " (B given as K x N)");
+  check_element_format("scaled_mm: A", a);
+  check_element_format("scaled_mm: B", b);
   FP8KIT_CHECK(!(is_e5m2_family(a.format) && is_e5m2_family(b.format)), "scaled_mm: ", name(a.format), " x ",
                name(b.format), " is not supported (no FP8 GEMM takes e5m2 x e5m2; quantize one side to e4m3)");
-  FP8KIT_CHECK(a.granularity.kind == Kind::kTensor || a.granularity.kind == Kind::kRow ||
-                   (a.granularity.kind == Kind::kBlock && a.granularity.block_rows == 1),
-               "scaled_mm: A's scales must be per tensor, per row or 1 x K blocks, not ", a.granularity.name());
-  const Kind per_channel = nk ? Kind::kRow : Kind::kColumn;
   FP8KIT_CHECK(
-      b.granularity.kind == Kind::kTensor || b.granularity.kind == per_channel || b.granularity.kind == Kind::kBlock,
-      "scaled_mm: B's scales must be per tensor, per output channel (", nk ? "row" : "col",
-      " of this layout) or blocks, not ", b.granularity.name());
+      a.granularity.kind == Kind::kTensor || a.granularity.kind == Kind::kRow || (is_blocked(a) && a.block_rows() == 1),
+      "scaled_mm: A's scales must be per tensor, per row or 1 x K blocks, not ", a.granularity.name());
+  check_b_granularity("scaled_mm: B", b, nk);
   FP8KIT_CHECK(options.out_dtype == DType::float32 || options.out_dtype == DType::bfloat16,
                "scaled_mm: the output must be float32 or bfloat16, not ", name(options.out_dtype));
-  FP8KIT_CHECK(options.bias.empty() || static_cast<std::int64_t>(options.bias.size()) == n, "scaled_mm: bias has ",
-               options.bias.size(), " values for N = ", n);
-  const std::int64_t kba = k_block_of_a(a), kbb = k_block_of_b(b, options.b_layout, k);
-  const bool a_blocked = a.granularity.kind == Kind::kBlock, b_blocked = b.granularity.kind == Kind::kBlock;
+  FP8KIT_CHECK(options.bias.empty() || static_cast<std::int64_t>(options.bias.size()) == p.n, "scaled_mm: bias has ",
+               options.bias.size(), " values for N = ", p.n);
+  const bool a_blocked = is_blocked(a), b_blocked = is_blocked(b);
+  const std::int64_t kba = a_blocked ? a.block_cols() : p.k;
+  const std::int64_t kbb = b_blocked ? (nk ? b.block_cols() : b.block_rows()) : p.k;
   FP8KIT_CHECK(!(a_blocked && b_blocked) || kba == kbb, "scaled_mm: A's K blocks (", kba, ") and B's (", kbb,
                ") differ; use the same K block size on both sides");
-  const std::int64_t kstep =
-      std::max<std::int64_t>(1, a_blocked ? kba : (b_blocked ? kbb : std::max<std::int64_t>(k, 1)));
+  p.blocked = a_blocked || b_blocked;
+  p.kstep = std::max<std::int64_t>(1, a_blocked ? kba : (b_blocked ? kbb : p.k));
+  p.sa = ScaleIndex{a.scale_inv.data()};
+  if (a.granularity.kind == Kind::kRow) p.sa.r_stride = 1;
+  if (a_blocked) {
+    p.sa.r_stride = a.grid_cols();
+    p.sa.kb_stride = 1;
+  }
+  p.sb = b_scales(b, nk);
+  return p;
+}
 
-  auto scale_a = [&](std::int64_t i, std::int64_t kb) {
-    switch (a.granularity.kind) {
-      case Kind::kTensor:
-        return a.scale_inv[0];
-      case Kind::kRow:
-        return a.scale_inv[static_cast<std::size_t>(i)];
-      default:
-        return a.scale_inv[static_cast<std::size_t>(i * a.grid_cols() + (kb * kstep) / kba)];
-    }
-  };
-  auto scale_b = [&](std::int64_t kb, std::int64_t j) {
-    switch (b.granularity.kind) {
-      case Kind::kTensor:
-        return b.scale_inv[0];
-      case Kind::kRow:
-      case Kind::kColumn:
-        return b.scale_inv[static_cast<std::size_t>(j)];
-      default: {
-        const std::int64_t kblock = (kb * kstep) / kbb;
-        return nk ? b.scale_inv[static_cast<std::size_t>((j / b.block_rows()) * b.grid_cols() + kblock)]
-                  : b.scale_inv[static_cast<std::size_t>(kblock * b.grid_cols() + j / b.block_cols())];
-      }
-    }
-  };
+MmPlan plan_weight_mm(const ActivationView& x, const ScaledMatrix& w, std::span<const float> bias,
+                      std::size_t out_size) {
+  FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16,
+               "fp8_weight_mm: activations must be float32 or bfloat16, not ", name(x.dtype));
+  FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0 && (x.data != nullptr || x.rows * x.cols == 0), "fp8_weight_mm: activations ",
+               x.rows, "x", x.cols, " without data");
+  FP8KIT_CHECK(w.cols == x.cols, "fp8_weight_mm: activations are ", x.rows, "x", x.cols, " but the weights are ",
+               w.rows, "x", w.cols, " (N x K: K must match)");
+  check_element_format("fp8_weight_mm: the weights", w);
+  check_b_granularity("fp8_weight_mm: the weights", w, true);
+  MmPlan p;
+  p.m = x.rows;
+  p.k = x.cols;
+  p.n = w.rows;
+  FP8KIT_CHECK(bias.empty() || static_cast<std::int64_t>(bias.size()) == p.n, "fp8_weight_mm: bias has ", bias.size(),
+               " values for N = ", p.n);
+  FP8KIT_CHECK(static_cast<std::int64_t>(out_size) == p.m * p.n, "fp8_weight_mm: the output has ", out_size,
+               " elements, ", p.m, "x", p.n, " needs ", p.m * p.n);
+  p.blocked = is_blocked(w);
+  p.kstep = std::max<std::int64_t>(1, p.blocked ? w.block_cols() : p.k);
+  p.sa = ScaleIndex{&kUnitScale};
+  p.sb = b_scales(w, true);
+  return p;
+}
+
+}  // namespace mm_detail
+
+ScaledMmResult scaled_mm_reference(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options) {
+  const mm_detail::MmPlan plan = mm_detail::plan_scaled_mm(a, b, options);
+  const bool nk = options.b_layout == BLayout::kNK;
+  const std::int64_t m = plan.m, n = plan.n, k = plan.k, kstep = plan.kstep;
   auto b_code = [&](std::int64_t kk, std::int64_t j) {
     return nk ? b.data[static_cast<std::size_t>(j * k + kk)] : b.data[static_cast<std::size_t>(kk * n + j)];
   };
@@ -95,7 +150,9 @@ ScaledMmResult scaled_mm_reference(const ScaledMatrix& a, const ScaledMatrix& b,
           acc += decode_to_float(a.format, a.data[static_cast<std::size_t>(i * k + kk)]) *
                  decode_to_float(b.format, b_code(kk, j));
         }
-        out += acc * scale_a(i, kb) * scale_b(kb, j);
+        // (acc * scale_a) * scale_b + out with one rounding for the fused multiply-add: the exact order the
+        // kernels use, so that they are bit-identical to this reference.
+        out = std::fma(acc * plan.sa.at(i, kb), plan.sb.at(j, kb), out);
       }
       if (!options.bias.empty()) out += options.bias[static_cast<std::size_t>(j)];
       if (options.out_dtype == DType::bfloat16) out = bfloat16::from_float(out).to_float();

@@ -127,6 +127,24 @@ TEST(ScaledMm, BiasBfloat16OutputAndAmax) {
   EXPECT_EQ(f32.amax, amax);
 }
 
+TEST(ScaledMm, MxOperandsWithinBound) {
+  // MXFP8: both operands in 1 x 32 blocks along K (E8M0 scales); each 32-element block sum is scaled on its own.
+  const std::int64_t m = 5, k = 96, n = 7;
+  const auto x = random_matrix(m, k, 11, false), w = random_matrix(n, k, 12, false);
+  for (MxScaleMode mode : {MxScaleMode::kFloor, MxScaleMode::kRceil}) {
+    const ScaledMatrix a =
+        quantize(MatrixView{x.data(), m, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(mode), {}});
+    const ScaledMatrix b =
+        quantize(MatrixView{w.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(mode), {}});
+    const ScaledMmResult r = scaled_mm_reference(a, b);
+    const auto want = reference64(a, b);
+    for (std::size_t o = 0; o < want.size(); ++o) {
+      // Per 32-element block the FP32 sum is exact to 2^-24 relative per step; scales are powers of two.
+      ASSERT_NEAR(r.out[o], want[o], 1e-4 * (1.0 + std::fabs(want[o]))) << o;
+    }
+  }
+}
+
 TEST(ScaledMm, RefusesWhatDoesNotFit) {
   const auto x = random_matrix(4, 256, 7, false);
   const ScaledMatrix e4 =
@@ -142,7 +160,13 @@ TEST(ScaledMm, RefusesWhatDoesNotFit) {
   EXPECT_THROW(scaled_mm_reference(col, e4), Error);  // A per column
   const ScaledMatrix mx =
       quantize(MatrixView{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(), {}});
-  EXPECT_THROW(scaled_mm_reference(mx, e4), Error);
+  EXPECT_NO_THROW(scaled_mm_reference(mx, e4));  // MX: 1 x 32 blocks along K with E8M0 scales
+  const ScaledMatrix b128x4 =
+      quantize(MatrixView{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(128, 128), {}});
+  EXPECT_THROW(scaled_mm_reference(mx, b128x4), Error);  // K blocks 32 vs 128
+  const ScaledMatrix e8 =
+      quantize(MatrixView{x.data(), 4, 256}, {Format::e8m0fnu, Overflow::kSaturate, Granularity::tensor(), {}});
+  EXPECT_THROW(scaled_mm_reference(e8, e4), Error);  // e8m0fnu is a scale format
   const ScaledMatrix a64 =
       quantize(MatrixView{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 64), {}});
   const ScaledMatrix b128 =

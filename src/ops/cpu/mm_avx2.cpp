@@ -1,0 +1,289 @@
+// AVX2 + FMA matrix-multiply kernels.
+//
+// GEMM micro-kernel: a 6 x 16 tile of C in 12 ymm accumulators; per k, two 8-float loads of the packed B panel,
+// six broadcasts of the packed A panel, twelve fused multiply-adds. FP8 values (and their products) are exact in
+// FP32, so this is the reference's sum, in the same order: bit-identical results.
+//
+// GEMV: weights are streamed once and decoded in registers. An FP8 code c (sign-extended to 32 bits) becomes the
+// float with bits ((c << (23 - m)) & (sign | magnitude field)): the code's exponent and mantissa land in the
+// float's fields unchanged, which is the FP8 value times 2^(bias - 127) for normals and, as a float subnormal,
+// for FP8 subnormals too; one multiply by 2^(127 - bias) makes it exact. Codes with no float equivalent this way
+// (Inf/NaN of e4m3fn and e5m2, the fnuz NaN 0x80) are detected per 32 bytes: the kernel then reports failure and
+// the driver recomputes those rows exactly. Flush-subnormal-inputs mode (DAZ) would break the decode of FP8
+// subnormals, so the driver does not call this kernel when DAZ is set.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "../mm_kernels.hpp"
+#include "fp8kit/cpu.hpp"
+
+namespace fp8kit::mm_detail {
+namespace {
+
+// ---------------------------------------------------------------- GEMM micro-kernel
+
+template <bool kScale>
+[[gnu::always_inline]] inline void tile_6x16(std::int64_t kc, const float* a, const float* b, float* c,
+                                             std::int64_t ldc, const float* sa, const float* sb) {
+  __m256 acc[kMr][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < kMr; ++i) {
+    if constexpr (kScale) {
+      acc[i][0] = _mm256_setzero_ps();
+      acc[i][1] = _mm256_setzero_ps();
+    } else {
+      acc[i][0] = _mm256_loadu_ps(c + i * ldc);
+      acc[i][1] = _mm256_loadu_ps(c + i * ldc + 8);
+    }
+  }
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < kMr; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(a + i);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+    a += kMr;
+    b += kNr;
+  }
+  if constexpr (kScale) {
+    const __m256 sb0 = _mm256_loadu_ps(sb), sb1 = _mm256_loadu_ps(sb + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < kMr; ++i) {
+      const __m256 s = _mm256_broadcast_ss(sa + i);
+      acc[i][0] = _mm256_fmadd_ps(_mm256_mul_ps(acc[i][0], s), sb0, _mm256_loadu_ps(c + i * ldc));
+      acc[i][1] = _mm256_fmadd_ps(_mm256_mul_ps(acc[i][1], s), sb1, _mm256_loadu_ps(c + i * ldc + 8));
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < kMr; ++i) {
+    _mm256_storeu_ps(c + i * ldc, acc[i][0]);
+    _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
+  }
+}
+
+void accumulate_avx2(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc) {
+  tile_6x16<false>(kc, a, b, c, ldc, nullptr, nullptr);
+}
+
+void scale_accumulate_avx2(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, const float* sa,
+                           const float* sb) {
+  tile_6x16<true>(kc, a, b, c, ldc, sa, sb);
+}
+
+void scale_row_avx2(float* row, std::int64_t n, float sa, ScaleIndex sb) {
+  const __m256 s = _mm256_set1_ps(sa), zero = _mm256_setzero_ps();
+  std::int64_t j = 0;
+  if (sb.r_div == 1 && (sb.r_stride == 0 || sb.r_stride == 1)) {  // per tensor or per output channel
+    for (; j + 8 <= n; j += 8) {
+      const __m256 b = sb.r_stride == 0 ? _mm256_set1_ps(sb.data[0]) : _mm256_loadu_ps(sb.data + j);
+      _mm256_storeu_ps(row + j, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), s), b, zero));
+    }
+  }
+  for (; j < n; ++j) row[j] = std::fma(row[j] * sa, sb.at(j, 0), 0.0f);
+}
+
+// ---------------------------------------------------------------- GEMV
+
+// How the codes of one format become floats (see the top of the file).
+struct Decode {
+  __m256i fields;  // sign | magnitude bits after the shift
+  __m256 rebias;   // 2^(127 - bias)
+  __m256i special_mask, special_value;
+  bool special_is_eq;  // special: (c & mask) == value (NaN code); else (c & mask) > value (Inf/NaN exponent)
+};
+
+Decode make_decode(Format f) {
+  const FormatDescriptor& d = descriptor(f);
+  const int m = d.mantissa_bits;
+  Decode r{};
+  r.fields = _mm256_set1_epi32(static_cast<int>(0x80000000u | (0x7Fu << (23 - m))));
+  const int e = 127 - d.bias;
+  r.rebias = _mm256_castsi256_ps(_mm256_set1_epi32((e + 127) << 23));
+  switch (f) {
+    case Format::e4m3fn:  // 0x7F / 0xFF are NaN
+      r.special_mask = _mm256_set1_epi8(0x7F);
+      r.special_value = _mm256_set1_epi8(0x7F);
+      r.special_is_eq = true;
+      break;
+    case Format::e5m2:  // magnitudes 0x7C.. are Inf and NaN
+      r.special_mask = _mm256_set1_epi8(0x7F);
+      r.special_value = _mm256_set1_epi8(0x7B);
+      r.special_is_eq = false;
+      break;
+    default:  // fnuz: 0x80 is NaN
+      r.special_mask = _mm256_set1_epi8(static_cast<char>(0xFF));
+      r.special_value = _mm256_set1_epi8(static_cast<char>(0x80));
+      r.special_is_eq = true;
+  }
+  return r;
+}
+
+// kShift = 23 - mantissa bits (an immediate: the shift-by-register form is slower on Zen).
+template <int kShift>
+[[gnu::always_inline]] inline __m256 decode8(__m128i codes8, const Decode& d) {
+  const __m256i v = _mm256_cvtepi8_epi32(codes8);
+  const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, kShift), d.fields);
+  return _mm256_mul_ps(_mm256_castsi256_ps(bits), d.rebias);
+}
+
+[[gnu::always_inline]] inline __m256i special32(__m256i codes, const Decode& d) {
+  const __m256i masked = _mm256_and_si256(codes, d.special_mask);
+  return d.special_is_eq ? _mm256_cmpeq_epi8(masked, d.special_value) : _mm256_cmpgt_epi8(masked, d.special_value);
+}
+
+[[gnu::always_inline]] inline __m128i load8_bytes(const std::uint8_t* p) {
+  return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+}
+
+[[gnu::always_inline]] inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// kM activation rows times kR weight rows starting at row j, all of K. Returns false on a special code.
+template <int kShift, int kM, int kR>
+bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kblock, const float* x, std::int64_t ldx,
+               const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out, std::int64_t ldo) {
+  const std::uint8_t* rows[kR];
+#pragma GCC unroll 4
+  for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
+  __m256 total[kM][kR];
+#pragma GCC unroll 4
+  for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 4
+    for (int r = 0; r < kR; ++r) total[i][r] = _mm256_setzero_ps();
+  __m256i special = _mm256_setzero_si256();
+  for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
+    const std::int64_t k1 = std::min(k, k0 + kblock);
+    __m256 acc[kM][kR];
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) acc[i][r] = _mm256_setzero_ps();
+    auto step8 = [&](std::int64_t kk, const __m256* xs, const __m128i* codes) {
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) {
+        const __m256 wv = decode8<kShift>(codes[r], d);
+#pragma GCC unroll 4
+        for (int i = 0; i < kM; ++i) acc[i][r] = _mm256_fmadd_ps(xs[i], wv, acc[i][r]);
+      }
+      (void)kk;
+    };
+    std::int64_t kk = k0;
+    for (; kk + 32 <= k1; kk += 32) {
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 512, _MM_HINT_T0);
+        special =
+            _mm256_or_si256(special, special32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + kk)), d));
+      }
+#pragma GCC unroll 4
+      for (int s = 0; s < 32; s += 8) {
+        __m256 xs[kM];
+        __m128i codes[kR];
+#pragma GCC unroll 4
+        for (int i = 0; i < kM; ++i) xs[i] = _mm256_loadu_ps(x + i * ldx + kk + s);
+#pragma GCC unroll 4
+        for (int r = 0; r < kR; ++r) codes[r] = load8_bytes(rows[r] + kk + s);
+        step8(kk + s, xs, codes);
+      }
+    }
+    // The rest of the block, 8 at a time; the last partial group zero-padded (code 0 is +0 in every format).
+    for (; kk < k1; kk += 8) {
+      const std::int64_t len = std::min<std::int64_t>(8, k1 - kk);
+      __m256 xs[kM];
+      __m128i codes[kR];
+      if (len == 8) {
+#pragma GCC unroll 4
+        for (int i = 0; i < kM; ++i) xs[i] = _mm256_loadu_ps(x + i * ldx + kk);
+#pragma GCC unroll 4
+        for (int r = 0; r < kR; ++r) codes[r] = load8_bytes(rows[r] + kk);
+      } else {
+        alignas(32) static constexpr int kLanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+        const __m256i mask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLanes + 8 - len));
+#pragma GCC unroll 4
+        for (int i = 0; i < kM; ++i) xs[i] = _mm256_maskload_ps(x + i * ldx + kk, mask);
+#pragma GCC unroll 4
+        for (int r = 0; r < kR; ++r) {
+          std::uint64_t bytes = 0;
+          std::memcpy(&bytes, rows[r] + kk, static_cast<std::size_t>(len));
+          codes[r] = _mm_cvtsi64_si128(static_cast<long long>(bytes));
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) special = _mm256_or_si256(special, special32(_mm256_zextsi128_si256(codes[r]), d));
+      step8(kk, xs, codes);
+    }
+    // This block's partial sums, scaled: total = fma(acc * sa, sb, total), lane by lane.
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i) {
+      const __m256 s = _mm256_set1_ps(sa.at(i, kb));
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) {
+        total[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(acc[i][r], s), _mm256_set1_ps(sb.at(j + r, kb)), total[i][r]);
+      }
+    }
+  }
+  if (!_mm256_testz_si256(special, special)) return false;
+#pragma GCC unroll 4
+  for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 4
+    for (int r = 0; r < kR; ++r) out[i * ldo + j + r] = hsum(total[i][r]);
+  return true;
+}
+
+template <int kShift, int kM>
+bool gemv_m(const Decode& d, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock, const float* x,
+            std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out,
+            std::int64_t ldo) {
+  constexpr int kR = kM <= 2 ? 4 : 2;  // 8 accumulators either way
+  std::int64_t j = j0;
+  for (; j + kR <= j1; j += kR) {
+    if (!gemv_rows<kShift, kM, kR>(d, j, k, kblock, x, ldx, w, sa, sb, out, ldo)) return false;
+  }
+  for (; j < j1; ++j) {
+    if (!gemv_rows<kShift, kM, 1>(d, j, k, kblock, x, ldx, w, sa, sb, out, ldo)) return false;
+  }
+  return true;
+}
+
+template <int kShift>
+bool gemv_shift(const Decode& d, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
+                const float* x, std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb,
+                float* out, std::int64_t ldo) {
+  switch (m) {
+    case 1:
+      return gemv_m<kShift, 1>(d, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+    case 2:
+      return gemv_m<kShift, 2>(d, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+    case 3:
+      return gemv_m<kShift, 3>(d, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+    case 4:
+      return gemv_m<kShift, 4>(d, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+    default:
+      return false;
+  }
+}
+
+bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
+               const float* x, std::int64_t ldx, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
+               std::int64_t ldo) {
+  const Decode d = make_decode(f);
+  if (descriptor(f).mantissa_bits == 3) return gemv_shift<20>(d, m, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+  return gemv_shift<21>(d, m, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+}
+
+}  // namespace
+
+const MmKernelTable* avx2_mm_kernels() {
+  static const MmKernelTable table{"avx2", &accumulate_avx2, &scale_accumulate_avx2, &scale_row_avx2, &gemv_avx2};
+  const CpuFeatures& cpu = cpu_features();
+  return cpu.avx2 && cpu.fma ? &table : nullptr;
+}
+
+}  // namespace fp8kit::mm_detail

@@ -1,0 +1,65 @@
+// Internal: the matrix-multiply kernels (one table per instruction set) and what they share with the driver.
+// Kernels know nothing of operands, layouts or threads: scaled_mm.cpp packs panels, splits work and dispatches.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "fp8kit/format.hpp"
+
+namespace fp8kit::mm_detail {
+
+// The packed GEMM micro-tile: kMr rows of A by kNr columns of B, in FP32 registers.
+inline constexpr std::int64_t kMr = 6;
+inline constexpr std::int64_t kNr = 16;
+
+// The dequantization scale of output row (of A) or column (of B) r in K block kb:
+// data[(r / r_div) * r_stride + kb * kb_stride] (per tensor: both strides 0).
+struct ScaleIndex {
+  const float* data = nullptr;
+  std::int64_t r_div = 1, r_stride = 0, kb_stride = 0;
+  float at(std::int64_t r, std::int64_t kb) const { return data[(r / r_div) * r_stride + kb * kb_stride]; }
+};
+
+// The exact float value of each of the 256 codes of a format (NaN codes decode to NaN).
+using DecodeTable = std::array<float, 256>;
+const DecodeTable& decode_table(Format f);
+
+// C (kMr x kNr, row stride ldc) and a packed K range: a[k * kMr + i], b[k * kNr + j].
+//   accumulate  C[i][j] = C[i][j] + sum_k a*b, one fused multiply-add per k in increasing k (C holds the running
+//               FP32 sum between calls, so the sum is the same as one uninterrupted accumulation)
+//   scale       acc = sum_k a*b from 0; C[i][j] = fma(acc * sa[i], sb[j], C[i][j]) (one K block of a blocked
+//               product, the reference's order)
+using AccumulateFn = void (*)(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc);
+using ScaleAccumulateFn = void (*)(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc,
+                                   const float* sa, const float* sb);
+
+// GEMV: output columns [j0, j1) of m <= kGemvRows float rows x (row stride ldx, K values each) times the FP8
+// weights w (row j at w + j * k): per K block of `kblock`, lane-parallel FP32 partial sums of x[i][k] *
+// decode(w[j][k]) (fused multiply-adds), then out_lanes = fma(acc * sa(i, kb), sb(j, kb), out_lanes); finally
+// out[i * ldo + j] = the sum of the lanes. Returns false when it cannot decode the codes of these rows exactly (an
+// Inf or NaN code): the driver then recomputes the range with the scalar table's kernel, which always succeeds.
+inline constexpr std::int64_t kGemvRows = 4;
+using GemvFn = bool (*)(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
+                        const float* x, std::int64_t ldx, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb,
+                        float* out, std::int64_t ldo);
+
+// The scales of an unblocked product, on the finished sums: row[j] = fma(row[j] * sa, sb(j, 0), 0) for j < n.
+using ScaleRowFn = void (*)(float* row, std::int64_t n, float sa, ScaleIndex sb);
+
+struct MmKernelTable {
+  std::string_view isa;
+  AccumulateFn accumulate;
+  ScaleAccumulateFn scale_accumulate;
+  ScaleRowFn scale_row;
+  GemvFn gemv;
+};
+
+const MmKernelTable& scalar_mm_kernels();
+// nullptr when this CPU lacks AVX2 and FMA.
+const MmKernelTable* avx2_mm_kernels();
+const MmKernelTable& best_mm_kernels();
+
+}  // namespace fp8kit::mm_detail

@@ -1,0 +1,28 @@
+// Internal: a validated scaled_mm (or weight-only product): shapes, the K block and where each scale lives.
+// The reference and the fast paths share it, so they check the same things and read the same scales.
+#pragma once
+
+#include <cstdint>
+
+#include "fp8kit/scaled_mm.hpp"
+#include "mm_kernels.hpp"
+
+namespace fp8kit::mm_detail {
+
+struct MmPlan {
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t kstep = 1;  // the K block the scales change at (K itself when neither side is blocked)
+  bool blocked = false;    // more than one K block can exist: scales are applied per block
+  ScaleIndex sa, sb;       // sa(i, kb), sb(j, kb)
+};
+
+// Validates scaled_mm operands and options; throws fp8kit::Error (kInvalidArgument) naming what does not fit.
+MmPlan plan_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options);
+// Validates a weight-only product (x M x K float32/bfloat16, w N x K, bias, out of M x N floats).
+MmPlan plan_weight_mm(const ActivationView& x, const ScaledMatrix& w, std::span<const float> bias,
+                      std::size_t out_size);
+
+// The scale every plan without A scales uses (weight-only products).
+inline constexpr float kUnitScale = 1.0f;
+
+}  // namespace fp8kit::mm_detail
