@@ -38,9 +38,10 @@ using ScaleAccumulateFn = void (*)(std::int64_t kc, const float* a, const float*
 
 // GEMV: output columns [j0, j1) of m <= kGemvRows float rows x (row stride ldx, K values each) times the FP8
 // weights w (row j at w + j * k): per K block of `kblock`, lane-parallel FP32 partial sums of x[i][k] *
-// decode(w[j][k]) (fused multiply-adds), then out_lanes = fma(acc * sa(i, kb), sb(j, kb), out_lanes); finally
-// out[i * ldo + j] = the sum of the lanes. Returns false when it cannot decode the codes of these rows exactly (an
-// Inf or NaN code): the driver then recomputes the range with the scalar table's kernel, which always succeeds.
+// decode(w[j][k]) (fused multiply-adds), added up per block and scaled as the reference does: total =
+// fma(sum * sa(i, kb), sb(j, kb), total); out[i * ldo + j] = total. Returns false when it cannot decode the codes
+// of these rows exactly (an Inf or NaN code, or denormals-are-zero set on the calling thread): the driver then
+// recomputes the range with the scalar table's kernel, which always succeeds.
 inline constexpr std::int64_t kGemvRows = 4;
 using GemvFn = bool (*)(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                         const float* x, std::int64_t ldx, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb,

@@ -7,8 +7,6 @@
 // K panels and the scales are applied once at the end. Blocked scales: each K block's sum is scaled into C.
 // GEMV path (M <= kGemvMaxM, weights N x K): threads split the weight rows in fixed chunks (the result does not
 // depend on the thread count); A's rows (or the activations) are converted to FP32 once.
-#include <xmmintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,7 +37,7 @@ namespace {
 
 constexpr std::int64_t kKc = 256;        // K panel (A strip kMr x kKc and B strip kKc x kNr stay in L1)
 constexpr std::int64_t kMc = 96;         // rows of A per panel (kMc x kKc floats: 96 KiB, in L2)
-constexpr std::int64_t kNc = 2048;       // columns of B per panel (kKc x kNc floats: 2 MiB, in L3)
+constexpr std::int64_t kNc = 4096;       // columns of B per panel (kKc x kNc floats: 4 MiB, in L3)
 constexpr std::int64_t kGemvChunk = 16;  // weight rows per GEMV work item
 
 // Where the rows of the left operand come from: FP8 codes (decoded exactly through the table) or activations.
@@ -217,15 +215,11 @@ void gemm(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out
   }
 }
 
-bool denormals_are_zero() {
-  return (_mm_getcsr() & 0x0040u) != 0;  // MXCSR.DAZ
-}
-
 void gemv(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out) {
   // The left rows in FP32, once.
   std::vector<float> x(static_cast<std::size_t>(p.m * p.k));
   for (std::int64_t i = 0; i < p.m; ++i) a.row(i, 0, p.k, x.data() + i * p.k);
-  const MmKernelTable& fast = denormals_are_zero() ? scalar_mm_kernels() : best_mm_kernels();
+  const MmKernelTable& fast = best_mm_kernels();  // declines rows it cannot decode exactly (and under DAZ)
   const MmKernelTable& exact = scalar_mm_kernels();
   const std::int64_t chunks = ceil_div(p.n, kGemvChunk);
   const bool parallel = static_cast<double>(p.n) * static_cast<double>(p.k) >= 1.0e6;

@@ -10,7 +10,7 @@
 // for FP8 subnormals too; one multiply by 2^(127 - bias) makes it exact. Codes with no float equivalent this way
 // (Inf/NaN of e4m3fn and e5m2, the fnuz NaN 0x80) are detected per 32 bytes: the kernel then reports failure and
 // the driver recomputes those rows exactly. Flush-subnormal-inputs mode (DAZ) would break the decode of FP8
-// subnormals, so the driver does not call this kernel when DAZ is set.
+// subnormals: the kernel checks the MXCSR of the thread it runs on and declines when DAZ is set.
 #include <immintrin.h>
 
 #include <cmath>
@@ -152,11 +152,7 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
   const std::uint8_t* rows[kR];
 #pragma GCC unroll 4
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
-  __m256 total[kM][kR];
-#pragma GCC unroll 4
-  for (int i = 0; i < kM; ++i)
-#pragma GCC unroll 4
-    for (int r = 0; r < kR; ++r) total[i][r] = _mm256_setzero_ps();
+  float total[kM][kR] = {};
   __m256i special = _mm256_setzero_si256();
   for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
     const std::int64_t k1 = std::min(k, k0 + kblock);
@@ -219,21 +215,19 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
       for (int r = 0; r < kR; ++r) special = _mm256_or_si256(special, special32(_mm256_zextsi128_si256(codes[r]), d));
       step8(kk, xs, codes);
     }
-    // This block's partial sums, scaled: total = fma(acc * sa, sb, total), lane by lane.
+    // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).
 #pragma GCC unroll 4
     for (int i = 0; i < kM; ++i) {
-      const __m256 s = _mm256_set1_ps(sa.at(i, kb));
+      const float s = sa.at(i, kb);
 #pragma GCC unroll 4
-      for (int r = 0; r < kR; ++r) {
-        total[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(acc[i][r], s), _mm256_set1_ps(sb.at(j + r, kb)), total[i][r]);
-      }
+      for (int r = 0; r < kR; ++r) total[i][r] = std::fma(hsum(acc[i][r]) * s, sb.at(j + r, kb), total[i][r]);
     }
   }
   if (!_mm256_testz_si256(special, special)) return false;
 #pragma GCC unroll 4
   for (int i = 0; i < kM; ++i)
 #pragma GCC unroll 4
-    for (int r = 0; r < kR; ++r) out[i * ldo + j + r] = hsum(total[i][r]);
+    for (int r = 0; r < kR; ++r) out[i * ldo + j + r] = total[i][r];
   return true;
 }
 
@@ -273,6 +267,7 @@ bool gemv_shift(const Decode& d, std::int64_t m, std::int64_t j0, std::int64_t j
 bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                const float* x, std::int64_t ldx, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
                std::int64_t ldo) {
+  if ((_mm_getcsr() & 0x0040u) != 0) return false;  // DAZ on this thread would flush the FP8 subnormals' step
   const Decode d = make_decode(f);
   if (descriptor(f).mantissa_bits == 3) return gemv_shift<20>(d, m, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
   return gemv_shift<21>(d, m, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);

@@ -1,0 +1,1117 @@
+// The fast scaled_mm (packed GEMM and GEMV paths) and the weight-only fp8_weight_mm: the GEMM path bit-identical to
+// the references for every scale granularity pair, both B layouts, every supported format pair, bias, bfloat16
+// output and odd shapes; the GEMV path within the FP32 accumulation bound of an FP64 reference (and exact when the
+// sums are); NaN / Inf codes, subnormal codes and subnormal outputs; thread counts; the refused combinations.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <span>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fp8kit/cpu.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/half.hpp"
+#include "fp8kit/scaled_mm.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <omp.h>
+#include <xmmintrin.h>
+#define FP8KIT_TEST_MXCSR 1
+#endif
+
+namespace fp8kit {
+namespace {
+
+using Kind = Granularity::Kind;
+
+constexpr double kU = 0x1p-24;  // the unit roundoff of FP32
+
+struct FormatPair {
+  Format a, b;
+};
+// The pairs scaled_mm accepts (e5m2 x e5m2 is refused).
+constexpr FormatPair kFormatPairs[] = {{Format::e4m3fn, Format::e4m3fn},
+                                       {Format::e4m3fn, Format::e5m2},
+                                       {Format::e5m2, Format::e4m3fn},
+                                       {Format::e4m3fnuz, Format::e4m3fnuz},
+                                       {Format::e5m2fnuz, Format::e4m3fnuz}};
+constexpr Format kWeightFormats[] = {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz};
+
+struct GranularityPair {
+  Granularity a, b;
+};
+
+// Every supported pair for a B layout: A per tensor, per row, 1 x 128 and 1 x 64 blocks; B per tensor, per output
+// channel (row of N x K, col of K x N) and blocks whose K extent matches A's blocks (128 x 128; with 1 x 64, K blocks
+// of 64).
+std::vector<GranularityPair> granularity_pairs(BLayout layout) {
+  const bool nk = layout == BLayout::kNK;
+  const Granularity per_channel = nk ? Granularity::row() : Granularity::column();
+  const Granularity b128 = Granularity::block(128, 128);
+  const Granularity b64 = nk ? Granularity::block(128, 64) : Granularity::block(64, 128);
+  std::vector<GranularityPair> pairs;
+  for (const Granularity& a : {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128)})
+    for (const Granularity& b : {Granularity::tensor(), per_channel, b128}) pairs.push_back({a, b});
+  for (const Granularity& b : {Granularity::tensor(), per_channel, b64})
+    pairs.push_back({Granularity::block(1, 64), b});
+  return pairs;
+}
+
+std::string describe(const ScaledMatrix& a, const ScaledMatrix& b, BLayout layout) {
+  std::ostringstream s;
+  s << "A " << a.rows << "x" << a.cols << " " << name(a.format) << " " << a.granularity.name() << ", B "
+    << (layout == BLayout::kNK ? "NxK " : "KxN ") << b.rows << "x" << b.cols << " " << name(b.format) << " "
+    << b.granularity.name();
+  return s.str();
+}
+
+// Normal values whose magnitude changes along rows and along K, so that per-row and block scales differ.
+std::vector<float> random_values(std::int64_t rows, std::int64_t cols, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      v[static_cast<std::size_t>(r * cols + c)] =
+          normal(rng) * static_cast<float>(1 + r % 5) * std::ldexp(1.0f, static_cast<int>((c / 64) % 3) - 1);
+  return v;
+}
+
+ScaledMatrix random_quantized(std::int64_t rows, std::int64_t cols, std::uint32_t seed, Format f, Granularity g) {
+  const auto v = random_values(rows, cols, seed);
+  return quantize(MatrixView{v.data(), rows, cols}, {f, Overflow::kSaturate, g, {}});
+}
+
+// A ScaledMatrix built from codes, with random power-of-two scales 2^lo .. 2^hi times 2^offset.
+ScaledMatrix from_codes(Format f, Granularity g, std::int64_t rows, std::int64_t cols, std::vector<std::uint8_t> codes,
+                        std::uint32_t seed, int lo = -2, int hi = 2, int offset = 0) {
+  ScaledMatrix s;
+  s.format = f;
+  s.overflow = Overflow::kSaturate;
+  s.granularity = g;
+  s.rows = rows;
+  s.cols = cols;
+  s.data = std::move(codes);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> e(lo, hi);
+  s.scale_inv.resize(static_cast<std::size_t>(s.grid_rows() * s.grid_cols()));
+  for (float& x : s.scale_inv) x = std::ldexp(1.0f, e(rng) + offset);
+  return s;
+}
+
+// The code of an exact value (+0 for zero).
+std::uint8_t code_of(Format f, float v) {
+  for (int c = 0; c < 256; ++c) {
+    const float d = decode_to_float(f, static_cast<std::uint8_t>(c));
+    if (d == v && std::signbit(d) == std::signbit(v)) return static_cast<std::uint8_t>(c);
+  }
+  ADD_FAILURE() << v << " is not a value of " << name(f);
+  return 0;
+}
+
+// Codes of random integers in [-8, 8] (exact in every FP8 format).
+std::vector<std::uint8_t> integer_codes(Format f, std::int64_t count, std::uint32_t seed) {
+  std::uint8_t table[17];
+  for (int v = -8; v <= 8; ++v) table[v + 8] = code_of(f, static_cast<float>(v));
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> pick(0, 16);
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(count));
+  for (auto& c : codes) c = table[pick(rng)];
+  return codes;
+}
+
+// Codes of +-2^p, p in [-2, 2].
+std::vector<std::uint8_t> power_of_two_codes(Format f, std::int64_t count, std::uint32_t seed) {
+  std::uint8_t table[2][5];
+  for (int p = -2; p <= 2; ++p) {
+    table[0][p + 2] = code_of(f, std::ldexp(1.0f, p));
+    table[1][p + 2] = code_of(f, -std::ldexp(1.0f, p));
+  }
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> p(0, 4), sign(0, 1);
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(count));
+  for (auto& c : codes) c = table[sign(rng)][p(rng)];
+  return codes;
+}
+
+// Codes whose exponent field is 0 (subnormals, half of them), 1 or 2 (the smallest normals), with random signs:
+// every product with a power of two is a multiple of one small unit and sums stay far below 2^24 units (exact).
+std::vector<std::uint8_t> subnormal_codes(Format f, std::int64_t count, std::uint32_t seed) {
+  const int mant_bits = (f == Format::e4m3fn || f == Format::e4m3fnuz) ? 3 : 2;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> exponent(0, 3), mantissa(0, (1 << mant_bits) - 1), sign(0, 1);
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(count));
+  for (auto& c : codes) {
+    const int e = std::max(0, exponent(rng) - 1);  // 0 with probability 1/2
+    int m = mantissa(rng);
+    if (e == 0 && m == 0) m = 1;
+    c = static_cast<std::uint8_t>((sign(rng) << 7) | (e << mant_bits) | m);
+  }
+  return codes;
+}
+
+// Each value decoded exactly and multiplied by its scale, in FP64.
+std::vector<double> dequantize64(const ScaledMatrix& s) {
+  std::vector<double> v(s.data.size());
+  for (std::int64_t r = 0; r < s.rows; ++r)
+    for (std::int64_t c = 0; c < s.cols; ++c) {
+      const float scale =
+          s.scale_inv[static_cast<std::size_t>((r / s.block_rows()) * s.grid_cols() + c / s.block_cols())];
+      const std::size_t o = static_cast<std::size_t>(r * s.cols + c);
+      v[o] = static_cast<double>(decode_to_float(s.format, s.data[o])) * scale;
+    }
+  return v;
+}
+
+// FP64 value of a x b^T (+ bias) and sum_k |a b| per output: a is m x k, b n x k (both already scaled).
+struct Exact {
+  std::int64_t m = 0, n = 0, k = 0;
+  std::vector<double> value, abs_sum;
+};
+
+Exact exact_product(const std::vector<double>& a, const std::vector<double>& b, std::int64_t m, std::int64_t n,
+                    std::int64_t k, std::span<const float> bias = {}) {
+  Exact e{m, n, k, std::vector<double>(static_cast<std::size_t>(m * n)),
+          std::vector<double>(static_cast<std::size_t>(m * n))};
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0, abs_s = 0;
+      for (std::int64_t kk = 0; kk < k; ++kk) {
+        const double p = a[static_cast<std::size_t>(i * k + kk)] * b[static_cast<std::size_t>(j * k + kk)];
+        s += p;
+        abs_s += std::fabs(p);
+      }
+      if (!bias.empty()) s += bias[static_cast<std::size_t>(j)];
+      e.value[static_cast<std::size_t>(i * n + j)] = s;
+      e.abs_sum[static_cast<std::size_t>(i * n + j)] = abs_s;
+    }
+  return e;
+}
+
+std::vector<double> transpose64(const std::vector<double>& x, std::int64_t rows, std::int64_t cols) {
+  std::vector<double> t(x.size());
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j)
+      t[static_cast<std::size_t>(j * rows + i)] = x[static_cast<std::size_t>(i * cols + j)];
+  return t;
+}
+
+Exact exact_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, BLayout layout, std::span<const float> bias = {}) {
+  const bool nk = layout == BLayout::kNK;
+  const std::int64_t n = nk ? b.rows : b.cols;
+  auto db = dequantize64(b);
+  if (!nk) db = transpose64(db, b.rows, b.cols);
+  return exact_product(dequantize64(a), db, a.rows, n, a.cols, bias);
+}
+
+// Activations as the fast path sees them: float32 values, or bfloat16 storage of the same values rounded.
+struct Activations {
+  std::int64_t rows = 0, cols = 0;
+  DType dtype = DType::float32;
+  std::vector<float> f32;
+  std::vector<bfloat16> bf16;
+  ActivationView view() const {
+    return {dtype == DType::float32 ? static_cast<const void*>(f32.data()) : static_cast<const void*>(bf16.data()),
+            dtype, rows, cols};
+  }
+  std::vector<double> values64() const {
+    std::vector<double> v(static_cast<std::size_t>(rows * cols));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = dtype == DType::float32 ? f32[i] : bf16[i].to_float();
+    return v;
+  }
+};
+
+Activations make_activations(std::vector<float> values, std::int64_t rows, std::int64_t cols, DType dtype) {
+  Activations x{rows, cols, dtype, std::move(values), {}};
+  if (dtype == DType::bfloat16) {
+    for (float v : x.f32) x.bf16.push_back(bfloat16::from_float(v));
+    x.f32.clear();
+  }
+  return x;
+}
+
+Exact exact_weight_mm(const Activations& x, const ScaledMatrix& w, std::span<const float> bias = {}) {
+  return exact_product(x.values64(), dequantize64(w), x.rows, w.rows, x.cols, bias);
+}
+
+std::string hex(float v) {
+  std::ostringstream s;
+  s << std::hexfloat << v;
+  return s.str();
+}
+
+// Bit for bit (any NaN matches any NaN: the payload is not part of the contract).
+::testing::AssertionResult same_bits(std::span<const float> got, std::span<const float> want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]))
+      return ::testing::AssertionFailure() << "element " << i << ": " << hex(got[i]) << " vs " << hex(want[i]);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Bit-equal to the FP64 value (which must then be a float): for inputs whose sums are exact.
+::testing::AssertionResult exact(std::span<const float> got, const Exact& want) {
+  if (static_cast<std::int64_t>(got.size()) != want.m * want.n)
+    return ::testing::AssertionFailure() << "size " << got.size();
+  for (std::size_t o = 0; o < got.size(); ++o) {
+    const double w = want.value[o];
+    if (static_cast<double>(static_cast<float>(w)) != w)
+      return ::testing::AssertionFailure() << "test bug: " << w << " at " << o << " is not a float";
+    if (std::bit_cast<std::uint32_t>(got[o]) != std::bit_cast<std::uint32_t>(static_cast<float>(w)))
+      return ::testing::AssertionFailure() << "element " << o << " (" << o / want.n << "," << o % want.n
+                                           << "): " << hex(got[o]) << " vs exact " << hex(static_cast<float>(w));
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The GEMV path's accuracy contract. Every product of two FP8 values is exact in FP32 (and an activation times a
+// weight is one FMA rounding); summing K terms in FP32 in any order (8-lane partial sums included) errs by at most
+// (K - 1) u sum|a b| with u = 2^-24. The K blocks' sums are then scaled (acc * sa: one rounding, the fma with sb:
+// one) and summed across at most K blocks (one rounding each), the bias added (one rounding of the result).
+// Bound used: |out - ref64| <= (2K + 8) * 2^-24 * sum_k |a_k b_k sa sb| + 2 * 2^-24 * |ref64|, and for a bfloat16
+// output also the rounding to bfloat16: + 2^-8 * (|ref64| + that bound). NaN where ref64 is NaN, Inf equal.
+::testing::AssertionResult within_bound(std::span<const float> got, const Exact& want, bool bf16_out = false) {
+  if (static_cast<std::int64_t>(got.size()) != want.m * want.n)
+    return ::testing::AssertionFailure() << "size " << got.size();
+  for (std::size_t o = 0; o < got.size(); ++o) {
+    const double w = want.value[o], g = got[o];
+    if (std::isnan(w) || std::isnan(g)) {
+      if (std::isnan(w) && std::isnan(g)) continue;
+      return ::testing::AssertionFailure() << "element " << o << ": " << g << " vs " << w;
+    }
+    if (std::isinf(w) || std::isinf(g)) {
+      if (w == g) continue;
+      return ::testing::AssertionFailure() << "element " << o << ": " << g << " vs " << w;
+    }
+    double bound = (2.0 * static_cast<double>(want.k) + 8.0) * kU * want.abs_sum[o] + 2.0 * kU * std::fabs(w);
+    if (bf16_out) {
+      bound += 0x1p-8 * (std::fabs(w) + bound);
+      if (bfloat16::from_float(got[o]).to_float() != got[o])
+        return ::testing::AssertionFailure() << "element " << o << " = " << hex(got[o]) << " is not a bfloat16";
+    }
+    if (!(std::fabs(g - w) <= bound))
+      return ::testing::AssertionFailure() << "element " << o << " (" << o / want.n << "," << o % want.n << "): " << g
+                                           << " vs " << w << ", |error| " << std::fabs(g - w) << " > bound " << bound;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+float finite_amax(std::span<const float> v) {
+  float amax = 0;
+  for (float x : v)
+    if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+  return amax;
+}
+
+std::vector<float> random_bias(std::int64_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// set_num_threads for a scope, restoring the previous count.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : saved_(num_threads()) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(saved_); }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int saved_;
+};
+
+// The fast product checked against the reference bit for bit (amax too), with the path the dispatcher must take.
+void expect_gemm_identical(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options) {
+  const ScaledMmResult want = scaled_mm_reference(a, b, options);
+  const ScaledMmResult got = scaled_mm(a, b, options);
+  const std::string what = describe(a, b, options.b_layout) + (options.bias.empty() ? "" : " +bias") +
+                           (options.out_dtype == DType::bfloat16 ? " bf16" : "");
+  EXPECT_EQ(got.path, MmPath::kGemm) << what;
+  EXPECT_EQ(got.m, want.m) << what;
+  EXPECT_EQ(got.n, want.n) << what;
+  EXPECT_TRUE(same_bits(got.out, want.out)) << what;
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(got.amax), std::bit_cast<std::uint32_t>(want.amax))
+      << what << ": " << got.amax << " vs " << want.amax;
+}
+
+// ---------------------------------------------------------------- scaled_mm, GEMM path
+
+TEST(ScaledMmFast, PathNames) {
+  const std::string_view names[] = {name(MmPath::kReference), name(MmPath::kGemm), name(MmPath::kGemv)};
+  for (auto n : names) EXPECT_FALSE(n.empty());
+  EXPECT_NE(names[0], names[1]);
+  EXPECT_NE(names[0], names[2]);
+  EXPECT_NE(names[1], names[2]);
+}
+
+TEST(ScaledMmFast, GemmBitIdenticalEveryGranularityFormatAndLayout) {
+  const std::int64_t m = 17, k = 300, n = 45;
+  std::uint32_t seed = 100;
+  for (BLayout layout : {BLayout::kNK, BLayout::kKN}) {
+    for (const GranularityPair& g : granularity_pairs(layout)) {
+      for (const FormatPair& f : kFormatPairs) {
+        const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, g.a);
+        const ScaledMatrix b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, g.b)
+                                                      : random_quantized(k, n, ++seed, f.b, g.b);
+        expect_gemm_identical(a, b, {layout});
+      }
+    }
+  }
+}
+
+TEST(ScaledMmFast, GemmBitIdenticalOddAndTinyShapes) {
+  // M, N from {1, 3, 17, 129} and K from {1, 3, 17, 129, 300}: edge micro-tiles (6 x 16) and partial K blocks.
+  // M <= 4 only takes the GEMM path with B given K x N.
+  const std::int64_t sizes[] = {1, 3, 17, 129};
+  const std::int64_t ks[] = {1, 3, 17, 129, 300};
+  std::uint32_t seed = 1000;
+  std::size_t case_index = 0;
+  for (BLayout layout : {BLayout::kNK, BLayout::kKN}) {
+    const auto pairs = granularity_pairs(layout);
+    for (std::int64_t m : sizes) {
+      if (m <= kGemvMaxM && layout == BLayout::kNK) continue;  // the GEMV path: tested below
+      for (std::int64_t n : sizes)
+        for (std::int64_t k : ks) {
+          if (m == 129 && n == 129 && k > 129) continue;  // keep the reference's time short
+          const GranularityPair& g = pairs[case_index % pairs.size()];
+          const FormatPair& f = kFormatPairs[case_index % std::size(kFormatPairs)];
+          ++case_index;
+          const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, g.a);
+          const ScaledMatrix b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, g.b)
+                                                        : random_quantized(k, n, ++seed, f.b, g.b);
+          expect_gemm_identical(a, b, {layout});
+        }
+    }
+  }
+}
+
+TEST(ScaledMmFast, GemmBitIdenticalLargeManyPanels) {
+  // Several cache panels along M, N and K (the K panels are a few hundred deep), with K = 520 not a multiple of 128.
+  const std::int64_t m = 200, n = 300, k = 520;
+  const std::vector<float> bias = random_bias(n, 7);
+  const ScaledMatrix a_blk = random_quantized(m, k, 1, Format::e4m3fn, Granularity::block(1, 128));
+  const ScaledMatrix a_row = random_quantized(m, k, 2, Format::e4m3fn, Granularity::row());
+  const ScaledMatrix b_nk = random_quantized(n, k, 3, Format::e4m3fn, Granularity::block(128, 128));
+  const ScaledMatrix b_kn = random_quantized(k, n, 4, Format::e5m2, Granularity::block(128, 128));
+  const ScaledMatrix b_nk_row = random_quantized(n, k, 5, Format::e4m3fn, Granularity::row());
+  const ScaledMatrix b_kn_col = random_quantized(k, n, 6, Format::e4m3fn, Granularity::column());
+  expect_gemm_identical(a_blk, b_nk, {BLayout::kNK});
+  expect_gemm_identical(a_blk, b_kn, {BLayout::kKN, DType::bfloat16, bias});
+  expect_gemm_identical(a_row, b_nk_row, {BLayout::kNK, DType::float32, bias});
+  expect_gemm_identical(a_row, b_kn_col, {BLayout::kKN});
+}
+
+TEST(ScaledMmFast, GemmBiasAndBfloat16Output) {
+  std::uint32_t seed = 2000;
+  for (BLayout layout : {BLayout::kNK, BLayout::kKN}) {
+    const auto pairs = granularity_pairs(layout);
+    for (std::size_t p = 0; p < pairs.size(); p += 2) {
+      for (auto [m, n, k] : {std::tuple{7, 33, 129}, std::tuple{13, 16, 300}}) {
+        const FormatPair& f = kFormatPairs[seed % std::size(kFormatPairs)];
+        const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, pairs[p].a);
+        const ScaledMatrix b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, pairs[p].b)
+                                                      : random_quantized(k, n, ++seed, f.b, pairs[p].b);
+        const std::vector<float> bias = random_bias(n, ++seed);
+        expect_gemm_identical(a, b, {layout, DType::float32, bias});
+        expect_gemm_identical(a, b, {layout, DType::bfloat16, {}});
+        expect_gemm_identical(a, b, {layout, DType::bfloat16, bias});
+      }
+    }
+  }
+}
+
+TEST(ScaledMmFast, IntoMatchesScaledMmAndOverwritesTheBuffer) {
+  for (auto [m, layout] : {std::tuple{3, BLayout::kNK}, std::tuple{3, BLayout::kKN}, std::tuple{9, BLayout::kNK}}) {
+    const std::int64_t n = 21, k = 200;
+    const ScaledMatrix a = random_quantized(m, k, 11, Format::e4m3fn, Granularity::row());
+    const ScaledMatrix b = layout == BLayout::kNK ? random_quantized(n, k, 12, Format::e4m3fn, Granularity::row())
+                                                  : random_quantized(k, n, 12, Format::e4m3fn, Granularity::column());
+    const std::vector<float> bias = random_bias(n, 13);
+    const ScaledMmOptions options{layout, DType::bfloat16, bias};
+    const ScaledMmResult r = scaled_mm(a, b, options);
+    std::vector<float> out(static_cast<std::size_t>(m * n), std::nanf(""));
+    MmPath path = MmPath::kReference;
+    const float amax = scaled_mm_into(a, b, out, options, &path);
+    EXPECT_EQ(path, r.path);
+    EXPECT_EQ(path, m <= kGemvMaxM && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm);
+    EXPECT_TRUE(same_bits(out, r.out));
+    EXPECT_EQ(amax, r.amax);
+    EXPECT_EQ(amax, finite_amax(out));
+    for (float v : out) EXPECT_FALSE(std::isnan(v));
+    std::vector<float> again(out.size(), -1.0f);
+    EXPECT_EQ(scaled_mm_into(a, b, again, options), amax);  // no path pointer
+    EXPECT_TRUE(same_bits(again, out));
+  }
+}
+
+// ---------------------------------------------------------------- scaled_mm, GEMV path
+
+TEST(ScaledMmFast, GemvWithinFp32BoundEveryGranularityAndFormat) {
+  const std::int64_t m = 4, n = 45, k = 300;
+  std::uint32_t seed = 3000;
+  for (const GranularityPair& g : granularity_pairs(BLayout::kNK))
+    for (const FormatPair& f : kFormatPairs) {
+      const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, g.a);
+      const ScaledMatrix b = random_quantized(n, k, ++seed, f.b, g.b);
+      const ScaledMmResult r = scaled_mm(a, b);
+      EXPECT_EQ(r.path, MmPath::kGemv) << describe(a, b, BLayout::kNK);
+      EXPECT_EQ(r.m, m);
+      EXPECT_EQ(r.n, n);
+      EXPECT_TRUE(within_bound(r.out, exact_scaled_mm(a, b, BLayout::kNK))) << describe(a, b, BLayout::kNK);
+      EXPECT_EQ(r.amax, finite_amax(r.out)) << describe(a, b, BLayout::kNK);
+    }
+}
+
+TEST(ScaledMmFast, GemvWithinFp32BoundOddShapesBiasAndBfloat16) {
+  const std::int64_t ns[] = {1, 3, 17, 129};
+  const std::int64_t ks[] = {1, 3, 17, 129, 300};
+  const auto pairs = granularity_pairs(BLayout::kNK);
+  std::uint32_t seed = 4000;
+  std::size_t case_index = 0;
+  for (std::int64_t m = 1; m <= kGemvMaxM; ++m)
+    for (std::int64_t n : ns)
+      for (std::int64_t k : ks) {
+        const GranularityPair& g = pairs[case_index % pairs.size()];
+        const FormatPair& f = kFormatPairs[case_index % std::size(kFormatPairs)];
+        const bool with_bias = case_index % 2 == 1, bf16 = case_index % 3 == 2;
+        ++case_index;
+        const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, g.a);
+        const ScaledMatrix b = random_quantized(n, k, ++seed, f.b, g.b);
+        const std::vector<float> bias = with_bias ? random_bias(n, ++seed) : std::vector<float>{};
+        const ScaledMmOptions options{BLayout::kNK, bf16 ? DType::bfloat16 : DType::float32, bias};
+        const ScaledMmResult r = scaled_mm(a, b, options);
+        const std::string what = describe(a, b, BLayout::kNK) + (with_bias ? " +bias" : "") + (bf16 ? " bf16" : "");
+        EXPECT_EQ(r.path, MmPath::kGemv) << what;
+        EXPECT_TRUE(within_bound(r.out, exact_scaled_mm(a, b, BLayout::kNK, bias), bf16)) << what;
+        EXPECT_EQ(r.amax, finite_amax(r.out)) << what;
+      }
+}
+
+TEST(ScaledMmFast, IntegerInputsExactOnBothPaths) {
+  // Integers in [-8, 8] (exact in every format) with power-of-two scales 2^-2 .. 2^2: every partial sum is a
+  // multiple of 2^-4 below 2^24 of them, so FP32 sums are exact in any order and both paths equal FP64 bit for bit.
+  std::uint32_t seed = 5000;
+  for (BLayout layout : {BLayout::kNK, BLayout::kKN})
+    for (const GranularityPair& g : granularity_pairs(layout))
+      for (const FormatPair& f : kFormatPairs)
+        for (std::int64_t m : {3, 9}) {
+          const std::int64_t n = 19, k = 300;
+          seed += 6;
+          const ScaledMatrix a = from_codes(f.a, g.a, m, k, integer_codes(f.a, m * k, seed + 1), seed + 2);
+          const ScaledMatrix b = layout == BLayout::kNK
+                                     ? from_codes(f.b, g.b, n, k, integer_codes(f.b, n * k, seed + 3), seed + 4)
+                                     : from_codes(f.b, g.b, k, n, integer_codes(f.b, k * n, seed + 5), seed + 6);
+          const ScaledMmResult r = scaled_mm(a, b, {layout});
+          const std::string what = describe(a, b, layout);
+          EXPECT_EQ(r.path, m <= kGemvMaxM && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
+          EXPECT_TRUE(exact(r.out, exact_scaled_mm(a, b, layout))) << what;
+          EXPECT_EQ(r.amax, finite_amax(r.out)) << what;
+        }
+}
+
+// ---------------------------------------------------------------- subnormals
+
+TEST(ScaledMmFast, SubnormalWeightCodesExactOnBothPaths) {
+  // B holds subnormal codes (e4m3fn 0x01..0x07, 0x81..0x87 and the e5m2 / fnuz equivalents) and the smallest
+  // normals, A holds +-2^p (p in [-2, 2]), scales are 2^-1 .. 2^1: the sums are exact (see subnormal_codes).
+  std::uint32_t seed = 6000;
+  for (const FormatPair& f : kFormatPairs)
+    for (BLayout layout : {BLayout::kNK, BLayout::kKN})
+      for (const GranularityPair& g : granularity_pairs(layout))
+        for (std::int64_t m : {2, 7}) {
+          const std::int64_t n = 23, k = 300;
+          seed += 6;
+          const ScaledMatrix a = from_codes(f.a, g.a, m, k, power_of_two_codes(f.a, m * k, seed + 1), seed + 2, -1, 1);
+          const ScaledMatrix b =
+              layout == BLayout::kNK
+                  ? from_codes(f.b, g.b, n, k, subnormal_codes(f.b, n * k, seed + 3), seed + 4, -1, 1)
+                  : from_codes(f.b, g.b, k, n, subnormal_codes(f.b, k * n, seed + 5), seed + 6, -1, 1);
+          const ScaledMmResult r = scaled_mm(a, b, {layout});
+          const std::string what = describe(a, b, layout);
+          EXPECT_EQ(r.path, m <= kGemvMaxM && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
+          EXPECT_TRUE(exact(r.out, exact_scaled_mm(a, b, layout))) << what;
+        }
+  // And the codes themselves: all of e4m3fn's subnormals, each against 1.0.
+  for (std::int64_t m : {1, 8}) {
+    std::vector<std::uint8_t> w;
+    for (int c = 0x01; c <= 0x07; ++c) w.push_back(static_cast<std::uint8_t>(c));
+    for (int c = 0x81; c <= 0x87; ++c) w.push_back(static_cast<std::uint8_t>(c));
+    const std::int64_t n = static_cast<std::int64_t>(w.size()), k = 1;
+    const ScaledMatrix a = from_codes(Format::e4m3fn, Granularity::tensor(), m, k,
+                                      std::vector<std::uint8_t>(static_cast<std::size_t>(m), 0x38), 1, 0, 0);  // 1.0
+    const ScaledMatrix b = from_codes(Format::e4m3fn, Granularity::tensor(), n, k, w, 1, 0, 0);
+    const ScaledMmResult r = scaled_mm(a, b);
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float want = (j < 7 ? 1.0f : -1.0f) * static_cast<float>(j % 7 + 1) * 0x1p-9f;
+        EXPECT_EQ(r.out[static_cast<std::size_t>(i * n + j)], want) << "m " << m << " code " << int{w[j]};
+      }
+  }
+}
+
+TEST(ScaledMmFast, SubnormalFloat32OutputsExactOnBothPaths) {
+  // Scales near 2^-70 on both sides: the outputs (multiples of 2^-142, most below 2^-126) are FP32 subnormals,
+  // exact in IEEE arithmetic; flushing denormals to zero would break them.
+  std::uint32_t seed = 6500;
+  for (BLayout layout : {BLayout::kNK, BLayout::kKN})
+    for (const GranularityPair& g : granularity_pairs(layout))
+      for (std::int64_t m : {3, 8}) {
+        const std::int64_t n = 18, k = 140;
+        seed += 6;
+        const ScaledMatrix a =
+            from_codes(Format::e4m3fn, g.a, m, k, integer_codes(Format::e4m3fn, m * k, seed + 1), seed + 2, -1, 1, -70);
+        const ScaledMatrix b = layout == BLayout::kNK
+                                   ? from_codes(Format::e4m3fn, g.b, n, k,
+                                                integer_codes(Format::e4m3fn, n * k, seed + 3), seed + 4, -1, 1, -70)
+                                   : from_codes(Format::e4m3fn, g.b, k, n,
+                                                integer_codes(Format::e4m3fn, k * n, seed + 5), seed + 6, -1, 1, -70);
+        const ScaledMmResult r = scaled_mm(a, b, {layout});
+        const Exact want = exact_scaled_mm(a, b, layout);
+        const std::string what = describe(a, b, layout);
+        EXPECT_TRUE(exact(r.out, want)) << what;
+        std::size_t subnormals = 0;
+        for (double v : want.value) subnormals += v != 0 && std::fabs(v) < 0x1p-126;
+        EXPECT_GT(subnormals, want.value.size() / 2) << "test bug: " << what;
+      }
+}
+
+#ifdef FP8KIT_TEST_MXCSR
+// The calling thread in flush-to-zero and denormals-are-zero mode (as -ffast-math programs start), restored after.
+class DenormalsAreZero {
+ public:
+  DenormalsAreZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }  // FTZ | DAZ
+  ~DenormalsAreZero() { _mm_setcsr(saved_); }
+  DenormalsAreZero(const DenormalsAreZero&) = delete;
+  DenormalsAreZero& operator=(const DenormalsAreZero&) = delete;
+
+ private:
+  unsigned saved_;
+};
+
+TEST(ScaledMmFast, SubnormalCodesExactWithDenormalsAreZero) {
+  // FP8 subnormals are normal floats: a caller's DAZ / FTZ mode must not change the results of either path (a
+  // decode that builds an FP32 subnormal first would be flushed). Sizes include a GEMV large enough for threads.
+  struct Case {
+    std::int64_t m, n, k;
+    BLayout layout;
+  };
+  std::uint32_t seed = 6600;
+  for (const FormatPair& f : {kFormatPairs[0], kFormatPairs[1], kFormatPairs[3], kFormatPairs[4]})
+    for (const Case& c : {Case{2, 37, 300, BLayout::kNK}, Case{7, 37, 300, BLayout::kNK},
+                          Case{2, 37, 300, BLayout::kKN}, Case{3, 4096, 260, BLayout::kNK}})
+      for (bool subnormal_a : {false, true}) {
+        const Granularity ga = Granularity::block(1, 128), gb = Granularity::block(128, 128);
+        const std::int64_t brows = c.layout == BLayout::kNK ? c.n : c.k, bcols = c.layout == BLayout::kNK ? c.k : c.n;
+        seed += 6;
+        const ScaledMatrix a = from_codes(
+            f.a, ga, c.m, c.k,
+            subnormal_a ? subnormal_codes(f.a, c.m * c.k, seed + 1) : power_of_two_codes(f.a, c.m * c.k, seed + 2),
+            seed + 3, -1, 1);
+        const ScaledMatrix b = from_codes(f.b, gb, brows, bcols,
+                                          subnormal_a ? power_of_two_codes(f.b, brows * bcols, seed + 4)
+                                                      : subnormal_codes(f.b, brows * bcols, seed + 5),
+                                          seed + 6, -1, 1);
+        const Exact want = exact_scaled_mm(a, b, c.layout);
+        ScaledMmResult r;
+        {
+          DenormalsAreZero daz;
+          r = scaled_mm(a, b, {c.layout});
+        }
+        const std::string what = describe(a, b, c.layout) + (subnormal_a ? " (subnormals in A)" : "");
+        EXPECT_EQ(r.path, c.m <= kGemvMaxM && c.layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
+        EXPECT_TRUE(exact(r.out, want)) << what;
+      }
+  for (Format f : kWeightFormats)
+    for (std::int64_t m : {3, 6}) {
+      const std::int64_t n = 29, k = 300;
+      std::mt19937 rng(++seed);
+      std::uniform_int_distribution<int> p(-2, 2), sign(0, 1);
+      std::vector<float> xv(static_cast<std::size_t>(m * k));
+      for (float& v : xv) v = (sign(rng) ? -1.0f : 1.0f) * std::ldexp(1.0f, p(rng));
+      const Activations x = make_activations(xv, m, k, DType::float32);
+      seed += 2;
+      const ScaledMatrix w =
+          from_codes(f, Granularity::block(128, 128), n, k, subnormal_codes(f, n * k, seed + 1), seed + 2, -1, 1);
+      std::vector<float> out(static_cast<std::size_t>(m * n));
+      MmPath path = MmPath::kReference;
+      {
+        DenormalsAreZero daz;
+        fp8_weight_mm(x.view(), w, out, {}, &path);
+      }
+      EXPECT_EQ(path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm);
+      EXPECT_TRUE(exact(out, exact_weight_mm(x, w))) << name(f) << " m " << m;
+    }
+}
+
+TEST(WeightMm, DenormalsAreZeroOnWorkerThreadsOnly) {
+  // DAZ set on OpenMP's worker threads but not on the caller's: every thread checks its own mode, so the rows the
+  // workers compute are still exact.
+  const int before = num_threads();
+  set_num_threads(2);
+  const std::int64_t m = 2, n = 4096, k = 512;
+  std::vector<float> xv(static_cast<std::size_t>(m * k), 0.5f);
+  const Activations x = make_activations(xv, m, k, DType::float32);
+  const ScaledMatrix w =
+      from_codes(Format::e4m3fn, Granularity::row(), n, k, subnormal_codes(Format::e4m3fn, n * k, 77), 78, -1, 1);
+  std::vector<float> out(static_cast<std::size_t>(m * n));
+#pragma omp parallel num_threads(2)
+  {
+    if (omp_get_thread_num() != 0) _mm_setcsr(_mm_getcsr() | 0x8040u);
+  }
+  MmPath path = MmPath::kReference;
+  fp8_weight_mm(x.view(), w, out, {}, &path);
+#pragma omp parallel num_threads(2)
+  { _mm_setcsr(_mm_getcsr() & ~0x8040u); }
+  set_num_threads(before);
+  EXPECT_EQ(path, MmPath::kGemv);
+  EXPECT_TRUE(exact(out, exact_weight_mm(x, w)));
+}
+#endif
+
+TEST(WeightMm, SubnormalWeightCodesExactOnBothPaths) {
+  std::uint32_t seed = 6700;
+  for (Format f : kWeightFormats)
+    for (const Granularity& g : {Granularity::tensor(), Granularity::row(), Granularity::block(128, 128)})
+      for (DType dtype : {DType::float32, DType::bfloat16})
+        for (std::int64_t m : {1, 4, 6}) {
+          const std::int64_t n = 21, k = 300;
+          std::mt19937 rng(++seed);
+          std::uniform_int_distribution<int> p(-2, 2), sign(0, 1);
+          std::vector<float> xv(static_cast<std::size_t>(m * k));
+          for (float& v : xv) v = (sign(rng) ? -1.0f : 1.0f) * std::ldexp(1.0f, p(rng));
+          const Activations x = make_activations(xv, m, k, dtype);
+          seed += 2;
+          const ScaledMatrix w = from_codes(f, g, n, k, subnormal_codes(f, n * k, seed + 1), seed + 2, -1, 1);
+          std::vector<float> out(static_cast<std::size_t>(m * n), std::nanf(""));
+          MmPath path = MmPath::kReference;
+          fp8_weight_mm(x.view(), w, out, {}, &path);
+          EXPECT_EQ(path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm);
+          EXPECT_TRUE(exact(out, exact_weight_mm(x, w)))
+              << name(f) << " " << g.name() << " " << name(dtype) << " m " << m;
+        }
+}
+
+// ---------------------------------------------------------------- NaN and Inf codes
+
+struct SpecialCodeCase {
+  Format a, b;
+  std::uint8_t special;  // placed in B
+};
+constexpr SpecialCodeCase kSpecialCodes[] = {
+    {Format::e4m3fn, Format::e4m3fn, 0x7F},    {Format::e4m3fn, Format::e4m3fn, 0xFF},
+    {Format::e4m3fn, Format::e5m2, 0x7E},      {Format::e4m3fn, Format::e5m2, 0x7C},
+    {Format::e4m3fn, Format::e5m2, 0xFC},      {Format::e4m3fnuz, Format::e4m3fnuz, 0x80},
+    {Format::e4m3fnuz, Format::e5m2fnuz, 0x80}};
+
+TEST(ScaledMmFast, NanAndInfCodesPropagateOnBothPaths) {
+  // Integer data (exact sums), one special code in B's columns 5 and 33 (33 lies in another GEMV column range and
+  // another micro-tile), at K positions in different K blocks. A[1][k] is 0 at the special code of column 33, so
+  // Inf there gives NaN (0 * Inf) in row 1 only. Row 2 of A has a NaN code in the M = 5 / GEMV cases too.
+  std::uint32_t seed = 7000;
+  const std::int64_t n = 40, k = 300;
+  for (const SpecialCodeCase& c : kSpecialCodes)
+    for (BLayout layout : {BLayout::kNK, BLayout::kKN})
+      for (std::int64_t m : {3, 9}) {
+        for (const Granularity& gb : {Granularity::tensor(), Granularity::block(128, 128)}) {
+          seed += 6;
+          ScaledMatrix a = from_codes(c.a, Granularity::row(), m, k, integer_codes(c.a, m * k, seed + 1), seed + 2);
+          ScaledMatrix b = layout == BLayout::kNK
+                               ? from_codes(c.b, gb, n, k, integer_codes(c.b, n * k, seed + 3), seed + 4)
+                               : from_codes(c.b, gb, k, n, integer_codes(c.b, k * n, seed + 5), seed + 6);
+          auto b_at = [&](std::int64_t kk, std::int64_t j) -> std::uint8_t& {
+            return b.data[static_cast<std::size_t>(layout == BLayout::kNK ? j * k + kk : kk * n + j)];
+          };
+          b_at(7, 5) = c.special;
+          b_at(290, 33) = c.special;
+          for (std::int64_t i = 0; i < m; ++i)  // nonzero elsewhere in columns 7 and 290 of A
+            for (std::int64_t kk : {7, 290})
+              if (decode_to_float(c.a, a.data[static_cast<std::size_t>(i * k + kk)]) == 0.0f)
+                a.data[static_cast<std::size_t>(i * k + kk)] = code_of(c.a, 1.0f);
+          a.data[static_cast<std::size_t>(1 * k + 290)] = code_of(c.a, 0.0f);
+          const bool a_nan = c.b == Format::e4m3fn;  // some cases also carry a NaN in A's row 2
+          if (a_nan) a.data[static_cast<std::size_t>(2 * k + 150)] = c.a == Format::e4m3fn ? 0x7F : 0x80;
+
+          const std::string what = describe(a, b, layout) + " special code " + std::to_string(c.special);
+          const ScaledMmResult ref = scaled_mm_reference(a, b, {layout});
+          const ScaledMmResult r = scaled_mm(a, b, {layout});
+          const bool gemv = m <= kGemvMaxM && layout == BLayout::kNK;
+          EXPECT_EQ(r.path, gemv ? MmPath::kGemv : MmPath::kGemm) << what;
+          const bool is_inf = std::isinf(decode_to_float(c.b, c.special));
+          const Exact want = exact_scaled_mm(a, b, layout);
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              const std::size_t o = static_cast<std::size_t>(i * n + j);
+              const float got = r.out[o];
+              if ((a_nan && i == 2) || ((j == 5 || j == 33) && !is_inf) || (is_inf && j == 33 && i == 1)) {
+                ASSERT_TRUE(std::isnan(ref.out[o])) << "reference " << what;
+                EXPECT_TRUE(std::isnan(got)) << what << " at " << i << "," << j << ": " << got;
+              } else if (j == 5 || j == 33) {
+                ASSERT_TRUE(std::isinf(ref.out[o])) << "reference " << what;
+                EXPECT_EQ(got, ref.out[o]) << what << " at " << i << "," << j;
+              } else {
+                // Exact sums: the other columns are those of FP64 on both paths.
+                EXPECT_EQ(got, want.value[o]) << what << " at " << i << "," << j;
+              }
+            }
+          if (!gemv) {
+            EXPECT_TRUE(same_bits(r.out, ref.out)) << what;
+          }
+          EXPECT_EQ(r.amax, ref.amax) << what;
+          EXPECT_EQ(r.amax, finite_amax(r.out)) << what;
+        }
+      }
+}
+
+TEST(WeightMm, NanAndInfCodesPropagateOnBothPaths) {
+  std::uint32_t seed = 7500;
+  const std::int64_t n = 40, k = 300;
+  for (const SpecialCodeCase& c : kSpecialCodes)
+    for (std::int64_t m : {2, 7})
+      for (const Granularity& g : {Granularity::row(), Granularity::block(128, 128)}) {
+        std::mt19937 rng(++seed);
+        std::uniform_int_distribution<int> small(1, 8), sign(0, 1);
+        std::vector<float> xv(static_cast<std::size_t>(m * k));
+        for (float& v : xv) v = static_cast<float>((sign(rng) ? -1 : 1) * small(rng));
+        xv[static_cast<std::size_t>(1 * k + 290)] = 0.0f;  // 0 * Inf = NaN in row 1, column 33
+        const Activations x = make_activations(xv, m, k, DType::float32);
+        seed += 2;
+        ScaledMatrix w = from_codes(c.b, g, n, k, integer_codes(c.b, n * k, seed + 1), seed + 2);
+        w.data[static_cast<std::size_t>(5 * k + 7)] = c.special;
+        w.data[static_cast<std::size_t>(33 * k + 290)] = c.special;
+        std::vector<float> out(static_cast<std::size_t>(m * n)), ref(out.size());
+        MmPath path = MmPath::kReference;
+        fp8_weight_mm(x.view(), w, out, {}, &path);
+        fp8_weight_mm_reference(x.view(), w, ref);
+        const std::string what =
+            std::string(name(c.b)) + " " + g.name() + " m " + std::to_string(m) + " code " + std::to_string(c.special);
+        EXPECT_EQ(path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm) << what;
+        const bool is_inf = std::isinf(decode_to_float(c.b, c.special));
+        const Exact want = exact_weight_mm(x, w);
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) {
+            const std::size_t o = static_cast<std::size_t>(i * n + j);
+            if (((j == 5 || j == 33) && !is_inf) || (is_inf && j == 33 && i == 1)) {
+              ASSERT_TRUE(std::isnan(ref[o])) << "reference " << what;
+              EXPECT_TRUE(std::isnan(out[o])) << what << " at " << i << "," << j << ": " << out[o];
+            } else if (j == 5 || j == 33) {
+              ASSERT_TRUE(std::isinf(ref[o])) << "reference " << what;
+              EXPECT_EQ(out[o], ref[o]) << what << " at " << i << "," << j;
+            } else {
+              EXPECT_EQ(out[o], want.value[o]) << what << " at " << i << "," << j;
+            }
+          }
+        if (m > kGemvMaxM) {
+          EXPECT_TRUE(same_bits(out, ref)) << what;
+        }
+      }
+}
+
+// ---------------------------------------------------------------- threads
+
+TEST(ScaledMmFast, ThreadCountDoesNotChangeResults) {
+  struct Case {
+    std::int64_t m, n, k;
+    BLayout layout;
+  };
+  for (const Case& c : {Case{200, 300, 520, BLayout::kNK}, Case{150, 257, 300, BLayout::kKN},
+                        Case{4, 2048, 512, BLayout::kNK}, Case{1, 4099, 300, BLayout::kNK}}) {
+    const ScaledMatrix a = random_quantized(c.m, c.k, 1, Format::e4m3fn, Granularity::block(1, 128));
+    const ScaledMatrix b = c.layout == BLayout::kNK
+                               ? random_quantized(c.n, c.k, 2, Format::e4m3fn, Granularity::block(128, 128))
+                               : random_quantized(c.k, c.n, 2, Format::e4m3fn, Granularity::block(128, 128));
+    const std::vector<float> bias = random_bias(c.n, 3);
+    const ScaledMmOptions options{c.layout, DType::float32, bias};
+    const int before = num_threads();
+    ScaledMmResult one, two;
+    {
+      ThreadCount t(1);
+      one = scaled_mm(a, b, options);
+    }
+    {
+      ThreadCount t(2);
+      two = scaled_mm(a, b, options);
+    }
+    EXPECT_EQ(num_threads(), before);
+    const std::string what = describe(a, b, c.layout);
+    EXPECT_EQ(one.path, c.m <= kGemvMaxM && c.layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
+    EXPECT_EQ(two.path, one.path) << what;
+    EXPECT_TRUE(same_bits(two.out, one.out)) << what;
+    EXPECT_EQ(two.amax, one.amax) << what;
+    if (one.path == MmPath::kGemm) {
+      EXPECT_TRUE(same_bits(one.out, scaled_mm_reference(a, b, options).out)) << what;
+    }
+  }
+}
+
+TEST(WeightMm, ThreadCountDoesNotChangeResults) {
+  for (auto [m, n, k] : {std::tuple{150, 300, 520}, std::tuple{3, 4099, 300}}) {
+    const Activations x = make_activations(random_values(m, k, 1), m, k, DType::bfloat16);
+    const ScaledMatrix w = random_quantized(n, k, 2, Format::e4m3fn, Granularity::block(128, 128));
+    const std::vector<float> bias = random_bias(n, 3);
+    std::vector<float> one(static_cast<std::size_t>(m * n)), two(one.size());
+    MmPath p1 = MmPath::kReference, p2 = MmPath::kReference;
+    {
+      ThreadCount t(1);
+      fp8_weight_mm(x.view(), w, one, bias, &p1);
+    }
+    {
+      ThreadCount t(2);
+      fp8_weight_mm(x.view(), w, two, bias, &p2);
+    }
+    EXPECT_EQ(p1, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm);
+    EXPECT_EQ(p2, p1);
+    EXPECT_TRUE(same_bits(two, one)) << m << "x" << n << "x" << k;
+  }
+}
+
+// ---------------------------------------------------------------- fp8_weight_mm
+
+TEST(WeightMm, GemmBitIdenticalToReference) {
+  // Odd shapes: K not a multiple of 8, 32 or 128; float32 and bfloat16 activations; the three weight granularities.
+  const std::int64_t ns[] = {1, 3, 17, 129};
+  const std::int64_t ks[] = {1, 3, 17, 129, 300};
+  const Granularity grans[] = {Granularity::tensor(), Granularity::row(), Granularity::block(128, 128)};
+  std::uint32_t seed = 8000;
+  std::size_t case_index = 0;
+  for (std::int64_t m : {5, 17})
+    for (std::int64_t n : ns)
+      for (std::int64_t k : ks)
+        for (const Granularity& g : grans)
+          for (DType dtype : {DType::float32, DType::bfloat16}) {
+            const Format f = kWeightFormats[case_index % std::size(kWeightFormats)];
+            const bool with_bias = case_index % 3 == 0;
+            ++case_index;
+            const Activations x = make_activations(random_values(m, k, ++seed), m, k, dtype);
+            const ScaledMatrix w = random_quantized(n, k, ++seed, f, g);
+            const std::vector<float> bias = with_bias ? random_bias(n, ++seed) : std::vector<float>{};
+            std::vector<float> out(static_cast<std::size_t>(m * n), std::nanf("")), ref(out.size(), std::nanf(""));
+            MmPath path = MmPath::kReference;
+            fp8_weight_mm(x.view(), w, out, bias, &path);
+            fp8_weight_mm_reference(x.view(), w, ref, bias);
+            const std::string what = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
+                                     std::string(name(f)) + " " + g.name() + " " + std::string(name(dtype)) +
+                                     (with_bias ? " +bias" : "");
+            EXPECT_EQ(path, MmPath::kGemm) << what;
+            EXPECT_TRUE(same_bits(out, ref)) << what;
+            for (float v : ref) ASSERT_FALSE(std::isnan(v)) << "reference left the buffer unwritten: " << what;
+          }
+  // And the reference itself within the FP32 bound of FP64 (it is the specification of both paths).
+  const Activations x = make_activations(random_values(6, 300, 1), 6, 300, DType::bfloat16);
+  const ScaledMatrix w = random_quantized(33, 300, 2, Format::e4m3fn, Granularity::block(128, 128));
+  std::vector<float> ref(6 * 33);
+  fp8_weight_mm_reference(x.view(), w, ref);
+  EXPECT_TRUE(within_bound(ref, exact_weight_mm(x, w)));
+}
+
+TEST(WeightMm, GemmBitIdenticalLargeManyPanels) {
+  const std::int64_t m = 200, n = 300, k = 520;
+  const std::vector<float> bias = random_bias(n, 5);
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    const Activations x = make_activations(random_values(m, k, 1), m, k, dtype);
+    const ScaledMatrix w = random_quantized(
+        n, k, 2, Format::e4m3fn, dtype == DType::float32 ? Granularity::block(128, 128) : Granularity::row());
+    std::vector<float> out(static_cast<std::size_t>(m * n)), ref(out.size());
+    MmPath path = MmPath::kReference;
+    fp8_weight_mm(x.view(), w, out, bias, &path);
+    fp8_weight_mm_reference(x.view(), w, ref, bias);
+    EXPECT_EQ(path, MmPath::kGemm);
+    EXPECT_TRUE(same_bits(out, ref)) << name(dtype);
+  }
+}
+
+TEST(WeightMm, GemvWithinFp32Bound) {
+  const std::int64_t ns[] = {1, 3, 17, 129};
+  const std::int64_t ks[] = {1, 3, 17, 129, 300};
+  const Granularity grans[] = {Granularity::tensor(), Granularity::row(), Granularity::block(128, 128)};
+  std::uint32_t seed = 9000;
+  std::size_t case_index = 0;
+  for (std::int64_t m = 1; m <= kGemvMaxM; ++m)
+    for (std::int64_t n : ns)
+      for (std::int64_t k : ks)
+        for (DType dtype : {DType::float32, DType::bfloat16}) {
+          const Granularity& g = grans[case_index % std::size(grans)];
+          const Format f = kWeightFormats[case_index % std::size(kWeightFormats)];
+          const bool with_bias = case_index % 2 == 0;
+          ++case_index;
+          const Activations x = make_activations(random_values(m, k, ++seed), m, k, dtype);
+          const ScaledMatrix w = random_quantized(n, k, ++seed, f, g);
+          const std::vector<float> bias = with_bias ? random_bias(n, ++seed) : std::vector<float>{};
+          std::vector<float> out(static_cast<std::size_t>(m * n), std::nanf(""));
+          MmPath path = MmPath::kReference;
+          fp8_weight_mm(x.view(), w, out, bias, &path);
+          const std::string what = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
+                                   std::string(name(f)) + " " + g.name() + " " + std::string(name(dtype));
+          EXPECT_EQ(path, MmPath::kGemv) << what;
+          EXPECT_TRUE(within_bound(out, exact_weight_mm(x, w, bias))) << what;
+        }
+}
+
+TEST(WeightMm, IntegerInputsExactOnBothPaths) {
+  std::uint32_t seed = 9500;
+  for (Format f : kWeightFormats)
+    for (const Granularity& g : {Granularity::tensor(), Granularity::row(), Granularity::block(128, 128)})
+      for (DType dtype : {DType::float32, DType::bfloat16})
+        for (std::int64_t m : {1, 3, 4, 5, 13}) {
+          const std::int64_t n = 35, k = 300;
+          std::mt19937 rng(++seed);
+          std::uniform_int_distribution<int> small(-8, 8);
+          std::vector<float> xv(static_cast<std::size_t>(m * k));
+          for (float& v : xv) v = static_cast<float>(small(rng));
+          const Activations x = make_activations(xv, m, k, dtype);
+          seed += 2;
+          const ScaledMatrix w = from_codes(f, g, n, k, integer_codes(f, n * k, seed + 1), seed + 2);
+          std::vector<float> out(static_cast<std::size_t>(m * n));
+          MmPath path = MmPath::kReference;
+          fp8_weight_mm(x.view(), w, out, {}, &path);
+          EXPECT_EQ(path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm);
+          EXPECT_TRUE(exact(out, exact_weight_mm(x, w)))
+              << name(f) << " " << g.name() << " " << name(dtype) << " m " << m;
+        }
+}
+
+// ---------------------------------------------------------------- refusals
+
+// The call throws fp8kit::Error whose message contains every one of `parts`.
+::testing::AssertionResult throws_error(const std::function<void()>& call, std::initializer_list<std::string> parts) {
+  try {
+    call();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& p : parts)
+      if (message.find(p) == std::string::npos)
+        return ::testing::AssertionFailure() << "message \"" << message << "\" does not mention \"" << p << "\"";
+    return ::testing::AssertionSuccess();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw something else: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
+TEST(ScaledMmFast, GemvScalesTheBlockSumNotItsLanes) {
+  // Lanes of +-896 * 2^120 overflow FP32 when scaled one by one, their sum (0) does not: the GEMV scales each K
+  // block's sum, as the reference does, and gets 0 rather than NaN.
+  const std::int64_t k = 16;
+  std::vector<std::uint8_t> b_codes;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (int t = 0; t < 4; ++t) b_codes.push_back(0x7E);  // +448
+    for (int t = 0; t < 4; ++t) b_codes.push_back(0xFE);  // -448
+  }
+  ScaledMatrix a = from_codes(Format::e4m3fn, Granularity::tensor(), 1, k, std::vector<std::uint8_t>(k, 0x38), 1);
+  a.scale_inv = {std::ldexp(1.0f, 120)};
+  ScaledMatrix b = from_codes(Format::e4m3fn, Granularity::tensor(), 1, k, b_codes, 2);
+  b.scale_inv = {1.0f};
+  const ScaledMmResult r = scaled_mm(a, b);
+  EXPECT_EQ(r.path, MmPath::kGemv);
+  EXPECT_EQ(r.out[0], 0.0f);
+  EXPECT_EQ(scaled_mm_reference(a, b).out[0], 0.0f);
+}
+
+TEST(ScaledMmFast, RefusesWhatDoesNotFit) {
+  for (std::int64_t m : {2, 8}) {  // both paths check
+    auto q = [&](std::int64_t rows, std::int64_t cols, Format f, Granularity g) {
+      const auto v = random_values(rows, cols, 8);
+      return quantize(MatrixView{v.data(), rows, cols}, {f, Overflow::kSaturate, g, {}});
+    };
+    const ScaledMatrix a = q(m, 256, Format::e4m3fn, Granularity::tensor());
+    const ScaledMatrix a5 = q(m, 256, Format::e5m2, Granularity::tensor());
+    const ScaledMatrix a5z = q(m, 256, Format::e5m2fnuz, Granularity::tensor());
+    const ScaledMatrix b = q(6, 256, Format::e4m3fn, Granularity::tensor());
+    const ScaledMatrix b5 = q(6, 256, Format::e5m2, Granularity::tensor());
+    EXPECT_TRUE(throws_error([&] { scaled_mm(a5, b5); }, {"e5m2"}));
+    EXPECT_TRUE(throws_error([&] { scaled_mm(a5z, b5); }, {"e5m2"}));
+    EXPECT_NO_THROW(scaled_mm(a, b5));
+    const ScaledMatrix b128 = q(6, 128, Format::e4m3fn, Granularity::tensor());
+    EXPECT_TRUE(throws_error([&] { scaled_mm(a, b128); }, {"256", "128"}));             // K 256 vs 128
+    EXPECT_TRUE(throws_error([&] { scaled_mm(a, b, {BLayout::kKN}); }, {"256", "6"}));  // B is 6 x 256, not K x N
+    const ScaledMatrix col = q(m, 256, Format::e4m3fn, Granularity::column());
+    EXPECT_TRUE(throws_error([&] { scaled_mm(col, b); }, {"col"}));  // A per column
+    EXPECT_TRUE(throws_error([&] { scaled_mm(a, q(6, 256, Format::e4m3fn, Granularity::column())); }, {"col"}));
+    // MX operands: the fast entry decides as the reference does (refused, or the same product).
+    const ScaledMatrix mx = q(m, 256, Format::e4m3fn, Granularity::mx());
+    const ScaledMatrix b_mx = q(6, 256, Format::e4m3fn, Granularity::mx());
+    for (const ScaledMatrix* bb : {&b, &b_mx}) {
+      bool reference_refuses = false;
+      try {
+        scaled_mm_reference(mx, *bb);
+      } catch (const Error&) {
+        reference_refuses = true;
+      }
+      if (reference_refuses) {
+        EXPECT_THROW(scaled_mm(mx, *bb), Error) << bb->granularity.name();
+      } else if (m > kGemvMaxM) {
+        expect_gemm_identical(mx, *bb, {});
+      } else {
+        EXPECT_TRUE(within_bound(scaled_mm(mx, *bb).out, exact_scaled_mm(mx, *bb, BLayout::kNK)))
+            << bb->granularity.name();
+      }
+    }
+    const ScaledMatrix a64 = q(m, 256, Format::e4m3fn, Granularity::block(1, 64));
+    const ScaledMatrix blk = q(6, 256, Format::e4m3fn, Granularity::block(128, 128));
+    EXPECT_TRUE(throws_error([&] { scaled_mm(a64, blk); }, {"64", "128"}));  // K blocks differ
+    EXPECT_TRUE(throws_error([&] { scaled_mm(a, b, {BLayout::kNK, DType::float16}); }, {"float16"}));
+    const std::vector<float> bias(5);
+    EXPECT_TRUE(throws_error([&] { scaled_mm(a, b, {BLayout::kNK, DType::float32, bias}); }, {"bias"}));
+    std::vector<float> out(static_cast<std::size_t>(m * 6 + 1));
+    EXPECT_TRUE(throws_error([&] { scaled_mm_into(a, b, out); }, {"out"}));
+    out.resize(static_cast<std::size_t>(m * 6 - 1));
+    EXPECT_TRUE(throws_error([&] { scaled_mm_into(a, b, out); }, {"out"}));
+    out.resize(static_cast<std::size_t>(m * 6));
+    EXPECT_NO_THROW(scaled_mm_into(a, b, out));
+    EXPECT_TRUE(throws_error([&] { scaled_mm_into(a5, b5, out); }, {"e5m2"}));
+    EXPECT_TRUE(throws_error([&] { scaled_mm_into(a, b, out, {BLayout::kNK, DType::float32, bias}); }, {"bias"}));
+  }
+}
+
+TEST(WeightMm, RefusesWhatDoesNotFit) {
+  for (std::int64_t m : {2, 8}) {
+    const std::int64_t n = 6, k = 256;
+    const auto xv = random_values(m, k, 1);
+    const Activations x = make_activations(xv, m, k, DType::float32);
+    const auto wv = random_values(n, k, 2);
+    const ScaledMatrix w =
+        quantize(MatrixView{wv.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::row(), {}});
+    std::vector<float> out(static_cast<std::size_t>(m * n));
+    EXPECT_NO_THROW(fp8_weight_mm(x.view(), w, out));
+    // activations of another dtype
+    std::vector<float16> h(xv.size());
+    for (std::size_t i = 0; i < xv.size(); ++i) h[i] = float16::from_float(xv[i]);
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm({h.data(), DType::float16, m, k}, w, out); }, {"float16"}));
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference({h.data(), DType::float16, m, k}, w, out); }, {"float16"}));
+    // weights with per-column scales
+    const ScaledMatrix wcol =
+        quantize(MatrixView{wv.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::column(), {}});
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), wcol, out); }, {"col"}));
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference(x.view(), wcol, out); }, {"col"}));
+    // K mismatch
+    const auto wv2 = random_values(n, 128, 3);
+    const ScaledMatrix w128 = quantize(MatrixView{wv2.data(), n, 128}, {});
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), w128, out); }, {"256", "128"}));
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference(x.view(), w128, out); }, {"256", "128"}));
+    // output size
+    std::vector<float> small(static_cast<std::size_t>(m * n - 1)), big(static_cast<std::size_t>(m * n + 3));
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), w, small); }, {"out"}));
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), w, big); }, {"out"}));
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference(x.view(), w, small); }, {"out"}));
+    // bias length
+    const std::vector<float> bias(static_cast<std::size_t>(n + 1));
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), w, out, bias); }, {"bias"}));
+    EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference(x.view(), w, out, bias); }, {"bias"}));
+  }
+}
+
+}  // namespace
+}  // namespace fp8kit
