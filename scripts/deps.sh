@@ -7,6 +7,7 @@ FP8KIT_DEBIAN_PACKAGES=(
   build-essential cmake pkg-config
   libgtest-dev libgmock-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
+  libopenblas0-pthread  # the sgemm/sgemv baselines of `fp8kit bench gemm` (loaded at run time, never linked)
   python3
 )
 FP8KIT_PYTHON_PACKAGES=(numpy ml_dtypes)

@@ -122,7 +122,7 @@ def same_number(got, expected):
 # ---------------------------------------------------------------- help and usage
 @test
 def help_on_every_command():
-    for args in ([], ["formats"], ["cast"], ["bench"], ["bench", "convert"]):
+    for args in ([], ["formats"], ["cast"], ["bench"], ["bench", "convert"], ["bench", "gemm"]):
         rc, out, err = run(*args, "--help")
         assert rc == 0, f"{args} --help exited {rc}"
         assert "Usage" in out, f"{args} --help printed no usage: {out[:200]!r}"
@@ -404,6 +404,61 @@ def bench_convert_small():
         for key in ("gbps", "baseline_gbps", "ratio"):
             assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r)
         assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) <= 1e-6 * r["ratio"], r
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+@test
+def bench_gemm_small():
+    args = ("bench", "gemm", "--json", "--shapes", "gemm:64x64x64,gemv:256x256", "--reps", "3", "--threads", "1")
+    rc, out, err = run(*args)
+    assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
+    assert err == "", f"unexpected stderr: {err!r}"
+
+    def no_constant(name):
+        raise AssertionError(f"{name} in the JSON output")
+
+    rows = json.loads(out, parse_constant=no_constant)  # NaN, Infinity: not JSON, and not wanted
+    assert [r["op"] for r in rows] == ["fp8-gemm", "sgemm", "fp8-gemv", "sgemv", "read-bandwidth"], rows
+    for r in rows:
+        for key in ("op", "m", "n", "k", "threads", "gflops", "gbps", "baseline", "ratio", "path", "openblas_core",
+                    "cpu", "reps", "seconds"):
+            assert key in r, (key, r)
+        for key, value in r.items():
+            assert not isinstance(value, float) or math.isfinite(value), (key, r)
+        assert r["threads"] == 1 and r["reps"] == 3, r
+        assert isinstance(r["openblas_core"], str) and r["openblas_core"], r
+        assert isinstance(r["seconds"], (int, float)) and r["seconds"] > 0, r
+    fp8_gemm, sgemm, fp8_gemv, sgemv, read = rows
+    for r in (fp8_gemm, sgemm):
+        assert (r["m"], r["n"], r["k"]) == (64, 64, 64), r
+        assert isinstance(r["gflops"], (int, float)) and r["gflops"] > 0, r
+    for r in (fp8_gemv, sgemv, read):
+        assert (r["m"], r["n"], r["k"]) == (1, 256, 256), r
+        assert isinstance(r["gbps"], (int, float)) and r["gbps"] > 0, r
+    assert fp8_gemm["baseline"] == "sgemm" and fp8_gemm["path"] == "gemm", fp8_gemm
+    assert close(fp8_gemm["ratio"], fp8_gemm["gflops"] / sgemm["gflops"]), (fp8_gemm, sgemm)
+    assert fp8_gemv["baseline"] == "sgemv" and fp8_gemv["path"] == "gemv", fp8_gemv
+    # GEMV ratios: weights per second against sgemv (4 bytes a weight), GB/s against the read probe.
+    assert close(fp8_gemv["ratio"], fp8_gemv["gbps"] / (sgemv["gbps"] / 4)), (fp8_gemv, sgemv)
+    assert close(fp8_gemv["read_bandwidth_ratio"], fp8_gemv["gbps"] / read["gbps"]), (fp8_gemv, read)
+    assert fp8_gemv["bytes"] == 256 * 256 and sgemv["bytes"] == 4 * 256 * 256 and read["bytes"] == 256 * 256
+    for r in (sgemm, sgemv, read):
+        assert r["baseline"] is None and r["ratio"] is None and r["path"] is None, r
+    for r in (fp8_gemm, fp8_gemv):  # the FP8 product is the float32 one up to e4m3fn's quantization error
+        assert 0 < r["rel_diff"] < 0.1, r
+
+
+@test
+def bench_gemm_bad_shapes():
+    for shapes, token in (("gemm:0", "gemm:0"), ("gemv:8192", "gemv:8192"), ("gemm:2x3", "gemm:2x3"),
+                          ("conv:3", "conv:3"), ("gemm:64,", "''"), ("gemv:12x-4", "-4"), ("gemm:1e3", "1e3"),
+                          ("gemm:100000", "100000"), ("gemv:65536x65536", "16 GiB")):
+        check_usage_error(["bench", "gemm", "--shapes", shapes], token)
+    check_usage_error(["bench", "gemm", "--reps", "2"], "--reps")
+    check_usage_error(["bench", "gemm", "--bytes", "1M"], "--bytes")
 
 
 def main():

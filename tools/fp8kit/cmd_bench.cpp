@@ -1,7 +1,10 @@
-// `fp8kit bench convert`: the conversion kernels against memcpy, measured in the same run (medians of
-// interleaved repetitions). Benchmarks report ratios to a baseline, never a pass/fail on absolute times.
+// `fp8kit bench convert|scaling|gemm`: kernels against baselines (memcpy, the read probe, OpenBLAS) measured in
+// the same run (medians of interleaved repetitions). Benchmarks report ratios to a baseline, never a pass/fail on
+// absolute times.
 #include <fmt/core.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -11,6 +14,7 @@
 #include "convert_bench.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
+#include "gemm_bench.hpp"
 #include "scaling_bench.hpp"
 
 namespace fp8kit::cli {
@@ -168,6 +172,162 @@ void run_bench_scaling(const BenchArgs& args) {
   }
 }
 
+struct GemmArgs {
+  bool json = false;
+  int threads = 0;
+  std::string shapes;  // "" (not given): the default shapes
+  bool shapes_given = false;
+  int reps = 0;
+  bool reps_given = false;
+};
+
+constexpr std::int64_t kMaxGemmDim = 65536;
+constexpr double kMaxGemmBufferBytes = 16.0 * (1ull << 30);
+
+// One dimension of a --shapes entry: a positive integer up to kMaxGemmDim.
+std::int64_t parse_dim(const std::string& text, const std::string& entry) {
+  std::size_t pos = 0;
+  long long value = 0;
+  try {
+    if (text.empty() || text.front() < '0' || text.front() > '9') throw std::invalid_argument(text);
+    value = std::stoll(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos == 0 || pos != text.size())
+    throw UsageError("--shapes: '" + entry + "': '" + text + "' is not a dimension (a positive integer)");
+  if (value < 1 || value > kMaxGemmDim)
+    throw UsageError("--shapes: '" + entry + "': " + text + " is outside 1.." + std::to_string(kMaxGemmDim));
+  return value;
+}
+
+// Bytes the benchmark allocates for a shape: float32 operands and outputs for both sides, the FP8 copies.
+double gemm_buffer_bytes(const bench::GemmShape& s) {
+  const auto m = static_cast<double>(s.m), n = static_cast<double>(s.n), k = static_cast<double>(s.k);
+  return s.gemv ? 6 * n * k : 5 * (m * k + n * k) + 8 * m * n;
+}
+
+// "gemm:2048,gemm:1024x4096x512,gemv:8192x8192" -> shapes (gemm:S is S x S x S; gemv:NxK, N x K weights).
+std::vector<bench::GemmShape> parse_gemm_shapes(const std::string& text) {
+  if (text.empty()) throw UsageError("--shapes: the list is empty (e.g. gemm:2048,gemv:8192x8192)");
+  std::vector<bench::GemmShape> shapes;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', begin);
+    const std::string entry = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    const std::size_t colon = entry.find(':');
+    const std::string kind = entry.substr(0, colon);
+    if (colon == std::string::npos || (kind != "gemm" && kind != "gemv"))
+      throw UsageError("--shapes: '" + entry + "' is not a shape (use gemm:S, gemm:MxNxK or gemv:NxK)");
+    std::vector<std::string> parts;
+    for (std::size_t p = colon + 1;;) {
+      const std::size_t x = entry.find('x', p);
+      parts.push_back(entry.substr(p, x == std::string::npos ? std::string::npos : x - p));
+      if (x == std::string::npos) break;
+      p = x + 1;
+    }
+    bench::GemmShape s;
+    s.gemv = kind == "gemv";
+    std::vector<std::int64_t> dims;
+    for (const auto& part : parts) dims.push_back(parse_dim(part, entry));
+    if (s.gemv && dims.size() == 2) {
+      s.m = 1, s.n = dims[0], s.k = dims[1];
+    } else if (!s.gemv && dims.size() == 1) {
+      s.m = s.n = s.k = dims[0];
+    } else if (!s.gemv && dims.size() == 3) {
+      s.m = dims[0], s.n = dims[1], s.k = dims[2];
+    } else {
+      throw UsageError("--shapes: '" + entry + "' has " + std::to_string(dims.size()) +
+                       (dims.size() == 1 ? " dimension" : " dimensions") + " (use " +
+                       (s.gemv ? "gemv:NxK" : "gemm:S or gemm:MxNxK") + ")");
+    }
+    if (gemm_buffer_bytes(s) > kMaxGemmBufferBytes)
+      throw UsageError("--shapes: '" + entry + "' needs more than 16 GiB of buffers");
+    shapes.push_back(s);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  return shapes;
+}
+
+nlohmann::json positive_or_null(double v) {
+  return v > 0 && std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+void run_bench_gemm(const GemmArgs& args) {
+  bench::GemmBenchOptions options;
+  if (args.shapes_given) options.shapes = parse_gemm_shapes(args.shapes);
+  if (args.reps_given) {
+    if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
+    options.reps = args.reps;
+  }
+  options.threads = thread_counts(args.threads);
+  const bench::OpenBlasInfo& blas = bench::load_openblas();  // fails here, before any work, when it is missing
+  std::vector<bench::GemmResult> results;
+  {
+    const Progress progress("gemm");
+    results = bench::run_gemm_bench(options, std::cref(progress));
+  }
+  const std::string cpu = cpu_features().brand;
+  if (args.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      const bool fp8 = !r.baseline.empty();
+      const bool gemv_row = r.op != "fp8-gemm" && r.op != "sgemm";
+      out.push_back({{"op", r.op},
+                     {"shape", r.shape.name()},
+                     {"m", r.shape.m},
+                     {"n", r.shape.n},
+                     {"k", r.shape.k},
+                     {"threads", r.threads},
+                     {"openblas_threads", r.openblas_threads},
+                     {"reps", r.reps},
+                     {"path", string_or_null(r.path)},
+                     {"seconds", r.seconds},
+                     {"gflops", positive_or_null(r.gflops)},
+                     {"gbps", gemv_row ? positive_or_null(r.gbps) : nlohmann::json(nullptr)},
+                     {"gweights", positive_or_null(r.gweights)},
+                     {"bytes", gemv_row ? nlohmann::json(r.bytes) : nlohmann::json(nullptr)},
+                     {"baseline", string_or_null(r.baseline)},
+                     {"baseline_seconds", fp8 ? positive_or_null(r.baseline_seconds) : nlohmann::json(nullptr)},
+                     {"ratio", fp8 ? positive_or_null(r.ratio) : nlohmann::json(nullptr)},
+                     {"read_bandwidth_gbps", positive_or_null(r.read_bandwidth_gbps)},
+                     {"read_bandwidth_ratio", positive_or_null(r.read_bandwidth_ratio)},
+                     {"rel_diff", r.rel_diff >= 0 ? nlohmann::json(r.rel_diff) : nlohmann::json(nullptr)},
+                     {"openblas_core", blas.core},
+                     {"openblas_config", blas.config},
+                     {"cpu", cpu}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::string thread_list, rep_list;
+  for (int t : options.threads) thread_list += (thread_list.empty() ? "" : ", ") + std::to_string(t);
+  rep_list = args.reps_given ? std::to_string(options.reps) : "5 per GEMM under 4096^3, 3 from 4096^3 on, 11 per GEMV";
+  fmt::print("FP8 (e4m3fn) GEMM and GEMV against OpenBLAS sgemm, sgemv and the read probe, same run (medians)\n");
+  fmt::print("CPU: {}; OpenBLAS core: {} ({}); threads: {}; reps: {}\n", cpu.empty() ? "unknown" : cpu,
+             blas.core.empty() ? "unknown" : blas.core, blas.config.empty() ? blas.library : blas.config, thread_list,
+             rep_list);
+  fmt::print(
+      "GEMM: A M x K and B N x K, per-tensor scales; GFLOP/s = 2MNK/s. GEMV: N x K weights, per-row scales; GB/s = "
+      "weight bytes/s (1 per FP8 weight, 4 per float32), bytes read for the probe\n");
+  fmt::print(
+      "ratio: fp8-gemm GFLOP/s / sgemm's; fp8-gemv weights/s / sgemv's. vs read: fp8-gemv GB/s / read-bandwidth "
+      "GB/s\n\n");
+  fmt::print("{:<15} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>9}\n", "op", "M", "N", "K",
+             "path", "threads", "reps", "GFLOP/s", "GB/s", "baseline", "ratio", "vs read", "rel diff");
+  const auto num = [](double v, int precision) {
+    return v > 0 && std::isfinite(v) ? fmt::format("{:.{}f}", v, precision) : std::string("-");
+  };
+  const auto times = [](double v) { return v > 0 && std::isfinite(v) ? fmt::format("{:.2f}x", v) : std::string("-"); };
+  for (const auto& r : results) {
+    fmt::print("{:<15} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>9}\n", r.op, r.shape.m,
+               r.shape.n, r.shape.k, r.path.empty() ? "-" : r.path, r.threads, r.reps, num(r.gflops, 1), num(r.gbps, 1),
+               r.baseline.empty() ? "-" : r.baseline, times(r.ratio), times(r.read_bandwidth_ratio),
+               r.rel_diff >= 0 ? fmt::format("{:.2e}", r.rel_diff) : std::string("-"));
+  }
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -186,6 +346,22 @@ void add_bench_command(CLI::App& app) {
   add("convert", "Conversion kernels against memcpy of the same bytes", "wide array", &run_bench_convert);
   add("scaling", "amax, quantize and dequantize against the read probe and memcpy", "float32 matrix",
       &run_bench_scaling);
+  // gemm sizes its work by shapes, not bytes; --reps defaults per shape.
+  auto args = std::make_shared<GemmArgs>();
+  CLI::App* gemm =
+      bench->add_subcommand("gemm", "FP8 GEMM and GEMV against OpenBLAS sgemm and sgemv and the read probe");
+  gemm->add_flag("--json", args->json, "Print a JSON array instead of the table");
+  gemm->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
+  CLI::Option* shapes = gemm->add_option("--shapes", args->shapes,
+                                         "Comma list of gemm:S (S^3), gemm:MxNxK, gemv:NxK (N x K weights) (default "
+                                         "gemm:2048,gemm:4096,gemv:8192x8192,gemv:16384x8192)");
+  CLI::Option* reps = gemm->add_option(
+      "--reps", args->reps, "Repetitions per measurement (default 5 per GEMM, 3 from 4096^3 on, 11 per GEMV)");
+  gemm->callback([args, shapes, reps] {
+    args->shapes_given = shapes->count() > 0;
+    args->reps_given = reps->count() > 0;
+    run_bench_gemm(*args);
+  });
 }
 
 }  // namespace fp8kit::cli
