@@ -36,16 +36,27 @@ using AccumulateFn = void (*)(std::int64_t kc, const float* a, const float* b, f
 using ScaleAccumulateFn = void (*)(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc,
                                    const float* sa, const float* sb);
 
-// GEMV: output columns [j0, j1) of m <= kGemvRows float rows x (row stride ldx, K values each) times the FP8
-// weights w (row j at w + j * k): per K block of `kblock`, lane-parallel FP32 partial sums of x[i][k] *
-// decode(w[j][k]) (fused multiply-adds), added up per block and scaled as the reference does: total =
-// fma(sum * sa(i, kb), sb(j, kb), total); out[i * ldo + j] = total. Returns false when it cannot decode the codes
-// of these rows exactly (an Inf or NaN code, or denormals-are-zero set on the calling thread): the driver then
-// recomputes the range with the scalar table's kernel, which always succeeds.
+// The activation rows of a GEMV: m <= kGemvRows rows of k floats (row stride ldx). `rebiased`, when not null, is
+// the same rows times 2^(127 - bias - c) exactly (bias: the weights' format's; the driver checks nothing overflows),
+// which lets a kernel use the FP8 codes' bit patterns as floats without multiplying each by 2^(127 - bias); the
+// sums it gets that way are then multiplied by sum_scale = 2^c.
+struct GemvInput {
+  const float* x = nullptr;
+  std::int64_t ldx = 0;
+  const float* rebiased = nullptr;
+  float sum_scale = 1.0f;
+};
+
+// GEMV: output columns [j0, j1) of the rows of x times the FP8 weights w (row j at w + j * k): per K block of
+// `kblock`, lane-parallel FP32 partial sums of x[i][k] * decode(w[j][k]) (fused multiply-adds), added up per block
+// and scaled as the reference does: total = fma(sum * sa(i, kb), sb(j, kb), total); out[i * ldo + j] = total.
+// Returns false when it cannot decode the codes of these rows exactly (an Inf or NaN code, or denormals-are-zero
+// set on the calling thread): the driver then recomputes the range with the scalar table's kernel, which always
+// succeeds.
 inline constexpr std::int64_t kGemvRows = 4;
 using GemvFn = bool (*)(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
-                        const float* x, std::int64_t ldx, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb,
-                        float* out, std::int64_t ldo);
+                        const GemvInput& x, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
+                        std::int64_t ldo);
 
 // The scales of an unblocked product, on the finished sums: row[j] = fma(row[j] * sa, sb(j, 0), 0) for j < n.
 using ScaleRowFn = void (*)(float* row, std::int64_t n, float sa, ScaleIndex sb);

@@ -215,10 +215,33 @@ void gemm(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out
   }
 }
 
+// The rebiased activations of a GEMV (see GemvInput), or false when they cannot be made exact: x * 2^(127 - bias -
+// c) must be finite (c > 0 only for FP8 left operands, whose products with FP8 weights stay far above the float
+// subnormals after the 2^-c, so the kernel's sums are the unscaled ones times 2^-c exactly).
+bool rebias(const std::vector<float>& x, Format weights, bool left_is_fp8, std::vector<float>& out, float& sum_scale) {
+  float xmax = 0.0f;
+  for (float v : x) {
+    if (!std::isfinite(v)) return false;
+    xmax = std::max(xmax, std::fabs(v));
+  }
+  const int up = 127 - descriptor(weights).bias;
+  // Keep max |x'| below 2^126: c = how far 2^(ilogb(xmax) + 1 + up) would pass that.
+  const int c = xmax == 0.0f ? 0 : std::max(0, std::ilogb(xmax) + 1 + up - 126);
+  if (c > 0 && !left_is_fp8) return false;
+  out.resize(x.size());
+  const float factor = std::ldexp(1.0f, up - c);
+  for (std::size_t t = 0; t < x.size(); ++t) out[t] = x[t] * factor;
+  sum_scale = std::ldexp(1.0f, c);
+  return true;
+}
+
 void gemv(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out) {
-  // The left rows in FP32, once.
-  std::vector<float> x(static_cast<std::size_t>(p.m * p.k));
+  // The left rows in FP32, once (and rebiased when that is exact).
+  std::vector<float> x(static_cast<std::size_t>(p.m * p.k)), x_rebiased;
   for (std::int64_t i = 0; i < p.m; ++i) a.row(i, 0, p.k, x.data() + i * p.k);
+  GemvInput in{x.data(), p.k};
+  if (rebias(x, b.format, a.codes != nullptr, x_rebiased, in.sum_scale)) in.rebiased = x_rebiased.data();
+  const GemvInput plain{x.data(), p.k};
   const MmKernelTable& fast = best_mm_kernels();  // declines rows it cannot decode exactly (and under DAZ)
   const MmKernelTable& exact = scalar_mm_kernels();
   const std::int64_t chunks = ceil_div(p.n, kGemvChunk);
@@ -226,8 +249,8 @@ void gemv(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t j0 = c * kGemvChunk, j1 = std::min(p.n, j0 + kGemvChunk);
-    if (!fast.gemv(b.format, p.m, j0, j1, p.k, p.kstep, x.data(), p.k, b.codes, p.sa, p.sb, out, p.n)) {
-      exact.gemv(b.format, p.m, j0, j1, p.k, p.kstep, x.data(), p.k, b.codes, p.sa, p.sb, out, p.n);
+    if (!fast.gemv(b.format, p.m, j0, j1, p.k, p.kstep, in, b.codes, p.sa, p.sb, out, p.n)) {
+      exact.gemv(b.format, p.m, j0, j1, p.k, p.kstep, plain, b.codes, p.sa, p.sb, out, p.n);
     }
   }
 }

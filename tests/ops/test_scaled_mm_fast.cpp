@@ -657,6 +657,28 @@ TEST(ScaledMmFast, SubnormalCodesExactWithDenormalsAreZero) {
     }
 }
 
+TEST(WeightMm, GemvExactForLargeAndTinyActivations) {
+  // Activations far outside FP8's range (2^-60 .. 2^26): the GEMV may only fold the weights' exponent bias into the
+  // activations when that stays exact, and falls back to rebiasing each weight otherwise. Powers of two times
+  // power-of-two weights: every product and sum is exact, so the result must equal FP64's.
+  std::uint32_t seed = 9100;
+  for (Format f : kWeightFormats)
+    for (int lo_exp : {-60, 20}) {
+      const std::int64_t m = 2, n = 37, k = 200;
+      std::mt19937 rng(++seed);
+      std::uniform_int_distribution<int> p(lo_exp, lo_exp + 6), sign(0, 1);
+      std::vector<float> xv(static_cast<std::size_t>(m * k));
+      for (float& v : xv) v = (sign(rng) ? -1.0f : 1.0f) * std::ldexp(1.0f, p(rng));
+      const Activations x = make_activations(xv, m, k, DType::float32);
+      const ScaledMatrix w = from_codes(f, Granularity::row(), n, k, power_of_two_codes(f, n * k, seed + 1), seed + 2);
+      std::vector<float> out(static_cast<std::size_t>(m * n));
+      MmPath path = MmPath::kReference;
+      fp8_weight_mm(x.view(), w, out, {}, &path);
+      EXPECT_EQ(path, MmPath::kGemv);
+      EXPECT_TRUE(exact(out, exact_weight_mm(x, w))) << name(f) << " activations from 2^" << lo_exp;
+    }
+}
+
 TEST(WeightMm, DenormalsAreZeroOnWorkerThreadsOnly) {
   // DAZ set on OpenMP's worker threads but not on the caller's: every thread checks its own mode, so the rows the
   // workers compute are still exact.

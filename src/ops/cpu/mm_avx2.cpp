@@ -123,11 +123,13 @@ Decode make_decode(Format f) {
 }
 
 // kShift = 23 - mantissa bits (an immediate: the shift-by-register form is slower on Zen).
-template <int kShift>
+// kRebiased: the activations already carry the factor 2^(127 - bias), so the bit pattern is used as it is.
+template <int kShift, bool kRebiased>
 [[gnu::always_inline]] inline __m256 decode8(__m128i codes8, const Decode& d) {
   const __m256i v = _mm256_cvtepi8_epi32(codes8);
-  const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, kShift), d.fields);
-  return _mm256_mul_ps(_mm256_castsi256_ps(bits), d.rebias);
+  const __m256 bits = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, kShift), d.fields));
+  if constexpr (kRebiased) return bits;
+  return _mm256_mul_ps(bits, d.rebias);
 }
 
 [[gnu::always_inline]] inline __m256i special32(__m256i codes, const Decode& d) {
@@ -146,9 +148,10 @@ template <int kShift>
 }
 
 // kM activation rows times kR weight rows starting at row j, all of K. Returns false on a special code.
-template <int kShift, int kM, int kR>
+template <int kShift, bool kRebiased, int kM, int kR>
 bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kblock, const float* x, std::int64_t ldx,
-               const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out, std::int64_t ldo) {
+               float sum_scale, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out,
+               std::int64_t ldo) {
   const std::uint8_t* rows[kR];
 #pragma GCC unroll 4
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
@@ -164,7 +167,7 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
     auto step8 = [&](std::int64_t kk, const __m256* xs, const __m128i* codes) {
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
-        const __m256 wv = decode8<kShift>(codes[r], d);
+        const __m256 wv = decode8<kShift, kRebiased>(codes[r], d);
 #pragma GCC unroll 4
         for (int i = 0; i < kM; ++i) acc[i][r] = _mm256_fmadd_ps(xs[i], wv, acc[i][r]);
       }
@@ -220,7 +223,11 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
     for (int i = 0; i < kM; ++i) {
       const float s = sa.at(i, kb);
 #pragma GCC unroll 4
-      for (int r = 0; r < kR; ++r) total[i][r] = std::fma(hsum(acc[i][r]) * s, sb.at(j + r, kb), total[i][r]);
+      for (int r = 0; r < kR; ++r) {
+        float sum = hsum(acc[i][r]);
+        if constexpr (kRebiased) sum *= sum_scale;  // exact: a power of two
+        total[i][r] = std::fma(sum * s, sb.at(j + r, kb), total[i][r]);
+      }
     }
   }
   if (!_mm256_testz_si256(special, special)) return false;
@@ -231,46 +238,50 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
   return true;
 }
 
-template <int kShift, int kM>
+template <int kShift, bool kRebiased, int kM>
 bool gemv_m(const Decode& d, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock, const float* x,
-            std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out,
-            std::int64_t ldo) {
+            std::int64_t ldx, float sum_scale, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb,
+            float* out, std::int64_t ldo) {
   constexpr int kR = kM <= 2 ? 4 : 2;  // 8 accumulators either way
   std::int64_t j = j0;
   for (; j + kR <= j1; j += kR) {
-    if (!gemv_rows<kShift, kM, kR>(d, j, k, kblock, x, ldx, w, sa, sb, out, ldo)) return false;
+    if (!gemv_rows<kShift, kRebiased, kM, kR>(d, j, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo)) return false;
   }
   for (; j < j1; ++j) {
-    if (!gemv_rows<kShift, kM, 1>(d, j, k, kblock, x, ldx, w, sa, sb, out, ldo)) return false;
+    if (!gemv_rows<kShift, kRebiased, kM, 1>(d, j, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo)) return false;
   }
   return true;
 }
 
-template <int kShift>
+template <int kShift, bool kRebiased>
 bool gemv_shift(const Decode& d, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
-                const float* x, std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb,
-                float* out, std::int64_t ldo) {
+                const float* x, std::int64_t ldx, float sum_scale, const std::uint8_t* w, const ScaleIndex& sa,
+                const ScaleIndex& sb, float* out, std::int64_t ldo) {
   switch (m) {
     case 1:
-      return gemv_m<kShift, 1>(d, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+      return gemv_m<kShift, kRebiased, 1>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
     case 2:
-      return gemv_m<kShift, 2>(d, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+      return gemv_m<kShift, kRebiased, 2>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
     case 3:
-      return gemv_m<kShift, 3>(d, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+      return gemv_m<kShift, kRebiased, 3>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
     case 4:
-      return gemv_m<kShift, 4>(d, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+      return gemv_m<kShift, kRebiased, 4>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
     default:
       return false;
   }
 }
 
 bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
-               const float* x, std::int64_t ldx, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
-               std::int64_t ldo) {
+               const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out, std::int64_t ldo) {
   if ((_mm_getcsr() & 0x0040u) != 0) return false;  // DAZ on this thread would flush the FP8 subnormals' step
   const Decode d = make_decode(f);
-  if (descriptor(f).mantissa_bits == 3) return gemv_shift<20>(d, m, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
-  return gemv_shift<21>(d, m, j0, j1, k, kblock, x, ldx, w, sa, sb, out, ldo);
+  const bool e4 = descriptor(f).mantissa_bits == 3;
+  if (in.rebiased != nullptr) {
+    return e4 ? gemv_shift<20, true>(d, m, j0, j1, k, kblock, in.rebiased, in.ldx, in.sum_scale, w, sa, sb, out, ldo)
+              : gemv_shift<21, true>(d, m, j0, j1, k, kblock, in.rebiased, in.ldx, in.sum_scale, w, sa, sb, out, ldo);
+  }
+  return e4 ? gemv_shift<20, false>(d, m, j0, j1, k, kblock, in.x, in.ldx, 1.0f, w, sa, sb, out, ldo)
+            : gemv_shift<21, false>(d, m, j0, j1, k, kblock, in.x, in.ldx, 1.0f, w, sa, sb, out, ldo);
 }
 
 }  // namespace

@@ -53,9 +53,11 @@ void scale_row_scalar(float* row, std::int64_t n, float sa, ScaleIndex sb) {
 
 // Exact for every code (the decode table), sequential sums per K block.
 bool gemv_scalar(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
-                 const float* x, std::int64_t ldx, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
+                 const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
                  std::int64_t ldo) {
   const DecodeTable& table = decode_table(f);
+  const float* x = in.x;
+  const std::int64_t ldx = in.ldx;
   for (std::int64_t j = j0; j < j1; ++j) {
     const std::uint8_t* row = w + j * k;
     for (std::int64_t i = 0; i < m; ++i) {
