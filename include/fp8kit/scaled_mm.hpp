@@ -58,7 +58,8 @@ float scaled_mm_into(const ScaledMatrix& a, const ScaledMatrix& b, std::span<flo
 // The largest M the dispatcher sends to the GEMV path.
 inline constexpr std::int64_t kGemvMaxM = 4;
 
-// Activations in float32 or bfloat16 for weight-only FP8 products: rows x cols, row-major.
+// A float32 or bfloat16 matrix (activations of weight-only FP8 products, operands of matmul): rows x cols,
+// row-major.
 struct ActivationView {
   const void* data = nullptr;
   DType dtype = DType::float32;  // float32 or bfloat16
@@ -72,6 +73,14 @@ struct ActivationView {
 // packed GEMM. Throws fp8kit::Error naming what does not fit.
 void fp8_weight_mm(ActivationView x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias = {},
                    MmPath* path = nullptr);
+// Plain float GEMM on the same kernels (what the fp32 and bf16 training recipes use): out (M x N) = a (M x K) times
+// b (N x K for kNK, K x N for kKN), float32 or bfloat16 operands (bfloat16 widened exactly), FP32 accumulation
+// with one fused multiply-add per product in increasing k, + bias. Bit-identical to matmul_reference.
+void matmul(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,
+            std::span<const float> bias = {});
+void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,
+                      std::span<const float> bias = {});
+
 // The plain loops fp8_weight_mm is tested against (FMA products in increasing k per K block).
 void fp8_weight_mm_reference(ActivationView x, const ScaledMatrix& w, std::span<float> out,
                              std::span<const float> bias = {});

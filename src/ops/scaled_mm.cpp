@@ -67,13 +67,21 @@ struct LeftSource {
   }
 };
 
-// The right operand: FP8 codes as N x K (weights) or K x N.
+// The right operand, as N x K (weights) or K x N: FP8 codes (decoded exactly through the table) or floats.
 struct RightSource {
   const std::uint8_t* codes = nullptr;
   const DecodeTable* table = nullptr;
   Format format = Format::e4m3fn;
+  const float* f32 = nullptr;
+  const bfloat16* bf16 = nullptr;
   bool nk = true;
   std::int64_t n = 0, k = 0;
+
+  float at(std::int64_t idx) const {
+    if (codes != nullptr) return (*table)[codes[idx]];
+    if (f32 != nullptr) return f32[idx];
+    return bf16[idx].to_float();
+  }
 };
 
 // A's strips: dst[(strip * kc + kk) * kMr + ii] for rows [i0, i0 + rows), columns [k0, k0 + kc); zero padded.
@@ -103,23 +111,26 @@ void pack_a(const LeftSource& a, std::int64_t i0, std::int64_t rows, std::int64_
 // B's strips: dst[(strip * kc + kk) * kNr + jj] for columns [j0, j0 + cols), K rows [k0, k0 + kc); zero padded.
 // Written in order (as N x K, reading kNr weight rows side by side).
 void pack_b(const RightSource& b, std::int64_t j0, std::int64_t cols, std::int64_t k0, std::int64_t kc, float* dst) {
-  const DecodeTable& t = *b.table;
   for (std::int64_t s = 0; s * kNr < cols; ++s) {
     float* strip = dst + s * kc * kNr;
     const std::int64_t width = std::min(kNr, cols - s * kNr);
     if (b.nk) {
-      const std::uint8_t* src[kNr] = {};
-      for (std::int64_t jj = 0; jj < width; ++jj) src[jj] = b.codes + (j0 + s * kNr + jj) * b.k + k0;
+      std::int64_t base[kNr] = {};
+      for (std::int64_t jj = 0; jj < width; ++jj) base[jj] = (j0 + s * kNr + jj) * b.k + k0;
       for (std::int64_t kk = 0; kk < kc; ++kk) {
         float* d = strip + kk * kNr;
-        for (std::int64_t jj = 0; jj < width; ++jj) d[jj] = t[src[jj][kk]];
+        if (b.codes != nullptr) {
+          for (std::int64_t jj = 0; jj < width; ++jj) d[jj] = (*b.table)[b.codes[base[jj] + kk]];
+        } else {
+          for (std::int64_t jj = 0; jj < width; ++jj) d[jj] = b.at(base[jj] + kk);
+        }
         for (std::int64_t jj = width; jj < kNr; ++jj) d[jj] = 0.0f;
       }
     } else {
       for (std::int64_t kk = 0; kk < kc; ++kk) {
-        const std::uint8_t* src = b.codes + (k0 + kk) * b.n + j0 + s * kNr;
+        const std::int64_t base = (k0 + kk) * b.n + j0 + s * kNr;
         float* d = strip + kk * kNr;
-        for (std::int64_t jj = 0; jj < width; ++jj) d[jj] = t[src[jj]];
+        for (std::int64_t jj = 0; jj < width; ++jj) d[jj] = b.at(base + jj);
         for (std::int64_t jj = width; jj < kNr; ++jj) d[jj] = 0.0f;
       }
     }
@@ -283,7 +294,14 @@ MmPath run(const MmPlan& p, const LeftSource& a, const RightSource& b, float* ou
 }
 
 RightSource right_source(const ScaledMatrix& b, bool nk, const MmPlan& p) {
-  return RightSource{b.data.data(), &decode_table(b.format), b.format, nk, p.n, p.k};
+  RightSource r;
+  r.codes = b.data.data();
+  r.table = &decode_table(b.format);
+  r.format = b.format;
+  r.nk = nk;
+  r.n = p.n;
+  r.k = p.k;
+  return r;
 }
 
 }  // namespace
@@ -325,7 +343,62 @@ mm_detail::LeftSource activation_source(const ActivationView& x) {
   }
   return left;
 }
+
+void check_float_operand(const char* what, const ActivationView& x) {
+  FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16, "matmul: ", what,
+               " must be float32 or bfloat16, not ", name(x.dtype));
+  FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0 && (x.data != nullptr || x.rows * x.cols == 0), "matmul: ", what, " ", x.rows,
+               "x", x.cols, " without data");
+}
 }  // namespace
+
+void matmul(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out, std::span<const float> bias) {
+  check_float_operand("A", a);
+  check_float_operand("B", b);
+  const bool nk = b_layout == BLayout::kNK;
+  mm_detail::MmPlan p;
+  p.m = a.rows;
+  p.k = a.cols;
+  p.n = nk ? b.rows : b.cols;
+  const std::int64_t kb = nk ? b.cols : b.rows;
+  FP8KIT_CHECK(kb == p.k, "matmul: A is ", p.m, "x", p.k, " but B has K = ", kb,
+               nk ? " (B given as N x K)" : " (B given as K x N)");
+  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == p.m * p.n, "matmul: the output has ", out.size(), " elements, ",
+               p.m, "x", p.n, " needs ", p.m * p.n);
+  FP8KIT_CHECK(bias.empty() || static_cast<std::int64_t>(bias.size()) == p.n, "matmul: bias has ", bias.size(),
+               " values for N = ", p.n);
+  p.kstep = std::max<std::int64_t>(1, p.k);
+  p.sa = mm_detail::ScaleIndex{&mm_detail::kUnitScale};
+  p.sb = mm_detail::ScaleIndex{&mm_detail::kUnitScale};
+  mm_detail::RightSource right;
+  right.f32 = b.dtype == DType::float32 ? static_cast<const float*>(b.data) : nullptr;
+  right.bf16 = b.dtype == DType::bfloat16 ? static_cast<const bfloat16*>(b.data) : nullptr;
+  right.nk = nk;
+  right.n = p.n;
+  right.k = p.k;
+  mm_detail::gemm(p, activation_source(a), right, out.data());
+  mm_detail::epilogue(out.data(), p.m, p.n, bias, DType::float32);
+}
+
+void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,
+                      std::span<const float> bias) {
+  check_float_operand("A", a);
+  check_float_operand("B", b);
+  const bool nk = b_layout == BLayout::kNK;
+  const std::int64_t m = a.rows, k = a.cols, n = nk ? b.rows : b.cols;
+  FP8KIT_CHECK((nk ? b.cols : b.rows) == k && static_cast<std::int64_t>(out.size()) == m * n,
+               "matmul_reference: shapes do not fit");
+  const mm_detail::LeftSource left = activation_source(a), right = activation_source(b);
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (std::int64_t kk = 0; kk < k; ++kk)
+        acc = std::fma(left.at(i, kk), nk ? right.at(j, kk) : right.at(kk, j), acc);
+      if (!bias.empty()) acc += bias[static_cast<std::size_t>(j)];
+      out[static_cast<std::size_t>(i * n + j)] = acc;
+    }
+  }
+}
 
 void fp8_weight_mm(ActivationView x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias,
                    MmPath* path) {
