@@ -2,7 +2,10 @@
 // atomics on each allocation and free, so it is exact under threads; the training loop reports from it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "fp8kit/device.hpp"
 
@@ -19,5 +22,36 @@ struct MemoryStats {
 MemoryStats memory_stats(const Device& device = Device::cpu());
 // Sets the peak to the current value.
 void reset_peak_memory(const Device& device = Device::cpu());
+
+namespace detail {
+// Adds (or removes) bytes held outside Tensor storages to the CPU counters.
+void track_cpu_bytes(std::int64_t bytes);
+}  // namespace detail
+
+// An allocator whose allocations count in memory_stats() like Tensor storages (by the bytes requested): the buffers
+// of ScaledMatrix (FP8 codes and scales) use it, so FP8 data saved for backward is measured, not estimated.
+template <typename T>
+struct TrackedAllocator {
+  using value_type = T;
+  TrackedAllocator() noexcept = default;
+  template <typename U>
+  TrackedAllocator(const TrackedAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    T* p = std::allocator<T>().allocate(n);
+    detail::track_cpu_bytes(static_cast<std::int64_t>(n * sizeof(T)));
+    return p;
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    std::allocator<T>().deallocate(p, n);
+    detail::track_cpu_bytes(-static_cast<std::int64_t>(n * sizeof(T)));
+  }
+  template <typename U>
+  bool operator==(const TrackedAllocator<U>&) const noexcept {
+    return true;
+  }
+};
+
+template <typename T>
+using tracked_vector = std::vector<T, TrackedAllocator<T>>;
 
 }  // namespace fp8kit

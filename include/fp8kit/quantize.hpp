@@ -12,6 +12,7 @@
 #include "fp8kit/amax.hpp"
 #include "fp8kit/codec.hpp"
 #include "fp8kit/format.hpp"
+#include "fp8kit/memory.hpp"
 #include "fp8kit/scale.hpp"
 
 namespace fp8kit {
@@ -57,9 +58,10 @@ struct ScaledMatrix {
   Overflow overflow = Overflow::kSaturate;
   Granularity granularity;
   std::int64_t rows = 0, cols = 0;
-  std::vector<std::uint8_t> data;        // rows * cols codes, row-major
-  std::vector<float> scale_inv;          // one per block, row-major over the block grid
-  std::vector<std::uint8_t> scale_e8m0;  // MX only: the same scales as E8M0 codes
+  // Buffers count in memory_stats() (TrackedAllocator), as Tensor storages do.
+  tracked_vector<std::uint8_t> data;        // rows * cols codes, row-major
+  tracked_vector<float> scale_inv;          // one per block, row-major over the block grid
+  tracked_vector<std::uint8_t> scale_e8m0;  // MX only: the same scales as E8M0 codes
 
   std::int64_t block_rows() const { return granularity.rows_per_block(rows); }
   std::int64_t block_cols() const { return granularity.cols_per_block(cols); }

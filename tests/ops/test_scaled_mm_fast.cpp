@@ -99,7 +99,7 @@ ScaledMatrix from_codes(Format f, Granularity g, std::int64_t rows, std::int64_t
   s.granularity = g;
   s.rows = rows;
   s.cols = cols;
-  s.data = std::move(codes);
+  s.data.assign(codes.begin(), codes.end());
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> e(lo, hi);
   s.scale_inv.resize(static_cast<std::size_t>(s.grid_rows() * s.grid_cols()));
