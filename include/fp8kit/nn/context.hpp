@@ -1,0 +1,42 @@
+// What every layer's forward and backward receive besides tensors: how to store activations saved for
+// backward, the profiler, and the shared conventions of the nn layer (parameters, gradient accumulation).
+#pragma once
+
+#include <string>
+
+#include "fp8kit/dtype.hpp"
+#include "fp8kit/profiler.hpp"
+#include "fp8kit/tensor.hpp"
+
+namespace fp8kit::nn {
+
+// Conventions of every layer in fp8kit::nn:
+//  - Inputs, outputs and gradients are float32 tensors, row-major; shapes are in comments: `x (R, C) -> y (R, C)`.
+//    A layer never modifies its inputs in place (saved activations may share their storage).
+//  - forward(ctx, x, ..., Saved& saved) -> y fills `saved` with what backward needs; backward(ctx, dy, saved) -> dx
+//    consumes it. Saved activations are stored in ctx.saved_dtype (float32, or bfloat16 to halve their memory;
+//    FP8 recipes store GEMM inputs in FP8 themselves) and are released when `saved` is destroyed.
+//  - Parameter gradients ACCUMULATE (+=) in backward; the optimizer's zero_grad() resets them.
+//  - Every forward and backward records one ProfileEvent (ScopedEvent) named "<layer>.forward" / "<layer>.backward"
+//    when ctx.profiler is set.
+struct Context {
+  DType saved_dtype = DType::float32;  // float32 or bfloat16
+  Profiler* profiler = nullptr;
+};
+
+// A trainable parameter: the FP32 master value and its gradient, same shape.
+struct Parameter {
+  std::string name;
+  Tensor value;  // float32
+  Tensor grad;   // float32, zeros at creation
+};
+
+// A float32 parameter of `shape` initialized from normal(0, stddev) with a seed (stddev 0: zeros; use fill for ones).
+Parameter make_parameter(std::string name, Shape shape, double stddev, std::uint64_t seed, double fill = 0.0);
+
+// Saves a float32 activation in ctx.saved_dtype (float32: shares x's storage, since layers never modify their
+// inputs in place), and reads it back as float32.
+Tensor save_activation(const Context& ctx, const Tensor& x);
+Tensor load_activation(const Tensor& saved);
+
+}  // namespace fp8kit::nn
