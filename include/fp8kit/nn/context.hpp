@@ -10,6 +10,9 @@
 
 namespace fp8kit::nn {
 
+struct PrecisionRecipe;
+struct StepReport;
+
 // Conventions of every layer in fp8kit::nn:
 //  - Inputs, outputs and gradients are float32 tensors, row-major; shapes are in comments: `x (R, C) -> y (R, C)`.
 //    A layer never modifies its inputs in place (saved activations may share their storage).
@@ -22,6 +25,8 @@ namespace fp8kit::nn {
 struct Context {
   DType saved_dtype = DType::float32;  // float32 or bfloat16
   Profiler* profiler = nullptr;
+  const PrecisionRecipe* recipe = nullptr;  // GEMM-based layers (Linear, Conv2d): fp32 when null
+  StepReport* report = nullptr;             // optional: scales and non-finite amaxes of this step
 };
 
 // A trainable parameter: the FP32 master value and its gradient, same shape.

@@ -1,0 +1,37 @@
+// Linear: y = x W^T + b through the run's precision recipe (fp32, bf16, or FP8 with per-role scaling state), with
+// its two backward GEMMs (input gradient, weight gradient) under the same recipe.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fp8kit/nn/context.hpp"
+#include "fp8kit/nn/precision.hpp"
+
+namespace fp8kit::nn {
+
+struct Linear {
+  Parameter weight;               // (out, in), normal(0, init_std)
+  std::optional<Parameter> bias;  // (out), zeros
+  Fp8LayerState fp8;              // per-role delayed-scaling state (used by fp8-delayed)
+
+  Linear(std::string name, std::int64_t in_features, std::int64_t out_features, bool with_bias, std::uint64_t seed,
+         double init_std = 0.02, const PrecisionRecipe* recipe = nullptr);
+
+  // What backward needs: x^T prepared as the weight-gradient GEMM's right operand (in, R) — in FP8 for FP8 recipes
+  // (one byte per element), bfloat16 for bf16, float32 for fp32.
+  struct Saved {
+    RecipeOperand input_t;
+  };
+
+  // x (R, in) -> y (R, out); any leading dimensions are rows.
+  Tensor forward(const Context& ctx, const Tensor& x, Saved& saved);
+  // dy (R, out) -> dx (R, in); accumulates weight.grad (dW = dy^T x) and bias.grad (column sums of dy).
+  Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved);
+
+  std::vector<Parameter*> parameters();
+  const std::string& name() const { return weight.name; }
+};
+
+}  // namespace fp8kit::nn

@@ -1,0 +1,131 @@
+// Precision recipes (one per run: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8), the per-layer FP8
+// scaling state, and the recipe-aware GEMM every Linear and Conv2d calls, with its dispatcher and visible fallbacks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fp8kit/nn/context.hpp"
+#include "fp8kit/quantize.hpp"
+#include "fp8kit/recipe.hpp"
+
+namespace fp8kit::nn {
+
+enum class RecipeKind : std::uint8_t {
+  kFp32,        // float32 everywhere
+  kBf16,        // bfloat16 GEMM/conv inputs, FP32 accumulation and master weights
+  kFp8Delayed,  // Transformer Engine HYBRID: E4M3 weights/activations, E5M2 gradients, delayed per-tensor scaling
+  kFp8Current,  // the same formats, per-tensor current scaling (each tensor's own amax)
+  kFp8Block,    // DeepSeek-V3: E4M3 everywhere, 1x128 activation/gradient blocks, 128x128 weight blocks
+  kMxfp8,       // OCP MX: E4M3 everywhere, 32-element blocks with E8M0 scales (RCEIL, as cuBLAS and TE)
+};
+
+// How FP8 recipes compute: real FP8 GEMMs (scaled_mm), or fake quantization (quantize -> dequantize -> FP32 GEMM,
+// with a straight-through gradient: the article's autograd function).
+enum class Fp8Mode : std::uint8_t { kReal, kFakeQuant };
+
+struct PrecisionRecipe {
+  RecipeKind kind = RecipeKind::kFp32;
+  Fp8Mode mode = Fp8Mode::kReal;
+  // Delayed scaling (Transformer Engine's DelayedScaling defaults are history 1024, max, margin 0; a short
+  // history suits short runs and is what fp8kit train uses unless told otherwise).
+  int amax_history_length = 16;
+  AmaxCompute amax_compute = AmaxCompute::kMax;
+  int margin = 0;
+  // Dispatcher rules (docs/nn.md): FP8 convolutions only up to this kernel area (cuDNN's FP8 kernels stop at 32,
+  // so a 7x7 = 49 convolution falls back); GEMMs with fewer multiply-adds than this fall back to bf16.
+  int fp8_conv_max_kernel_area = 32;
+  std::int64_t min_fp8_gemm_macs = 0;
+
+  bool is_fp8() const { return kind != RecipeKind::kFp32 && kind != RecipeKind::kBf16; }
+  // "fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8" (+ "-fake" in fake-quant mode).
+  std::string name() const;
+  // Parses the names above (with or without "-fake"); nullopt for anything else.
+  static std::optional<PrecisionRecipe> parse(std::string_view text);
+  // How layers save activations for backward under this recipe: float32 for fp32, bfloat16 otherwise.
+  DType saved_dtype() const { return kind == RecipeKind::kFp32 ? DType::float32 : DType::bfloat16; }
+};
+
+// The three tensors of a GEMM-based layer, each with its own scaling state (Transformer Engine's meta per role).
+enum class TensorRole : std::uint8_t { kInput, kWeight, kGradOutput };
+std::string_view name(TensorRole role);
+
+// What a quantization of one tensor role looked like this step (for --log-scales and the non-finite guard).
+struct ScaleRecord {
+  std::string layer;
+  TensorRole role = TensorRole::kInput;
+  float amax = 0.0f;
+  float scale = 1.0f;  // the quantization scale (per-tensor recipes; the first block's otherwise)
+  double underflow_fraction = 0.0;
+  std::uint64_t saturated = 0;
+  bool nonfinite = false;  // NaN or Inf in the tensor
+};
+
+// Per-layer FP8 state: one delayed-scaling history per role (unused by the other recipes).
+struct Fp8LayerState {
+  std::string layer;
+  DelayedScaling input, weight, grad_output;
+  Fp8LayerState() = default;
+  Fp8LayerState(std::string layer_name, const PrecisionRecipe& recipe);
+  DelayedScaling& of(TensorRole role);
+  // After the optimizer step: every role's history rolls and its scale updates (Transformer Engine's order).
+  void update();
+};
+
+// Run-wide state the recipe GEMMs report into: the scale log and the first non-finite amax seen this step.
+struct StepReport {
+  bool log_scales = false;
+  std::vector<ScaleRecord> scales;             // filled only when log_scales
+  std::optional<ScaleRecord> first_nonfinite;  // set by the first NaN/Inf amax of the step
+  void clear() {
+    scales.clear();
+    first_nonfinite.reset();
+  }
+};
+
+// Everything a recipe GEMM needs besides its operands.
+struct GemmCall {
+  const PrecisionRecipe* recipe = nullptr;
+  Fp8LayerState* state = nullptr;  // required for FP8 recipes
+  StepReport* report = nullptr;    // optional
+  std::string op;                  // profiler event name, e.g. "linear.fc1.forward"
+  Profiler* profiler = nullptr;
+  // Set by a layer whose support rule excludes FP8 (e.g. "kernel area 49 > 32"): the GEMM casts its FP8 operands
+  // to bfloat16 (recorded cast events) and runs the bf16 GEMM.
+  std::string fallback_reason;
+};
+
+// A GEMM operand quantized (or rounded) once under a recipe, reusable by several GEMMs (e.g. a layer input saved in
+// FP8 for the weight-gradient GEMM). `fp8` holds codes and scales for FP8 recipes in real mode; `values` holds the
+// float32 (fp32 recipe, or fake-quant: dequantized) or bfloat16 values otherwise.
+struct RecipeOperand {
+  std::optional<ScaledMatrix> fp8;
+  Tensor values;
+  std::int64_t rows = 0, cols = 0;
+  bool blocked = false;  // FP8 scales per block (real or fake): the transpose must be quantized anew
+  std::int64_t nbytes() const;
+};
+
+// Quantizes x (rows x cols, float32) as `role` for a GEMM whose reduction runs along x's rows (cols = K): FP8
+// recipes pick the format (E4M3, or E5M2 for gradients under the HYBRID recipes) and the granularity (tensor,
+// 1x128 or 128x128 blocks, MX 32) for the role, record amax/scale into the state and the report; bf16 rounds;
+// fp32 shares x.
+RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x);
+
+// out (M x N) = a (M x K) times b^T (b: N x K), FP32 accumulation, + bias: the product a recipe computes for two
+// prepared operands (scaled_mm for real FP8, matmul otherwise). The event records the inputs' dtypes and the path.
+Tensor recipe_gemm(const GemmCall& call, const RecipeOperand& a, const RecipeOperand& b,
+                   std::span<const float> bias = {});
+
+// The transposed operand without quantizing again, where that is exact: float values, or FP8 codes with one scale
+// for the whole tensor (blocked scales belong to the other orientation: nullopt, quantize the transpose instead).
+std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x);
+
+// The transpose of a float32 matrix (rows x cols -> cols x rows), threaded; the GEMM operands of gradients.
+Tensor transpose(const Tensor& x);
+
+}  // namespace fp8kit::nn

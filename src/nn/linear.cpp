@@ -1,0 +1,99 @@
+// Linear through the recipe GEMM: forward y = x W^T + b; backward dx = dy W and dW += dy^T x, each GEMM's operands
+// prepared under the run's recipe (E4M3 inputs and weights, E5M2 gradients under HYBRID, blocks or MX, ...).
+#include "fp8kit/nn/linear.hpp"
+
+#include <omp.h>
+
+#include "fp8kit/error.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+const PrecisionRecipe& recipe_of(const Context& ctx) {
+  static const PrecisionRecipe kFp32;
+  return ctx.recipe != nullptr ? *ctx.recipe : kFp32;
+}
+
+GemmCall gemm_call(const Context& ctx, Linear& layer, const char* what) {
+  GemmCall call;
+  call.recipe = &recipe_of(ctx);
+  call.state = &layer.fp8;
+  call.report = ctx.report;
+  call.op = "linear." + layer.name() + "." + what;
+  call.profiler = ctx.profiler;
+  return call;
+}
+
+// A prepared operand of x^T: the exact transpose of x's prepared form when its scales allow, else x^T prepared anew.
+RecipeOperand prepare_transposed(const GemmCall& call, TensorRole role, const Tensor& x,
+                                 const RecipeOperand* prepared) {
+  if (prepared != nullptr) {
+    if (auto t = transpose_operand(*prepared)) return std::move(*t);
+  }
+  return prepare_operand(call, role, transpose(x));
+}
+
+}  // namespace
+
+Linear::Linear(std::string name, std::int64_t in_features, std::int64_t out_features, bool with_bias,
+               std::uint64_t seed, double init_std, const PrecisionRecipe* recipe)
+    : weight(make_parameter(name + ".weight", {out_features, in_features}, init_std, seed)),
+      fp8(name, recipe != nullptr ? *recipe : PrecisionRecipe{}) {
+  if (with_bias) bias = make_parameter(name + ".bias", {out_features}, 0.0, seed + 1);
+}
+
+Tensor Linear::forward(const Context& ctx, const Tensor& x, Saved& saved) {
+  const std::int64_t in = weight.value.size(1), out = weight.value.size(0);
+  FP8KIT_CHECK(x.dim() >= 1 && x.size(-1) == in, "linear ", name(), ": input's last dimension is ",
+               x.dim() ? x.size(-1) : 0, ", the layer takes ", in);
+  ScopedEvent event(ctx.profiler, "linear." + name() + ".forward");
+  const Tensor x2 = x.reshape({-1, in});
+  const GemmCall call = gemm_call(ctx, *this, "forward");
+  const RecipeOperand xq = prepare_operand(call, TensorRole::kInput, x2);
+  const RecipeOperand wq = prepare_operand(call, TensorRole::kWeight, weight.value);
+  Tensor y = recipe_gemm(call, xq, wq, bias ? bias->value.span<float>() : std::span<const float>{});
+  saved.input_t = prepare_transposed(call, TensorRole::kInput, x2, &xq);
+  Shape shape = x.shape();
+  shape.back() = out;
+  return y.reshape(shape);
+}
+
+Tensor Linear::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
+  const std::int64_t in = weight.value.size(1), out = weight.value.size(0);
+  FP8KIT_CHECK(dy.dim() >= 1 && dy.size(-1) == out, "linear ", name(), ": gradient's last dimension is ",
+               dy.dim() ? dy.size(-1) : 0, ", the layer outputs ", out);
+  ScopedEvent event(ctx.profiler, "linear." + name() + ".backward");
+  const Tensor dy2 = dy.reshape({-1, out});
+  const std::int64_t rows = dy2.size(0);
+  FP8KIT_CHECK(saved.input_t.cols == rows, "linear ", name(), ": backward with ", rows, " rows, forward had ",
+               saved.input_t.cols);
+  // dx = dy W: A = dy (R, out), B = W^T (in, out) as N x K.
+  GemmCall dgrad = gemm_call(ctx, *this, "dgrad");
+  const RecipeOperand dyq = prepare_operand(dgrad, TensorRole::kGradOutput, dy2);
+  const RecipeOperand wt = prepare_transposed(dgrad, TensorRole::kWeight, weight.value, nullptr);
+  Tensor dx = recipe_gemm(dgrad, dyq, wt);
+  // dW = dy^T x: A = dy^T (out, R), B = x^T (in, R) as N x K.
+  GemmCall wgrad = gemm_call(ctx, *this, "wgrad");
+  const RecipeOperand dyt = prepare_transposed(wgrad, TensorRole::kGradOutput, dy2, &dyq);
+  const Tensor dw = recipe_gemm(wgrad, dyt, saved.input_t);
+  float* g = weight.grad.data<float>();
+  const float* d = dw.data<float>();
+  for (std::int64_t i = 0; i < out * in; ++i) g[i] += d[i];
+  if (bias) {
+    float* gb = bias->grad.data<float>();
+    const float* src = dy2.data<float>();
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < out; ++j) gb[j] += src[r * out + j];
+  }
+  Shape shape = dy.shape();
+  shape.back() = in;
+  return dx.reshape(shape);
+}
+
+std::vector<Parameter*> Linear::parameters() {
+  std::vector<Parameter*> p = {&weight};
+  if (bias) p.push_back(&*bias);
+  return p;
+}
+
+}  // namespace fp8kit::nn

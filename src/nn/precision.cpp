@@ -1,0 +1,325 @@
+// Precision recipes: names, the per-role formats and granularities, operand preparation (quantize / round / share)
+// with the scaling state and the scale log, and the recipe GEMM with its dispatcher (FP8, or an explicit fallback).
+#include "fp8kit/nn/precision.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "fp8kit/amax.hpp"
+#include "fp8kit/convert.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/scaled_mm.hpp"
+
+namespace fp8kit::nn {
+
+namespace {
+
+struct RecipeName {
+  RecipeKind kind;
+  std::string_view name;
+};
+constexpr RecipeName kRecipeNames[] = {{RecipeKind::kFp32, "fp32"},
+                                       {RecipeKind::kBf16, "bf16"},
+                                       {RecipeKind::kFp8Delayed, "fp8-delayed"},
+                                       {RecipeKind::kFp8Current, "fp8-current"},
+                                       {RecipeKind::kFp8Block, "fp8-block"},
+                                       {RecipeKind::kMxfp8, "mxfp8"}};
+constexpr std::string_view kFakeSuffix = "-fake";
+
+// The FP8 format of a role: E5M2 for gradients under the HYBRID recipes (delayed, current), E4M3 otherwise.
+Format format_of(const PrecisionRecipe& r, TensorRole role) {
+  const bool hybrid = r.kind == RecipeKind::kFp8Delayed || r.kind == RecipeKind::kFp8Current;
+  return hybrid && role == TensorRole::kGradOutput ? Format::e5m2 : Format::e4m3fn;
+}
+
+// The granularity of a role, over an operand whose rows are reduced along their columns (cols = K).
+Granularity granularity_of(const PrecisionRecipe& r, TensorRole role) {
+  switch (r.kind) {
+    case RecipeKind::kFp8Block:
+      return role == TensorRole::kWeight ? Granularity::block(128, 128) : Granularity::block(1, 128);
+    case RecipeKind::kMxfp8:
+      return Granularity::mx(MxScaleMode::kRceil);
+    default:
+      return Granularity::tensor();
+  }
+}
+
+MatrixView matrix_of(const Tensor& x) {
+  const View2d v = x.view2d();
+  return MatrixView{x.data<float>(), v.rows, v.cols};
+}
+
+// Records a role's amax/scale into the report (always checks for non-finite values; the rest when logging).
+void report_scale(const GemmCall& call, TensorRole role, float amax, float scale, bool nonfinite,
+                  const QuantDiagnostics* diag) {
+  if (call.report == nullptr) return;
+  ScaleRecord rec;
+  rec.layer = call.state != nullptr ? call.state->layer : call.op;
+  rec.role = role;
+  rec.amax = amax;
+  rec.scale = scale;
+  rec.nonfinite = nonfinite;
+  if (diag != nullptr) {
+    rec.underflow_fraction = diag->underflow_fraction();
+    rec.saturated = diag->saturated_count;
+  }
+  if (nonfinite && !call.report->first_nonfinite) call.report->first_nonfinite = rec;
+  if (call.report->log_scales) call.report->scales.push_back(std::move(rec));
+}
+
+// Per-tensor quantization with a given scale (delayed scaling): the saturating cast of x * scale.
+ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale) {
+  ScaledMatrix q;
+  q.format = format;
+  q.overflow = Overflow::kSaturate;
+  q.granularity = Granularity::tensor();
+  q.rows = x.rows;
+  q.cols = x.cols;
+  q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
+  q.scale_inv.assign(1, dequantization_scale(scale));
+  cast_to_fp8(std::span<const float>(x.data, q.data.size()), q.data,
+              CastOptions{format, Overflow::kSaturate, Rounding::kNearestEven, scale});
+  return q;
+}
+
+Tensor dequantized(const ScaledMatrix& q) {
+  Tensor t = empty({q.rows, q.cols}, DType::float32);
+  dequantize(q, t.span<float>());
+  return t;
+}
+
+std::string dtype_name(const RecipeOperand& x) {
+  if (x.fp8) return std::string(fp8kit::name(x.fp8->format));
+  return std::string(fp8kit::name(x.values.dtype()));
+}
+
+// The operand as float values for a non-FP8 GEMM: its values, or (fallback) its FP8 codes dequantized and rounded
+// to bfloat16 — the explicit cast a fallback makes, recorded as its own event.
+Tensor float_values(const GemmCall& call, const RecipeOperand& x) {
+  if (!x.fp8) return x.values;
+  ScopedEvent cast(call.profiler, "cast " + std::string(fp8kit::name(x.fp8->format)) + "->bfloat16", "cast");
+  cast.arg("reason", "fallback of " + call.op);
+  return dequantized(*x.fp8).to(DType::bfloat16);
+}
+
+ActivationView view_of(const Tensor& t, std::int64_t rows, std::int64_t cols) {
+  return ActivationView{t.raw(), t.dtype(), rows, cols};
+}
+
+}  // namespace
+
+std::string PrecisionRecipe::name() const {
+  for (const RecipeName& r : kRecipeNames) {
+    if (r.kind == kind) return std::string(r.name) + (is_fp8() && mode == Fp8Mode::kFakeQuant ? "-fake" : "");
+  }
+  return "?";
+}
+
+std::optional<PrecisionRecipe> PrecisionRecipe::parse(std::string_view text) {
+  PrecisionRecipe recipe;
+  if (text.size() > kFakeSuffix.size() && text.substr(text.size() - kFakeSuffix.size()) == kFakeSuffix) {
+    recipe.mode = Fp8Mode::kFakeQuant;
+    text.remove_suffix(kFakeSuffix.size());
+  }
+  for (const RecipeName& r : kRecipeNames) {
+    if (r.name == text) {
+      recipe.kind = r.kind;
+      if (recipe.mode == Fp8Mode::kFakeQuant && !recipe.is_fp8()) return std::nullopt;
+      return recipe;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string_view name(TensorRole role) {
+  switch (role) {
+    case TensorRole::kInput:
+      return "input";
+    case TensorRole::kWeight:
+      return "weight";
+    case TensorRole::kGradOutput:
+      return "grad_output";
+  }
+  return "?";
+}
+
+Fp8LayerState::Fp8LayerState(std::string layer_name, const PrecisionRecipe& recipe) : layer(std::move(layer_name)) {
+  for (TensorRole role : {TensorRole::kInput, TensorRole::kWeight, TensorRole::kGradOutput}) {
+    DelayedScalingConfig config;
+    config.format = format_of(recipe, role);
+    config.history_length = recipe.amax_history_length;
+    config.algorithm = recipe.amax_compute;
+    config.margin = recipe.margin;
+    of(role) = DelayedScaling(config);
+  }
+}
+
+DelayedScaling& Fp8LayerState::of(TensorRole role) {
+  switch (role) {
+    case TensorRole::kInput:
+      return input;
+    case TensorRole::kWeight:
+      return weight;
+    default:
+      return grad_output;
+  }
+}
+
+void Fp8LayerState::update() {
+  input.update();
+  weight.update();
+  grad_output.update();
+}
+
+std::int64_t RecipeOperand::nbytes() const {
+  if (fp8) {
+    return static_cast<std::int64_t>(fp8->data.size() + fp8->scale_inv.size() * sizeof(float) + fp8->scale_e8m0.size());
+  }
+  return values.nbytes();
+}
+
+RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x) {
+  FP8KIT_CHECK(call.recipe != nullptr, "prepare_operand: no recipe");
+  FP8KIT_CHECK(x.dtype() == DType::float32, "prepare_operand: operands are float32, not ", fp8kit::name(x.dtype()));
+  const PrecisionRecipe& r = *call.recipe;
+  RecipeOperand out;
+  const View2d v = x.view2d();
+  out.rows = v.rows;
+  out.cols = v.cols;
+  if (r.kind == RecipeKind::kFp32) {
+    out.values = x;
+    return out;
+  }
+  if (r.kind == RecipeKind::kBf16) {
+    out.values = x.to(DType::bfloat16);
+    return out;
+  }
+  ScopedEvent event(call.profiler, "quantize " + std::string(name(role)), "cast");
+  const Format format = format_of(r, role);
+  event.arg("to", std::string(fp8kit::name(format)));
+  const MatrixView m = matrix_of(x);
+  const bool log = call.report != nullptr && call.report->log_scales;
+  QuantDiagnostics diag;
+  ScaledMatrix q;
+  float amax_value = 0.0f, scale = 1.0f;
+  bool nonfinite = false;
+  if (r.kind == RecipeKind::kFp8Delayed) {
+    FP8KIT_CHECK(call.state != nullptr, "prepare_operand: delayed scaling needs the layer's state (", call.op, ")");
+    const AmaxResult a = amax(std::span<const float>(m.data, static_cast<std::size_t>(m.rows * m.cols)));
+    DelayedScaling& s = call.state->of(role);
+    scale = s.scale();
+    amax_value = a.amax;
+    nonfinite = a.has_nonfinite();
+    s.record(nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.amax);
+    q = quantize_with_scale(m, format, scale);
+    if (log) {
+      // The loss this scale caused, measured on the codes just written.
+      std::vector<float> back(q.data.size());
+      dequantize(q, back);
+      for (std::size_t i = 0; i < back.size(); ++i) {
+        const float xi = m.data[i];
+        if (!std::isfinite(xi)) continue;
+        if (xi != 0.0f) {
+          ++diag.nonzero_finite;
+          if (back[i] == 0.0f) ++diag.underflow_count;
+        }
+        if (std::fabs(xi * scale) >= fp8kit::max_finite(format)) ++diag.saturated_count;
+      }
+    }
+  } else {
+    const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(r, role), {r.margin, 0.0f, {}}};
+    q = quantize(m, options, log ? &diag : nullptr);
+    if (!log) {
+      const AmaxResult a = amax(std::span<const float>(m.data, static_cast<std::size_t>(m.rows * m.cols)));
+      amax_value = a.amax;
+      nonfinite = a.has_nonfinite();
+    } else {
+      amax_value = diag.amax;
+      nonfinite = diag.nonfinite_count != 0;
+    }
+    scale = q.scale_inv.empty() ? 1.0f : 1.0f / q.scale_inv[0];
+  }
+  report_scale(call, role, amax_value, scale, nonfinite, log ? &diag : nullptr);
+  out.blocked = q.granularity.kind != Granularity::Kind::kTensor;
+  if (r.mode == Fp8Mode::kFakeQuant) {
+    out.values = dequantized(q);  // quantize -> dequantize: the straight-through fake quantization
+  } else {
+    out.fp8 = std::move(q);
+  }
+  return out;
+}
+
+Tensor recipe_gemm(const GemmCall& call, const RecipeOperand& a, const RecipeOperand& b, std::span<const float> bias) {
+  FP8KIT_CHECK(a.cols == b.cols, "recipe_gemm (", call.op, "): A is ", a.rows, "x", a.cols, ", B is ", b.rows, "x",
+               b.cols, " (N x K): K differs");
+  ScopedEvent event(call.profiler, call.op, "gemm");
+  event.arg("dtypes", dtype_name(a) + "," + dtype_name(b));
+  event.arg("shape", std::to_string(a.rows) + "x" + std::to_string(b.rows) + "x" + std::to_string(a.cols));
+  Tensor out = empty({a.rows, b.rows}, DType::float32);
+  const double macs = static_cast<double>(a.rows) * static_cast<double>(b.rows) * static_cast<double>(a.cols);
+  std::string fallback = call.fallback_reason;
+  if (fallback.empty() && a.fp8 && b.fp8 && macs < static_cast<double>(call.recipe->min_fp8_gemm_macs)) {
+    fallback = "GEMM of " + std::to_string(static_cast<std::int64_t>(macs)) + " multiply-adds < " +
+               std::to_string(call.recipe->min_fp8_gemm_macs);
+  }
+  if (a.fp8 && b.fp8 && fallback.empty()) {
+    event.arg("path", "fp8");
+    scaled_mm_into(*a.fp8, *b.fp8, out.span<float>(), ScaledMmOptions{BLayout::kNK, DType::float32, bias});
+    return out;
+  }
+  if (a.fp8 || b.fp8) {
+    event.arg("path", "fallback");
+    event.arg("reason", fallback);
+  } else {
+    event.arg("path", call.recipe->is_fp8() ? "fake-quant" : std::string(call.recipe->name()));
+  }
+  const Tensor av = float_values(call, a), bv = float_values(call, b);
+  matmul(view_of(av, a.rows, a.cols), view_of(bv, b.rows, b.cols), BLayout::kNK, out.span<float>(), bias);
+  return out;
+}
+
+std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
+  if (x.blocked) return std::nullopt;
+  RecipeOperand t;
+  t.rows = x.cols;
+  t.cols = x.rows;
+  if (!x.fp8) {
+    if (x.values.dtype() == DType::float32) {
+      t.values = transpose(x.values.reshape({x.rows, x.cols}));
+    } else {
+      t.values = transpose(x.values.to(DType::float32).reshape({x.rows, x.cols})).to(x.values.dtype());
+    }
+    return t;
+  }
+  ScaledMatrix q = *x.fp8;
+  q.rows = x.cols;
+  q.cols = x.rows;
+  const std::uint8_t* src = x.fp8->data.data();
+  std::uint8_t* dst = q.data.data();
+  for (std::int64_t r = 0; r < x.rows; ++r)
+    for (std::int64_t c = 0; c < x.cols; ++c) dst[c * x.rows + r] = src[r * x.cols + c];
+  t.fp8 = std::move(q);
+  return t;
+}
+
+Tensor transpose(const Tensor& x) {
+  const View2d v = x.view2d();
+  Tensor t = empty({v.cols, v.rows}, DType::float32);
+  const float* src = x.data<float>();
+  float* dst = t.data<float>();
+  constexpr std::int64_t kTile = 32;
+  const bool parallel = v.rows * v.cols >= (1 << 16);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t r0 = 0; r0 < v.rows; r0 += kTile) {
+    for (std::int64_t c0 = 0; c0 < v.cols; c0 += kTile) {
+      for (std::int64_t r = r0; r < std::min(v.rows, r0 + kTile); ++r) {
+        for (std::int64_t c = c0; c < std::min(v.cols, c0 + kTile); ++c) dst[c * v.rows + r] = src[r * v.cols + c];
+      }
+    }
+  }
+  return t;
+}
+
+}  // namespace fp8kit::nn

@@ -1,0 +1,209 @@
+// Linear under every precision recipe: exact FP32 gradients, each recipe's error against FP32, real FP8 against
+// fake quantization, delayed-scaling state, saved-activation bytes, profiler events and the small-GEMM fallback.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "fp8kit/nn/linear.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+Tensor random(Shape shape, std::uint64_t seed, double stddev = 1.0) {
+  Tensor t = randn(std::move(shape), seed, DType::float32);
+  for (float& v : t.span<float>()) v = static_cast<float>(v * stddev);
+  return t;
+}
+
+double rel_error(const Tensor& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  const auto g = got.span<float>();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    num += (g[i] - want[i]) * (g[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct Expected {
+  std::vector<double> y, dx, dw, db;
+};
+
+// y = x W^T + b, dx = dy W, dW = dy^T x, db = sum dy, in double.
+Expected expected(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy) {
+  const std::int64_t r = x.size(0), in = x.size(1), out = w.size(0);
+  const float *xs = x.data<float>(), *ws = w.data<float>(), *bs = b.data<float>(), *ds = dy.data<float>();
+  Expected e;
+  e.y.assign(r * out, 0);
+  e.dx.assign(r * in, 0);
+  e.dw.assign(out * in, 0);
+  e.db.assign(out, 0);
+  for (std::int64_t i = 0; i < r; ++i)
+    for (std::int64_t o = 0; o < out; ++o) {
+      double s = bs[o];
+      for (std::int64_t k = 0; k < in; ++k) s += double{xs[i * in + k]} * ws[o * in + k];
+      e.y[i * out + o] = s;
+      e.db[o] += ds[i * out + o];
+      for (std::int64_t k = 0; k < in; ++k) {
+        e.dx[i * in + k] += double{ds[i * out + o]} * ws[o * in + k];
+        e.dw[o * in + k] += double{ds[i * out + o]} * xs[i * in + k];
+      }
+    }
+  return e;
+}
+
+struct RunResult {
+  Tensor y, dx;
+  Tensor dw, db;
+  std::int64_t saved_bytes = 0;
+};
+
+RunResult run(const PrecisionRecipe& recipe, const Tensor& x, const Tensor& dy, std::int64_t in, std::int64_t out,
+              Profiler* profiler = nullptr, StepReport* report = nullptr) {
+  Linear layer("fc", in, out, true, 7, 0.5, &recipe);
+  for (float& v : layer.bias->value.span<float>()) v = 0.25f;
+  Context ctx;
+  ctx.recipe = &recipe;
+  ctx.saved_dtype = recipe.saved_dtype();
+  ctx.profiler = profiler;
+  ctx.report = report;
+  Linear::Saved saved;
+  RunResult r;
+  r.y = layer.forward(ctx, x, saved);
+  r.saved_bytes = saved.input_t.nbytes();
+  r.dx = layer.backward(ctx, dy, saved);
+  r.dw = layer.weight.grad.clone();
+  r.db = layer.bias->grad.clone();
+  return r;
+}
+
+TEST(Linear, Fp32ExactToFp64Rounding) {
+  const std::int64_t rows = 37, in = 200, out = 130;
+  const Tensor x = random({rows, in}, 1), dy = random({rows, out}, 2);
+  const PrecisionRecipe fp32;
+  const RunResult r = run(fp32, x, dy, in, out);
+  Linear ref("fc", in, out, true, 7, 0.5, &fp32);
+  for (float& v : ref.bias->value.span<float>()) v = 0.25f;
+  const Expected e = expected(x, ref.weight.value, ref.bias->value, dy);
+  EXPECT_LT(rel_error(r.y, e.y), 1e-6);
+  EXPECT_LT(rel_error(r.dx, e.dx), 1e-6);
+  EXPECT_LT(rel_error(r.dw, e.dw), 1e-6);
+  EXPECT_LT(rel_error(r.db, e.db), 1e-6);
+  EXPECT_EQ(r.saved_bytes, rows * in * 4);
+}
+
+TEST(Linear, EveryRecipeCloseToFp32) {
+  const std::int64_t rows = 64, in = 256, out = 128;
+  const Tensor x = random({rows, in}, 3), dy = random({rows, out}, 4, 1e-3);
+  const PrecisionRecipe fp32;
+  Linear ref("fc", in, out, true, 7, 0.5, &fp32);
+  for (float& v : ref.bias->value.span<float>()) v = 0.25f;
+  const Expected e = expected(x, ref.weight.value, ref.bias->value, dy);
+  for (const char* name : {"bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-current-fake"}) {
+    const PrecisionRecipe recipe = *PrecisionRecipe::parse(name);
+    const RunResult r = run(recipe, x, dy, in, out);
+    // bf16 rounds inputs to 8 bits (~0.4% each); E4M3 to 4 bits (~3%), E5M2 gradients to 3 bits (~6%).
+    const double tol = recipe.kind == RecipeKind::kBf16 ? 0.01 : 0.08;
+    EXPECT_LT(rel_error(r.y, e.y), tol) << name;
+    EXPECT_LT(rel_error(r.dx, e.dx), tol) << name;
+    EXPECT_LT(rel_error(r.dw, e.dw), tol) << name;
+    EXPECT_LT(rel_error(r.db, e.db), 1e-6) << name;  // the bias gradient is a plain FP32 sum
+  }
+  // Delayed scaling starts from scale 1: in-range inputs quantize as current scaling does only after an update.
+}
+
+TEST(Linear, RealFp8AgreesWithFakeQuant) {
+  // The same quantized values: real FP8 multiplies codes and applies scales after the sum, fake-quant multiplies
+  // the dequantized values in FP32. Per-tensor scales: they differ by FP32 rounding only.
+  const std::int64_t rows = 48, in = 160, out = 96;
+  const Tensor x = random({rows, in}, 5), dy = random({rows, out}, 6);
+  for (const char* name : {"fp8-current", "fp8-block", "mxfp8"}) {
+    const PrecisionRecipe real = *PrecisionRecipe::parse(name);
+    const PrecisionRecipe fake = *PrecisionRecipe::parse(std::string(name) + "-fake");
+    const RunResult a = run(real, x, dy, in, out), b = run(fake, x, dy, in, out);
+    std::vector<double> ya(a.y.span<float>().begin(), a.y.span<float>().end());
+    std::vector<double> dwa(a.dw.span<float>().begin(), a.dw.span<float>().end());
+    EXPECT_LT(rel_error(b.y, ya), 1e-5) << name;
+    EXPECT_LT(rel_error(b.dw, dwa), 1e-5) << name;
+    EXPECT_LT(a.saved_bytes, rows * in * 1.25) << name;  // one byte per element (+ scales: MX 5 bytes per 32)
+    EXPECT_EQ(b.saved_bytes, rows * in * 4) << name;     // fake-quant saves FP32 values
+  }
+}
+
+TEST(Linear, DelayedScalingStateAndReport) {
+  const std::int64_t rows = 16, in = 64, out = 32;
+  const Tensor x = random({rows, in}, 8, 300.0), dy = random({rows, out}, 9);
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
+  Linear layer("fc", in, out, false, 3, 0.5, &recipe);
+  Context ctx;
+  ctx.recipe = &recipe;
+  StepReport report;
+  report.log_scales = true;
+  ctx.report = &report;
+  Linear::Saved saved;
+  layer.forward(ctx, x, saved);
+  layer.backward(ctx, dy, saved);
+  EXPECT_EQ(layer.fp8.input.scale(), 1.0f);  // nothing updates before update()
+  layer.fp8.update();
+  float amax = 0;
+  for (float v : x.span<float>()) amax = std::max(amax, std::fabs(v));
+  EXPECT_EQ(layer.fp8.input.scale(), 448.0f / amax);
+  EXPECT_FALSE(report.first_nonfinite.has_value());
+  ASSERT_FALSE(report.scales.empty());
+  EXPECT_EQ(report.scales[0].role, TensorRole::kInput);
+  EXPECT_EQ(report.scales[0].amax, amax);
+  EXPECT_GT(report.scales[0].saturated, 0u);  // scale 1 with amax ~ 1000: values above 448 saturate
+}
+
+TEST(Linear, NonFiniteInputIsReported) {
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-current");
+  Tensor x = random({4, 32}, 10);
+  x.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  Linear layer("fc", 32, 8, false, 3, 0.5, &recipe);
+  Context ctx;
+  ctx.recipe = &recipe;
+  StepReport report;
+  ctx.report = &report;
+  Linear::Saved saved;
+  layer.forward(ctx, x, saved);
+  ASSERT_TRUE(report.first_nonfinite.has_value());
+  EXPECT_EQ(report.first_nonfinite->layer, "fc");
+  EXPECT_EQ(report.first_nonfinite->role, TensorRole::kInput);
+}
+
+TEST(Linear, ProfilerShowsPathsAndSmallGemmFallback) {
+  const Tensor x = random({8, 64}, 11), dy = random({8, 16}, 12);
+  PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-current");
+  Profiler profiler;
+  run(recipe, x, dy, 64, 16, &profiler);
+  int fp8_gemms = 0;
+  for (const ProfileEvent& e : profiler.events())
+    if (e.category == "gemm" && e.args.at("path") == "fp8") ++fp8_gemms;
+  EXPECT_EQ(fp8_gemms, 3);  // forward, dgrad, wgrad
+  recipe.min_fp8_gemm_macs = 1 << 20;
+  profiler.clear();
+  run(recipe, x, dy, 64, 16, &profiler);
+  int fallbacks = 0, casts = 0;
+  for (const ProfileEvent& e : profiler.events()) {
+    if (e.category == "gemm" && e.args.at("path") == "fallback") {
+      ++fallbacks;
+      EXPECT_NE(e.args.at("reason").find("multiply-adds"), std::string::npos);
+    }
+    if (e.category == "cast" && e.name.find("->bfloat16") != std::string::npos) ++casts;
+  }
+  EXPECT_EQ(fallbacks, 3);
+  EXPECT_EQ(casts, 6);  // both FP8 operands of each GEMM cast explicitly
+}
+
+TEST(Linear, RecipeNames) {
+  for (const char* name : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-delayed-fake"}) {
+    ASSERT_TRUE(PrecisionRecipe::parse(name).has_value()) << name;
+    EXPECT_EQ(PrecisionRecipe::parse(name)->name(), name);
+  }
+  EXPECT_FALSE(PrecisionRecipe::parse("fp16").has_value());
+  EXPECT_FALSE(PrecisionRecipe::parse("bf16-fake").has_value());
+}
+
+}  // namespace
+}  // namespace fp8kit::nn
