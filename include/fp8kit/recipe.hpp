@@ -49,6 +49,8 @@ class DelayedScaling {
 
   // Records an amax observed in the current step (the maximum of all calls since the last update).
   void record(float amax);
+  // Forgets what was recorded since the last update (a skipped training step must not leave its NaN behind).
+  void discard_step();
   // Transformer Engine's amax_and_scale_update:
   //  - if nothing was recorded this step (slot 0 is 0), nothing changes: no roll, the scale stays;
   //  - amax = max over the whole window, NaN entries ignored as fmaxf does (kMax), or slot 0 (kMostRecent),

@@ -65,7 +65,7 @@ void Profiler::write_chrome_trace(const std::string& path) const {
     char times[96];
     std::snprintf(times, sizeof times, "\"ts\": %.3f, \"dur\": %.3f", e.start_us, e.duration_us);
     out << "{\"name\": \"" << json_escape(e.name) << "\", \"cat\": \"" << json_escape(e.category)
-        << "\", \"ph\": \"X\", \"pid\": 1, \"tid\": 1, " << times << ", \"args\": {";
+        << "\", \"ph\": \"X\", \"pid\": 1, \"tid\": " << e.track + 1 << ", " << times << ", \"args\": {";
     bool first = true;
     for (const auto& [k, v] : e.args) {
       out << (first ? "" : ", ") << "\"" << json_escape(k) << "\": \"" << json_escape(v) << "\"";

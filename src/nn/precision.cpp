@@ -173,6 +173,12 @@ void Fp8LayerState::update() {
   grad_output.update();
 }
 
+void Fp8LayerState::discard_step() {
+  input.discard_step();
+  weight.discard_step();
+  grad_output.discard_step();
+}
+
 std::int64_t RecipeOperand::nbytes() const {
   if (fp8) {
     return static_cast<std::int64_t>(fp8->data.size() + fp8->scale_inv.size() * sizeof(float) + fp8->scale_e8m0.size());

@@ -18,6 +18,10 @@ DelayedScaling::DelayedScaling(const DelayedScalingConfig& config) : config_(con
   history_.assign(static_cast<std::size_t>(config.history_length), 0.0f);
 }
 
+void DelayedScaling::discard_step() {
+  history_[0] = 0.0f;
+}
+
 void DelayedScaling::record(float amax) {
   // NaN must not vanish in a max: it is kept (update() then keeps the previous scale, as TE does).
   if (std::isnan(amax) || std::isnan(history_[0])) {

@@ -25,6 +25,7 @@ void add_formats_command(CLI::App& app);
 void add_cast_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_analyze_command(CLI::App& app);
+void add_train_command(CLI::App& app);
 
 // "e4m3fn,e5m2" -> formats; an unknown name is a UsageError naming it and listing the known ones.
 std::vector<Format> parse_format_list(std::string_view text);

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   fp8kit::cli::add_cast_command(app);
   fp8kit::cli::add_analyze_command(app);
   fp8kit::cli::add_bench_command(app);
+  fp8kit::cli::add_train_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -74,6 +74,8 @@ struct Fp8LayerState {
   DelayedScaling& of(TensorRole role);
   // After the optimizer step: every role's history rolls and its scale updates (Transformer Engine's order).
   void update();
+  // A skipped step: forget its recorded amaxes (no roll, scales unchanged).
+  void discard_step();
 };
 
 // Run-wide state the recipe GEMMs report into: the scale log and the first non-finite amax seen this step.

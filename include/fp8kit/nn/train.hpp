@@ -1,0 +1,64 @@
+// The training loop behind `fp8kit train`: one recipe per run (model, data, AdamW with FP32 master weights), the
+// non-finite guard, the per-step scale log, measured peak memory and step times; and the recipe comparison.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fp8kit/nn/model.hpp"
+#include "fp8kit/nn/optim.hpp"
+#include "fp8kit/nn/precision.hpp"
+
+namespace fp8kit::nn {
+
+enum class OnNonfinite : std::uint8_t { kSkip, kAbort };
+
+struct TrainConfig {
+  std::string model = "gpt";  // "gpt" or "cnn"
+  std::int64_t steps = 150;
+  std::uint64_t seed = 1;
+  std::string data_path;  // gpt: train on this text file instead of the generated corpus
+  double lr = 3e-3;
+  std::int64_t warmup_steps = 10;  // linear warm-up, then cosine decay to lr / 10
+  OnNonfinite on_nonfinite = OnNonfinite::kSkip;
+  bool log_scales = false;
+  std::int64_t final_loss_window = 10;  // the final loss is the mean of the last steps' losses
+};
+
+struct StepLog {
+  std::int64_t step = 0;
+  float loss = 0.0f;
+  double ms = 0.0;
+  bool skipped = false;
+  std::vector<ScaleRecord> scales;  // when config.log_scales
+};
+
+struct TrainResult {
+  std::string recipe;
+  std::vector<float> losses;  // one per step (skipped steps included: their loss was computed)
+  float final_loss = 0.0f;
+  std::int64_t peak_bytes = 0;  // memory_stats() peak over the run, from model creation to the end
+  double step_ms = 0.0;         // median step time
+  std::int64_t skipped_steps = 0;
+  std::int64_t parameters = 0;
+  std::string data;  // the dataset's description
+};
+
+// Thrown by train() under OnNonfinite::kAbort: names the layer and tensor (or the parameter gradient).
+struct NonfiniteAbort : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Trains config.model under `recipe` and reports. `on_step` (optional) sees every step (progress, scale logs).
+TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler = nullptr,
+                  const std::function<void(const StepLog&)>& on_step = {});
+
+// The model and data train() builds for a config (exposed for tests).
+std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionRecipe& recipe);
+std::unique_ptr<Dataset> make_dataset(const TrainConfig& config);
+
+}  // namespace fp8kit::nn

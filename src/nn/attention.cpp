@@ -1,0 +1,214 @@
+// Causal self-attention forward and backward on the CPU: one (batch, head) pair per OpenMP iteration, each pair
+// gathered into contiguous (T, hs) buffers (rounded to bfloat16 when the products run in bf16) and computed in order.
+#include "fp8kit/nn/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/half.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+// Below this many multiply-adds or element visits a parallel region costs more than it saves (and an oversubscribed
+// machine makes waiting threads expensive): smaller calls run on the calling thread. The result is the same either way.
+constexpr double kParallelWork = 16384;
+
+std::string shape_string(const Shape& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+struct Dims {
+  std::int64_t b = 0, t = 0, c = 0, h = 0, hs = 0;
+};
+
+// qkv (B, T, 3C) with C divisible by heads -> its dimensions.
+Dims check_qkv(const Tensor& qkv, std::int64_t heads, DType compute) {
+  FP8KIT_CHECK(heads >= 1, "attention: heads must be at least 1, got ", heads);
+  FP8KIT_CHECK(compute == DType::float32 || compute == DType::bfloat16,
+               "attention: compute must be float32 or bfloat16, not ", name(compute));
+  FP8KIT_CHECK(qkv.dtype() == DType::float32, "attention: qkv must be float32, got ", name(qkv.dtype()));
+  FP8KIT_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "attention: qkv must be (B, T, 3C), got ",
+               shape_string(qkv.shape()));
+  Dims d{qkv.size(0), qkv.size(1), qkv.size(2) / 3, heads, 0};
+  FP8KIT_CHECK(d.c % heads == 0 && d.c > 0, "attention: C = ", d.c, " (qkv ", shape_string(qkv.shape()),
+               ") must be a positive multiple of heads = ", heads);
+  d.hs = d.c / heads;
+  return d;
+}
+
+float round_if(bool bf16, float x) {
+  return bf16 ? bfloat16::from_float(x).to_float() : x;
+}
+
+// Columns [col0, col0 + hs) of the T rows (stride `row_stride`) starting at `src` -> dst (T, hs), rounded to
+// bfloat16 when asked.
+void gather(const float* src, std::int64_t rows, std::int64_t row_stride, std::int64_t col0, std::int64_t hs, bool bf16,
+            float* dst) {
+  for (std::int64_t t = 0; t < rows; ++t) {
+    const float* s = src + t * row_stride + col0;
+    for (std::int64_t i = 0; i < hs; ++i) dst[t * hs + i] = round_if(bf16, s[i]);
+  }
+}
+
+// src (T, hs) * factor -> columns [col0, col0 + hs) of the T rows (stride `row_stride`) starting at dst.
+void scatter(const float* src, std::int64_t rows, std::int64_t row_stride, std::int64_t col0, std::int64_t hs,
+             float factor, float* dst) {
+  for (std::int64_t t = 0; t < rows; ++t) {
+    float* d = dst + t * row_stride + col0;
+    for (std::int64_t i = 0; i < hs; ++i) d[i] = src[t * hs + i] * factor;
+  }
+}
+
+std::string describe(const Dims& d) {
+  return "B=" + std::to_string(d.b) + " T=" + std::to_string(d.t) + " C=" + std::to_string(d.c) +
+         " H=" + std::to_string(d.h);
+}
+
+}  // namespace
+
+// qkv (B, T, 3C) -> out (B, T, C); saved.probs (B, H, T, T).
+Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved& saved) const {
+  ScopedEvent event(ctx.profiler, "attention.forward");
+  const Dims d = check_qkv(qkv, heads, compute);
+  event.arg("shape", describe(d));
+  event.arg("dtypes", std::string(name(compute)));
+  const bool bf16 = compute == DType::bfloat16;
+  const std::int64_t T = d.t, C = d.c, C3 = 3 * d.c, hs = d.hs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+
+  Tensor out = empty({d.b, T, C}, DType::float32);
+  Tensor probs = empty({d.b, d.h, T, T}, DType::float32);
+  const float* in = qkv.data<float>();
+  float* o = out.data<float>();
+  float* p = probs.data<float>();
+  const bool parallel = static_cast<double>(d.b * d.h) * static_cast<double>(T * T * hs) >= kParallelWork;
+
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t bh = 0; bh < d.b * d.h; ++bh) {
+    const std::int64_t b = bh / d.h, h = bh % d.h;
+    const float* in_b = in + b * T * C3;
+    std::vector<float> q(static_cast<std::size_t>(T * hs)), k(q.size()), v(q.size()), acc(static_cast<std::size_t>(hs));
+    gather(in_b, T, C3, h * hs, hs, bf16, q.data());
+    gather(in_b, T, C3, C + h * hs, hs, bf16, k.data());
+    gather(in_b, T, C3, 2 * C + h * hs, hs, bf16, v.data());
+    for (std::int64_t t = 0; t < T; ++t) {
+      float* row = p + (bh * T + t) * T;  // p[b, h, t, :]
+      const float* qt = q.data() + t * hs;
+      // Scores and their maximum (keys t2 <= t only).
+      float maxval = -std::numeric_limits<float>::infinity();
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+        const float* kt = k.data() + t2 * hs;
+        float s = 0.0f;
+        for (std::int64_t i = 0; i < hs; ++i) s += qt[i] * kt[i];
+        row[t2] = s * scale;
+        maxval = std::max(maxval, row[t2]);
+      }
+      // Softmax, shifted by the maximum so that exp never overflows.
+      float sum = 0.0f;
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+        row[t2] = std::exp(row[t2] - maxval);
+        sum += row[t2];
+      }
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) row[t2] /= sum;
+      std::fill(row + t + 1, row + T, 0.0f);
+      // out_t = sum_t2 p[t2] v_t2.
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+        const float pr = round_if(bf16, row[t2]);
+        const float* vt = v.data() + t2 * hs;
+        for (std::int64_t i = 0; i < hs; ++i) acc[i] += pr * vt[i];
+      }
+      std::copy(acc.begin(), acc.end(), o + (b * T + t) * C + h * hs);
+    }
+  }
+
+  saved.qkv = save_activation(ctx, qkv);
+  saved.probs = save_activation(ctx, probs);
+  return out;
+}
+
+// dout (B, T, C) -> dqkv (B, T, 3C). With s = scale * q k^T, p = softmax(s), out = p v:
+//   dp = dout v^T,  dv = p^T dout,  ds = p * (dp - rowsum(p * dp)),  dq = scale * ds k,  dk = scale * ds^T q.
+Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, const Saved& saved) const {
+  ScopedEvent event(ctx.profiler, "attention.backward");
+  FP8KIT_CHECK(saved.qkv.dim() == 3, "attention.backward: no saved state (call forward first)");
+  const Tensor qkv = load_activation(saved.qkv);
+  const Dims d = check_qkv(qkv, heads, compute);
+  event.arg("shape", describe(d));
+  event.arg("dtypes", std::string(name(compute)));
+  const Shape probs_shape{d.b, d.h, d.t, d.t};
+  FP8KIT_CHECK(saved.probs.shape() == probs_shape, "attention.backward: saved probabilities ",
+               shape_string(saved.probs.shape()), " do not match ", shape_string(probs_shape),
+               " (was forward run with the same heads?)");
+  FP8KIT_CHECK(dout.dtype() == DType::float32, "attention.backward: dout must be float32, got ", name(dout.dtype()));
+  const Shape out_shape{d.b, d.t, d.c};
+  FP8KIT_CHECK(dout.shape() == out_shape, "attention.backward: dout ", shape_string(dout.shape()),
+               " must be the output shape ", shape_string(out_shape));
+
+  const bool bf16 = compute == DType::bfloat16;
+  const std::int64_t T = d.t, C = d.c, C3 = 3 * d.c, hs = d.hs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const Tensor probs = load_activation(saved.probs);
+  Tensor dqkv = empty({d.b, T, C3}, DType::float32);
+  const float* in = qkv.data<float>();
+  const float* p = probs.data<float>();
+  const float* dy = dout.data<float>();
+  float* dx = dqkv.data<float>();
+  const bool parallel = static_cast<double>(d.b * d.h) * static_cast<double>(T * T * hs) >= kParallelWork;
+
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t bh = 0; bh < d.b * d.h; ++bh) {
+    const std::int64_t b = bh / d.h, h = bh % d.h;
+    const float* in_b = in + b * T * C3;
+    const std::size_t n = static_cast<std::size_t>(T * hs);
+    std::vector<float> q(n), k(n), v(n), go(n), dq(n, 0.0f), dk(n, 0.0f), dv(n, 0.0f);
+    std::vector<float> dp(static_cast<std::size_t>(T)), ds(static_cast<std::size_t>(T));
+    gather(in_b, T, C3, h * hs, hs, bf16, q.data());
+    gather(in_b, T, C3, C + h * hs, hs, bf16, k.data());
+    gather(in_b, T, C3, 2 * C + h * hs, hs, bf16, v.data());
+    gather(dy + b * T * C, T, C, h * hs, hs, bf16, go.data());
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float* prow = p + (bh * T + t) * T;  // p[b, h, t, :]
+      const float* got = go.data() + t * hs;
+      // dp[t2] = dout_t . v_t2 and dv_t2 += p[t, t2] dout_t.
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+        const float* vt = v.data() + t2 * hs;
+        float s = 0.0f;
+        for (std::int64_t i = 0; i < hs; ++i) s += got[i] * vt[i];
+        dp[t2] = s;
+        const float pr = round_if(bf16, prow[t2]);
+        float* dvt = dv.data() + t2 * hs;
+        for (std::int64_t i = 0; i < hs; ++i) dvt[i] += pr * got[i];
+      }
+      // Softmax backward in FP32: ds = p * (dp - sum p dp).
+      float dot = 0.0f;
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) dot += prow[t2] * dp[t2];
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) ds[t2] = round_if(bf16, prow[t2] * (dp[t2] - dot));
+      // dq_t += ds k (scaled below) and dk_t2 += ds[t2] q_t.
+      const float* qt = q.data() + t * hs;
+      float* dqt = dq.data() + t * hs;
+      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+        const float* kt = k.data() + t2 * hs;
+        float* dkt = dk.data() + t2 * hs;
+        for (std::int64_t i = 0; i < hs; ++i) {
+          dqt[i] += ds[t2] * kt[i];
+          dkt[i] += ds[t2] * qt[i];
+        }
+      }
+    }
+    float* dx_b = dx + b * T * C3;
+    scatter(dq.data(), T, C3, h * hs, hs, scale, dx_b);
+    scatter(dk.data(), T, C3, C + h * hs, hs, scale, dx_b);
+    scatter(dv.data(), T, C3, 2 * C + h * hs, hs, 1.0f, dx_b);
+  }
+  return dqkv;
+}
+
+}  // namespace fp8kit::nn

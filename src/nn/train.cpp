@@ -1,0 +1,155 @@
+// The training loop: batches, forward, backward, the non-finite guard (skip or abort, naming the tensor), AdamW,
+// the delayed-scaling update, a warm-up + cosine learning rate, peak memory from the allocation accounting.
+#include "fp8kit/nn/train.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <numeric>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/memory.hpp"
+#include "fp8kit/nn/gpt.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+constexpr std::int64_t kGptBatch = 16;
+constexpr std::size_t kCorpusBytes = std::size_t{1} << 20;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", path, "' (check the path)");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+double learning_rate(const TrainConfig& c, std::int64_t step) {
+  if (step < c.warmup_steps) return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  const double progress = static_cast<double>(step - c.warmup_steps) /
+                          static_cast<double>(std::max<std::int64_t>(1, c.steps - c.warmup_steps));
+  const double min_lr = c.lr / 10.0;
+  return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * std::min(1.0, progress)));
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionRecipe& recipe) {
+  if (config.model == "gpt") {
+    GptConfig g;
+    g.seed = config.seed;
+    return std::make_unique<Gpt>(g, recipe);
+  }
+  FP8KIT_CHECK(false, "unknown model '", config.model, "' (use gpt)");
+  return nullptr;
+}
+
+std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
+  if (config.model == "gpt") {
+    const GptConfig g;
+    if (!config.data_path.empty()) {
+      return std::make_unique<TextDataset>(read_text(config.data_path), kGptBatch, g.seq_len, config.seed,
+                                           config.data_path);
+    }
+    return std::make_unique<TextDataset>(generate_corpus(config.seed, kCorpusBytes), kGptBatch, g.seq_len, config.seed,
+                                         "generated corpus");
+  }
+  FP8KIT_CHECK(false, "unknown model '", config.model, "' (use gpt)");
+  return nullptr;
+}
+
+TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
+                  const std::function<void(const StepLog&)>& on_step) {
+  FP8KIT_CHECK(config.steps >= 1, "train: steps must be at least 1, got ", config.steps);
+  const std::unique_ptr<Dataset> data = make_dataset(config);
+  reset_peak_memory();
+  const std::int64_t baseline = memory_stats().current_bytes;
+  TrainResult result;
+  result.recipe = recipe.name();
+  result.data = data->describe();
+  {
+    const std::unique_ptr<Model> model = make_model(config, recipe);
+    const std::vector<Parameter*> params = model->parameters();
+    for (const Parameter* p : params) result.parameters += p->value.numel();
+    AdamWOptions opt;
+    opt.lr = config.lr;
+    opt.weight_decay = 0.1;
+    opt.beta2 = 0.95;
+    opt.decay = DecayPolicy::kMatricesOnly;
+    AdamW adamw(opt);
+    StepReport report;
+    report.log_scales = config.log_scales;
+    Context ctx;
+    ctx.saved_dtype = recipe.saved_dtype();
+    ctx.profiler = profiler;
+    ctx.recipe = &recipe;
+    ctx.report = &report;
+    std::vector<double> times;
+    for (std::int64_t step = 0; step < config.steps; ++step) {
+      const Batch batch = data->batch(step);
+      const auto t0 = std::chrono::steady_clock::now();
+      report.clear();
+      StepLog log;
+      log.step = step;
+      {
+        ScopedEvent event(profiler, "step", "step");
+        event.arg("step", std::to_string(step));
+        log.loss = model->forward(ctx, batch);
+        model->backward(ctx);
+        // The guard: a non-finite amax (seen while quantizing) or gradient skips the step or aborts.
+        std::string bad;
+        if (report.first_nonfinite) {
+          bad = "non-finite amax in " + report.first_nonfinite->layer + " (" +
+                std::string(name(report.first_nonfinite->role)) + ")";
+        } else if (const std::string p = first_nonfinite_grad(params); !p.empty()) {
+          bad = "non-finite gradient of " + p;
+        } else if (!std::isfinite(log.loss)) {
+          bad = "non-finite loss";
+        }
+        if (!bad.empty()) {
+          if (config.on_nonfinite == OnNonfinite::kAbort) {
+            throw NonfiniteAbort("step " + std::to_string(step) + ": " + bad + " (--on-nonfinite abort)");
+          }
+          log.skipped = true;
+          ++result.skipped_steps;
+          event.arg("skipped", bad);
+          // The delayed-scaling histories must not take this step's NaN either: drop what was recorded.
+          for (Fp8LayerState* s : model->fp8_states()) s->discard_step();
+        } else {
+          adamw.options().lr = learning_rate(config, step);
+          adamw.step(params, profiler);
+          for (Fp8LayerState* s : model->fp8_states()) s->update();
+        }
+        AdamW::zero_grad(params);
+      }
+      log.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      times.push_back(log.ms);
+      result.losses.push_back(log.loss);
+      if (config.log_scales) log.scales = report.scales;
+      if (on_step) on_step(log);
+    }
+    result.step_ms = median(times);
+  }
+  result.peak_bytes = memory_stats().peak_bytes - baseline;
+  const std::int64_t window = std::min<std::int64_t>(config.final_loss_window, config.steps);
+  double sum = 0;
+  std::int64_t counted = 0;
+  for (std::int64_t i = config.steps - window; i < config.steps; ++i) {
+    if (std::isfinite(result.losses[static_cast<std::size_t>(i)])) {
+      sum += result.losses[static_cast<std::size_t>(i)];
+      ++counted;
+    }
+  }
+  result.final_loss = counted ? static_cast<float>(sum / static_cast<double>(counted)) : NAN;
+  return result;
+}
+
+}  // namespace fp8kit::nn

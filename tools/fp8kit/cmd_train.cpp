@@ -1,0 +1,277 @@
+// `fp8kit train`: trains the small GPT under one recipe or compares several, and prints the article's table
+// (peak memory, median step time, final loss, each against fp32); optional trace, scale log, loss plot, JSON.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_common.hpp"
+#include "fp8kit/cpu.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/nn/train.hpp"
+
+namespace fp8kit::cli {
+namespace {
+
+struct TrainArgs {
+  std::string model = "gpt";
+  std::string recipe;
+  std::string compare;
+  std::int64_t steps = 150;
+  std::uint64_t seed = 1;
+  int threads = 0;
+  bool json = false;
+  std::string plot, profile, log_scales, data;
+  std::string on_nonfinite = "skip";
+  int conv_max_area = 32;
+};
+
+constexpr const char* kDefaultCompare = "fp32,bf16,fp8-delayed";
+
+std::vector<nn::PrecisionRecipe> parse_recipes(const TrainArgs& a) {
+  if (!a.recipe.empty() && !a.compare.empty()) throw UsageError("give --recipe or --compare, not both");
+  const std::string list = !a.recipe.empty() ? a.recipe : (!a.compare.empty() ? a.compare : kDefaultCompare);
+  std::vector<nn::PrecisionRecipe> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto r = nn::PrecisionRecipe::parse(item);
+    if (!r) {
+      throw UsageError("unknown recipe '" + item +
+                       "' (use fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8; FP8 ones with -fake for "
+                       "fake quantization)");
+    }
+    nn::PrecisionRecipe recipe = *r;
+    recipe.fp8_conv_max_kernel_area = a.conv_max_area;
+    out.push_back(recipe);
+  }
+  if (out.empty()) throw UsageError("no recipe given");
+  if (!a.recipe.empty() && out.size() != 1) throw UsageError("--recipe takes one recipe; use --compare for several");
+  return out;
+}
+
+// "12.3 MB"
+std::string megabytes(std::int64_t bytes) {
+  return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
+}
+
+// A progress bar on stderr, only on a terminal.
+class Progress {
+ public:
+  Progress(std::string recipe, std::int64_t steps)
+      : recipe_(std::move(recipe)), steps_(steps), shown_(stderr_is_terminal()) {}
+  ~Progress() {
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+  }
+  void operator()(const nn::StepLog& s) const {
+    if (!shown_) return;
+    const int width = 30;
+    const int filled = static_cast<int>(width * (s.step + 1) / steps_);
+    std::fprintf(stderr, "\r%-12s [%s%s] %lld/%lld loss %.4f", recipe_.c_str(), std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), static_cast<long long>(s.step + 1),
+                 static_cast<long long>(steps_), static_cast<double>(s.loss));
+  }
+
+ private:
+  std::string recipe_;
+  std::int64_t steps_;
+  bool shown_;
+};
+
+// Loss curves as an SVG polyline per recipe (log-free, steps on x, loss on y).
+void write_plot(const std::string& path, const std::vector<nn::TrainResult>& results) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw UsageError("--plot: cannot write '" + path + "'");
+  const double w = 720, h = 420, left = 60, right = 150, top = 20, bottom = 40;
+  float lo = INFINITY, hi = -INFINITY;
+  std::size_t steps = 1;
+  for (const auto& r : results) {
+    steps = std::max(steps, r.losses.size());
+    for (float l : r.losses)
+      if (std::isfinite(l)) lo = std::min(lo, l), hi = std::max(hi, l);
+  }
+  if (!(hi > lo)) hi = lo + 1;
+  static const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
+  out << fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\n", w, h);
+  out << fmt::format("<rect width=\"{}\" height=\"{}\" fill=\"white\"/>\n", w, h);
+  out << fmt::format("<text x=\"{}\" y=\"14\" font-size=\"12\">training loss</text>\n", left);
+  const double pw = w - left - right, ph = h - top - bottom;
+  out << fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", left, top,
+                     pw, ph);
+  for (int t = 0; t <= 4; ++t) {
+    const double v = lo + (hi - lo) * t / 4.0, y = top + ph - ph * t / 4.0;
+    out << fmt::format("<text x=\"5\" y=\"{:.1f}\" font-size=\"11\">{:.3f}</text>\n", y + 4, v);
+  }
+  out << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\">step 0 .. {}</text>\n", left, h - 12, steps - 1);
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const char* color = kColors[i % 6];
+    out << "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" << color << "\" points=\"";
+    for (std::size_t s = 0; s < results[i].losses.size(); ++s) {
+      const float l = results[i].losses[s];
+      if (!std::isfinite(l)) continue;
+      const double x = left + pw * static_cast<double>(s) / static_cast<double>(std::max<std::size_t>(1, steps - 1));
+      const double y = top + ph - ph * (l - lo) / (hi - lo);
+      out << fmt::format("{:.1f},{:.1f} ", x, y);
+    }
+    out << "\"/>\n";
+    out << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"{}\">{}</text>\n", w - right + 10,
+                       top + 16 + 18 * static_cast<double>(i), color, results[i].recipe);
+  }
+  out << "</svg>\n";
+  if (!out) throw UsageError("--plot: writing '" + path + "' failed");
+}
+
+void run(const TrainArgs& a) {
+  if (a.model != "gpt") throw UsageError("--model: '" + a.model + "' is not available (models: gpt)");
+  if (a.steps < 1) throw UsageError("--steps must be at least 1, got " + std::to_string(a.steps));
+  if (a.threads < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(a.threads));
+  if (a.on_nonfinite != "skip" && a.on_nonfinite != "abort") {
+    throw UsageError("--on-nonfinite: '" + a.on_nonfinite + "' (use skip or abort)");
+  }
+  if (a.conv_max_area < 1) throw UsageError("--fp8-conv-max-kernel-area must be at least 1");
+  const std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
+  if (a.threads > 0) set_num_threads(a.threads);
+  nn::TrainConfig config;
+  config.model = a.model;
+  config.steps = a.steps;
+  config.seed = a.seed;
+  config.data_path = a.data;
+  config.on_nonfinite = a.on_nonfinite == "abort" ? nn::OnNonfinite::kAbort : nn::OnNonfinite::kSkip;
+  config.log_scales = !a.log_scales.empty();
+  std::optional<std::ofstream> scale_log;
+  if (config.log_scales) {
+    scale_log.emplace(a.log_scales, std::ios::binary | std::ios::trunc);
+    if (!*scale_log) throw UsageError("--log-scales: cannot write '" + a.log_scales + "'");
+  }
+  std::optional<Profiler> profiler;
+  if (!a.profile.empty()) profiler.emplace();
+
+  std::vector<nn::TrainResult> results;
+  std::vector<std::vector<Profiler::Summary>> summaries;
+  std::vector<ProfileEvent> trace;
+  for (std::size_t ri = 0; ri < recipes.size(); ++ri) {
+    const nn::PrecisionRecipe& recipe = recipes[ri];
+    Progress progress(recipe.name(), a.steps);
+    if (profiler) profiler->clear();
+    auto on_step = [&](const nn::StepLog& s) {
+      progress(s);
+      if (scale_log) {
+        for (const nn::ScaleRecord& r : s.scales) {
+          nlohmann::json line = {{"recipe", recipe.name()},
+                                 {"step", s.step},
+                                 {"layer", r.layer},
+                                 {"role", std::string(nn::name(r.role))},
+                                 {"amax", r.amax},
+                                 {"scale", r.scale},
+                                 {"underflow_fraction", r.underflow_fraction},
+                                 {"saturated", r.saturated},
+                                 {"nonfinite", r.nonfinite}};
+          if (!std::isfinite(r.amax)) line["amax"] = nullptr;
+          *scale_log << line.dump() << "\n";
+        }
+      }
+    };
+    results.push_back(nn::train(config, recipe, profiler ? &*profiler : nullptr, on_step));
+    if (profiler) {
+      summaries.push_back(profiler->summary());
+      for (ProfileEvent e : profiler->events()) {
+        e.args["recipe"] = recipe.name();
+        e.track = static_cast<int>(ri);
+        trace.push_back(std::move(e));
+      }
+    }
+  }
+  if (profiler) {
+    Profiler combined;
+    for (ProfileEvent& e : trace) combined.record(std::move(e));
+    combined.write_chrome_trace(a.profile);
+  }
+  if (!a.plot.empty()) write_plot(a.plot, results);
+
+  const nn::TrainResult* fp32 = nullptr;
+  for (const auto& r : results)
+    if (r.recipe == "fp32") fp32 = &r;
+  if (a.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      nlohmann::json o = {{"recipe", r.recipe},         {"model", a.model},
+                          {"steps", a.steps},           {"seed", a.seed},
+                          {"final_loss", r.final_loss}, {"peak_bytes", r.peak_bytes},
+                          {"step_ms", r.step_ms},       {"skipped_steps", r.skipped_steps},
+                          {"parameters", r.parameters}, {"threads", num_threads()}};
+      if (!std::isfinite(r.final_loss)) o["final_loss"] = nullptr;
+      if (fp32 != nullptr) {
+        o["memory_ratio"] = static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes);
+        o["step_time_ratio"] = r.step_ms / fp32->step_ms;
+        o["loss_gap"] = std::isfinite(r.final_loss)
+                            ? nlohmann::json((r.final_loss - fp32->final_loss) / fp32->final_loss)
+                            : nlohmann::json(nullptr);
+      }
+      out.push_back(o);
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::printf("model %s, %lld parameters; data: %s; %lld steps, seed %llu, %d threads\n", a.model.c_str(),
+              static_cast<long long>(results.front().parameters), results.front().data.c_str(),
+              static_cast<long long>(a.steps), static_cast<unsigned long long>(a.seed), num_threads());
+  std::printf("%-18s %12s %8s %12s %8s %11s %9s %8s\n", "recipe", "peak memory", "vs fp32", "step time", "vs fp32",
+              "final loss", "vs fp32", "skipped");
+  for (const auto& r : results) {
+    const std::string mem_ratio =
+        fp32 ? fmt::format("{:.2f}x", static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes)) : "-";
+    const std::string time_ratio = fp32 ? fmt::format("{:.2f}x", r.step_ms / fp32->step_ms) : "-";
+    const std::string gap =
+        fp32 ? fmt::format("{:+.2f}%", 100.0 * (r.final_loss - fp32->final_loss) / fp32->final_loss) : "-";
+    std::printf("%-18s %12s %8s %9.1f ms %8s %11.4f %9s %8lld\n", r.recipe.c_str(), megabytes(r.peak_bytes).c_str(),
+                mem_ratio.c_str(), r.step_ms, time_ratio.c_str(), static_cast<double>(r.final_loss), gap.c_str(),
+                static_cast<long long>(r.skipped_steps));
+  }
+  std::printf(
+      "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
+      " temporaries); step time: median; final loss: mean of the last %lld steps\n",
+      static_cast<long long>(std::min<std::int64_t>(10, a.steps)));
+  for (std::size_t ri = 0; ri < summaries.size(); ++ri) {
+    std::printf("\nprofile (%s): op, calls, path, reason, total time\n", results[ri].recipe.c_str());
+    for (const auto& s : summaries[ri]) {
+      if (s.name == "step") continue;
+      std::printf("  %-40s %7lld %-11s %-28s %10.1f ms\n", s.name.c_str(), static_cast<long long>(s.calls),
+                  s.path.empty() ? "-" : s.path.c_str(), s.reason.empty() ? "-" : s.reason.c_str(),
+                  s.total_us / 1000.0);
+    }
+  }
+  if (!a.profile.empty())
+    std::printf("\ntrace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", a.profile.c_str());
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a small model under FP32, BF16 and FP8 recipes and compare them");
+  auto args = std::make_shared<TrainArgs>();
+  cmd->add_option("--model", args->model, "Model: gpt (default)");
+  cmd->add_option("--recipe", args->recipe, "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8");
+  cmd->add_option("--compare", args->compare, std::string("Comma list of recipes (default ") + kDefaultCompare + ")");
+  cmd->add_option("--steps", args->steps, "Training steps (default 150)");
+  cmd->add_option("--seed", args->seed, "Seed of the data and the initialization (default 1)");
+  cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
+  cmd->add_option("--data", args->data, "Train the GPT on this text file instead of the generated corpus");
+  cmd->add_flag("--json", args->json, "Print a JSON array, one object per recipe");
+  cmd->add_option("--plot", args->plot, "Write the loss curves to this SVG file");
+  cmd->add_option("--profile", args->profile,
+                  "Write a Chrome trace (Perfetto, chrome://tracing) and print per-op tables");
+  cmd->add_option("--log-scales", args->log_scales, "Write per-step amax/scale/underflow/saturation as JSON lines");
+  cmd->add_option("--on-nonfinite", args->on_nonfinite, "skip (default) or abort on NaN/Inf in an amax or gradient");
+  cmd->add_option("--fp8-conv-max-kernel-area", args->conv_max_area,
+                  "FP8 convolutions only up to this kernel area (default 32)");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace fp8kit::cli
