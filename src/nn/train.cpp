@@ -7,10 +7,12 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <numeric>
 
 #include "fp8kit/error.hpp"
 #include "fp8kit/memory.hpp"
+#include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/gpt.hpp"
 
 namespace fp8kit::nn {
@@ -18,6 +20,8 @@ namespace {
 
 constexpr std::int64_t kGptBatch = 16;
 constexpr std::size_t kCorpusBytes = std::size_t{1} << 20;
+constexpr std::int64_t kCnnBatch = 64;  // images of kCnnImageSize x kCnnImageSize
+constexpr std::int64_t kCnnImageSize = 32;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -48,7 +52,12 @@ std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionReci
     g.seed = config.seed;
     return std::make_unique<Gpt>(g, recipe);
   }
-  FP8KIT_CHECK(false, "unknown model '", config.model, "' (use gpt)");
+  if (config.model == "cnn") {
+    CnnConfig c;
+    c.seed = config.seed;
+    return std::make_unique<Cnn>(c, recipe);
+  }
+  FP8KIT_CHECK(false, "unknown model '", config.model, "' (use gpt, cnn)");
   return nullptr;
 }
 
@@ -62,7 +71,12 @@ std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
     return std::make_unique<TextDataset>(generate_corpus(config.seed, kCorpusBytes), kGptBatch, g.seq_len, config.seed,
                                          "generated corpus");
   }
-  FP8KIT_CHECK(false, "unknown model '", config.model, "' (use gpt)");
+  if (config.model == "cnn") {
+    FP8KIT_CHECK(config.data_path.empty(), "the cnn trains on generated images; a data file ('", config.data_path,
+                 "') is for the gpt");
+    return std::make_unique<ShapesDataset>(kCnnBatch, kCnnImageSize, CnnConfig{}.classes, config.seed);
+  }
+  FP8KIT_CHECK(false, "unknown model '", config.model, "' (use gpt, cnn)");
   return nullptr;
 }
 
@@ -104,6 +118,9 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
         event.arg("step", std::to_string(step));
         log.loss = model->forward(ctx, batch);
         model->backward(ctx);
+        if (config.inject_nan_step && *config.inject_nan_step == step && !params.empty()) {
+          params.front()->grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+        }
         // The guard: a non-finite amax (seen while quantizing) or gradient skips the step or aborts.
         std::string bad;
         if (report.first_nonfinite) {

@@ -31,6 +31,7 @@ struct TrainArgs {
   std::string plot, profile, log_scales, data;
   std::string on_nonfinite = "skip";
   int conv_max_area = 32;
+  std::int64_t inject_nan = -1;
 };
 
 constexpr const char* kDefaultCompare = "fp32,bf16,fp8-delayed";
@@ -129,7 +130,12 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
 }
 
 void run(const TrainArgs& a) {
-  if (a.model != "gpt") throw UsageError("--model: '" + a.model + "' is not available (models: gpt)");
+  if (a.model != "gpt" && a.model != "cnn") {
+    throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
+  }
+  if (a.model == "cnn" && !a.data.empty()) {
+    throw UsageError("--data is for --model gpt (the cnn trains on generated images)");
+  }
   if (a.steps < 1) throw UsageError("--steps must be at least 1, got " + std::to_string(a.steps));
   if (a.threads < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(a.threads));
   if (a.on_nonfinite != "skip" && a.on_nonfinite != "abort") {
@@ -145,6 +151,7 @@ void run(const TrainArgs& a) {
   config.data_path = a.data;
   config.on_nonfinite = a.on_nonfinite == "abort" ? nn::OnNonfinite::kAbort : nn::OnNonfinite::kSkip;
   config.log_scales = !a.log_scales.empty();
+  if (a.inject_nan >= 0) config.inject_nan_step = a.inject_nan;
   std::optional<std::ofstream> scale_log;
   if (config.log_scales) {
     scale_log.emplace(a.log_scales, std::ios::binary | std::ios::trunc);
@@ -256,7 +263,8 @@ void run(const TrainArgs& a) {
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a small model under FP32, BF16 and FP8 recipes and compare them");
   auto args = std::make_shared<TrainArgs>();
-  cmd->add_option("--model", args->model, "Model: gpt (default)");
+  cmd->add_option("--model", args->model,
+                  "Model: gpt (default; a small GPT on text) or cnn (a small CNN with a 7x7 stem on generated images)");
   cmd->add_option("--recipe", args->recipe, "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8");
   cmd->add_option("--compare", args->compare, std::string("Comma list of recipes (default ") + kDefaultCompare + ")");
   cmd->add_option("--steps", args->steps, "Training steps (default 150)");
@@ -269,6 +277,7 @@ void add_train_command(CLI::App& app) {
                   "Write a Chrome trace (Perfetto, chrome://tracing) and print per-op tables");
   cmd->add_option("--log-scales", args->log_scales, "Write per-step amax/scale/underflow/saturation as JSON lines");
   cmd->add_option("--on-nonfinite", args->on_nonfinite, "skip (default) or abort on NaN/Inf in an amax or gradient");
+  cmd->add_option("--inject-nan", args->inject_nan, "Write a NaN into a gradient at this step (to see the guard)");
   cmd->add_option("--fp8-conv-max-kernel-area", args->conv_max_area,
                   "FP8 convolutions only up to this kernel area (default 32)");
   cmd->callback([args] { run(*args); });

@@ -27,6 +27,9 @@ struct TrainConfig {
   OnNonfinite on_nonfinite = OnNonfinite::kSkip;
   bool log_scales = false;
   std::int64_t final_loss_window = 10;  // the final loss is the mean of the last steps' losses
+  // Fault injection (tests, and `fp8kit train --inject-nan STEP` to see the guard work): at this step a NaN is
+  // written into the first parameter's gradient after backward.
+  std::optional<std::int64_t> inject_nan_step;
 };
 
 struct StepLog {
