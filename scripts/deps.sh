@@ -10,7 +10,7 @@ FP8KIT_DEBIAN_PACKAGES=(
   libopenblas0-pthread  # the sgemm/sgemv baselines of `fp8kit bench gemm` (loaded at run time, never linked)
   python3
 )
-FP8KIT_PYTHON_PACKAGES=(numpy ml_dtypes)
+FP8KIT_PYTHON_PACKAGES=(numpy ml_dtypes safetensors)
 
 fp8kit_install_deps() {
   local missing=()

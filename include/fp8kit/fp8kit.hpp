@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fp8kit/amax.hpp"
+#include "fp8kit/atomic_file.hpp"
 #include "fp8kit/codec.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
@@ -15,8 +16,10 @@
 #include "fp8kit/npy.hpp"
 #include "fp8kit/quantize.hpp"
 #include "fp8kit/recipe.hpp"
+#include "fp8kit/safetensors.hpp"
 #include "fp8kit/scale.hpp"
 #include "fp8kit/scaled_mm.hpp"
 #include "fp8kit/scaled_tensor.hpp"
+#include "fp8kit/sharded_checkpoint.hpp"
 #include "fp8kit/tensor.hpp"
 #include "fp8kit/version.hpp"

@@ -208,7 +208,7 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
   const std::byte* src = bytes.data() + data_start;
   a.data.resize(static_cast<std::size_t>(numel * size));
   if (!*fortran || a.shape.size() < 2) {
-    std::memcpy(a.data.data(), src, a.data.size());
+    if (!a.data.empty()) std::memcpy(a.data.data(), src, a.data.size());  // memcpy from nullptr is UB even for 0
     return a;
   }
   // Fortran order: the first index varies fastest. Write each element to its C-order position.

@@ -1,0 +1,50 @@
+// AtomicFile: writes a file so that its destination holds either the old content or the complete new content,
+// never a mix, whatever fails or crashes: temporary file in the same directory -> fsync -> rename -> fsync(dir).
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <span>
+
+namespace fp8kit {
+
+// Creates `.<name>.tmp-<pid>-<n>` next to the destination (exclusively, mode 0666 less the umask, or the
+// destination's permission bits when it exists). write() appends to it; commit() fsyncs it, renames it over the
+// destination and fsyncs the directory, so that the new file survives a power loss once commit() returns.
+// Destroyed without commit() (an exception, an early return), it closes and removes the temporary file: the
+// destination is never opened for writing, so an existing file there is untouched and readers that mapped it
+// keep their bytes. A process killed before commit() leaves only its temporary file behind (safe to delete).
+// Every failure throws Error(kIo) naming the path and the OS's reason. Not copyable or movable.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path destination);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  // Appends all of `bytes` (retrying short writes and EINTR).
+  void write(std::span<const std::byte> bytes);
+  // Flushes the written bytes to the disk now; commit() does it when it has not been done.
+  void sync();
+  // sync(), rename over the destination, fsync the directory. Once it returns the temporary file is gone.
+  void commit();
+
+  const std::filesystem::path& destination() const noexcept { return destination_; }
+  const std::filesystem::path& temporary_path() const noexcept { return temporary_; }
+  bool committed() const noexcept { return committed_; }
+
+ private:
+  void discard() noexcept;
+
+  std::filesystem::path destination_;
+  std::filesystem::path temporary_;
+  int fd_ = -1;
+  bool synced_ = false;
+  bool committed_ = false;
+};
+
+// fsyncs a directory so that renames and removals in it are durable. Filesystems that cannot sync a directory
+// (EINVAL) are accepted silently; other failures throw Error(kIo).
+void sync_directory(const std::filesystem::path& directory);
+
+}  // namespace fp8kit

@@ -1,0 +1,82 @@
+// Checkpoints split over several safetensors files (`model-00001-of-00003.safetensors`, ...) with a
+// `model.safetensors.index.json` mapping each tensor to its shard, as Hugging Face writes them: reader and writer.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fp8kit/safetensors.hpp"
+
+namespace fp8kit {
+
+inline constexpr std::string_view kSafetensorsIndexName = "model.safetensors.index.json";
+
+// A sharded (or single-file) checkpoint, every shard memory-mapped and validated as SafetensorsFile does.
+// The index is checked against the shards: each weight_map entry must name a plain file name (no directory,
+// no "..") of a .safetensors shard that exists and holds the tensor, and every tensor of a shard must be mapped
+// to that shard. Any mismatch is an Error(kParse) naming the tensor and the files.
+class ShardedCheckpoint {
+ public:
+  // `path` may be an index file (any *.json), a directory (its model.safetensors.index.json, else its
+  // model.safetensors), or one .safetensors file (a checkpoint of one shard). Pickle-based files and
+  // directories holding only pytorch_model*.bin are refused as SafetensorsFile::open refuses them.
+  static ShardedCheckpoint open(const std::filesystem::path& path);
+
+  // The directory the shards are in.
+  const std::filesystem::path& directory() const noexcept { return directory_; }
+  // The index file; empty for a single-file checkpoint.
+  const std::filesystem::path& index_path() const noexcept { return index_path_; }
+  // The shards, ordered by file name.
+  const std::vector<SafetensorsFile>& shards() const noexcept { return shards_; }
+  // Tensor name -> shard file name.
+  const std::map<std::string, std::string, std::less<>>& weight_map() const noexcept { return weight_map_; }
+  // The index's "metadata" object: string values as they are, other JSON values as their JSON text
+  // ("total_size" -> "123"). Empty for a single-file checkpoint.
+  const std::map<std::string, std::string>& index_metadata() const noexcept { return index_metadata_; }
+  std::size_t size() const noexcept { return weight_map_.size(); }
+
+  // nullptr when there is no such tensor.
+  const SafetensorsTensor* find(std::string_view name) const;
+  // Throws Error(kInvalidArgument) when there is no such tensor.
+  const SafetensorsTensor& at(std::string_view name) const;
+  // Every tensor, in name order.
+  std::vector<const SafetensorsTensor*> tensors() const;
+
+ private:
+  std::filesystem::path directory_;
+  std::filesystem::path index_path_;
+  std::vector<SafetensorsFile> shards_;
+  std::map<std::string, std::string, std::less<>> weight_map_;
+  std::map<std::string, std::string> index_metadata_;
+  std::map<std::string, std::size_t, std::less<>> shard_of_;  // tensor name -> index into shards_
+};
+
+struct ShardOptions {
+  // A shard holds at most this many bytes of tensor data, except a single tensor larger than the limit, which
+  // gets a shard of its own (Hugging Face's rule; its default is "5GB").
+  std::uint64_t max_shard_bytes = 5'000'000'000;
+  // Shards are "<prefix>-00001-of-00003.safetensors", the index "<prefix>.safetensors.index.json", a checkpoint
+  // of one shard "<prefix>.safetensors" without an index.
+  std::string prefix = "model";
+};
+
+// Splits `entries` into shards in their order (a new shard starts when the next tensor would pass the limit)
+// and writes them into `directory` (which must exist), each shard with `metadata` as its `__metadata__`, then
+// the index {"metadata": {"total_size": bytes}, "weight_map": {...}} (none for a single shard). Returns the
+// files written, shards first. Every file is written crash-safely (AtomicFile) and all are fsynced before the
+// first rename; the index, renamed last, is the commit point. Afterwards, shards and an index left by an earlier
+// checkpoint of the same prefix that are not part of this one are removed (as Hugging Face's save_pretrained
+// does). A crash between the renames of a rewrite in place can leave new shards beside the old index: write a
+// new checkpoint into a fresh directory and rename the directory when replacing one must be all-or-nothing.
+// Throws as write_safetensors does, and Error(kInvalidArgument) for a prefix that is not a plain file name.
+std::vector<std::filesystem::path> write_sharded_safetensors(const std::filesystem::path& directory,
+                                                             std::span<const SafetensorsEntry> entries,
+                                                             const std::map<std::string, std::string>& metadata = {},
+                                                             const ShardOptions& options = {});
+
+}  // namespace fp8kit

@@ -1,0 +1,133 @@
+// AtomicFile: an exclusive temporary file beside the destination, written with retried write(2), then
+// fsync -> close -> rename(2) -> fsync of the directory; removed on any path that does not reach the rename.
+#include "fp8kit/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "fp8kit/error.hpp"
+
+namespace fp8kit {
+namespace {
+
+std::atomic<unsigned> g_sequence{0};
+
+std::filesystem::path directory_of(const std::filesystem::path& file) {
+  const std::filesystem::path parent = file.parent_path();
+  return parent.empty() ? std::filesystem::path(".") : parent;
+}
+
+[[noreturn]] void fail(const std::string& what, int err) {
+  FP8KIT_THROW(ErrorKind::kIo, what, ": ", std::strerror(err));
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::move(destination)) {
+  FP8KIT_CHECK(!destination_.filename().empty(), "cannot write '", destination_.string(), "': not a file name");
+  const std::filesystem::path directory = directory_of(destination_);
+  std::string stem(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
+  stem += destination_.filename().string();
+  stem += ".tmp-" + std::to_string(::getpid()) + "-";
+  for (int attempt = 0; fd_ < 0; ++attempt) {
+    temporary_ = directory / (stem + std::to_string(g_sequence.fetch_add(1)));
+    fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ < 0 && (errno != EEXIST || attempt == 100)) {
+      const int err = errno;
+      fail("cannot create a temporary file in '" + directory.string() + "' to write '" + destination_.string() + "'",
+           err);
+    }
+  }
+  // A file written over keeps its permission bits (a read-only checkpoint stays read-only).
+  struct stat st {};
+  if (::stat(destination_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::fchmod(fd_, st.st_mode & 07777) != 0) {
+    const int err = errno;
+    discard();
+    fail("cannot give the temporary file for '" + destination_.string() + "' the existing file's permissions", err);
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  discard();
+}
+
+void AtomicFile::discard() noexcept {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (!committed_ && !temporary_.empty()) {
+    ::unlink(temporary_.c_str());
+    temporary_.clear();
+  }
+}
+
+void AtomicFile::write(std::span<const std::byte> bytes) {
+  FP8KIT_CHECK(fd_ >= 0 && !committed_, "AtomicFile::write after commit() or a failure ('", destination_.string(),
+               "')");
+  synced_ = false;
+  const std::byte* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, std::min<std::size_t>(left, std::size_t{1} << 30));
+    if (n < 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      fail("writing '" + destination_.string() + "' failed (the destination was not touched)", err);
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+void AtomicFile::sync() {
+  FP8KIT_CHECK(fd_ >= 0 && !committed_, "AtomicFile::sync after commit() or a failure ('", destination_.string(), "')");
+  if (synced_) return;
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    fail("fsync of '" + destination_.string() + "' failed (the destination was not touched)", err);
+  }
+  synced_ = true;
+}
+
+void AtomicFile::commit() {
+  sync();
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const int err = errno;
+    fail("closing '" + destination_.string() + "' failed (the destination was not touched)", err);
+  }
+  if (::rename(temporary_.c_str(), destination_.c_str()) != 0) {
+    const int err = errno;
+    fail("cannot rename '" + temporary_.string() + "' to '" + destination_.string() +
+             "' (the destination was not touched)",
+         err);
+  }
+  committed_ = true;
+  temporary_.clear();
+  sync_directory(directory_of(destination_));
+}
+
+void sync_directory(const std::filesystem::path& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    fail("cannot open the directory '" + directory.string() + "' to sync it", err);
+  }
+  if (::fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP) {
+    const int err = errno;
+    ::close(fd);
+    fail("fsync of the directory '" + directory.string() + "' failed", err);
+  }
+  ::close(fd);
+}
+
+}  // namespace fp8kit

@@ -1,0 +1,40 @@
+// Strict JSON for untrusted checkpoint files (UTF-8 checked first, duplicate keys refused at every level, nesting
+// bounded) and one-line message helpers. Private to src/io: nlohmann-json stays out of the public headers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace fp8kit::detail {
+
+// A string from an untrusted file made safe for a one-line message: printable ASCII as is, backslash and other
+// bytes as \\ and \xNN, cut after `limit` bytes with "...".
+std::string printable(std::string_view text, std::size_t limit = 120);
+// printable(name) in single quotes: 'w'.
+std::string quoted(std::string_view name);
+// "[2, 3]"; "[]" for a scalar.
+std::string shape_text(std::span<const std::int64_t> shape);
+
+// Whether `text` is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, nothing past U+10FFFF).
+bool is_valid_utf8(std::string_view text);
+
+// "an object", "an array", "a string", "a number", "a boolean", "null": for "must be X, not Y" messages.
+std::string json_kind(const nlohmann::json& value);
+
+// Builds the message for a duplicate `key` whose enclosing object is reached through the keys `parents`
+// (empty for the top-level object).
+using DuplicateKeyMessage = std::function<std::string(std::span<const std::string> parents, const std::string& key)>;
+
+// Parses `text` (which must be valid UTF-8, with no byte-order mark) into a JSON value. Containers nested
+// deeper than `max_depth` (the top-level value is depth 0) are refused while parsing, before they are built.
+// Throws Error(kParse) with messages starting with `what` ("the header", "the index"): not UTF-8, a BOM, empty,
+// not JSON (nlohmann's position and reason), too deep, or a duplicate key (duplicate_message's text).
+nlohmann::json parse_strict_json(std::string_view text, std::string_view what, int max_depth,
+                                 const DuplicateKeyMessage& duplicate_message);
+
+}  // namespace fp8kit::detail
