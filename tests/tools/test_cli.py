@@ -461,6 +461,46 @@ def bench_gemm_bad_shapes():
     check_usage_error(["bench", "gemm", "--bytes", "1M"], "--bytes")
 
 
+@test
+def train_compare_json_trace_scales_plot():
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        trace, scales, plot = (os.path.join(d, n) for n in ("trace.json", "scales.jsonl", "loss.svg"))
+        args = ("train", "--compare", "fp32,fp8-delayed", "--steps", "3", "--json", "--profile", trace,
+                "--log-scales", scales, "--plot", plot)
+        rc, out, err = run(*args, timeout=300)
+        assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
+        rows = json.loads(out, parse_constant=lambda name: (_ for _ in ()).throw(AssertionError(name)))
+        assert [r["recipe"] for r in rows] == ["fp32", "fp8-delayed"], rows
+        for r in rows:
+            for key in ("recipe", "final_loss", "peak_bytes", "step_ms", "skipped_steps", "memory_ratio"):
+                assert key in r, (key, r)
+            assert 0 < r["final_loss"] < 10 and r["peak_bytes"] > 0 and r["step_ms"] > 0, r
+        assert rows[1]["peak_bytes"] < rows[0]["peak_bytes"], rows
+        events = json.load(open(trace))["traceEvents"]
+        assert all(e["ph"] == "X" and "dur" in e for e in events)
+        gemms = [e for e in events if e["cat"] == "gemm" and e["args"].get("recipe") == "fp8-delayed"]
+        assert any(e["args"].get("path") == "fp8" for e in gemms), gemms[:3]
+        assert any(e["name"].startswith("quantize") for e in events)
+        lines = [json.loads(line) for line in open(scales)]
+        assert lines and {"layer", "role", "amax", "scale", "underflow_fraction", "saturated"} <= set(lines[0])
+        assert {line["role"] for line in lines} == {"input", "weight", "grad_output"}
+        assert open(plot).read().startswith("<svg")
+
+
+@test
+def train_bad_usage_exit_2():
+    for args in (("train", "--recipe", "fp9"), ("train", "--recipe", "fp32", "--compare", "bf16"),
+                 ("train", "--steps", "0"), ("train", "--data", "/nonexistent/file.txt", "--steps", "1"),
+                 ("train", "--on-nonfinite", "ignore")):
+        rc, out, err = run(*args)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, rc, out, err)
+    rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",
+                       "abort")
+    assert rc == 1 and "non-finite gradient" in err and "step 1" in err, (rc, err)
+
+
 def main():
     global BINARY
     if len(sys.argv) != 2:
