@@ -5,32 +5,15 @@
 #include <omp.h>
 
 #include "fp8kit/error.hpp"
+#include "nn/gemm_layer.hpp"
 
 namespace fp8kit::nn {
 namespace {
 
-const PrecisionRecipe& recipe_of(const Context& ctx) {
-  static const PrecisionRecipe kFp32;
-  return ctx.recipe != nullptr ? *ctx.recipe : kFp32;
-}
+using detail::prepare_transposed;
 
 GemmCall gemm_call(const Context& ctx, Linear& layer, const char* what) {
-  GemmCall call;
-  call.recipe = &recipe_of(ctx);
-  call.state = &layer.fp8;
-  call.report = ctx.report;
-  call.op = "linear." + layer.name() + "." + what;
-  call.profiler = ctx.profiler;
-  return call;
-}
-
-// A prepared operand of x^T: the exact transpose of x's prepared form when its scales allow, else x^T prepared anew.
-RecipeOperand prepare_transposed(const GemmCall& call, TensorRole role, const Tensor& x,
-                                 const RecipeOperand* prepared) {
-  if (prepared != nullptr) {
-    if (auto t = transpose_operand(*prepared)) return std::move(*t);
-  }
-  return prepare_operand(call, role, transpose(x));
+  return detail::layer_gemm_call(ctx, layer.fp8, "linear." + layer.name() + "." + what);
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale) {
   q.rows = x.rows;
   q.cols = x.cols;
   q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
-  q.scale_inv.assign(1, dequantization_scale(scale));
+  q.scale_inv.assign(static_cast<std::size_t>(q.grid_rows() * q.grid_cols()), dequantization_scale(scale));
   cast_to_fp8(std::span<const float>(x.data, q.data.size()), q.data,
               CastOptions{format, Overflow::kSaturate, Rounding::kNearestEven, scale});
   return q;

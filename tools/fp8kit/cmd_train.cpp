@@ -1,4 +1,4 @@
-// `fp8kit train`: trains the small GPT under one recipe or compares several, and prints the article's table
+// `fp8kit train`: trains the small GPT or CNN under one recipe or compares several, and prints the article's table
 // (peak memory, median step time, final loss, each against fp32); optional trace, scale log, loss plot, JSON.
 #include <fmt/core.h>
 

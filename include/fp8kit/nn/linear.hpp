@@ -31,7 +31,7 @@ struct Linear {
   Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved);
 
   std::vector<Parameter*> parameters();
-  const std::string& name() const { return weight.name; }
+  const std::string& name() const { return fp8.layer; }
 };
 
 }  // namespace fp8kit::nn

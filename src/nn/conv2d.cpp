@@ -1,0 +1,138 @@
+// Conv2d through im2col and the recipe GEMM: forward rows = cols W^T + b; backward dcols = dy W (then col2im) and
+// dW += dy^T cols, each GEMM under the run's recipe or, past the FP8 support rule, an explicit recorded fallback.
+#include "fp8kit/nn/conv2d.hpp"
+
+#include <cmath>
+
+#include "fp8kit/error.hpp"
+#include "nn/gemm_layer.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+using detail::prepare_transposed;
+
+std::string window_string(const Window2d& w) {
+  return std::to_string(w.kernel_h) + "x" + std::to_string(w.kernel_w) + " s" + std::to_string(w.stride_h) + "x" +
+         std::to_string(w.stride_w) + " p" + std::to_string(w.pad_h) + "x" + std::to_string(w.pad_w);
+}
+
+std::string shape_string(const Shape& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+// The call of one of the layer's GEMMs, with the support rule's fallback reason (empty when FP8 may run).
+GemmCall conv_call(const Context& ctx, Conv2d& layer, const char* what) {
+  GemmCall call = detail::layer_gemm_call(ctx, layer.fp8, "conv2d." + layer.name() + "." + what);
+  call.fallback_reason = fp8_conv_fallback_reason(*call.recipe, layer.window);
+  return call;
+}
+
+// The weight's shape (OC, C, kh, kw), after checking the channels and the window.
+Shape weight_shape(const std::string& name, std::int64_t in_channels, std::int64_t out_channels, const Window2d& w) {
+  FP8KIT_CHECK(in_channels >= 1 && out_channels >= 1, "conv2d ", name, ": channels must be at least 1, got ",
+               in_channels, " -> ", out_channels);
+  FP8KIT_CHECK(w.kernel_h >= 1 && w.kernel_w >= 1 && w.stride_h >= 1 && w.stride_w >= 1 && w.pad_h >= 0 && w.pad_w >= 0,
+               "conv2d ", name, ": invalid window ", window_string(w),
+               " (kernel and stride must be at least 1, padding at least 0)");
+  return {out_channels, in_channels, w.kernel_h, w.kernel_w};
+}
+
+// He (Kaiming) normal for ReLU: sqrt(2 / fan_in).
+double he_std(std::int64_t fan_in) {
+  return std::sqrt(2.0 / static_cast<double>(fan_in));
+}
+
+}  // namespace
+
+std::string fp8_conv_fallback_reason(const PrecisionRecipe& recipe, const Window2d& window) {
+  if (!recipe.is_fp8()) return {};
+  const std::int64_t area = window.kernel_h * window.kernel_w;
+  if (area <= recipe.fp8_conv_max_kernel_area) return {};
+  return "kernel area " + std::to_string(area) + " > " + std::to_string(recipe.fp8_conv_max_kernel_area);
+}
+
+Conv2d::Conv2d(std::string name, std::int64_t in_channels, std::int64_t out_channels, Window2d window_, bool with_bias,
+               std::uint64_t seed, double init_std, const PrecisionRecipe* recipe)
+    : weight(make_parameter(name + ".weight", weight_shape(name, in_channels, out_channels, window_),
+                            init_std > 0 ? init_std : he_std(in_channels * window_.kernel_h * window_.kernel_w), seed)),
+      window(window_),
+      fp8(name, recipe != nullptr ? *recipe : PrecisionRecipe{}) {
+  if (with_bias) bias = make_parameter(name + ".bias", {out_channels}, 0.0, seed + 1);
+}
+
+// x (N, C, H, W) -> y (N, OC, OH, OW).
+Tensor Conv2d::forward(const Context& ctx, const Tensor& x, Saved& saved) {
+  const std::int64_t oc = out_channels();
+  FP8KIT_CHECK(x.dim() == 4 && x.size(1) == in_channels(), "conv2d ", name(), ": input must be (N, ", in_channels(),
+               ", H, W), got ", shape_string(x.shape()));
+  ScopedEvent event(ctx.profiler, "conv2d." + name() + ".forward");
+  event.arg("shape", shape_string(x.shape()));
+  event.arg("kernel", window_string(window));
+  const ConvGeometry g = ConvGeometry::make(x.shape(), window);
+  const Tensor cols = im2col(ctx, x, g);  // (N*OH*OW, C*kh*kw)
+  const GemmCall call = conv_call(ctx, *this, "forward");
+  const RecipeOperand colsq = prepare_operand(call, TensorRole::kInput, cols);
+  const RecipeOperand wq = prepare_operand(call, TensorRole::kWeight, weight.value.reshape({oc, g.cols()}));
+  const Tensor rows = recipe_gemm(call, colsq, wq, bias ? bias->value.span<float>() : std::span<const float>{});
+  // cols^T (C*kh*kw, N*OH*OW) for wgrad. FP8: the codes transposed (per-tensor scales) or quantized anew (blocks).
+  // fp32 and bf16: cols^T rounded directly, the same values as the rounded cols transposed without a float round
+  // trip of the layer's largest matrix.
+  saved.cols_t = call.recipe->is_fp8() ? prepare_transposed(call, TensorRole::kInput, cols, &colsq)
+                                       : prepare_operand(call, TensorRole::kInput, transpose(cols));
+  saved.g = g;
+  return rows_to_nchw(ctx, rows, g);
+}
+
+// dy (N, OC, OH, OW) -> dx (N, C, H, W).
+Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
+  const ConvGeometry& g = saved.g;
+  const std::int64_t oc = out_channels(), k = g.cols(), rows = g.rows();
+  FP8KIT_CHECK(saved.cols_t.rows == k && saved.cols_t.cols == rows && g.channels == in_channels(), "conv2d ", name(),
+               ": backward without a matching forward (no saved state)");
+  FP8KIT_CHECK(dy.dtype() == DType::float32 && dy.shape() == g.output_shape(oc), "conv2d ", name(),
+               ": gradient must be float32 ", shape_string(g.output_shape(oc)), ", got ", fp8kit::name(dy.dtype()), " ",
+               shape_string(dy.shape()));
+  ScopedEvent event(ctx.profiler, "conv2d." + name() + ".backward");
+  event.arg("shape", shape_string(dy.shape()));
+  event.arg("kernel", window_string(window));
+  const Tensor dy_rows = nchw_to_rows(ctx, dy);  // (N*OH*OW, OC)
+  const Tensor w2 = weight.value.reshape({oc, k});
+  // dcols = dy W: A = dy_rows (R, OC), B = W^T (K, OC) as N x K.
+  const GemmCall dgrad = conv_call(ctx, *this, "dgrad");
+  const RecipeOperand dyq = prepare_operand(dgrad, TensorRole::kGradOutput, dy_rows);
+  const RecipeOperand wt = prepare_transposed(dgrad, TensorRole::kWeight, w2, nullptr);
+  const Tensor dcols = recipe_gemm(dgrad, dyq, wt);  // (R, K)
+  // dW = dy^T cols: A = dy_rows^T (OC, R), B = cols^T (K, R) as N x K.
+  const GemmCall wgrad = conv_call(ctx, *this, "wgrad");
+  const RecipeOperand dyt = prepare_transposed(wgrad, TensorRole::kGradOutput, dy_rows, &dyq);
+  const Tensor dw = recipe_gemm(wgrad, dyt, saved.cols_t);  // (OC, K)
+  float* gw = weight.grad.data<float>();
+  const float* d = dw.data<float>();
+  for (std::int64_t i = 0; i < oc * k; ++i) gw[i] += d[i];
+  if (bias) {
+    // db[o] = sum over (n, oy, ox) of dy[n, o, oy, ox], in double, in a fixed order.
+    float* gb = bias->grad.data<float>();
+    const float* src = dy.data<float>();
+    const std::int64_t hw = g.out_h * g.out_w;
+    for (std::int64_t o = 0; o < oc; ++o) {
+      double sum = 0.0;
+      for (std::int64_t n = 0; n < g.batch; ++n) {
+        const float* plane = src + (n * oc + o) * hw;
+        for (std::int64_t p = 0; p < hw; ++p) sum += plane[p];
+      }
+      gb[o] += static_cast<float>(sum);
+    }
+  }
+  return col2im(ctx, dcols, g);
+}
+
+std::vector<Parameter*> Conv2d::parameters() {
+  std::vector<Parameter*> p = {&weight};
+  if (bias) p.push_back(&*bias);
+  return p;
+}
+
+}  // namespace fp8kit::nn

@@ -1,0 +1,40 @@
+// Internal helpers of the GEMM-based layers (Linear, Conv2d): the recipe a context selects, the GemmCall of one of
+// a layer's GEMMs, and the transposed operand that reuses a prepared one when its scales allow.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "fp8kit/nn/context.hpp"
+#include "fp8kit/nn/precision.hpp"
+
+namespace fp8kit::nn::detail {
+
+// The context's recipe; fp32 when the context sets none.
+inline const PrecisionRecipe& recipe_of(const Context& ctx) {
+  static const PrecisionRecipe kFp32;
+  return ctx.recipe != nullptr ? *ctx.recipe : kFp32;
+}
+
+// The call of one GEMM of a layer: the context's recipe, report and profiler, the layer's FP8 state, event `op`.
+inline GemmCall layer_gemm_call(const Context& ctx, Fp8LayerState& state, std::string op) {
+  GemmCall call;
+  call.recipe = &recipe_of(ctx);
+  call.state = &state;
+  call.report = ctx.report;
+  call.op = std::move(op);
+  call.profiler = ctx.profiler;
+  return call;
+}
+
+// A prepared operand of x^T (x: rows x cols float32): the exact transpose of x's prepared form when its scales
+// allow (transpose_operand), else x^T prepared anew as `role`.
+inline RecipeOperand prepare_transposed(const GemmCall& call, TensorRole role, const Tensor& x,
+                                        const RecipeOperand* prepared) {
+  if (prepared != nullptr) {
+    if (auto t = transpose_operand(*prepared)) return std::move(*t);
+  }
+  return prepare_operand(call, role, transpose(x));
+}
+
+}  // namespace fp8kit::nn::detail
