@@ -42,8 +42,8 @@ struct TrackedAllocator {
     return p;
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    std::allocator<T>().deallocate(p, n);
     detail::track_cpu_bytes(-static_cast<std::int64_t>(n * sizeof(T)));
+    std::allocator<T>().deallocate(p, n);
   }
   template <typename U>
   bool operator==(const TrackedAllocator<U>&) const noexcept {

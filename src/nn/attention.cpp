@@ -10,19 +10,13 @@
 
 #include "fp8kit/error.hpp"
 #include "fp8kit/half.hpp"
+#include "nn_util.hpp"
 
 namespace fp8kit::nn {
 namespace {
 
-// Below this many multiply-adds or element visits a parallel region costs more than it saves (and an oversubscribed
-// machine makes waiting threads expensive): smaller calls run on the calling thread. The result is the same either way.
-constexpr double kParallelWork = 16384;
-
-std::string shape_string(const Shape& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
-}
+using detail::kParallelWork;
+using detail::shape_string;
 
 struct Dims {
   std::int64_t b = 0, t = 0, c = 0, h = 0, hs = 0;

@@ -12,15 +12,6 @@
 namespace fp8kit::nn {
 namespace {
 
-// The head's recipe: bf16 under FP8 recipes (as the GPT's LM head), the run's recipe otherwise.
-PrecisionRecipe head_recipe_for(const PrecisionRecipe& recipe) {
-  if (!recipe.is_fp8()) return recipe;
-  PrecisionRecipe bf16 = recipe;
-  bf16.kind = RecipeKind::kBf16;
-  bf16.mode = Fp8Mode::kReal;
-  return bf16;
-}
-
 std::int64_t last_channels(const CnnConfig& c) {
   return c.block_channels.empty() ? c.stem_channels : c.block_channels.back();
 }
@@ -42,10 +33,9 @@ constexpr double kHeadInitStd = 0.02;
 Cnn::Cnn(const CnnConfig& c, const PrecisionRecipe& recipe)
     : config_(checked(c)),
       recipe_(recipe),
-      head_recipe_(head_recipe_for(recipe)),
       stem_("stem", c.image_channels, c.stem_channels, Window2d::square(7, 2, 3), true, c.seed, 0.0, &recipe_),
       pool_{Window2d::square(2, 2)},
-      head_("head", last_channels(c), c.classes, true, c.seed + 7, kHeadInitStd, &head_recipe_) {
+      head_("head", last_channels(c), c.classes, true, c.seed + 7, kHeadInitStd, recipe) {
   std::int64_t in = c.stem_channels;
   blocks_.reserve(c.block_channels.size());
   for (std::size_t i = 0; i < c.block_channels.size(); ++i) {
@@ -69,25 +59,13 @@ float Cnn::forward(const Context& ctx, const Batch& batch) {
     x = Relu::forward(ctx, blocks_[i].forward(ctx, x, s.blocks[i].conv), s.blocks[i].relu);
   }
   const Tensor features = gap_.forward(ctx, x, s.gap);  // (N, C)
-  Context head_ctx = ctx;
-  head_ctx.recipe = &head_recipe_;
-  const Tensor logits = head_.forward(head_ctx, features, s.head);  // (N, classes)
-  // The loss keeps its logits in FP32 under every recipe (as autocast runs cross-entropy in FP32, and as the GPT).
-  Context loss_ctx = ctx;
-  loss_ctx.saved_dtype = DType::float32;
-  return CrossEntropy::forward(loss_ctx, logits, batch.targets, s.loss);
+  return head_.forward(ctx, features, batch.targets, s.head);
 }
 
 void Cnn::backward(const Context& ctx) {
   FP8KIT_CHECK(saved_.has_value(), "cnn: backward without a forward");
   Saved& s = *saved_;
-  Context head_ctx = ctx;
-  head_ctx.recipe = &head_recipe_;
-  Context loss_ctx = ctx;
-  loss_ctx.saved_dtype = DType::float32;
-  Tensor dx = head_.backward(head_ctx, CrossEntropy::backward(loss_ctx, 1.0f, s.loss), s.head);  // (N, C)
-  s.loss = {};
-  s.head = {};
+  Tensor dx = head_.backward(ctx, s.head);  // (N, C)
   dx = gap_.backward(ctx, dx, s.gap);
   for (std::size_t i = blocks_.size(); i-- > 0;) {
     dx = blocks_[i].backward(ctx, Relu::backward(ctx, dx, s.blocks[i].relu), s.blocks[i].conv);
@@ -102,14 +80,14 @@ std::vector<Parameter*> Cnn::parameters() {
   std::vector<Parameter*> p = stem_.parameters();
   auto append = [&](std::vector<Parameter*> more) { p.insert(p.end(), more.begin(), more.end()); };
   for (Conv2d& b : blocks_) append(b.parameters());
-  append(head_.parameters());
+  append(head_.linear.parameters());
   return p;
 }
 
 std::vector<Fp8LayerState*> Cnn::fp8_states() {
   std::vector<Fp8LayerState*> states = {&stem_.fp8};
   for (Conv2d& b : blocks_) states.push_back(&b.fp8);
-  states.push_back(&head_.fp8);
+  states.push_back(&head_.linear.fp8);
   return states;
 }
 

@@ -6,21 +6,19 @@
 
 #include "fp8kit/error.hpp"
 #include "nn/gemm_layer.hpp"
+#include "nn_util.hpp"
 
 namespace fp8kit::nn {
 namespace {
+
+using detail::kParallelWork;
+using detail::shape_string;
 
 using detail::prepare_transposed;
 
 std::string window_string(const Window2d& w) {
   return std::to_string(w.kernel_h) + "x" + std::to_string(w.kernel_w) + " s" + std::to_string(w.stride_h) + "x" +
          std::to_string(w.stride_w) + " p" + std::to_string(w.pad_h) + "x" + std::to_string(w.pad_w);
-}
-
-std::string shape_string(const Shape& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
 }
 
 // The call of one of the layer's GEMMs, with the support rule's fallback reason (empty when FP8 may run).

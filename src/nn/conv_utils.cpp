@@ -6,19 +6,13 @@
 #include <string>
 
 #include "fp8kit/error.hpp"
+#include "nn_util.hpp"
 
 namespace fp8kit::nn {
 namespace {
 
-// Below this many multiply-adds or element visits a parallel region costs more than it saves (and an oversubscribed
-// machine makes waiting threads expensive): smaller calls run on the calling thread. The result is the same either way.
-constexpr double kParallelWork = 16384;
-
-std::string shape_string(const Shape& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
-}
+using detail::kParallelWork;
+using detail::shape_string;
 
 constexpr std::int64_t kMaxWindow = std::int64_t{1} << 31;  // keeps H + 2 * pad far from overflow
 

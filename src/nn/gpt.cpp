@@ -22,24 +22,14 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-// The LM head's recipe: bf16 under FP8 recipes, the run's recipe otherwise.
-PrecisionRecipe head_recipe_for(const PrecisionRecipe& recipe) {
-  if (!recipe.is_fp8()) return recipe;
-  PrecisionRecipe bf16 = recipe;
-  bf16.kind = RecipeKind::kBf16;
-  bf16.mode = Fp8Mode::kReal;
-  return bf16;
-}
-
 }  // namespace
 
 Gpt::Gpt(const GptConfig& c, const PrecisionRecipe& recipe)
     : config_(c),
       recipe_(recipe),
-      head_recipe_(head_recipe_for(recipe)),
       embed_("transformer", c.vocab, c.seq_len, c.channels, kInitStd, c.seed),
       ln_f_("transformer.ln_f", c.channels),
-      head_("lm_head", c.channels, c.vocab, false, c.seed + 7, kInitStd, &head_recipe_) {
+      head_("lm_head", c.channels, c.vocab, false, c.seed + 7, kInitStd, recipe) {
   FP8KIT_CHECK(c.channels % c.heads == 0, "gpt: channels (", c.channels, ") must be a multiple of heads (", c.heads,
                ")");
   const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.layers));
@@ -74,26 +64,13 @@ float Gpt::forward(const Context& ctx, const Batch& batch) {
     x = add(x, b.fc2.forward(ctx, f, bs.fc2));
   }
   const Tensor h = ln_f_.forward(ctx, x, s.ln_f);
-  Context head_ctx = ctx;
-  head_ctx.recipe = &head_recipe_;
-  const Tensor logits = head_.forward(head_ctx, h, s.head);  // (B, T, V)
-  // The loss keeps its logits in FP32 under every recipe (as autocast runs cross-entropy in FP32): the softmax of
-  // bfloat16-rounded logits (errors ~0.4% of |logit|) would make the output gradient noisy for 1 MB saved.
-  Context loss_ctx = ctx;
-  loss_ctx.saved_dtype = DType::float32;
-  return CrossEntropy::forward(loss_ctx, logits, batch.targets, s.loss);
+  return head_.forward(ctx, h, batch.targets, s.head);
 }
 
 void Gpt::backward(const Context& ctx) {
   FP8KIT_CHECK(saved_.has_value(), "gpt: backward without a forward");
   Saved& s = *saved_;
-  Context head_ctx = ctx;
-  head_ctx.recipe = &head_recipe_;
-  Context loss_ctx = ctx;
-  loss_ctx.saved_dtype = DType::float32;
-  Tensor dx = head_.backward(head_ctx, CrossEntropy::backward(loss_ctx, 1.0f, s.loss), s.head);
-  s.loss = {};
-  s.head = {};
+  Tensor dx = head_.backward(ctx, s.head);
   dx = ln_f_.backward(ctx, dx, s.ln_f);
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     Block& b = blocks_[l];
@@ -123,7 +100,7 @@ std::vector<Parameter*> Gpt::parameters() {
     append(b.fc2.parameters());
   }
   append(ln_f_.parameters());
-  append(head_.parameters());
+  append(head_.linear.parameters());
   return p;
 }
 
@@ -132,7 +109,7 @@ std::vector<Fp8LayerState*> Gpt::fp8_states() {
   for (Block& b : blocks_) {
     for (Linear* l : {&b.qkv, &b.proj, &b.fc1, &b.fc2}) states.push_back(&l->fp8);
   }
-  states.push_back(&head_.fp8);
+  states.push_back(&head_.linear.fp8);
   return states;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fp8kit/nn/conv2d.hpp"
+#include "fp8kit/nn/head.hpp"
 #include "fp8kit/nn/layers.hpp"
 #include "fp8kit/nn/linear.hpp"
 #include "fp8kit/nn/model.hpp"
@@ -50,17 +51,16 @@ class Cnn final : public Model {
     std::optional<MaxPool2d::Saved> pool;
     std::vector<ConvSaved> blocks;
     GlobalAvgPool2d::Saved gap;
-    Linear::Saved head;
-    CrossEntropy::Saved loss;
+    ClassifierHead::Saved head;
   };
 
   CnnConfig config_;
-  PrecisionRecipe recipe_, head_recipe_;
+  PrecisionRecipe recipe_;
   Conv2d stem_;
   MaxPool2d pool_;
   std::vector<Conv2d> blocks_;
   GlobalAvgPool2d gap_;
-  Linear head_;
+  ClassifierHead head_;
   std::optional<Saved> saved_;
 };
 

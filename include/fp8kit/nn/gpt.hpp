@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fp8kit/nn/attention.hpp"
+#include "fp8kit/nn/head.hpp"
 #include "fp8kit/nn/layers.hpp"
 #include "fp8kit/nn/linear.hpp"
 #include "fp8kit/nn/model.hpp"
@@ -60,16 +61,15 @@ class Gpt final : public Model {
     TokenPositionEmbedding::Saved embed;
     std::vector<BlockSaved> blocks;
     LayerNorm::Saved ln_f;
-    Linear::Saved head;
-    CrossEntropy::Saved loss;
+    ClassifierHead::Saved head;
   };
 
   GptConfig config_;
-  PrecisionRecipe recipe_, head_recipe_;
+  PrecisionRecipe recipe_;
   TokenPositionEmbedding embed_;
   std::vector<Block> blocks_;
   LayerNorm ln_f_;
-  Linear head_;
+  ClassifierHead head_;
   std::optional<Saved> saved_;
 };
 
