@@ -11,8 +11,12 @@
 #include "fp8kit/half.hpp"
 #include "fp8kit/nn/attention.hpp"
 
+#include "nn_test_util.hpp"
+
 namespace fp8kit::nn {
 namespace {
+
+using testing::central_difference;
 
 struct Case {
   std::int64_t b, t, c, h;
@@ -150,19 +154,6 @@ double loss(const CausalSelfAttention& attn, const Tensor& qkv, const Tensor& w)
   double l = 0;
   for (std::int64_t i = 0; i < y.numel(); ++i) l += double{y.data<float>()[i]} * w.data<float>()[i];
   return l;
-}
-
-// The central difference (L(x+) - L(x-)) / (x+ - x-) of `loss` in the element *x, with x+- = x +- e rounded to
-// float: dividing by the step float actually took, not 2e, keeps that rounding (~2^-24 |x| / e) out of the result.
-template <typename Loss>
-double central_difference(float* x, float e, Loss&& loss) {
-  const float x0 = *x, up_x = x0 + e, down_x = x0 - e;
-  *x = up_x;
-  const double up = loss();
-  *x = down_x;
-  const double down = loss();
-  *x = x0;
-  return (up - down) / (double{up_x} - double{down_x});
 }
 
 // Finite-difference agreement. The layer runs in FP32, so a central difference (L(x+e) - L(x-e)) / 2e carries a

@@ -16,14 +16,12 @@
 #include "fp8kit/nn/optim.hpp"
 #include "fp8kit/nn/train.hpp"
 
+#include "nn_test_util.hpp"
+
 namespace fp8kit::nn {
 namespace {
 
-Tensor random(Shape shape, std::uint64_t seed, double stddev = 1.0) {
-  Tensor t = randn(std::move(shape), seed, DType::float32);
-  for (float& v : t.span<float>()) v = static_cast<float>(v * stddev);
-  return t;
-}
+using testing::random;
 
 bool bit_equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;

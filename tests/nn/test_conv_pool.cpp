@@ -15,8 +15,12 @@
 #include "fp8kit/nn/conv_utils.hpp"
 #include "fp8kit/nn/pooling.hpp"
 
+#include "nn_test_util.hpp"
+
 namespace fp8kit::nn {
 namespace {
+
+using testing::central_difference;
 
 bool bit_equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype() || a.nbytes() != b.nbytes()) return false;
@@ -46,19 +50,6 @@ double dot(const Tensor& a, const Tensor& b) {
   double s = 0;
   for (std::int64_t i = 0; i < a.numel(); ++i) s += double{a.data<float>()[i]} * b.data<float>()[i];
   return s;
-}
-
-// The central difference (L(x+) - L(x-)) / (x+ - x-) of `loss` in the element *x, with x+- = x +- e rounded to
-// float: dividing by the step float actually took, not 2e, keeps that rounding (~2^-24 |x| / e) out of the result.
-template <typename Loss>
-double central_difference(float* x, float e, Loss&& loss) {
-  const float x0 = *x, up_x = x0 + e, down_x = x0 - e;
-  *x = up_x;
-  const double up = loss();
-  *x = down_x;
-  const double down = loss();
-  *x = x0;
-  return (up - down) / (double{up_x} - double{down_x});
 }
 
 // a (M, K) * b (N, K)^T -> (M, N) in float32 with double accumulation (the test's stand-in for the GEMM).

@@ -7,14 +7,12 @@
 
 #include "fp8kit/nn/linear.hpp"
 
+#include "nn_test_util.hpp"
+
 namespace fp8kit::nn {
 namespace {
 
-Tensor random(Shape shape, std::uint64_t seed, double stddev = 1.0) {
-  Tensor t = randn(std::move(shape), seed, DType::float32);
-  for (float& v : t.span<float>()) v = static_cast<float>(v * stddev);
-  return t;
-}
+using testing::random;
 
 double rel_error(const Tensor& got, const std::vector<double>& want) {
   double num = 0, den = 0;

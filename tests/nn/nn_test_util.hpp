@@ -1,0 +1,31 @@
+// Helpers the nn tests share: seeded random float32 tensors and the central finite difference used to check
+// gradients.
+#pragma once
+
+#include <cstdint>
+
+#include "fp8kit/tensor.hpp"
+
+namespace fp8kit::nn::testing {
+
+// normal(offset, stddev) float32 values, seeded.
+inline Tensor random(Shape shape, std::uint64_t seed, double stddev = 1.0, double offset = 0.0) {
+  Tensor t = randn(std::move(shape), seed, DType::float32);
+  for (float& v : t.span<float>()) v = static_cast<float>(v * stddev + offset);
+  return t;
+}
+
+// The central difference (L(x+) - L(x-)) / (x+ - x-) of `loss` in the element *x, with x+- = x +- e rounded to
+// float: dividing by the step float actually took, not 2e, keeps that rounding (~2^-24 |x| / e) out of the result.
+template <typename Loss>
+double central_difference(float* x, float e, Loss&& loss) {
+  const float x0 = *x, up_x = x0 + e, down_x = x0 - e;
+  *x = up_x;
+  const double up = loss();
+  *x = down_x;
+  const double down = loss();
+  *x = x0;
+  return (up - down) / (double{up_x} - double{down_x});
+}
+
+}  // namespace fp8kit::nn::testing
