@@ -2,6 +2,7 @@
 // listings, and safetensors images assembled from a header text and a data size (for crafted malformed files).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -15,6 +16,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "fp8kit/error.hpp"
 
 namespace fp8kit::test_files {
 
@@ -86,6 +89,18 @@ inline std::vector<std::byte> pattern_bytes(std::size_t n, std::uint32_t seed) {
     b = static_cast<std::byte>(x);
   }
   return out;
+}
+
+// The fp8kit::Error f throws (a test failure, and an empty error, when it throws none).
+template <typename F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no fp8kit::Error thrown";
+  return Error(ErrorKind::kInternal, "", "", 0);
 }
 
 }  // namespace fp8kit::test_files

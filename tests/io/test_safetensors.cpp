@@ -13,6 +13,7 @@
 namespace fp8kit {
 namespace {
 
+using test_files::error_of;
 using test_files::pattern_bytes;
 using test_files::read_file;
 using test_files::TempDir;
@@ -30,17 +31,6 @@ std::vector<std::byte> from_hex(const std::string& hex) {
     out[i] = static_cast<std::byte>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   }
   return out;
-}
-
-template <typename F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no fp8kit::Error thrown";
-  return Error(ErrorKind::kInternal, "", "", 0);
 }
 
 TEST(SafetensorsDType, RegistryNamesBitsAndTensorDTypes) {

@@ -12,21 +12,11 @@
 namespace fp8kit {
 namespace {
 
+using test_files::error_of;
 using test_files::list_dir;
 using test_files::pattern_bytes;
 using test_files::TempDir;
 using test_files::write_text;
-
-template <typename F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no fp8kit::Error thrown";
-  return Error(ErrorKind::kInternal, "", "", 0);
-}
 
 // Tensors of 40, 40, 40, 8, 200 (one over the limit), 4 and 0 bytes.
 struct Model {
