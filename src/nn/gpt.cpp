@@ -55,13 +55,15 @@ float Gpt::forward(const Context& ctx, const Batch& batch) {
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     BlockSaved& bs = s.blocks[l];
-    const Tensor h1 = b.ln1.forward(ctx, x, bs.ln1);
-    const Tensor qkv = b.qkv.forward(ctx, h1, bs.qkv);   // (B, T, 3C)
-    const Tensor a = b.attn.forward(ctx, qkv, bs.attn);  // (B, T, C)
-    x = add(x, b.proj.forward(ctx, a, bs.proj));
-    const Tensor h2 = b.ln2.forward(ctx, x, bs.ln2);
-    const Tensor f = Gelu::forward(ctx, b.fc1.forward(ctx, h2, bs.fc1), bs.gelu);  // (B, T, 4C)
-    x = add(x, b.fc2.forward(ctx, f, bs.fc2));
+    // Each temporary is dropped as soon as the next op has it (reassigned `t`): only what backward saved stays.
+    Tensor t = b.ln1.forward(ctx, x, bs.ln1);
+    t = b.qkv.forward(ctx, t, bs.qkv);    // (B, T, 3C)
+    t = b.attn.forward(ctx, t, bs.attn);  // (B, T, C)
+    x = add(x, b.proj.forward(ctx, t, bs.proj));
+    t = b.ln2.forward(ctx, x, bs.ln2);
+    t = b.fc1.forward(ctx, t, bs.fc1);  // (B, T, 4C)
+    t = Gelu::forward(ctx, t, bs.gelu);
+    x = add(x, b.fc2.forward(ctx, t, bs.fc2));
   }
   const Tensor h = ln_f_.forward(ctx, x, s.ln_f);
   return head_.forward(ctx, h, batch.targets, s.head);
@@ -76,13 +78,25 @@ void Gpt::backward(const Context& ctx) {
     Block& b = blocks_[l];
     BlockSaved& bs = s.blocks[l];
     // x_out = x_mid + fc2(gelu(fc1(ln2(x_mid)))): the residual passes dx through, the branch adds its gradient.
-    const Tensor df = b.fc2.backward(ctx, dx, bs.fc2);
-    const Tensor dh2 = b.fc1.backward(ctx, Gelu::backward(ctx, df, bs.gelu), bs.fc1);
-    dx = add(dx, b.ln2.backward(ctx, dh2, bs.ln2));
-    const Tensor da = b.proj.backward(ctx, dx, bs.proj);
-    const Tensor dh1 = b.qkv.backward(ctx, b.attn.backward(ctx, da, bs.attn), bs.qkv);
-    dx = add(dx, b.ln1.backward(ctx, dh1, bs.ln1));
-    bs = {};  // release this block's saved activations as soon as they are used
+    // Each saved state is released right after its backward, each gradient temporary as soon as it is consumed.
+    Tensor g = b.fc2.backward(ctx, dx, bs.fc2);
+    bs.fc2 = {};
+    g = Gelu::backward(ctx, g, bs.gelu);
+    bs.gelu = {};
+    g = b.fc1.backward(ctx, g, bs.fc1);
+    bs.fc1 = {};
+    g = b.ln2.backward(ctx, g, bs.ln2);
+    bs.ln2 = {};
+    dx = add(dx, g);
+    g = b.proj.backward(ctx, dx, bs.proj);
+    bs.proj = {};
+    g = b.attn.backward(ctx, g, bs.attn);
+    bs.attn = {};
+    g = b.qkv.backward(ctx, g, bs.qkv);
+    bs.qkv = {};
+    g = b.ln1.backward(ctx, g, bs.ln1);
+    bs.ln1 = {};
+    dx = add(dx, g);
   }
   embed_.backward(ctx, dx, s.embed);
   saved_.reset();

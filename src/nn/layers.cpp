@@ -13,6 +13,13 @@
 namespace fp8kit::nn {
 namespace {
 
+inline float widen(float v) {
+  return v;
+}
+inline float widen(bfloat16 v) {
+  return v.to_float();
+}
+
 // Below this many elements one thread is faster than waking the others.
 constexpr std::int64_t kParallelElements = std::int64_t{1} << 15;
 // Parameter-gradient reductions over rows are split by column into chunks this wide: each chunk sums its rows in
@@ -223,23 +230,30 @@ Tensor Gelu::backward(const Context& ctx, const Tensor& dy, const Saved& saved) 
   ScopedEvent event(ctx.profiler, "gelu.backward");
   check_float32(dy, "gelu", "dy");
   check_same_shape(dy, saved.x.shape(), "gelu", "dy");
-  const Tensor x = load_activation(saved.x);
   Tensor dx = empty(dy.shape(), DType::float32);
-  const float* in = x.data<float>();
   const float* g = dy.data<float>();
   float* out = dx.data<float>();
-  const std::int64_t n = x.numel();
+  const std::int64_t n = saved.x.numel();
+  // Reads the saved input in its own dtype (a bfloat16 input is widened per element, not copied to a float32
+  // tensor: that copy would be the largest temporary of a transformer block's backward).
+  auto run = [&](const auto* in) {
 #pragma omp parallel for schedule(static) if (go_parallel(n))
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = in[i];
-    float d;
-    if (std::fabs(v) > kGeluSaturated) {
-      d = v > 0.0f ? 1.0f : 0.0f;
-    } else {
-      const float t = std::tanh(kGeluScale * (v + kGeluCubic * v * v * v));
-      d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = widen(in[i]);
+      float d;
+      if (std::fabs(v) > kGeluSaturated) {
+        d = v > 0.0f ? 1.0f : 0.0f;
+      } else {
+        const float t = std::tanh(kGeluScale * (v + kGeluCubic * v * v * v));
+        d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+      }
+      out[i] = g[i] * d;
     }
-    out[i] = g[i] * d;
+  };
+  if (saved.x.dtype() == DType::bfloat16) {
+    run(saved.x.data<bfloat16>());
+  } else {
+    run(saved.x.data<float>());
   }
   return dx;
 }

@@ -84,6 +84,21 @@ ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale) {
   return q;
 }
 
+// dst (cols x rows) = src (rows x cols) transposed, in 32 x 32 tiles, threaded for large matrices.
+template <typename T>
+void transpose_into(const T* src, T* dst, std::int64_t rows, std::int64_t cols) {
+  constexpr std::int64_t kTile = 32;
+  const bool parallel = rows * cols >= (1 << 16);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (std::int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
+        for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
+      }
+    }
+  }
+}
+
 Tensor dequantized(const ScaledMatrix& q) {
   Tensor t = empty({q.rows, q.cols}, DType::float32);
   dequantize(q, t.span<float>());
@@ -292,20 +307,23 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
   t.rows = x.cols;
   t.cols = x.rows;
   if (!x.fp8) {
+    t.values = empty({x.cols, x.rows}, x.values.dtype());
     if (x.values.dtype() == DType::float32) {
-      t.values = transpose(x.values.reshape({x.rows, x.cols}));
-    } else {
-      t.values = transpose(x.values.to(DType::float32).reshape({x.rows, x.cols})).to(x.values.dtype());
+      transpose_into(x.values.data<float>(), t.values.data<float>(), x.rows, x.cols);
+    } else {  // bfloat16: the 16-bit patterns move as they are
+      transpose_into(x.values.data<bfloat16>(), t.values.data<bfloat16>(), x.rows, x.cols);
     }
     return t;
   }
-  ScaledMatrix q = *x.fp8;
+  ScaledMatrix q;
+  q.format = x.fp8->format;
+  q.overflow = x.fp8->overflow;
+  q.granularity = x.fp8->granularity;
   q.rows = x.cols;
   q.cols = x.rows;
-  const std::uint8_t* src = x.fp8->data.data();
-  std::uint8_t* dst = q.data.data();
-  for (std::int64_t r = 0; r < x.rows; ++r)
-    for (std::int64_t c = 0; c < x.cols; ++c) dst[c * x.rows + r] = src[r * x.cols + c];
+  q.scale_inv = x.fp8->scale_inv;
+  q.data.resize(x.fp8->data.size());
+  transpose_into(x.fp8->data.data(), q.data.data(), x.rows, x.cols);
   t.fp8 = std::move(q);
   return t;
 }
@@ -313,18 +331,7 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
 Tensor transpose(const Tensor& x) {
   const View2d v = x.view2d();
   Tensor t = empty({v.cols, v.rows}, DType::float32);
-  const float* src = x.data<float>();
-  float* dst = t.data<float>();
-  constexpr std::int64_t kTile = 32;
-  const bool parallel = v.rows * v.cols >= (1 << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (std::int64_t r0 = 0; r0 < v.rows; r0 += kTile) {
-    for (std::int64_t c0 = 0; c0 < v.cols; c0 += kTile) {
-      for (std::int64_t r = r0; r < std::min(v.rows, r0 + kTile); ++r) {
-        for (std::int64_t c = c0; c < std::min(v.cols, c0 + kTile); ++c) dst[c * v.rows + r] = src[r * v.cols + c];
-      }
-    }
-  }
+  transpose_into(x.data<float>(), t.data<float>(), v.rows, v.cols);
   return t;
 }
 
