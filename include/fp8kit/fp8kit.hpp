@@ -3,6 +3,7 @@
 
 #include "fp8kit/amax.hpp"
 #include "fp8kit/atomic_file.hpp"
+#include "fp8kit/checkpoint_layout.hpp"
 #include "fp8kit/codec.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"

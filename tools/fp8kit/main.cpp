@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
   fp8kit::cli::add_analyze_command(app);
   fp8kit::cli::add_bench_command(app);
   fp8kit::cli::add_train_command(app);
+  fp8kit::cli::add_inspect_command(app);
+  fp8kit::cli::add_dequantize_command(app);
+  fp8kit::cli::add_quantize_command(app);
+  fp8kit::cli::add_convert_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,646 @@
+// Checkpoint layouts: names, detection from config.json and tensors, reading a quantized weight and its scale as a
+// ScaledTensor (then dequantize), and quantizing a weight into the tensors of a layout.
+#include "fp8kit/checkpoint_layout.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "fp8kit/convert.hpp"
+#include "fp8kit/error.hpp"
+
+namespace fp8kit {
+namespace {
+
+constexpr std::string_view kNativeMetadataPrefix = "fp8kit.quant.";
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+std::string shape_text(const Shape& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::int64_t numel_of(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+bool is_fp8_dtype(SafetensorsDType d) {
+  const auto t = tensor_dtype(d);
+  return t && is_fp8(*t) && *t != DType::float8_e8m0fnu;
+}
+
+bool is_high_precision(SafetensorsDType d) {
+  return d == SafetensorsDType::F32 || d == SafetensorsDType::BF16 || d == SafetensorsDType::F16 ||
+         d == SafetensorsDType::F64;
+}
+
+// "a=b;c=d" -> map: the native per-tensor metadata.
+std::map<std::string, std::string> parse_fields(std::string_view text) {
+  std::map<std::string, std::string> out;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find(';', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view field = text.substr(start, end - start);
+    const std::size_t eq = field.find('=');
+    if (eq != std::string_view::npos) out[std::string(field.substr(0, eq))] = std::string(field.substr(eq + 1));
+    start = end + 1;
+  }
+  return out;
+}
+
+// The scale values as float32 (exact for F32, BF16, F16; MX codes are decoded by the caller).
+std::vector<float> scale_values(const SafetensorsTensor& scale) {
+  const Tensor t = to_tensor(scale);
+  const Tensor f = t.to(DType::float32);
+  const auto span = f.span<float>();
+  return {span.begin(), span.end()};
+}
+
+float e8m0_to_float(std::uint8_t code) {
+  return decode_to_float(Format::e8m0fnu, code);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- names
+
+std::string_view name(CheckpointLayout layout) {
+  switch (layout) {
+    case CheckpointLayout::kDeepSeek:
+      return "deepseek";
+    case CheckpointLayout::kCompressedTensors:
+      return "compressed-tensors";
+    case CheckpointLayout::kAutoFp8:
+      return "autofp8";
+    case CheckpointLayout::kFbgemm:
+      return "fbgemm";
+    case CheckpointLayout::kMxfp8:
+      return "mxfp8";
+    case CheckpointLayout::kNative:
+      return "native";
+  }
+  return "?";
+}
+
+std::optional<CheckpointLayout> parse_checkpoint_layout(std::string_view text) {
+  for (CheckpointLayout l : kAllCheckpointLayouts) {
+    if (name(l) == text) return l;
+  }
+  return std::nullopt;
+}
+
+std::string_view name(QuantScheme scheme) {
+  switch (scheme) {
+    case QuantScheme::kFp8Tensor:
+      return "fp8-tensor";
+    case QuantScheme::kFp8Channel:
+      return "fp8-channel";
+    case QuantScheme::kFp8Block:
+      return "fp8-block";
+    case QuantScheme::kMxfp8:
+      return "mxfp8";
+  }
+  return "?";
+}
+
+std::optional<QuantScheme> parse_quant_scheme(std::string_view text) {
+  for (QuantScheme s : kAllQuantSchemes) {
+    if (name(s) == text) return s;
+  }
+  return std::nullopt;
+}
+
+Granularity granularity_of(QuantScheme scheme) {
+  switch (scheme) {
+    case QuantScheme::kFp8Tensor:
+      return Granularity::tensor();
+    case QuantScheme::kFp8Channel:
+      return Granularity::row();
+    case QuantScheme::kFp8Block:
+      return Granularity::block(128, 128);
+    case QuantScheme::kMxfp8:
+      return Granularity::mx(MxScaleMode::kFloor);
+  }
+  return Granularity::tensor();
+}
+
+std::optional<std::string> layout_refusal(CheckpointLayout layout, QuantScheme scheme, Format format) {
+  if (layout == CheckpointLayout::kNative) {
+    if (format == Format::e4m3fn || format == Format::e5m2) return std::nullopt;
+    return "the native layout stores e4m3fn or e5m2 weights, not " + std::string(name(format));
+  }
+  std::vector<QuantScheme> ok;
+  switch (layout) {
+    case CheckpointLayout::kDeepSeek:
+      ok = {QuantScheme::kFp8Block};
+      break;
+    case CheckpointLayout::kCompressedTensors:
+      ok = {QuantScheme::kFp8Tensor, QuantScheme::kFp8Channel, QuantScheme::kFp8Block};
+      break;
+    case CheckpointLayout::kAutoFp8:
+      ok = {QuantScheme::kFp8Tensor};
+      break;
+    case CheckpointLayout::kFbgemm:
+      ok = {QuantScheme::kFp8Channel};
+      break;
+    case CheckpointLayout::kMxfp8:
+      ok = {QuantScheme::kMxfp8};
+      break;
+    case CheckpointLayout::kNative:
+      break;
+  }
+  if (std::find(ok.begin(), ok.end(), scheme) == ok.end()) {
+    std::string list;
+    for (QuantScheme s : ok) list += (list.empty() ? "" : ", ") + std::string(name(s));
+    return "the " + std::string(name(layout)) + " layout cannot store " + std::string(name(scheme)) +
+           " weights (it stores " + list + "; --layout native stores every scheme)";
+  }
+  if (format != Format::e4m3fn) {
+    return "the " + std::string(name(layout)) + " layout stores e4m3fn (F8_E4M3) weights, not " +
+           std::string(name(format)) + " (--layout native stores e5m2)";
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------- config.json
+
+std::optional<QuantizationConfig> parse_quantization_config(std::string_view config_json) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(config_json);
+  } catch (const nlohmann::json::exception& e) {
+    FP8KIT_THROW(ErrorKind::kParse, "config.json is not valid JSON: ", e.what());
+  }
+  if (!j.is_object() || !j.contains("quantization_config") || !j["quantization_config"].is_object()) {
+    return std::nullopt;
+  }
+  const nlohmann::json& q = j["quantization_config"];
+  QuantizationConfig out;
+  const std::string method = q.value("quant_method", std::string());
+  auto block_from = [&out](const nlohmann::json& b) {
+    if (b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer() &&
+        b[0].get<std::int64_t>() > 0 && b[1].get<std::int64_t>() > 0) {
+      out.block_rows = b[0].get<std::int64_t>();
+      out.block_cols = b[1].get<std::int64_t>();
+      return true;
+    }
+    return false;
+  };
+  if (method == "compressed-tensors") {
+    out.layout = CheckpointLayout::kCompressedTensors;
+    if (q.contains("config_groups") && q["config_groups"].is_object()) {
+      for (const auto& [key, group] : q["config_groups"].items()) {
+        if (group.is_object() && group.contains("weights") && group["weights"].is_object() &&
+            group["weights"].contains("block_structure")) {
+          block_from(group["weights"]["block_structure"]);
+        }
+      }
+    }
+  } else if (method == "fbgemm_fp8") {
+    out.layout = CheckpointLayout::kFbgemm;
+  } else if (method == "modelopt" || method == "fp8kit") {
+    const std::string algo = q.value("quant_algo", std::string());
+    if (method == "fp8kit") out.layout = CheckpointLayout::kNative;
+    if (algo == "MXFP8") out.layout = CheckpointLayout::kMxfp8;
+  } else if (method.find("fp8") != std::string::npos) {  // vLLM: a quant_method containing "fp8" is serialized FP8
+    const bool block = q.contains("weight_block_size") && block_from(q["weight_block_size"]);
+    out.layout = block ? CheckpointLayout::kDeepSeek : CheckpointLayout::kAutoFp8;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- naming and detection
+
+std::string scale_name(std::string_view weight_name, CheckpointLayout layout) {
+  switch (layout) {
+    case CheckpointLayout::kDeepSeek:
+      return std::string(weight_name) + "_scale_inv";
+    case CheckpointLayout::kNative:
+      return std::string(weight_name) + ".scale_inv";
+    default:
+      return std::string(weight_name) + "_scale";
+  }
+}
+
+std::string input_scale_name(std::string_view weight_name) {
+  if (ends_with(weight_name, ".weight")) {
+    return std::string(weight_name.substr(0, weight_name.size() - 7)) + ".input_scale";
+  }
+  return std::string(weight_name) + ".input_scale";
+}
+
+namespace {
+
+template <typename Lookup>
+LayoutDetection detect_from_tensors(const std::vector<const SafetensorsTensor*>& tensors, const Lookup& find,
+                                    const std::map<std::string, std::string>& metadata) {
+  if (auto it = metadata.find("fp8kit.layout"); it != metadata.end() && it->second == "native") {
+    return {CheckpointLayout::kNative, "__metadata__ fp8kit.layout is 'native'"};
+  }
+  for (const SafetensorsTensor* t : tensors) {
+    if (!is_fp8_dtype(t->dtype)) continue;
+    if (const SafetensorsTensor* s = find(t->name + "_scale_inv")) {
+      return {CheckpointLayout::kDeepSeek, "'" + s->name + "' (" + std::string(name(s->dtype)) + " " +
+                                               shape_text(s->shape) + ") is a DeepSeek block scale"};
+    }
+    if (const SafetensorsTensor* s = find(t->name + ".scale_inv")) {
+      return {CheckpointLayout::kNative, "'" + s->name + "' is fp8kit's native scale"};
+    }
+    const SafetensorsTensor* s = find(t->name + "_scale");
+    if (s == nullptr) continue;
+    const std::string what = "'" + s->name + "' is " + std::string(name(s->dtype)) + " " + shape_text(s->shape);
+    if (s->dtype == SafetensorsDType::U8 || s->dtype == SafetensorsDType::F8_E8M0) {
+      return {CheckpointLayout::kMxfp8, what + " (E8M0 codes per 32 elements)"};
+    }
+    if (s->shape.empty() && s->dtype == SafetensorsDType::F32) {
+      return {CheckpointLayout::kAutoFp8, what + " (a 0-d per-tensor scale)"};
+    }
+    const bool row = t->shape.size() == 2 && s->shape.size() == 2 && s->shape[0] == t->shape[0] && s->shape[1] == 1;
+    if (row && s->dtype == SafetensorsDType::F32) {
+      return {CheckpointLayout::kFbgemm, what + " (a row-wise F32 scale)"};
+    }
+    return {CheckpointLayout::kCompressedTensors, what + " (a scale in the model's dtype or shape [1] or a grid)"};
+  }
+  return {std::nullopt, "no FP8 tensor has a scale tensor"};
+}
+
+// config.json decides when its layout's scales are there; when they are not, the tensors do (a config that does
+// not match its tensors is reported in the evidence).
+template <typename Lookup>
+LayoutDetection detect_with_config(std::string_view config_json, const std::vector<const SafetensorsTensor*>& tensors,
+                                   const Lookup& find, const std::map<std::string, std::string>& metadata) {
+  const LayoutDetection from_tensors = detect_from_tensors(tensors, find, metadata);
+  if (config_json.empty()) return from_tensors;
+  const auto config = parse_quantization_config(config_json);
+  if (!config || !config->layout) return from_tensors;
+  const std::string said = "config.json quantization_config says " + std::string(name(*config->layout));
+  for (const SafetensorsTensor* t : tensors) {
+    if (is_fp8_dtype(t->dtype) && find(scale_name(t->name, *config->layout)) != nullptr) {
+      return {config->layout, said};
+    }
+  }
+  if (from_tensors.layout)
+    return {from_tensors.layout, said + ", but its scales are not there; " + from_tensors.evidence};
+  return {std::nullopt, said + ", but no FP8 weight has its scale"};
+}
+
+}  // namespace
+
+LayoutDetection detect_layout(const ShardedCheckpoint& checkpoint, std::string_view config_json) {
+  std::map<std::string, std::string> metadata;
+  for (const SafetensorsFile& shard : checkpoint.shards()) {
+    metadata.insert(shard.metadata().begin(), shard.metadata().end());
+  }
+  const auto find = [&](const std::string& n) { return checkpoint.find(n); };
+  return detect_with_config(config_json, checkpoint.tensors(), find, metadata);
+}
+
+LayoutDetection detect_layout(const SafetensorsFile& file, std::string_view config_json) {
+  std::vector<const SafetensorsTensor*> tensors;
+  for (const SafetensorsTensor& t : file.tensors()) tensors.push_back(&t);
+  std::sort(tensors.begin(), tensors.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  const auto find = [&](const std::string& n) { return file.find(n); };
+  return detect_with_config(config_json, tensors, find, file.metadata());
+}
+
+std::vector<QuantizedWeight> quantized_weights(const ShardedCheckpoint& checkpoint, CheckpointLayout layout) {
+  std::vector<QuantizedWeight> out;
+  for (const SafetensorsTensor* t : checkpoint.tensors()) {
+    if (!is_fp8_dtype(t->dtype)) continue;
+    const std::string s = scale_name(t->name, layout);
+    if (checkpoint.find(s) == nullptr) continue;
+    QuantizedWeight w{t->name, s, std::nullopt};
+    if (checkpoint.find(input_scale_name(t->name)) != nullptr) w.input_scale = input_scale_name(t->name);
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- reading
+
+namespace {
+
+// What the pair says, checked: the FP8 format, the granularity, the original dtype and overflow policy (native).
+struct PairInfo {
+  Format format = Format::e4m3fn;
+  Granularity granularity;
+  DType original_dtype = DType::bfloat16;
+  Overflow overflow = Overflow::kSaturate;
+  std::int64_t rows = 0, cols = 0, grid = 0;
+  bool mx_scale = false;
+};
+
+PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, const SafetensorsTensor& scale,
+                      const QuantizationConfig& config, const std::map<std::string, std::string>& native_metadata) {
+  FP8KIT_CHECK(is_fp8_dtype(weight.dtype), "'", weight.name, "' is ", name(weight.dtype),
+               ", not an FP8 weight (F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ)");
+  PairInfo p;
+  p.format = *fp8_format(*tensor_dtype(weight.dtype));
+  const std::int64_t cols = weight.shape.empty() ? 1 : weight.shape.back();
+  const std::int64_t n = numel_of(weight.shape);
+  p.rows = n == 0 ? 0 : n / cols;
+  p.cols = n == 0 ? 0 : cols;
+  const std::string pair = "'" + weight.name + "' " + shape_text(weight.shape) + " with scale '" + scale.name + "' " +
+                           std::string(name(scale.dtype)) + " " + shape_text(scale.shape);
+  p.mx_scale = scale.dtype == SafetensorsDType::U8 || scale.dtype == SafetensorsDType::F8_E8M0;
+  if (layout == CheckpointLayout::kNative) {
+    const auto it = native_metadata.find(std::string(kNativeMetadataPrefix) + weight.name);
+    FP8KIT_CHECK(it != native_metadata.end(), "native weight '", weight.name, "' has no __metadata__ entry '",
+                 kNativeMetadataPrefix, weight.name, "'");
+    const auto fields = parse_fields(it->second);
+    const auto g = fields.count("granularity") ? Granularity::parse(fields.at("granularity")) : std::nullopt;
+    FP8KIT_CHECK(g.has_value(), "native weight '", weight.name, "': bad metadata '", it->second, "'");
+    p.granularity = *g;
+    if (fields.count("dtype")) {
+      if (const auto d = parse_dtype(fields.at("dtype")); d && is_floating(*d) && !is_fp8(*d)) p.original_dtype = *d;
+    }
+    if (fields.count("overflow") && fields.at("overflow") == "non-saturating") p.overflow = Overflow::kNonSaturating;
+    FP8KIT_CHECK(p.mx_scale == (p.granularity.kind == Granularity::Kind::kMx), pair, ": a native ",
+                 p.granularity.name(), " scale is ", p.mx_scale ? "F32" : "F8_E8M0");
+  } else if (layout == CheckpointLayout::kMxfp8 || p.mx_scale) {
+    FP8KIT_CHECK(p.mx_scale, pair, ": an MXFP8 scale holds U8 or F8_E8M0 E8M0 codes");
+    p.granularity = Granularity::mx();
+  } else {
+    FP8KIT_CHECK(weight.shape.size() == 2, pair, ": a quantized weight of this layout is 2-D [out, in]");
+    const bool row_shape = (scale.shape.size() == 2 && scale.shape[0] == p.rows && scale.shape[1] == 1) ||
+                           (scale.shape.size() == 1 && scale.shape[0] == p.rows);
+    if (numel_of(scale.shape) == 1) {
+      p.granularity = Granularity::tensor();
+    } else if (row_shape) {
+      p.granularity = Granularity::row();
+    } else {
+      p.granularity = Granularity::block(config.block_rows, config.block_cols);
+    }
+  }
+  if (!p.mx_scale) {
+    FP8KIT_CHECK(scale.dtype == SafetensorsDType::F32 || scale.dtype == SafetensorsDType::BF16 ||
+                     scale.dtype == SafetensorsDType::F16,
+                 pair, ": a scale is F32, BF16 or F16");
+  }
+  const std::int64_t gr = p.rows == 0 ? 0 : ceil_div(p.rows, p.granularity.rows_per_block(p.rows));
+  const std::int64_t gc = p.cols == 0 ? 0 : ceil_div(p.cols, p.granularity.cols_per_block(p.cols));
+  p.grid = gr * gc;
+  const bool shape_ok =
+      numel_of(scale.shape) == p.grid &&
+      (scale.shape.size() != 2 || p.granularity.kind == Granularity::Kind::kTensor ||
+       p.granularity.kind == Granularity::Kind::kRow || (scale.shape[0] == gr && scale.shape[1] == gc));
+  FP8KIT_CHECK(shape_ok, pair, ": the scale does not fit ", p.granularity.name(), " granularity (", gr, " x ", gc,
+               " scales expected)");
+  return p;
+}
+
+}  // namespace
+
+Granularity scale_granularity(CheckpointLayout layout, const SafetensorsTensor& weight, const SafetensorsTensor& scale,
+                              const QuantizationConfig& config,
+                              const std::map<std::string, std::string>& native_metadata) {
+  return inspect_pair(layout, weight, scale, config, native_metadata).granularity;
+}
+
+ScaledTensor load_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTensor& weight,
+                                    const SafetensorsTensor& scale, const QuantizationConfig& config,
+                                    const std::map<std::string, std::string>& native_metadata) {
+  const PairInfo p = inspect_pair(layout, weight, scale, config, native_metadata);
+  ScaledTensor q;
+  q.shape = weight.shape;
+  q.original_dtype = p.original_dtype;
+  ScaledMatrix& m = q.matrix;
+  m.format = p.format;
+  m.overflow = p.overflow;
+  m.granularity = p.granularity;
+  m.rows = p.rows;
+  m.cols = p.cols;
+  const auto n = static_cast<std::size_t>(p.rows * p.cols);
+  m.data.resize(n);
+  if (n > 0) std::memcpy(m.data.data(), weight.bytes.data(), n);
+  m.scale_inv.resize(static_cast<std::size_t>(p.grid));
+  if (p.mx_scale) {
+    m.scale_e8m0.resize(static_cast<std::size_t>(p.grid));
+    for (std::size_t i = 0; i < m.scale_e8m0.size(); ++i) {
+      const auto code = static_cast<std::uint8_t>(scale.bytes[i]);
+      m.scale_e8m0[i] = code;
+      m.scale_inv[i] = e8m0_to_float(code);
+    }
+  } else {
+    const std::vector<float> v = scale_values(scale);
+    std::copy(v.begin(), v.end(), m.scale_inv.begin());
+  }
+  return q;
+}
+
+Tensor dequantize_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTensor& weight,
+                                    const SafetensorsTensor& scale, DType dtype, const QuantizationConfig& config,
+                                    const std::map<std::string, std::string>& native_metadata) {
+  return dequantize(load_checkpoint_tensor(layout, weight, scale, config, native_metadata), dtype);
+}
+
+// ---------------------------------------------------------------- which tensors are quantized
+
+std::optional<std::string> skip_reason(std::string_view name_view, SafetensorsDType dtype, const Shape& shape,
+                                       const std::vector<std::regex>& ignore) {
+  const std::string name(name_view);
+  for (const std::regex& r : ignore) {
+    if (std::regex_search(name, r)) return "matches --ignore";
+  }
+  if (!is_high_precision(dtype)) return "dtype " + std::string(fp8kit::name(dtype)) + " is not F32/BF16/F16/F64";
+  if (shape.size() != 2) return "not 2-D";
+  if (numel_of(shape) == 0) return "empty";
+  if (!ends_with(name, ".weight")) return "not a '.weight'";
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (lower.find("embed") != std::string::npos || lower.find("wte") != std::string::npos ||
+      lower.find("wpe") != std::string::npos) {
+    return "an embedding";
+  }
+  if (lower.find("norm") != std::string::npos || lower.find("ln_") != std::string::npos) return "a norm";
+  if (lower.find("lm_head") != std::string::npos) return "lm_head";
+  const std::string module = lower.substr(0, lower.size() - 7);  // without ".weight"
+  const std::string last = module.substr(module.rfind('.') == std::string::npos ? 0 : module.rfind('.') + 1);
+  if (last == "gate" || last.find("router") != std::string::npos) return "an MoE router";
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------- writing
+
+namespace {
+
+// The scale dtype a layout stores for a weight of `dtype`.
+DType scale_dtype_for(CheckpointLayout layout, QuantScheme scheme, DType weight_dtype) {
+  if (scheme == QuantScheme::kMxfp8) return layout == CheckpointLayout::kNative ? DType::float8_e8m0fnu : DType::uint8;
+  if (layout == CheckpointLayout::kCompressedTensors) {
+    return weight_dtype == DType::float64 ? DType::bfloat16 : weight_dtype;  // the model's dtype (f64 -> bf16)
+  }
+  return DType::float32;
+}
+
+// Re-encodes x with the (rounded) scales in q, so that the codes go with the scales that are stored.
+void reencode(const Tensor& x32, ScaledMatrix& q) {
+  const float* x = x32.data<float>();
+  const std::int64_t br = q.block_rows(), bc = q.block_cols(), gc_n = q.grid_cols();
+  for (std::int64_t r = 0; r < q.rows; ++r) {
+    for (std::int64_t gc = 0; gc < gc_n; ++gc) {
+      const std::int64_t c0 = gc * bc, c1 = std::min(q.cols, c0 + bc);
+      const float multiplier = 1.0f / q.scale_inv[static_cast<std::size_t>((r / br) * gc_n + gc)];
+      cast_to_fp8(std::span<const float>(x + r * q.cols + c0, static_cast<std::size_t>(c1 - c0)),
+                  std::span<std::uint8_t>(q.data.data() + r * q.cols + c0, static_cast<std::size_t>(c1 - c0)),
+                  CastOptions{q.format, q.overflow, Rounding::kNearestEven, multiplier});
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<PlannedTensor> planned_checkpoint_tensors(const std::string& name, const Shape& shape, DType dtype,
+                                                      QuantScheme scheme, Format format, CheckpointLayout layout) {
+  if (auto refusal = layout_refusal(layout, scheme, format)) FP8KIT_THROW(ErrorKind::kInvalidArgument, *refusal);
+  FP8KIT_CHECK(is_floating(dtype) && !is_fp8(dtype), "'", name, "' is ", fp8kit::name(dtype),
+               "; only float32, bfloat16, float16 and float64 tensors are quantized");
+  FP8KIT_CHECK(layout == CheckpointLayout::kNative || shape.size() == 2, "'", name, "' has shape ", shape_text(shape),
+               "; the ", fp8kit::name(layout), " layout quantizes 2-D [out, in] weights");
+  FP8KIT_CHECK(numel_of(shape) > 0, "'", name, "' has shape ", shape_text(shape), "; empty tensors are not quantized");
+  const Granularity g = granularity_of(scheme);
+  const std::int64_t cols = shape.empty() ? 1 : shape.back();
+  const std::int64_t rows = numel_of(shape) / cols;
+  Shape sshape;
+  if (scheme == QuantScheme::kFp8Tensor) {
+    sshape = layout == CheckpointLayout::kAutoFp8  ? Shape{}
+             : layout == CheckpointLayout::kNative ? Shape{1, 1}
+                                                   : Shape{1};
+  } else {  // channel: [out, 1]; block: the grid; MX: [out, ceil(in/32)]
+    sshape = {ceil_div(rows, g.rows_per_block(rows)), ceil_div(cols, g.cols_per_block(cols))};
+  }
+  return {{name, dtype_of(format), shape}, {scale_name(name, layout), scale_dtype_for(layout, scheme, dtype), sshape}};
+}
+
+std::map<std::string, std::string> layout_metadata(const std::string& name, DType dtype, QuantScheme scheme,
+                                                   Format format, CheckpointLayout layout) {
+  if (layout != CheckpointLayout::kNative) return {};
+  return {{"fp8kit.layout", "native"},
+          {std::string(kNativeMetadataPrefix) + name,
+           "granularity=" + granularity_of(scheme).name() + ";format=" + std::string(fp8kit::name(format)) +
+               ";dtype=" + std::string(fp8kit::name(dtype)) + ";overflow=saturate"}};
+}
+
+QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, const Tensor& tensor, QuantScheme scheme,
+                                                     Format format, CheckpointLayout layout) {
+  const std::vector<PlannedTensor> plan =
+      planned_checkpoint_tensors(name, tensor.shape(), tensor.dtype(), scheme, format, layout);
+  QuantizedCheckpointTensor out;
+  const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(scheme), ScaleOptions{}};
+  out.scaled = quantize(tensor, options);
+  ScaledMatrix& m = out.scaled.matrix;
+  const DType sdtype = plan[1].dtype;
+
+  // Scales the layout's dtype rounds (compressed-tensors in BF16/F16): round them, then re-encode the codes.
+  if (sdtype == DType::bfloat16 || sdtype == DType::float16) {
+    Tensor s = empty({static_cast<std::int64_t>(m.scale_inv.size())}, DType::float32);
+    std::copy(m.scale_inv.begin(), m.scale_inv.end(), s.data<float>());
+    const Tensor back = s.to(sdtype).to(DType::float32);
+    for (std::size_t i = 0; i < m.scale_inv.size(); ++i) {
+      const float v = back.data<float>()[i];
+      FP8KIT_CHECK(std::isfinite(v) && v > 0.0f, "'", name, "': the scale ", m.scale_inv[i],
+                   " is not representable in ", fp8kit::name(sdtype),
+                   " (use --layout native, whose scales are float32)");
+      m.scale_inv[i] = v;
+    }
+    reencode(tensor.to(DType::float32), m);
+  }
+
+  Tensor scale;
+  if (sdtype == DType::uint8 || sdtype == DType::float8_e8m0fnu) {
+    scale = empty(plan[1].shape, sdtype);
+    std::copy(m.scale_e8m0.begin(), m.scale_e8m0.end(), scale.data<std::uint8_t>());
+  } else {
+    Tensor s32 = empty(plan[1].shape, DType::float32);
+    std::copy(m.scale_inv.begin(), m.scale_inv.end(), s32.data<float>());
+    scale = s32.to(sdtype);  // exact: the values were rounded to sdtype above
+  }
+  out.tensors.push_back({plan[0].name, out.scaled.data()});
+  out.tensors.push_back({plan[1].name, scale});
+  out.metadata = layout_metadata(name, tensor.dtype(), scheme, format, layout);
+  return out;
+}
+
+std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme, Format format,
+                                     const std::vector<std::string>& ignored) {
+  nlohmann::ordered_json q;
+  std::vector<std::string> modules;  // the module names of ignored weights (without ".weight")
+  for (const std::string& w : ignored) modules.push_back(ends_with(w, ".weight") ? w.substr(0, w.size() - 7) : w);
+  switch (layout) {
+    case CheckpointLayout::kDeepSeek:
+      q = {{"activation_scheme", "dynamic"},
+           {"fmt", "e4m3"},
+           {"quant_method", "fp8"},
+           {"weight_block_size", {128, 128}},
+           {"ignored_layers", modules},           // vLLM's Fp8Config
+           {"modules_to_not_convert", modules}};  // Hugging Face's FineGrainedFP8Config
+      break;
+    case CheckpointLayout::kAutoFp8:
+      q = {{"quant_method", "fp8"},
+           {"activation_scheme", "dynamic"},
+           {"ignored_layers", modules},
+           {"modules_to_not_convert", modules}};
+      break;
+    case CheckpointLayout::kFbgemm:
+      q = {{"quant_method", "fbgemm_fp8"}, {"activation_scale_ub", 1200.0}, {"modules_to_not_convert", modules}};
+      break;
+    case CheckpointLayout::kMxfp8:
+      q = {{"quant_method", "modelopt"}, {"quant_algo", "MXFP8"}, {"ignore", modules}};
+      break;
+    case CheckpointLayout::kCompressedTensors: {
+      const char* strategy = scheme == QuantScheme::kFp8Tensor    ? "tensor"
+                             : scheme == QuantScheme::kFp8Channel ? "channel"
+                                                                  : "block";
+      nlohmann::ordered_json weights = {{"num_bits", 8},
+                                        {"type", "float"},
+                                        {"strategy", strategy},
+                                        {"symmetric", true},
+                                        {"dynamic", false},
+                                        {"group_size", nullptr},
+                                        {"block_structure", nullptr},
+                                        {"actorder", nullptr},
+                                        {"observer", "minmax"},
+                                        {"observer_kwargs", nlohmann::json::object()}};
+      if (scheme == QuantScheme::kFp8Block) weights["block_structure"] = {128, 128};
+      nlohmann::ordered_json acts = {{"num_bits", 8},      {"type", "float"}, {"strategy", "token"},
+                                     {"symmetric", true},  {"dynamic", true}, {"group_size", nullptr},
+                                     {"observer", nullptr}};
+      if (scheme == QuantScheme::kFp8Block) {
+        acts["strategy"] = "group";
+        acts["group_size"] = 128;
+      }
+      q = {{"quant_method", "compressed-tensors"},
+           {"format", "float-quantized"},
+           {"quantization_status", "compressed"},
+           {"config_groups",
+            {{"group_0",
+              {{"targets", {"Linear"}},
+               {"weights", weights},
+               {"input_activations", acts},
+               {"output_activations", nullptr},
+               {"format", "float-quantized"}}}}},
+           {"ignore", modules},
+           {"kv_cache_scheme", nullptr},
+           {"sparsity_config", nlohmann::json::object()},
+           {"global_compression_ratio", nullptr}};
+      break;
+    }
+    case CheckpointLayout::kNative:
+      q = {{"quant_method", "fp8kit"},
+           {"scheme", std::string(name(scheme))},
+           {"format", std::string(name(format))},
+           {"ignore", modules}};
+      break;
+  }
+  return q.dump(2);
+}
+
+}  // namespace fp8kit

@@ -1,0 +1,410 @@
+// Checkpoint layouts: every layout x scheme x format round trip through a safetensors image (bit-exact against
+// fp8kit::dequantize, close to the original), names and shapes of the stored scales, detection, ignore rules, refusals.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fp8kit/checkpoint_layout.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/sharded_checkpoint.hpp"
+#include "io/test_files.hpp"
+
+namespace fp8kit {
+namespace {
+
+using test_files::error_of;
+using test_files::TempDir;
+
+// A weight with rows of very different magnitudes (so per-channel and per-block scales differ) and a few zeros.
+Tensor make_weight(std::int64_t rows, std::int64_t cols, DType dtype, std::uint64_t seed = 7) {
+  Tensor x = randn({rows, cols}, seed, DType::float32);
+  float* p = x.data<float>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float row_scale = std::ldexp(1.0f, static_cast<int>(r % 9) - 4);
+    for (std::int64_t c = 0; c < cols; ++c) p[r * cols + c] *= row_scale;
+  }
+  if (x.numel() > 3) p[3] = 0.0f;
+  return x.to(dtype);
+}
+
+// The quantized tensors serialized and parsed back, as a reader of the file sees them.
+struct Image {
+  std::vector<std::byte> bytes;
+  SafetensorsView view;
+  std::map<std::string, std::string> metadata;
+  const SafetensorsTensor& at(const std::string& n) const {
+    for (const SafetensorsTensor& t : view.tensors) {
+      if (t.name == n) return t;
+    }
+    throw std::runtime_error("no tensor " + n);
+  }
+};
+
+Image serialize(const QuantizedCheckpointTensor& q) {
+  std::vector<SafetensorsEntry> entries;
+  for (const NamedTensor& t : q.tensors) entries.push_back(safetensors_entry(t.name, t.tensor));
+  Image image;
+  image.bytes = serialize_safetensors(entries, q.metadata);
+  image.view = parse_safetensors(std::span<const std::byte>(image.bytes));
+  image.metadata = image.view.metadata;
+  return image;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.nbytes())) == 0;
+}
+
+// FP8's rounding error: half an ulp relative (e4m3 2^-4, e5m2 2^-3), MX FLOOR scales clip the top of a block by
+// up to 1/8 more; subnormals and flushed values are bounded by the tensor's amax times a tiny fraction.
+double tolerance(Format f, QuantScheme s, double x, double amax) {
+  const double rel = (f == Format::e4m3fn ? 0.0625 : 0.125) + (s == QuantScheme::kMxfp8 ? 0.13 : 0.01);
+  return rel * std::fabs(x) + amax * 1e-4;
+}
+
+const std::vector<std::pair<std::int64_t, std::int64_t>> kShapes = {{1, 1}, {3, 7}, {1, 33}, {129, 257}, {200, 130}};
+
+TEST(CheckpointLayout, NamesRoundTrip) {
+  for (CheckpointLayout l : kAllCheckpointLayouts) EXPECT_EQ(parse_checkpoint_layout(name(l)), l);
+  for (QuantScheme s : kAllQuantSchemes) EXPECT_EQ(parse_quant_scheme(name(s)), s);
+  EXPECT_FALSE(parse_checkpoint_layout("DeepSeek"));
+  EXPECT_FALSE(parse_quant_scheme("fp8"));
+  EXPECT_EQ(name(CheckpointLayout::kCompressedTensors), "compressed-tensors");
+  EXPECT_EQ(granularity_of(QuantScheme::kFp8Block).name(), "block:128x128");
+  EXPECT_EQ(granularity_of(QuantScheme::kMxfp8).name(), "mx32");
+}
+
+// Every layout x scheme x format x input dtype x awkward shape: either refused with the layout's reason, or
+// stored in the layout's names/shapes/dtypes and read back bit-exactly as fp8kit::dequantize of the same matrix.
+TEST(CheckpointLayout, RoundTripEveryLayoutAndScheme) {
+  int supported = 0, refused = 0;
+  for (CheckpointLayout layout : kAllCheckpointLayouts) {
+    for (QuantScheme scheme : kAllQuantSchemes) {
+      for (Format format : {Format::e4m3fn, Format::e5m2}) {
+        const auto refusal = layout_refusal(layout, scheme, format);
+        for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+          for (const auto& [rows, cols] : kShapes) {
+            SCOPED_TRACE(std::string(name(layout)) + " " + std::string(name(scheme)) + " " + std::string(name(format)) +
+                         " " + std::string(name(dtype)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+            const Tensor w = make_weight(rows, cols, dtype);
+            if (refusal) {
+              const Error e = error_of([&] { quantize_checkpoint_tensor("m.weight", w, scheme, format, layout); });
+              EXPECT_EQ(e.what(), *refusal);
+              ++refused;
+              continue;
+            }
+            ++supported;
+            const QuantizedCheckpointTensor q = quantize_checkpoint_tensor("m.weight", w, scheme, format, layout);
+            ASSERT_EQ(q.tensors.size(), 2u);
+            EXPECT_EQ(q.tensors[0].name, "m.weight");
+            EXPECT_EQ(q.tensors[0].tensor.dtype(), dtype_of(format));
+            EXPECT_EQ(q.tensors[0].tensor.shape(), w.shape());
+            EXPECT_EQ(q.tensors[1].name, scale_name("m.weight", layout));
+            // The plan a streaming writer lays out first is what quantizing produces.
+            const auto plan = planned_checkpoint_tensors("m.weight", w.shape(), dtype, scheme, format, layout);
+            ASSERT_EQ(plan.size(), 2u);
+            for (std::size_t i = 0; i < 2; ++i) {
+              EXPECT_EQ(plan[i].name, q.tensors[i].name);
+              EXPECT_EQ(plan[i].dtype, q.tensors[i].tensor.dtype());
+              EXPECT_EQ(plan[i].shape, q.tensors[i].tensor.shape());
+            }
+            EXPECT_EQ(layout_metadata("m.weight", dtype, scheme, format, layout), q.metadata);
+            const Granularity g = granularity_of(scheme);
+            const Image image = serialize(q);
+            const SafetensorsTensor& sw = image.at("m.weight");
+            const SafetensorsTensor& ss = image.at(scale_name("m.weight", layout));
+            const Tensor back32 =
+                dequantize_checkpoint_tensor(layout, sw, ss, DType::float32, QuantizationConfig{}, image.metadata);
+            EXPECT_TRUE(same_bits(back32, dequantize(q.scaled, DType::float32)));
+            const Granularity read = scale_granularity(layout, sw, ss, QuantizationConfig{}, image.metadata);
+            if (g.rows_per_block(rows) < rows || g.cols_per_block(cols) < cols) {  // more than one scale
+              EXPECT_EQ(read.name(), g.name());
+            }
+            const Tensor back16 =
+                dequantize_checkpoint_tensor(layout, sw, ss, DType::bfloat16, QuantizationConfig{}, image.metadata);
+            EXPECT_TRUE(same_bits(back16, dequantize(q.scaled, DType::bfloat16)));
+            const Tensor orig = w.to(DType::float32);
+            double amax = 0.0;
+            for (float v : orig.span<float>()) amax = std::max(amax, std::fabs(static_cast<double>(v)));
+            int bad = 0;
+            for (std::int64_t i = 0; i < orig.numel(); ++i) {
+              const double x = orig.data<float>()[i], y = back32.data<float>()[i];
+              if (std::fabs(x - y) > tolerance(format, scheme, x, amax)) ++bad;
+            }
+            EXPECT_EQ(bad, 0);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(supported, 15 * 3 * static_cast<int>(kShapes.size()));  // 11 layout x scheme with e4m3fn, 4 with e5m2
+  EXPECT_GT(refused, 0);
+}
+
+TEST(CheckpointLayout, ScaleNamesShapesAndDtypes) {
+  const Tensor w = make_weight(129, 257, DType::bfloat16);
+  struct Case {
+    CheckpointLayout layout;
+    QuantScheme scheme;
+    std::string scale;
+    SafetensorsDType dtype;
+    Shape shape;
+  };
+  const std::vector<Case> cases = {
+      {CheckpointLayout::kDeepSeek, QuantScheme::kFp8Block, "m.weight_scale_inv", SafetensorsDType::F32, {2, 3}},
+      {CheckpointLayout::kCompressedTensors, QuantScheme::kFp8Tensor, "m.weight_scale", SafetensorsDType::BF16, {1}},
+      {CheckpointLayout::kCompressedTensors,
+       QuantScheme::kFp8Channel,
+       "m.weight_scale",
+       SafetensorsDType::BF16,
+       {129, 1}},
+      {CheckpointLayout::kCompressedTensors, QuantScheme::kFp8Block, "m.weight_scale", SafetensorsDType::BF16, {2, 3}},
+      {CheckpointLayout::kAutoFp8, QuantScheme::kFp8Tensor, "m.weight_scale", SafetensorsDType::F32, {}},
+      {CheckpointLayout::kFbgemm, QuantScheme::kFp8Channel, "m.weight_scale", SafetensorsDType::F32, {129, 1}},
+      {CheckpointLayout::kMxfp8, QuantScheme::kMxfp8, "m.weight_scale", SafetensorsDType::U8, {129, 9}},
+      {CheckpointLayout::kNative, QuantScheme::kFp8Block, "m.weight.scale_inv", SafetensorsDType::F32, {2, 3}},
+      {CheckpointLayout::kNative, QuantScheme::kMxfp8, "m.weight.scale_inv", SafetensorsDType::F8_E8M0, {129, 9}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(name(c.layout)) + " " + std::string(name(c.scheme)));
+    const Image image = serialize(quantize_checkpoint_tensor("m.weight", w, c.scheme, Format::e4m3fn, c.layout));
+    const SafetensorsTensor& s = image.at(c.scale);
+    EXPECT_EQ(s.dtype, c.dtype);
+    EXPECT_EQ(s.shape, c.shape);
+    EXPECT_EQ(image.at("m.weight").dtype, SafetensorsDType::F8_E4M3);
+  }
+  // DeepSeek's block scale is amax/448 of each 128x128 block (edge blocks: what remains).
+  const Tensor w32 = w.to(DType::float32);
+  const Image ds = serialize(
+      quantize_checkpoint_tensor("m.weight", w, QuantScheme::kFp8Block, Format::e4m3fn, CheckpointLayout::kDeepSeek));
+  const Tensor scale = to_tensor(ds.at("m.weight_scale_inv"));
+  for (int br = 0; br < 2; ++br) {
+    for (int bc = 0; bc < 3; ++bc) {
+      float amax = 0.0f;
+      for (int r = br * 128; r < std::min(129, br * 128 + 128); ++r) {
+        for (int c = bc * 128; c < std::min(257, bc * 128 + 128); ++c) {
+          amax = std::max(amax, std::fabs(w32.data<float>()[r * 257 + c]));
+        }
+      }
+      EXPECT_NEAR(scale.data<float>()[br * 3 + bc], amax / 448.0f, amax / 448.0f * 1e-6f);
+    }
+  }
+  // Native metadata says everything needed to get the tensor back.
+  const Image native = serialize(
+      quantize_checkpoint_tensor("m.weight", w, QuantScheme::kFp8Block, Format::e5m2, CheckpointLayout::kNative));
+  EXPECT_EQ(native.metadata.at("fp8kit.layout"), "native");
+  EXPECT_EQ(native.metadata.at("fp8kit.quant.m.weight"),
+            "granularity=block:128x128;format=e5m2;dtype=bfloat16;overflow=saturate");
+  const ScaledTensor loaded = load_checkpoint_tensor(CheckpointLayout::kNative, native.at("m.weight"),
+                                                     native.at("m.weight.scale_inv"), {}, native.metadata);
+  EXPECT_EQ(loaded.original_dtype, DType::bfloat16);
+  EXPECT_EQ(loaded.format(), Format::e5m2);
+}
+
+TEST(CheckpointLayout, NativeStoresAnyRank) {
+  const Tensor w = randn({2, 3, 40}, 3, DType::float32);
+  const QuantizedCheckpointTensor q =
+      quantize_checkpoint_tensor("e.w", w, QuantScheme::kMxfp8, Format::e4m3fn, CheckpointLayout::kNative);
+  const Image image = serialize(q);
+  const Tensor back = dequantize_checkpoint_tensor(CheckpointLayout::kNative, image.at("e.w"),
+                                                   image.at("e.w.scale_inv"), DType::float32, {}, image.metadata);
+  EXPECT_EQ(back.shape(), w.shape());
+  EXPECT_TRUE(same_bits(back, dequantize(q.scaled, DType::float32)));
+}
+
+TEST(CheckpointLayout, DetectionFromConfig) {
+  const auto layout_of = [](const std::string& q) {
+    return parse_quantization_config("{\"quantization_config\": " + q + "}")->layout;
+  };
+  EXPECT_EQ(
+      layout_of(R"({"activation_scheme":"dynamic","fmt":"e4m3","quant_method":"fp8","weight_block_size":[128,128]})"),
+      CheckpointLayout::kDeepSeek);
+  EXPECT_EQ(layout_of(R"({"quant_method":"fp8","activation_scheme":"static"})"), CheckpointLayout::kAutoFp8);
+  EXPECT_EQ(layout_of(R"({"quant_method":"compressed-tensors","format":"float-quantized"})"),
+            CheckpointLayout::kCompressedTensors);
+  EXPECT_EQ(layout_of(R"({"quant_method":"fbgemm_fp8"})"), CheckpointLayout::kFbgemm);
+  EXPECT_EQ(layout_of(R"({"quant_method":"modelopt","quant_algo":"MXFP8"})"), CheckpointLayout::kMxfp8);
+  EXPECT_EQ(layout_of(R"({"quant_method":"fp8kit"})"), CheckpointLayout::kNative);
+  EXPECT_FALSE(layout_of(R"({"quant_method":"gptq"})"));
+  EXPECT_FALSE(parse_quantization_config(R"({"hidden_size": 4})"));
+  const auto ds =
+      parse_quantization_config(R"({"quantization_config":{"quant_method":"fp8","weight_block_size":[64,32]}})");
+  EXPECT_EQ(ds->block_rows, 64);
+  EXPECT_EQ(ds->block_cols, 32);
+  const auto ct = parse_quantization_config(
+      R"({"quantization_config":{"quant_method":"compressed-tensors","config_groups":{"FP8_BLOCK":{"weights":{"block_structure":[64,64]}}}}})");
+  EXPECT_EQ(ct->block_rows, 64);
+  EXPECT_EQ(error_of([] { parse_quantization_config("{not json"); }).kind(), ErrorKind::kParse);
+  // Every layout's own quantization_config is detected as that layout.
+  for (CheckpointLayout l : kAllCheckpointLayouts) {
+    for (QuantScheme s : kAllQuantSchemes) {
+      if (layout_refusal(l, s, Format::e4m3fn)) continue;
+      EXPECT_EQ(layout_of(quantization_config_json(l, s, Format::e4m3fn, {"lm_head.weight"})), l) << name(l);
+    }
+  }
+}
+
+TEST(CheckpointLayout, DetectionFromTensors) {
+  TempDir dir;
+  const Tensor w = make_weight(130, 70, DType::bfloat16);
+  const Tensor norm = ones({70}, DType::bfloat16);
+  struct Case {
+    CheckpointLayout layout;
+    QuantScheme scheme;
+    CheckpointLayout detected;
+  };
+  const std::vector<Case> cases = {
+      {CheckpointLayout::kDeepSeek, QuantScheme::kFp8Block, CheckpointLayout::kDeepSeek},
+      {CheckpointLayout::kCompressedTensors, QuantScheme::kFp8Tensor, CheckpointLayout::kCompressedTensors},
+      {CheckpointLayout::kCompressedTensors, QuantScheme::kFp8Channel, CheckpointLayout::kCompressedTensors},
+      {CheckpointLayout::kAutoFp8, QuantScheme::kFp8Tensor, CheckpointLayout::kAutoFp8},
+      {CheckpointLayout::kFbgemm, QuantScheme::kFp8Channel, CheckpointLayout::kFbgemm},
+      {CheckpointLayout::kMxfp8, QuantScheme::kMxfp8, CheckpointLayout::kMxfp8},
+      {CheckpointLayout::kNative, QuantScheme::kFp8Channel, CheckpointLayout::kNative},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(name(c.layout)));
+    const QuantizedCheckpointTensor q =
+        quantize_checkpoint_tensor("l.0.q_proj.weight", w, c.scheme, Format::e4m3fn, c.layout);
+    std::vector<SafetensorsEntry> entries = {safetensors_entry("l.0.norm.weight", norm)};
+    for (const NamedTensor& t : q.tensors) entries.push_back(safetensors_entry(t.name, t.tensor));
+    const Tensor input_scale = scalar_tensor(0.5, DType::float32);
+    if (c.layout == CheckpointLayout::kAutoFp8)
+      entries.push_back(safetensors_entry("l.0.q_proj.input_scale", input_scale));
+    const auto path = dir / (std::string(name(c.layout)) + ".safetensors");
+    write_safetensors(path, entries, q.metadata);
+    const SafetensorsFile f = SafetensorsFile::open(path);
+    EXPECT_EQ(detect_layout(f).layout, c.detected);
+    const ShardedCheckpoint ck = ShardedCheckpoint::open(path);
+    EXPECT_EQ(detect_layout(ck).layout, c.detected);
+    const auto weights = quantized_weights(ck, c.detected);
+    ASSERT_EQ(weights.size(), 1u);
+    EXPECT_EQ(weights[0].weight, "l.0.q_proj.weight");
+    EXPECT_EQ(weights[0].scale, scale_name("l.0.q_proj.weight", c.detected));
+    EXPECT_EQ(weights[0].input_scale.has_value(), c.layout == CheckpointLayout::kAutoFp8);
+    // A config.json decides over the tensors when its layout's scales are there; otherwise the tensors do.
+    const std::string ct = R"({"quantization_config":{"quant_method":"compressed-tensors"}})";
+    const LayoutDetection with_config = detect_layout(f, ct);
+    if (scale_name("x", c.detected) == scale_name("x", CheckpointLayout::kCompressedTensors)) {
+      EXPECT_EQ(with_config.layout, CheckpointLayout::kCompressedTensors);
+      EXPECT_EQ(with_config.evidence, "config.json quantization_config says compressed-tensors");
+    } else {
+      EXPECT_EQ(with_config.layout, c.detected);
+      EXPECT_NE(with_config.evidence.find("but its scales are not there"), std::string::npos) << with_config.evidence;
+    }
+  }
+  // No scales: nothing quantized.
+  const auto plain = dir / "plain.safetensors";
+  write_safetensors(plain, std::vector<SafetensorsEntry>{safetensors_entry("a.weight", w)});
+  EXPECT_FALSE(detect_layout(SafetensorsFile::open(plain)).layout);
+  const LayoutDetection plain_config =
+      detect_layout(SafetensorsFile::open(plain), R"({"quantization_config":{"quant_method":"fp8"}})");
+  EXPECT_FALSE(plain_config.layout);
+  EXPECT_EQ(plain_config.evidence, "config.json quantization_config says autofp8, but no FP8 weight has its scale");
+}
+
+TEST(CheckpointLayout, DefaultIgnoreRules) {
+  const Shape m = {64, 32};
+  const auto bf = SafetensorsDType::BF16;
+  EXPECT_FALSE(skip_reason("model.layers.0.self_attn.q_proj.weight", bf, m));
+  EXPECT_FALSE(skip_reason("model.layers.0.mlp.gate_proj.weight", bf, m));
+  EXPECT_FALSE(skip_reason("model.layers.0.mlp.experts.3.down_proj.weight", SafetensorsDType::F32, m));
+  EXPECT_EQ(skip_reason("model.embed_tokens.weight", bf, m), "an embedding");
+  EXPECT_EQ(skip_reason("transformer.wte.weight", bf, m), "an embedding");
+  EXPECT_EQ(skip_reason("lm_head.weight", bf, m), "lm_head");
+  EXPECT_EQ(skip_reason("model.layers.0.mlp.gate.weight", bf, {8, 32}), "an MoE router");
+  EXPECT_EQ(skip_reason("model.layers.0.block_sparse_moe.router.weight", bf, {8, 32}), "an MoE router");
+  EXPECT_EQ(skip_reason("model.layers.0.input_layernorm.weight", bf, {32}), "not 2-D");
+  EXPECT_EQ(skip_reason("model.norm_like_proj.weight", bf, m), "a norm");
+  EXPECT_EQ(skip_reason("model.layers.0.self_attn.q_proj.bias", bf, {64}), "not 2-D");
+  EXPECT_EQ(skip_reason("model.layers.0.mlp.up_proj.lora", bf, m), "not a '.weight'");
+  EXPECT_EQ(skip_reason("model.layers.0.mlp.up_proj.weight", SafetensorsDType::F8_E4M3, m),
+            "dtype F8_E4M3 is not F32/BF16/F16/F64");
+  EXPECT_EQ(skip_reason("model.layers.0.mlp.up_proj.weight", SafetensorsDType::I32, m),
+            "dtype I32 is not F32/BF16/F16/F64");
+  const std::vector<std::regex> ignore = {std::regex("layers\\.0\\."), std::regex("v_proj$")};
+  EXPECT_EQ(skip_reason("model.layers.0.mlp.up_proj.weight", bf, m, ignore), "matches --ignore");
+  EXPECT_FALSE(skip_reason("model.layers.1.mlp.up_proj.weight", bf, m, ignore));
+}
+
+TEST(CheckpointLayout, Refusals) {
+  const Tensor w = make_weight(4, 40, DType::float32);
+  EXPECT_EQ(std::string(error_of([&] {
+                          quantize_checkpoint_tensor("w", w, QuantScheme::kFp8Tensor, Format::e4m3fn,
+                                                     CheckpointLayout::kDeepSeek);
+                        }).what()),
+            "the deepseek layout cannot store fp8-tensor weights (it stores fp8-block; --layout native stores every "
+            "scheme)");
+  EXPECT_EQ(std::string(error_of([&] {
+                          quantize_checkpoint_tensor("w", w, QuantScheme::kFp8Block, Format::e5m2,
+                                                     CheckpointLayout::kDeepSeek);
+                        }).what()),
+            "the deepseek layout stores e4m3fn (F8_E4M3) weights, not e5m2 (--layout native stores e5m2)");
+  EXPECT_TRUE(layout_refusal(CheckpointLayout::kNative, QuantScheme::kFp8Block, Format::e4m3fnuz));
+  EXPECT_TRUE(layout_refusal(CheckpointLayout::kCompressedTensors, QuantScheme::kMxfp8, Format::e4m3fn));
+  EXPECT_TRUE(layout_refusal(CheckpointLayout::kFbgemm, QuantScheme::kFp8Tensor, Format::e4m3fn));
+  const Tensor w3 = randn({2, 3, 4}, 1, DType::float32);
+  EXPECT_NE(std::string(error_of([&] {
+                          quantize_checkpoint_tensor("w", w3, QuantScheme::kFp8Block, Format::e4m3fn,
+                                                     CheckpointLayout::kDeepSeek);
+                        }).what())
+                .find("quantizes 2-D [out, in] weights"),
+            std::string::npos);
+  const Tensor ints = zeros({4, 4}, DType::int32);
+  EXPECT_EQ(error_of([&] {
+              quantize_checkpoint_tensor("w", ints, QuantScheme::kFp8Tensor, Format::e4m3fn, CheckpointLayout::kNative);
+            }).kind(),
+            ErrorKind::kInvalidArgument);
+  // Reading: a scale that does not fit the weight, a weight that is not FP8, native without its metadata.
+  const Image ds =
+      serialize(quantize_checkpoint_tensor("m.weight", make_weight(300, 200, DType::float32), QuantScheme::kFp8Block,
+                                           Format::e4m3fn, CheckpointLayout::kDeepSeek));
+  const SafetensorsTensor& weight = ds.at("m.weight");
+  const SafetensorsTensor& scale = ds.at("m.weight_scale_inv");
+  EXPECT_NE(
+      std::string(error_of([&] {
+                    load_checkpoint_tensor(CheckpointLayout::kDeepSeek, weight, scale, QuantizationConfig{{}, 64, 64});
+                  }).what())
+          .find("does not fit block:64x64"),
+      std::string::npos);
+  EXPECT_NE(std::string(error_of([&] { load_checkpoint_tensor(CheckpointLayout::kDeepSeek, scale, scale); }).what())
+                .find("not an FP8 weight"),
+            std::string::npos);
+  EXPECT_NE(std::string(error_of([&] { load_checkpoint_tensor(CheckpointLayout::kNative, weight, scale); }).what())
+                .find("has no __metadata__ entry"),
+            std::string::npos);
+  EXPECT_NE(std::string(error_of([&] { load_checkpoint_tensor(CheckpointLayout::kMxfp8, weight, scale); }).what())
+                .find("U8 or F8_E8M0"),
+            std::string::npos);
+}
+
+// A DeepSeek weight written by hand (codes and amax/448 scales computed here) reads back as code * scale.
+TEST(CheckpointLayout, DeepSeekHandWrittenEdgeBlocks) {
+  const std::int64_t rows = 130, cols = 129;
+  Tensor codes = empty({rows, cols}, DType::float8_e4m3fn);
+  for (std::int64_t i = 0; i < rows * cols; ++i)
+    codes.data<std::uint8_t>()[i] = static_cast<std::uint8_t>((i * 37) % 126);
+  const std::vector<double> sv = {0.5, 0.25, 2.0, 0.125};
+  const Tensor scale = tensor(sv, Shape{2, 2}, DType::float32);
+  const std::vector<SafetensorsEntry> entries = {safetensors_entry("x.weight", codes),
+                                                 safetensors_entry("x.weight_scale_inv", scale)};
+  std::vector<std::byte> bytes = serialize_safetensors(entries);
+  const SafetensorsView v = parse_safetensors(std::span<const std::byte>(bytes));
+  const Tensor out = dequantize_checkpoint_tensor(
+      CheckpointLayout::kDeepSeek, v.tensors[1].name == "x.weight" ? v.tensors[1] : v.tensors[0],
+      v.tensors[1].name == "x.weight" ? v.tensors[0] : v.tensors[1], DType::float32);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float expect = decode_to_float(Format::e4m3fn, codes.data<std::uint8_t>()[r * cols + c]) *
+                           static_cast<float>(sv[static_cast<std::size_t>((r / 128) * 2 + c / 128)]);
+      ASSERT_EQ(out.data<float>()[r * cols + c], expect) << r << "," << c;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fp8kit

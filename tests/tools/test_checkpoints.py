@@ -1,0 +1,409 @@
+#!/usr/bin/env python3
+"""`fp8kit quantize / inspect / dequantize / convert` end to end on a small model written with the PyPI safetensors
+package: every layout's tensors and config as vLLM reads them, dequantized values against numpy formulas (the
+reference doc's), --force, inputs untouched, one-line errors with exit 2. Usage: test_checkpoints.py FP8KIT."""
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import check, summary  # noqa: E402
+
+try:
+    import ml_dtypes
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+except ImportError as e:  # the C++ tests cover the library; this needs the PyPI packages
+    print(f"note: skipped ({e})")
+    sys.exit(0)
+
+NP = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+      "F8_E5M2": ml_dtypes.float8_e5m2, "U8": np.uint8, "F8_E8M0": np.uint8, "I64": np.int64}
+
+
+def run(exe, *args):
+    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True)
+
+
+def read_st(path):
+    """An independent reader: header JSON + raw bytes -> {name: numpy array}, metadata."""
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    meta = header.pop("__metadata__", {}) or {}
+    out = {}
+    for name, e in header.items():
+        s, t = e["data_offsets"]
+        out[name] = np.frombuffer(b[8 + n + s:8 + n + t], dtype=NP[e["dtype"]]).reshape(e["shape"])
+    return out, meta, header
+
+
+def read_dir(d):
+    tensors, meta, header = {}, {}, {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            t, m, h = read_st(os.path.join(d, f))
+            tensors.update(t)
+            meta.update(m)
+            header.update(h)
+    return tensors, meta, header
+
+
+def digest(path):
+    h = hashlib.sha256()
+    for root, _, files in sorted(os.walk(path)) if os.path.isdir(path) else [("", [], [path])]:
+        for f in sorted(files):
+            with open(os.path.join(root, f), "rb") as fh:
+                h.update(f.encode() + fh.read())
+    return h.hexdigest()
+
+
+def one_line_error(r, command):
+    lines = r.stderr.strip().splitlines()
+    return r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"fp8kit {command}: ")
+
+
+def make_model(d, rng):
+    """A tiny Llama-like model in two shards + index, config.json and a tokenizer file."""
+    bf = ml_dtypes.bfloat16
+    t = {
+        "model.embed_tokens.weight": rng.normal(0, 1, (50, 64)),
+        "model.layers.0.input_layernorm.weight": rng.normal(1, 0.1, (64,)),
+        "model.layers.0.self_attn.q_proj.weight": rng.normal(0, 0.02, (130, 200)) * np.linspace(0.1, 10, 200),
+        "model.layers.0.self_attn.q_proj.bias": rng.normal(0, 0.1, (130,)),
+        "model.layers.0.self_attn.o_proj.weight": rng.normal(0, 0.05, (64, 130)),
+        "model.layers.0.mlp.gate.weight": rng.normal(0, 0.1, (4, 64)),
+        "model.layers.0.mlp.experts.0.up_proj.weight": rng.normal(0, 0.03, (96, 64)),
+        "model.norm.weight": rng.normal(1, 0.1, (64,)),
+        "lm_head.weight": rng.normal(0, 0.1, (50, 64)),
+    }
+    t = {k: v.astype(bf) for k, v in t.items()}
+    t["model.layers.0.pos_ids"] = np.arange(5, dtype=np.int64)
+    names = sorted(t)
+    shards = {"model-00001-of-00002.safetensors": names[:5], "model-00002-of-00002.safetensors": names[5:]}
+    for f, ns in shards.items():
+        save_file({n: t[n] for n in ns}, os.path.join(d, f), metadata={"format": "pt"})
+    index = {"metadata": {"total_size": sum(v.nbytes for v in t.values())},
+             "weight_map": {n: f for f, ns in shards.items() for n in ns}}
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "torch_dtype": "bfloat16"}, f)
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        f.write('{"version": "1.0"}')
+    return t
+
+
+QUANTIZED = ["model.layers.0.mlp.experts.0.up_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+             "model.layers.0.self_attn.q_proj.weight"]
+
+
+def expand(scale, rows, cols, br, bc):
+    """Block scales repeated over their blocks (edge blocks cut), as DeepSeek's fp8_cast_bf16 / llama.cpp do."""
+    return np.repeat(np.repeat(scale, br, axis=0), bc, axis=1)[:rows, :cols]
+
+
+def reference_dequant(layout, w, s):
+    """The formula each layout's readers use, in float32: w_fp8 * scale (broadcast per layout)."""
+    w32 = w.astype(np.float32)
+    rows, cols = w.shape
+    if layout in ("deepseek", "native-block"):
+        return w32 * expand(s.astype(np.float32), rows, cols, 128, 128)
+    if layout == "mxfp8":
+        scale = np.ldexp(np.float32(1), s.astype(np.int32) - 127).astype(np.float32)
+        return w32 * expand(scale, rows, cols, 1, 32)
+    return w32 * s.astype(np.float32)  # [] / [1] / [out, 1] broadcast
+
+
+def peak_anon_mib(cmd):
+    """Runs cmd, sampling its anonymous resident memory (heap, not the mapped input) every few milliseconds."""
+    import time
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = 0
+    while p.poll() is None:
+        try:
+            with open(f"/proc/{p.pid}/status") as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        peak = max(peak, int(line.split()[1]))
+        except OSError:
+            pass
+        time.sleep(0.002)
+    p.communicate()
+    return p.returncode, peak / 1024
+
+
+def check_bounded_memory(exe, root):
+    """Streaming: the peak is about the largest tensor's, the same for 4 tensors as for 16."""
+    if not os.path.exists("/proc/self/status"):
+        return
+    rng = np.random.default_rng(5)
+    peaks = {}
+    for n in (4, 16):
+        d = os.path.join(root, f"mem{n}")
+        os.mkdir(d)
+        save_file({f"l.{i}.proj.weight": rng.normal(0, 1, (2048, 2048)).astype(ml_dtypes.bfloat16) for i in range(n)},
+                  os.path.join(d, "model.safetensors"))
+        rq, q = peak_anon_mib([exe, "quantize", d, d + "-q", "--scheme", "fp8-block"])
+        rd, dq = peak_anon_mib([exe, "dequantize", d + "-q", d + "-d"])
+        check(f"memory: {n} tensors run", rq == 0 and rd == 0)
+        peaks[n] = (q, dq)
+    for i, what in enumerate(["quantize", "dequantize"]):
+        small, large = peaks[4][i], peaks[16][i]
+        check(f"memory: {what} peak does not grow with the tensor count", large <= small * 1.2 + 4,
+              f"{small:.1f} MiB for 4 tensors, {large:.1f} MiB for 16 (8 MiB each)")
+
+
+def check_foreign_files(exe, root, rng):
+    """Checkpoints quantized here with numpy + ml_dtypes, as DeepSeek / llm-compressor / ModelOpt write them (not by
+    fp8kit): fp8kit dequantizes them to exactly the reference formula."""
+    e4 = ml_dtypes.float8_e4m3fn
+    w = rng.normal(0, 0.05, (300, 200)).astype(np.float32)
+    rows, cols = w.shape
+    # DeepSeek: per 128x128 block (edge blocks zero-padded, which does not change their amax), s = amax / 448
+    gr, gc = -(-rows // 128), -(-cols // 128)
+    padded = np.zeros((gr * 128, gc * 128), np.float32)
+    padded[:rows, :cols] = w
+    amax = np.abs(padded.reshape(gr, 128, gc, 128)).max(axis=(1, 3))
+    s_ds = (amax / 448).astype(np.float32)
+    q_ds = (w / expand(s_ds, rows, cols, 128, 128)).astype(e4)
+    # compressed-tensors channel, BF16 scales [out, 1]
+    s_ct = (np.abs(w).max(axis=1, keepdims=True) / 448).astype(ml_dtypes.bfloat16)
+    q_ct = np.clip(w / s_ct.astype(np.float32), -448, 448).astype(e4)
+    # ModelOpt MXFP8: U8 exponents per 32 columns (any power of two works for reading)
+    gm = -(-cols // 32)
+    exps = (127 + np.ceil(np.log2(np.abs(np.pad(w, ((0, 0), (0, gm * 32 - cols)))).reshape(rows, gm, 32).max(axis=2) / 448)))
+    s_mx = exps.astype(np.uint8)
+    q_mx = (w / expand(np.ldexp(np.float32(1), s_mx.astype(np.int32) - 127).astype(np.float32), rows, cols, 1, 32)).astype(e4)
+    cases = [("deepseek", {"m.weight": q_ds, "m.weight_scale_inv": s_ds}, "m.weight_scale_inv", "deepseek"),
+             ("compressed-tensors", {"m.weight": q_ct, "m.weight_scale": s_ct, "m.input_scale": np.ones([1], np.float32)},
+              "m.weight_scale", "channel"),
+             ("mxfp8", {"m.weight": q_mx, "m.weight_scale": s_mx}, "m.weight_scale", "mxfp8")]
+    for layout, tensors, scale, ref in cases:
+        path = os.path.join(root, f"foreign-{layout}.safetensors")
+        save_file(tensors, path)
+        r = run(exe, "inspect", path, "--json")
+        check(f"foreign {layout}: detected", r.returncode == 0 and json.loads(r.stdout)["layout"] == layout, r.stdout[:300])
+        r = run(exe, "dequantize", path, path + ".f32.safetensors", "--to", "f32")
+        d, _, _ = read_st(path + ".f32.safetensors")
+        check(f"foreign {layout}: dequantized to the reference formula", r.returncode == 0 and sorted(d) == ["m.weight"] and
+              np.array_equal(d["m.weight"], reference_dequant(ref, tensors["m.weight"], tensors[scale])), r.stderr)
+        check(f"foreign {layout}: close to the original", np.all(np.abs(d["m.weight"] - w) <= 0.07 * np.abs(w) + 1e-5))
+
+
+def main():
+    exe = sys.argv[1]
+    rng = np.random.default_rng(3)
+    with tempfile.TemporaryDirectory() as root:
+        src = os.path.join(root, "model")
+        os.mkdir(src)
+        orig = make_model(src, rng)
+        src_digest = digest(src)
+
+        cases = [  # (scheme, layout, format, scale suffix, reference key, quant_method)
+            ("fp8-block", None, "e4m3fn", "_scale_inv", "deepseek", "fp8"),
+            ("fp8-channel", "compressed-tensors", "e4m3fn", "_scale", "channel", "compressed-tensors"),
+            ("fp8-block", "compressed-tensors", "e4m3fn", "_scale", "deepseek", "compressed-tensors"),
+            ("fp8-tensor", "autofp8", "e4m3fn", "_scale", "tensor", "fp8"),
+            ("fp8-channel", "fbgemm", "e4m3fn", "_scale", "channel", "fbgemm_fp8"),
+            ("mxfp8", None, "e4m3fn", "_scale", "mxfp8", "modelopt"),
+            ("fp8-block", "native", "e5m2", ".scale_inv", "native-block", "fp8kit"),
+        ]
+        for scheme, layout, fmt, suffix, ref, method in cases:
+            tag = f"{scheme}/{layout or 'default'}/{fmt}"
+            out = os.path.join(root, f"q-{scheme}-{layout}")
+            args = ["quantize", src, out, "--scheme", scheme, "--format", fmt] + (["--layout", layout] if layout else [])
+            r = run(exe, *args)
+            check(f"{tag}: quantize exit 0", r.returncode == 0, r.stderr)
+            if r.returncode != 0:
+                continue
+            q, meta, header = read_dir(out)
+            cfg = json.load(open(os.path.join(out, "config.json")))
+            qc = cfg.get("quantization_config", {})
+            check(f"{tag}: config keeps its keys", cfg.get("hidden_size") == 64 and cfg["architectures"])
+            check(f"{tag}: quant_method", qc.get("quant_method") == method, str(qc))
+            check(f"{tag}: tokenizer copied", os.path.exists(os.path.join(out, "tokenizer.json")))
+            expect_layout = layout or {"fp8-block": "deepseek", "mxfp8": "mxfp8"}[scheme]
+            if expect_layout == "deepseek":
+                skipped = ["lm_head", "model.embed_tokens", "model.layers.0.mlp.gate"]
+                check(f"{tag}: DeepSeek config", qc == {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                                         "weight_block_size": [128, 128], "ignored_layers": skipped,
+                                                         "modules_to_not_convert": skipped}, str(qc))
+            if expect_layout == "compressed-tensors":
+                g = qc["config_groups"]["group_0"]
+                check(f"{tag}: CT config", qc["format"] == "float-quantized" and g["targets"] == ["Linear"] and
+                      g["weights"]["type"] == "float" and g["weights"]["num_bits"] == 8 and
+                      g["weights"]["strategy"] == scheme.split("-")[1] and g["input_activations"]["dynamic"] is True, str(qc))
+            r = run(exe, "inspect", out, "--json")
+            check(f"{tag}: inspect exit 0", r.returncode == 0, r.stderr)
+            info = json.loads(r.stdout)
+            check(f"{tag}: detected layout", info["layout"] == expect_layout, info["layout"])
+            check(f"{tag}: quantized weights", sorted(x["weight"] for x in info["quantized"]) == QUANTIZED,
+                  str(info["quantized"]))
+            for name in QUANTIZED:
+                w, s = q[name], q[name + suffix]
+                check(f"{tag}: {name} dtype", header[name]["dtype"] == ("F8_E4M3" if fmt == "e4m3fn" else "F8_E5M2"))
+                rows, cols = w.shape
+                shape = {"deepseek": [-(-rows // 128), -(-cols // 128)], "native-block": [-(-rows // 128), -(-cols // 128)],
+                         "channel": [rows, 1], "mxfp8": [rows, -(-cols // 32)],
+                         "tensor": []}[ref]
+                check(f"{tag}: {name} scale shape", list(s.shape) == shape, f"{s.shape} vs {shape}")
+                sdt = header[name + suffix]["dtype"]
+                want = {"compressed-tensors": "BF16", "mxfp8": "U8"}.get(expect_layout, "F32")
+                check(f"{tag}: {name} scale dtype", sdt == want, sdt)
+            for name in orig:
+                if name not in QUANTIZED:
+                    check(f"{tag}: {name} copied", q[name].tobytes() == orig[name].tobytes())
+            deq = out + "-deq"
+            r = run(exe, "dequantize", out, deq, "--to", "f32")
+            check(f"{tag}: dequantize exit 0", r.returncode == 0, r.stderr)
+            d, _, dheader = read_dir(deq)
+            check(f"{tag}: dequantized names", sorted(d) == sorted(orig), str(sorted(d)))
+            dcfg = json.load(open(os.path.join(deq, "config.json")))
+            check(f"{tag}: quantization_config removed", "quantization_config" not in dcfg and dcfg["torch_dtype"] == "float32")
+            # the PyPI reader opens every file fp8kit wrote and reads the float32 weights the same
+            for folder in (out, deq):
+                for f in sorted(os.listdir(folder)):
+                    if f.endswith(".safetensors"):
+                        with safe_open(os.path.join(folder, f), framework="numpy") as h:
+                            check(f"{tag}: safetensors opens {os.path.basename(folder)}/{f}", len(list(h.keys())) > 0)
+            with safe_open(os.path.join(deq, "model.safetensors"), framework="numpy") as h:
+                check(f"{tag}: safetensors reads the dequantized weights",
+                      all(np.array_equal(h.get_tensor(n), d[n]) for n in QUANTIZED))
+            for name in QUANTIZED:
+                ref_vals = reference_dequant(ref, q[name], q[name + suffix])
+                check(f"{tag}: {name} = numpy formula", np.array_equal(d[name], ref_vals) and dheader[name]["dtype"] == "F32")
+                x = orig[name].astype(np.float32)
+                rel = (0.07 if fmt == "e4m3fn" else 0.13) + (0.13 if scheme == "mxfp8" else 0)
+                check(f"{tag}: {name} close to the original",
+                      np.all(np.abs(d[name] - x) <= rel * np.abs(x) + 1e-4 * np.max(np.abs(x))))
+            for name in orig:
+                if name not in QUANTIZED:
+                    check(f"{tag}: {name} passes through", d[name].tobytes() == orig[name].tobytes())
+
+        check("input directory untouched", digest(src) == src_digest)
+
+        # bf16 output (the default) and inspect's table
+        out = os.path.join(root, "q-fp8-block-None")
+        r = run(exe, "dequantize", out, os.path.join(root, "bf16"))
+        d, _, dheader = read_dir(os.path.join(root, "bf16"))
+        check("default --to bf16", r.returncode == 0 and dheader[QUANTIZED[0]]["dtype"] == "BF16", r.stderr)
+        r = run(exe, "inspect", out)
+        check("inspect table", r.returncode == 0 and "layout: deepseek" in r.stdout and "quantized weights: 3" in r.stdout
+              and "scale of model.layers.0.self_attn.q_proj.weight" in r.stdout, r.stdout[:400])
+
+        # sharded outputs: shards + index, read back through the index
+        sh = os.path.join(root, "sharded")
+        r = run(exe, "quantize", src, sh, "--scheme", "fp8-block", "--max-shard-size", "20KB")
+        files = sorted(os.listdir(sh)) if os.path.isdir(sh) else []
+        shards = [f for f in files if f.endswith(".safetensors")]
+        check("--max-shard-size splits", r.returncode == 0 and len(shards) > 1 and
+              all(f.startswith("model-0") and f.endswith(f"-of-{len(shards):05d}.safetensors") for f in shards),
+              r.stderr + str(files))
+        index = json.load(open(os.path.join(sh, "model.safetensors.index.json"))) if "model.safetensors.index.json" in files else {}
+        q, _, header = read_dir(sh)
+        check("index maps every tensor", sorted(index.get("weight_map", {})) == sorted(q), str(index)[:300])
+        r = run(exe, "inspect", sh, "--json")
+        check("inspect a sharded output", r.returncode == 0 and json.loads(r.stdout)["shards"] == len(shards) and
+              json.loads(r.stdout)["layout"] == "deepseek", r.stderr)
+        r = run(exe, "dequantize", sh, sh + "-d", "--to", "f32", "--max-shard-size", "30KB")
+        d, _, _ = read_dir(sh + "-d")
+        check("dequantize a sharded checkpoint into shards", r.returncode == 0 and sorted(d) == sorted(orig) and
+              os.path.exists(os.path.join(sh + "-d", "model.safetensors.index.json")), r.stderr)
+        check("same values as unsharded", all(np.array_equal(d[n], reference_dequant("deepseek", q[n], q[n + "_scale_inv"]))
+                                              for n in QUANTIZED))
+
+        # single files, --ignore, --force
+        single = os.path.join(root, "single.safetensors")
+        save_file({k: orig[k] for k in ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"]},
+                  single)
+        single_digest = digest(single)
+        qs = os.path.join(root, "single-q.safetensors")
+        r = run(exe, "quantize", single, qs, "--scheme", "fp8-channel", "--ignore", "o_proj")
+        check("single file quantize", r.returncode == 0, r.stderr)
+        q, _, header = read_st(qs)
+        check("--ignore leaves o_proj", header["model.layers.0.self_attn.o_proj.weight"]["dtype"] == "BF16" and
+              header["model.layers.0.self_attn.q_proj.weight"]["dtype"] == "F8_E4M3")
+        before = digest(qs)
+        r = run(exe, "quantize", single, qs, "--scheme", "fp8-tensor")
+        check("existing output refused", one_line_error(r, "quantize") and "--force" in r.stderr, r.stderr)
+        check("refused output untouched", digest(qs) == before)
+        r = run(exe, "quantize", single, qs, "--scheme", "fp8-tensor", "--force")
+        check("--force replaces", r.returncode == 0 and digest(qs) != before, r.stderr)
+        r = run(exe, "dequantize", qs, os.path.join(root, "single-d.safetensors"))
+        check("single file dequantize", r.returncode == 0, r.stderr)
+        r = run(exe, "dequantize", qs, os.path.join(root, "single-d.safetensors"))
+        check("dequantize refuses existing output", one_line_error(r, "dequantize"), r.stderr)
+        check("input file untouched", digest(single) == single_digest)
+
+        # convert: plain casts, against numpy / ml_dtypes
+        cf = os.path.join(root, "single-f16.safetensors")
+        r = run(exe, "convert", single, cf, "--to", "f16")
+        c, _, _ = read_st(cf)
+        check("convert to f16", r.returncode == 0 and all(np.array_equal(c[k], v.astype(np.float32).astype(np.float16))
+                                                          for k, v in read_st(single)[0].items()), r.stderr)
+        ce = os.path.join(root, "single-e4m3.safetensors")
+        r = run(exe, "convert", single, ce, "--to", "e4m3fn", "--saturate")
+        c, _, _ = read_st(ce)
+        check("convert to e4m3fn", r.returncode == 0 and all(
+            c[k].view(np.uint8).tobytes() == v.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8).tobytes()
+            for k, v in read_st(single)[0].items()), r.stderr)
+        cd = os.path.join(root, "model-f32")
+        r = run(exe, "convert", src, cd, "--to", "f32")
+        c, _, _ = read_dir(cd)
+        check("convert a directory", r.returncode == 0 and c["lm_head.weight"].dtype == np.float32 and
+              c["model.layers.0.pos_ids"].dtype == np.int64 and
+              json.load(open(os.path.join(cd, "config.json")))["torch_dtype"] == "float32", r.stderr)
+
+        # errors: one line, exit 2
+        pickle = os.path.join(root, "pytorch_model.bin")
+        with open(pickle, "wb") as f:
+            f.write(b"\x80\x02}q\x00.")
+        bad = [
+            (["quantize", src, os.path.join(root, "x1"), "--scheme", "fp8"], "quantize", "unknown --scheme"),
+            (["quantize", src, os.path.join(root, "x2"), "--scheme", "fp8-tensor", "--layout", "deepseek"], "quantize",
+             "cannot store fp8-tensor"),
+            (["quantize", src, os.path.join(root, "x3"), "--scheme", "fp8-block", "--format", "e5m2"], "quantize",
+             "e4m3fn"),
+            (["quantize", src, os.path.join(root, "x4"), "--scheme", "mxfp8", "--layout", "fbgemm"], "quantize",
+             "cannot store mxfp8"),
+            (["quantize", src, os.path.join(root, "x5"), "--scheme", "fp8-block", "--ignore", "("], "quantize",
+             "regular expression"),
+            (["quantize", out, os.path.join(root, "x6"), "--scheme", "fp8-block"], "quantize", "already quantized"),
+            (["quantize", src, src, "--scheme", "fp8-block", "--force"], "quantize", "is the input"),
+            (["quantize", pickle, os.path.join(root, "x7.safetensors"), "--scheme", "fp8-block"], "quantize", "pickle"),
+            (["dequantize", pickle, os.path.join(root, "x8.safetensors")], "dequantize", "pickle"),
+            (["dequantize", src, os.path.join(root, "x9")], "dequantize", "no quantized FP8 weights"),
+            (["dequantize", out, os.path.join(root, "x10"), "--to", "e4m3fn"], "dequantize", "--to"),
+            (["dequantize", os.path.join(root, "missing"), os.path.join(root, "x11")], "dequantize", "does not exist"),
+            (["inspect", pickle], "inspect", "pickle"),
+            (["convert", out, os.path.join(root, "x12"), "--to", "bf16"], "convert", "use fp8kit dequantize"),
+            (["convert", single, os.path.join(root, "x13.safetensors"), "--to", "i32"], "convert", "--to"),
+            (["convert", single, os.path.join(root, "x14.safetensors"), "--to", "bf16", "--saturate"], "convert",
+             "--saturate"),
+            (["convert", src, single, "--to", "f16", "--force"], "convert", "is a file"),
+            (["convert", single, os.path.join(root, "x13.safetensors"), "--to", "f16", "--max-shard-size", "1GB"],
+             "convert", "directory outputs"),
+            (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size", "5 GiB"],
+             "quantize", "--max-shard-size"),
+        ]
+        for args, command, text in bad:
+            r = run(exe, *args)
+            check(f"error: {' '.join(args[:1] + args[3:])}", one_line_error(r, command) and text in r.stderr,
+                  f"rc={r.returncode} {r.stderr!r}")
+        check_bounded_memory(exe, root)
+        check_foreign_files(exe, root, rng)
+        check("no output left by refused commands", not any(os.path.exists(os.path.join(root, f"x{i}")) for i in range(15)))
+        check("input directory still untouched", digest(src) == src_digest)
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+// The checkpoint commands' input and output: opening files or shard directories, the overwrite and
+// never-touch-the-input rules, and writing a file or a directory (shards, index, config.json) crash-safely.
+#include "checkpoint_io.hpp"
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <system_error>
+
+#include "cli_common.hpp"
+#include "fp8kit/atomic_file.hpp"
+
+namespace fp8kit::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("cannot read '" + path.string() + "'");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  AtomicFile file(path);
+  file.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  file.commit();
+}
+
+// Files of a model directory that travel with the weights (tokenizer, generation config, ...).
+bool is_companion_file(const fs::path& path) {
+  const std::string name = path.filename().string();
+  if (name.empty() || name[0] == '.' || name == "config.json" || name == kSafetensorsIndexName) return false;
+  if (path.extension() == ".safetensors" || is_pickle_path(path)) return false;
+  if (name.find(".index.json") != std::string::npos) return false;
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) && fs::file_size(path, ec) <= (std::uintmax_t{64} << 20);
+}
+
+}  // namespace
+
+void return_large_buffers_to_os() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
+}
+
+Progress::Progress(std::string verb, std::size_t total)
+    : verb_(std::move(verb)), total_(total), on_(stderr_is_terminal()) {}
+
+Progress::~Progress() {
+  if (on_ && done_ != 0) std::fprintf(stderr, "\r\033[K");
+}
+
+void Progress::step(const std::string& name) {
+  ++done_;
+  if (on_) std::fprintf(stderr, "\r\033[K%s [%zu/%zu] %.100s", verb_.c_str(), done_, total_, name.c_str());
+}
+
+std::string shape_string(const Shape& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+CheckpointInput open_checkpoint_input(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (!fs::exists(p, ec)) throw UsageError("'" + path + "' does not exist");
+  CheckpointInput in{p, fs::is_directory(p, ec), ShardedCheckpoint::open(p), std::nullopt, {}};
+  if (in.is_directory && fs::is_regular_file(p / "config.json", ec)) in.config = read_text(p / "config.json");
+  for (const SafetensorsFile& shard : in.checkpoint.shards()) {
+    in.metadata.insert(shard.metadata().begin(), shard.metadata().end());
+  }
+  return in;
+}
+
+void check_output(const CheckpointInput& in, const std::string& out, bool force, const std::string& max_shard_size) {
+  if (!max_shard_size.empty()) {
+    if (!in.is_directory) throw UsageError("--max-shard-size applies to directory outputs");
+    parse_shard_size(max_shard_size);
+  }
+  std::error_code ec;
+  const fs::path o(out);
+  if (fs::exists(o, ec)) {
+    if (fs::equivalent(o, in.path, ec)) throw UsageError("'" + out + "' is the input; write to another path");
+    for (const SafetensorsFile& shard : in.checkpoint.shards()) {
+      if (fs::equivalent(o, shard.path(), ec)) throw UsageError("'" + out + "' is part of the input");
+    }
+  }
+  if (in.is_directory) {
+    if (fs::exists(o, ec) && !fs::is_directory(o, ec)) {
+      throw UsageError("'" + out + "' is a file; the input is a directory, so the output is a directory");
+    }
+    if (fs::is_directory(o, ec) && !fs::is_empty(o, ec) && !force) {
+      throw UsageError("'" + out + "' exists and is not empty; pass --force to write into it");
+    }
+  } else {
+    if (fs::is_directory(o, ec))
+      throw UsageError("'" + out + "' is a directory; the input is a file, so is the output");
+    if (fs::exists(o, ec) && !force) throw UsageError("'" + out + "' exists; pass --force to replace it");
+    if (o.extension() != ".safetensors") throw UsageError("'" + out + "': the output file must end in .safetensors");
+  }
+}
+
+std::uint64_t parse_shard_size(const std::string& text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  const std::string unit = text.substr(digits);
+  const std::map<std::string, std::uint64_t> units = {
+      {"", 1}, {"B", 1}, {"KB", 1'000}, {"MB", 1'000'000}, {"GB", 1'000'000'000}};
+  const auto it = units.find(unit);
+  if (digits == 0 || digits > 12 || it == units.end() || std::stoull(text.substr(0, digits)) == 0) {
+    throw UsageError("--max-shard-size '" + text + "' is not a size such as 5GB, 500MB, 64KB or 1000");
+  }
+  return std::stoull(text.substr(0, digits)) * it->second;
+}
+
+void write_checkpoint_output(const CheckpointInput& in, const std::string& out, std::vector<SafetensorsEntry> entries,
+                             const std::map<std::string, std::string>& metadata,
+                             const std::optional<std::string>& config_json, const std::string& max_shard_size) {
+  const fs::path o(out);
+  if (!in.is_directory) {
+    if (!max_shard_size.empty()) throw UsageError("--max-shard-size applies to directory outputs");
+    write_safetensors(o, entries, metadata);
+    return;
+  }
+  ShardOptions shards;
+  if (!max_shard_size.empty()) shards.max_shard_bytes = parse_shard_size(max_shard_size);
+  std::error_code ec;
+  fs::create_directories(o, ec);
+  if (ec) throw UsageError("cannot create directory '" + out + "': " + ec.message());
+  write_sharded_safetensors(o, entries, metadata, shards);
+  if (config_json) write_text_atomically(o / "config.json", *config_json);
+  for (const fs::directory_entry& e : fs::directory_iterator(in.path)) {
+    if (is_companion_file(e.path())) write_text_atomically(o / e.path().filename(), read_text(e.path()));
+  }
+}
+
+}  // namespace fp8kit::cli

@@ -1,0 +1,88 @@
+// `fp8kit convert IN OUT --to DTYPE`: every floating tensor of a checkpoint cast to one dtype (no scales; FP8
+// targets are a plain cast, --saturate clamps what overflows), tensor by tensor; integer and bool tensors copied.
+#include <fmt/core.h>
+
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint_io.hpp"
+#include "cli_common.hpp"
+#include "fp8kit/checkpoint_layout.hpp"
+
+namespace fp8kit::cli {
+namespace {
+
+struct ConvertArgs {
+  std::string in, out;
+  std::string to;
+  bool saturate = false;
+  bool force = false;
+  std::string max_shard_size;
+};
+
+void run_convert(const ConvertArgs& args) {
+  const auto to = parse_dtype(args.to);
+  if (!to || !is_floating(*to) || *to == DType::float8_e8m0fnu) {
+    throw UsageError("--to must be a floating dtype (f32, f64, f16, bf16, e4m3fn, e5m2, e4m3fnuz, e5m2fnuz), not '" +
+                     args.to + "'");
+  }
+  if (args.saturate && !is_fp8(*to)) throw UsageError("--saturate applies to FP8 targets only");
+  return_large_buffers_to_os();  // memory: about the largest tensor, however many there are
+  const CheckpointInput in = open_checkpoint_input(args.in);
+  check_output(in, args.out, args.force, args.max_shard_size);
+  if (const LayoutDetection d = detect_layout(in.checkpoint, in.config.value_or("")); d.layout) {
+    throw UsageError("'" + args.in + "' is quantized (" + std::string(name(*d.layout)) +
+                     "); casting would separate its weights from their scales: use fp8kit dequantize");
+  }
+  const Overflow overflow = args.saturate ? Overflow::kSaturate : Overflow::kNonSaturating;
+  std::vector<SafetensorsEntry> entries;
+  std::size_t cast = 0, copied = 0;
+  auto progress = std::make_shared<Progress>("convert", 0);  // the total is set once counted
+  for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
+    const auto from = tensor_dtype(t->dtype);
+    if (!from || !is_floating(*from) || *from == DType::float8_e8m0fnu || *from == *to) {
+      entries.push_back(safetensors_entry(*t));
+      ++copied;
+      continue;
+    }
+    SafetensorsEntry e{t->name, safetensors_dtype(*to), t->shape, {}, {}};
+    e.fill = [t, dtype = *to, overflow, progress](std::span<std::byte> out) {
+      progress->step(t->name);
+      const Tensor c = to_tensor(*t).to(dtype, overflow);
+      std::memcpy(out.data(), c.raw(), out.size());
+    };
+    entries.push_back(std::move(e));
+    ++cast;
+  }
+  progress->set_total(cast);
+  std::optional<std::string> config_out;
+  if (in.config) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(*in.config, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw UsageError("'" + args.in + "/config.json' is not a JSON object");
+    if (j.contains("torch_dtype") && !is_fp8(*to)) j["torch_dtype"] = std::string(name(*to));
+    config_out = j.dump(2) + "\n";
+  }
+  write_checkpoint_output(in, args.out, std::move(entries), {{"format", "pt"}}, config_out, args.max_shard_size);
+  progress.reset();
+  fmt::print("{} -> {}: cast {} tensors to {}{}; copied {}\n", args.in, args.out, cast, name(*to),
+             is_fp8(*to) ? (args.saturate ? " (saturating)" : " (non-saturating)") : "", copied);
+}
+
+}  // namespace
+
+void add_convert_command(CLI::App& app) {
+  auto args = std::make_shared<ConvertArgs>();
+  CLI::App* cmd = app.add_subcommand("convert", "Cast every floating tensor of a checkpoint to one dtype (no scales)");
+  cmd->add_option("IN", args->in, "A .safetensors file or a checkpoint directory")->required();
+  cmd->add_option("OUT", args->out, "The output file (.safetensors) or directory")->required();
+  cmd->add_option("--to", args->to, "f32, f64, f16, bf16, e4m3fn, e5m2, e4m3fnuz, e5m2fnuz")->required();
+  cmd->add_flag("--saturate", args->saturate, "FP8 targets: clamp overflow to +-max instead of Inf/NaN");
+  cmd->add_option("--max-shard-size", args->max_shard_size,
+                  "Directory outputs: the most bytes of tensors per shard (default 5GB; also MB, KB, bytes)");
+  cmd->add_flag("--force", args->force, "Replace an existing output");
+  cmd->callback([args] { run_convert(*args); });
+}
+
+}  // namespace fp8kit::cli

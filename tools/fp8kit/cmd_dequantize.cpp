@@ -1,0 +1,116 @@
+// `fp8kit dequantize IN OUT`: an FP8 checkpoint (any layout fp8kit detects) back to bf16/f16/f32, on the CPU,
+// tensor by tensor (memory: about one tensor); scales dropped, other tensors copied, quantization_config removed.
+#include <fmt/core.h>
+
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "checkpoint_io.hpp"
+#include "cli_common.hpp"
+#include "fp8kit/checkpoint_layout.hpp"
+
+namespace fp8kit::cli {
+namespace {
+
+struct DequantizeArgs {
+  std::string in, out;
+  std::string to = "bf16";
+  bool force = false;
+  std::string max_shard_size;
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// KV-cache and activation scales only mean something next to FP8 weights.
+bool is_activation_scale(const std::string& name) {
+  for (const char* s : {".k_scale", ".v_scale", ".q_scale", ".output_scale", ".input_scale"}) {
+    if (ends_with(name, s)) return true;
+  }
+  return false;
+}
+
+void run_dequantize(const DequantizeArgs& args) {
+  const auto to = parse_dtype(args.to);
+  if (!to || !(*to == DType::bfloat16 || *to == DType::float16 || *to == DType::float32)) {
+    throw UsageError("--to must be bf16, f16 or f32, not '" + args.to + "'");
+  }
+  return_large_buffers_to_os();  // memory: about the largest tensor, however many there are
+  const CheckpointInput in = open_checkpoint_input(args.in);
+  check_output(in, args.out, args.force, args.max_shard_size);
+  const LayoutDetection detection = detect_layout(in.checkpoint, in.config.value_or(""));
+  if (!detection.layout) {
+    throw UsageError("'" + args.in + "' has no quantized FP8 weights (" + detection.evidence +
+                     "); to change dtypes use fp8kit convert");
+  }
+  const CheckpointLayout layout = *detection.layout;
+  const QuantizationConfig config =
+      in.config ? parse_quantization_config(*in.config).value_or(QuantizationConfig{}) : QuantizationConfig{};
+  const std::vector<QuantizedWeight> weights = quantized_weights(in.checkpoint, layout);
+  std::map<std::string, const QuantizedWeight*> by_weight;
+  std::set<std::string> dropped;
+  for (const QuantizedWeight& w : weights) {
+    by_weight[w.weight] = &w;
+    dropped.insert(w.scale);
+    if (w.input_scale) dropped.insert(*w.input_scale);
+  }
+  std::vector<SafetensorsEntry> entries;
+  std::size_t copied = 0, unscaled_fp8 = 0;
+  auto progress = std::make_shared<Progress>("dequantize", weights.size());
+  for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
+    if (auto it = by_weight.find(t->name); it != by_weight.end()) {
+      const SafetensorsTensor& scale = in.checkpoint.at(it->second->scale);
+      scale_granularity(layout, *t, scale, config, in.metadata);  // every pair checked before anything is written
+      SafetensorsEntry e{t->name, safetensors_dtype(*to), t->shape, {}, {}};
+      e.fill = [t, &scale, layout, config, &in, dtype = *to, progress](std::span<std::byte> out) {
+        progress->step(t->name);
+        const Tensor w = dequantize_checkpoint_tensor(layout, *t, scale, dtype, config, in.metadata);
+        std::memcpy(out.data(), w.raw(), out.size());
+      };
+      entries.push_back(std::move(e));
+      continue;
+    }
+    if (dropped.count(t->name) || is_activation_scale(t->name)) continue;
+    if (tensor_dtype(t->dtype) && is_fp8(*tensor_dtype(t->dtype))) ++unscaled_fp8;
+    entries.push_back(safetensors_entry(*t));
+    ++copied;
+  }
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::optional<std::string> config_out;
+  if (in.config) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(*in.config, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw UsageError("'" + args.in + "/config.json' is not a JSON object");
+    j.erase("quantization_config");
+    if (j.contains("torch_dtype")) j["torch_dtype"] = std::string(name(*to));
+    config_out = j.dump(2) + "\n";
+  }
+  write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
+  progress.reset();
+  fmt::print("{} -> {}: dequantized {} {} weights to {}; copied {} tensors, dropped {} scales\n", args.in, args.out,
+             weights.size(), name(layout), name(*to), copied, in.checkpoint.size() - weights.size() - copied);
+  if (unscaled_fp8 != 0) {
+    fmt::print(stderr, "note: {} FP8 tensors without a scale were copied as they are\n", unscaled_fp8);
+  }
+}
+
+}  // namespace
+
+void add_dequantize_command(CLI::App& app) {
+  auto args = std::make_shared<DequantizeArgs>();
+  CLI::App* cmd = app.add_subcommand("dequantize",
+                                     "FP8 checkpoint (DeepSeek, compressed-tensors, AutoFP8, FBGEMM, MXFP8, native) "
+                                     "back to bf16/f16/f32 on the CPU");
+  cmd->add_option("IN", args->in, "A .safetensors file or a checkpoint directory")->required();
+  cmd->add_option("OUT", args->out, "The output file (.safetensors) or directory")->required();
+  cmd->add_option("--to", args->to, "Output dtype: bf16 (default), f16, f32");
+  cmd->add_option("--max-shard-size", args->max_shard_size,
+                  "Directory outputs: the most bytes of tensors per shard (default 5GB; also MB, KB, bytes)");
+  cmd->add_flag("--force", args->force, "Replace an existing output");
+  cmd->callback([args] { run_dequantize(*args); });
+}
+
+}  // namespace fp8kit::cli

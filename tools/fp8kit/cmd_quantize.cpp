@@ -1,0 +1,167 @@
+// `fp8kit quantize IN OUT --scheme S --layout L`: a bf16/f16/f32 checkpoint to FP8 weights in a layout vLLM and
+// Hugging Face load (DeepSeek, compressed-tensors, AutoFP8, FBGEMM, MXFP8) or fp8kit's native one, tensor by tensor.
+#include <fmt/core.h>
+
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "checkpoint_io.hpp"
+#include "cli_common.hpp"
+#include "fp8kit/checkpoint_layout.hpp"
+
+namespace fp8kit::cli {
+namespace {
+
+struct QuantizeArgs {
+  std::string in, out;
+  std::string scheme;
+  std::string format = "e4m3fn";
+  std::string layout;
+  std::vector<std::string> ignore;
+  bool force = false;
+  std::string max_shard_size;
+};
+
+// The default layout of each scheme: the one the serving stacks read for it.
+CheckpointLayout default_layout(QuantScheme scheme) {
+  switch (scheme) {
+    case QuantScheme::kFp8Block:
+      return CheckpointLayout::kDeepSeek;
+    case QuantScheme::kMxfp8:
+      return CheckpointLayout::kMxfp8;
+    default:
+      return CheckpointLayout::kCompressedTensors;
+  }
+}
+
+// Scales of quantized weights, kept from whichever of the weight's or the scale's fill ran first (the writer lays
+// tensors out by dtype, so either may come first); the FP8 codes are never kept, so memory stays at one tensor.
+struct ScaleCache {
+  std::map<std::string, Tensor> pending;  // computed with the weight, not yet written
+  std::set<std::string> written;
+};
+
+void run_quantize(const QuantizeArgs& args) {
+  const auto scheme = parse_quant_scheme(args.scheme);
+  if (!scheme)
+    throw UsageError("unknown --scheme '" + args.scheme + "' (use fp8-tensor, fp8-channel, fp8-block, mxfp8)");
+  const auto format = parse_format(args.format);
+  if (!format || !(*format == Format::e4m3fn || *format == Format::e5m2)) {
+    throw UsageError("--format must be e4m3fn or e5m2, not '" + args.format + "'");
+  }
+  CheckpointLayout layout = default_layout(*scheme);
+  if (!args.layout.empty()) {
+    const auto l = parse_checkpoint_layout(args.layout);
+    if (!l) {
+      throw UsageError("unknown --layout '" + args.layout +
+                       "' (use deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native)");
+    }
+    layout = *l;
+  }
+  if (auto refusal = layout_refusal(layout, *scheme, *format)) throw UsageError(*refusal);
+  std::vector<std::regex> ignore;
+  for (const std::string& r : args.ignore) {
+    try {
+      ignore.emplace_back(r, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw UsageError("--ignore '" + r + "' is not a regular expression: " + e.what());
+    }
+  }
+  return_large_buffers_to_os();  // memory: about the largest tensor, however many there are
+  const CheckpointInput in = open_checkpoint_input(args.in);
+  check_output(in, args.out, args.force, args.max_shard_size);
+  if (const LayoutDetection d = detect_layout(in.checkpoint, in.config.value_or("")); d.layout) {
+    throw UsageError("'" + args.in + "' is already quantized (" + std::string(name(*d.layout)) + ": " + d.evidence +
+                     "); dequantize it first");
+  }
+  auto cache = std::make_shared<ScaleCache>();
+  std::size_t to_quantize = 0;
+  for (const SafetensorsTensor* t : in.checkpoint.tensors())
+    to_quantize += !skip_reason(t->name, t->dtype, t->shape, ignore);
+  auto progress = std::make_shared<Progress>("quantize", to_quantize);
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::vector<std::string> ignored;  // 2-D float weights left as they are, for the quantization_config
+  std::size_t quantized = 0;
+  for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
+    const auto reason = skip_reason(t->name, t->dtype, t->shape, ignore);
+    if (reason) {
+      if (t->shape.size() == 2 && tensor_dtype(t->dtype) && is_floating(*tensor_dtype(t->dtype)) &&
+          t->name.size() > 7 && t->name.compare(t->name.size() - 7, 7, ".weight") == 0) {
+        ignored.push_back(t->name);
+      }
+      entries.push_back(safetensors_entry(*t));
+      continue;
+    }
+    const DType dtype = *tensor_dtype(t->dtype);
+    const std::vector<PlannedTensor> plan =
+        planned_checkpoint_tensors(t->name, t->shape, dtype, *scheme, *format, layout);
+    for (const auto& [k, v] : layout_metadata(t->name, dtype, *scheme, *format, layout)) metadata[k] = v;
+    const std::string scale_key = plan[1].name;
+    const auto quantize_one = [t, s = *scheme, f = *format, layout]() {
+      return quantize_checkpoint_tensor(t->name, to_tensor(*t), s, f, layout);
+    };
+    SafetensorsEntry weight{plan[0].name, safetensors_dtype(plan[0].dtype), plan[0].shape, {}, {}};
+    weight.fill = [quantize_one, cache, scale_key, progress, name = t->name](std::span<std::byte> out) {
+      progress->step(name);
+      QuantizedCheckpointTensor q = quantize_one();
+      std::memcpy(out.data(), q.tensors[0].tensor.raw(), out.size());
+      if (!cache->written.count(scale_key)) cache->pending[scale_key] = q.tensors[1].tensor;
+    };
+    SafetensorsEntry scale{plan[1].name, safetensors_dtype(plan[1].dtype), plan[1].shape, {}, {}};
+    scale.fill = [quantize_one, cache, scale_key](std::span<std::byte> out) {
+      const auto it = cache->pending.find(scale_key);
+      const Tensor s = it != cache->pending.end() ? it->second : quantize_one().tensors[1].tensor;
+      std::memcpy(out.data(), s.raw(), out.size());
+      if (it != cache->pending.end()) cache->pending.erase(it);
+      cache->written.insert(scale_key);
+    };
+    entries.push_back(std::move(weight));
+    entries.push_back(std::move(scale));
+    ++quantized;
+  }
+  if (quantized == 0) throw UsageError("'" + args.in + "' has no weight to quantize (2-D float '.weight' tensors)");
+  std::optional<std::string> config_out;
+  if (in.is_directory) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    if (in.config) {
+      j = nlohmann::ordered_json::parse(*in.config, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) throw UsageError("'" + args.in + "/config.json' is not a JSON object");
+    }
+    j["quantization_config"] =
+        nlohmann::ordered_json::parse(quantization_config_json(layout, *scheme, *format, ignored));
+    config_out = j.dump(2) + "\n";
+  }
+  write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
+  progress.reset();
+  fmt::print("{} -> {}: quantized {} weights ({} {}, {} layout); {} tensors copied as they are\n", args.in, args.out,
+             quantized, name(*scheme), name(*format), name(layout), in.checkpoint.size() - quantized);
+}
+
+}  // namespace
+
+void add_quantize_command(CLI::App& app) {
+  auto args = std::make_shared<QuantizeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "quantize", "Quantize a checkpoint's linear weights to FP8 in a layout vLLM / Hugging Face load, or native");
+  cmd->add_option("IN", args->in, "A .safetensors file or a checkpoint directory (bf16/f16/f32 weights)")->required();
+  cmd->add_option("OUT", args->out, "The output file (.safetensors) or directory")->required();
+  cmd->add_option("--scheme", args->scheme, "fp8-tensor, fp8-channel, fp8-block (128x128), mxfp8 (1x32, E8M0)")
+      ->required();
+  cmd->add_option("--format", args->format, "e4m3fn (default) or e5m2 (native layout only)");
+  cmd->add_option("--layout", args->layout,
+                  "deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native (default: deepseek for fp8-block, "
+                  "mxfp8 for mxfp8, compressed-tensors otherwise)");
+  cmd->add_option("--ignore", args->ignore, "Leave tensors whose name matches this regex as they are (repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--max-shard-size", args->max_shard_size,
+                  "Directory outputs: the most bytes of tensors per shard (default 5GB; also MB, KB, bytes)");
+  cmd->add_flag("--force", args->force, "Replace an existing output");
+  cmd->callback([args] { run_quantize(*args); });
+}
+
+}  // namespace fp8kit::cli
