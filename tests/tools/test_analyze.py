@@ -88,6 +88,28 @@ def main():
             lines = r.stderr.strip().splitlines()
             check(f"error {needle}", r.returncode == 2 and len(lines) == 1 and needle in lines[0] and r.stdout == "",
                   f"rc={r.returncode} stderr={r.stderr!r} stdout={r.stdout[:100]!r}")
+        # safetensors: the same tensor gives the same JSON as its .npy; --tensor picks one of several
+        try:
+            from safetensors.numpy import save_file
+        except ImportError:
+            save_file = None
+            print("note: safetensors not importable; the .safetensors analyze checks are skipped")
+        if save_file is not None:
+            st = os.path.join(d, "model.safetensors")
+            save_file({"act": gauss, "w": rng.normal(size=(16, 64)).astype(np.float16),
+                       "ids": np.arange(4, dtype=np.int64)}, st)
+            r = run(exe, "analyze", st, "--tensor", "act", "--json")
+            r_npy = run(exe, "analyze", path, "--json")
+            check("safetensors tensor = its npy", r.returncode == 0 and json.loads(r.stdout) == json.loads(r_npy.stdout),
+                  r.stderr)
+            r = run(exe, "analyze", st, "--tensor", "w")
+            check("safetensors F16 tensor", r.returncode == 0 and "F16 'w' (16, 64)" in r.stdout, r.stdout[:200] + r.stderr)
+            for args, needle in [((st,), "--tensor NAME"), ((st, "--tensor", "nope"), "no tensor 'nope'"),
+                                 ((st, "--tensor", "ids"), "I64")]:
+                r = run(exe, "analyze", *args)
+                lines = r.stderr.strip().splitlines()
+                check(f"safetensors error {needle}", r.returncode == 2 and len(lines) == 1 and needle in lines[0],
+                      f"rc={r.returncode} stderr={r.stderr!r}")
         r = run(exe, "analyze", "--help")
         check("help", r.returncode == 0 and "granularity" in r.stdout)
     return summary()

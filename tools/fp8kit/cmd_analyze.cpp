@@ -14,6 +14,8 @@
 #include "fp8kit/error.hpp"
 #include "fp8kit/npy.hpp"
 #include "fp8kit/quantize.hpp"
+#include "fp8kit/safetensors.hpp"
+#include "fp8kit/tensor.hpp"
 
 namespace fp8kit::cli {
 namespace {
@@ -124,20 +126,59 @@ void run_analyze(const AnalyzeArgs& args) {
     throw UsageError("'" + args.file +
                      "' is a pickle file, which fp8kit never loads (it can run code); save the tensor with numpy.save");
   }
-  if (ext != ".npy") throw UsageError("'" + args.file + "': analyze reads NumPy .npy files (save one with numpy.save)");
-  if (!args.tensor.empty()) {
-    throw UsageError("--tensor selects a tensor inside a multi-tensor file; '" + args.file + "' holds a single array");
+  if (ext != ".npy" && ext != ".safetensors") {
+    throw UsageError("'" + args.file + "': analyze reads NumPy .npy and .safetensors files (numpy.save, save_file)");
   }
-  NpyArray array;
-  try {
-    array = load_npy(path);
-  } catch (const Error& e) {
-    throw UsageError(e.what());
+  // The values as float32 with their shape and a description of where they came from.
+  std::vector<float> values;
+  std::vector<std::int64_t> shape;
+  std::string source_dtype;
+  if (ext == ".npy") {
+    if (!args.tensor.empty()) {
+      throw UsageError("--tensor selects a tensor inside a .safetensors file; '" + args.file +
+                       "' holds a single array");
+    }
+    NpyArray array;
+    try {
+      array = load_npy(path);
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
+    values = array.to_float32();
+    shape.assign(array.shape.begin(), array.shape.end());
+    source_dtype = array.descr;
+  } else {
+    const SafetensorsFile file = SafetensorsFile::open(path);
+    std::vector<std::string> floating;
+    for (const SafetensorsTensor& t : file.tensors()) {
+      const auto d = tensor_dtype(t.dtype);
+      if (d && (*d == DType::float32 || *d == DType::float16 || *d == DType::bfloat16 || *d == DType::float64)) {
+        floating.push_back(t.name);
+      }
+    }
+    std::string name = args.tensor;
+    if (name.empty()) {
+      if (floating.size() != 1) {
+        throw UsageError("'" + args.file + "' holds " + std::to_string(floating.size()) +
+                         " floating-point tensors: choose one with --tensor NAME (fp8kit inspect lists them)");
+      }
+      name = floating.front();
+    }
+    const SafetensorsTensor* t = file.find(name);
+    if (t == nullptr) throw UsageError("'" + args.file + "' has no tensor '" + name + "' (fp8kit inspect lists them)");
+    if (std::find(floating.begin(), floating.end(), name) == floating.end()) {
+      throw UsageError("tensor '" + name + "' is " + std::string(fp8kit::name(t->dtype)) +
+                       ": analyze takes F32, F16, BF16 or F64 tensors");
+    }
+    const Tensor f32 = to_tensor(*t).to(DType::float32);
+    values.assign(f32.span<float>().begin(), f32.span<float>().end());
+    shape.assign(t->shape.begin(), t->shape.end());
+    source_dtype = std::string(fp8kit::name(t->dtype)) + " '" + name + "'";
   }
-  const std::vector<float> values = array.to_float32();
-  const std::int64_t cols = array.shape.empty() ? 1 : std::max<std::int64_t>(array.shape.back(), 1);
-  const std::int64_t rows = array.numel() == 0 ? 0 : array.numel() / cols;
-  const MatrixView view{values.data(), rows, array.numel() == 0 ? 0 : cols};
+  const auto numel = static_cast<std::int64_t>(values.size());
+  const std::int64_t cols = shape.empty() ? 1 : std::max<std::int64_t>(shape.back(), 1);
+  const std::int64_t rows = numel == 0 ? 0 : numel / cols;
+  const MatrixView view{values.data(), rows, numel == 0 ? 0 : cols};
   const Overflow overflow = args.no_saturate ? Overflow::kNonSaturating : Overflow::kSaturate;
 
   std::vector<Row> results;
@@ -171,10 +212,10 @@ void run_analyze(const AnalyzeArgs& args) {
     fmt::print("{}\n", out.dump(2));
     return;
   }
-  std::string shape;
-  for (std::size_t i = 0; i < array.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(array.shape[i]);
-  fmt::print("{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file, array.descr,
-             shape.empty() ? "scalar" : "(" + shape + ")", rows, view.cols,
+  std::string shape_text;
+  for (std::size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
+  fmt::print("{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file, source_dtype,
+             shape_text.empty() ? "scalar" : "(" + shape_text + ")", rows, view.cols,
              overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
              results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count);
   fmt::print("{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale", "SQNR dB",
@@ -192,7 +233,8 @@ void run_analyze(const AnalyzeArgs& args) {
 void add_analyze_command(CLI::App& app) {
   auto args = std::make_shared<AnalyzeArgs>();
   CLI::App* cmd = app.add_subcommand("analyze", "Does FP8 hold this tensor, and at which granularity? (.npy files)");
-  cmd->add_option("FILE", args->file, "A NumPy .npy file (float16, float32 or float64, any shape)")->required();
+  cmd->add_option("FILE", args->file, "A NumPy .npy file or a .safetensors file (floating tensors, any shape)")
+      ->required();
   cmd->add_option("--tensor", args->tensor, "The tensor to analyze in a multi-tensor file");
   cmd->add_option("--format", args->formats, "Comma-separated formats (default e4m3fn,e5m2)");
   cmd->add_option(
