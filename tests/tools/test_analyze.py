@@ -104,6 +104,15 @@ def main():
                   r.stderr)
             r = run(exe, "analyze", st, "--tensor", "w")
             check("safetensors F16 tensor", r.returncode == 0 and "F16 'w' (16, 64)" in r.stdout, r.stdout[:200] + r.stderr)
+            # inspect says what analyze would say, per high-precision tensor (integers get no analysis)
+            r = run(exe, "inspect", st, "--json")
+            tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]} if r.returncode == 0 else {}
+            check("inspect analysis", r.returncode == 0 and tensors["act"]["e4m3fn_holds_at"] == "tensor" and
+                  abs(tensors["act"]["e4m3fn_sqnr_db"] - t["sqnr_db"]) < 1e-9 and "e4m3fn_holds_at" not in tensors["ids"],
+                  r.stderr + r.stdout[:300])
+            r = run(exe, "inspect", st, "--json", "--no-analysis")
+            check("inspect --no-analysis", r.returncode == 0 and
+                  all("e4m3fn_holds_at" not in x for x in json.loads(r.stdout)["tensors"]), r.stderr)
             for args, needle in [((st,), "--tensor NAME"), ((st, "--tensor", "nope"), "no tensor 'nope'"),
                                  ((st, "--tensor", "ids"), "I64")]:
                 r = run(exe, "analyze", *args)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli_common.hpp"
+#include "fp8_verdict.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/npy.hpp"
 #include "fp8kit/quantize.hpp"
@@ -30,37 +31,7 @@ struct AnalyzeArgs {
   bool json = false;
 };
 
-struct Row {
-  Format format;
-  Granularity granularity;
-  QuantDiagnostics d;
-};
-
-// What "holds" means in the verdict: a signal-to-noise ratio FP8's 3-4 significant bits can reach on
-// well-scaled data, almost nothing flushed to zero, and nothing clipped.
-constexpr double kGoodSqnrDb = 25.0;
-constexpr double kMaxUnderflowFraction = 0.001;
-
-bool holds(const QuantDiagnostics& d) {
-  const bool sqnr_ok = d.exact || (d.sqnr_db && *d.sqnr_db >= kGoodSqnrDb);
-  return sqnr_ok && d.saturated_count == 0 && d.underflow_fraction() <= kMaxUnderflowFraction;
-}
-
-// Coarser granularities need fewer scales: prefer them when they hold.
-int coarseness_rank(const Granularity& g) {
-  switch (g.kind) {
-    case Granularity::Kind::kTensor:
-      return 0;
-    case Granularity::Kind::kRow:
-    case Granularity::Kind::kColumn:
-      return 1;
-    case Granularity::Kind::kBlock:
-      return 2;
-    case Granularity::Kind::kMx:
-      return 3;
-  }
-  return 4;
-}
+using Row = VerdictRow;
 
 std::string sqnr_text(const QuantDiagnostics& d) {
   if (d.sqnr_db) return fmt::format("{:.1f}", *d.sqnr_db);
@@ -68,16 +39,8 @@ std::string sqnr_text(const QuantDiagnostics& d) {
 }
 
 std::string verdict(const std::vector<Row>& rows) {
-  const Row* best = nullptr;
-  for (const Row& r : rows) {
-    if (!holds(r.d)) continue;
-    // e4m3fn's precision is the point of FP8 for weights and activations; among holders prefer coarse, then SQNR
-    if (best == nullptr || coarseness_rank(r.granularity) < coarseness_rank(best->granularity) ||
-        (coarseness_rank(r.granularity) == coarseness_rank(best->granularity) &&
-         r.d.sqnr_db.value_or(1e9) > best->d.sqnr_db.value_or(1e9))) {
-      best = &r;
-    }
-  }
+  // e4m3fn's precision is the point of FP8 for weights and activations; among holders prefer coarse, then SQNR
+  const Row* best = best_holding(rows);
   if (best != nullptr) {
     return fmt::format("verdict: {} holds this tensor at '{}' granularity (SQNR {} dB, {:.3f}% underflow, 0 saturated)",
                        name(best->format), best->granularity.name(), sqnr_text(best->d),

@@ -1,15 +1,22 @@
 // `fp8kit inspect FILE`: what a safetensors file or checkpoint directory holds: every tensor's dtype, shape and
-// bytes, the detected FP8 layout and why, and which weights are quantized with which scales (--json for machines).
+// bytes, the detected FP8 layout and why, which weights are quantized with which scales, and for high-precision
+// tensors what `fp8kit analyze` would say in e4m3fn (--json for machines).
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "checkpoint_io.hpp"
 #include "cli_common.hpp"
+#include "fp8_verdict.hpp"
 #include "fp8kit/checkpoint_layout.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/quantize.hpp"
+#include "fp8kit/safetensors.hpp"
+#include "fp8kit/tensor.hpp"
 
 namespace fp8kit::cli {
 namespace {
@@ -17,7 +24,45 @@ namespace {
 struct InspectArgs {
   std::string file;
   bool json = false;
+  bool no_analysis = false;
 };
+
+// What `fp8kit analyze` would say about a high-precision tensor in e4m3fn (saturating) at its default
+// granularities: the coarsest that holds, with its SQNR; nullopt for tensors that are not floating point.
+struct Fp8Analysis {
+  std::optional<VerdictRow> best;  // none holds when empty
+  double best_sqnr_db = 0.0;       // the best SQNR tried, when none holds
+};
+
+std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
+  const auto dtype = tensor_dtype(t.dtype);
+  if (!dtype || !(*dtype == DType::float32 || *dtype == DType::float16 || *dtype == DType::bfloat16 ||
+                  *dtype == DType::float64)) {
+    return std::nullopt;
+  }
+  const Tensor x = to_tensor(t).to(DType::float32);
+  if (x.numel() == 0) return std::nullopt;
+  const View2d v = x.view2d();
+  const MatrixView m{x.data<float>(), v.rows, v.cols};
+  std::vector<VerdictRow> rows;
+  for (const Granularity& g :
+       {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128), Granularity::mx()}) {
+    VerdictRow r{Format::e4m3fn, g, {}};
+    quantize(m, QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, g, {}}, &r.d);
+    rows.push_back(r);
+  }
+  Fp8Analysis a;
+  if (const VerdictRow* best = best_holding(rows)) a.best = *best;
+  for (const VerdictRow& r : rows) a.best_sqnr_db = std::max(a.best_sqnr_db, r.d.sqnr_db.value_or(0.0));
+  return a;
+}
+
+std::string analysis_text(const Fp8Analysis& a) {
+  if (a.best) {
+    return fmt::format("e4m3fn holds at '{}' ({:.1f} dB)", a.best->granularity.name(), a.best->d.sqnr_db.value_or(0.0));
+  }
+  return fmt::format("e4m3fn does not hold (best {:.1f} dB)", a.best_sqnr_db);
+}
 
 void run_inspect(const InspectArgs& args) {
   const CheckpointInput in = open_checkpoint_input(args.file);
@@ -43,6 +88,14 @@ void run_inspect(const InspectArgs& args) {
       if (w.input_scale) role[*w.input_scale] = "input scale of " + w.weight;
     }
   }
+  // High-precision tensors that are not scales: what analyze would say (skipped with --no-analysis).
+  std::map<std::string, Fp8Analysis> analysis;
+  if (!args.no_analysis) {
+    for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
+      if (role.count(t->name)) continue;
+      if (auto a = analyze_tensor(*t)) analysis[t->name] = *a;
+    }
+  }
   std::uint64_t total = 0;
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) total += t->bytes.size();
   const std::string layout = detection.layout ? std::string(name(*detection.layout)) : "none";
@@ -64,6 +117,12 @@ void run_inspect(const InspectArgs& args) {
                                                 ? in.checkpoint.weight_map().at(t->name)
                                                 : in.checkpoint.shards().front().path().filename().string()}};
       e["role"] = role.count(t->name) ? nlohmann::ordered_json(role.at(t->name)) : nlohmann::ordered_json(nullptr);
+      if (analysis.count(t->name)) {
+        const Fp8Analysis& a = analysis.at(t->name);
+        e["e4m3fn_holds_at"] =
+            a.best ? nlohmann::ordered_json(a.best->granularity.name()) : nlohmann::ordered_json(nullptr);
+        e["e4m3fn_sqnr_db"] = a.best ? a.best->d.sqnr_db.value_or(0.0) : a.best_sqnr_db;
+      }
       out["tensors"].push_back(e);
     }
     out["quantized"] = nlohmann::ordered_json::array();
@@ -86,8 +145,9 @@ void run_inspect(const InspectArgs& args) {
   width = std::min<std::size_t>(width, 72);
   fmt::print("{:<{}} {:<11} {:<18} {:>12}  {}\n", "name", width, "dtype", "shape", "bytes", "role");
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
-    fmt::print("{:<{}} {:<11} {:<18} {:>12}  {}\n", t->name, width, name(t->dtype), shape_string(t->shape),
-               t->bytes.size(), role.count(t->name) ? role.at(t->name) : "");
+    fmt::print(
+        "{:<{}} {:<11} {:<18} {:>12}  {}\n", t->name, width, name(t->dtype), shape_string(t->shape), t->bytes.size(),
+        role.count(t->name) ? role.at(t->name) : (analysis.count(t->name) ? analysis_text(analysis.at(t->name)) : ""));
   }
 }
 
@@ -100,6 +160,8 @@ void add_inspect_command(CLI::App& app) {
   cmd->add_option("FILE", args->file, "A .safetensors file, or a directory with model.safetensors.index.json")
       ->required();
   cmd->add_flag("--json", args->json, "Print a JSON object instead of the table");
+  cmd->add_flag("--no-analysis", args->no_analysis,
+                "Skip the e4m3fn analysis of high-precision tensors (it reads and quantizes each one)");
   cmd->callback([args] { run_inspect(*args); });
 }
 
