@@ -5,8 +5,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
+#include "convert/kernels.hpp"
 #include "fp8kit/amax.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"
@@ -236,7 +238,10 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
     s.record(nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.amax);
     q = quantize_with_scale(m, format, scale);
     if (log) {
-      // The loss this scale caused, measured on the codes just written.
+      // The loss this scale caused, measured on the codes just written. Saturated: at or past the magnitude that
+      // rounds beyond the largest finite value (the threshold quantize()'s diagnostics use too).
+      const float overflow = std::bit_cast<float>(
+          convert_detail::make_encode_params(CastOptions{format, Overflow::kSaturate}).overflow_bits);
       std::vector<float> back(q.data.size());
       dequantize(q, back);
       for (std::size_t i = 0; i < back.size(); ++i) {
@@ -246,7 +251,7 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
           ++diag.nonzero_finite;
           if (back[i] == 0.0f) ++diag.underflow_count;
         }
-        if (std::fabs(xi * scale) >= fp8kit::max_finite(format)) ++diag.saturated_count;
+        if (std::fabs(xi * scale) >= overflow) ++diag.saturated_count;
       }
     }
   } else {
