@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "fp8kit/scaled_mm.hpp"
 #include "mm_kernels.hpp"
@@ -15,6 +16,14 @@ struct MmPlan {
   bool blocked = false;    // more than one K block can exist: scales are applied per block
   ScaleIndex sa, sb;       // sa(i, kb), sb(j, kb)
 };
+
+// The shapes every product checks the same way: out (M x N) = A (M x K) times B (N x K when nk, else K x N), with K
+// equal on both sides and a bias of N values or none. `op` names the product in the errors ("scaled_mm: ...").
+// The plan's scales start as 1 (no scale); products with scales set their own.
+MmPlan plan_shapes(const char* op, std::int64_t a_rows, std::int64_t a_cols, std::int64_t b_rows, std::int64_t b_cols,
+                   bool nk, std::span<const float> bias);
+// An output buffer must hold exactly M x N floats.
+void check_output(const char* op, const MmPlan& p, std::size_t out_size);
 
 // Validates scaled_mm operands and options; throws fp8kit::Error (kInvalidArgument) naming what does not fit.
 MmPlan plan_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options);

@@ -310,8 +310,7 @@ RightSource right_source(const ScaledMatrix& b, bool nk, const MmPlan& p) {
 float scaled_mm_into(const ScaledMatrix& a, const ScaledMatrix& b, std::span<float> out, const ScaledMmOptions& options,
                      MmPath* path) {
   const mm_detail::MmPlan p = mm_detail::plan_scaled_mm(a, b, options);
-  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == p.m * p.n, "scaled_mm: the output has ", out.size(),
-               " elements, ", p.m, "x", p.n, " needs ", p.m * p.n);
+  mm_detail::check_output("scaled_mm", p, out.size());
   mm_detail::LeftSource left;
   left.codes = a.data.data();
   left.table = &mm_detail::decode_table(a.format);
@@ -356,20 +355,8 @@ void matmul(ActivationView a, ActivationView b, BLayout b_layout, std::span<floa
   check_float_operand("A", a);
   check_float_operand("B", b);
   const bool nk = b_layout == BLayout::kNK;
-  mm_detail::MmPlan p;
-  p.m = a.rows;
-  p.k = a.cols;
-  p.n = nk ? b.rows : b.cols;
-  const std::int64_t kb = nk ? b.cols : b.rows;
-  FP8KIT_CHECK(kb == p.k, "matmul: A is ", p.m, "x", p.k, " but B has K = ", kb,
-               nk ? " (B given as N x K)" : " (B given as K x N)");
-  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == p.m * p.n, "matmul: the output has ", out.size(), " elements, ",
-               p.m, "x", p.n, " needs ", p.m * p.n);
-  FP8KIT_CHECK(bias.empty() || static_cast<std::int64_t>(bias.size()) == p.n, "matmul: bias has ", bias.size(),
-               " values for N = ", p.n);
-  p.kstep = std::max<std::int64_t>(1, p.k);
-  p.sa = mm_detail::ScaleIndex{&mm_detail::kUnitScale};
-  p.sb = mm_detail::ScaleIndex{&mm_detail::kUnitScale};
+  const mm_detail::MmPlan p = mm_detail::plan_shapes("matmul", a.rows, a.cols, b.rows, b.cols, nk, bias);
+  mm_detail::check_output("matmul", p, out.size());
   mm_detail::RightSource right;
   right.f32 = b.dtype == DType::float32 ? static_cast<const float*>(b.data) : nullptr;
   right.bf16 = b.dtype == DType::bfloat16 ? static_cast<const bfloat16*>(b.data) : nullptr;
@@ -385,9 +372,9 @@ void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std:
   check_float_operand("A", a);
   check_float_operand("B", b);
   const bool nk = b_layout == BLayout::kNK;
-  const std::int64_t m = a.rows, k = a.cols, n = nk ? b.rows : b.cols;
-  FP8KIT_CHECK((nk ? b.cols : b.rows) == k && static_cast<std::int64_t>(out.size()) == m * n,
-               "matmul_reference: shapes do not fit");
+  const mm_detail::MmPlan p = mm_detail::plan_shapes("matmul_reference", a.rows, a.cols, b.rows, b.cols, nk, bias);
+  mm_detail::check_output("matmul_reference", p, out.size());
+  const std::int64_t m = p.m, k = p.k, n = p.n;
   const mm_detail::LeftSource left = activation_source(a), right = activation_source(b);
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {

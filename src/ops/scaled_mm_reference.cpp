@@ -64,15 +64,31 @@ void check_b_granularity(const char* what, const ScaledMatrix& b, bool nk) {
 
 }  // namespace
 
+MmPlan plan_shapes(const char* op, std::int64_t a_rows, std::int64_t a_cols, std::int64_t b_rows, std::int64_t b_cols,
+                   bool nk, std::span<const float> bias) {
+  MmPlan p;
+  p.m = a_rows;
+  p.k = a_cols;
+  p.n = nk ? b_rows : b_cols;
+  const std::int64_t kb = nk ? b_cols : b_rows;
+  FP8KIT_CHECK(kb == p.k, op, ": A is ", p.m, "x", p.k, " but B has K = ", kb,
+               nk ? " (B given as N x K)" : " (B given as K x N)");
+  FP8KIT_CHECK(bias.empty() || static_cast<std::int64_t>(bias.size()) == p.n, op, ": bias has ", bias.size(),
+               " values for N = ", p.n);
+  p.kstep = std::max<std::int64_t>(1, p.k);
+  p.sa = ScaleIndex{&kUnitScale};
+  p.sb = ScaleIndex{&kUnitScale};
+  return p;
+}
+
+void check_output(const char* op, const MmPlan& p, std::size_t out_size) {
+  FP8KIT_CHECK(static_cast<std::int64_t>(out_size) == p.m * p.n, op, ": the output has ", out_size, " elements, ", p.m,
+               "x", p.n, " needs ", p.m * p.n);
+}
+
 MmPlan plan_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options) {
   const bool nk = options.b_layout == BLayout::kNK;
-  MmPlan p;
-  p.m = a.rows;
-  p.k = a.cols;
-  p.n = nk ? b.rows : b.cols;
-  const std::int64_t kb_rows = nk ? b.cols : b.rows;
-  FP8KIT_CHECK(kb_rows == p.k, "scaled_mm: A is ", p.m, "x", p.k, " but B has K = ", kb_rows,
-               nk ? " (B given as N x K)" : " (B given as K x N)");
+  MmPlan p = plan_shapes("scaled_mm", a.rows, a.cols, b.rows, b.cols, nk, options.bias);
   check_element_format("scaled_mm: A", a);
   check_element_format("scaled_mm: B", b);
   FP8KIT_CHECK(!(is_e5m2_family(a.format) && is_e5m2_family(b.format)), "scaled_mm: ", name(a.format), " x ",
@@ -83,8 +99,6 @@ MmPlan plan_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const Scaled
   check_b_granularity("scaled_mm: B", b, nk);
   FP8KIT_CHECK(options.out_dtype == DType::float32 || options.out_dtype == DType::bfloat16,
                "scaled_mm: the output must be float32 or bfloat16, not ", name(options.out_dtype));
-  FP8KIT_CHECK(options.bias.empty() || static_cast<std::int64_t>(options.bias.size()) == p.n, "scaled_mm: bias has ",
-               options.bias.size(), " values for N = ", p.n);
   const bool a_blocked = is_blocked(a), b_blocked = is_blocked(b);
   const std::int64_t kba = a_blocked ? a.block_cols() : p.k;
   const std::int64_t kbb = b_blocked ? (nk ? b.block_cols() : b.block_rows()) : p.k;
@@ -108,21 +122,12 @@ MmPlan plan_weight_mm(const ActivationView& x, const ScaledMatrix& w, std::span<
                "fp8_weight_mm: activations must be float32 or bfloat16, not ", name(x.dtype));
   FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0 && (x.data != nullptr || x.rows * x.cols == 0), "fp8_weight_mm: activations ",
                x.rows, "x", x.cols, " without data");
-  FP8KIT_CHECK(w.cols == x.cols, "fp8_weight_mm: activations are ", x.rows, "x", x.cols, " but the weights are ",
-               w.rows, "x", w.cols, " (N x K: K must match)");
   check_element_format("fp8_weight_mm: the weights", w);
   check_b_granularity("fp8_weight_mm: the weights", w, true);
-  MmPlan p;
-  p.m = x.rows;
-  p.k = x.cols;
-  p.n = w.rows;
-  FP8KIT_CHECK(bias.empty() || static_cast<std::int64_t>(bias.size()) == p.n, "fp8_weight_mm: bias has ", bias.size(),
-               " values for N = ", p.n);
-  FP8KIT_CHECK(static_cast<std::int64_t>(out_size) == p.m * p.n, "fp8_weight_mm: the output has ", out_size,
-               " elements, ", p.m, "x", p.n, " needs ", p.m * p.n);
+  MmPlan p = plan_shapes("fp8_weight_mm", x.rows, x.cols, w.rows, w.cols, true, bias);
+  check_output("fp8_weight_mm", p, out_size);
   p.blocked = is_blocked(w);
   p.kstep = std::max<std::int64_t>(1, p.blocked ? w.block_cols() : p.k);
-  p.sa = ScaleIndex{&kUnitScale};
   p.sb = b_scales(w, true);
   return p;
 }
