@@ -14,6 +14,7 @@
 #include "fp8kit/memory.hpp"
 #include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/gpt.hpp"
+#include "fp8kit/nn/train_checkpoint.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -83,6 +84,7 @@ std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
 TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
                   const std::function<void(const StepLog&)>& on_step) {
   FP8KIT_CHECK(config.steps >= 1, "train: steps must be at least 1, got ", config.steps);
+  TrainCheckpointer checkpoints(config, recipe);  // checks the checkpoint fields before any work
   const std::unique_ptr<Dataset> data = make_dataset(config);
   reset_peak_memory();
   const std::int64_t baseline = memory_stats().current_bytes;
@@ -107,7 +109,13 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
     ctx.recipe = &recipe;
     ctx.report = &report;
     std::vector<double> times;
-    for (std::int64_t step = 0; step < config.steps; ++step) {
+    if (checkpoints.resuming()) {
+      TrainProgress resumed = checkpoints.resume(*model, adamw);
+      result.start_step = resumed.next_step;
+      result.losses = std::move(resumed.losses);
+      result.skipped_steps = resumed.skipped_steps;
+    }
+    for (std::int64_t step = result.start_step; step < config.steps; ++step) {
       const Batch batch = data->batch(step);
       const auto t0 = std::chrono::steady_clock::now();
       report.clear();
@@ -150,9 +158,11 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
       log.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       times.push_back(log.ms);
       result.losses.push_back(log.loss);
+      checkpoints.after_step(step, *model, adamw, result.losses, result.skipped_steps);
       if (config.log_scales) log.scales = report.scales;
       if (on_step) on_step(log);
     }
+    checkpoints.finish(*model, adamw, result.losses, result.skipped_steps);
     result.step_ms = median(times);
   }
   result.peak_bytes = memory_stats().peak_bytes - baseline;

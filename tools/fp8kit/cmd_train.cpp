@@ -1,10 +1,12 @@
 // `fp8kit train`: trains the small GPT or CNN under one recipe or compares several, and prints the article's table
-// (peak memory, median step time, final loss, each against fp32); optional trace, scale log, loss plot, JSON.
+// (peak memory, median step time, final loss, each against fp32); optional trace, scale log, loss plot, JSON;
+// training checkpoints (save, resume) and the FP8 inference export of one recipe's run.
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -13,9 +15,12 @@
 #include <vector>
 
 #include "cli_common.hpp"
+#include "fp8kit/checkpoint_layout.hpp"
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
+#include "fp8kit/nn/fp8_export.hpp"
 #include "fp8kit/nn/train.hpp"
+#include "fp8kit/nn/train_checkpoint.hpp"
 
 namespace fp8kit::cli {
 namespace {
@@ -32,7 +37,14 @@ struct TrainArgs {
   std::string on_nonfinite = "skip";
   int conv_max_area = 32;
   std::int64_t inject_nan = -1;
+  std::string save_checkpoint, resume, export_fp8, export_scheme, export_layout;
+  std::int64_t checkpoint_every = 0;
+  bool force = false;
+  // Which options were given: a resumed run takes the others from its checkpoint.
+  bool model_given = false, seed_given = false, steps_given = false, data_given = false, conv_area_given = false;
 };
+
+namespace fs = std::filesystem;
 
 constexpr const char* kDefaultCompare = "fp32,bf16,fp8-delayed";
 
@@ -129,7 +141,91 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
   if (!out) throw UsageError("--plot: writing '" + path + "' failed");
 }
 
-void run(const TrainArgs& a) {
+// Whether two paths name the same file (or would, once written).
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+}
+
+// An output of `option` that train will write at the end: checked before any work, so that a long run never ends
+// in "cannot write". A .safetensors file (or, where `directory_ok`, any other path is a directory).
+void check_train_output(const std::string& option, const std::string& path, bool force, bool directory_ok) {
+  std::error_code ec;
+  const fs::path p(path);
+  const bool file = p.extension() == ".safetensors";
+  if (!file && !directory_ok) throw UsageError(option + ": '" + path + "' must end in .safetensors");
+  if (file) {
+    if (fs::is_directory(p, ec)) throw UsageError(option + ": '" + path + "' is a directory; give a file name");
+    if (fs::exists(p, ec) && !force) throw UsageError(option + ": '" + path + "' exists; pass --force to replace it");
+    const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    if (!fs::is_directory(parent, ec)) {
+      throw UsageError(option + ": the directory '" + parent.string() + "' does not exist; create it first");
+    }
+  } else {
+    if (fs::exists(p, ec) && !fs::is_directory(p, ec)) {
+      throw UsageError(option + ": '" + path + "' is a file; give a directory or a .safetensors file name");
+    }
+    if (fs::is_directory(p, ec) && !fs::is_empty(p, ec) && !force) {
+      throw UsageError(option + ": '" + path + "' exists and is not empty; pass --force to write into it");
+    }
+  }
+}
+
+// The checkpoint options: one run only, pairs that go together, outputs that may be written, and (resuming) the
+// options left out taken from the checkpoint. Returns the checkpoint's description when resuming.
+std::optional<nn::TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
+  const bool any = !a.save_checkpoint.empty() || !a.resume.empty() || !a.export_fp8.empty();
+  if (a.checkpoint_every < 0) {
+    throw UsageError("--checkpoint-every must be at least 1, got " + std::to_string(a.checkpoint_every));
+  }
+  if (a.checkpoint_every > 0 && a.save_checkpoint.empty()) {
+    throw UsageError("--checkpoint-every needs --save-checkpoint FILE (where to write)");
+  }
+  if ((!a.export_scheme.empty() || !a.export_layout.empty()) && a.export_fp8.empty()) {
+    throw UsageError("--export-scheme and --export-layout need --export-fp8 PATH (where to write)");
+  }
+  if (a.force && !any) throw UsageError("--force replaces the outputs of --save-checkpoint and --export-fp8; give one");
+  if (!any) return std::nullopt;
+  if (!a.compare.empty()) {
+    throw UsageError("--save-checkpoint, --resume and --export-fp8 take one run: give --recipe R, not --compare");
+  }
+  std::optional<nn::TrainCheckpointInfo> info;
+  if (!a.resume.empty()) {
+    std::error_code ec;
+    if (!fs::exists(a.resume, ec)) throw UsageError("--resume: '" + a.resume + "' does not exist");
+    info = nn::read_train_checkpoint_info(a.resume);
+    if (!a.model_given) a.model = info->model;
+    if (!a.seed_given) a.seed = info->seed;
+    if (!a.steps_given) a.steps = info->steps;
+    if (!a.data_given) a.data = info->data_path;
+    if (!a.conv_area_given) a.conv_max_area = info->recipe.fp8_conv_max_kernel_area;
+    if (a.recipe.empty()) a.recipe = info->recipe.name();
+  }
+  if (a.recipe.empty()) {
+    throw UsageError("--save-checkpoint and --export-fp8 need one recipe: give --recipe R");
+  }
+  if (!a.save_checkpoint.empty()) check_train_output("--save-checkpoint", a.save_checkpoint, a.force, false);
+  if (!a.export_fp8.empty()) check_train_output("--export-fp8", a.export_fp8, a.force, true);
+  const std::vector<std::pair<std::string, std::string>> outputs = {{"--save-checkpoint", a.save_checkpoint},
+                                                                    {"--export-fp8", a.export_fp8}};
+  for (const auto& [option, path] : outputs) {
+    if (path.empty()) continue;
+    if (!a.resume.empty() && same_path(path, a.resume)) {
+      throw UsageError(option + ": '" + path + "' is the checkpoint to resume from; write to another path");
+    }
+    if (!a.data.empty() && same_path(path, a.data)) {
+      throw UsageError(option + ": '" + path + "' is the training data; write to another path");
+    }
+  }
+  if (!a.save_checkpoint.empty() && !a.export_fp8.empty() && same_path(a.save_checkpoint, a.export_fp8)) {
+    throw UsageError("--save-checkpoint and --export-fp8 name the same file; give two paths");
+  }
+  return info;
+}
+
+void run(TrainArgs a) {
+  const std::optional<nn::TrainCheckpointInfo> resumed = prepare_checkpoints(a);
   if (a.model != "gpt" && a.model != "cnn") {
     throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
   }
@@ -142,7 +238,27 @@ void run(const TrainArgs& a) {
     throw UsageError("--on-nonfinite: '" + a.on_nonfinite + "' (use skip or abort)");
   }
   if (a.conv_max_area < 1) throw UsageError("--fp8-conv-max-kernel-area must be at least 1");
-  const std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
+  std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
+  if (resumed && recipes.front().name() == resumed->recipe.name()) {
+    // The checkpoint's settings (amax history, margin, ...), with the one the command line may change.
+    const int area = recipes.front().fp8_conv_max_kernel_area;
+    recipes.front() = resumed->recipe;
+    recipes.front().fp8_conv_max_kernel_area = area;
+  }
+  std::optional<nn::Fp8ExportOptions> export_options;
+  if (!a.export_fp8.empty()) {
+    std::optional<QuantScheme> scheme;
+    std::optional<CheckpointLayout> layout;
+    if (!a.export_scheme.empty() && !(scheme = parse_quant_scheme(a.export_scheme))) {
+      throw UsageError("unknown --export-scheme '" + a.export_scheme +
+                       "' (use fp8-tensor, fp8-channel, fp8-block, mxfp8)");
+    }
+    if (!a.export_layout.empty() && !(layout = parse_checkpoint_layout(a.export_layout))) {
+      throw UsageError("unknown --export-layout '" + a.export_layout +
+                       "' (use native, deepseek, compressed-tensors, autofp8, fbgemm, mxfp8)");
+    }
+    export_options = nn::resolve_fp8_export(recipes.front(), scheme, layout);
+  }
   if (a.threads > 0) set_num_threads(a.threads);
   nn::TrainConfig config;
   config.model = a.model;
@@ -152,6 +268,24 @@ void run(const TrainArgs& a) {
   config.on_nonfinite = a.on_nonfinite == "abort" ? nn::OnNonfinite::kAbort : nn::OnNonfinite::kSkip;
   config.log_scales = !a.log_scales.empty();
   if (a.inject_nan >= 0) config.inject_nan_step = a.inject_nan;
+  config.save_checkpoint = a.save_checkpoint;
+  config.checkpoint_every = a.checkpoint_every;
+  config.resume_from = a.resume;
+  config.export_fp8 = a.export_fp8;
+  if (export_options) {
+    config.export_scheme = export_options->scheme;
+    config.export_layout = export_options->layout;
+  }
+  if (resumed) {
+    nn::check_resumable(a.resume, *resumed, config, recipes.front());  // before any output is opened
+    if (a.steps != resumed->steps) {
+      std::fprintf(stderr,
+                   "note: --steps %lld differs from the checkpoint's run (%lld steps): from step %lld on, the "
+                   "learning rate follows a %lld-step schedule\n",
+                   static_cast<long long>(a.steps), static_cast<long long>(resumed->steps),
+                   static_cast<long long>(resumed->next_step), static_cast<long long>(a.steps));
+    }
+  }
   std::optional<std::ofstream> scale_log;
   if (config.log_scales) {
     scale_log.emplace(a.log_scales, std::ios::binary | std::ios::trunc);
@@ -212,8 +346,11 @@ void run(const TrainArgs& a) {
                           {"steps", a.steps},           {"seed", a.seed},
                           {"final_loss", r.final_loss}, {"peak_bytes", r.peak_bytes},
                           {"step_ms", r.step_ms},       {"skipped_steps", r.skipped_steps},
-                          {"parameters", r.parameters}, {"threads", num_threads()}};
+                          {"parameters", r.parameters}, {"threads", num_threads()},
+                          {"start_step", r.start_step}, {"losses", r.losses}};
       if (!std::isfinite(r.final_loss)) o["final_loss"] = nullptr;
+      if (!a.save_checkpoint.empty()) o["checkpoint"] = a.save_checkpoint;
+      if (!a.export_fp8.empty()) o["export_fp8"] = a.export_fp8;
       if (fp32 != nullptr) {
         o["memory_ratio"] = static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes);
         o["step_time_ratio"] = r.step_ms / fp32->step_ms;
@@ -245,6 +382,17 @@ void run(const TrainArgs& a) {
       "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
       " temporaries); step time: median; final loss: mean of the last %lld steps\n",
       static_cast<long long>(std::min<std::int64_t>(10, a.steps)));
+  if (resumed) {
+    std::printf("resumed from %s at step %lld (peak memory and step time: this process's steps)\n", a.resume.c_str(),
+                static_cast<long long>(results.front().start_step));
+  }
+  if (!a.save_checkpoint.empty()) {
+    std::printf("checkpoint: %s (step %lld)\n", a.save_checkpoint.c_str(), static_cast<long long>(a.steps));
+  }
+  if (export_options) {
+    std::printf("FP8 export: %s (%s, %s layout)\n", a.export_fp8.c_str(),
+                std::string(name(export_options->scheme)).c_str(), std::string(name(export_options->layout)).c_str());
+  }
   for (std::size_t ri = 0; ri < summaries.size(); ++ri) {
     std::printf("\nprofile (%s): op, calls, path, reason, total time\n", results[ri].recipe.c_str());
     for (const auto& s : summaries[ri]) {
@@ -280,7 +428,27 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--inject-nan", args->inject_nan, "Write a NaN into a gradient at this step (to see the guard)");
   cmd->add_option("--fp8-conv-max-kernel-area", args->conv_max_area,
                   "FP8 convolutions only up to this kernel area (default 32)");
-  cmd->callback([args] { run(*args); });
+  cmd->add_option("--save-checkpoint", args->save_checkpoint,
+                  "Write a training checkpoint (.safetensors) after the last step (and every --checkpoint-every)");
+  cmd->add_option("--checkpoint-every", args->checkpoint_every, "Also write the checkpoint every N steps");
+  cmd->add_option("--resume", args->resume,
+                  "Continue the run of this checkpoint (its model, recipe, seed, steps, data unless given)");
+  cmd->add_option("--export-fp8", args->export_fp8,
+                  "Write the final weights as an FP8 inference checkpoint (.safetensors file, or a directory)");
+  cmd->add_option("--export-scheme", args->export_scheme,
+                  "fp8-tensor, fp8-channel, fp8-block, mxfp8 (default: the recipe's; fp8-tensor for non-block ones)");
+  cmd->add_option("--export-layout", args->export_layout,
+                  "native (default), deepseek, compressed-tensors, autofp8, fbgemm, mxfp8");
+  cmd->add_flag("--force", args->force, "Replace existing --save-checkpoint / --export-fp8 outputs");
+  cmd->callback([args, cmd] {
+    TrainArgs a = *args;
+    a.model_given = cmd->count("--model") > 0;
+    a.seed_given = cmd->count("--seed") > 0;
+    a.steps_given = cmd->count("--steps") > 0;
+    a.data_given = cmd->count("--data") > 0;
+    a.conv_area_given = cmd->count("--fp8-conv-max-kernel-area") > 0;
+    run(std::move(a));
+  });
 }
 
 }  // namespace fp8kit::cli

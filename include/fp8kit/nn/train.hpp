@@ -13,6 +13,11 @@
 #include "fp8kit/nn/optim.hpp"
 #include "fp8kit/nn/precision.hpp"
 
+namespace fp8kit {
+enum class QuantScheme : std::uint8_t;       // fp8kit/checkpoint_layout.hpp
+enum class CheckpointLayout : std::uint8_t;  // fp8kit/checkpoint_layout.hpp
+}  // namespace fp8kit
+
 namespace fp8kit::nn {
 
 enum class OnNonfinite : std::uint8_t { kSkip, kAbort };
@@ -30,6 +35,14 @@ struct TrainConfig {
   // Fault injection (tests, and `fp8kit train --inject-nan STEP` to see the guard work): at this step a NaN is
   // written into the first parameter's gradient after backward.
   std::optional<std::int64_t> inject_nan_step;
+  // Checkpoints (docs/nn.md, "Training checkpoints"; fp8kit/nn/train_checkpoint.hpp). Each path is written
+  // crash-safely and replaced when it exists (the CLI refuses that without --force).
+  std::string save_checkpoint;        // a training checkpoint after the last step (and every checkpoint_every)
+  std::int64_t checkpoint_every = 0;  // 0: only after the last step
+  std::string resume_from;            // continue the run of this checkpoint from its step to `steps`
+  std::string export_fp8;             // the final weights as an FP8 inference checkpoint (.safetensors or a directory)
+  std::optional<QuantScheme> export_scheme;       // default: the recipe's (fp8-block, mxfp8; else fp8-tensor)
+  std::optional<CheckpointLayout> export_layout;  // default: native
 };
 
 struct StepLog {
@@ -44,11 +57,12 @@ struct TrainResult {
   std::string recipe;
   std::vector<float> losses;  // one per step (skipped steps included: their loss was computed)
   float final_loss = 0.0f;
-  std::int64_t peak_bytes = 0;  // memory_stats() peak over the run, from model creation to the end
-  double step_ms = 0.0;         // median step time
-  std::int64_t skipped_steps = 0;
+  std::int64_t peak_bytes = 0;     // memory_stats() peak over the run, from model creation to the end
+  double step_ms = 0.0;            // median step time
+  std::int64_t skipped_steps = 0;  // over the whole run, those before a resume included
   std::int64_t parameters = 0;
-  std::string data;  // the dataset's description
+  std::int64_t start_step = 0;  // the step this process started at (a resumed run: the checkpoint's)
+  std::string data;             // the dataset's description
 };
 
 // Thrown by train() under OnNonfinite::kAbort: names the layer and tensor (or the parameter gradient).

@@ -1,0 +1,51 @@
+// The FP8 inference export of a trained model (`fp8kit train --export-fp8`): its 2-D linear weights quantized into
+// a checkpoint layout (fp8kit's native one unless told otherwise), the rest FP32, and in __metadata__ the original
+// dtype and overflow policy of every quantized weight and the recipe the model was trained with.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fp8kit/checkpoint_layout.hpp"
+#include "fp8kit/nn/model.hpp"
+#include "fp8kit/nn/precision.hpp"
+#include "fp8kit/nn/train.hpp"
+
+namespace fp8kit::nn {
+
+struct Fp8ExportOptions {
+  QuantScheme scheme = QuantScheme::kFp8Tensor;
+  CheckpointLayout layout = CheckpointLayout::kNative;
+  Format format = Format::e4m3fn;
+};
+
+// The options for a recipe and what the user chose. The scheme, when not given: the one the layout needs (deepseek:
+// fp8-block, mxfp8: mxfp8, autofp8: fp8-tensor, fbgemm: fp8-channel), else the recipe's weight granularity
+// (fp8-block for fp8-block, mxfp8 for mxfp8, fp8-tensor otherwise). The layout, when not given: native. Throws
+// Error(kInvalidArgument) with layout_refusal()'s line for a combination the layout cannot store.
+Fp8ExportOptions resolve_fp8_export(const PrecisionRecipe& recipe, std::optional<QuantScheme> scheme,
+                                    std::optional<CheckpointLayout> layout);
+
+struct Fp8ExportSummary {
+  std::filesystem::path file;          // the safetensors file written
+  std::vector<std::string> quantized;  // weight names, in parameter order
+  std::vector<std::string> kept;       // parameters left FP32 (skip_reason(): embeddings, norms, lm_head, biases, ...)
+  std::uint64_t bytes = 0;             // of the tensors
+};
+
+// Writes the model's parameters as an inference checkpoint: the weights skip_reason() accepts (2-D float `.weight`
+// tensors other than embeddings, norms, lm_head; convolution weights are 4-D and stay FP32) quantized with
+// quantize_checkpoint_tensor() (saturating), every other parameter FP32 under its own name. `path` ending in
+// .safetensors is one file; any other path is a directory (created) holding model.safetensors and a config.json
+// with the layout's quantization_config. __metadata__: "format" "pt"; "fp8kit.export.*": recipe, model, seed,
+// steps, scheme, layout, format, original_dtype (float32), overflow (saturate); "fp8kit.export.tensor.<weight>" =
+// "scheme=...;format=...;dtype=float32;overflow=saturate" for each quantized weight; and the native layout's own
+// entries. Crash-safe (write_safetensors, AtomicFile). Throws Error(kInvalidArgument) when no weight is quantized.
+Fp8ExportSummary export_fp8_checkpoint(const std::filesystem::path& path, Model& model, const TrainConfig& config,
+                                       const PrecisionRecipe& recipe, std::int64_t steps_done,
+                                       const Fp8ExportOptions& options);
+
+}  // namespace fp8kit::nn

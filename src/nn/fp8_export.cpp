@@ -1,0 +1,140 @@
+// The FP8 inference export: which parameters are quantized (the checkpoint commands' rule), into which layout, and
+// the metadata that says what they were (float32, saturating) and how the model was trained.
+#include "fp8kit/nn/fp8_export.hpp"
+
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "fp8kit/atomic_file.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/safetensors.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+namespace fs = std::filesystem;
+
+QuantScheme recipe_scheme(const PrecisionRecipe& recipe) {
+  switch (recipe.kind) {
+    case RecipeKind::kFp8Block:
+      return QuantScheme::kFp8Block;
+    case RecipeKind::kMxfp8:
+      return QuantScheme::kMxfp8;
+    default:
+      return QuantScheme::kFp8Tensor;
+  }
+}
+
+bool is_linear_weight(const Parameter& p) {
+  constexpr std::string_view kWeight = ".weight";
+  return p.value.dim() == 2 && p.name.size() > kWeight.size() &&
+         p.name.compare(p.name.size() - kWeight.size(), kWeight.size(), kWeight) == 0;
+}
+
+// layout_refusal()'s line in the words of `fp8kit train`, whose options are --export-layout and --export-scheme.
+[[noreturn]] void refuse(std::string refusal) {
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"--layout ", "--export-layout "},
+                                 std::pair<std::string, std::string>{"--scheme ", "--export-scheme "}}) {
+    if (const std::size_t at = refusal.find(from); at != std::string::npos) refusal.replace(at, from.size(), to);
+  }
+  FP8KIT_THROW(ErrorKind::kInvalidArgument, "FP8 export: ", refusal);
+}
+
+}  // namespace
+
+Fp8ExportOptions resolve_fp8_export(const PrecisionRecipe& recipe, std::optional<QuantScheme> scheme,
+                                    std::optional<CheckpointLayout> layout) {
+  Fp8ExportOptions o;
+  o.layout = layout.value_or(CheckpointLayout::kNative);
+  if (scheme) {
+    o.scheme = *scheme;
+  } else {
+    switch (o.layout) {
+      case CheckpointLayout::kDeepSeek:
+        o.scheme = QuantScheme::kFp8Block;
+        break;
+      case CheckpointLayout::kMxfp8:
+        o.scheme = QuantScheme::kMxfp8;
+        break;
+      case CheckpointLayout::kAutoFp8:
+        o.scheme = QuantScheme::kFp8Tensor;
+        break;
+      case CheckpointLayout::kFbgemm:
+        o.scheme = QuantScheme::kFp8Channel;
+        break;
+      default:
+        o.scheme = recipe_scheme(recipe);
+    }
+  }
+  if (auto refusal = layout_refusal(o.layout, o.scheme, o.format)) refuse(*refusal);
+  return o;
+}
+
+Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const TrainConfig& config,
+                                       const PrecisionRecipe& recipe, std::int64_t steps_done,
+                                       const Fp8ExportOptions& options) {
+  if (auto refusal = layout_refusal(options.layout, options.scheme, options.format)) refuse(*refusal);
+  const std::string scheme(name(options.scheme)), layout(name(options.layout)), format(name(options.format));
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"fp8kit.export.recipe", recipe.name()},
+      {"fp8kit.export.model", config.model},
+      {"fp8kit.export.seed", std::to_string(config.seed)},
+      {"fp8kit.export.steps", std::to_string(steps_done)},
+      {"fp8kit.export.scheme", scheme},
+      {"fp8kit.export.layout", layout},
+      {"fp8kit.export.format", format},
+      {"fp8kit.export.original_dtype", "float32"},
+      {"fp8kit.export.overflow", "saturate"},
+  };
+  Fp8ExportSummary summary;
+  std::vector<NamedTensor> tensors;
+  std::vector<std::string> ignored;  // 2-D weights left FP32, for the quantization_config
+  for (const Parameter* p : model.parameters()) {
+    if (skip_reason(p->name, SafetensorsDType::F32, p->value.shape())) {
+      if (is_linear_weight(*p)) ignored.push_back(p->name);
+      summary.kept.push_back(p->name);
+      tensors.push_back({p->name, p->value});
+      continue;
+    }
+    QuantizedCheckpointTensor q =
+        quantize_checkpoint_tensor(p->name, p->value, options.scheme, options.format, options.layout);
+    for (NamedTensor& t : q.tensors) tensors.push_back(std::move(t));
+    metadata.insert(q.metadata.begin(), q.metadata.end());
+    metadata["fp8kit.export.tensor." + p->name] =
+        "scheme=" + scheme + ";format=" + format + ";dtype=float32;overflow=saturate";
+    summary.quantized.push_back(p->name);
+  }
+  FP8KIT_CHECK(!summary.quantized.empty(), "FP8 export: the ", config.model,
+               " has no 2-D linear weight to quantize (embeddings, norms, lm_head and convolutions stay FP32)");
+  std::vector<SafetensorsEntry> entries;
+  for (const NamedTensor& t : tensors) {
+    entries.push_back(safetensors_entry(t.name, t.tensor));
+    summary.bytes += static_cast<std::uint64_t>(t.tensor.nbytes());
+  }
+
+  if (path.extension() == ".safetensors") {
+    summary.file = path;
+    write_safetensors(path, entries, metadata);
+    return summary;
+  }
+  // A directory, as serving stacks read it: model.safetensors and config.json with the quantization_config.
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  FP8KIT_CHECK_KIND(!ec, ErrorKind::kIo, "FP8 export: cannot create directory '", path.string(), "': ", ec.message());
+  summary.file = path / "model.safetensors";
+  write_safetensors(summary.file, entries, metadata);
+  nlohmann::ordered_json j = {
+      {"fp8kit", {{"model", config.model}, {"recipe", recipe.name()}, {"seed", config.seed}, {"steps", steps_done}}},
+      {"torch_dtype", "float32"},
+      {"quantization_config", nlohmann::ordered_json::parse(
+                                  quantization_config_json(options.layout, options.scheme, options.format, ignored))},
+  };
+  const std::string text = j.dump(2) + "\n";
+  AtomicFile out(path / "config.json");
+  out.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  out.commit();
+  return summary;
+}
+
+}  // namespace fp8kit::nn

@@ -1,0 +1,442 @@
+// Training checkpoints: the tensors and __metadata__ of a run between two steps, written crash-safely, and the
+// strict reading back (every field and tensor checked before the model is touched), plus the trainer's hooks.
+#include "fp8kit/nn/train_checkpoint.hpp"
+
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <system_error>
+
+#include "fp8kit/error.hpp"
+#include "fp8kit/nn/fp8_export.hpp"
+#include "fp8kit/safetensors.hpp"
+#include "fp8kit/version.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+namespace fs = std::filesystem;
+
+// __metadata__ keys, all under one prefix.
+constexpr std::string_view kPrefix = "fp8kit.train.";
+// Tensor name prefixes besides the parameters' own names.
+constexpr std::string_view kExpAvg = "optim.exp_avg.";
+constexpr std::string_view kExpAvgSq = "optim.exp_avg_sq.";
+constexpr std::string_view kOptimStep = "optim.step.";
+constexpr std::string_view kFp8 = "fp8.";
+constexpr std::string_view kLosses = "train.losses";
+
+constexpr TensorRole kRoles[] = {TensorRole::kInput, TensorRole::kWeight, TensorRole::kGradOutput};
+
+std::string key(std::string_view field) {
+  return std::string(kPrefix) + std::string(field);
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+std::string quoted(const fs::path& path) {
+  std::string out = "'";
+  out += path.string();
+  out += '\'';
+  return out;
+}
+
+// "[384, 128]"
+std::string shape_text(const Shape& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i != 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+std::string fp8_state_name(const Fp8LayerState& s, TensorRole role) {
+  return std::string(kFp8) + s.layer + "." + std::string(name(role));
+}
+
+// The shortest decimal that reads back as exactly v ("0.003").
+std::string exact(double v) {
+  char buf[40];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc() ? std::string(buf, end) : std::string("nan");
+}
+
+// The recipe's settings besides its name, as "key=value;..." (what Fp8LayerState and the dispatcher read).
+std::string recipe_settings(const PrecisionRecipe& r) {
+  return "amax_history_length=" + std::to_string(r.amax_history_length) +
+         ";amax_compute=" + (r.amax_compute == AmaxCompute::kMax ? "max" : "most_recent") +
+         ";margin=" + std::to_string(r.margin) +
+         ";fp8_conv_max_kernel_area=" + std::to_string(r.fp8_conv_max_kernel_area) +
+         ";min_fp8_gemm_macs=" + std::to_string(r.min_fp8_gemm_macs);
+}
+
+template <typename T>
+bool parse_number(std::string_view text, T& out) {
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  return ec == std::errc() && ptr == end && !text.empty();
+}
+
+// Reads the checked metadata fields of one file.
+class MetadataReader {
+ public:
+  MetadataReader(const fs::path& path, const std::map<std::string, std::string>& metadata)
+      : path_(path), metadata_(metadata) {}
+
+  const std::string& text(std::string_view field) const {
+    const auto it = metadata_.find(key(field));
+    FP8KIT_CHECK_KIND(it != metadata_.end(), ErrorKind::kParse, quoted(path_), ": __metadata__ has no '", key(field),
+                      "' (the file is damaged or was not written by fp8kit train --save-checkpoint)");
+    return it->second;
+  }
+  template <typename T>
+  T number(std::string_view field) const {
+    T v{};
+    FP8KIT_CHECK_KIND(parse_number(text(field), v), ErrorKind::kParse, quoted(path_), ": __metadata__ '", key(field),
+                      "' is '", text(field), "', not a number (the file is damaged)");
+    return v;
+  }
+  PrecisionRecipe recipe() const {
+    const std::string& name = text("recipe");
+    const auto parsed = PrecisionRecipe::parse(name);
+    FP8KIT_CHECK_KIND(parsed.has_value(), ErrorKind::kParse, quoted(path_), ": unknown recipe '", name,
+                      "' in __metadata__ (written by a newer fp8kit?)");
+    PrecisionRecipe r = *parsed;
+    const std::string& settings = text("recipe_settings");
+    std::map<std::string, std::string> fields;
+    std::size_t begin = 0;
+    while (begin <= settings.size()) {
+      const std::size_t end = std::min(settings.find(';', begin), settings.size());
+      const std::string item = settings.substr(begin, end - begin);
+      const std::size_t eq = item.find('=');
+      if (eq != std::string::npos) fields[item.substr(0, eq)] = item.substr(eq + 1);
+      begin = end + 1;
+    }
+    auto field = [&](const char* k, auto& out) {
+      FP8KIT_CHECK_KIND(fields.count(k) && parse_number(fields.at(k), out), ErrorKind::kParse, quoted(path_),
+                        ": __metadata__ '", key("recipe_settings"), "' has no valid ", k, " ('", settings, "')");
+    };
+    field("amax_history_length", r.amax_history_length);
+    field("margin", r.margin);
+    field("fp8_conv_max_kernel_area", r.fp8_conv_max_kernel_area);
+    field("min_fp8_gemm_macs", r.min_fp8_gemm_macs);
+    const auto compute = fields.find("amax_compute");
+    FP8KIT_CHECK_KIND(compute != fields.end() && (compute->second == "max" || compute->second == "most_recent"),
+                      ErrorKind::kParse, quoted(path_), ": __metadata__ '", key("recipe_settings"),
+                      "' has no valid amax_compute ('", settings, "')");
+    r.amax_compute = compute->second == "max" ? AmaxCompute::kMax : AmaxCompute::kMostRecent;
+    return r;
+  }
+
+ private:
+  const fs::path& path_;
+  const std::map<std::string, std::string>& metadata_;
+};
+
+SafetensorsFile open_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  FP8KIT_CHECK(fs::exists(path, ec), quoted(path),
+               " does not exist (give a checkpoint written by fp8kit train --save-checkpoint)");
+  return SafetensorsFile::open(path);
+}
+
+TrainCheckpointInfo info_of(const SafetensorsFile& file) {
+  const fs::path& path = file.path();
+  const auto& metadata = file.metadata();
+  const auto marker = metadata.find(key("format"));
+  if (marker == metadata.end() || marker->second != kTrainCheckpointFormat) {
+    const bool export_file = metadata.count("fp8kit.export.recipe") != 0;
+    FP8KIT_THROW(ErrorKind::kInvalidArgument, quoted(path), " is ",
+                 export_file ? "an FP8 inference export" : "not an fp8kit training checkpoint", " (no __metadata__ '",
+                 key("format"), "'); resume from a file written by fp8kit train --save-checkpoint");
+  }
+  const MetadataReader m(path, metadata);
+  TrainCheckpointInfo info;
+  info.version = m.number<int>("version");
+  FP8KIT_CHECK_KIND(info.version == kTrainCheckpointVersion, ErrorKind::kParse, quoted(path), " is a version ",
+                    info.version, " training checkpoint; this fp8kit (", kVersion, ") reads version ",
+                    kTrainCheckpointVersion, " (resume it with the fp8kit that wrote it)");
+  info.next_step = m.number<std::int64_t>("next_step");
+  info.steps = m.number<std::int64_t>("steps");
+  info.model = m.text("model");
+  info.seed = m.number<std::uint64_t>("seed");
+  info.lr = m.number<double>("lr");
+  info.warmup_steps = m.number<std::int64_t>("warmup_steps");
+  info.data_path = m.text("data");
+  info.data_fingerprint = m.text("data_fingerprint");
+  info.recipe = m.recipe();
+  info.skipped_steps = m.number<std::int64_t>("skipped_steps");
+  FP8KIT_CHECK_KIND(info.next_step >= 1 && info.next_step <= info.steps && info.skipped_steps >= 0 &&
+                        info.skipped_steps <= info.next_step,
+                    ErrorKind::kParse, quoted(path), ": __metadata__ says step ", info.next_step, " of ", info.steps,
+                    " with ", info.skipped_steps, " skipped, which cannot be (the file is damaged)");
+  return info;
+}
+
+// A tensor of the file that must be there, of this dtype and shape.
+const SafetensorsTensor& expect(const SafetensorsFile& file, const std::string& name, SafetensorsDType dtype,
+                                const Shape& shape, std::string_view what) {
+  const SafetensorsTensor* t = file.find(name);
+  FP8KIT_CHECK(t != nullptr, quoted(file.path()), " has no tensor '", name, "' (", what,
+               "): the file is incomplete or from another model");
+  FP8KIT_CHECK(t->dtype == dtype && t->shape == shape, quoted(file.path()), ": tensor '", name, "' (", what, ") is ",
+               fp8kit::name(t->dtype), " ", shape_text(t->shape), ", the model needs ", fp8kit::name(dtype), " ",
+               shape_text(shape));
+  return *t;
+}
+
+// The settings of a restored delayed-scaling state must be those the recipe gives the layer.
+bool same_config(const DelayedScalingConfig& a, const DelayedScalingConfig& b) {
+  return a.format == b.format && a.history_length == b.history_length && a.algorithm == b.algorithm &&
+         a.margin == b.margin && a.ema_decay == b.ema_decay;
+}
+
+}  // namespace
+
+std::string data_fingerprint(const TrainConfig& config) {
+  if (config.data_path.empty()) return {};
+  std::ifstream in(config.data_path, std::ios::binary);
+  FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", config.data_path, "' (check the path)");
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h ^= static_cast<unsigned char>(buf[i]);
+      h *= 0x100000001b3ull;
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+void save_train_checkpoint(const fs::path& path, const TrainConfig& config, const PrecisionRecipe& recipe, Model& model,
+                           const AdamW& optimizer, const TrainProgress& progress, const std::string& data_fingerprint) {
+  FP8KIT_CHECK(progress.next_step >= 1 && static_cast<std::size_t>(progress.next_step) == progress.losses.size(),
+               "save_train_checkpoint: ", progress.losses.size(), " losses for step ", progress.next_step);
+  const std::vector<Parameter*> params = model.parameters();
+  const std::map<std::string, AdamW::State>& optim = optimizer.state();
+  std::vector<SafetensorsEntry> entries;
+  std::vector<Tensor> owned;  // the tensors the entries view (storage outlives moves of the Tensor objects)
+  std::vector<std::vector<std::uint8_t>> blobs;
+  owned.reserve(optim.size() + 1);
+  for (const Parameter* p : params) {
+    FP8KIT_CHECK_KIND(!starts_with(p->name, "optim.") && !starts_with(p->name, kFp8) && p->name != kLosses,
+                      ErrorKind::kInternal, "parameter name '", p->name, "' collides with a checkpoint tensor name");
+    entries.push_back(safetensors_entry(p->name, p->value));
+  }
+  for (const auto& [name, s] : optim) {
+    entries.push_back(safetensors_entry(std::string(kExpAvg) + name, s.m));
+    entries.push_back(safetensors_entry(std::string(kExpAvgSq) + name, s.v));
+    Tensor step = empty(Shape{}, DType::int64);
+    step.data<std::int64_t>()[0] = s.step;
+    owned.push_back(step);
+    entries.push_back(safetensors_entry(std::string(kOptimStep) + name, owned.back()));
+  }
+  for (Fp8LayerState* s : model.fp8_states()) {
+    for (TensorRole role : kRoles) {
+      blobs.push_back(s->of(role).serialize());
+      const std::vector<std::uint8_t>& b = blobs.back();
+      entries.push_back({fp8_state_name(*s, role),
+                         SafetensorsDType::U8,
+                         {static_cast<std::int64_t>(b.size())},
+                         std::as_bytes(std::span<const std::uint8_t>(b)),
+                         {}});
+    }
+  }
+  Tensor losses = empty({static_cast<std::int64_t>(progress.losses.size())}, DType::float32);
+  std::copy(progress.losses.begin(), progress.losses.end(), losses.data<float>());
+  entries.push_back(safetensors_entry(std::string(kLosses), losses));
+
+  const std::map<std::string, std::string> metadata = {
+      {key("format"), std::string(kTrainCheckpointFormat)},
+      {key("version"), std::to_string(kTrainCheckpointVersion)},
+      {key("fp8kit_version"), kVersion},
+      {key("next_step"), std::to_string(progress.next_step)},
+      {key("steps"), std::to_string(config.steps)},
+      {key("model"), config.model},
+      {key("seed"), std::to_string(config.seed)},
+      {key("lr"), exact(config.lr)},
+      {key("warmup_steps"), std::to_string(config.warmup_steps)},
+      {key("data"), config.data_path},
+      {key("data_fingerprint"), data_fingerprint},
+      {key("recipe"), recipe.name()},
+      {key("recipe_settings"), recipe_settings(recipe)},
+      {key("skipped_steps"), std::to_string(progress.skipped_steps)},
+  };
+  write_safetensors(path, entries, metadata);
+}
+
+TrainCheckpointInfo read_train_checkpoint_info(const fs::path& path) {
+  return info_of(open_checkpoint(path));
+}
+
+void check_resumable(const fs::path& path, const TrainCheckpointInfo& info, const TrainConfig& config,
+                     const PrecisionRecipe& recipe) {
+  const std::string ck = quoted(path);
+  FP8KIT_CHECK(info.model == config.model, ck, " is a checkpoint of the ", info.model, " model, not the ", config.model,
+               ": resume it with --model ", info.model, " (or without --model)");
+  FP8KIT_CHECK(info.seed == config.seed, ck, " was trained with seed ", info.seed, ", not ", config.seed,
+               ": resume it with --seed ", info.seed, " (or without --seed)");
+  FP8KIT_CHECK(info.recipe.name() == recipe.name(), ck, " was trained under ", info.recipe.name(), ", not ",
+               recipe.name(), ": resume it with --recipe ", info.recipe.name(), " (or without --recipe)");
+  if (info.recipe.fp8_conv_max_kernel_area != recipe.fp8_conv_max_kernel_area) {
+    FP8KIT_THROW(ErrorKind::kInvalidArgument, ck, " was trained with --fp8-conv-max-kernel-area ",
+                 info.recipe.fp8_conv_max_kernel_area, ", not ", recipe.fp8_conv_max_kernel_area,
+                 ": resume it with --fp8-conv-max-kernel-area ", info.recipe.fp8_conv_max_kernel_area,
+                 " (or without the option)");
+  }
+  FP8KIT_CHECK(recipe_settings(info.recipe) == recipe_settings(recipe), ck, " was trained with recipe settings ",
+               recipe_settings(info.recipe), ", not ", recipe_settings(recipe), ": resume it with the same settings");
+  FP8KIT_CHECK(info.lr == config.lr && info.warmup_steps == config.warmup_steps, ck, " was trained with lr ",
+               exact(info.lr), " and ", info.warmup_steps, " warm-up steps, not lr ", exact(config.lr), " and ",
+               config.warmup_steps, ": resume it with the same learning rate and warm-up");
+  if (info.data_path.empty() != config.data_path.empty()) {
+    FP8KIT_THROW(ErrorKind::kInvalidArgument, ck, " was trained on ",
+                 info.data_path.empty() ? "the generated data" : "'" + info.data_path + "'", ", not ",
+                 config.data_path.empty() ? "the generated data" : "'" + config.data_path + "'", ": resume it ",
+                 info.data_path.empty() ? "without --data" : "with --data " + info.data_path);
+  }
+  if (!config.data_path.empty()) {
+    FP8KIT_CHECK(data_fingerprint(config) == info.data_fingerprint, ck, " was trained on '", info.data_path,
+                 "' (fingerprint ", info.data_fingerprint, "); '", config.data_path,
+                 "' has other contents: resume it with the same text");
+  }
+  FP8KIT_CHECK(config.steps >= info.next_step, ck, " has done ", info.next_step, " steps, more than the ", config.steps,
+               " asked for: resume it with --steps ", info.next_step, " or more (or without --steps, for its run's ",
+               info.steps, ")");
+}
+
+TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& config, const PrecisionRecipe& recipe,
+                                    Model& model, AdamW& optimizer) {
+  const SafetensorsFile file = open_checkpoint(path);
+  const TrainCheckpointInfo info = info_of(file);
+  check_resumable(path, info, config, recipe);
+  const std::string ck = quoted(path);
+  std::set<std::string> used;
+
+  // Everything is read and checked first; the model and the optimizer change only at the end.
+  const std::vector<Parameter*> params = model.parameters();
+  std::vector<Tensor> values;
+  std::map<std::string, const Parameter*> by_name;
+  for (const Parameter* p : params) {
+    values.push_back(to_tensor(expect(file, p->name, SafetensorsDType::F32, p->value.shape(), "a parameter")));
+    by_name[p->name] = p;
+    used.insert(p->name);
+  }
+
+  std::map<std::string, AdamW::State> optim;
+  for (const SafetensorsTensor& t : file.tensors()) {
+    if (!starts_with(t.name, kOptimStep)) continue;
+    const std::string name = t.name.substr(kOptimStep.size());
+    const auto p = by_name.find(name);
+    FP8KIT_CHECK(p != by_name.end(), ck, " has optimizer state '", t.name, "' for '", name,
+                 "', which is not a parameter of the ", config.model, " model");
+    const Shape& shape = p->second->value.shape();
+    AdamW::State s;
+    const Tensor step = to_tensor(expect(file, t.name, SafetensorsDType::I64, Shape{}, "an AdamW step count"));
+    s.step = step.data<std::int64_t>()[0];
+    FP8KIT_CHECK_KIND(s.step >= 1 && s.step <= info.next_step, ErrorKind::kParse, ck, ": '", t.name, "' is ", s.step,
+                      ", not a step count of a run at step ", info.next_step, " (the file is damaged)");
+    s.m = to_tensor(expect(file, std::string(kExpAvg) + name, SafetensorsDType::F32, shape, "AdamW's first moment"));
+    s.v = to_tensor(expect(file, std::string(kExpAvgSq) + name, SafetensorsDType::F32, shape, "AdamW's second moment"));
+    used.insert({t.name, std::string(kExpAvg) + name, std::string(kExpAvgSq) + name});
+    optim.emplace(name, std::move(s));
+  }
+
+  std::vector<std::pair<DelayedScaling*, DelayedScaling>> scaling;
+  for (Fp8LayerState* s : model.fp8_states()) {
+    for (TensorRole role : kRoles) {
+      const std::string name = fp8_state_name(*s, role);
+      const SafetensorsTensor* t = file.find(name);
+      FP8KIT_CHECK(t != nullptr, ck, " has no tensor '", name,
+                   "' (the FP8 scaling state of a layer): the file is incomplete or from another model");
+      FP8KIT_CHECK_KIND(t->dtype == SafetensorsDType::U8 && t->shape.size() == 1, ErrorKind::kParse, ck, ": '", name,
+                        "' is ", fp8kit::name(t->dtype), " ", shape_text(t->shape),
+                        ", not U8 bytes of a scaling state (the file is damaged)");
+      const auto* bytes = reinterpret_cast<const std::uint8_t*>(t->bytes.data());
+      std::optional<DelayedScaling> restored;
+      try {
+        restored = DelayedScaling::deserialize(std::span<const std::uint8_t>(bytes, t->bytes.size()));
+      } catch (const Error& e) {
+        FP8KIT_THROW(ErrorKind::kParse, ck, ": '", name, "' is corrupted: ", e.what());
+      }
+      FP8KIT_CHECK(same_config(restored->config(), s->of(role).config()), ck, ": '", name,
+                   "' has scaling settings (format, history length, amax algorithm, margin) other than ", recipe.name(),
+                   " gives the layer: resume with the recipe settings it was trained with");
+      scaling.emplace_back(&s->of(role), std::move(*restored));
+      used.insert(name);
+    }
+  }
+
+  const SafetensorsTensor& loss_tensor =
+      expect(file, std::string(kLosses), SafetensorsDType::F32, Shape{info.next_step}, "the losses so far");
+  used.insert(std::string(kLosses));
+  for (const SafetensorsTensor& t : file.tensors()) {
+    FP8KIT_CHECK(used.count(t.name) != 0, ck, " has tensor '", t.name, "', which is not part of a ", config.model,
+                 " checkpoint under ", recipe.name(), " (the file is from another model or fp8kit version)");
+  }
+
+  TrainProgress progress;
+  progress.next_step = info.next_step;
+  progress.skipped_steps = info.skipped_steps;
+  progress.losses.resize(static_cast<std::size_t>(info.next_step));
+  std::memcpy(progress.losses.data(), loss_tensor.bytes.data(), loss_tensor.bytes.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    std::memcpy(params[i]->value.raw(), values[i].raw(), static_cast<std::size_t>(values[i].nbytes()));
+  }
+  optimizer.state() = std::move(optim);
+  for (auto& [target, restored] : scaling) *target = std::move(restored);
+  return progress;
+}
+
+// ---------------------------------------------------------------- the trainer's hooks
+
+TrainCheckpointer::TrainCheckpointer(const TrainConfig& config, const PrecisionRecipe& recipe)
+    : config_(config), recipe_(recipe) {
+  FP8KIT_CHECK(config.checkpoint_every >= 0, "--checkpoint-every must be at least 1, got ", config.checkpoint_every);
+  FP8KIT_CHECK(config.checkpoint_every == 0 || !config.save_checkpoint.empty(),
+               "--checkpoint-every needs --save-checkpoint FILE (where to write)");
+  FP8KIT_CHECK(config.export_fp8.empty() ? !config.export_scheme && !config.export_layout : true,
+               "--export-scheme and --export-layout need --export-fp8 PATH (where to write)");
+  if (!config.export_fp8.empty()) {
+    export_options_ = resolve_fp8_export(recipe, config.export_scheme, config.export_layout);
+  }
+  if (!config.save_checkpoint.empty()) fingerprint_ = data_fingerprint(config);
+  if (resuming()) check_resumable(config.resume_from, read_train_checkpoint_info(config.resume_from), config, recipe);
+}
+
+TrainProgress TrainCheckpointer::resume(Model& model, AdamW& optimizer) {
+  return load_train_checkpoint(config_.resume_from, config_, recipe_, model, optimizer);
+}
+
+void TrainCheckpointer::save(Model& model, const AdamW& optimizer, const std::vector<float>& losses,
+                             std::int64_t skipped_steps) {
+  TrainProgress p{static_cast<std::int64_t>(losses.size()), losses, skipped_steps};
+  save_train_checkpoint(config_.save_checkpoint, config_, recipe_, model, optimizer, p, fingerprint_);
+  saved_at_ = p.next_step;
+}
+
+void TrainCheckpointer::after_step(std::int64_t step, Model& model, const AdamW& optimizer,
+                                   const std::vector<float>& losses, std::int64_t skipped_steps) {
+  if (config_.save_checkpoint.empty()) return;
+  const std::int64_t done = step + 1;
+  if (done == config_.steps || (config_.checkpoint_every > 0 && done % config_.checkpoint_every == 0)) {
+    save(model, optimizer, losses, skipped_steps);
+  }
+}
+
+void TrainCheckpointer::finish(Model& model, const AdamW& optimizer, const std::vector<float>& losses,
+                               std::int64_t skipped_steps) {
+  const auto done = static_cast<std::int64_t>(losses.size());
+  if (!config_.save_checkpoint.empty() && saved_at_ != done) save(model, optimizer, losses, skipped_steps);
+  if (export_options_) export_fp8_checkpoint(config_.export_fp8, model, config_, recipe_, done, *export_options_);
+}
+
+}  // namespace fp8kit::nn

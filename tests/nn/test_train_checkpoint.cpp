@@ -1,0 +1,510 @@
+// Training checkpoints: k steps + save + resume to N is bit-identical to N uninterrupted steps (losses, weights,
+// AdamW moments, amax histories, final loss) under every recipe and for both models; every state piece round-trips;
+// each damaged or mismatched checkpoint is refused with one line naming what is wrong; the FP8 export is readable.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "fp8kit/checkpoint_layout.hpp"
+#include "fp8kit/error.hpp"
+#include "fp8kit/nn/fp8_export.hpp"
+#include "fp8kit/nn/train.hpp"
+#include "fp8kit/nn/train_checkpoint.hpp"
+#include "fp8kit/safetensors.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test, removed at the end.
+class TempDir {
+ public:
+  explicit TempDir(std::string name = current_test_name()) {
+    path_ = fs::temp_directory_path() / ("fp8kit_ckpt_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  static std::string current_test_name() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    return std::string(info->test_suite_name()) + "_" + info->name();
+  }
+  fs::path path_;
+};
+
+TrainConfig run_of(const std::string& model, std::int64_t steps) {
+  TrainConfig c;
+  c.model = model;
+  c.steps = steps;
+  c.seed = 5;
+  c.warmup_steps = 2;  // so that the cosine part of the schedule is crossed in a few steps
+  c.final_loss_window = 3;
+  return c;
+}
+
+std::uint32_t bits(float f) {
+  return std::bit_cast<std::uint32_t>(f);
+}
+
+// The final weights of a run: the checkpoint it saved after its last step, as bytes by tensor name.
+std::map<std::string, std::vector<std::byte>> tensors_of(const fs::path& path) {
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const SafetensorsTensor& t : f.tensors()) out[t.name].assign(t.bytes.begin(), t.bytes.end());
+  return out;
+}
+
+void expect_same_run(const TrainResult& a, const TrainResult& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (std::size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(bits(a.losses[i]), bits(b.losses[i])) << what << " step " << i;
+  }
+  EXPECT_EQ(bits(a.final_loss), bits(b.final_loss)) << what;
+  EXPECT_EQ(a.skipped_steps, b.skipped_steps) << what;
+}
+
+// N uninterrupted steps against k steps, a checkpoint, and a resumed run to N. The uninterrupted run saves every k
+// steps, and its checkpoint after step k is copied aside (what a run killed after that save leaves behind); both runs
+// save their final state, which must be the same bytes: weights, AdamW moments and step counts, amax histories and
+// scales, losses.
+void check_bit_identical_resume(TrainConfig config, const std::string& recipe_name, std::int64_t k) {
+  SCOPED_TRACE(config.model + " " + recipe_name);
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse(recipe_name);
+  const fs::path at_k = dir / "step_k.safetensors";
+  TrainConfig full = config;
+  full.save_checkpoint = (dir / "full.safetensors").string();
+  full.checkpoint_every = k;
+  const TrainResult uninterrupted = train(full, recipe, nullptr, [&](const StepLog& s) {
+    if (s.step + 1 == k) fs::copy_file(full.save_checkpoint, at_k);
+  });
+  const TrainCheckpointInfo info = read_train_checkpoint_info(at_k);
+  EXPECT_EQ(info.next_step, k);
+  EXPECT_EQ(info.steps, config.steps);
+
+  TrainConfig rest = config;
+  rest.resume_from = at_k.string();
+  rest.save_checkpoint = (dir / "resumed.safetensors").string();
+  std::vector<std::int64_t> steps_run;
+  const TrainResult resumed = train(rest, recipe, nullptr, [&](const StepLog& s) { steps_run.push_back(s.step); });
+  EXPECT_EQ(resumed.start_step, k);
+  ASSERT_FALSE(steps_run.empty());
+  EXPECT_EQ(steps_run.front(), k);
+  EXPECT_EQ(steps_run.size(), static_cast<std::size_t>(config.steps - k));
+  expect_same_run(uninterrupted, resumed, "resumed");
+  const auto a = tensors_of(full.save_checkpoint), b = tensors_of(rest.save_checkpoint);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, bytes] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(bytes == b.at(name)) << name << " differs";
+  }
+}
+
+TEST(TrainCheckpoint, ResumeIsBitIdenticalForEveryRecipe) {
+  for (const char* recipe : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"}) {
+    check_bit_identical_resume(run_of("gpt", 4), recipe, 2);
+  }
+}
+
+TEST(TrainCheckpoint, ResumeIsBitIdenticalForTheCnn) {
+  check_bit_identical_resume(run_of("cnn", 3), "fp8-delayed", 2);
+}
+
+// A skipped step before the checkpoint (its count carried over; AdamW's step counts then lag the run's) and one
+// right after it (the restored amax histories must drop that step's NaN).
+TEST(TrainCheckpoint, ResumeKeepsTheSkippedSteps) {
+  TrainConfig before = run_of("gpt", 3);
+  before.inject_nan_step = 0;
+  check_bit_identical_resume(before, "fp8-delayed", 2);
+  TrainConfig after = run_of("gpt", 3);
+  after.inject_nan_step = 2;
+  check_bit_identical_resume(after, "fp8-delayed", 2);
+}
+
+// ---------------------------------------------------------------- round trip of every piece
+
+TEST(TrainCheckpoint, EveryStatePieceRoundTrips) {
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
+  const TrainConfig config = run_of("gpt", 10);
+  const auto model = make_model(config, recipe);
+  AdamW adamw;
+  std::uint64_t seed = 100;
+  for (Parameter* p : model->parameters()) {
+    p->value = randn(p->value.shape(), ++seed, DType::float32);
+    // Every other parameter has optimizer state (a step skipped before its first update leaves none).
+    if (seed % 2 == 0) {
+      adamw.state()[p->name] = {randn(p->value.shape(), ++seed, DType::float32),
+                                rand(p->value.shape(), ++seed, DType::float32),
+                                static_cast<std::int64_t>(seed % 7) + 1};
+    }
+  }
+  float amax = 0.5f;
+  for (Fp8LayerState* s : model->fp8_states()) {
+    for (int i = 0; i < 5; ++i) {
+      s->input.record(amax *= 1.7f);
+      s->weight.record(amax * 0.01f);
+      s->grad_output.record(amax * 1e-6f);
+      s->update();
+    }
+    s->input.record(3.0f);  // recorded but not yet rolled: slot 0 of the history
+  }
+  const TrainProgress progress{7, {5.5f, 5.1f, NAN, 4.0f, 3.5f, 3.25f, 3.0f}, 1};
+  const fs::path path = dir / "ck.safetensors";
+  save_train_checkpoint(path, config, recipe, *model, adamw, progress, "");
+
+  const auto fresh = make_model(config, recipe);
+  AdamW restored;
+  const TrainProgress back = load_train_checkpoint(path, config, recipe, *fresh, restored);
+  EXPECT_EQ(back.next_step, 7);
+  EXPECT_EQ(back.skipped_steps, 1);
+  ASSERT_EQ(back.losses.size(), progress.losses.size());
+  for (std::size_t i = 0; i < back.losses.size(); ++i) EXPECT_EQ(bits(back.losses[i]), bits(progress.losses[i]));
+  const auto pa = model->parameters(), pb = fresh->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(std::memcmp(pa[i]->value.raw(), pb[i]->value.raw(), static_cast<std::size_t>(pa[i]->value.nbytes())), 0)
+        << pa[i]->name;
+  }
+  ASSERT_EQ(restored.state().size(), adamw.state().size());
+  for (const auto& [name, s] : adamw.state()) {
+    const AdamW::State& r = restored.state().at(name);
+    EXPECT_EQ(r.step, s.step) << name;
+    EXPECT_EQ(std::memcmp(r.m.raw(), s.m.raw(), static_cast<std::size_t>(s.m.nbytes())), 0) << name;
+    EXPECT_EQ(std::memcmp(r.v.raw(), s.v.raw(), static_cast<std::size_t>(s.v.nbytes())), 0) << name;
+  }
+  const auto sa = model->fp8_states(), sb = fresh->fp8_states();
+  for (std::size_t i = 0; i < sa.size(); ++i) {
+    for (TensorRole role : {TensorRole::kInput, TensorRole::kWeight, TensorRole::kGradOutput}) {
+      EXPECT_EQ(sa[i]->of(role).serialize(), sb[i]->of(role).serialize()) << sa[i]->layer << " " << name(role);
+    }
+    EXPECT_NE(sb[i]->input.scale(), 1.0f) << sb[i]->layer;  // the state moved away from a fresh one
+  }
+  const TrainCheckpointInfo info = read_train_checkpoint_info(path);
+  EXPECT_EQ(info.model, "gpt");
+  EXPECT_EQ(info.seed, config.seed);
+  EXPECT_EQ(info.steps, 10);
+  EXPECT_EQ(info.lr, config.lr);
+  EXPECT_EQ(info.warmup_steps, config.warmup_steps);
+  EXPECT_EQ(info.recipe.name(), "fp8-delayed");
+  EXPECT_EQ(info.recipe.amax_history_length, recipe.amax_history_length);
+  EXPECT_EQ(info.recipe.fp8_conv_max_kernel_area, recipe.fp8_conv_max_kernel_area);
+}
+
+// ---------------------------------------------------------------- refusals
+
+// One checkpoint of a 1-step gpt run under fp8-delayed, shared by the refusal tests.
+class TrainCheckpointRefusal : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("refusal_suite");
+    TrainConfig c = run_of("gpt", 3);
+    c.steps = 1;
+    c.save_checkpoint = good().string();
+    c.export_fp8 = (*dir_ / "export.safetensors").string();
+    train(c, recipe());
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static fs::path good() { return *dir_ / "good.safetensors"; }
+  static fs::path path(const std::string& name) { return *dir_ / name; }
+  static PrecisionRecipe recipe() { return *PrecisionRecipe::parse("fp8-delayed"); }
+  static TrainConfig config() {
+    TrainConfig c = run_of("gpt", 1);
+    return c;
+  }
+
+  // A copy of the good checkpoint with its tensors and metadata edited.
+  static fs::path edited(
+      const std::string& name,
+      const std::function<void(std::vector<SafetensorsEntry>&, std::map<std::string, std::string>&)>& edit) {
+    const SafetensorsFile f = SafetensorsFile::open(good());
+    std::vector<SafetensorsEntry> entries;
+    for (const SafetensorsTensor& t : f.tensors()) entries.push_back(safetensors_entry(t));
+    std::map<std::string, std::string> metadata = f.metadata();
+    edit(entries, metadata);
+    const fs::path out = path(name);
+    write_safetensors(out, entries, metadata);
+    return out;
+  }
+
+  // Loading `file` into a fresh model fails with one line containing `needle`, and the model is untouched.
+  static void expect_refused(const fs::path& file, const std::string& needle, TrainConfig c = config(),
+                             PrecisionRecipe r = recipe()) {
+    SCOPED_TRACE(needle);
+    const auto model = make_model(c, r);
+    const Tensor before = model->parameters().front()->value.clone();
+    AdamW adamw;
+    try {
+      load_train_checkpoint(file, c, r, *model, adamw);
+      ADD_FAILURE() << "loaded";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+    EXPECT_EQ(
+        std::memcmp(before.raw(), model->parameters().front()->value.raw(), static_cast<std::size_t>(before.nbytes())),
+        0);
+    EXPECT_TRUE(adamw.state().empty());
+  }
+
+  // train() refuses to resume from `file` with one line containing `needle`, before any step.
+  static void expect_train_refused(const fs::path& file, TrainConfig c, const PrecisionRecipe& r,
+                                   const std::string& needle) {
+    SCOPED_TRACE(needle);
+    c.resume_from = file.string();
+    bool stepped = false;
+    try {
+      train(c, r, nullptr, [&](const StepLog&) { stepped = true; });
+      ADD_FAILURE() << "trained";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+    EXPECT_FALSE(stepped);
+  }
+
+  static TempDir* dir_;
+};
+TempDir* TrainCheckpointRefusal::dir_ = nullptr;
+
+TEST_F(TrainCheckpointRefusal, TheGoodCheckpointLoads) {
+  const auto model = make_model(config(), recipe());
+  AdamW adamw;
+  const TrainProgress p = load_train_checkpoint(good(), config(), recipe(), *model, adamw);
+  EXPECT_EQ(p.next_step, 1);
+  EXPECT_EQ(adamw.state().size(), model->parameters().size());
+}
+
+TEST_F(TrainCheckpointRefusal, FilesThatAreNotTrainingCheckpoints) {
+  expect_refused(path("missing.safetensors"), "does not exist");
+  expect_train_refused(path("missing.safetensors"), config(), recipe(), "does not exist");
+  const Tensor x = zeros({2}, DType::float32);
+  const std::vector<SafetensorsEntry> one = {safetensors_entry("x", x)};
+  write_safetensors(path("plain.safetensors"), one);
+  expect_refused(path("plain.safetensors"), "not an fp8kit training checkpoint");
+  expect_refused(path("export.safetensors"), "is an FP8 inference export");
+  std::ofstream(path("text.safetensors")) << "hello";
+  expect_refused(path("text.safetensors"), "text.safetensors");
+}
+
+TEST_F(TrainCheckpointRefusal, MetadataVersionAndFields) {
+  expect_refused(edited("v2.safetensors", [](auto&, auto& m) { m["fp8kit.train.version"] = "2"; }),
+                 "is a version 2 training checkpoint");
+  expect_refused(edited("nan_step.safetensors", [](auto&, auto& m) { m["fp8kit.train.next_step"] = "one"; }),
+                 "not a number");
+  expect_refused(edited("no_seed.safetensors", [](auto&, auto& m) { m.erase("fp8kit.train.seed"); }),
+                 "has no 'fp8kit.train.seed'");
+  expect_refused(edited("bad_recipe.safetensors", [](auto&, auto& m) { m["fp8kit.train.recipe"] = "fp7"; }),
+                 "unknown recipe 'fp7'");
+  expect_refused(edited("past_end.safetensors", [](auto&, auto& m) { m["fp8kit.train.next_step"] = "9"; }),
+                 "cannot be");
+}
+
+TEST_F(TrainCheckpointRefusal, ARunThatIsNotTheCheckpointsOne) {
+  TrainConfig cnn = config();
+  cnn.model = "cnn";
+  expect_train_refused(good(), cnn, recipe(), "resume it with --model gpt");
+  TrainConfig seed = config();
+  seed.seed = 6;
+  expect_train_refused(good(), seed, recipe(), "resume it with --seed 5");
+  expect_train_refused(good(), config(), *PrecisionRecipe::parse("mxfp8"), "resume it with --recipe fp8-delayed");
+  PrecisionRecipe history = recipe();
+  history.amax_history_length = 32;
+  expect_train_refused(good(), config(), history, "amax_history_length=16");
+  PrecisionRecipe area = recipe();
+  area.fp8_conv_max_kernel_area = 49;
+  expect_train_refused(good(), config(), area, "--fp8-conv-max-kernel-area 32");
+  TrainConfig lr = config();
+  lr.lr = 1e-3;
+  expect_train_refused(good(), lr, recipe(), "same learning rate");
+  TrainConfig data = config();
+  std::ofstream(path("data.txt")) << "some text to train on, long enough for a window or two of sixty-four bytes...";
+  data.data_path = path("data.txt").string();
+  expect_train_refused(good(), data, recipe(), "resume it without --data");
+  TrainConfig steps = config();
+  steps.steps = 0;
+  expect_refused(good(), "resume it with --steps 1 or more", steps);
+}
+
+TEST_F(TrainCheckpointRefusal, DataIsComparedByContent) {
+  const TempDir dir;
+  std::string text;
+  for (int i = 0; i < 64; ++i) text += "the cat sat on the mat; 17+25=42. ";
+  std::ofstream(dir / "a.txt") << text;
+  std::ofstream(dir / "moved.txt") << text;
+  std::ofstream(dir / "other.txt") << text << "more";
+  TrainConfig c = config();
+  c.data_path = (dir / "a.txt").string();
+  c.save_checkpoint = (dir / "ck.safetensors").string();
+  train(c, recipe());
+  TrainConfig moved = c;
+  moved.save_checkpoint.clear();
+  moved.steps = 2;
+  moved.resume_from = c.save_checkpoint;
+  moved.data_path = (dir / "moved.txt").string();
+  EXPECT_EQ(train(moved, recipe()).start_step, 1);  // the same text under another name resumes
+  TrainConfig other = moved;
+  other.data_path = (dir / "other.txt").string();
+  expect_train_refused(c.save_checkpoint, other, recipe(), "has other contents");
+  TrainConfig generated = moved;
+  generated.data_path.clear();
+  expect_train_refused(c.save_checkpoint, generated, recipe(), "resume it with --data");
+}
+
+TEST_F(TrainCheckpointRefusal, TensorsMissingExtraMisshapenOrCorrupted) {
+  const std::string wte = "transformer.wte.weight";
+  auto drop = [](const std::string& name) {
+    return [name](std::vector<SafetensorsEntry>& e, auto&) {
+      std::erase_if(e, [&](const SafetensorsEntry& x) { return x.name == name; });
+    };
+  };
+  expect_refused(edited("no_param.safetensors", drop(wte)), "has no tensor '" + wte + "' (a parameter)");
+  expect_refused(edited("no_m.safetensors", drop("optim.exp_avg." + wte)), "has no tensor 'optim.exp_avg." + wte);
+  expect_refused(edited("no_fp8.safetensors", drop("fp8.lm_head.weight")), "has no tensor 'fp8.lm_head.weight'");
+  expect_refused(edited("no_losses.safetensors", drop("train.losses")), "has no tensor 'train.losses'");
+  const Tensor small = zeros({3}, DType::float32);
+  expect_refused(edited("extra.safetensors",
+                        [&](auto& e, auto&) { e.push_back(safetensors_entry("transformer.extra.weight", small)); }),
+                 "has tensor 'transformer.extra.weight'");
+  expect_refused(edited("stranger.safetensors",
+                        [&](auto& e, auto&) {
+                          const Tensor one = zeros(Shape{}, DType::int64);
+                          e.push_back(safetensors_entry("optim.step.stranger", one));
+                        }),
+                 "'stranger', which is not a parameter");
+  expect_refused(edited("shape.safetensors",
+                        [&](std::vector<SafetensorsEntry>& e, auto&) {
+                          for (SafetensorsEntry& x : e) {
+                            if (x.name == wte) x.shape = {x.shape[1], x.shape[0]};  // same bytes, transposed shape
+                          }
+                        }),
+                 "the model needs F32 [256, 128]");
+  std::vector<std::uint8_t> blob;
+  expect_refused(edited("corrupt.safetensors",
+                        [&](std::vector<SafetensorsEntry>& e, auto&) {
+                          for (SafetensorsEntry& x : e) {
+                            if (x.name != "fp8.lm_head.input") continue;
+                            const auto* b = reinterpret_cast<const std::uint8_t*>(x.bytes.data());
+                            blob.assign(b, b + x.bytes.size());
+                            blob[0] ^= 0xFF;  // the magic
+                            x.bytes = std::as_bytes(std::span<const std::uint8_t>(blob));
+                          }
+                        }),
+                 "'fp8.lm_head.input' is corrupted");
+  expect_refused(edited("truncated.safetensors",
+                        [&](std::vector<SafetensorsEntry>& e, auto&) {
+                          for (SafetensorsEntry& x : e) {
+                            if (x.name != "fp8.lm_head.weight") continue;
+                            x.bytes = x.bytes.first(x.bytes.size() - 4);
+                            x.shape = {static_cast<std::int64_t>(x.bytes.size())};
+                          }
+                        }),
+                 "'fp8.lm_head.weight' is corrupted");
+}
+
+// ---------------------------------------------------------------- the FP8 export
+
+TEST(Fp8Export, OptionsFollowTheRecipeAndTheLayout) {
+  const auto r = [](const char* n) { return *PrecisionRecipe::parse(n); };
+  EXPECT_EQ(resolve_fp8_export(r("fp8-block"), {}, {}).scheme, QuantScheme::kFp8Block);
+  EXPECT_EQ(resolve_fp8_export(r("mxfp8"), {}, {}).scheme, QuantScheme::kMxfp8);
+  EXPECT_EQ(resolve_fp8_export(r("fp8-delayed"), {}, {}).scheme, QuantScheme::kFp8Tensor);
+  EXPECT_EQ(resolve_fp8_export(r("fp32"), {}, {}).layout, CheckpointLayout::kNative);
+  EXPECT_EQ(resolve_fp8_export(r("fp32"), {}, CheckpointLayout::kDeepSeek).scheme, QuantScheme::kFp8Block);
+  EXPECT_EQ(resolve_fp8_export(r("fp32"), {}, CheckpointLayout::kFbgemm).scheme, QuantScheme::kFp8Channel);
+  EXPECT_EQ(resolve_fp8_export(r("fp8-block"), {}, CheckpointLayout::kCompressedTensors).scheme,
+            QuantScheme::kFp8Block);
+  EXPECT_THROW(resolve_fp8_export(r("fp32"), QuantScheme::kFp8Tensor, CheckpointLayout::kDeepSeek), Error);
+}
+
+TEST(Fp8Export, NativeFileRecordsDtypeOverflowAndRecipe) {
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
+  TrainConfig c = run_of("gpt", 2);
+  c.export_fp8 = (dir / "model.safetensors").string();
+  c.save_checkpoint = (dir / "ck.safetensors").string();
+  train(c, recipe);
+  const SafetensorsFile f = SafetensorsFile::open(c.export_fp8);
+  const auto& m = f.metadata();
+  EXPECT_EQ(m.at("fp8kit.export.original_dtype"), "float32");
+  EXPECT_EQ(m.at("fp8kit.export.overflow"), "saturate");
+  EXPECT_EQ(m.at("fp8kit.export.recipe"), "fp8-delayed");
+  EXPECT_EQ(m.at("fp8kit.export.model"), "gpt");
+  EXPECT_EQ(m.at("fp8kit.export.steps"), "2");
+  EXPECT_EQ(detect_layout(f).layout, CheckpointLayout::kNative);
+  const SafetensorsFile ck = SafetensorsFile::open(c.save_checkpoint);
+  int quantized = 0;
+  for (const SafetensorsTensor& t : f.tensors()) {
+    if (t.name.ends_with(".scale_inv")) continue;
+    if (t.dtype == SafetensorsDType::F32) {  // kept: the same bytes as the final master weight
+      EXPECT_TRUE(std::equal(t.bytes.begin(), t.bytes.end(), ck.at(t.name).bytes.begin())) << t.name;
+      continue;
+    }
+    ++quantized;
+    EXPECT_EQ(t.dtype, SafetensorsDType::F8_E4M3) << t.name;
+    EXPECT_NE(m.at("fp8kit.export.tensor." + t.name).find("dtype=float32;overflow=saturate"), std::string::npos);
+    EXPECT_NE(m.at("fp8kit.quant." + t.name).find("dtype=float32;overflow=saturate"), std::string::npos);
+    const Tensor w =
+        dequantize_checkpoint_tensor(CheckpointLayout::kNative, t, f.at(t.name + ".scale_inv"), DType::float32, {}, m);
+    const Tensor master = to_tensor(ck.at(t.name));
+    double err = 0, norm = 0;
+    for (std::int64_t i = 0; i < w.numel(); ++i) {
+      const double d = w.data<float>()[i] - master.data<float>()[i];
+      err += d * d;
+      norm += double{master.data<float>()[i]} * master.data<float>()[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 0.05) << t.name;  // e4m3's 3 mantissa bits
+  }
+  EXPECT_EQ(quantized, 8);  // 2 blocks x (c_attn, attn.c_proj, c_fc, mlp.c_proj)
+  EXPECT_EQ(f.at("lm_head.weight").dtype, SafetensorsDType::F32);
+  EXPECT_EQ(f.at("transformer.wte.weight").dtype, SafetensorsDType::F32);
+}
+
+TEST(Fp8Export, DirectoryWithConfigInAServingLayout) {
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-block");
+  const TrainConfig c = run_of("gpt", 2);
+  const auto model = make_model(c, recipe);
+  const Fp8ExportSummary s = export_fp8_checkpoint(dir / "out", *model, c, recipe, 0,
+                                                   resolve_fp8_export(recipe, {}, CheckpointLayout::kDeepSeek));
+  EXPECT_EQ(s.quantized.size(), 8u);
+  EXPECT_EQ(s.file, dir / "out" / "model.safetensors");
+  std::ifstream in(dir / "out" / "config.json");
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(dir / "out");
+  EXPECT_EQ(detect_layout(ck, config).layout, CheckpointLayout::kDeepSeek);
+  EXPECT_EQ(quantized_weights(ck, CheckpointLayout::kDeepSeek).size(), 8u);
+  EXPECT_NE(config.find("\"lm_head\""), std::string::npos);  // left out, listed as ignored
+}
+
+TEST(Fp8Export, CnnQuantizesItsLinearHeadAndKeepsConvolutions) {
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("mxfp8");
+  const TrainConfig c = run_of("cnn", 1);
+  const auto model = make_model(c, recipe);
+  const Fp8ExportSummary s =
+      export_fp8_checkpoint(dir / "cnn.safetensors", *model, c, recipe, 0, resolve_fp8_export(recipe, {}, {}));
+  EXPECT_EQ(s.quantized, std::vector<std::string>{"head.weight"});
+  const SafetensorsFile f = SafetensorsFile::open(dir / "cnn.safetensors");
+  EXPECT_EQ(f.at("stem.weight").dtype, SafetensorsDType::F32);
+  EXPECT_EQ(f.at("head.weight.scale_inv").dtype, SafetensorsDType::F8_E8M0);
+  EXPECT_EQ(f.metadata().at("fp8kit.export.scheme"), "mxfp8");
+}
+
+}  // namespace
+}  // namespace fp8kit::nn

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""`fp8kit train --save-checkpoint / --resume / --export-fp8` end to end: a run killed after a checkpoint and resumed
+prints the same --json losses, final loss and plot as the uninterrupted run and ends in the same bytes; outputs are
+never replaced without --force (and never over the checkpoint being resumed); the FP8 export is read by `fp8kit
+inspect` and `fp8kit dequantize` and records the original dtype and overflow policy; every refusal is one line on
+stderr with exit status 2 and no output written. Usage: test_train_checkpoints.py FP8KIT. Needs only the standard
+library (the files are read here with an independent safetensors reader)."""
+import hashlib
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+
+BINARY = None
+TESTS = []
+STEPS = "4"
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def run(*args, timeout=300):
+    p = subprocess.run([BINARY, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def run_ok(*args):
+    rc, out, err = run(*args)
+    assert rc == 0, f"fp8kit {' '.join(map(str, args))} exited {rc}: {err.strip()}"
+    return out, err
+
+
+def check_usage_error(args, needle, must_not_exist=()):
+    rc, out, err = run(*args)
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1, (args, rc, out, err)
+    assert needle in err, (args, needle, err)
+    for path in must_not_exist:
+        assert not os.path.exists(path), (args, path)
+
+
+def read_st(path):
+    """An independent reader: {name: (dtype, shape, bytes)}, __metadata__."""
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    meta = header.pop("__metadata__", {}) or {}
+    tensors = {k: (e["dtype"], e["shape"], b[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]])
+               for k, e in header.items()}
+    return tensors, meta
+
+
+def write_with_metadata(src, dst, edit):
+    """A copy of a safetensors file with its __metadata__ edited (same tensors and bytes)."""
+    with open(src, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    edit(header["__metadata__"])
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b[8 + n:])
+
+
+def floats(raw):
+    return struct.unpack(f"<{len(raw) // 4}f", raw)
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@test
+def killed_run_resumes_bit_identically():
+    with tempfile.TemporaryDirectory() as d:
+        full, at2, resumed = (os.path.join(d, n) for n in ("full.safetensors", "at2.safetensors", "r.safetensors"))
+        plot_a, plot_b = os.path.join(d, "a.svg"), os.path.join(d, "b.svg")
+        out, _ = run_ok("train", "--recipe", "fp8-delayed", "--steps", STEPS, "--json", "--save-checkpoint", full,
+                        "--plot", plot_a)
+        [a] = json.loads(out)
+        assert a["start_step"] == 0 and len(a["losses"]) == 4 and a["checkpoint"] == full, a
+        # The same run, killed at step 2 (the guard aborts on an injected NaN) after its step-2 checkpoint.
+        rc, out, err = run("train", "--recipe", "fp8-delayed", "--steps", STEPS, "--save-checkpoint", at2,
+                           "--checkpoint-every", "2", "--inject-nan", "2", "--on-nonfinite", "abort")
+        assert rc == 1 and "step 2" in err, (rc, err)
+        _, meta = read_st(at2)
+        assert meta["fp8kit.train.next_step"] == "2" and meta["fp8kit.train.steps"] == "4", meta
+        # Resumed with nothing but the checkpoint: model, recipe, seed, steps come from it.
+        out, err = run_ok("train", "--resume", at2, "--json", "--save-checkpoint", resumed, "--plot", plot_b)
+        assert err == "", err
+        [b] = json.loads(out)
+        assert b["start_step"] == 2 and b["recipe"] == "fp8-delayed" and b["steps"] == 4, b
+        assert a["losses"] == b["losses"], (a["losses"], b["losses"])  # exact: the shortest round-trip decimals
+        assert a["final_loss"] == b["final_loss"], (a, b)
+        assert a["skipped_steps"] == b["skipped_steps"] == 0
+        with open(plot_a) as fa, open(plot_b) as fb:
+            assert fa.read() == fb.read()
+        ta, ma = read_st(full)
+        tb, mb = read_st(resumed)
+        assert ta.keys() == tb.keys()
+        for name in ta:
+            assert ta[name] == tb[name], name
+        assert ma == mb, (ma, mb)
+        # The text table of a resumed run is the uninterrupted one's, plus where it resumed.
+        out, _ = run_ok("train", "--resume", at2)
+        assert "fp8-delayed" in out and f"resumed from {at2} at step 2" in out, out
+
+
+@test
+def outputs_are_replaced_only_with_force():
+    with tempfile.TemporaryDirectory() as d:
+        ck, ex, plot = os.path.join(d, "ck.safetensors"), os.path.join(d, "ex"), os.path.join(d, "p.svg")
+        run_ok("train", "--recipe", "fp32", "--steps", "1", "--save-checkpoint", ck)
+        before = digest(ck)
+        check_usage_error(["train", "--recipe", "fp32", "--steps", "2", "--save-checkpoint", ck, "--plot", plot],
+                          "pass --force", [plot])
+        assert digest(ck) == before
+        # Never over the checkpoint being resumed, even with --force.
+        check_usage_error(["train", "--resume", ck, "--steps", "2", "--save-checkpoint", ck, "--force"],
+                          "is the checkpoint to resume from")
+        assert digest(ck) == before
+        run_ok("train", "--recipe", "fp32", "--steps", "2", "--save-checkpoint", ck, "--force")
+        assert read_st(ck)[1]["fp8kit.train.next_step"] == "2"
+        # A directory export: a non-empty directory needs --force too.
+        os.mkdir(ex)
+        with open(os.path.join(ex, "keep.txt"), "w") as f:
+            f.write("mine")
+        check_usage_error(["train", "--recipe", "fp32", "--steps", "1", "--export-fp8", ex], "pass --force")
+        run_ok("train", "--recipe", "fp32", "--steps", "1", "--export-fp8", ex, "--force")
+        assert sorted(os.listdir(ex)) == ["config.json", "keep.txt", "model.safetensors"], os.listdir(ex)
+        with open(os.path.join(ex, "keep.txt")) as f:
+            assert f.read() == "mine"
+        assert not [f for f in os.listdir(d) if ".tmp-" in f], os.listdir(d)  # no temporary file left behind
+
+
+@test
+def fp8_export_is_read_by_inspect_and_dequantize():
+    with tempfile.TemporaryDirectory() as d:
+        ck, ex, back = (os.path.join(d, n) for n in ("ck.safetensors", "ex.safetensors", "back.safetensors"))
+        run_ok("train", "--recipe", "fp8-block", "--steps", "2", "--save-checkpoint", ck, "--export-fp8", ex)
+        info = json.loads(run_ok("inspect", "--json", "--no-analysis", ex)[0])
+        assert info["layout"] == "native", info
+        q = {w["weight"]: w["granularity"] for w in info["quantized"]}
+        assert len(q) == 8 and "transformer.h.0.mlp.c_fc.weight" in q, q
+        assert set(q.values()) == {"block:128x128"}, q
+        tensors, meta = read_st(ex)
+        assert meta["fp8kit.export.original_dtype"] == "float32" and meta["fp8kit.export.overflow"] == "saturate"
+        assert meta["fp8kit.export.recipe"] == "fp8-block" and meta["fp8kit.export.scheme"] == "fp8-block", meta
+        for w in q:
+            assert "dtype=float32;overflow=saturate" in meta["fp8kit.quant." + w], meta["fp8kit.quant." + w]
+            assert "dtype=float32;overflow=saturate" in meta["fp8kit.export.tensor." + w]
+            assert tensors[w][0] == "F8_E4M3", tensors[w][:2]
+        assert tensors["lm_head.weight"][0] == "F32"
+        run_ok("dequantize", ex, back, "--to", "f32")
+        restored, _ = read_st(back)
+        master, _ = read_st(ck)
+        for w in q:  # within e4m3's 3 mantissa bits of the final master weights
+            x, y = floats(master[w][2]), floats(restored[w][2])
+            err = math.sqrt(sum((u - v) ** 2 for u, v in zip(x, y)) / sum(u * u for u in x))
+            assert err < 0.05, (w, err)
+        assert restored["lm_head.weight"] == master["lm_head.weight"]
+        # A directory in a serving layout, with its config.json.
+        dex = os.path.join(d, "served")
+        out, _ = run_ok("train", "--recipe", "fp8-current", "--steps", "1", "--export-fp8", dex, "--export-layout",
+                        "compressed-tensors", "--export-scheme", "fp8-channel")
+        assert "FP8 export: " + dex + " (fp8-channel, compressed-tensors layout)" in out, out
+        with open(os.path.join(dex, "config.json")) as f:
+            config = json.load(f)
+        assert config["quantization_config"]["quant_method"] == "compressed-tensors", config
+        info = json.loads(run_ok("inspect", "--json", "--no-analysis", dex)[0])
+        assert info["layout"] == "compressed-tensors" and len(info["quantized"]) == 8, info
+
+
+@test
+def refusals_are_one_line_with_status_2():
+    with tempfile.TemporaryDirectory() as d:
+        ck, ex = os.path.join(d, "ck.safetensors"), os.path.join(d, "ex.safetensors")
+        run_ok("train", "--recipe", "fp8-delayed", "--steps", "2", "--save-checkpoint", ck, "--export-fp8", ex)
+        new = os.path.join(d, "new.safetensors")
+        for args, needle in (
+                (["--compare", "fp32,bf16", "--save-checkpoint", new], "not --compare"),
+                (["--save-checkpoint", new], "give --recipe"),
+                (["--recipe", "fp32", "--checkpoint-every", "2"], "needs --save-checkpoint"),
+                (["--recipe", "fp32", "--save-checkpoint", new, "--checkpoint-every", "-1"], "at least 1"),
+                (["--recipe", "fp32", "--export-scheme", "fp8-block"], "need --export-fp8"),
+                (["--recipe", "fp32", "--export-fp8", new, "--export-scheme", "int4"], "unknown --export-scheme"),
+                (["--recipe", "fp32", "--export-fp8", new, "--export-layout", "gguf"], "unknown --export-layout"),
+                (["--recipe", "fp32", "--export-fp8", new, "--export-layout", "deepseek", "--export-scheme",
+                  "fp8-tensor"], "--export-layout native"),
+                (["--recipe", "fp32", "--save-checkpoint", os.path.join(d, "x.pt")], "must end in .safetensors"),
+                (["--recipe", "fp32", "--save-checkpoint", os.path.join(d, "no", "x.safetensors")], "does not exist"),
+                (["--recipe", "fp32", "--force"], "--force"),
+                (["--resume", os.path.join(d, "missing.safetensors")], "does not exist"),
+                (["--resume", ex], "is an FP8 inference export"),
+                (["--resume", ck, "--model", "cnn"], "resume it with --model gpt"),
+                (["--resume", ck, "--recipe", "mxfp8"], "resume it with --recipe fp8-delayed"),
+                (["--resume", ck, "--seed", "9"], "resume it with --seed 1"),
+                (["--resume", ck, "--fp8-conv-max-kernel-area", "9"], "--fp8-conv-max-kernel-area 32"),
+                (["--resume", ck, "--export-fp8", ck, "--force"], "is the checkpoint to resume from"),
+                (["--resume", ck, "--save-checkpoint", new, "--export-fp8", new], "the same file"),
+        ):
+            check_usage_error(["train", *args], needle, [new])
+        # Damaged files: another version, a field that is not a number, a truncated file.
+        v2, bad, cut = (os.path.join(d, n) for n in ("v2.safetensors", "bad.safetensors", "cut.safetensors"))
+        write_with_metadata(ck, v2, lambda m: m.update({"fp8kit.train.version": "2"}))
+        write_with_metadata(ck, bad, lambda m: m.update({"fp8kit.train.steps": "many"}))
+        with open(ck, "rb") as f, open(cut, "wb") as g:
+            g.write(f.read()[:-100])
+        check_usage_error(["train", "--resume", v2], "version 2 training checkpoint")
+        check_usage_error(["train", "--resume", bad], "not a number")
+        check_usage_error(["train", "--resume", cut], "cut.safetensors")
+        # A checkpoint past the steps asked for.
+        check_usage_error(["train", "--resume", ck, "--steps", "1", "--save-checkpoint", new], "more than the 1")
+
+
+def main():
+    global BINARY
+    if len(sys.argv) != 2:
+        print("usage: test_train_checkpoints.py PATH_TO_fp8kit", file=sys.stderr)
+        return 2
+    BINARY = sys.argv[1]
+    passed = failed = 0
+    for fn in TESTS:
+        try:
+            fn()
+            passed += 1
+            print(f"ok    {fn.__name__}")
+        except Exception:  # noqa: BLE001 - every failure is reported and counted
+            failed += 1
+            print(f"FAIL  {fn.__name__}")
+            traceback.print_exc(limit=3, file=sys.stdout)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
