@@ -76,6 +76,8 @@ class Tensor {
   const std::byte* raw() const noexcept;
   // Whether both tensors view the same storage (copies, reshapes and same-dtype to() do).
   bool shares_storage_with(const Tensor& other) const noexcept;
+  // Whether this tensor is the only one viewing its storage (an operation may then write over it).
+  bool storage_is_unique() const noexcept { return storage_ != nullptr && storage_.use_count() == 1; }
 
   // The same elements with another shape of the same numel, sharing storage. One dimension may be -1: it is
   // inferred from the others.

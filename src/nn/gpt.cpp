@@ -81,7 +81,7 @@ void Gpt::backward(const Context& ctx) {
     // Each saved state is released right after its backward, each gradient temporary as soon as it is consumed.
     Tensor g = b.fc2.backward(ctx, dx, bs.fc2);
     bs.fc2 = {};
-    g = Gelu::backward(ctx, g, bs.gelu);
+    g = Gelu::backward(ctx, std::move(g), bs.gelu);
     bs.gelu = {};
     g = b.fc1.backward(ctx, g, bs.fc1);
     bs.fc1 = {};

@@ -3,12 +3,14 @@
 #include "fp8kit/nn/layers.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string_view>
 
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
+#include "nn_util.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -208,6 +210,31 @@ constexpr float kGeluCubic = 0.044715f;
 constexpr float kGeluSaturated = 10.0f;
 }  // namespace
 
+// 0.5 (1 + tanh(z)) is the logistic sigmoid of 2z, which exp_approx evaluates without libm (so the loops vectorize):
+//   gelu(x) = x s,  s = 1 / (1 + e^(-2z)),  z = sqrt(2/pi) (x + 0.044715 x^3);
+//   dgelu/dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 x^2)   (as 1 - tanh(z)^2 = 4 s (1 - s)).
+// Beyond |x| = 10 tanh is +-1 in float: gelu is x or -0 and its derivative exactly 1 or 0 (selected, so the loops
+// still vectorize; x is clamped to +-10 inside, where x^3 cannot overflow).
+namespace {
+inline float gelu_sigmoid(float v) {
+  return 1.0f / (1.0f + detail::exp_approx(-2.0f * kGeluScale * (v + kGeluCubic * v * v * v)));
+}
+inline float clamp_saturated(float v) {  // selects on values: std::min/max return references and stop the vectorizer
+  const float lower = v < -kGeluSaturated ? -kGeluSaturated : v;
+  return lower > kGeluSaturated ? kGeluSaturated : lower;
+}
+inline float gelu_value(float v) {
+  const float y = v * gelu_sigmoid(clamp_saturated(v));
+  return v < -kGeluSaturated ? -0.0f : (v > kGeluSaturated ? v : y);
+}
+inline float gelu_derivative(float v) {
+  const float c = clamp_saturated(v);
+  const float s = gelu_sigmoid(c);
+  const float d = s + 2.0f * c * s * (1.0f - s) * kGeluScale * (1.0f + 3.0f * kGeluCubic * c * c);
+  return v < -kGeluSaturated ? 0.0f : (v > kGeluSaturated ? 1.0f : d);
+}
+}  // namespace
+
 Tensor Gelu::forward(const Context& ctx, const Tensor& x, Saved& saved) {
   ScopedEvent event(ctx.profiler, "gelu.forward");
   check_float32(x, "gelu", "x");
@@ -215,45 +242,38 @@ Tensor Gelu::forward(const Context& ctx, const Tensor& x, Saved& saved) {
   const float* in = x.data<float>();
   float* out = y.data<float>();
   const std::int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (go_parallel(n))
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = in[i];
-    const float t = std::tanh(kGeluScale * (v + kGeluCubic * v * v * v));
-    out[i] = 0.5f * v * (1.0f + t);
-  }
+#pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
+  for (std::int64_t i = 0; i < n; ++i) out[i] = gelu_value(in[i]);
   saved.x = save_activation(ctx, x);
   return y;
 }
 
-// dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(sqrt(2/pi) (x + 0.044715 x^3)).
 Tensor Gelu::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
+  return backward(ctx, Tensor(dy), saved);
+}
+
+// dx = dy * dgelu/dx(x), written over dy's storage when nothing else holds it (a gradient handed over with
+// std::move): the gradient of the MLP's widest activation then needs no second buffer.
+Tensor Gelu::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
   ScopedEvent event(ctx.profiler, "gelu.backward");
   check_float32(dy, "gelu", "dy");
   check_same_shape(dy, saved.x.shape(), "gelu", "dy");
-  Tensor dx = empty(dy.shape(), DType::float32);
+  Tensor dx = dy.storage_is_unique() ? dy : empty(dy.shape(), DType::float32);
   const float* g = dy.data<float>();
   float* out = dx.data<float>();
   const std::int64_t n = saved.x.numel();
   // Reads the saved input in its own dtype (a bfloat16 input is widened per element, not copied to a float32
   // tensor: that copy would be the largest temporary of a transformer block's backward).
-  auto run = [&](const auto* in) {
-#pragma omp parallel for schedule(static) if (go_parallel(n))
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float v = widen(in[i]);
-      float d;
-      if (std::fabs(v) > kGeluSaturated) {
-        d = v > 0.0f ? 1.0f : 0.0f;
-      } else {
-        const float t = std::tanh(kGeluScale * (v + kGeluCubic * v * v * v));
-        d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
-      }
-      out[i] = g[i] * d;
-    }
-  };
   if (saved.x.dtype() == DType::bfloat16) {
-    run(saved.x.data<bfloat16>());
+    const bfloat16* in = saved.x.data<bfloat16>();
+#pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
+    for (std::int64_t i = 0; i < n; ++i) {
+      out[i] = g[i] * gelu_derivative(std::bit_cast<float>(static_cast<std::uint32_t>(in[i].bits) << 16));
+    }
   } else {
-    run(saved.x.data<float>());
+    const float* in = saved.x.data<float>();
+#pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
+    for (std::int64_t i = 0; i < n; ++i) out[i] = g[i] * gelu_derivative(in[i]);
   }
   return dx;
 }

@@ -2,6 +2,8 @@
 // printed for error messages and profiler arguments.
 #pragma once
 
+#include <bit>
+#include <cstdint>
 #include <string>
 
 #include "fp8kit/tensor.hpp"
@@ -11,6 +13,36 @@ namespace fp8kit::nn::detail {
 // Below this many multiply-adds or element visits a parallel region costs more than it saves (and an oversubscribed
 // machine makes waiting threads expensive): smaller calls run on the calling thread. The result is the same either way.
 inline constexpr double kParallelWork = 16384;
+
+// e^x in float32 from arithmetic alone, so that a loop over it vectorizes (libm's expf is a call per element) and
+// its scalar remainder computes bit for bit the same function (no FMA contraction in the portable build):
+//   n = round(x / ln 2) (the 1.5 * 2^23 addition leaves n in the low mantissa bits), r = x - n ln 2 with ln 2 split
+//   in two (the high part has 9 significant bits, so n * hi is exact), e^r by its Taylor series to r^7 (|r| <= ln2/2:
+//   the first term left out is below 6e-9, a tenth of an ulp), times 2^n built from the exponent bits.
+// x is clamped to [-87, 88] (e^x stays a normal float: 2^-126 <= 2^n <= 2^127), so e^x is 1.6e-38 for x below -87
+// and 1.65e38 above 88; NaN stays NaN. Within 2 ulp of the exact e^x over the clamped range (tests/nn).
+inline float exp_approx(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;              // 355 / 512
+  constexpr float kLn2Lo = -2.12194440054690583e-4f;  // ln 2 - kLn2Hi
+  constexpr float kRound = 12582912.0f;               // 1.5 * 2^23
+  x = x < -87.0f ? -87.0f : x;  // selects on values (std::min/max return references, which stop the vectorizer)
+  x = x > 88.0f ? 88.0f : x;
+  const float shifted = x * kLog2e + kRound;
+  const float n = shifted - kRound;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  // shifted's bits are those of 1.5 * 2^23 (0x4B400000) plus n: the biased exponent of 2^n is n + 127.
+  const std::uint32_t biased = std::bit_cast<std::uint32_t>(shifted) - 0x4B400000u + 127u;
+  return p * std::bit_cast<float>(biased << 23);
+}
 
 // "(2, 3, 4)"
 inline std::string shape_string(const Shape& shape) {

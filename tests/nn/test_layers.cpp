@@ -2,7 +2,10 @@
 // every gradient against central finite differences, accumulation, bfloat16 saved activations, thread independence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <numbers>
@@ -12,6 +15,7 @@
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/nn/layers.hpp"
+#include "nn/nn_util.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -256,6 +260,54 @@ TEST(Gelu, Bfloat16SavedInputStaysClose) {
   EXPECT_EQ(s16.x.dtype(), DType::bfloat16);
   expect_close(to_vec(Gelu::backward({}, dy, s16)), to_vec(Gelu::backward({}, dy, s32)), 2e-2, 2e-2,
                "gelu dx with bfloat16 x");
+}
+
+TEST(Gelu, InPlaceBackwardWritesOverAnUnsharedGradientOnly) {
+  const Tensor x = random_tensor({4, 40}, 16, 3.0);
+  Gelu::Saved saved;
+  Gelu::forward({}, x, saved);
+  const Tensor expected = Gelu::backward({}, random_tensor({4, 40}, 17), saved);
+  // Handed over and unshared: dx is written over dy's storage, with the same values.
+  Tensor dy = random_tensor({4, 40}, 17);
+  const std::byte* storage = dy.raw();
+  const Tensor dx = Gelu::backward({}, std::move(dy), saved);
+  EXPECT_EQ(dx.raw(), storage);
+  EXPECT_EQ(to_vec(dx), to_vec(expected));
+  // Shared with another tensor: that tensor keeps its values.
+  const Tensor kept = random_tensor({4, 40}, 17);
+  Tensor shared = kept;
+  const Tensor dx2 = Gelu::backward({}, std::move(shared), saved);
+  EXPECT_FALSE(dx2.shares_storage_with(kept));
+  EXPECT_EQ(to_vec(kept), to_vec(random_tensor({4, 40}, 17)));
+  EXPECT_EQ(to_vec(dx2), to_vec(expected));
+}
+
+// The vectorizable exp behind GELU and the attention softmax: within 2 ulp of the correctly rounded e^x over its
+// whole range (every 2039th float32 bit pattern in [-87, 88]), clamped outside it, NaN kept.
+TEST(ExpApprox, WithinTwoUlpOverTheRangeClampedOutsideNanKept) {
+  auto ulp_distance = [](float a, float b) {
+    const auto key = [](float f) {
+      const auto u = std::bit_cast<std::int32_t>(f);
+      return u < 0 ? std::int64_t{INT32_MIN} - u : std::int64_t{u};
+    };
+    return std::llabs(key(a) - key(b));
+  };
+  long long worst = 0;
+  std::int64_t checked = 0;
+  for (std::uint64_t bits = 0; bits < (std::uint64_t{1} << 32); bits += 2039) {
+    const float x = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
+    if (!(x >= -87.0f && x <= 88.0f)) continue;
+    const float exact = static_cast<float>(std::exp(static_cast<double>(x)));
+    worst = std::max(worst, ulp_distance(detail::exp_approx(x), exact));
+    ++checked;
+  }
+  EXPECT_GT(checked, 1000000) << "floats checked";
+  EXPECT_LE(worst, 2) << "worst distance in ulp";
+  EXPECT_EQ(detail::exp_approx(0.0f), 1.0f);
+  EXPECT_EQ(detail::exp_approx(-1000.0f), detail::exp_approx(-87.0f));
+  EXPECT_EQ(detail::exp_approx(1000.0f), detail::exp_approx(88.0f));
+  EXPECT_EQ(detail::exp_approx(-INFINITY), detail::exp_approx(-87.0f));
+  EXPECT_TRUE(std::isnan(detail::exp_approx(NAN)));
 }
 
 TEST(Relu, ForwardBackwardAndFiniteDifferences) {

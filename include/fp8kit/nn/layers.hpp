@@ -41,7 +41,9 @@ struct LayerNorm {
 
 // ---------------------------------------------------------------- GELU
 // GPT-2's tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (PyTorch's
-// gelu(approximate="tanh")). The input is saved (in ctx.saved_dtype) and the derivative evaluated from it.
+// gelu(approximate="tanh")), evaluated as x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) with a vectorizable exp
+// (within a few float32 ulp of the formula). The input is saved (in ctx.saved_dtype) and the derivative evaluated
+// from it.
 struct Gelu {
   struct Saved {
     Tensor x;  // (...) in ctx.saved_dtype
@@ -50,6 +52,8 @@ struct Gelu {
   static Tensor forward(const Context& ctx, const Tensor& x, Saved& saved);
   // dy (...) -> dx (...)
   static Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved);
+  // The same, written over dy's storage when no other tensor shares it (saves the widest buffer of an MLP's backward).
+  static Tensor backward(const Context& ctx, Tensor&& dy, const Saved& saved);
 };
 
 // ---------------------------------------------------------------- ReLU
