@@ -200,9 +200,18 @@ ShapesDataset::ShapesDataset(std::int64_t batch, std::int64_t image_size, std::i
                classes);
 }
 
-// images (N, 3, S, S) float32, targets (N) int64.
 Batch ShapesDataset::batch(std::int64_t step) const {
-  Draw d{std::mt19937_64(seed_ * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step))};
+  return draw(seed_ * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step));
+}
+
+// Held-out images: the same distribution from another random stream (the images training sees are never repeated).
+Batch ShapesDataset::eval_batch(std::int64_t index) const {
+  return draw(~(seed_ * 0x9E3779B97F4A7C15ull) + static_cast<std::uint64_t>(index));
+}
+
+// images (N, 3, S, S) float32, targets (N) int64.
+Batch ShapesDataset::draw(std::uint64_t stream) const {
+  Draw d{std::mt19937_64(stream)};
   const std::int64_t s = size_, plane = s * s;
   Batch b;
   b.inputs = empty({batch_, 3, s, s}, DType::float32);

@@ -169,34 +169,54 @@ std::string generate_corpus(std::uint64_t seed, std::size_t bytes) {
   return text;
 }
 
-TextDataset::TextDataset(std::string text, std::int64_t batch, std::int64_t seq_len, std::uint64_t seed,
-                         std::string source)
-    : text_(std::move(text)), batch_(batch), seq_len_(seq_len), seed_(seed), source_(std::move(source)) {
-  FP8KIT_CHECK(static_cast<std::int64_t>(text_.size()) > seq_len_ + 1, "the training text (", source_, ") has ",
-               text_.size(), " bytes; it needs more than ", seq_len_ + 1);
-}
+namespace {
 
-Batch TextDataset::batch(std::int64_t step) const {
-  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step));
+// T-token windows at random starts of `text` (seeded): inputs and the targets one byte later.
+Batch windows(const std::string& text, std::int64_t batch, std::int64_t seq_len, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
   Batch b;
-  b.inputs = empty({batch_, seq_len_}, DType::int64);
-  b.targets = empty({batch_, seq_len_}, DType::int64);
+  b.inputs = empty({batch, seq_len}, DType::int64);
+  b.targets = empty({batch, seq_len}, DType::int64);
   auto* in = b.inputs.data<std::int64_t>();
   auto* tg = b.targets.data<std::int64_t>();
-  const auto span = static_cast<std::uint64_t>(text_.size()) - static_cast<std::uint64_t>(seq_len_) - 1;
-  for (std::int64_t r = 0; r < batch_; ++r) {
+  const auto span = static_cast<std::uint64_t>(text.size()) - static_cast<std::uint64_t>(seq_len) - 1;
+  for (std::int64_t r = 0; r < batch; ++r) {
     const auto start = static_cast<std::size_t>(rng() % (span + 1));
-    for (std::int64_t t = 0; t < seq_len_; ++t) {
-      in[r * seq_len_ + t] = static_cast<unsigned char>(text_[start + static_cast<std::size_t>(t)]);
-      tg[r * seq_len_ + t] = static_cast<unsigned char>(text_[start + static_cast<std::size_t>(t) + 1]);
+    for (std::int64_t t = 0; t < seq_len; ++t) {
+      in[r * seq_len + t] = static_cast<unsigned char>(text[start + static_cast<std::size_t>(t)]);
+      tg[r * seq_len + t] = static_cast<unsigned char>(text[start + static_cast<std::size_t>(t) + 1]);
     }
   }
   return b;
 }
 
+}  // namespace
+
+TextDataset::TextDataset(std::string text, std::string held_out, std::int64_t batch, std::int64_t seq_len,
+                         std::uint64_t seed, std::string source)
+    : text_(std::move(text)),
+      held_out_(std::move(held_out)),
+      batch_(batch),
+      seq_len_(seq_len),
+      seed_(seed),
+      source_(std::move(source)) {
+  FP8KIT_CHECK(static_cast<std::int64_t>(text_.size()) > seq_len_ + 1, "the training text (", source_, ") has ",
+               text_.size(), " bytes; it needs more than ", seq_len_ + 1);
+  FP8KIT_CHECK(static_cast<std::int64_t>(held_out_.size()) > seq_len_ + 1, "the held-out text (", source_, ") has ",
+               held_out_.size(), " bytes; it needs more than ", seq_len_ + 1);
+}
+
+Batch TextDataset::batch(std::int64_t step) const {
+  return windows(text_, batch_, seq_len_, seed_ * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step));
+}
+
+Batch TextDataset::eval_batch(std::int64_t index) const {
+  return windows(held_out_, batch_, seq_len_, ~(seed_ * 0x9E3779B97F4A7C15ull) + static_cast<std::uint64_t>(index));
+}
+
 std::string TextDataset::describe() const {
-  return source_ + " (" + std::to_string(text_.size()) + " bytes), batches of " + std::to_string(batch_) + " x " +
-         std::to_string(seq_len_) + " tokens";
+  return source_ + " (" + std::to_string(text_.size()) + " bytes, " + std::to_string(held_out_.size()) +
+         " held out), batches of " + std::to_string(batch_) + " x " + std::to_string(seq_len_) + " tokens";
 }
 
 }  // namespace fp8kit::nn

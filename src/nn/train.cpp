@@ -19,9 +19,12 @@
 namespace fp8kit::nn {
 namespace {
 
-constexpr std::int64_t kGptBatch = 16;
+constexpr std::int64_t kDefaultGptBatch = 16;
 constexpr std::size_t kCorpusBytes = std::size_t{1} << 20;
-constexpr std::int64_t kCnnBatch = 64;  // images of kCnnImageSize x kCnnImageSize
+constexpr std::size_t kHeldOutBytes = std::size_t{1} << 16;  // generated held-out text, another seed
+constexpr std::uint64_t kHeldOutSeed = 0x48454C444F5554ull;  // "HELDOUT": xored into the run's seed
+constexpr std::size_t kHeldOutPercent = 10;                  // of a --data file: its last 10%
+constexpr std::int64_t kDefaultCnnBatch = 64;                // images of kCnnImageSize x kCnnImageSize
 constexpr std::int64_t kCnnImageSize = 32;
 
 std::string read_text(const std::string& path) {
@@ -36,6 +39,24 @@ double learning_rate(const TrainConfig& c, std::int64_t step) {
                           static_cast<double>(std::max<std::int64_t>(1, c.steps - c.warmup_steps));
   const double min_lr = c.lr / 10.0;
   return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * std::min(1.0, progress)));
+}
+
+// The mean loss over the held-out batches, under the run's recipe (forward only). What the forwards record into
+// the delayed-scaling histories is dropped: evaluating never changes the training state.
+float evaluate(Model& model, const Dataset& data, const PrecisionRecipe& recipe, std::int64_t batches) {
+  StepReport report;
+  Context ctx;
+  ctx.saved_dtype = recipe.saved_dtype();
+  ctx.recipe = &recipe;
+  ctx.report = &report;
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < batches; ++i) {
+    report.clear();
+    sum += model.forward(ctx, data.eval_batch(i));
+    for (Fp8LayerState* s : model.fp8_states()) s->discard_step();
+  }
+  model.release();
+  return static_cast<float>(sum / static_cast<double>(batches));
 }
 
 double median(std::vector<double> v) {
@@ -63,19 +84,31 @@ std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionReci
 }
 
 std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
+  FP8KIT_CHECK(config.batch >= 0, "train: batch must be at least 1 (0 for the model's default), got ", config.batch);
   if (config.model == "gpt") {
+    const std::int64_t batch = config.batch > 0 ? config.batch : kDefaultGptBatch;
     const GptConfig g;
     if (!config.data_path.empty()) {
-      return std::make_unique<TextDataset>(read_text(config.data_path), kGptBatch, g.seq_len, config.seed,
+      std::string text = read_text(config.data_path);
+      const std::size_t held = text.size() * kHeldOutPercent / 100;
+      FP8KIT_CHECK(held > static_cast<std::size_t>(g.seq_len) + 1, "the training text '", config.data_path, "' has ",
+                   text.size(), " bytes; its last ", kHeldOutPercent, "% is held out for the evaluation loss and must ",
+                   "exceed ", g.seq_len + 1, " bytes (give a text of at least ",
+                   (static_cast<std::size_t>(g.seq_len) + 2) * 100 / kHeldOutPercent + 1, " bytes)");
+      std::string held_out = text.substr(text.size() - held);
+      text.resize(text.size() - held);
+      return std::make_unique<TextDataset>(std::move(text), std::move(held_out), batch, g.seq_len, config.seed,
                                            config.data_path);
     }
-    return std::make_unique<TextDataset>(generate_corpus(config.seed, kCorpusBytes), kGptBatch, g.seq_len, config.seed,
-                                         "generated corpus");
+    return std::make_unique<TextDataset>(generate_corpus(config.seed, kCorpusBytes),
+                                         generate_corpus(config.seed ^ kHeldOutSeed, kHeldOutBytes), batch, g.seq_len,
+                                         config.seed, "generated corpus");
   }
   if (config.model == "cnn") {
     FP8KIT_CHECK(config.data_path.empty(), "the cnn trains on generated images; a data file ('", config.data_path,
                  "') is for the gpt");
-    return std::make_unique<ShapesDataset>(kCnnBatch, kCnnImageSize, CnnConfig{}.classes, config.seed);
+    return std::make_unique<ShapesDataset>(config.batch > 0 ? config.batch : kDefaultCnnBatch, kCnnImageSize,
+                                           CnnConfig{}.classes, config.seed);
   }
   FP8KIT_CHECK(false, "unknown model '", config.model, "' (use gpt, cnn)");
   return nullptr;
@@ -84,6 +117,7 @@ std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
 TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
                   const std::function<void(const StepLog&)>& on_step) {
   FP8KIT_CHECK(config.steps >= 1, "train: steps must be at least 1, got ", config.steps);
+  FP8KIT_CHECK(config.eval_batches >= 1, "train: eval_batches must be at least 1, got ", config.eval_batches);
   TrainCheckpointer checkpoints(config, recipe);  // checks the checkpoint fields before any work
   const std::unique_ptr<Dataset> data = make_dataset(config);
   reset_peak_memory();
@@ -164,8 +198,9 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
     }
     checkpoints.finish(*model, adamw, result.losses, result.skipped_steps);
     result.step_ms = median(times);
+    result.peak_bytes = memory_stats().peak_bytes - baseline;  // of training: the evaluation is not counted
+    result.final_loss = evaluate(*model, *data, recipe, config.eval_batches);
   }
-  result.peak_bytes = memory_stats().peak_bytes - baseline;
   const std::int64_t window = std::min<std::int64_t>(config.final_loss_window, config.steps);
   double sum = 0;
   std::int64_t counted = 0;
@@ -175,7 +210,7 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
       ++counted;
     }
   }
-  result.final_loss = counted ? static_cast<float>(sum / static_cast<double>(counted)) : NAN;
+  result.train_loss = counted ? static_cast<float>(sum / static_cast<double>(counted)) : NAN;
   return result;
 }
 

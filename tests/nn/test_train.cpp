@@ -1,9 +1,17 @@
 // The training loop: bit-identical losses for the same seed and recipe, the non-finite guard (skip keeps the
-// weights finite, abort names the tensor), the loss going down, and the memory order fp8 < bf16 < fp32.
+// weights finite, abort names the tensor), the loss going down, the memory order fp8 < bf16 < fp32, and the
+// held-out evaluation (other data, no effect on training).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
 
+#include "fp8kit/error.hpp"
+#include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/gpt.hpp"
 #include "fp8kit/nn/train.hpp"
 
@@ -26,7 +34,64 @@ TEST(Train, SameSeedAndRecipeGiveBitIdenticalLosses) {
     for (std::size_t i = 0; i < a.losses.size(); ++i) {
       EXPECT_EQ(std::bit_cast<std::uint32_t>(a.losses[i]), std::bit_cast<std::uint32_t>(b.losses[i])) << name << i;
     }
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(a.final_loss), std::bit_cast<std::uint32_t>(b.final_loss)) << name;
   }
+}
+
+// The evaluation loss is a forward over held-out batches: it never changes the training (a run of 3 steps trains
+// exactly as the first 3 steps of a run of 4, whose evaluation comes after step 4), and it is not a training loss.
+TEST(Train, EvaluationIsHeldOutAndLeavesTrainingAlone) {
+  for (const char* name : {"fp32", "fp8-delayed"}) {
+    const PrecisionRecipe recipe = *PrecisionRecipe::parse(name);
+    TrainConfig c = short_run(3);
+    c.eval_batches = 2;
+    const TrainResult r = train(c, recipe);
+    EXPECT_TRUE(std::isfinite(r.final_loss));
+    EXPECT_NE(r.final_loss, r.train_loss);
+    c.eval_batches = 5;
+    const TrainResult more = train(c, recipe);  // more held-out batches: same training, another mean
+    EXPECT_EQ(more.losses, r.losses) << name;
+    EXPECT_NE(more.final_loss, r.final_loss) << name;
+  }
+}
+
+TEST(Train, HeldOutBatchesComeFromTheHeldOutText) {
+  const TextDataset data(std::string(500, 'a'), std::string(200, 'b'), 4, 16, 1, "test");
+  const auto values = [](const Batch& b) {
+    const auto v = b.inputs.span<std::int64_t>();
+    return std::vector<std::int64_t>(v.begin(), v.end());
+  };
+  for (std::int64_t i = 0; i < 3; ++i) {
+    for (const std::int64_t v : values(data.eval_batch(i))) EXPECT_EQ(v, 'b');
+    for (const std::int64_t v : values(data.batch(i))) EXPECT_EQ(v, 'a');
+  }
+  // Deterministic per index, different across indices.
+  const TextDataset mixed(generate_corpus(1, 8192), generate_corpus(2, 8192), 4, 16, 1, "test");
+  EXPECT_EQ(values(mixed.eval_batch(1)), values(mixed.eval_batch(1)));
+  std::set<std::vector<std::int64_t>> seen;
+  for (std::int64_t i = 0; i < 4; ++i) seen.insert(values(mixed.eval_batch(i)));
+  EXPECT_EQ(seen.size(), 4u);
+  // Images: held-out draws are not training draws.
+  const ShapesDataset shapes(8, 32, 4, 1);
+  const Batch train_images = shapes.batch(0), held_out = shapes.eval_batch(0);
+  const auto a = train_images.inputs.span<float>(), b = held_out.inputs.span<float>();
+  EXPECT_FALSE(std::equal(a.begin(), a.end(), b.begin()));
+  EXPECT_THROW(TextDataset(std::string(500, 'a'), std::string(10, 'b'), 4, 16, 1, "test"), Error);
+}
+
+// A --data file holds out its last 10%; one too small for that is refused with the size it needs.
+TEST(Train, DataFileTooSmallToHoldOutIsRefused) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "fp8kit_test_small_text.txt";
+  std::ofstream(path) << std::string(300, 'x');
+  TrainConfig c = short_run(1);
+  c.data_path = path.string();
+  try {
+    make_dataset(c);
+    FAIL() << "a 300-byte text was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("held out"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Train, NanGradientSkipsTheStepAndNeverReachesTheWeights) {
@@ -48,7 +113,8 @@ TEST(Train, NanGradientSkipsTheStepAndNeverReachesTheWeights) {
 
 TEST(Train, LossGoesDown) {
   const TrainResult r = train(short_run(25), *PrecisionRecipe::parse("fp32"));
-  EXPECT_LT(r.final_loss, r.losses.front() - 1.0f);  // from ~ln(256) = 5.5
+  EXPECT_LT(r.train_loss, r.losses.front() - 1.0f);  // from ~ln(256) = 5.5
+  EXPECT_LT(r.final_loss, r.losses.front() - 1.0f);  // on held-out text too
 }
 
 TEST(Train, PeakMemoryOrdersFp8Bf16Fp32) {

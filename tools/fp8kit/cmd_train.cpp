@@ -29,8 +29,9 @@ struct TrainArgs {
   std::string model = "gpt";
   std::string recipe;
   std::string compare;
-  std::int64_t steps = 150;
+  std::int64_t steps = 400;
   std::uint64_t seed = 1;
+  std::int64_t batch = 0;  // 0: the model's default
   int threads = 0;
   bool json = false;
   std::string plot, profile, log_scales, data;
@@ -41,7 +42,8 @@ struct TrainArgs {
   std::int64_t checkpoint_every = 0;
   bool force = false;
   // Which options were given: a resumed run takes the others from its checkpoint.
-  bool model_given = false, seed_given = false, steps_given = false, data_given = false, conv_area_given = false;
+  bool model_given = false, seed_given = false, batch_given = false, steps_given = false, data_given = false,
+       conv_area_given = false;
 };
 
 namespace fs = std::filesystem;
@@ -197,6 +199,7 @@ std::optional<nn::TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
     info = nn::read_train_checkpoint_info(a.resume);
     if (!a.model_given) a.model = info->model;
     if (!a.seed_given) a.seed = info->seed;
+    if (!a.batch_given) a.batch = info->batch;
     if (!a.steps_given) a.steps = info->steps;
     if (!a.data_given) a.data = info->data_path;
     if (!a.conv_area_given) a.conv_max_area = info->recipe.fp8_conv_max_kernel_area;
@@ -233,6 +236,9 @@ void run(TrainArgs a) {
     throw UsageError("--data is for --model gpt (the cnn trains on generated images)");
   }
   if (a.steps < 1) throw UsageError("--steps must be at least 1, got " + std::to_string(a.steps));
+  if (a.batch < 0 || (a.batch_given && a.batch == 0)) {
+    throw UsageError("--batch must be at least 1, got " + std::to_string(a.batch));
+  }
   if (a.threads < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(a.threads));
   if (a.on_nonfinite != "skip" && a.on_nonfinite != "abort") {
     throw UsageError("--on-nonfinite: '" + a.on_nonfinite + "' (use skip or abort)");
@@ -264,6 +270,7 @@ void run(TrainArgs a) {
   config.model = a.model;
   config.steps = a.steps;
   config.seed = a.seed;
+  config.batch = a.batch;
   config.data_path = a.data;
   config.on_nonfinite = a.on_nonfinite == "abort" ? nn::OnNonfinite::kAbort : nn::OnNonfinite::kSkip;
   config.log_scales = !a.log_scales.empty();
@@ -349,6 +356,7 @@ void run(TrainArgs a) {
                           {"parameters", r.parameters}, {"threads", num_threads()},
                           {"start_step", r.start_step}, {"losses", r.losses}};
       if (!std::isfinite(r.final_loss)) o["final_loss"] = nullptr;
+      o["train_loss"] = std::isfinite(r.train_loss) ? nlohmann::json(r.train_loss) : nlohmann::json(nullptr);
       if (!a.save_checkpoint.empty()) o["checkpoint"] = a.save_checkpoint;
       if (!a.export_fp8.empty()) o["export_fp8"] = a.export_fp8;
       if (fp32 != nullptr) {
@@ -367,7 +375,7 @@ void run(TrainArgs a) {
               static_cast<long long>(results.front().parameters), results.front().data.c_str(),
               static_cast<long long>(a.steps), static_cast<unsigned long long>(a.seed), num_threads());
   std::printf("%-18s %12s %8s %12s %8s %11s %9s %8s\n", "recipe", "peak memory", "vs fp32", "step time", "vs fp32",
-              "final loss", "vs fp32", "skipped");
+              "eval loss", "vs fp32", "skipped");
   for (const auto& r : results) {
     const std::string mem_ratio =
         fp32 ? fmt::format("{:.2f}x", static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes)) : "-";
@@ -380,8 +388,8 @@ void run(TrainArgs a) {
   }
   std::printf(
       "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
-      " temporaries); step time: median; final loss: mean of the last %lld steps\n",
-      static_cast<long long>(std::min<std::int64_t>(10, a.steps)));
+      " temporaries); step time: median; eval loss: held-out data, %lld batches\n",
+      static_cast<long long>(nn::TrainConfig{}.eval_batches));
   if (resumed) {
     std::printf("resumed from %s at step %lld (peak memory and step time: this process's steps)\n", a.resume.c_str(),
                 static_cast<long long>(results.front().start_step));
@@ -415,8 +423,9 @@ void add_train_command(CLI::App& app) {
                   "Model: gpt (default; a small GPT on text) or cnn (a small CNN with a 7x7 stem on generated images)");
   cmd->add_option("--recipe", args->recipe, "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8");
   cmd->add_option("--compare", args->compare, std::string("Comma list of recipes (default ") + kDefaultCompare + ")");
-  cmd->add_option("--steps", args->steps, "Training steps (default 150)");
+  cmd->add_option("--steps", args->steps, "Training steps (default 400)");
   cmd->add_option("--seed", args->seed, "Seed of the data and the initialization (default 1)");
+  cmd->add_option("--batch", args->batch, "Sequences (gpt) or images (cnn) per step (default 16 / 64)");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--data", args->data, "Train the GPT on this text file instead of the generated corpus");
   cmd->add_flag("--json", args->json, "Print a JSON array, one object per recipe");
@@ -444,6 +453,7 @@ void add_train_command(CLI::App& app) {
     TrainArgs a = *args;
     a.model_given = cmd->count("--model") > 0;
     a.seed_given = cmd->count("--seed") > 0;
+    a.batch_given = cmd->count("--batch") > 0;
     a.steps_given = cmd->count("--steps") > 0;
     a.data_given = cmd->count("--data") > 0;
     a.conv_area_given = cmd->count("--fp8-conv-max-kernel-area") > 0;

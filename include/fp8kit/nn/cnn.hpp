@@ -37,6 +37,7 @@ class Cnn final : public Model {
   Cnn(const CnnConfig& config, const PrecisionRecipe& recipe);
   float forward(const Context& ctx, const Batch& batch) override;
   void backward(const Context& ctx) override;
+  void release() override { saved_.reset(); }
   std::vector<Parameter*> parameters() override;
   std::vector<Fp8LayerState*> fp8_states() override;
   const CnnConfig& config() const { return config_; }
@@ -78,9 +79,11 @@ class ShapesDataset final : public Dataset {
  public:
   ShapesDataset(std::int64_t batch, std::int64_t image_size, std::int64_t classes, std::uint64_t seed);
   Batch batch(std::int64_t step) const override;
+  Batch eval_batch(std::int64_t index) const override;
   std::string describe() const override;
 
  private:
+  Batch draw(std::uint64_t stream) const;
   std::int64_t batch_, size_, classes_;
   std::uint64_t seed_;
 };

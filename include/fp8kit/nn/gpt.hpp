@@ -33,6 +33,7 @@ class Gpt final : public Model {
   Gpt(const GptConfig& config, const PrecisionRecipe& recipe);
   float forward(const Context& ctx, const Batch& batch) override;
   void backward(const Context& ctx) override;
+  void release() override { saved_.reset(); }
   std::vector<Parameter*> parameters() override;
   std::vector<Fp8LayerState*> fp8_states() override;
   const GptConfig& config() const { return config_; }
@@ -78,15 +79,17 @@ class Gpt final : public Model {
 std::string generate_corpus(std::uint64_t seed, std::size_t bytes);
 
 // Random windows of a byte string: inputs (B, T) and targets shifted by one. Batch of step s depends only on
-// (seed, s).
+// (seed, s). Held-out batches are windows of `held_out` (text the training batches never read), drawn the same way.
 class TextDataset final : public Dataset {
  public:
-  TextDataset(std::string text, std::int64_t batch, std::int64_t seq_len, std::uint64_t seed, std::string source);
+  TextDataset(std::string text, std::string held_out, std::int64_t batch, std::int64_t seq_len, std::uint64_t seed,
+              std::string source);
   Batch batch(std::int64_t step) const override;
+  Batch eval_batch(std::int64_t index) const override;
   std::string describe() const override;
 
  private:
-  std::string text_;
+  std::string text_, held_out_;
   std::int64_t batch_, seq_len_;
   std::uint64_t seed_;
   std::string source_;

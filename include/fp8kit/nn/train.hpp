@@ -24,14 +24,16 @@ enum class OnNonfinite : std::uint8_t { kSkip, kAbort };
 
 struct TrainConfig {
   std::string model = "gpt";  // "gpt" or "cnn"
-  std::int64_t steps = 150;
+  std::int64_t steps = 400;
   std::uint64_t seed = 1;
-  std::string data_path;  // gpt: train on this text file instead of the generated corpus
+  std::string data_path;   // gpt: train on this text file instead of the generated corpus
+  std::int64_t batch = 0;  // sequences (gpt) or images (cnn) per step; 0: the model's default (16, 64)
   double lr = 3e-3;
   std::int64_t warmup_steps = 10;  // linear warm-up, then cosine decay to lr / 10
   OnNonfinite on_nonfinite = OnNonfinite::kSkip;
   bool log_scales = false;
-  std::int64_t final_loss_window = 10;  // the final loss is the mean of the last steps' losses
+  std::int64_t final_loss_window = 10;  // train_loss is the mean of the last steps' losses
+  std::int64_t eval_batches = 16;       // final_loss: the mean loss over this many held-out batches
   // Fault injection (tests, and `fp8kit train --inject-nan STEP` to see the guard work): at this step a NaN is
   // written into the first parameter's gradient after backward.
   std::optional<std::int64_t> inject_nan_step;
@@ -56,7 +58,10 @@ struct StepLog {
 struct TrainResult {
   std::string recipe;
   std::vector<float> losses;  // one per step (skipped steps included: their loss was computed)
+  // The held-out evaluation loss after the last step (the model under the run's recipe, on data training never saw:
+  // Dataset::eval_batch): what recipes are compared by. A single run's last training batches vary too much.
   float final_loss = 0.0f;
+  float train_loss = 0.0f;         // the mean training loss of the last final_loss_window steps
   std::int64_t peak_bytes = 0;     // memory_stats() peak over the run, from model creation to the end
   double step_ms = 0.0;            // median step time
   std::int64_t skipped_steps = 0;  // over the whole run, those before a resume included

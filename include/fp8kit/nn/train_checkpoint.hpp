@@ -31,6 +31,7 @@ struct TrainCheckpointInfo {
   std::uint64_t seed = 0;
   double lr = 0.0;
   std::int64_t warmup_steps = 0;
+  std::int64_t batch = 0;        // TrainConfig::batch (0: the model's default)
   std::string data_path;         // empty: the model's generated data
   std::string data_fingerprint;  // of the data file's bytes (16 hex digits); empty for generated data
   PrecisionRecipe recipe;        // kind, mode and every setting (history length, margin, dispatcher rules)
