@@ -1,6 +1,8 @@
 """Counting assertions for the Python test scripts: check() records a pass or prints the failure; summary() prints
 the closing 'N passed, M failed' line and returns the exit status (1 if anything failed)."""
 
+import sys
+
 passed = 0
 failed = 0
 
@@ -17,3 +19,37 @@ def check(name, ok, detail=""):
 def summary():
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def run_test_functions(tests):
+    """Runs each test function (a failure raises), prints 'ok'/'FAIL' per test with the traceback of a failure and
+    the closing 'N passed, M failed' line; returns the exit status (1 if anything failed)."""
+    import traceback
+
+    ok = bad = 0
+    for fn in tests:
+        try:
+            fn()
+            ok += 1
+            print(f"ok    {fn.__name__}")
+        except Exception:  # noqa: BLE001 - every failure is reported and counted
+            bad += 1
+            print(f"FAIL  {fn.__name__}")
+            traceback.print_exc(limit=3, file=sys.stdout)
+    print(f"{ok} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+def read_safetensors_raw(path):
+    """An independent safetensors reader (not fp8kit's): ({name: (dtype, shape, raw bytes)}, __metadata__, header)."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    meta = header.pop("__metadata__", {}) or {}
+    tensors = {k: (e["dtype"], e["shape"], b[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]])
+               for k, e in header.items()}
+    return tensors, meta, header

@@ -5,7 +5,6 @@ reference doc's), --force, inputs untouched, one-line errors with exit 2. Usage:
 import hashlib
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -13,7 +12,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import check, summary  # noqa: E402
+from checks import check, read_safetensors_raw, summary  # noqa: E402
 
 try:
     import ml_dtypes
@@ -33,15 +32,8 @@ def run(exe, *args):
 
 def read_st(path):
     """An independent reader: header JSON + raw bytes -> {name: numpy array}, metadata."""
-    with open(path, "rb") as f:
-        b = f.read()
-    n = struct.unpack("<Q", b[:8])[0]
-    header = json.loads(b[8:8 + n])
-    meta = header.pop("__metadata__", {}) or {}
-    out = {}
-    for name, e in header.items():
-        s, t = e["data_offsets"]
-        out[name] = np.frombuffer(b[8 + n + s:8 + n + t], dtype=NP[e["dtype"]]).reshape(e["shape"])
+    raw, meta, header = read_safetensors_raw(path)
+    out = {name: np.frombuffer(data, dtype=NP[dtype]).reshape(shape) for name, (dtype, shape, data) in raw.items()}
     return out, meta, header
 
 

@@ -4,11 +4,14 @@ import bisect
 import functools
 import json
 import math
+import os
 import random
 import struct
 import subprocess
 import sys
-import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import run_test_functions  # noqa: E402
 
 BINARY = None
 TESTS = []
@@ -507,18 +510,7 @@ def main():
         print("usage: test_cli.py PATH_TO_fp8kit", file=sys.stderr)
         return 2
     BINARY = sys.argv[1]
-    passed = failed = 0
-    for fn in TESTS:
-        try:
-            fn()
-            passed += 1
-            print(f"ok    {fn.__name__}")
-        except Exception:  # noqa: BLE001 - every failure is reported and counted
-            failed += 1
-            print(f"FAIL  {fn.__name__}")
-            traceback.print_exc(limit=3, file=sys.stdout)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_test_functions(TESTS)
 
 
 if __name__ == "__main__":

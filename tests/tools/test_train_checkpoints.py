@@ -13,7 +13,9 @@ import struct
 import subprocess
 import sys
 import tempfile
-import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import read_safetensors_raw, run_test_functions  # noqa: E402
 
 BINARY = None
 TESTS = []
@@ -47,13 +49,7 @@ def check_usage_error(args, needle, must_not_exist=()):
 
 def read_st(path):
     """An independent reader: {name: (dtype, shape, bytes)}, __metadata__."""
-    with open(path, "rb") as f:
-        b = f.read()
-    n = struct.unpack("<Q", b[:8])[0]
-    header = json.loads(b[8:8 + n])
-    meta = header.pop("__metadata__", {}) or {}
-    tensors = {k: (e["dtype"], e["shape"], b[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]])
-               for k, e in header.items()}
+    tensors, meta, _ = read_safetensors_raw(path)
     return tensors, meta
 
 
@@ -228,18 +224,7 @@ def main():
         print("usage: test_train_checkpoints.py PATH_TO_fp8kit", file=sys.stderr)
         return 2
     BINARY = sys.argv[1]
-    passed = failed = 0
-    for fn in TESTS:
-        try:
-            fn()
-            passed += 1
-            print(f"ok    {fn.__name__}")
-        except Exception:  # noqa: BLE001 - every failure is reported and counted
-            failed += 1
-            print(f"FAIL  {fn.__name__}")
-            traceback.print_exc(limit=3, file=sys.stdout)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_test_functions(TESTS)
 
 
 if __name__ == "__main__":
