@@ -100,14 +100,16 @@ Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved
       for (std::int64_t t2 = 0; t2 <= t; ++t2) {
         const float* kt = k.data() + t2 * hs;
         float s = 0.0f;
+#pragma omp simd reduction(+ : s)
         for (std::int64_t i = 0; i < hs; ++i) s += qt[i] * kt[i];
         row[t2] = s * scale;
         maxval = std::max(maxval, row[t2]);
       }
       // Softmax, shifted by the maximum so that exp never overflows.
       float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
       for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        row[t2] = std::exp(row[t2] - maxval);
+        row[t2] = detail::exp_approx(row[t2] - maxval);
         sum += row[t2];
       }
       for (std::int64_t t2 = 0; t2 <= t; ++t2) row[t2] /= sum;
@@ -175,6 +177,7 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
       for (std::int64_t t2 = 0; t2 <= t; ++t2) {
         const float* vt = v.data() + t2 * hs;
         float s = 0.0f;
+#pragma omp simd reduction(+ : s)
         for (std::int64_t i = 0; i < hs; ++i) s += got[i] * vt[i];
         dp[t2] = s;
         const float pr = round_if(bf16, prow[t2]);
@@ -183,6 +186,7 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
       }
       // Softmax backward in FP32: ds = p * (dp - sum p dp).
       float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
       for (std::int64_t t2 = 0; t2 <= t; ++t2) dot += prow[t2] * dp[t2];
       for (std::int64_t t2 = 0; t2 <= t; ++t2) ds[t2] = round_if(bf16, prow[t2] * (dp[t2] - dot));
       // dq_t += ds k (scaled below) and dk_t2 += ds[t2] q_t.
