@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -184,6 +185,31 @@ TEST(Cast, Fp8ToFp8DecodesExactlyThenEncodesOnce) {
   const Tensor m = tensor({448.0}, DType::float8_e4m3fn);
   EXPECT_EQ(m.to(DType::float8_e4m3fnuz).data<std::uint8_t>()[0], 0x80);
   EXPECT_EQ(m.to(DType::float8_e4m3fnuz, Overflow::kSaturate).item_as_double(0), 240.0);
+}
+
+// The vectorized float32 -> bfloat16 path against bfloat16::from_float: every low half-word (all rounding cases:
+// below, at and above the tie, odd and even) under high half-words around 1, the largest finite values, Inf/NaN
+// (quiet and signalling payloads), subnormals and zero, both signs; and every 4099th bit pattern. Threads split
+// the long arrays, so the parallel path runs too.
+TEST(Cast, Float32ToBfloat16MatchesFromFloatBitForBit) {
+  std::vector<std::uint32_t> patterns;
+  for (const std::uint32_t high :
+       {0x0000u, 0x0001u, 0x3F80u, 0x3F81u, 0x7F7Fu, 0x7F80u, 0x7FC0u, 0x8000u, 0xBF80u, 0xFF7Fu, 0xFF80u, 0xFFC0u}) {
+    for (std::uint32_t low = 0; low < 0x10000u; ++low) patterns.push_back(high << 16 | low);
+  }
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 4099) patterns.push_back(static_cast<std::uint32_t>(u));
+  Tensor f32 = empty({static_cast<std::int64_t>(patterns.size())}, DType::float32);
+  std::memcpy(f32.raw(), patterns.data(), patterns.size() * sizeof(std::uint32_t));
+  const Tensor bf = f32.to(DType::bfloat16);
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    const bfloat16 want = bfloat16::from_float(std::bit_cast<float>(patterns[i]));
+    if (bf.data<bfloat16>()[i].bits != want.bits && ++mismatches <= 5) {
+      ADD_FAILURE() << std::hex << "0x" << patterns[i] << " -> 0x" << bf.data<bfloat16>()[i].bits << ", want 0x"
+                    << want.bits;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << "of " << patterns.size();
 }
 
 TEST(Cast, FloatToFloat) {
