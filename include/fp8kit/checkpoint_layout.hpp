@@ -153,12 +153,18 @@ std::map<std::string, std::string> layout_metadata(const std::string& name, DTyp
 // them: the codes are then re-encoded with the rounded scales, so that dequantizing what is stored is exactly
 // fp8kit::dequantize(scaled). Throws Error(kInvalidArgument) for a combination layout_refusal() refuses, a tensor
 // that is not 2-D (native: any rank) or not floating, or a scale the layout's dtype cannot hold.
+// `scale_rounding` kPowerOfTwoDown gives DeepSeek-V3.1's `scale_fmt: "ue8m0"`: every dequantization scale is the
+// power of two 2^ceil(log2(amax / fp8_max)) (the quantization scale rounded down, so nothing saturates), still stored
+// in the layout's scale dtype. MX scales are powers of two already (refused as an option there).
 QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, const Tensor& tensor, QuantScheme scheme,
-                                                     Format format, CheckpointLayout layout);
+                                                     Format format, CheckpointLayout layout,
+                                                     ScaleRounding scale_rounding = ScaleRounding::kExact);
 
 // The quantization_config (a JSON object, as text) that vLLM and Hugging Face read for a checkpoint written in
 // `layout` with `scheme`; `ignored` lists the 2-D weights left unquantized. Native: fp8kit's own marker.
+// scale_rounding kPowerOfTwoDown adds `"scale_fmt": "ue8m0"` (deepseek, as DeepSeek-V3.1's config).
 std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme, Format format,
-                                     const std::vector<std::string>& ignored);
+                                     const std::vector<std::string>& ignored,
+                                     ScaleRounding scale_rounding = ScaleRounding::kExact);
 
 }  // namespace fp8kit

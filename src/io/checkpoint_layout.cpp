@@ -530,11 +530,16 @@ std::map<std::string, std::string> layout_metadata(const std::string& name, DTyp
 }
 
 QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, const Tensor& tensor, QuantScheme scheme,
-                                                     Format format, CheckpointLayout layout) {
+                                                     Format format, CheckpointLayout layout,
+                                                     ScaleRounding scale_rounding) {
+  FP8KIT_CHECK(scale_rounding == ScaleRounding::kExact || scheme != QuantScheme::kMxfp8, "'", name,
+               "': power-of-two (ue8m0) scale rounding is for FP8 scales; MX scales are E8M0 already");
   const std::vector<PlannedTensor> plan =
       planned_checkpoint_tensors(name, tensor.shape(), tensor.dtype(), scheme, format, layout);
   QuantizedCheckpointTensor out;
-  const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(scheme), ScaleOptions{}};
+  ScaleOptions scale_options;
+  scale_options.rounding = scale_rounding;
+  const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(scheme), scale_options};
   out.scaled = quantize(tensor, options);
   ScaledMatrix& m = out.scaled.matrix;
   const DType sdtype = plan[1].dtype;
@@ -570,7 +575,7 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
 }
 
 std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme, Format format,
-                                     const std::vector<std::string>& ignored) {
+                                     const std::vector<std::string>& ignored, ScaleRounding scale_rounding) {
   nlohmann::ordered_json q;
   std::vector<std::string> modules;  // the module names of ignored weights (without ".weight")
   for (const std::string& w : ignored) modules.push_back(ends_with(w, ".weight") ? w.substr(0, w.size() - 7) : w);
@@ -582,6 +587,7 @@ std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme
            {"weight_block_size", {128, 128}},
            {"ignored_layers", modules},           // vLLM's Fp8Config
            {"modules_to_not_convert", modules}};  // Hugging Face's FineGrainedFP8Config
+      if (scale_rounding == ScaleRounding::kPowerOfTwoDown) q["scale_fmt"] = "ue8m0";  // DeepSeek-V3.1's config
       break;
     case CheckpointLayout::kAutoFp8:
       q = {{"quant_method", "fp8"},

@@ -280,6 +280,40 @@ def main():
                 if name not in QUANTIZED:
                     check(f"{tag}: {name} passes through", d[name].tobytes() == orig[name].tobytes())
 
+        # DeepSeek-V3.1's ue8m0 scales: powers of two, never below the block amax / 448 (nothing saturates)
+        out = os.path.join(root, "q-ue8m0")
+        r = run(exe, "quantize", src, out, "--scheme", "fp8-block", "--scale-fmt", "ue8m0")
+        check("ue8m0: quantize exit 0", r.returncode == 0, r.stderr)
+        q, _, _ = read_dir(out)
+        qc = json.load(open(os.path.join(out, "config.json")))["quantization_config"]
+        check("ue8m0: config scale_fmt", qc.get("scale_fmt") == "ue8m0" and qc["quant_method"] == "fp8", str(qc))
+        for name in QUANTIZED:
+            s = q[name + "_scale_inv"].astype(np.float64)
+            mant, _ = np.frexp(s)
+            check(f"ue8m0: {name} scales are powers of two", np.all(mant == 0.5), str(s))
+            x = orig[name].astype(np.float32)
+            rows, cols = x.shape
+            gr, gc = -(-rows // 128), -(-cols // 128)
+            padded = np.zeros((gr * 128, gc * 128), np.float32)
+            padded[:rows, :cols] = x
+            amax = np.abs(padded.reshape(gr, 128, gc, 128)).max(axis=(1, 3))
+            check(f"ue8m0: {name} scale >= amax / 448 and < 2 amax / 448",
+                  np.all(s >= amax / 448) and np.all(s < 2 * amax / 448), f"{s} {amax / 448}")
+        deq = out + "-deq"
+        r = run(exe, "dequantize", out, deq, "--to", "f32")
+        d, _, _ = read_dir(deq)
+        for name in QUANTIZED:
+            x = orig[name].astype(np.float32)
+            check(f"ue8m0: {name} = numpy formula and close to the original",
+                  r.returncode == 0 and np.array_equal(d[name], reference_dequant("deepseek", q[name], q[name + "_scale_inv"]))
+                  and np.all(np.abs(d[name] - x) <= 0.07 * np.abs(x) + 1e-4 * np.max(np.abs(x))))
+        for args, needle in ((["--scheme", "mxfp8", "--scale-fmt", "ue8m0"], "E8M0"),
+                             (["--scheme", "fp8-block", "--scale-fmt", "e8m0"], "--scale-fmt")):
+            dest = os.path.join(root, "q-refused")
+            r = run(exe, "quantize", src, dest, *args)
+            check(f"ue8m0 refusal {args}", one_line_error(r, "quantize") and needle in r.stderr and
+                  not os.path.exists(dest), r.stderr)
+
         check("input directory untouched", digest(src) == src_digest)
 
         # bf16 output (the default) and inspect's table

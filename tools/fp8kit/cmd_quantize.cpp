@@ -24,6 +24,7 @@ struct QuantizeArgs {
   std::vector<std::string> ignore;
   bool force = false;
   std::string max_shard_size;
+  std::string scale_fmt = "float";
 };
 
 // The default layout of each scheme: the one the serving stacks read for it.
@@ -63,6 +64,13 @@ void run_quantize(const QuantizeArgs& args) {
     layout = *l;
   }
   if (auto refusal = layout_refusal(layout, *scheme, *format)) throw UsageError(*refusal);
+  if (args.scale_fmt != "float" && args.scale_fmt != "ue8m0") {
+    throw UsageError("--scale-fmt must be float or ue8m0, not '" + args.scale_fmt + "'");
+  }
+  const ScaleRounding rounding = args.scale_fmt == "ue8m0" ? ScaleRounding::kPowerOfTwoDown : ScaleRounding::kExact;
+  if (rounding == ScaleRounding::kPowerOfTwoDown && *scheme == QuantScheme::kMxfp8) {
+    throw UsageError("--scale-fmt ue8m0 is for FP8 scales; mxfp8's scales are E8M0 powers of two already");
+  }
   std::vector<std::regex> ignore;
   for (const std::string& r : args.ignore) {
     try {
@@ -102,8 +110,8 @@ void run_quantize(const QuantizeArgs& args) {
         planned_checkpoint_tensors(t->name, t->shape, dtype, *scheme, *format, layout);
     for (const auto& [k, v] : layout_metadata(t->name, dtype, *scheme, *format, layout)) metadata[k] = v;
     const std::string scale_key = plan[1].name;
-    const auto quantize_one = [t, s = *scheme, f = *format, layout]() {
-      return quantize_checkpoint_tensor(t->name, to_tensor(*t), s, f, layout);
+    const auto quantize_one = [t, s = *scheme, f = *format, layout, rounding]() {
+      return quantize_checkpoint_tensor(t->name, to_tensor(*t), s, f, layout, rounding);
     };
     SafetensorsEntry weight{plan[0].name, safetensors_dtype(plan[0].dtype), plan[0].shape, {}, {}};
     weight.fill = [quantize_one, cache, scale_key, progress, name = t->name](std::span<std::byte> out) {
@@ -133,13 +141,14 @@ void run_quantize(const QuantizeArgs& args) {
       if (j.is_discarded() || !j.is_object()) throw UsageError("'" + args.in + "/config.json' is not a JSON object");
     }
     j["quantization_config"] =
-        nlohmann::ordered_json::parse(quantization_config_json(layout, *scheme, *format, ignored));
+        nlohmann::ordered_json::parse(quantization_config_json(layout, *scheme, *format, ignored, rounding));
     config_out = j.dump(2) + "\n";
   }
   write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
   progress.reset();
-  fmt::print("{} -> {}: quantized {} weights ({} {}, {} layout); {} tensors copied as they are\n", args.in, args.out,
-             quantized, name(*scheme), name(*format), name(layout), in.checkpoint.size() - quantized);
+  fmt::print("{} -> {}: quantized {} weights ({} {}, {} layout{}); {} tensors copied as they are\n", args.in, args.out,
+             quantized, name(*scheme), name(*format), name(layout),
+             rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", in.checkpoint.size() - quantized);
 }
 
 }  // namespace
@@ -160,6 +169,8 @@ void add_quantize_command(CLI::App& app) {
       ->allow_extra_args(false);
   cmd->add_option("--max-shard-size", args->max_shard_size,
                   "Directory outputs: the most bytes of tensors per shard (default 5GB; also MB, KB, bytes)");
+  cmd->add_option("--scale-fmt", args->scale_fmt,
+                  "float (default) or ue8m0: power-of-two scales 2^ceil(log2(amax/448)), DeepSeek-V3.1's scale_fmt");
   cmd->add_flag("--force", args->force, "Replace an existing output");
   cmd->callback([args] { run_quantize(*args); });
 }
