@@ -163,8 +163,14 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
 // The quantization_config (a JSON object, as text) that vLLM and Hugging Face read for a checkpoint written in
 // `layout` with `scheme`; `ignored` lists the 2-D weights left unquantized. Native: fp8kit's own marker.
 // scale_rounding kPowerOfTwoDown adds `"scale_fmt": "ue8m0"` (deepseek, as DeepSeek-V3.1's config).
+// static_input_scales: the checkpoint holds one calibrated `input_scale` per quantized weight (static per-tensor
+// activations): compressed-tensors' input_activations become {"strategy": "tensor", "dynamic": false}, autofp8's
+// and native's activation_scheme "static". Other layouts have no static form (Error(kInvalidArgument)).
 std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme, Format format,
                                      const std::vector<std::string>& ignored,
-                                     ScaleRounding scale_rounding = ScaleRounding::kExact);
+                                     ScaleRounding scale_rounding = ScaleRounding::kExact,
+                                     bool static_input_scales = false);
+// Why a layout cannot hold static input scales (one line), or nothing: compressed-tensors, autofp8 and native can.
+std::optional<std::string> static_input_scale_refusal(CheckpointLayout layout);
 
 }  // namespace fp8kit

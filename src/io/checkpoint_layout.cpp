@@ -574,8 +574,22 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
   return out;
 }
 
+std::optional<std::string> static_input_scale_refusal(CheckpointLayout layout) {
+  if (layout == CheckpointLayout::kCompressedTensors || layout == CheckpointLayout::kAutoFp8 ||
+      layout == CheckpointLayout::kNative) {
+    return std::nullopt;
+  }
+  return "the " + std::string(name(layout)) +
+         " layout has no static activation scales (its activations are quantized dynamically); use "
+         "compressed-tensors, autofp8 or native";
+}
+
 std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme, Format format,
-                                     const std::vector<std::string>& ignored, ScaleRounding scale_rounding) {
+                                     const std::vector<std::string>& ignored, ScaleRounding scale_rounding,
+                                     bool static_input_scales) {
+  if (static_input_scales) {
+    if (auto refusal = static_input_scale_refusal(layout)) FP8KIT_THROW(ErrorKind::kInvalidArgument, *refusal);
+  }
   nlohmann::ordered_json q;
   std::vector<std::string> modules;  // the module names of ignored weights (without ".weight")
   for (const std::string& w : ignored) modules.push_back(ends_with(w, ".weight") ? w.substr(0, w.size() - 7) : w);
@@ -591,7 +605,7 @@ std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme
       break;
     case CheckpointLayout::kAutoFp8:
       q = {{"quant_method", "fp8"},
-           {"activation_scheme", "dynamic"},
+           {"activation_scheme", static_input_scales ? "static" : "dynamic"},
            {"ignored_layers", modules},
            {"modules_to_not_convert", modules}};
       break;
@@ -619,7 +633,11 @@ std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme
       nlohmann::ordered_json acts = {{"num_bits", 8},      {"type", "float"}, {"strategy", "token"},
                                      {"symmetric", true},  {"dynamic", true}, {"group_size", nullptr},
                                      {"observer", nullptr}};
-      if (scheme == QuantScheme::kFp8Block) {
+      if (static_input_scales) {  // one calibrated scale per tensor: `<module>.input_scale`
+        acts["strategy"] = "tensor";
+        acts["dynamic"] = false;
+        acts["observer"] = "minmax";
+      } else if (scheme == QuantScheme::kFp8Block) {
         acts["strategy"] = "group";
         acts["group_size"] = 128;
       }
@@ -643,6 +661,7 @@ std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme
       q = {{"quant_method", "fp8kit"},
            {"scheme", std::string(name(scheme))},
            {"format", std::string(name(format))},
+           {"activation_scheme", static_input_scales ? "static" : "dynamic"},
            {"ignore", modules}};
       break;
   }

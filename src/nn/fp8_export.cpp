@@ -2,6 +2,7 @@
 // the metadata that says what they were (float32, saturating) and how the model was trained.
 #include "fp8kit/nn/fp8_export.hpp"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <system_error>
 
@@ -43,8 +44,9 @@ bool is_linear_weight(const Parameter& p) {
 }  // namespace
 
 Fp8ExportOptions resolve_fp8_export(const PrecisionRecipe& recipe, std::optional<QuantScheme> scheme,
-                                    std::optional<CheckpointLayout> layout) {
+                                    std::optional<CheckpointLayout> layout, bool static_input_scales) {
   Fp8ExportOptions o;
+  o.static_input_scales = static_input_scales;
   o.layout = layout.value_or(CheckpointLayout::kNative);
   if (scheme) {
     o.scheme = *scheme;
@@ -67,6 +69,11 @@ Fp8ExportOptions resolve_fp8_export(const PrecisionRecipe& recipe, std::optional
     }
   }
   if (auto refusal = layout_refusal(o.layout, o.scheme, o.format)) refuse(*refusal);
+  if (static_input_scales) {
+    FP8KIT_CHECK(recipe.kind == RecipeKind::kFp8Delayed, "FP8 export: static input scales come from the amax ",
+                 "histories of delayed scaling; ", recipe.name(), " has none (train with --recipe fp8-delayed)");
+    if (auto refusal = static_input_scale_refusal(o.layout)) refuse(*refusal + " (--export-layout)");
+  }
   return o;
 }
 
@@ -87,6 +94,14 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
       {"fp8kit.export.original_dtype", "float32"},
       {"fp8kit.export.overflow", "saturate"},
   };
+  if (options.static_input_scales) {
+    FP8KIT_CHECK(recipe.kind == RecipeKind::kFp8Delayed, "FP8 export: static input scales need delayed scaling, not ",
+                 recipe.name());
+    metadata["fp8kit.export.input_scales"] =
+        "static: each layer's delayed-scaling input scale (amax history max / 448)";
+  }
+  std::map<std::string, const Fp8LayerState*> states;  // by layer name, for the static input scales
+  for (const Fp8LayerState* st : model.fp8_states()) states[st->layer] = st;
   Fp8ExportSummary summary;
   std::vector<NamedTensor> tensors;
   std::vector<std::string> ignored;  // 2-D weights left FP32, for the quantization_config
@@ -100,6 +115,19 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
     QuantizedCheckpointTensor q =
         quantize_checkpoint_tensor(p->name, p->value, options.scheme, options.format, options.layout);
     for (NamedTensor& t : q.tensors) tensors.push_back(std::move(t));
+    if (options.static_input_scales) {
+      const std::string layer = p->name.substr(0, p->name.size() - std::string_view(".weight").size());
+      const auto st = states.find(layer);
+      FP8KIT_CHECK(st != states.end(), "FP8 export: '", p->name,
+                   "' has no FP8 layer state to take an input scale from");
+      const DelayedScaling& input = st->second->input;
+      const auto history = input.history();
+      FP8KIT_CHECK(std::any_of(history.begin(), history.end(), [](float a) { return a > 0.0f; }), "FP8 export: layer '",
+                   layer, "' has no recorded input amax (train at least one step)");
+      Tensor scale = empty({1}, DType::float32);
+      scale.data<float>()[0] = input.scale_inv();
+      tensors.push_back({input_scale_name(p->name), std::move(scale)});
+    }
     metadata.insert(q.metadata.begin(), q.metadata.end());
     metadata["fp8kit.export.tensor." + p->name] =
         "scheme=" + scheme + ";format=" + format + ";dtype=float32;overflow=saturate";
@@ -127,8 +155,9 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
   nlohmann::ordered_json j = {
       {"fp8kit", {{"model", config.model}, {"recipe", recipe.name()}, {"seed", config.seed}, {"steps", steps_done}}},
       {"torch_dtype", "float32"},
-      {"quantization_config", nlohmann::ordered_json::parse(
-                                  quantization_config_json(options.layout, options.scheme, options.format, ignored))},
+      {"quantization_config",
+       nlohmann::ordered_json::parse(quantization_config_json(options.layout, options.scheme, options.format, ignored,
+                                                              ScaleRounding::kExact, options.static_input_scales))},
   };
   const std::string text = j.dump(2) + "\n";
   AtomicFile out(path / "config.json");

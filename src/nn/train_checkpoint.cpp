@@ -410,7 +410,8 @@ TrainCheckpointer::TrainCheckpointer(const TrainConfig& config, const PrecisionR
   FP8KIT_CHECK(config.export_fp8.empty() ? !config.export_scheme && !config.export_layout : true,
                "--export-scheme and --export-layout need --export-fp8 PATH (where to write)");
   if (!config.export_fp8.empty()) {
-    export_options_ = resolve_fp8_export(recipe, config.export_scheme, config.export_layout);
+    export_options_ =
+        resolve_fp8_export(recipe, config.export_scheme, config.export_layout, config.export_input_scales);
   }
   if (!config.save_checkpoint.empty()) fingerprint_ = data_fingerprint(config);
   if (resuming()) check_resumable(config.resume_from, read_train_checkpoint_info(config.resume_from), config, recipe);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "fp8kit/checkpoint_layout.hpp"
@@ -490,6 +491,52 @@ TEST(Fp8Export, DirectoryWithConfigInAServingLayout) {
   EXPECT_EQ(detect_layout(ck, config).layout, CheckpointLayout::kDeepSeek);
   EXPECT_EQ(quantized_weights(ck, CheckpointLayout::kDeepSeek).size(), 8u);
   EXPECT_NE(config.find("\"lm_head\""), std::string::npos);  // left out, listed as ignored
+}
+
+// Static activation scales: one `input_scale` per quantized weight, the dequantization scale the layer's delayed
+// scaling holds for its input after training; the compressed-tensors config then says static per-tensor
+// activations. Refused without delayed scaling and for layouts whose activations are dynamic.
+TEST(Fp8Export, StaticInputScalesComeFromTheDelayedScalingState) {
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
+  const TrainConfig c = run_of("gpt", 2);
+  const auto model = make_model(c, recipe);  // trained by hand below, to read its states afterwards
+  const auto data = make_dataset(c);
+  Context ctx;
+  ctx.saved_dtype = recipe.saved_dtype();
+  ctx.recipe = &recipe;
+  StepReport report;
+  ctx.report = &report;
+  for (std::int64_t step = 0; step < 2; ++step) {
+    model->forward(ctx, data->batch(step));
+    model->backward(ctx);
+    for (Fp8LayerState* st : model->fp8_states()) st->update();
+  }
+  const Fp8ExportOptions options = resolve_fp8_export(recipe, {}, CheckpointLayout::kCompressedTensors, true);
+  export_fp8_checkpoint(dir / "ct", *model, c, recipe, 2, options);
+  const ShardedCheckpoint ck = ShardedCheckpoint::open(dir / "ct");
+  const std::vector<QuantizedWeight> weights = quantized_weights(ck, CheckpointLayout::kCompressedTensors);
+  ASSERT_EQ(weights.size(), 8u);
+  std::map<std::string, float> expected;
+  for (const Fp8LayerState* st : model->fp8_states()) expected[st->layer + ".weight"] = st->input.scale_inv();
+  for (const QuantizedWeight& w : weights) {
+    ASSERT_TRUE(w.input_scale.has_value()) << w.weight;
+    const SafetensorsTensor& t = ck.at(*w.input_scale);
+    EXPECT_EQ(t.dtype, SafetensorsDType::F32);
+    EXPECT_EQ(t.shape, Shape{1});
+    const float v = to_tensor(t).data<float>()[0];
+    EXPECT_EQ(v, expected.at(w.weight)) << w.weight;
+    EXPECT_GT(v, 0.0f);
+    EXPECT_NE(v, 1.0f) << w.weight << ": still the initial scale";
+  }
+  std::ifstream in(dir / "ct" / "config.json");
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(config.find("\"dynamic\": false"), std::string::npos);
+  EXPECT_THROW(
+      resolve_fp8_export(*PrecisionRecipe::parse("fp8-current"), {}, CheckpointLayout::kCompressedTensors, true),
+      Error);
+  EXPECT_THROW(resolve_fp8_export(recipe, {}, CheckpointLayout::kDeepSeek, true), Error);
+  EXPECT_NO_THROW(resolve_fp8_export(recipe, {}, CheckpointLayout::kAutoFp8, true));
 }
 
 TEST(Fp8Export, CnnQuantizesItsLinearHeadAndKeepsConvolutions) {

@@ -174,10 +174,30 @@ def fp8_export_is_read_by_inspect_and_dequantize():
         assert config["quantization_config"]["quant_method"] == "compressed-tensors", config
         info = json.loads(run_ok("inspect", "--json", "--no-analysis", dex)[0])
         assert info["layout"] == "compressed-tensors" and len(info["quantized"]) == 8, info
+        # Static activation scales calibrated by delayed scaling: one input_scale per weight, a static config.
+        sex = os.path.join(d, "static")
+        run_ok("train", "--recipe", "fp8-delayed", "--steps", "2", "--export-fp8", sex, "--export-layout",
+               "compressed-tensors", "--export-input-scales")
+        info = json.loads(run_ok("inspect", "--json", "--no-analysis", sex)[0])
+        assert all(w.get("input_scale") == w["weight"][:-len(".weight")] + ".input_scale" for w in info["quantized"]), info
+        tensors, meta = read_st(os.path.join(sex, "model.safetensors"))
+        scales = [floats(tensors[w["input_scale"]][2])[0] for w in info["quantized"]]
+        assert all(0 < v < 1 for v in scales), scales  # amax/448 of activations of order 1-10
+        with open(os.path.join(sex, "config.json")) as f:
+            acts = json.load(f)["quantization_config"]["config_groups"]["group_0"]["input_activations"]
+        assert acts["dynamic"] is False and acts["strategy"] == "tensor", acts
+        assert "static" in meta["fp8kit.export.input_scales"], meta
 
 
 @test
 def refusals_are_one_line_with_status_2():
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "x.safetensors")
+        check_usage_error(["train", "--recipe", "fp8-current", "--steps", "1", "--export-fp8", out,
+                           "--export-input-scales"], "delayed scaling", [out])
+        check_usage_error(["train", "--recipe", "fp8-delayed", "--steps", "1", "--export-fp8", out,
+                           "--export-layout", "deepseek", "--export-input-scales"], "no static activation scales", [out])
+        check_usage_error(["train", "--recipe", "fp8-delayed", "--steps", "1", "--export-input-scales"], "--export-fp8")
     with tempfile.TemporaryDirectory() as d:
         ck, ex = os.path.join(d, "ck.safetensors"), os.path.join(d, "ex.safetensors")
         run_ok("train", "--recipe", "fp8-delayed", "--steps", "2", "--save-checkpoint", ck, "--export-fp8", ex)

@@ -39,6 +39,7 @@ struct TrainArgs {
   int conv_max_area = 32;
   std::int64_t inject_nan = -1;
   std::string save_checkpoint, resume, export_fp8, export_scheme, export_layout;
+  bool export_input_scales = false;
   std::int64_t checkpoint_every = 0;
   bool force = false;
   // Which options were given: a resumed run takes the others from its checkpoint.
@@ -184,8 +185,9 @@ std::optional<nn::TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
   if (a.checkpoint_every > 0 && a.save_checkpoint.empty()) {
     throw UsageError("--checkpoint-every needs --save-checkpoint FILE (where to write)");
   }
-  if ((!a.export_scheme.empty() || !a.export_layout.empty()) && a.export_fp8.empty()) {
-    throw UsageError("--export-scheme and --export-layout need --export-fp8 PATH (where to write)");
+  if ((!a.export_scheme.empty() || !a.export_layout.empty() || a.export_input_scales) && a.export_fp8.empty()) {
+    throw UsageError(
+        "--export-scheme, --export-layout and --export-input-scales need --export-fp8 PATH (where to write)");
   }
   if (a.force && !any) throw UsageError("--force replaces the outputs of --save-checkpoint and --export-fp8; give one");
   if (!any) return std::nullopt;
@@ -263,7 +265,7 @@ void run(TrainArgs a) {
       throw UsageError("unknown --export-layout '" + a.export_layout +
                        "' (use native, deepseek, compressed-tensors, autofp8, fbgemm, mxfp8)");
     }
-    export_options = nn::resolve_fp8_export(recipes.front(), scheme, layout);
+    export_options = nn::resolve_fp8_export(recipes.front(), scheme, layout, a.export_input_scales);
   }
   if (a.threads > 0) set_num_threads(a.threads);
   nn::TrainConfig config;
@@ -282,6 +284,7 @@ void run(TrainArgs a) {
   if (export_options) {
     config.export_scheme = export_options->scheme;
     config.export_layout = export_options->layout;
+    config.export_input_scales = export_options->static_input_scales;
   }
   if (resumed) {
     nn::check_resumable(a.resume, *resumed, config, recipes.front());  // before any output is opened
@@ -448,6 +451,8 @@ void add_train_command(CLI::App& app) {
                   "fp8-tensor, fp8-channel, fp8-block, mxfp8 (default: the recipe's; fp8-tensor for non-block ones)");
   cmd->add_option("--export-layout", args->export_layout,
                   "native (default), deepseek, compressed-tensors, autofp8, fbgemm, mxfp8");
+  cmd->add_flag("--export-input-scales", args->export_input_scales,
+                "Static activation scales in the export (input_scale per weight, from fp8-delayed's amax histories)");
   cmd->add_flag("--force", args->force, "Replace existing --save-checkpoint / --export-fp8 outputs");
   cmd->callback([args, cmd] {
     TrainArgs a = *args;

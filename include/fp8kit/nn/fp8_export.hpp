@@ -20,14 +20,21 @@ struct Fp8ExportOptions {
   QuantScheme scheme = QuantScheme::kFp8Tensor;
   CheckpointLayout layout = CheckpointLayout::kNative;
   Format format = Format::e4m3fn;
+  // Static activation scales calibrated by training: each quantized weight's `<module>.input_scale` (F32 [1]) is
+  // the dequantization scale its layer's delayed scaling holds for the input (the amax history's window maximum /
+  // 448), which serving stacks apply to activations instead of computing each batch's amax. Needs a delayed-scaling
+  // recipe and a layout with static activations (compressed-tensors, autofp8, native).
+  bool static_input_scales = false;
 };
 
 // The options for a recipe and what the user chose. The scheme, when not given: the one the layout needs (deepseek:
 // fp8-block, mxfp8: mxfp8, autofp8: fp8-tensor, fbgemm: fp8-channel), else the recipe's weight granularity
 // (fp8-block for fp8-block, mxfp8 for mxfp8, fp8-tensor otherwise). The layout, when not given: native. Throws
 // Error(kInvalidArgument) with layout_refusal()'s line for a combination the layout cannot store.
+// static_input_scales is refused (Error(kInvalidArgument), one line) for recipes without delayed scaling and for
+// layouts without static activations.
 Fp8ExportOptions resolve_fp8_export(const PrecisionRecipe& recipe, std::optional<QuantScheme> scheme,
-                                    std::optional<CheckpointLayout> layout);
+                                    std::optional<CheckpointLayout> layout, bool static_input_scales = false);
 
 struct Fp8ExportSummary {
   std::filesystem::path file;          // the safetensors file written

@@ -45,6 +45,7 @@ struct TrainConfig {
   std::string export_fp8;             // the final weights as an FP8 inference checkpoint (.safetensors or a directory)
   std::optional<QuantScheme> export_scheme;       // default: the recipe's (fp8-block, mxfp8; else fp8-tensor)
   std::optional<CheckpointLayout> export_layout;  // default: native
+  bool export_input_scales = false;               // static input_scale tensors from delayed scaling (Fp8ExportOptions)
 };
 
 struct StepLog {
