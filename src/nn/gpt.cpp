@@ -62,7 +62,7 @@ float Gpt::forward(const Context& ctx, const Batch& batch) {
     x = add(x, b.proj.forward(ctx, t, bs.proj));
     t = b.ln2.forward(ctx, x, bs.ln2);
     t = b.fc1.forward(ctx, t, bs.fc1);  // (B, T, 4C)
-    t = Gelu::forward(ctx, t, bs.gelu);
+    t = Gelu::forward(ctx, std::move(t), bs.gelu);
     x = add(x, b.fc2.forward(ctx, t, bs.fc2));
   }
   const Tensor h = ln_f_.forward(ctx, x, s.ln_f);

@@ -236,15 +236,22 @@ inline float gelu_derivative(float v) {
 }  // namespace
 
 Tensor Gelu::forward(const Context& ctx, const Tensor& x, Saved& saved) {
+  return forward(ctx, Tensor(x), saved);
+}
+
+// The input is saved first; y is then written over x's storage when nothing else holds it any more — under bf16
+// and FP8 recipes, whose saved copy is a bfloat16 tensor, the float32 input is dead once saved (under fp32 the saved
+// tensor shares it, so y gets its own buffer).
+Tensor Gelu::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   ScopedEvent event(ctx.profiler, "gelu.forward");
   check_float32(x, "gelu", "x");
-  Tensor y = empty(x.shape(), DType::float32);
+  saved.x = save_activation(ctx, x);
+  Tensor y = x.storage_is_unique() ? x : empty(x.shape(), DType::float32);
   const float* in = x.data<float>();
   float* out = y.data<float>();
   const std::int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
   for (std::int64_t i = 0; i < n; ++i) out[i] = gelu_value(in[i]);
-  saved.x = save_activation(ctx, x);
   return y;
 }
 

@@ -282,6 +282,27 @@ TEST(Gelu, InPlaceBackwardWritesOverAnUnsharedGradientOnly) {
   EXPECT_EQ(to_vec(dx2), to_vec(expected));
 }
 
+// Forward over a handed-over input: in place when the saved copy is bfloat16 (the float32 input is then dead),
+// never when the saved tensor is the input itself (float32 saving); the values are the same either way.
+TEST(Gelu, InPlaceForwardOnlyWhenTheSavedCopyIsSeparate) {
+  const Tensor x = random_tensor({4, 40}, 18, 3.0);
+  Gelu::Saved s_ref;
+  const Tensor expected = Gelu::forward({}, x, s_ref);
+  Tensor a = x.clone();
+  const std::byte* storage_a = a.raw();
+  Gelu::Saved s16;
+  const Tensor y16 = Gelu::forward({.saved_dtype = DType::bfloat16}, std::move(a), s16);
+  EXPECT_EQ(y16.raw(), storage_a);
+  EXPECT_EQ(to_vec(y16), to_vec(expected));
+  EXPECT_EQ(to_vec(s16.x), to_vec(x.to(DType::bfloat16)));  // saved before being overwritten
+  Tensor b = x.clone();
+  Gelu::Saved s32;
+  const Tensor y32 = Gelu::forward({}, std::move(b), s32);
+  EXPECT_FALSE(y32.shares_storage_with(s32.x));
+  EXPECT_EQ(to_vec(s32.x), to_vec(x));
+  EXPECT_EQ(to_vec(y32), to_vec(expected));
+}
+
 // The vectorizable exp behind GELU and the attention softmax: within 2 ulp of the correctly rounded e^x over its
 // whole range (every 2039th float32 bit pattern in [-87, 88]), clamped outside it, NaN kept.
 TEST(ExpApprox, WithinTwoUlpOverTheRangeClampedOutsideNanKept) {

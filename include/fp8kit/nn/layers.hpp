@@ -50,6 +50,8 @@ struct Gelu {
   };
   // x (...) -> y (...)
   static Tensor forward(const Context& ctx, const Tensor& x, Saved& saved);
+  // The same, written over x's storage when no other tensor shares it once x is saved (a bfloat16 saved copy).
+  static Tensor forward(const Context& ctx, Tensor&& x, Saved& saved);
   // dy (...) -> dx (...)
   static Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved);
   // The same, written over dy's storage when no other tensor shares it (saves the widest buffer of an MLP's backward).
