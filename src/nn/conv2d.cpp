@@ -79,7 +79,7 @@ Tensor Conv2d::forward(const Context& ctx, const Tensor& x, Saved& saved) {
   // fp32 and bf16: cols^T rounded directly, the same values as the rounded cols transposed without a float round
   // trip of the layer's largest matrix.
   saved.cols_t = call.recipe->is_fp8() ? prepare_transposed(call, TensorRole::kInput, cols, &colsq)
-                                       : prepare_operand(call, TensorRole::kInput, transpose(cols));
+                                       : prepare_operand_transposed(call, TensorRole::kInput, cols);
   saved.g = g;
   return rows_to_nchw(ctx, rows, g);
 }

@@ -34,7 +34,7 @@ inline RecipeOperand prepare_transposed(const GemmCall& call, TensorRole role, c
   if (prepared != nullptr) {
     if (auto t = transpose_operand(*prepared)) return std::move(*t);
   }
-  return prepare_operand(call, role, transpose(x));
+  return prepare_operand_transposed(call, role, x);
 }
 
 }  // namespace fp8kit::nn::detail

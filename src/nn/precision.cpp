@@ -53,6 +53,51 @@ MatrixView matrix_of(const Tensor& x) {
   return MatrixView{x.data<float>(), v.rows, v.cols};
 }
 
+// quantize(transpose(x)) without the float32 transpose: x^T in bands of whole blocks (about 64 of its rows), each
+// band transposed into a small buffer and quantized on its own. Blocks never straddle bands, so codes and scales are
+// bit for bit those of quantizing the whole transpose. Diagnostics: the fields the step report reads (amax and the
+// counts) are summed over the bands; the error statistics are left unset.
+ScaledMatrix quantize_transposed(const MatrixView& x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
+  ScaledMatrix out;
+  out.format = options.format;
+  out.overflow = options.overflow;
+  out.granularity = options.granularity;
+  out.rows = x.cols;
+  out.cols = x.rows;
+  const std::int64_t rows = out.rows, cols = out.cols, block_rows = out.block_rows();
+  const std::int64_t band = block_rows * std::max<std::int64_t>(1, 64 / block_rows);
+  const std::int64_t grid_cols = out.grid_cols();
+  out.data.resize(static_cast<std::size_t>(rows * cols));
+  out.scale_inv.resize(static_cast<std::size_t>(out.grid_rows() * grid_cols));
+  const bool mx = options.granularity.kind == Granularity::Kind::kMx;
+  if (mx) out.scale_e8m0.resize(out.scale_inv.size());
+  std::vector<float> buffer;
+  ScaledMatrix q;
+  for (std::int64_t b0 = 0; b0 < rows; b0 += band) {
+    const std::int64_t n = std::min(band, rows - b0);
+    buffer.resize(static_cast<std::size_t>(n * cols));
+    for (std::int64_t c = 0; c < cols; ++c) {  // band row r is column b0 + r of x
+      const float* src = x.data + c * x.cols + b0;
+      for (std::int64_t r = 0; r < n; ++r) buffer[static_cast<std::size_t>(r * cols + c)] = src[r];
+    }
+    QuantDiagnostics d;
+    quantize_into(MatrixView{buffer.data(), n, cols}, options, q, diagnostics ? &d : nullptr);
+    std::copy(q.data.begin(), q.data.end(), out.data.begin() + b0 * cols);
+    const std::int64_t first = (b0 / block_rows) * grid_cols;
+    std::copy(q.scale_inv.begin(), q.scale_inv.end(), out.scale_inv.begin() + first);
+    if (mx) std::copy(q.scale_e8m0.begin(), q.scale_e8m0.end(), out.scale_e8m0.begin() + first);
+    if (diagnostics) {
+      diagnostics->amax = std::max(diagnostics->amax, d.amax);
+      diagnostics->count += d.count;
+      diagnostics->nonzero_finite += d.nonzero_finite;
+      diagnostics->underflow_count += d.underflow_count;
+      diagnostics->saturated_count += d.saturated_count;
+      diagnostics->nonfinite_count += d.nonfinite_count;
+    }
+  }
+  return out;
+}
+
 // Records a role's amax/scale into the report (always checks for non-finite values; the rest when logging).
 void report_scale(const GemmCall& call, TensorRole role, float amax, float scale, bool nonfinite,
                   const QuantDiagnostics* diag) {
@@ -203,14 +248,34 @@ std::int64_t RecipeOperand::nbytes() const {
   return values.nbytes();
 }
 
+namespace {
+
+// The scales a recipe quantizes a role with lie in blocks (fp8-block, mxfp8), not one per tensor.
+bool blocked_scales(const PrecisionRecipe& r, TensorRole role) {
+  return r.is_fp8() && r.kind != RecipeKind::kFp8Delayed && granularity_of(r, role).kind != Granularity::Kind::kTensor;
+}
+
+}  // namespace
+
+RecipeOperand prepare_operand_transposed(const GemmCall& call, TensorRole role, const Tensor& x) {
+  FP8KIT_CHECK(call.recipe != nullptr, "prepare_operand: no recipe");
+  if (!blocked_scales(*call.recipe, role)) return prepare_operand(call, role, transpose(x));
+  return prepare_operand(call, role, x, true);
+}
+
 RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x) {
+  return prepare_operand(call, role, x, false);
+}
+
+RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x, bool transposed) {
   FP8KIT_CHECK(call.recipe != nullptr, "prepare_operand: no recipe");
   FP8KIT_CHECK(x.dtype() == DType::float32, "prepare_operand: operands are float32, not ", fp8kit::name(x.dtype()));
   const PrecisionRecipe& r = *call.recipe;
+  FP8KIT_CHECK(!transposed || blocked_scales(r, role), "prepare_operand: the transposed path is for block scales");
   RecipeOperand out;
   const View2d v = x.view2d();
-  out.rows = v.rows;
-  out.cols = v.cols;
+  out.rows = transposed ? v.cols : v.rows;
+  out.cols = transposed ? v.rows : v.cols;
   if (r.kind == RecipeKind::kFp32) {
     out.values = x;
     return out;
@@ -256,7 +321,8 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
     }
   } else {
     const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(r, role), {r.margin, 0.0f, {}}};
-    q = quantize(m, options, log ? &diag : nullptr);
+    q = transposed ? quantize_transposed(m, options, log ? &diag : nullptr)
+                   : quantize(m, options, log ? &diag : nullptr);
     if (!log) {
       const AmaxResult a = amax(std::span<const float>(m.data, static_cast<std::size_t>(m.rows * m.cols)));
       amax_value = a.amax;

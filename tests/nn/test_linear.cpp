@@ -2,7 +2,11 @@
 // fake quantization, delayed-scaling state, saved-activation bytes, profiler events and the small-GEMM fallback.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "fp8kit/nn/linear.hpp"
@@ -192,6 +196,49 @@ TEST(Linear, ProfilerShowsPathsAndSmallGemmFallback) {
   }
   EXPECT_EQ(fallbacks, 3);
   EXPECT_EQ(casts, 6);  // both FP8 operands of each GEMM cast explicitly
+}
+
+// The transposed operand of block-scaled recipes is quantized band by band (no float32 transpose): bit for bit the
+// operand of the materialized transpose — codes, scales, E8M0 codes, fake-quant values, and the logged report —
+// for shapes whose rows and columns are not multiples of any block or band.
+TEST(Linear, TransposedOperandWithoutTheFloatTransposeIsBitIdentical) {
+  for (const char* name : {"fp8-block", "mxfp8", "fp8-block-fake", "mxfp8-fake", "fp8-current", "bf16"}) {
+    const PrecisionRecipe recipe = *PrecisionRecipe::parse(name);
+    for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{300, 200}, {130, 70}, {1, 33}, {257, 129}}) {
+      const Tensor x = random({rows, cols}, 91, 3.0);
+      for (const TensorRole role : {TensorRole::kInput, TensorRole::kGradOutput}) {
+        StepReport report_a, report_b;
+        report_a.log_scales = report_b.log_scales = true;
+        GemmCall a{&recipe, nullptr, &report_a, "t", nullptr, {}};
+        GemmCall b{&recipe, nullptr, &report_b, "t", nullptr, {}};
+        const RecipeOperand want = prepare_operand(a, role, transpose(x));
+        const RecipeOperand got = prepare_operand_transposed(b, role, x);
+        const std::string what = std::string(name) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+        ASSERT_EQ(got.rows, cols) << what;
+        ASSERT_EQ(got.cols, rows) << what;
+        ASSERT_EQ(got.fp8.has_value(), want.fp8.has_value()) << what;
+        if (want.fp8) {
+          EXPECT_TRUE(std::equal(got.fp8->data.begin(), got.fp8->data.end(), want.fp8->data.begin())) << what;
+          EXPECT_EQ(got.fp8->data.size(), want.fp8->data.size()) << what;
+          EXPECT_TRUE(std::equal(got.fp8->scale_inv.begin(), got.fp8->scale_inv.end(), want.fp8->scale_inv.begin()))
+              << what;
+          EXPECT_EQ(got.fp8->scale_inv.size(), want.fp8->scale_inv.size()) << what;
+          EXPECT_TRUE(std::equal(got.fp8->scale_e8m0.begin(), got.fp8->scale_e8m0.end(), want.fp8->scale_e8m0.begin()))
+              << what;
+        } else {
+          ASSERT_EQ(got.values.nbytes(), want.values.nbytes()) << what;
+          EXPECT_EQ(std::memcmp(got.values.raw(), want.values.raw(), want.values.nbytes()), 0) << what;
+        }
+        ASSERT_EQ(report_a.scales.size(), report_b.scales.size()) << what;
+        for (std::size_t i = 0; i < report_a.scales.size(); ++i) {
+          EXPECT_EQ(report_b.scales[i].amax, report_a.scales[i].amax) << what;
+          EXPECT_EQ(report_b.scales[i].scale, report_a.scales[i].scale) << what;
+          EXPECT_EQ(report_b.scales[i].underflow_fraction, report_a.scales[i].underflow_fraction) << what;
+          EXPECT_EQ(report_b.scales[i].saturated, report_a.scales[i].saturated) << what;
+        }
+      }
+    }
+  }
 }
 
 TEST(Linear, RecipeNames) {

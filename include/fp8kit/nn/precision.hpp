@@ -117,6 +117,11 @@ struct RecipeOperand {
 // 1x128 or 128x128 blocks, MX 32) for the role, record amax/scale into the state and the report; bf16 rounds;
 // fp32 shares x.
 RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x);
+// The operand of x^T: bit for bit prepare_operand(call, role, transpose(x)), but with block scales (fp8-block,
+// mxfp8) the transpose is quantized in bands, so no float32 copy of x^T exists (the largest temporary of a
+// block-scaled weight gradient otherwise). `transposed` = true is that path (block scales only).
+RecipeOperand prepare_operand_transposed(const GemmCall& call, TensorRole role, const Tensor& x);
+RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x, bool transposed);
 
 // out (M x N) = a (M x K) times b^T (b: N x K), FP32 accumulation, + bias: the product a recipe computes for two
 // prepared operands (scaled_mm for real FP8, matmul otherwise). The event records the inputs' dtypes and the path.
