@@ -8,6 +8,7 @@
 #include <random>
 
 #include "fp8kit/error.hpp"
+#include "nn_util.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -206,7 +207,7 @@ Batch ShapesDataset::batch(std::int64_t step) const {
 
 // Held-out images: the same distribution from another random stream (the images training sees are never repeated).
 Batch ShapesDataset::eval_batch(std::int64_t index) const {
-  return draw(~(seed_ * 0x9E3779B97F4A7C15ull) + static_cast<std::uint64_t>(index));
+  return draw(detail::held_out_stream(seed_) + static_cast<std::uint64_t>(index));
 }
 
 // images (N, 3, S, S) float32, targets (N) int64.

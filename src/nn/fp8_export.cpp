@@ -98,7 +98,7 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
     FP8KIT_CHECK(recipe.kind == RecipeKind::kFp8Delayed, "FP8 export: static input scales need delayed scaling, not ",
                  recipe.name());
     metadata["fp8kit.export.input_scales"] =
-        "static: each layer's delayed-scaling input scale (amax history max / 448)";
+        "static: each layer's delayed-scaling input scale_inv (its amax history, algorithm and margin applied)";
   }
   std::map<std::string, const Fp8LayerState*> states;  // by layer name, for the static input scales
   for (const Fp8LayerState* st : model.fp8_states()) states[st->layer] = st;
@@ -122,8 +122,12 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
                    "' has no FP8 layer state to take an input scale from");
       const DelayedScaling& input = st->second->input;
       const auto history = input.history();
-      FP8KIT_CHECK(std::any_of(history.begin(), history.end(), [](float a) { return a > 0.0f; }), "FP8 export: layer '",
-                   layer, "' has no recorded input amax (train at least one step)");
+      // Calibrated: a scale moved off its initial 1, or an amax in the history (with a history of one slot the
+      // update clears it, so the scale is the evidence).
+      FP8KIT_CHECK(
+          input.scale() != 1.0f || std::any_of(history.begin(), history.end(), [](float a) { return a > 0.0f; }),
+          "FP8 export: layer '", layer, "' never ran an FP8 GEMM under delayed scaling, so it has no input ",
+          "scale to export (train some steps, or lower the small-GEMM threshold)");
       Tensor scale = empty({1}, DType::float32);
       scale.data<float>()[0] = input.scale_inv();
       tensors.push_back({input_scale_name(p->name), std::move(scale)});

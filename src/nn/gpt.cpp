@@ -5,6 +5,7 @@
 #include <random>
 
 #include "fp8kit/error.hpp"
+#include "nn_util.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -211,7 +212,7 @@ Batch TextDataset::batch(std::int64_t step) const {
 }
 
 Batch TextDataset::eval_batch(std::int64_t index) const {
-  return windows(held_out_, batch_, seq_len_, ~(seed_ * 0x9E3779B97F4A7C15ull) + static_cast<std::uint64_t>(index));
+  return windows(held_out_, batch_, seq_len_, detail::held_out_stream(seed_) + static_cast<std::uint64_t>(index));
 }
 
 std::string TextDataset::describe() const {

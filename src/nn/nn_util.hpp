@@ -44,6 +44,17 @@ inline float exp_approx(float x) {
   return p * std::bit_cast<float>(biased << 23);
 }
 
+// The first random stream of a dataset's held-out batches for a seed: a SplitMix64 finalization of the seed and a
+// tag, so it is unrelated to the training streams seed * 0x9E3779B97F4A7C15 + step for every seed (0 included,
+// where a plain bit flip of the training stream would land one step away from it).
+inline std::uint64_t held_out_stream(std::uint64_t seed) {
+  std::uint64_t z = seed ^ 0x48454C444F555421ull;  // "HELDOUT!"
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 // "(2, 3, 4)"
 inline std::string shape_string(const Shape& shape) {
   std::string s = "(";

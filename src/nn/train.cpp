@@ -41,8 +41,21 @@ double learning_rate(const TrainConfig& c, std::int64_t step) {
   return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * std::min(1.0, progress)));
 }
 
-// The mean loss over the held-out batches, under the run's recipe (forward only). What the forwards record into
-// the delayed-scaling histories is dropped: evaluating never changes the training state.
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+Batch Dataset::eval_batch(std::int64_t /*index*/) const {
+  FP8KIT_CHECK(false, "the dataset '", describe(), "' has no held-out data for the evaluation loss ",
+               "(implement Dataset::eval_batch)");
+  return {};
+}
+
 float evaluate(Model& model, const Dataset& data, const PrecisionRecipe& recipe, std::int64_t batches) {
   StepReport report;
   Context ctx;
@@ -59,14 +72,11 @@ float evaluate(Model& model, const Dataset& data, const PrecisionRecipe& recipe,
   return static_cast<float>(sum / static_cast<double>(batches));
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+std::int64_t batch_size(const TrainConfig& config) {
+  FP8KIT_CHECK(config.batch >= 0, "train: batch must be at least 1 (0 for the model's default), got ", config.batch);
+  if (config.batch > 0) return config.batch;
+  return config.model == "cnn" ? kDefaultCnnBatch : kDefaultGptBatch;
 }
-
-}  // namespace
 
 std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionRecipe& recipe) {
   if (config.model == "gpt") {
@@ -84,9 +94,8 @@ std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionReci
 }
 
 std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
-  FP8KIT_CHECK(config.batch >= 0, "train: batch must be at least 1 (0 for the model's default), got ", config.batch);
+  const std::int64_t batch = batch_size(config);
   if (config.model == "gpt") {
-    const std::int64_t batch = config.batch > 0 ? config.batch : kDefaultGptBatch;
     const GptConfig g;
     if (!config.data_path.empty()) {
       std::string text = read_text(config.data_path);
@@ -94,7 +103,8 @@ std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
       FP8KIT_CHECK(held > static_cast<std::size_t>(g.seq_len) + 1, "the training text '", config.data_path, "' has ",
                    text.size(), " bytes; its last ", kHeldOutPercent, "% is held out for the evaluation loss and must ",
                    "exceed ", g.seq_len + 1, " bytes (give a text of at least ",
-                   (static_cast<std::size_t>(g.seq_len) + 2) * 100 / kHeldOutPercent + 1, " bytes)");
+                   ((static_cast<std::size_t>(g.seq_len) + 2) * 100 + kHeldOutPercent - 1) / kHeldOutPercent,
+                   " bytes)");
       std::string held_out = text.substr(text.size() - held);
       text.resize(text.size() - held);
       return std::make_unique<TextDataset>(std::move(text), std::move(held_out), batch, g.seq_len, config.seed,
@@ -107,8 +117,7 @@ std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
   if (config.model == "cnn") {
     FP8KIT_CHECK(config.data_path.empty(), "the cnn trains on generated images; a data file ('", config.data_path,
                  "') is for the gpt");
-    return std::make_unique<ShapesDataset>(config.batch > 0 ? config.batch : kDefaultCnnBatch, kCnnImageSize,
-                                           CnnConfig{}.classes, config.seed);
+    return std::make_unique<ShapesDataset>(batch, kCnnImageSize, CnnConfig{}.classes, config.seed);
   }
   FP8KIT_CHECK(false, "unknown model '", config.model, "' (use gpt, cnn)");
   return nullptr;

@@ -265,7 +265,7 @@ void save_train_checkpoint(const fs::path& path, const TrainConfig& config, cons
       {key("seed"), std::to_string(config.seed)},
       {key("lr"), exact(config.lr)},
       {key("warmup_steps"), std::to_string(config.warmup_steps)},
-      {key("batch"), std::to_string(config.batch)},
+      {key("batch"), std::to_string(batch_size(config))},
       {key("data"), config.data_path},
       {key("data_fingerprint"), data_fingerprint},
       {key("recipe"), recipe.name()},
@@ -299,8 +299,8 @@ void check_resumable(const fs::path& path, const TrainCheckpointInfo& info, cons
   FP8KIT_CHECK(info.lr == config.lr && info.warmup_steps == config.warmup_steps, ck, " was trained with lr ",
                exact(info.lr), " and ", info.warmup_steps, " warm-up steps, not lr ", exact(config.lr), " and ",
                config.warmup_steps, ": resume it with the same learning rate and warm-up");
-  FP8KIT_CHECK(info.batch == config.batch, ck, " was trained with batch ", info.batch, ", not ", config.batch,
-               ": resume it with --batch ", info.batch, " (or without --batch)");
+  FP8KIT_CHECK(info.batch == batch_size(config), ck, " was trained with batch ", info.batch, ", not ",
+               batch_size(config), ": resume it with --batch ", info.batch, " (or without --batch)");
   if (info.data_path.empty() != config.data_path.empty()) {
     FP8KIT_THROW(ErrorKind::kInvalidArgument, ck, " was trained on ",
                  info.data_path.empty() ? "the generated data" : "'" + info.data_path + "'", ", not ",

@@ -1,6 +1,7 @@
 // Tensor::to: conversion between any two dtypes. float32/bfloat16/float16 <-> FP8 run on the bulk SIMD
 // kernels (bit-identical to the scalar codec); every other pair goes element by element through
 // convert_element.
+#include <bit>
 #include <cstdint>
 #include <span>
 
@@ -28,11 +29,10 @@ void convert_elements(const S* in, D* out, std::int64_t n, Overflow overflow) {
 // written with integer selects only, so the loop vectorizes (the generic loop's NaN branch kept it scalar).
 // Bit-identical to from_float: round to nearest even, NaN quieted with its sign and top payload bits.
 void convert_elements(const float* in, bfloat16* out, std::int64_t n, Overflow /*overflow*/) {
-  const auto* bits = reinterpret_cast<const std::uint32_t*>(in);
-  auto* dst = reinterpret_cast<std::uint16_t*>(out);
+  auto* dst = reinterpret_cast<std::uint16_t*>(out);  // bfloat16 is a 16-bit standard-layout wrapper
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelThreshold)
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint32_t u = bits[i];
+    const auto u = std::bit_cast<std::uint32_t>(in[i]);
     const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
     dst[i] = static_cast<std::uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);

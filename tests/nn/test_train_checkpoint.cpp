@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -333,6 +334,12 @@ TEST_F(TrainCheckpointRefusal, ARunThatIsNotTheCheckpointsOne) {
   TrainConfig lr = config();
   lr.lr = 1e-3;
   expect_train_refused(good(), lr, recipe(), "same learning rate");
+  TrainConfig batch = config();
+  batch.batch = 8;
+  expect_train_refused(good(), batch, recipe(), "resume it with --batch 16");
+  TrainConfig default_batch = config();  // the default, named: the same run
+  default_batch.batch = 16;
+  EXPECT_NO_THROW(check_resumable(good(), read_train_checkpoint_info(good()), default_batch, recipe()));
   TrainConfig data = config();
   std::ofstream(path("data.txt")) << "some text to train on, long enough for a window or two of sixty-four bytes...";
   data.data_path = path("data.txt").string();
@@ -517,15 +524,18 @@ TEST(Fp8Export, StaticInputScalesComeFromTheDelayedScalingState) {
   const ShardedCheckpoint ck = ShardedCheckpoint::open(dir / "ct");
   const std::vector<QuantizedWeight> weights = quantized_weights(ck, CheckpointLayout::kCompressedTensors);
   ASSERT_EQ(weights.size(), 8u);
-  std::map<std::string, float> expected;
-  for (const Fp8LayerState* st : model->fp8_states()) expected[st->layer + ".weight"] = st->input.scale_inv();
+  std::map<std::string, float> expected;  // the delayed-scaling rule, from the history: 1 / (448 / window max)
+  for (const Fp8LayerState* st : model->fp8_states()) {
+    const auto h = st->input.history();
+    expected[st->layer + ".weight"] = 1.0f / (448.0f / *std::max_element(h.begin(), h.end()));
+  }
   for (const QuantizedWeight& w : weights) {
     ASSERT_TRUE(w.input_scale.has_value()) << w.weight;
     const SafetensorsTensor& t = ck.at(*w.input_scale);
     EXPECT_EQ(t.dtype, SafetensorsDType::F32);
     EXPECT_EQ(t.shape, Shape{1});
     const float v = to_tensor(t).data<float>()[0];
-    EXPECT_EQ(v, expected.at(w.weight)) << w.weight;
+    EXPECT_NEAR(v, expected.at(w.weight), 1e-6 * expected.at(w.weight)) << w.weight;
     EXPECT_GT(v, 0.0f);
     EXPECT_NE(v, 1.0f) << w.weight << ": still the initial scale";
   }

@@ -15,7 +15,8 @@ struct StepReport;
 
 // Conventions of every layer in fp8kit::nn:
 //  - Inputs, outputs and gradients are float32 tensors, row-major; shapes are in comments: `x (R, C) -> y (R, C)`.
-//    A layer never modifies its inputs in place (saved activations may share their storage).
+//    A layer never modifies its inputs in place (saved activations may share their storage); the rvalue overloads
+//    documented as in place (GELU's) write only over a tensor that nothing else holds.
 //  - forward(ctx, x, ..., Saved& saved) -> y fills `saved` with what backward needs; backward(ctx, dy, saved) -> dx
 //    consumes it. Saved activations are stored in ctx.saved_dtype (float32, or bfloat16 to halve their memory;
 //    FP8 recipes store GEMM inputs in FP8 themselves) and are released when `saved` is destroyed.

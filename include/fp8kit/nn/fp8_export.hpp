@@ -21,9 +21,10 @@ struct Fp8ExportOptions {
   CheckpointLayout layout = CheckpointLayout::kNative;
   Format format = Format::e4m3fn;
   // Static activation scales calibrated by training: each quantized weight's `<module>.input_scale` (F32 [1]) is
-  // the dequantization scale its layer's delayed scaling holds for the input (the amax history's window maximum /
-  // 448), which serving stacks apply to activations instead of computing each batch's amax. Needs a delayed-scaling
-  // recipe and a layout with static activations (compressed-tensors, autofp8, native).
+  // the dequantization scale its layer's delayed scaling holds for the input (scale_inv(): from the amax history
+  // by the recipe's algorithm, margin applied; max / 448 by default), which serving stacks apply to activations instead
+  // of computing each batch's amax. Needs a delayed-scaling recipe and a layout with static activations
+  // (compressed-tensors, autofp8, native).
   bool static_input_scales = false;
 };
 

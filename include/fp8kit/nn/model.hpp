@@ -24,8 +24,9 @@ class Model {
   virtual float forward(const Context& ctx, const Batch& batch) = 0;
   // Gradients of the last forward's loss, accumulated into the parameters; releases the saved state.
   virtual void backward(const Context& ctx) = 0;
-  // Drops what the last forward kept for backward (after an evaluation forward, which has no backward).
-  virtual void release() = 0;
+  // Drops what the last forward kept for backward (after an evaluation forward, which has no backward). The
+  // default keeps it until the next forward replaces it.
+  virtual void release() {}
   virtual std::vector<Parameter*> parameters() = 0;
   virtual std::vector<Fp8LayerState*> fp8_states() = 0;
 };
@@ -36,7 +37,8 @@ class Dataset {
   // The batch of training step `step` (deterministic: the same step gives the same batch).
   virtual Batch batch(std::int64_t step) const = 0;
   // Held-out batch `index`: data training never sees (another part of the text, other images), deterministic.
-  virtual Batch eval_batch(std::int64_t index) const = 0;
+  // The default throws: a dataset without held-out data cannot give train() its evaluation loss.
+  virtual Batch eval_batch(std::int64_t index) const;
   virtual std::string describe() const = 0;
 };
 

@@ -80,6 +80,14 @@ struct NonfiniteAbort : std::runtime_error {
 TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler = nullptr,
                   const std::function<void(const StepLog&)>& on_step = {});
 
+// The sequences (gpt) or images (cnn) per step a config trains with: config.batch, or the model's default for 0.
+std::int64_t batch_size(const TrainConfig& config);
+
+// The mean loss over `batches` held-out batches (Dataset::eval_batch) under `recipe`, forward only: what the
+// forwards record into delayed-scaling histories is dropped and the saved state released, so the model, its FP8
+// states and the optimizer are exactly as before. train() reports it as TrainResult::final_loss.
+float evaluate(Model& model, const Dataset& data, const PrecisionRecipe& recipe, std::int64_t batches);
+
 // The model and data train() builds for a config (exposed for tests).
 std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionRecipe& recipe);
 std::unique_ptr<Dataset> make_dataset(const TrainConfig& config);
