@@ -58,13 +58,13 @@ float Gpt::forward(const Context& ctx, const Batch& batch) {
     BlockSaved& bs = s.blocks[l];
     // Each temporary is dropped as soon as the next op has it (reassigned `t`): only what backward saved stays.
     Tensor t = b.ln1.forward(ctx, x, bs.ln1);
-    t = b.qkv.forward(ctx, t, bs.qkv);    // (B, T, 3C)
-    t = b.attn.forward(ctx, t, bs.attn);  // (B, T, C)
-    x = add(x, b.proj.forward(ctx, t, bs.proj));
+    t = b.qkv.forward(ctx, std::move(t), bs.qkv);  // (B, T, 3C)
+    t = b.attn.forward(ctx, t, bs.attn);           // (B, T, C)
+    x = add(x, b.proj.forward(ctx, std::move(t), bs.proj));
     t = b.ln2.forward(ctx, x, bs.ln2);
-    t = b.fc1.forward(ctx, t, bs.fc1);  // (B, T, 4C)
+    t = b.fc1.forward(ctx, std::move(t), bs.fc1);  // (B, T, 4C)
     t = Gelu::forward(ctx, std::move(t), bs.gelu);
-    x = add(x, b.fc2.forward(ctx, t, bs.fc2));
+    x = add(x, b.fc2.forward(ctx, std::move(t), bs.fc2));
   }
   const Tensor h = ln_f_.forward(ctx, x, s.ln_f);
   return head_.forward(ctx, h, batch.targets, s.head);

@@ -26,18 +26,26 @@ Linear::Linear(std::string name, std::int64_t in_features, std::int64_t out_feat
 }
 
 Tensor Linear::forward(const Context& ctx, const Tensor& x, Saved& saved) {
+  return forward(ctx, Tensor(x), saved);
+}
+
+// The operands are prepared (and x^T saved) before the GEMM, so that an input handed over with std::move is freed
+// before the output is allocated: the float32 input of an FP8 or bf16 GEMM is dead once quantized or rounded.
+Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   const std::int64_t in = weight.value.size(1), out = weight.value.size(0);
   FP8KIT_CHECK(x.dim() >= 1 && x.size(-1) == in, "linear ", name(), ": input's last dimension is ",
                x.dim() ? x.size(-1) : 0, ", the layer takes ", in);
   ScopedEvent event(ctx.profiler, "linear." + name() + ".forward");
-  const Tensor x2 = x.reshape({-1, in});
+  Shape shape = x.shape();
+  shape.back() = out;
+  Tensor x2 = x.reshape({-1, in});
+  x = Tensor();
   const GemmCall call = gemm_call(ctx, *this, "forward");
   const RecipeOperand xq = prepare_operand(call, TensorRole::kInput, x2);
   const RecipeOperand wq = prepare_operand(call, TensorRole::kWeight, weight.value);
-  Tensor y = recipe_gemm(call, xq, wq, bias ? bias->value.span<float>() : std::span<const float>{});
   saved.input_t = prepare_transposed(call, TensorRole::kInput, x2, &xq);
-  Shape shape = x.shape();
-  shape.back() = out;
+  x2 = Tensor();  // under fp32, xq still shares it
+  Tensor y = recipe_gemm(call, xq, wq, bias ? bias->value.span<float>() : std::span<const float>{});
   return y.reshape(shape);
 }
 

@@ -27,6 +27,9 @@ struct Linear {
 
   // x (R, in) -> y (R, out); any leading dimensions are rows.
   Tensor forward(const Context& ctx, const Tensor& x, Saved& saved);
+  // The same for an input handed over (std::move): its float32 storage is released before the output is
+  // allocated (under FP8 and bf16 recipes nothing else needs it once it is quantized or rounded).
+  Tensor forward(const Context& ctx, Tensor&& x, Saved& saved);
   // dy (R, out) -> dx (R, in); accumulates weight.grad (dW = dy^T x) and bias.grad (column sums of dy).
   Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved);
 
