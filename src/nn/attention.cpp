@@ -51,6 +51,14 @@ void gather(const float* src, std::int64_t rows, std::int64_t row_stride, std::i
   }
 }
 
+// Head h's q, k and v (T, hs each) from one batch element's T rows of qkv ([q | k | v], each C wide).
+void gather_head(const float* in_b, std::int64_t rows, std::int64_t C, std::int64_t h, std::int64_t hs, bool bf16,
+                 float* q, float* k, float* v) {
+  gather(in_b, rows, 3 * C, h * hs, hs, bf16, q);
+  gather(in_b, rows, 3 * C, C + h * hs, hs, bf16, k);
+  gather(in_b, rows, 3 * C, 2 * C + h * hs, hs, bf16, v);
+}
+
 // src (T, hs) * factor -> columns [col0, col0 + hs) of the T rows (stride `row_stride`) starting at dst.
 void scatter(const float* src, std::int64_t rows, std::int64_t row_stride, std::int64_t col0, std::int64_t hs,
              float factor, float* dst) {
@@ -89,9 +97,7 @@ Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved
     const std::int64_t b = bh / d.h, h = bh % d.h;
     const float* in_b = in + b * T * C3;
     std::vector<float> q(static_cast<std::size_t>(T * hs)), k(q.size()), v(q.size()), acc(static_cast<std::size_t>(hs));
-    gather(in_b, T, C3, h * hs, hs, bf16, q.data());
-    gather(in_b, T, C3, C + h * hs, hs, bf16, k.data());
-    gather(in_b, T, C3, 2 * C + h * hs, hs, bf16, v.data());
+    gather_head(in_b, T, C, h, hs, bf16, q.data(), k.data(), v.data());
     for (std::int64_t t = 0; t < T; ++t) {
       float* row = p + (bh * T + t) * T;  // p[b, h, t, :]
       const float* qt = q.data() + t * hs;
@@ -166,9 +172,7 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
     const std::size_t n = static_cast<std::size_t>(T * hs);
     std::vector<float> q(n), k(n), v(n), go(n), dq(n, 0.0f), dk(n, 0.0f), dv(n, 0.0f);
     std::vector<float> dp(static_cast<std::size_t>(T)), ds(static_cast<std::size_t>(T));
-    gather(in_b, T, C3, h * hs, hs, bf16, q.data());
-    gather(in_b, T, C3, C + h * hs, hs, bf16, k.data());
-    gather(in_b, T, C3, 2 * C + h * hs, hs, bf16, v.data());
+    gather_head(in_b, T, C, h, hs, bf16, q.data(), k.data(), v.data());
     gather(dy + b * T * C, T, C, h * hs, hs, bf16, go.data());
     for (std::int64_t t = 0; t < T; ++t) {
       const float* prow = p + (bh * T + t) * T;  // p[b, h, t, :]

@@ -146,13 +146,7 @@ Tensor rows_to_nchw(const Context& ctx, const Tensor& rows, std::int64_t n, std:
   Tensor y = empty({n, C, h, w}, DType::float32);
   const float* in = rows.data<float>();
   float* out = y.data<float>();
-#pragma omp parallel for schedule(static) if (static_cast <double>(rows.numel()) >= kParallelWork)
-  for (std::int64_t nc = 0; nc < n * C; ++nc) {
-    const std::int64_t b = nc / C, c = nc % C;
-    const float* src = in + b * hw * C + c;
-    float* dst = out + nc * hw;
-    for (std::int64_t p = 0; p < hw; ++p) dst[p] = src[p * C];
-  }
+  for (std::int64_t b = 0; b < n; ++b) detail::transpose_into(in + b * hw * C, C, out + b * C * hw, hw, C);
   return y;
 }
 
@@ -170,13 +164,7 @@ Tensor nchw_to_rows(const Context& ctx, const Tensor& y) {
   Tensor rows = empty({n * hw, C}, DType::float32);
   const float* in = y.data<float>();
   float* out = rows.data<float>();
-#pragma omp parallel for schedule(static) if (static_cast <double>(y.numel()) >= kParallelWork)
-  for (std::int64_t np = 0; np < n * hw; ++np) {
-    const std::int64_t b = np / hw, p = np % hw;
-    const float* src = in + b * C * hw + p;
-    float* dst = out + np * C;
-    for (std::int64_t c = 0; c < C; ++c) dst[c] = src[c * hw];
-  }
+  for (std::int64_t b = 0; b < n; ++b) detail::transpose_into(in + b * C * hw, hw, out + b * hw * C, C, hw);
   return rows;
 }
 

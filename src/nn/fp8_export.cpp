@@ -101,7 +101,9 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
         "static: each layer's delayed-scaling input scale_inv (its amax history, algorithm and margin applied)";
   }
   std::map<std::string, const Fp8LayerState*> states;  // by layer name, for the static input scales
-  for (const Fp8LayerState* st : model.fp8_states()) states[st->layer] = st;
+  if (options.static_input_scales) {
+    for (const Fp8LayerState* st : model.fp8_states()) states[st->layer] = st;
+  }
   Fp8ExportSummary summary;
   std::vector<NamedTensor> tensors;
   std::vector<std::string> ignored;  // 2-D weights left FP32, for the quantization_config

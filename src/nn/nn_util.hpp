@@ -2,6 +2,7 @@
 // printed for error messages and profiler arguments.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <string>
@@ -53,6 +54,23 @@ inline std::uint64_t held_out_stream(std::uint64_t seed) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
+}
+
+// dst (cols x rows, contiguous) = the rows x cols matrix at src, whose rows are src_stride elements apart,
+// transposed; in 32 x 32 tiles, threaded for large matrices (a copy: the result never depends on threads). The one
+// transpose of the nn layer: GEMM operands, the transposed quantization bands, NCHW <-> rows for convolutions.
+template <typename T>
+void transpose_into(const T* src, std::int64_t src_stride, T* dst, std::int64_t rows, std::int64_t cols) {
+  constexpr std::int64_t kTile = 32;
+  const bool parallel = rows * cols >= (1 << 16);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (std::int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
+        for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * src_stride + c];
+      }
+    }
+  }
 }
 
 // "(2, 3, 4)"

@@ -13,6 +13,7 @@
 #include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/scaled_mm.hpp"
+#include "nn_util.hpp"
 
 namespace fp8kit::nn {
 
@@ -76,10 +77,7 @@ ScaledMatrix quantize_transposed(const MatrixView& x, const QuantizeOptions& opt
   for (std::int64_t b0 = 0; b0 < rows; b0 += band) {
     const std::int64_t n = std::min(band, rows - b0);
     buffer.resize(static_cast<std::size_t>(n * cols));
-    for (std::int64_t c = 0; c < cols; ++c) {  // band row r is column b0 + r of x
-      const float* src = x.data + c * x.cols + b0;
-      for (std::int64_t r = 0; r < n; ++r) buffer[static_cast<std::size_t>(r * cols + c)] = src[r];
-    }
+    detail::transpose_into(x.data + b0, x.cols, buffer.data(), x.rows, n);  // columns b0 .. b0+n of x
     QuantDiagnostics d;
     quantize_into(MatrixView{buffer.data(), n, cols}, options, q, diagnostics ? &d : nullptr);
     std::copy(q.data.begin(), q.data.end(), out.data.begin() + b0 * cols);
@@ -129,21 +127,6 @@ ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale) {
   cast_to_fp8(std::span<const float>(x.data, q.data.size()), q.data,
               CastOptions{format, Overflow::kSaturate, Rounding::kNearestEven, scale});
   return q;
-}
-
-// dst (cols x rows) = src (rows x cols) transposed, in 32 x 32 tiles, threaded for large matrices.
-template <typename T>
-void transpose_into(const T* src, T* dst, std::int64_t rows, std::int64_t cols) {
-  constexpr std::int64_t kTile = 32;
-  const bool parallel = rows * cols >= (1 << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
-    for (std::int64_t c0 = 0; c0 < cols; c0 += kTile) {
-      for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
-        for (std::int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
-      }
-    }
-  }
 }
 
 Tensor dequantized(const ScaledMatrix& q) {
@@ -380,9 +363,9 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
   if (!x.fp8) {
     t.values = empty({x.cols, x.rows}, x.values.dtype());
     if (x.values.dtype() == DType::float32) {
-      transpose_into(x.values.data<float>(), t.values.data<float>(), x.rows, x.cols);
+      detail::transpose_into(x.values.data<float>(), x.cols, t.values.data<float>(), x.rows, x.cols);
     } else {  // bfloat16: the 16-bit patterns move as they are
-      transpose_into(x.values.data<bfloat16>(), t.values.data<bfloat16>(), x.rows, x.cols);
+      detail::transpose_into(x.values.data<bfloat16>(), x.cols, t.values.data<bfloat16>(), x.rows, x.cols);
     }
     return t;
   }
@@ -394,7 +377,7 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
   q.cols = x.rows;
   q.scale_inv = x.fp8->scale_inv;
   q.data.resize(x.fp8->data.size());
-  transpose_into(x.fp8->data.data(), q.data.data(), x.rows, x.cols);
+  detail::transpose_into(x.fp8->data.data(), x.cols, q.data.data(), x.rows, x.cols);
   t.fp8 = std::move(q);
   return t;
 }
@@ -402,7 +385,7 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
 Tensor transpose(const Tensor& x) {
   const View2d v = x.view2d();
   Tensor t = empty({v.cols, v.rows}, DType::float32);
-  transpose_into(x.data<float>(), t.data<float>(), v.rows, v.cols);
+  detail::transpose_into(x.data<float>(), v.cols, t.data<float>(), v.rows, v.cols);
   return t;
 }
 
