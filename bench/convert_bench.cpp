@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "convert/kernels.hpp"
+#include "convert/cpu/convert_kernels.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
 #include "harness.hpp"

@@ -35,7 +35,9 @@ void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<fl
 void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<bfloat16> out, float scale_inv = 1.0f);
 void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float16> out, float scale_inv = 1.0f);
 
-// The instruction set the conversion kernels run with on this machine ("avx2", "scalar", ...).
+// The ISA level of the conversion kernels in force ("avx512", "avx2", "scalar", ...; see cpu.hpp), and the
+// kernels' name ("avx512-vbmi": AVX-512 with VBMI table lookups).
 std::string_view conversion_isa();
+std::string_view conversion_kernel();
 
 }  // namespace fp8kit

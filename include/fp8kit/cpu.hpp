@@ -1,7 +1,13 @@
-// What this CPU can do (read once with cpuid) and the number of threads bulk operations may use.
+// What this CPU can do (read once with cpuid, XCR0 and, for AMX, the OS permission), the ordered ISA levels every
+// kernel family dispatches on, the cap FP8KIT_ISA or set_max_isa() puts on them, and the thread count.
 #pragma once
 
+#include <array>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace fp8kit {
 
@@ -12,12 +18,53 @@ struct CpuFeatures {
   bool avx512f = false;
   bool avx512bw = false;
   bool avx512vl = false;
+  bool avx512dq = false;
   bool avx512vbmi = false;
   bool avx512bf16 = false;
+  bool avx512fp16 = false;
+  bool amx_tile = false;
+  bool amx_bf16 = false;
+  bool amx_int8 = false;
+  // The OS lets this process use the AMX tile data (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM) granted at detection).
+  bool amx_permitted = false;
   std::string brand;  // the processor brand string, e.g. "AMD EPYC 7B13"
+
+  // The names of the features that are present, in the order above ("avx2", "fma", ..., "amx-permitted").
+  std::vector<std::string> names() const;
 };
 
 const CpuFeatures& cpu_features();
+
+// The instruction-set levels kernels are written for, lowest first. Each level includes the ones below it:
+//   scalar       portable C++
+//   avx2         AVX2 + FMA + F16C
+//   avx512       AVX-512 F/BW/VL/DQ (VBMI used where present, e.g. for 64-byte table lookups)
+//   avx512-bf16  + AVX512-BF16 (vdpbf16ps)
+//   amx          + AMX-TILE and AMX-BF16, with the OS permission to use the tile state
+enum class Isa : std::uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAmx };
+inline constexpr std::array<Isa, 5> kAllIsas = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx};
+
+std::string_view name(Isa isa);  // "scalar", "avx2", "avx512", "avx512-bf16", "amx"
+std::optional<Isa> parse_isa(std::string_view text);
+// "scalar, avx2, avx512, avx512-bf16, amx": for error messages and --help.
+std::string isa_names();
+
+// What this CPU (and OS) lacks for a level, e.g. "avx512bf16" or "the OS permission for AMX tile data"; empty when
+// the level can run here.
+std::string missing_for(Isa isa);
+// The highest level this CPU can run, and every level it can run (scalar first).
+Isa cpu_max_isa();
+std::vector<Isa> cpu_isa_levels();
+
+// The level kernels dispatch to: the CPU's highest, capped by FP8KIT_ISA (read once, as oneDNN's
+// ONEDNN_MAX_CPU_ISA) and by set_max_isa(). A cap above what the CPU has changes nothing. Throws fp8kit::Error
+// (kInvalidArgument) naming the valid levels when FP8KIT_ISA holds an unknown one.
+Isa active_isa();
+// FP8KIT_ISA as this process read it (nullopt when unset).
+std::optional<std::string> isa_from_environment();
+// Caps dispatch at `cap` for this process from now on (tests and benchmarks run every level this way); nullopt
+// removes the cap (FP8KIT_ISA still applies). Not for use while other threads run kernels.
+void set_max_isa(std::optional<Isa> cap);
 
 // Threads used by bulk operations (default: OpenMP's default, usually the number of cores). n >= 1.
 void set_num_threads(int n);

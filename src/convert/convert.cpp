@@ -6,23 +6,24 @@
 
 #include <algorithm>
 
+#include "cpu/convert_kernels.hpp"
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
-#include "kernels.hpp"
 
 namespace fp8kit {
 namespace convert_detail {
 
-const KernelTable& best_kernels() {
-  static const KernelTable& table = avx2_kernels() ? *avx2_kernels() : scalar_kernels();
-  return table;
+const detail::IsaTables<KernelTable>& kernel_tables() {
+  static const detail::IsaTables<KernelTable> tables(
+      {&scalar_kernels(), &avx2_kernels(), &avx512_kernels(), nullptr, nullptr});
+  return tables;
 }
 
 }  // namespace convert_detail
 
 namespace {
 
-using convert_detail::best_kernels;
+using convert_detail::active_kernels;
 
 // Below this many elements one thread is faster than waking the others.
 constexpr std::size_t kParallelThreshold = std::size_t{1} << 18;
@@ -78,26 +79,30 @@ void cast_from_fp8_impl(std::span<const std::uint8_t> in, Format format, std::sp
 }  // namespace
 
 void cast_to_fp8(std::span<const float> in, std::span<std::uint8_t> out, const CastOptions& options) {
-  cast_to_fp8_impl(in, out, options, best_kernels().encode_f32);
+  cast_to_fp8_impl(in, out, options, active_kernels().encode_f32);
 }
 void cast_to_fp8(std::span<const bfloat16> in, std::span<std::uint8_t> out, const CastOptions& options) {
-  cast_to_fp8_impl(in, out, options, best_kernels().encode_bf16);
+  cast_to_fp8_impl(in, out, options, active_kernels().encode_bf16);
 }
 void cast_to_fp8(std::span<const float16> in, std::span<std::uint8_t> out, const CastOptions& options) {
-  cast_to_fp8_impl(in, out, options, best_kernels().encode_f16);
+  cast_to_fp8_impl(in, out, options, active_kernels().encode_f16);
 }
 void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float> out, float scale_inv) {
-  cast_from_fp8_impl(in, format, out, scale_inv, best_kernels().decode_f32);
+  cast_from_fp8_impl(in, format, out, scale_inv, active_kernels().decode_f32);
 }
 void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<bfloat16> out, float scale_inv) {
-  cast_from_fp8_impl(in, format, out, scale_inv, best_kernels().decode_bf16);
+  cast_from_fp8_impl(in, format, out, scale_inv, active_kernels().decode_bf16);
 }
 void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float16> out, float scale_inv) {
-  cast_from_fp8_impl(in, format, out, scale_inv, best_kernels().decode_f16);
+  cast_from_fp8_impl(in, format, out, scale_inv, active_kernels().decode_f16);
 }
 
 std::string_view conversion_isa() {
-  return best_kernels().isa;
+  return name(active_kernels().isa);
+}
+
+std::string_view conversion_kernel() {
+  return active_kernels().name;
 }
 
 }  // namespace fp8kit

@@ -8,7 +8,7 @@
 #include <bit>
 #include <cmath>
 
-#include "convert/kernels.hpp"
+#include "convert/cpu/convert_kernels.hpp"
 #include "fp8kit/amax.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"

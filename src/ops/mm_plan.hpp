@@ -6,7 +6,7 @@
 #include <span>
 
 #include "fp8kit/scaled_mm.hpp"
-#include "mm_kernels.hpp"
+#include "cpu/mm_kernels.hpp"
 
 namespace fp8kit::mm_detail {
 

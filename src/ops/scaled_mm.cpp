@@ -15,7 +15,7 @@
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/scaled_mm.hpp"
-#include "mm_kernels.hpp"
+#include "cpu/mm_kernels.hpp"
 #include "mm_plan.hpp"
 
 namespace fp8kit {
@@ -196,7 +196,7 @@ void gemm_columns(const MmKernelTable& kern, const MmPlan& p, const LeftSource& 
 }
 
 void gemm(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out) {
-  const MmKernelTable& kern = best_mm_kernels();
+  const MmKernelTable& kern = active_mm_kernels();
   std::fill(out, out + p.m * p.n, 0.0f);
   if (p.m == 0 || p.n == 0) return;
   const int threads = std::max(1, num_threads());
@@ -253,7 +253,7 @@ void gemv(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out
   GemvInput in{x.data(), p.k};
   if (rebias(x, b.format, a.codes != nullptr, x_rebiased, in.sum_scale)) in.rebiased = x_rebiased.data();
   const GemvInput plain{x.data(), p.k};
-  const MmKernelTable& fast = best_mm_kernels();  // declines rows it cannot decode exactly (and under DAZ)
+  const MmKernelTable& fast = active_mm_kernels();  // declines rows it cannot decode exactly (and under DAZ)
   const MmKernelTable& exact = scalar_mm_kernels();
   const std::int64_t chunks = ceil_div(p.n, kGemvChunk);
   const bool parallel = static_cast<double>(p.n) * static_cast<double>(p.k) >= 1.0e6;

@@ -1,4 +1,4 @@
-// amax over spans and blocks: the scalar reference, the dispatch to SIMD, threads for large inputs, and the
+// amax over spans and blocks: the dispatch to the kernel tables, threads for large inputs, and the
 // block grid (per row, per column, per block, per tensor are all block shapes).
 #include "fp8kit/amax.hpp"
 
@@ -8,45 +8,17 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/amax_kernels.hpp"
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
-#include "kernels.hpp"
 
 namespace fp8kit {
 namespace scaling_detail {
 
-void amax_scalar(const float* x, std::size_t n, AmaxResult& acc) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (std::isnan(a)) {
-      ++acc.nan_count;
-    } else if (std::isinf(a)) {
-      ++acc.inf_count;
-    } else if (a > acc.amax) {
-      acc.amax = a;
-    }
-  }
-}
-
-void amax_segments_scalar(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc) {
-  for (std::size_t k = 0; k * segment < n; ++k) {
-    AmaxResult seg;
-    amax_scalar(x + k * segment, std::min(segment, n - k * segment), seg);
-    out[k] = seg.amax;
-    acc.amax = std::max(acc.amax, seg.amax);
-    acc.nan_count += seg.nan_count;
-    acc.inf_count += seg.inf_count;
-  }
-}
-
-AmaxSegmentsFn best_amax_segments_kernel() {
-  static const AmaxSegmentsFn fn = amax_segments_avx2_kernel() ? amax_segments_avx2_kernel() : &amax_segments_scalar;
-  return fn;
-}
-
-AmaxFn best_amax_kernel() {
-  static const AmaxFn fn = amax_avx2_kernel() ? amax_avx2_kernel() : &amax_scalar;
-  return fn;
+const detail::IsaTables<AmaxTable>& amax_tables() {
+  static const detail::IsaTables<AmaxTable> tables(
+      {&scalar_amax_kernels(), &avx2_amax_kernels(), &avx512_amax_kernels(), nullptr, nullptr});
+  return tables;
 }
 
 }  // namespace scaling_detail
@@ -64,7 +36,7 @@ void merge(AmaxResult& into, const AmaxResult& part) {
 }  // namespace
 
 AmaxResult amax(std::span<const float> x) {
-  const auto kernel = scaling_detail::best_amax_kernel();
+  const auto kernel = scaling_detail::active_amax_kernels().amax;
   AmaxResult total;
   const int threads = num_threads();
   if (x.size() < kParallelThreshold || threads <= 1) {
@@ -92,7 +64,7 @@ void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols,
   const std::int64_t grid_cols = ceil_div(x.cols, block_cols);
   FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == grid_rows * grid_cols, "amax_blocks: output has ", out.size(),
                " entries, the ", grid_rows, "x", grid_cols, " block grid needs ", grid_rows * grid_cols);
-  const auto kernel = scaling_detail::best_amax_kernel();
+  const auto kernel = scaling_detail::active_amax_kernels().amax;
   std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
   const bool parallel = x.rows * x.cols >= static_cast<std::int64_t>(kParallelThreshold) && grid_rows > 1;
   // One block row per iteration: its blocks are reduced row by row, each row segment by the span kernel (or,

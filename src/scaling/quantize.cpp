@@ -10,10 +10,10 @@
 #include <charconv>
 #include <cmath>
 
-#include "convert/kernels.hpp"
+#include "convert/cpu/convert_kernels.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"
-#include "kernels.hpp"
+#include "cpu/amax_kernels.hpp"
 
 namespace fp8kit {
 
@@ -224,11 +224,11 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
   } else {
     // Fused, block row by block row: the amax of its blocks, their scales, then the encode while the block
     // row is still in cache. Threads split the block rows.
-    const auto& kernels = convert_detail::best_kernels();
+    const auto& kernels = convert_detail::active_kernels();
     const EncodeSpec spec{options.format, options.overflow};
     std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
     const bool segmented = bc % 32 == 0;
-    const auto amax_segments = scaling_detail::best_amax_segments_kernel();
+    const auto amax_segments = scaling_detail::active_amax_kernels().amax_segments;
     const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
     // Bands are equal in size: a static split costs nothing per band (bands can be a single short row).
 #pragma omp parallel for schedule(static) if (parallel)
@@ -342,7 +342,7 @@ void dequantize(const ScaledMatrix& q, std::span<float> out) {
     cast_from_fp8(q.data, q.format, out, q.scale_inv[0]);
     return;
   }
-  const auto& kernels = convert_detail::best_kernels();
+  const auto& kernels = convert_detail::active_kernels();
   const bool parallel = q.rows * q.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t gr = 0; gr < grid_rows; ++gr) {

@@ -1,5 +1,6 @@
-// Bulk conversions: every kernel table against the scalar reference, for every format, policy and input type,
-// odd lengths, unaligned pointers, scales, threads, and stochastic rounding's reproducibility.
+// Bulk conversions: every kernel table (one test instance per table, skipped where this CPU cannot run it) against
+// the scalar reference, for every format, policy and input type, odd lengths, unaligned pointers, scales, both
+// roundings; the public entries at every ISA level, threads, and stochastic rounding's reproducibility.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -8,7 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "convert/kernels.hpp"
+#include "common/isa_levels.hpp"
+#include "convert/cpu/convert_kernels.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
@@ -18,11 +20,30 @@ namespace {
 
 using convert_detail::KernelTable;
 
-std::vector<const KernelTable*> fast_tables() {
-  std::vector<const KernelTable*> tables;
-  if (convert_detail::avx2_kernels()) tables.push_back(convert_detail::avx2_kernels());
-  return tables;
+// Every SIMD table (the scalar one is the reference, checked against the codec in tests/format).
+struct TableCase {
+  const char* label;
+  Isa isa;
+  bool needs_vbmi;
+  const KernelTable& (*table)();
+};
+const TableCase kTableCases[] = {
+    {"avx2", Isa::kAvx2, false, &convert_detail::avx2_kernels},
+    {"avx512_vbmi", Isa::kAvx512, true, &convert_detail::avx512_kernels},
+    {"avx512_shift_decode", Isa::kAvx512, false, &convert_detail::avx512_kernels_without_vbmi},
+};
+
+void PrintTo(const TableCase& c, std::ostream* os) {
+  *os << c.label;
 }
+
+class ConvertKernel : public ::testing::TestWithParam<TableCase> {
+ protected:
+  void SetUp() override { FP8KIT_SKIP_UNLESS_RUNS(GetParam().isa, GetParam().needs_vbmi); }
+  static const KernelTable* kernels() { return &GetParam().table(); }
+};
+INSTANTIATE_TEST_SUITE_P(Tables, ConvertKernel, ::testing::ValuesIn(kTableCases),
+                         [](const ::testing::TestParamInfo<TableCase>& info) { return info.param.label; });
 
 const std::size_t kLengths[] = {0, 1, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129, 255, 1000, 4099};
 const float kScales[] = {1.0f, 0.5f, 3.0f, 1e-3f, 448.0f / 17.0f, 1e30f};
@@ -62,10 +83,10 @@ std::vector<T> narrow_all(const std::vector<float>& v) {
 }
 
 template <typename In>
-void check_encode(convert_detail::EncodeFn<In>(KernelTable::*member)) {
+void check_encode(const KernelTable* table, convert_detail::EncodeFn<In>(KernelTable::*member)) {
   const auto base = test_floats(5000, 99);
   const auto input = narrow_all<In>(base);
-  for (const KernelTable* table : fast_tables()) {
+  {
     for (Format f : kAllFormats) {
       for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
         for (float scale : kScales) {
@@ -79,7 +100,7 @@ void check_encode(convert_detail::EncodeFn<In>(KernelTable::*member)) {
               (table->*member)(input.data() + misalign, got.data() + misalign, n, params);
               for (std::size_t i = 0; i < n; ++i) {
                 ASSERT_EQ(got[misalign + i], want[i])
-                    << table->isa << " " << name(f) << " scale " << scale << " n " << n << " i " << i << " x "
+                    << table->name << " " << name(f) << " scale " << scale << " n " << n << " i " << i << " x "
                     << std::hexfloat << base[misalign + i];
               }
               EXPECT_EQ(got[misalign + n], 0xAB) << "wrote past the end";
@@ -91,20 +112,21 @@ void check_encode(convert_detail::EncodeFn<In>(KernelTable::*member)) {
   }
 }
 
-TEST(Convert, EncodeFloatMatchesScalar) {
-  check_encode<float>(&KernelTable::encode_f32);
+TEST_P(ConvertKernel, EncodeFloatMatchesScalar) {
+  check_encode<float>(kernels(), &KernelTable::encode_f32);
 }
-TEST(Convert, EncodeBfloat16MatchesScalar) {
-  check_encode<bfloat16>(&KernelTable::encode_bf16);
+TEST_P(ConvertKernel, EncodeBfloat16MatchesScalar) {
+  check_encode<bfloat16>(kernels(), &KernelTable::encode_bf16);
 }
-TEST(Convert, EncodeFloat16MatchesScalar) {
-  check_encode<float16>(&KernelTable::encode_f16);
+TEST_P(ConvertKernel, EncodeFloat16MatchesScalar) {
+  check_encode<float16>(kernels(), &KernelTable::encode_f16);
 }
 
 // Per-segment scales (block quantization): every table against the scalar one, full and partial segments.
-TEST(Convert, EncodeSegmentsMatchesScalar) {
+TEST_P(ConvertKernel, EncodeSegmentsMatchesScalar) {
+  const KernelTable* table = kernels();
   const auto x = test_floats(4096 + 77, 21);
-  for (const KernelTable* table : fast_tables()) {
+  {
     for (Format f : kAllFormats) {
       for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
         auto params = convert_detail::make_encode_params(CastOptions{f, o});
@@ -119,7 +141,7 @@ TEST(Convert, EncodeSegmentsMatchesScalar) {
             convert_detail::scalar_kernels().encode_f32_segments(x.data(), want.data(), n, segment, scales.data(),
                                                                  params);
             table->encode_f32_segments(x.data(), got.data(), n, segment, scales.data(), params);
-            ASSERT_EQ(want, got) << table->isa << " " << name(f) << " segment " << segment << " n " << n;
+            ASSERT_EQ(want, got) << table->name << " " << name(f) << " segment " << segment << " n " << n;
             // and the scalar table is the codec applied with each segment's scale
             for (std::size_t i = 0; i < n; ++i) {
               const float s = scales[i / segment];
@@ -133,10 +155,11 @@ TEST(Convert, EncodeSegmentsMatchesScalar) {
 }
 
 // Per-segment dequantization scales: every table against the scalar one and the codec.
-TEST(Convert, DecodeSegmentsMatchesScalar) {
+TEST_P(ConvertKernel, DecodeSegmentsMatchesScalar) {
+  const KernelTable* table = kernels();
   std::vector<std::uint8_t> codes(4096 + 40);
   for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 37 + (i >> 8));
-  for (const KernelTable* table : fast_tables()) {
+  {
     for (Format f : kAllFormats) {
       for (std::size_t segment : {std::size_t{16}, std::size_t{32}, std::size_t{128}, std::size_t{40}}) {
         for (std::size_t n : {std::size_t{0}, std::size_t{15}, std::size_t{16}, std::size_t{1000}, codes.size()}) {
@@ -150,7 +173,7 @@ TEST(Convert, DecodeSegmentsMatchesScalar) {
           table->decode_f32_segments(codes.data(), got.data(), n, segment, scales.data(), params);
           for (std::size_t i = 0; i < n; ++i) {
             ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
-                << table->isa << " " << name(f) << " " << i;
+                << table->name << " " << name(f) << " " << i;
             const float s = scales[i / segment];
             const float v = decode_to_float(f, codes[i]);
             const float ref = s == 1.0f ? v : v * s;
@@ -164,24 +187,25 @@ TEST(Convert, DecodeSegmentsMatchesScalar) {
 }
 
 // All 2^16 bfloat16 and float16 inputs, every format and policy.
-TEST(Convert, EveryHalfInput) {
+TEST_P(ConvertKernel, EveryHalfInput) {
+  const KernelTable* table = kernels();
   std::vector<bfloat16> bf(65536);
   std::vector<float16> hf(65536);
   for (std::uint32_t i = 0; i < 65536; ++i) {
     bf[i] = bfloat16::from_bits(static_cast<std::uint16_t>(i));
     hf[i] = float16::from_bits(static_cast<std::uint16_t>(i));
   }
-  for (const KernelTable* table : fast_tables()) {
+  {
     for (Format f : kAllFormats) {
       for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
         const auto params = convert_detail::make_encode_params(CastOptions{f, o});
         std::vector<std::uint8_t> want(65536), got(65536);
         convert_detail::scalar_kernels().encode_bf16(bf.data(), want.data(), 65536, params);
         table->encode_bf16(bf.data(), got.data(), 65536, params);
-        ASSERT_EQ(want, got) << table->isa << " bf16 " << name(f);
+        ASSERT_EQ(want, got) << table->name << " bf16 " << name(f);
         convert_detail::scalar_kernels().encode_f16(hf.data(), want.data(), 65536, params);
         table->encode_f16(hf.data(), got.data(), 65536, params);
-        ASSERT_EQ(want, got) << table->isa << " f16 " << name(f);
+        ASSERT_EQ(want, got) << table->name << " f16 " << name(f);
       }
     }
   }
@@ -197,11 +221,11 @@ std::uint32_t bits_of(Out x) {
 }
 
 template <typename Out>
-void check_decode(convert_detail::DecodeFn<Out>(KernelTable::*member)) {
+void check_decode(const KernelTable* table, convert_detail::DecodeFn<Out>(KernelTable::*member)) {
   std::vector<std::uint8_t> codes(4096 + 8);
   for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 37 + (i >> 8));
   for (int c = 0; c < 256; ++c) codes[c] = static_cast<std::uint8_t>(c);  // every code, in order
-  for (const KernelTable* table : fast_tables()) {
+  {
     for (Format f : kAllFormats) {
       for (float scale_inv : kScales) {
         for (std::size_t n : kLengths) {
@@ -213,7 +237,8 @@ void check_decode(convert_detail::DecodeFn<Out>(KernelTable::*member)) {
             (table->*member)(codes.data() + misalign, got.data() + misalign, n, params);
             for (std::size_t i = 0; i < n; ++i) {
               ASSERT_EQ(bits_of(got[misalign + i]), bits_of(want[i]))
-                  << table->isa << " " << name(f) << " code " << int(codes[misalign + i]) << " scale_inv " << scale_inv;
+                  << table->name << " " << name(f) << " code " << int(codes[misalign + i]) << " scale_inv "
+                  << scale_inv;
             }
           }
         }
@@ -222,14 +247,72 @@ void check_decode(convert_detail::DecodeFn<Out>(KernelTable::*member)) {
   }
 }
 
-TEST(Convert, DecodeFloatMatchesScalar) {
-  check_decode<float>(&KernelTable::decode_f32);
+TEST_P(ConvertKernel, DecodeFloatMatchesScalar) {
+  check_decode<float>(kernels(), &KernelTable::decode_f32);
 }
-TEST(Convert, DecodeBfloat16MatchesScalar) {
-  check_decode<bfloat16>(&KernelTable::decode_bf16);
+TEST_P(ConvertKernel, DecodeBfloat16MatchesScalar) {
+  check_decode<bfloat16>(kernels(), &KernelTable::decode_bf16);
 }
-TEST(Convert, DecodeFloat16MatchesScalar) {
-  check_decode<float16>(&KernelTable::decode_f16);
+TEST_P(ConvertKernel, DecodeFloat16MatchesScalar) {
+  check_decode<float16>(kernels(), &KernelTable::decode_f16);
+}
+
+// Stochastic rounding: each table's kernels give the scalar loop's results for the same seed and stream offset,
+// for every format, policy, scale and input type (the AVX2 table delegates to the scalar loop).
+TEST_P(ConvertKernel, StochasticMatchesScalar) {
+  const KernelTable* table = kernels();
+  const auto base = test_floats(3000, 17);
+  const auto bf = narrow_all<bfloat16>(base);
+  const auto hf = narrow_all<float16>(base);
+  for (Format f : kAllFormats) {
+    for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+      for (float scale : {1.0f, 3.0f, 1e-3f}) {
+        for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{12345}}) {
+          auto params = convert_detail::make_encode_params(
+              CastOptions{f, o, Rounding::kStochastic, scale, /*seed=*/7 + offset, offset});
+          for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{64}, std::size_t{100}, base.size()}) {
+            std::vector<std::uint8_t> want(n), got(n);
+            table->encode_f32(base.data(), got.data(), n, params);
+            convert_detail::scalar_kernels().encode_f32(base.data(), want.data(), n, params);
+            ASSERT_EQ(got, want) << table->name << " f32 " << name(f) << " scale " << scale << " n " << n;
+            table->encode_bf16(bf.data(), got.data(), n, params);
+            convert_detail::scalar_kernels().encode_bf16(bf.data(), want.data(), n, params);
+            ASSERT_EQ(got, want) << table->name << " bf16 " << name(f) << " scale " << scale << " n " << n;
+            table->encode_f16(hf.data(), got.data(), n, params);
+            convert_detail::scalar_kernels().encode_f16(hf.data(), want.data(), n, params);
+            ASSERT_EQ(got, want) << table->name << " f16 " << name(f) << " scale " << scale << " n " << n;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The public entries dispatch by level: capped at each level this CPU runs, they give the scalar results.
+class ConvertLevel : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override { FP8KIT_SKIP_UNLESS_RUNS(GetParam()); }
+};
+INSTANTIATE_TEST_SUITE_P(Levels, ConvertLevel, ::testing::ValuesIn(kAllIsas), testing::isa_param_name);
+
+TEST_P(ConvertLevel, PublicEntriesMatchScalar) {
+  testing::ScopedIsa cap(GetParam());
+  EXPECT_EQ(conversion_isa(), name(convert_detail::kernel_tables().at(GetParam()).isa));
+  const auto x = test_floats(70000, 3);
+  for (Format f : kAllFormats) {
+    for (Rounding r : {Rounding::kNearestEven, Rounding::kStochastic}) {
+      const CastOptions options{f, Overflow::kSaturate, r, 0.75f, 99};
+      std::vector<std::uint8_t> got(x.size()), want(x.size());
+      cast_to_fp8(x, got, options);
+      convert_detail::scalar_kernels().encode_f32(x.data(), want.data(), x.size(),
+                                                  convert_detail::make_encode_params(options));
+      ASSERT_EQ(got, want) << name(GetParam()) << " " << name(f);
+      std::vector<float> back(x.size()), ref(x.size());
+      cast_from_fp8(got, f, back, 3.0f);
+      for (std::size_t i = 0; i < x.size(); ++i) ref[i] = decode_to_float(f, got[i]) * 3.0f;
+      ASSERT_EQ(std::memcmp(back.data(), ref.data(), x.size() * sizeof(float)), 0) << name(f);
+    }
+  }
 }
 
 TEST(Convert, PublicEntryAndThreadsAgree) {
@@ -310,12 +393,11 @@ TEST(Convert, RejectsMismatchedSizes) {
 }
 
 TEST(Convert, ReportsIsa) {
-  const auto isa = conversion_isa();
-  if (cpu_features().avx2 && cpu_features().f16c && cpu_features().fma) {
-    EXPECT_EQ(isa, "avx2");
-  } else {
-    EXPECT_EQ(isa, "scalar");
-  }
+  // The level in force is the CPU's best (unless FP8KIT_ISA caps it); conversions have tables up to avx512.
+  const Isa level = std::min(active_isa(), Isa::kAvx512);
+  EXPECT_EQ(conversion_isa(), name(level));
+  std::printf("conversion kernels: %s (%s); levels: %s\n", std::string(conversion_kernel()).c_str(),
+              std::string(conversion_isa()).c_str(), testing::level_report().c_str());
 }
 
 }  // namespace

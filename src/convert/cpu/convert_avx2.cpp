@@ -14,8 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../kernels.hpp"
-#include "fp8kit/cpu.hpp"
+#include "convert_kernels.hpp"
 
 namespace fp8kit::convert_detail {
 namespace {
@@ -546,9 +545,10 @@ void decode_avx2(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
 
 }  // namespace
 
-const KernelTable* avx2_kernels() {
+const KernelTable& avx2_kernels() {
   static const KernelTable table{
       "avx2",
+      Isa::kAvx2,
       &encode_avx2<float>,
       &encode_segments_avx2,
       &encode_avx2<bfloat16>,
@@ -558,8 +558,7 @@ const KernelTable* avx2_kernels() {
       &decode_avx2<bfloat16>,
       &decode_avx2<float16>,
   };
-  const CpuFeatures& f = cpu_features();
-  return (f.avx2 && f.f16c && f.fma) ? &table : nullptr;
+  return table;
 }
 
 }  // namespace fp8kit::convert_detail

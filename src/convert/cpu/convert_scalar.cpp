@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "../kernels.hpp"
+#include "convert_kernels.hpp"
 #include "format/codec_impl.hpp"
 
 namespace fp8kit::convert_detail {
@@ -113,6 +113,7 @@ void decode_segments_tail(const std::uint8_t* in, float* out, std::size_t n, std
 const KernelTable& scalar_kernels() {
   static const KernelTable table{
       "scalar",
+      Isa::kScalar,
       &encode_loop<float>,
       &encode_segments_tail,
       &encode_loop<bfloat16>,

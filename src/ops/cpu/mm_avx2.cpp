@@ -16,8 +16,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "../mm_kernels.hpp"
 #include "fp8kit/cpu.hpp"
+#include "mm_kernels.hpp"
 
 namespace fp8kit::mm_detail {
 namespace {
@@ -286,10 +286,10 @@ bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::
 
 }  // namespace
 
-const MmKernelTable* avx2_mm_kernels() {
-  static const MmKernelTable table{"avx2", &accumulate_avx2, &scale_accumulate_avx2, &scale_row_avx2, &gemv_avx2};
-  const CpuFeatures& cpu = cpu_features();
-  return cpu.avx2 && cpu.fma ? &table : nullptr;
+const MmKernelTable& avx2_mm_kernels() {
+  static const MmKernelTable table{"avx2",          Isa::kAvx2, &accumulate_avx2, &scale_accumulate_avx2,
+                                   &scale_row_avx2, &gemv_avx2};
+  return table;
 }
 
 }  // namespace fp8kit::mm_detail

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
-#include "../mm_kernels.hpp"
 #include "fp8kit/codec.hpp"
 #include "fp8kit/cpu.hpp"
+#include "mm_kernels.hpp"
 
 namespace fp8kit::mm_detail {
 
@@ -77,14 +77,15 @@ bool gemv_scalar(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
 }  // namespace
 
 const MmKernelTable& scalar_mm_kernels() {
-  static const MmKernelTable table{"scalar", &accumulate_scalar, &scale_accumulate_scalar, &scale_row_scalar,
-                                   &gemv_scalar};
+  static const MmKernelTable table{"scalar",          Isa::kScalar, &accumulate_scalar, &scale_accumulate_scalar,
+                                   &scale_row_scalar, &gemv_scalar};
   return table;
 }
 
-const MmKernelTable& best_mm_kernels() {
-  const MmKernelTable* avx2 = avx2_mm_kernels();
-  return avx2 != nullptr ? *avx2 : scalar_mm_kernels();
+const detail::IsaTables<MmKernelTable>& mm_tables() {
+  static const detail::IsaTables<MmKernelTable> tables(
+      {&scalar_mm_kernels(), &avx2_mm_kernels(), nullptr, nullptr, nullptr});
+  return tables;
 }
 
 }  // namespace fp8kit::mm_detail

@@ -7,8 +7,7 @@
 #include <bit>
 #include <cmath>
 
-#include "../kernels.hpp"
-#include "fp8kit/cpu.hpp"
+#include "amax_kernels.hpp"
 
 namespace fp8kit::scaling_detail {
 namespace {
@@ -112,11 +111,9 @@ void amax_segments_avx2(const float* x, std::size_t n, std::size_t segment, floa
 
 }  // namespace
 
-AmaxFn amax_avx2_kernel() {
-  return cpu_features().avx2 ? &amax_avx2 : nullptr;
-}
-AmaxSegmentsFn amax_segments_avx2_kernel() {
-  return cpu_features().avx2 ? &amax_segments_avx2 : nullptr;
+const AmaxTable& avx2_amax_kernels() {
+  static const AmaxTable table{"avx2", Isa::kAvx2, &amax_avx2, &amax_segments_avx2};
+  return table;
 }
 
 }  // namespace fp8kit::scaling_detail

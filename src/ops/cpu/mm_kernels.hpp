@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "common/dispatch.hpp"
 #include "fp8kit/format.hpp"
 
 namespace fp8kit::mm_detail {
@@ -62,7 +63,8 @@ using GemvFn = bool (*)(Format f, std::int64_t m, std::int64_t j0, std::int64_t 
 using ScaleRowFn = void (*)(float* row, std::int64_t n, float sa, ScaleIndex sb);
 
 struct MmKernelTable {
-  std::string_view isa;
+  std::string_view name;
+  Isa isa;
   AccumulateFn accumulate;
   ScaleAccumulateFn scale_accumulate;
   ScaleRowFn scale_row;
@@ -70,8 +72,10 @@ struct MmKernelTable {
 };
 
 const MmKernelTable& scalar_mm_kernels();
-// nullptr when this CPU lacks AVX2 and FMA.
-const MmKernelTable* avx2_mm_kernels();
-const MmKernelTable& best_mm_kernels();
+const MmKernelTable& avx2_mm_kernels();
+const detail::IsaTables<MmKernelTable>& mm_tables();
+inline const MmKernelTable& active_mm_kernels() {
+  return mm_tables().active();
+}
 
 }  // namespace fp8kit::mm_detail

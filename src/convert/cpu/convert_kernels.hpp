@@ -1,11 +1,12 @@
-// Internal: the conversion kernel tables (one per instruction set) and the parameters they take.
-// Kernels know nothing of dispatch or threads; convert.cpp picks a table and splits the work.
+// Internal: the conversion kernel tables (one per ISA level, src/convert/cpu/convert_<isa>.cpp) and the parameters
+// they take. Kernels know nothing of dispatch or threads; convert.cpp picks a table and splits the work.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "common/dispatch.hpp"
 #include "fp8kit/convert.hpp"
 
 namespace fp8kit::convert_detail {
@@ -50,8 +51,10 @@ using EncodeSegmentsFn = void (*)(const float* in, std::uint8_t* out, std::size_
 using DecodeSegmentsFn = void (*)(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
                                   const float* scale_invs, const DecodeParams& p);
 
+// Every kernel of a table is bit-identical to the scalar table's on every input (stochastic rounding included).
 struct KernelTable {
-  std::string_view isa;
+  std::string_view name;  // "scalar", "avx2", "avx512-vbmi", ...
+  Isa isa;                // the level it needs
   EncodeFn<float> encode_f32;
   EncodeSegmentsFn encode_f32_segments;
   EncodeFn<bfloat16> encode_bf16;
@@ -64,11 +67,18 @@ struct KernelTable {
 
 // The reference: the scalar codec in a loop. Handles every option, stochastic rounding included.
 const KernelTable& scalar_kernels();
-// AVX2 + F16C + FMA kernels for round-to-nearest-even (stochastic rounding is delegated to the scalar loop);
-// nullptr when this CPU lacks those instructions.
-const KernelTable* avx2_kernels();
-// The best table for this CPU.
-const KernelTable& best_kernels();
+// AVX2 + F16C + FMA kernels for round-to-nearest-even (stochastic rounding is delegated to the scalar loop).
+const KernelTable& avx2_kernels();
+// AVX-512 kernels (round to nearest even and stochastic rounding); the decoders use 64-byte VBMI table lookups
+// where the CPU has VBMI, shift/mask decoding otherwise (avx512_kernels_without_vbmi(): that variant always).
+const KernelTable& avx512_kernels();
+const KernelTable& avx512_kernels_without_vbmi();
+// The tables by level; only call a table whose level is <= cpu_max_isa().
+const detail::IsaTables<KernelTable>& kernel_tables();
+// The table for the level in force.
+inline const KernelTable& active_kernels() {
+  return kernel_tables().active();
+}
 
 // Scalar element loops the SIMD kernels reuse for their tails.
 void decode_segments_tail(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,

@@ -1,8 +1,11 @@
-// Internal: the scaling layer's kernels (amax over a contiguous span) per instruction set, and the dispatch.
+// Internal: the scaling layer's kernels (amax over a contiguous span, and per segment), one table per ISA level
+// (src/scaling/cpu/amax_<isa>.cpp). Every table gives the same results as the scalar one.
 #pragma once
 
 #include <cstddef>
+#include <string_view>
 
+#include "common/dispatch.hpp"
 #include "fp8kit/amax.hpp"
 
 namespace fp8kit::scaling_detail {
@@ -14,12 +17,23 @@ using AmaxFn = void (*)(const float* x, std::size_t n, AmaxResult& acc);
 // into `acc` as for AmaxFn.
 using AmaxSegmentsFn = void (*)(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc);
 
+struct AmaxTable {
+  std::string_view name;
+  Isa isa;
+  AmaxFn amax;
+  AmaxSegmentsFn amax_segments;
+};
+
+const AmaxTable& scalar_amax_kernels();
+const AmaxTable& avx2_amax_kernels();
+const AmaxTable& avx512_amax_kernels();
+const detail::IsaTables<AmaxTable>& amax_tables();
+inline const AmaxTable& active_amax_kernels() {
+  return amax_tables().active();
+}
+
+// The scalar loops (also the SIMD kernels' tails).
 void amax_scalar(const float* x, std::size_t n, AmaxResult& acc);
 void amax_segments_scalar(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc);
-// nullptr when this CPU lacks AVX2.
-AmaxFn amax_avx2_kernel();
-AmaxSegmentsFn amax_segments_avx2_kernel();
-AmaxFn best_amax_kernel();
-AmaxSegmentsFn best_amax_segments_kernel();
 
 }  // namespace fp8kit::scaling_detail

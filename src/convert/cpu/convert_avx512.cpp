@@ -1,0 +1,776 @@
+// AVX-512 conversion kernels (F/BW/VL/DQ; VBMI where present), bit-identical to the scalar codec on every input,
+// for round to nearest even and for stochastic rounding. They assume MXCSR's default rounding mode; DAZ/FTZ do not
+// change their results (see the AVX2 kernels: a float32 subnormal rounds to 0 in every FP8 format, and the
+// stochastic path never rounds one up either, since its fraction of an FP8 quantum is below 2^-32).
+//
+// float32 -> FP8 (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz), 16 lanes of 32 bits, a = |x| as bits, m mantissa bits:
+//   normal     ((a + 2^(22-m) - 1 + lsb) >> (23-m)) - ((127-bias) << m), the carry moving into the exponent
+//   subnormal  bits(|x| + C) - bits(C), C = 2^(24-bias-m): the float adder rounds once onto the FP8 quantum
+//   then the overflow policy (min() or compare), NaN, and the sign (never on the fnuz zero); 64 codes are packed
+//   to bytes with two pack steps and one dword permute.
+// Stochastic rounding: the same integer split, with "round up" = random < the dropped fraction scaled to 2^32
+// (normals: the low 23-m mantissa bits; subnormals: the fraction of |x| / quantum, exact in float32), the random
+// bits from the vectorized SplitMix64 finalizer of stochastic_bits().
+// FP8 -> bfloat16/float16 with VBMI: two 128-entry byte tables (the high and low bytes of the result for each
+// magnitude, taken from the scalar codec) looked up with vpermi2b, the sign ORed in, the fnuz NaN 0x80 patched,
+// and the bytes interleaved with vpermi2b; float32 output places the same two bytes in the top half of each dword.
+// Without VBMI: the AVX2 shift/mask decode in 32 lanes of 16 bits.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <type_traits>
+
+#include "convert_kernels.hpp"
+#include "fp8kit/cpu.hpp"
+
+namespace fp8kit::convert_detail {
+namespace {
+
+constexpr int kPrefetchBytes = 2048;
+
+[[gnu::always_inline]] inline __m512i splat(std::uint32_t v) {
+  return _mm512_set1_epi32(static_cast<int>(v));
+}
+
+// Lanes [0, count) of a chunk of at most `width` elements.
+[[gnu::always_inline]] inline __mmask16 mask16(std::size_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1u);
+}
+[[gnu::always_inline]] inline __mmask32 mask32(std::size_t count) {
+  return count >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((std::uint32_t{1} << count) - 1u);
+}
+[[gnu::always_inline]] inline __mmask64 mask64(std::size_t count) {
+  return count >= 64 ? ~__mmask64{0} : static_cast<__mmask64>((std::uint64_t{1} << count) - 1u);
+}
+
+// ---------------------------------------------------------------- loads (16 inputs as float32)
+
+[[gnu::always_inline]] inline __m512 load16(const float* p, std::size_t count) {
+  return count >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask16(count), p);
+}
+[[gnu::always_inline]] inline __m512 load16(const bfloat16* p, std::size_t count) {
+  const __m256i h = count >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                : _mm256_maskz_loadu_epi16(mask16(count), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+[[gnu::always_inline]] inline __m512 load16(const float16* p, std::size_t count) {
+  const __m256i h = count >= 16 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                : _mm256_maskz_loadu_epi16(mask16(count), p);
+  return _mm512_cvtph_ps(h);
+}
+
+template <typename In>
+[[gnu::always_inline]] inline void prefetch_chunk(const In* p) {
+  // 64 inputs: 256 bytes of float32 (four lines), 128 of bfloat16/float16 (two).
+  const char* c = reinterpret_cast<const char*>(p) + kPrefetchBytes * static_cast<int>(sizeof(In)) / 4;
+  for (std::size_t line = 0; line < 64 * sizeof(In); line += 64) _mm_prefetch(c + line, _MM_HINT_T0);
+}
+
+// ---------------------------------------------------------------- encode constants
+
+constexpr int kFoldNone = 0, kFoldMin = 1, kFoldClamp = 2;
+
+int fold_mode(const EncodeParams& p) {
+  if (p.options.overflow == Overflow::kSaturate) return kFoldClamp;
+  return p.nan_code == p.overflow_code ? kFoldMin : kFoldNone;
+}
+
+struct EncodeConsts {
+  explicit EncodeConsts(const EncodeParams& p)
+      : scale(_mm512_set1_ps(p.options.scale)),
+        largest_finite(_mm512_set1_ps(static_cast<float>(fp8kit::max_finite(p.options.format)))),
+        subnormal_magic(_mm512_castsi512_ps(splat(p.subnormal_magic_bits))),
+        round_base(splat((1u << (22 - p.mantissa_bits)) - 1u)),
+        rebias(splat(p.rebias)),
+        min_normal_rounded(splat(p.min_normal_bits >> (23 - p.mantissa_bits))),
+        min_normal_bits(splat(p.min_normal_bits)),
+        fold_code(splat(p.options.overflow == Overflow::kSaturate ? p.nan_code : p.overflow_code)),
+        max_code(splat(descriptor(p.options.format).max_code())),
+        overflow_code(splat(p.overflow_code)),
+        nan_code(splat(p.nan_code)),
+        overflow_minus_1(splat(p.overflow_bits - 1u)),
+        to_quanta(_mm512_set1_ps(fp8kit::min_subnormal(p.options.format)
+                                     ? static_cast<float>(1.0 / *fp8kit::min_subnormal(p.options.format))
+                                     : 1.0f)),
+        zero_code(splat(p.options.overflow == Overflow::kSaturate ? 0x00u : 0xFFu)) {}
+  __m512 scale, largest_finite, subnormal_magic;
+  __m512i round_base, rebias, min_normal_rounded, min_normal_bits, fold_code, max_code, overflow_code, nan_code;
+  __m512i overflow_minus_1;  // e8m0fnu: |x| bits past this overflow
+  __m512 to_quanta;          // 1 / the smallest subnormal: |x| in units of the subnormal quantum (exact)
+  __m512i zero_code;         // e8m0fnu: what 0 becomes (it has no zero)
+};
+
+// The sign of x applied to a code (where the format has -0, or the code is not 0).
+template <bool kSignOnZero>
+[[gnu::always_inline]] inline __m512i apply_sign(__m512i code, __m512i u) {
+  __mmask16 neg = _mm512_movepi32_mask(u);
+  if constexpr (!kSignOnZero) neg = _mm512_mask_test_epi32_mask(neg, code, code);
+  return _mm512_mask_or_epi32(code, neg, code, splat(0x80));
+}
+
+// 16 floats -> 16 codes of e4m3fn, e5m2, e4m3fnuz or e5m2fnuz (32-bit lanes), round to nearest even.
+template <int kM, bool kScaled, bool kSignOnZero, int kFold>
+[[gnu::always_inline]] inline __m512i encode16(__m512 x, const EncodeConsts& c) {
+  constexpr int kShift = 23 - kM;
+  if constexpr (kScaled) x = _mm512_mul_ps(x, c.scale);
+  const __m512i u = _mm512_castps_si512(x);
+  __m512i a = _mm512_and_si512(u, splat(0x7FFFFFFFu));
+  // Saturating: clamp |x| first (vminps returns its second operand, |x|, when that is NaN).
+  if constexpr (kFold == kFoldClamp) a = _mm512_castps_si512(_mm512_min_ps(c.largest_finite, _mm512_castsi512_ps(a)));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kShift), splat(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(a, _mm512_add_epi32(c.round_base, lsb)), kShift);
+  const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(a), c.subnormal_magic);
+  const __m512i subnormal = _mm512_sub_epi32(_mm512_castps_si512(sum), _mm512_castps_si512(c.subnormal_magic));
+  __m512i code = _mm512_sub_epi32(rounded, c.rebias);
+  code = _mm512_mask_mov_epi32(code, _mm512_cmplt_epi32_mask(rounded, c.min_normal_rounded), subnormal);
+  if constexpr (kFold != kFoldNone) {
+    // Every code past the largest finite one is an overflow (or NaN), and the fold code is what it becomes.
+    code = _mm512_min_epu32(code, c.fold_code);
+  } else {
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(code, c.max_code), c.overflow_code);
+    code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(a, splat(0x7F800000u)), c.nan_code);
+  }
+  return apply_sign<kSignOnZero>(code, u);
+}
+
+// 16 floats -> 16 e8m0fnu codes: the nearest power of two, ties up; no sign, no zero.
+template <bool kScaled>
+[[gnu::always_inline]] inline __m512i encode16_e8m0(__m512 x, const EncodeConsts& c) {
+  if constexpr (kScaled) x = _mm512_mul_ps(x, c.scale);
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, splat(0x7FFFFFFFu));
+  const __m512i field = _mm512_srli_epi32(a, 23);
+  // normal float: the exponent field, plus one when the mantissa is >= 1.5
+  const __mmask16 up = _mm512_cmpgt_epu32_mask(_mm512_and_si512(a, splat(0x7FFFFFu)), splat(0x3FFFFFu));
+  __m512i code = _mm512_mask_add_epi32(field, up, field, splat(1));
+  // subnormal float (< 2^-126): 2^-127 (code 0) or, from 1.5 * 2^-127 up, 2^-126 (code 1)
+  const __m512i denormal = _mm512_maskz_mov_epi32(_mm512_cmpgt_epu32_mask(a, splat(0x5FFFFFu)), splat(1));
+  code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(field, _mm512_setzero_si512()), denormal);
+  code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(a, c.overflow_minus_1), c.overflow_code);
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(a, _mm512_setzero_si512());
+  code = _mm512_mask_mov_epi32(code, zero, c.zero_code);
+  const __mmask16 nan = (_mm512_movepi32_mask(u) & ~zero) | _mm512_cmpgt_epu32_mask(a, splat(0x7F800000u));
+  return _mm512_mask_mov_epi32(code, nan, splat(0xFF));
+}
+
+// ---------------------------------------------------------------- stochastic rounding
+
+// stochastic_bits(seed, index) for 16 consecutive indices: SplitMix64's finalizer in 64-bit lanes.
+struct RandomStream {
+  RandomStream(std::uint64_t seed, std::uint64_t first_index) {
+    const std::uint64_t z0 = seed * 0x9E3779B97F4A7C15ull + first_index + 0x632BE59BD9B4E019ull;
+    lo = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(z0)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+    hi = _mm512_add_epi64(lo, _mm512_set1_epi64(8));
+  }
+  static __m512i mix(__m512i z) {
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)),
+                           _mm512_set1_epi64(static_cast<long long>(0xBF58476D1CE4E5B9ull)));
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)),
+                           _mm512_set1_epi64(static_cast<long long>(0x94D049BB133111EBull)));
+    return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+  }
+  // The next 16 values (the top 32 bits of each finalized lane), in index order.
+  __m512i next16() {
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i r = _mm512_permutex2var_epi32(mix(lo), odd, mix(hi));
+    lo = _mm512_add_epi64(lo, _mm512_set1_epi64(16));
+    hi = _mm512_add_epi64(hi, _mm512_set1_epi64(16));
+    return r;
+  }
+  __m512i lo, hi;
+};
+
+// 16 floats -> 16 codes of the sign-magnitude formats, rounding up where random < the dropped fraction * 2^32.
+template <int kM, bool kScaled, bool kSignOnZero>
+[[gnu::always_inline]] inline __m512i encode16_stochastic(__m512 x, __m512i random, const EncodeConsts& c) {
+  constexpr int kShift = 23 - kM;
+  if constexpr (kScaled) x = _mm512_mul_ps(x, c.scale);
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, splat(0x7FFFFFFFu));
+  // Normal FP8 range: the truncated code (exponent carries included) and the low 23-m mantissa bits.
+  const __mmask16 up_normal = _mm512_cmplt_epu32_mask(random, _mm512_slli_epi32(a, 32 - kShift));
+  __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(a, kShift), c.rebias);
+  code = _mm512_mask_add_epi32(code, up_normal, code, splat(1));
+  // Subnormal FP8 range: t = |x| / quantum (exact), kept = floor(t), fraction = t - kept (exact: Sterbenz).
+  const __m512 t = _mm512_mul_ps(_mm512_castsi512_ps(a), c.to_quanta);
+  const __m512i kept = _mm512_cvttps_epi32(t);
+  const __m512 fraction = _mm512_sub_ps(t, _mm512_cvtepi32_ps(kept));
+  const __m512i fraction32 = _mm512_cvttps_epu32(_mm512_mul_ps(fraction, _mm512_set1_ps(4294967296.0f)));
+  const __m512i subnormal = _mm512_mask_add_epi32(kept, _mm512_cmplt_epu32_mask(random, fraction32), kept, splat(1));
+  code = _mm512_mask_mov_epi32(code, _mm512_cmplt_epu32_mask(a, c.min_normal_bits), subnormal);
+  code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(code, c.max_code), c.overflow_code);
+  code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(a, splat(0x7F800000u)), c.nan_code);
+  return apply_sign<kSignOnZero>(code, u);
+}
+
+// 16 floats -> 16 e8m0fnu codes, stochastic: 2^e or 2^(e+1), up with probability (|x| / 2^e - 1).
+template <bool kScaled>
+[[gnu::always_inline]] inline __m512i encode16_e8m0_stochastic(__m512 x, __m512i random, const EncodeConsts& c) {
+  if constexpr (kScaled) x = _mm512_mul_ps(x, c.scale);
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, splat(0x7FFFFFFFu));
+  const __m512i field = _mm512_srli_epi32(a, 23);
+  __m512i code =
+      _mm512_mask_add_epi32(field, _mm512_cmplt_epu32_mask(random, _mm512_slli_epi32(a, 9)), field, splat(1));
+  // Subnormal floats: from 2^-127 up, code 0 or (up) 1 with the fraction of |x| / 2^-127 - 1; below it, code 0.
+  const __mmask16 sub_up =
+      _mm512_cmplt_epu32_mask(random, _mm512_slli_epi32(_mm512_sub_epi32(a, splat(0x400000u)), 10));
+  const __m512i sub = _mm512_maskz_mov_epi32(_mm512_cmpge_epu32_mask(a, splat(0x400000u)) & sub_up, splat(1));
+  code = _mm512_mask_mov_epi32(code, _mm512_cmpeq_epi32_mask(field, _mm512_setzero_si512()), sub);
+  code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(code, splat(0xFEu)), c.overflow_code);
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(a, _mm512_setzero_si512());
+  code = _mm512_mask_mov_epi32(code, zero, c.zero_code);
+  const __mmask16 nan = (_mm512_movepi32_mask(u) & ~zero) | _mm512_cmpgt_epu32_mask(a, splat(0x7F800000u));
+  return _mm512_mask_mov_epi32(code, nan, splat(0xFF));
+}
+
+// ---------------------------------------------------------------- encode loops
+
+// Four vectors of 16 codes (32-bit lanes, values <= 0xFF) -> 64 bytes in element order.
+[[gnu::always_inline]] inline __m512i pack64(__m512i c0, __m512i c1, __m512i c2, __m512i c3) {
+  // After the in-lane packs, 128-bit lane L holds c0[4L..4L+3], c1[4L..], c2[4L..], c3[4L..]: dword 4L+q is
+  // output dword 4q+L.
+  const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), bytes);
+}
+
+// Codes of up to 64 inputs: enc16(x) for each group of 16; a partial chunk loads and stores under masks.
+template <typename In, typename Enc16>
+[[gnu::always_inline]] inline void encode_chunk(const In* in, std::uint8_t* out, std::size_t count,
+                                                const Enc16& enc16) {
+  const auto sub = [count](std::size_t offset) { return count > offset ? count - offset : 0; };
+  const __m512i c0 = enc16(load16(in, sub(0)));
+  const __m512i c1 = enc16(load16(in + 16, sub(16)));
+  const __m512i c2 = enc16(load16(in + 32, sub(32)));
+  const __m512i c3 = enc16(load16(in + 48, sub(48)));
+  const __m512i bytes = pack64(c0, c1, c2, c3);
+  if (count >= 64) {
+    _mm512_storeu_si512(out, bytes);
+  } else {
+    _mm512_mask_storeu_epi8(out, mask64(count), bytes);
+  }
+}
+
+// Runs enc16 over [0, n): 64-element chunks, then one masked chunk.
+template <typename In, typename Enc16>
+[[gnu::always_inline]] inline void encode_loop(const In* in, std::uint8_t* out, std::size_t n, const Enc16& enc16) {
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    prefetch_chunk(in + i);
+    encode_chunk(in + i, out + i, 64, enc16);
+  }
+  if (i < n) encode_chunk(in + i, out + i, n - i, enc16);
+}
+
+// Elements to convert one by one before `out` reaches a 64-byte boundary (for streaming stores).
+template <typename T>
+std::size_t head_until_aligned(const T* out, std::size_t n) {
+  const auto misalignment = reinterpret_cast<std::uintptr_t>(out) & 63u;
+  return std::min(n, ((64u - misalignment) & 63u) / sizeof(T));
+}
+
+// The stochastic loops: the random stream starts at element 0 of this call.
+template <typename In, bool kE8M0, int kM, bool kScaled, bool kSignOnZero>
+void encode_stochastic_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  const EncodeConsts c(p);
+  RandomStream random(p.options.seed, p.options.stream_offset);
+  auto enc16 = [&](__m512 x) {
+    if constexpr (kE8M0) {
+      return encode16_e8m0_stochastic<kScaled>(x, random.next16(), c);
+    } else {
+      return encode16_stochastic<kM, kScaled, kSignOnZero>(x, random.next16(), c);
+    }
+  };
+  encode_loop(in, out, n, enc16);
+}
+
+template <typename In, bool kE8M0, int kM, bool kScaled, bool kSignOnZero, int kFold>
+void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  const EncodeConsts c(p);
+  auto enc16 = [&c](__m512 x) {
+    if constexpr (kE8M0) {
+      return encode16_e8m0<kScaled>(x, c);
+    } else {
+      return encode16<kM, kScaled, kSignOnZero, kFold>(x, c);
+    }
+  };
+  encode_loop(in, out, n, enc16);
+}
+
+// Calls run.template operator()<kE8M0, kM, kSignOnZero>() for the format.
+template <typename Run>
+void with_format(Format f, const Run& run) {
+  switch (f) {
+    case Format::e4m3fn:
+      return run.template operator()<false, 3, true>();
+    case Format::e5m2:
+      return run.template operator()<false, 2, true>();
+    case Format::e4m3fnuz:
+      return run.template operator()<false, 3, false>();
+    case Format::e5m2fnuz:
+      return run.template operator()<false, 2, false>();
+    case Format::e8m0fnu:
+      return run.template operator()<true, 0, false>();
+  }
+}
+
+template <typename In>
+void encode_avx512(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  const bool scaled = p.options.scale != 1.0f;
+  if (p.options.rounding == Rounding::kStochastic) {
+    with_format(p.options.format, [&]<bool kE8M0, int kM, bool kSign>() {
+      if (scaled) return encode_stochastic_body<In, kE8M0, kM, true, kSign>(in, out, n, p);
+      encode_stochastic_body<In, kE8M0, kM, false, kSign>(in, out, n, p);
+    });
+    return;
+  }
+  // Plain stores even for large outputs (p.streaming_stores): on the Xeon this was measured on, non-temporal stores
+  // made the encode slower (256 MiB of float32: 0.49x -> 0.51x memcpy on 1 thread, 0.78x -> 0.88x on 2), while the
+  // decoders, which write four times what they read, need them (1.05x with, 0.47x without).
+  const int fold = fold_mode(p);
+  with_format(p.options.format, [&]<bool kE8M0, int kM, bool kSign>() {
+    auto by_fold = [&]<bool kScaled>() {
+      switch (fold) {
+        case kFoldClamp:
+          return encode_body<In, kE8M0, kM, kScaled, kSign, kFoldClamp>(in, out, n, p);
+        case kFoldMin:
+          return encode_body<In, kE8M0, kM, kScaled, kSign, kFoldMin>(in, out, n, p);
+        default:
+          return encode_body<In, kE8M0, kM, kScaled, kSign, kFoldNone>(in, out, n, p);
+      }
+    };
+    if (scaled) return by_fold.template operator()<true>();
+    by_fold.template operator()<false>();
+  });
+}
+
+// Segments of a multiple of 16 elements, each with its own scale (round to nearest even).
+template <bool kE8M0, int kM, bool kSignOnZero, int kFold>
+void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
+                          const EncodeParams& p) {
+  EncodeConsts c(p);
+  const std::size_t ahead = p.prefetch_ahead_bytes != 0 ? p.prefetch_ahead_bytes : kPrefetchBytes;
+  auto enc16 = [&c](__m512 x) {
+    if constexpr (kE8M0) {
+      return encode16_e8m0<true>(x, c);
+    } else {
+      return encode16<kM, true, kSignOnZero, kFold>(x, c);
+    }
+  };
+  std::size_t k = 0;
+  for (; (k + 1) * segment <= n; ++k) {
+    c.scale = _mm512_set1_ps(scales[k]);
+    const float* x = in + k * segment;
+    std::uint8_t* o = out + k * segment;
+    for (std::size_t i = 0; i < segment; i += 64) {
+      const char* ahead_line = reinterpret_cast<const char*>(x + i) + ahead;
+      for (int line = 0; line < 256; line += 64) _mm_prefetch(ahead_line + line, _MM_HINT_T0);
+      encode_chunk(x + i, o + i, std::min<std::size_t>(64, segment - i), enc16);
+    }
+  }
+  if (k * segment < n)
+    encode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scales + k, p);
+}
+
+void encode_segments_avx512(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
+                            const EncodeParams& p) {
+  if (segment == 0 || segment % 16 != 0 || p.options.rounding != Rounding::kNearestEven) {
+    encode_segments_tail(in, out, n, segment, scales, p);
+    return;
+  }
+  const int fold = fold_mode(p);
+  with_format(p.options.format, [&]<bool kE8M0, int kM, bool kSign>() {
+    switch (fold) {
+      case kFoldClamp:
+        return encode_segments_body<kE8M0, kM, kSign, kFoldClamp>(in, out, n, segment, scales, p);
+      case kFoldMin:
+        return encode_segments_body<kE8M0, kM, kSign, kFoldMin>(in, out, n, segment, scales, p);
+      default:
+        return encode_segments_body<kE8M0, kM, kSign, kFoldNone>(in, out, n, segment, scales, p);
+    }
+  });
+}
+
+// ---------------------------------------------------------------- decode
+
+// The 16-bit result (bfloat16 or float16 bits) of every code, from the scalar codec, as byte tables for vpermi2b.
+struct ByteTables {
+  __m512i hi0, hi1, lo0, lo1;  // entries 0-63 and 64-127 of the high and low bytes, by magnitude
+  __m512i nan_hi, nan_lo;      // the fnuz NaN 0x80's bytes
+  bool nan_at_0x80;
+};
+
+template <typename Out>
+const ByteTables& byte_tables(Format f) {
+  static const auto tables = [] {
+    std::array<ByteTables, kAllFormats.size()> all{};
+    for (Format format : kAllFormats) {
+      alignas(64) std::uint8_t hi[128], lo[128];
+      auto bits = [format](std::uint8_t code) -> std::uint16_t {
+        if constexpr (std::is_same_v<Out, float16>) {
+          return decode_to_float16(format, code).bits;
+        } else {
+          return decode_to_bfloat16(format, code).bits;
+        }
+      };
+      for (int c = 0; c < 128; ++c) {
+        hi[c] = static_cast<std::uint8_t>(bits(static_cast<std::uint8_t>(c)) >> 8);
+        lo[c] = static_cast<std::uint8_t>(bits(static_cast<std::uint8_t>(c)) & 0xFF);
+      }
+      ByteTables& t = all[static_cast<std::size_t>(format)];
+      t.hi0 = _mm512_load_si512(hi);
+      t.hi1 = _mm512_load_si512(hi + 64);
+      t.lo0 = _mm512_load_si512(lo);
+      t.lo1 = _mm512_load_si512(lo + 64);
+      const std::uint16_t nan = bits(0x80);
+      t.nan_hi = _mm512_set1_epi8(static_cast<char>(nan >> 8));
+      t.nan_lo = _mm512_set1_epi8(static_cast<char>(nan & 0xFF));
+      t.nan_at_0x80 = descriptor(format).nan == NanEncoding::kNegativeZero;
+    }
+    return all;
+  }();
+  return tables[static_cast<std::size_t>(f)];
+}
+
+// vpermt2b (VBMI), as inline assembly: the file is compiled for the AVX-512 level, which does not include VBMI,
+// so the compiler can emit VBMI instructions nowhere else; only the VBMI table's kernels reach these.
+// Both give result[i] = (idx[i] & 64 ? b : a)[idx[i] & 63].
+[[gnu::always_inline]] inline __m512i permute2_bytes(__m512i a, __m512i idx, __m512i b) {
+  __asm__("vpermt2b %[b], %[idx], %[a]" : [a] "+v"(a) : [idx] "v"(idx), [b] "v"(b));
+  return a;
+}
+[[gnu::always_inline]] inline __m512i permute2_bytes_maskz(__mmask64 keep, __m512i a, __m512i idx, __m512i b) {
+  __asm__("vpermt2b %[b], %[idx], %[a]%{%[k]%}%{z%}" : [a] "+v"(a) : [idx] "v"(idx), [b] "v"(b), [k] "Yk"(keep));
+  return a;
+}
+
+// 64 codes -> their results' high and low bytes (VBMI), sign and fnuz NaN included.
+[[gnu::always_inline]] inline void lookup64(__m512i code, const ByteTables& t, __m512i& hi, __m512i& lo) {
+  hi = permute2_bytes(t.hi0, code, t.hi1);
+  lo = permute2_bytes(t.lo0, code, t.lo1);
+  hi = _mm512_ternarylogic_epi32(hi, code, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // hi | (code & 0x80)
+  if (t.nan_at_0x80) {
+    const __mmask64 nan = _mm512_cmpeq_epi8_mask(code, _mm512_set1_epi8(static_cast<char>(0x80)));
+    hi = _mm512_mask_mov_epi8(hi, nan, t.nan_hi);
+    lo = _mm512_mask_mov_epi8(lo, nan, t.nan_lo);
+  }
+}
+
+// Byte shuffles that interleave (lo, hi) into 16-bit results (part 0: elements 0-31, part 1: 32-63), or place them
+// in the top half of 32-bit lanes (quarters 0-3) with the low half zeroed by the mask kF32Bytes.
+struct Interleave {
+  Interleave() {
+    alignas(64) std::uint8_t idx[6][64];
+    for (int i = 0; i < 32; ++i) {
+      for (int part = 0; part < 2; ++part) {
+        idx[part][2 * i] = static_cast<std::uint8_t>(32 * part + i);
+        idx[part][2 * i + 1] = static_cast<std::uint8_t>(64 + 32 * part + i);
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      for (int i = 0; i < 16; ++i) {
+        idx[2 + q][4 * i] = idx[2 + q][4 * i + 1] = 0;
+        idx[2 + q][4 * i + 2] = static_cast<std::uint8_t>(16 * q + i);
+        idx[2 + q][4 * i + 3] = static_cast<std::uint8_t>(64 + 16 * q + i);
+      }
+    }
+    for (int k = 0; k < 2; ++k) half[k] = _mm512_load_si512(idx[k]);
+    for (int q = 0; q < 4; ++q) quarter[q] = _mm512_load_si512(idx[2 + q]);
+  }
+  __m512i half[2], quarter[4];
+};
+const Interleave& interleave() {
+  static const Interleave table;
+  return table;
+}
+constexpr __mmask64 kF32Bytes = 0xCCCCCCCCCCCCCCCCull;
+
+// Without VBMI: the AVX2 shift/mask decode of 32 codes (zero-extended to 16 bits) to 16-bit results.
+struct ShiftDecode {
+  ShiftDecode(Format format, bool to_f16) {
+    const FormatDescriptor& d = descriptor(format);
+    const int out_mantissa = to_f16 ? 10 : 7;
+    const int out_bias = to_f16 ? 15 : 127;
+    auto out_bits = [&](std::uint8_t code) {
+      return to_f16 ? decode_to_float16(format, code).bits : decode_to_bfloat16(format, code).bits;
+    };
+    shift = _mm_cvtsi32_si128(out_mantissa - d.mantissa_bits);
+    rebias = _mm512_set1_epi16(static_cast<short>((out_bias - d.bias) * (1 << out_mantissa)));
+    alignas(16) std::uint16_t table[8];
+    for (int c = 0; c < 8; ++c) table[c] = out_bits(static_cast<std::uint8_t>(c));
+    small_table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(table)));
+    int special_min = 0x100, inf_mag = 0x100;
+    if (d.nan == NanEncoding::kAllOnes) special_min = 0x7F;
+    if (d.nan == NanEncoding::kIeee) {
+      special_min = d.max_exponent_field() << d.mantissa_bits;
+      inf_mag = d.inf_code(false);
+    }
+    special_min16 = _mm512_set1_epi16(static_cast<short>(special_min));
+    inf_magnitude = _mm512_set1_epi16(static_cast<short>(inf_mag));
+    inf_bits = _mm512_set1_epi16(static_cast<short>(d.has_inf ? out_bits(d.inf_code(false)) : 0));
+    nan_bits = _mm512_set1_epi16(static_cast<short>(out_bits(d.nan_code(false))));
+    nan_at_0x80 = d.nan == NanEncoding::kNegativeZero;
+    nan_0x80_bits = _mm512_set1_epi16(static_cast<short>(out_bits(0x80)));
+  }
+  __m128i shift;
+  __m512i rebias, small_table, special_min16, inf_magnitude, inf_bits, nan_bits, nan_0x80_bits;
+  bool nan_at_0x80;
+};
+
+[[gnu::always_inline]] inline __m512i shift_decode32(__m512i code, const ShiftDecode& c) {
+  const __m512i mag = _mm512_and_si512(code, _mm512_set1_epi16(0x7F));
+  const __m512i normal = _mm512_add_epi16(_mm512_sll_epi16(mag, c.shift), c.rebias);
+  const __m512i index = _mm512_add_epi16(_mm512_mullo_epi16(mag, _mm512_set1_epi16(0x0202)), _mm512_set1_epi16(0x0100));
+  __m512i bits = _mm512_mask_mov_epi16(normal, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)),
+                                       _mm512_shuffle_epi8(c.small_table, index));
+  const __mmask32 special = _mm512_cmpge_epu16_mask(mag, c.special_min16);
+  const __mmask32 inf = _mm512_cmpeq_epi16_mask(mag, c.inf_magnitude);
+  bits = _mm512_mask_mov_epi16(bits, special & ~inf, c.nan_bits);
+  bits = _mm512_mask_mov_epi16(bits, special & inf, c.inf_bits);
+  bits = _mm512_or_si512(bits, _mm512_slli_epi16(_mm512_and_si512(code, _mm512_set1_epi16(0x80)), 8));
+  if (c.nan_at_0x80)
+    bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(code, _mm512_set1_epi16(0x80)), c.nan_0x80_bits);
+  return bits;
+}
+
+// e8m0fnu codes (16-bit lanes) -> bfloat16 bits: 2^(code-127) is code << 7; 0x00 is 2^-127 (0x0040); 0xFF NaN.
+[[gnu::always_inline]] inline __m512i e8m0_bf16_bits32(__m512i code) {
+  __m512i bits = _mm512_slli_epi16(code, 7);
+  bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(code, _mm512_setzero_si512()), _mm512_set1_epi16(0x0040));
+  return _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(code, _mm512_set1_epi16(0xFF)), _mm512_set1_epi16(0x7FC0));
+}
+
+// float32 -> bfloat16 bits in the low half of each lane (round to nearest even, NaN quieted), as from_float.
+[[gnu::always_inline]] inline __m512i to_bf16_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i rounded =
+      _mm512_add_epi32(u, _mm512_add_epi32(splat(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(u, 16), splat(1))));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, splat(0x7FFFFFFFu)), splat(0x7F800000u));
+  return _mm512_mask_mov_epi32(_mm512_srli_epi32(rounded, 16), nan,
+                               _mm512_or_si512(_mm512_srli_epi32(u, 16), splat(0x40)));
+}
+
+// Two vectors of 16 bfloat16-in-low-half lanes -> 32 bfloat16 values in order.
+[[gnu::always_inline]] inline __m512i pack_bf16(__m512i lo16, __m512i hi16) {
+  const __m512i even =
+      _mm512_setr_epi32(0x00020000, 0x00060004, 0x000A0008, 0x000E000C, 0x00120010, 0x00160014, 0x001A0018, 0x001E001C,
+                        0x00220020, 0x00260024, 0x002A0028, 0x002E002C, 0x00320030, 0x00360034, 0x003A0038, 0x003E003C);
+  return _mm512_permutex2var_epi16(lo16, even, hi16);
+}
+
+// Stores of up to 32 16-bit results or 16 floats from one vector.
+template <bool kStream>
+[[gnu::always_inline]] inline void store_words(void* out, __m512i v, std::size_t count) {
+  if (count >= 32) {
+    if constexpr (kStream) {
+      _mm512_stream_si512(static_cast<__m512i*>(out), v);
+    } else {
+      _mm512_storeu_si512(out, v);
+    }
+  } else if (count > 0) {
+    _mm512_mask_storeu_epi16(out, mask32(count), v);
+  }
+}
+template <bool kStream>
+[[gnu::always_inline]] inline void store_floats(float* out, __m512 v, std::size_t count) {
+  if (count >= 16) {
+    if constexpr (kStream) {
+      _mm512_stream_ps(out, v);
+    } else {
+      _mm512_storeu_ps(out, v);
+    }
+  } else if (count > 0) {
+    _mm512_mask_storeu_ps(out, mask16(count), v);
+  }
+}
+
+// What one kernel variant decodes with.
+enum class DecodeVia { kVbmi, kShift, kE8m0 };
+
+struct DecodeConsts {
+  DecodeConsts(const DecodeParams& p, bool to_f16)
+      : tables(to_f16 ? &byte_tables<float16>(p.format) : &byte_tables<bfloat16>(p.format)),
+        shift(p.format == Format::e8m0fnu ? Format::e4m3fn : p.format, to_f16),
+        scale_inv(_mm512_set1_ps(p.scale_inv)) {}
+  const ByteTables* tables;
+  ShiftDecode shift;
+  __m512 scale_inv;
+};
+
+// 32 codes (in the low 256 bits of a zmm of bytes, or all 64 for kVbmi) -> 32 16-bit results.
+template <DecodeVia kVia>
+[[gnu::always_inline]] inline __m512i bits32(__m256i codes, const DecodeConsts& c) {
+  const __m512i wide = _mm512_cvtepu8_epi16(codes);
+  if constexpr (kVia == DecodeVia::kE8m0) {
+    return e8m0_bf16_bits32(wide);
+  } else {
+    return shift_decode32(wide, c.shift);
+  }
+}
+
+// Up to 64 codes -> outputs. Float outputs widen the bfloat16 bits (every FP8 value is a bfloat16).
+template <typename Out, DecodeVia kVia, bool kScaled, bool kStream>
+[[gnu::always_inline]] inline void decode_chunk(const std::uint8_t* in, Out* out, std::size_t count,
+                                                const DecodeConsts& c) {
+  constexpr bool kDirect16 =
+      !kScaled && (std::is_same_v<Out, bfloat16> || (std::is_same_v<Out, float16> && kVia != DecodeVia::kE8m0));
+  const auto sub = [count](std::size_t offset) { return count > offset ? count - offset : 0; };
+  const __m512i codes = count >= 64 ? _mm512_loadu_si512(in) : _mm512_maskz_loadu_epi8(mask64(count), in);
+  // 16-bit results (bfloat16, or float16 for the direct float16 output) of codes 0-31 and 32-63.
+  __m512i part[2];
+  if constexpr (kVia == DecodeVia::kVbmi) {
+    __m512i hi, lo;
+    lookup64(codes, *c.tables, hi, lo);
+    if constexpr (std::is_same_v<Out, float> && !kScaled) {
+      // float32 straight from the bytes: [0, 0, lo, hi] per lane.
+      const Interleave& il = interleave();
+      for (int q = 0; q < 4; ++q) {
+        const __m512i f = permute2_bytes_maskz(kF32Bytes, lo, il.quarter[q], hi);
+        store_floats<kStream>(out + 16 * q, _mm512_castsi512_ps(f), sub(16 * q));
+      }
+      return;
+    }
+    const Interleave& il = interleave();
+    part[0] = permute2_bytes(lo, il.half[0], hi);
+    part[1] = permute2_bytes(lo, il.half[1], hi);
+  } else {
+    part[0] = bits32<kVia>(_mm512_castsi512_si256(codes), c);
+    part[1] = bits32<kVia>(_mm512_extracti64x4_epi64(codes, 1), c);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const std::size_t left = sub(32 * h);
+    if (left == 0) break;
+    if constexpr (kDirect16) {
+      store_words<kStream>(out + 32 * h, part[h], left);
+    } else {
+      // Widen bfloat16 bits to float32 (16 + 16), scale, then narrow to the output type.
+      __m512 f[2];
+      f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(part[h])), 16));
+      f[1] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(part[h], 1)), 16));
+      if constexpr (kScaled) {
+        f[0] = _mm512_mul_ps(f[0], c.scale_inv);
+        f[1] = _mm512_mul_ps(f[1], c.scale_inv);
+      }
+      if constexpr (std::is_same_v<Out, float>) {
+        store_floats<kStream>(out + 32 * h, f[0], left);
+        store_floats<kStream>(out + 32 * h + 16, f[1], left > 16 ? left - 16 : 0);
+      } else if constexpr (std::is_same_v<Out, bfloat16>) {
+        store_words<kStream>(out + 32 * h, pack_bf16(to_bf16_bits(f[0]), to_bf16_bits(f[1])), left);
+      } else {
+        const __m256i h0 = _mm512_cvtps_ph(f[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i h1 = _mm512_cvtps_ph(f[1], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        store_words<kStream>(out + 32 * h, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1), left);
+      }
+    }
+  }
+}
+
+template <typename Out, DecodeVia kVia, bool kScaled, bool kStream>
+void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
+  // The direct float16 results of the tables/shift decode only exist where float16 holds every value.
+  const DecodeConsts c(p, std::is_same_v<Out, float16> && !kScaled && kVia != DecodeVia::kE8m0);
+  std::size_t i = 0;
+  if constexpr (kStream) {
+    i = head_until_aligned(out, n);
+    decode_tail(in, out, i, p);
+  }
+  for (; i + 64 <= n; i += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 2, _MM_HINT_T0);
+    decode_chunk<Out, kVia, kScaled, kStream>(in + i, out + i, 64, c);
+  }
+  if constexpr (kStream) _mm_sfence();
+  if (i < n) decode_chunk<Out, kVia, kScaled, false>(in + i, out + i, n - i, c);
+}
+
+template <typename Out, DecodeVia kVia>
+void decode_variant(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
+  const int variant = (p.scale_inv != 1.0f ? 1 : 0) | (p.streaming_stores ? 2 : 0);
+  switch (variant) {
+    case 0:
+      return decode_body<Out, kVia, false, false>(in, out, n, p);
+    case 1:
+      return decode_body<Out, kVia, true, false>(in, out, n, p);
+    case 2:
+      return decode_body<Out, kVia, false, true>(in, out, n, p);
+    default:
+      return decode_body<Out, kVia, true, true>(in, out, n, p);
+  }
+}
+
+template <typename Out, bool kVbmi>
+void decode_avx512(const std::uint8_t* in, Out* out, std::size_t n, const DecodeParams& p) {
+  if (p.format == Format::e8m0fnu) return decode_variant<Out, DecodeVia::kE8m0>(in, out, n, p);
+  if constexpr (kVbmi) {
+    decode_variant<Out, DecodeVia::kVbmi>(in, out, n, p);
+  } else {
+    decode_variant<Out, DecodeVia::kShift>(in, out, n, p);
+  }
+}
+
+// Segments of a multiple of 16 codes, each with its own dequantization scale.
+template <DecodeVia kVia>
+void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
+                          const float* scale_invs, const DecodeParams& p) {
+  DecodeConsts c(p, false);
+  std::size_t k = 0;
+  for (; (k + 1) * segment <= n; ++k) {
+    const float s = scale_invs[k];
+    c.scale_inv = _mm512_set1_ps(s);
+    const std::uint8_t* src = in + k * segment;
+    float* dst = out + k * segment;
+    for (std::size_t i = 0; i < segment; i += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes / 2, _MM_HINT_T0);
+      const std::size_t count = std::min<std::size_t>(64, segment - i);
+      if (s == 1.0f) {
+        decode_chunk<float, kVia, false, false>(src + i, dst + i, count, c);  // exact, as the scalar loop
+      } else {
+        decode_chunk<float, kVia, true, false>(src + i, dst + i, count, c);
+      }
+    }
+  }
+  if (k * segment < n)
+    decode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scale_invs + k, p);
+}
+
+template <bool kVbmi>
+void decode_segments_avx512(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
+                            const float* scale_invs, const DecodeParams& p) {
+  if (segment == 0 || segment % 16 != 0) return decode_segments_tail(in, out, n, segment, scale_invs, p);
+  if (p.format == Format::e8m0fnu) return decode_segments_body<DecodeVia::kE8m0>(in, out, n, segment, scale_invs, p);
+  if constexpr (kVbmi) {
+    decode_segments_body<DecodeVia::kVbmi>(in, out, n, segment, scale_invs, p);
+  } else {
+    decode_segments_body<DecodeVia::kShift>(in, out, n, segment, scale_invs, p);
+  }
+}
+
+template <bool kVbmi>
+const KernelTable& table() {
+  static const KernelTable t{
+      kVbmi ? "avx512-vbmi" : "avx512",
+      Isa::kAvx512,
+      &encode_avx512<float>,
+      &encode_segments_avx512,
+      &encode_avx512<bfloat16>,
+      &encode_avx512<float16>,
+      &decode_avx512<float, kVbmi>,
+      &decode_segments_avx512<kVbmi>,
+      &decode_avx512<bfloat16, kVbmi>,
+      &decode_avx512<float16, kVbmi>,
+  };
+  return t;
+}
+
+}  // namespace
+
+const KernelTable& avx512_kernels() {
+  return cpu_features().avx512vbmi ? table<true>() : table<false>();
+}
+
+const KernelTable& avx512_kernels_without_vbmi() {
+  return table<false>();
+}
+
+}  // namespace fp8kit::convert_detail

@@ -1,0 +1,112 @@
+// AVX-512 amax: |x| as integer bits (finite magnitudes order like unsigned integers, NaN and Inf above them), the
+// maximum of the finite ones through a masked max, non-finite elements counted in 32-bit lanes through a masked
+// add, and split into NaN and Inf only when there are any.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "amax_kernels.hpp"
+
+namespace fp8kit::scaling_detail {
+namespace {
+
+struct Lanes {
+  __m512i max = _mm512_setzero_si512();
+  __m512i nonfinite = _mm512_setzero_si512();
+};
+
+// One vector: finite magnitudes into the max, non-finite (|x| > largest finite as integers) counted.
+[[gnu::always_inline]] inline void step(const float* p, __mmask16 valid, Lanes& l) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i a = _mm512_and_si512(_mm512_maskz_loadu_epi32(valid, p), abs_mask);
+  const __mmask16 bad = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F7FFFFF));
+  l.max = _mm512_mask_max_epu32(l.max, static_cast<__mmask16>(~bad), l.max, a);
+  l.nonfinite = _mm512_mask_add_epi32(l.nonfinite, bad, l.nonfinite, _mm512_set1_epi32(1));
+}
+[[gnu::always_inline]] inline void step(const float* p, Lanes& l) {
+  const __m512i a = _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 bad = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F7FFFFF));
+  l.max = _mm512_mask_max_epu32(l.max, static_cast<__mmask16>(~bad), l.max, a);
+  l.nonfinite = _mm512_mask_add_epi32(l.nonfinite, bad, l.nonfinite, _mm512_set1_epi32(1));
+}
+
+// Only when something was not finite: split the count into NaN and Inf (a second, scalar look at the data).
+void split_nonfinite(const float* x, std::size_t n, std::uint64_t nonfinite, AmaxResult& acc) {
+  if (nonfinite == 0) return;
+  std::uint64_t infs = 0;
+  for (std::size_t i = 0; i < n; ++i) infs += std::isinf(x[i]) ? 1 : 0;
+  acc.inf_count += infs;
+  acc.nan_count += nonfinite - infs;
+}
+
+// Elements per counter flush: each lane counts at most one per 16 elements, so lanes stay below 2^31.
+constexpr std::size_t kFlush = std::size_t{16} << 26;
+
+void amax_avx512(const float* x, std::size_t n, AmaxResult& acc) {
+  Lanes l0, l1;
+  std::uint64_t nonfinite = 0;
+  std::size_t i = 0;
+  while (n - i >= 64) {
+    const std::size_t end = i + std::min(kFlush, (n - i) / 64 * 64);
+    for (; i < end; i += 64) {
+      step(x + i, l0);
+      step(x + i + 16, l1);
+      step(x + i + 32, l0);
+      step(x + i + 48, l1);
+    }
+    nonfinite += static_cast<std::uint64_t>(_mm512_reduce_add_epi32(_mm512_add_epi32(l0.nonfinite, l1.nonfinite)));
+    l0.nonfinite = l1.nonfinite = _mm512_setzero_si512();
+  }
+  for (; i < n; i += 16) step(x + i, static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1u), l0);
+  nonfinite += static_cast<std::uint64_t>(_mm512_reduce_add_epi32(_mm512_add_epi32(l0.nonfinite, l1.nonfinite)));
+  split_nonfinite(x, n, nonfinite, acc);
+  const auto max_bits = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(_mm512_max_epu32(l0.max, l1.max)));
+  acc.amax = std::max(acc.amax, std::bit_cast<float>(max_bits));
+}
+
+// Per segment (a multiple of 16 elements): the maximum over its vectors, then one horizontal maximum; counters
+// across all segments. Partial segments go to the scalar loop.
+void amax_segments_avx512(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc) {
+  if (segment % 16 != 0 || segment == 0) {
+    amax_segments_scalar(x, n, segment, out, acc);
+    return;
+  }
+  __m512i overall = _mm512_setzero_si512();
+  std::uint64_t nonfinite = 0;
+  Lanes counter;
+  std::size_t since_flush = 0;
+  std::size_t k = 0;
+  for (; (k + 1) * segment <= n; ++k) {
+    const float* seg = x + k * segment;
+    Lanes l;
+    l.nonfinite = counter.nonfinite;
+    for (std::size_t i = 0; i < segment; i += 16) {
+      if (i % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(seg + i) + 2048, _MM_HINT_T0);
+      step(seg + i, l);
+    }
+    counter.nonfinite = l.nonfinite;
+    overall = _mm512_max_epu32(overall, l.max);
+    out[k] = std::bit_cast<float>(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(l.max)));
+    since_flush += segment;
+    if (since_flush >= kFlush) {
+      nonfinite += static_cast<std::uint64_t>(_mm512_reduce_add_epi32(counter.nonfinite));
+      counter.nonfinite = _mm512_setzero_si512();
+      since_flush = 0;
+    }
+  }
+  nonfinite += static_cast<std::uint64_t>(_mm512_reduce_add_epi32(counter.nonfinite));
+  split_nonfinite(x, k * segment, nonfinite, acc);
+  acc.amax = std::max(acc.amax, std::bit_cast<float>(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(overall))));
+  if (k * segment < n) amax_segments_scalar(x + k * segment, n - k * segment, segment, out + k, acc);
+}
+
+}  // namespace
+
+const AmaxTable& avx512_amax_kernels() {
+  static const AmaxTable table{"avx512", Isa::kAvx512, &amax_avx512, &amax_segments_avx512};
+  return table;
+}
+
+}  // namespace fp8kit::scaling_detail
