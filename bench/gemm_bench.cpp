@@ -186,9 +186,9 @@ void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, s
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   for (int threads : options.threads) {
     apply_threads(threads);
-    MmPath path = MmPath::kReference;
+    MmDispatch dispatch;
     volatile float sink = 0;
-    const auto fp8 = [&] { sink = scaled_mm_into(qa, qb, c_fp8.as<float>().first(mn), mm, &path); };
+    const auto fp8 = [&] { sink = scaled_mm_into(qa, qb, c_fp8.as<float>().first(mn), mm, &dispatch); };
     const auto sgemm = [&] {
       blas.sgemm(kRowMajor, kNoTrans, kTrans, static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1.0f,
                  a.as<const float>().data(), static_cast<int>(s.k), b.as<const float>().data(), static_cast<int>(s.k),
@@ -204,7 +204,9 @@ void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, s
     GemmResult base = row;
     row.op = "fp8-gemm";
     row.baseline = "sgemm";
-    row.path = std::string(name(path));
+    row.path = std::string(name(dispatch.path));
+    row.kernel = std::string(dispatch.kernel);
+    row.isa = std::string(name(dispatch.isa));
     row.seconds = t.kernel_seconds;
     row.gflops = per_second(flops, t.kernel_seconds) / 1e9;
     row.baseline_seconds = t.baseline_seconds;
@@ -235,9 +237,9 @@ void bench_gemv(const GemmShape& s, const GemmBenchOptions& options, int reps, s
   const double flops = 2.0 * static_cast<double>(nk);
   for (int threads : options.threads) {
     apply_threads(threads);
-    MmPath path = MmPath::kReference;
+    MmDispatch dispatch;
     volatile std::uint64_t sink = 0;
-    const auto fp8 = [&] { fp8_weight_mm(xv, qw, y_fp8.as<float>().first(n), {}, &path); };
+    const auto fp8 = [&] { fp8_weight_mm(xv, qw, y_fp8.as<float>().first(n), {}, &dispatch); };
     const auto sgemv = [&] {
       blas.sgemv(kRowMajor, kNoTrans, static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, w.as<const float>().data(),
                  static_cast<int>(s.k), x.as<const float>().data(), 1, 0.0f, y_f32.as<float>().data(), 1);
@@ -256,7 +258,9 @@ void bench_gemv(const GemmShape& s, const GemmBenchOptions& options, int reps, s
     bw.gbps = per_second(static_cast<double>(nk), t[2]) / 1e9;
     row.op = "fp8-gemv";
     row.baseline = "sgemv";
-    row.path = std::string(name(path));
+    row.path = std::string(name(dispatch.path));
+    row.kernel = std::string(dispatch.kernel);
+    row.isa = std::string(name(dispatch.isa));
     row.bytes = nk;
     row.seconds = t[0];
     row.gflops = per_second(flops, t[0]) / 1e9;

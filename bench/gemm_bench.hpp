@@ -50,6 +50,8 @@ struct GemmResult {
   std::string op;        // "fp8-gemm", "sgemm", "fp8-gemv", "sgemv", "read-bandwidth"
   std::string baseline;  // "sgemm" (fp8-gemm), "sgemv" (fp8-gemv); "" for the baseline rows themselves
   std::string path;      // fp8 rows: name(MmPath) the dispatcher took ("gemm", "gemv"); "" otherwise
+  std::string kernel;    // fp8 rows: the kernel that ran ("amx-bf16 32x32", ...); "" otherwise
+  std::string isa;       // fp8 rows: its ISA level; "" for the baselines
   GemmShape shape;
   int threads = 1;
   int openblas_threads = 0;  // openblas_get_num_threads() while this row was measured

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 namespace fp8kit {
 
@@ -30,6 +31,9 @@ AmaxResult amax(std::span<const float> x);
 // rows x 1; per tensor: rows x cols. `total`, when given, receives the whole matrix's amax and non-finite counts.
 void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
                  AmaxResult* total = nullptr);
+
+// The amax kernels in force (their ISA level's table name: "avx512", "avx2", "scalar").
+std::string_view amax_kernel();
 
 // ceil(a / b) for the block grid.
 constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) {

@@ -18,7 +18,7 @@ struct ProfileEvent {
   double start_us = 0;   // since the profiler was created
   double duration_us = 0;
   std::map<std::string, std::string> args;  // "dtypes", "path" ("fp8" | "fallback" | ...), "reason", shapes
-  int track = 0;                             // the trace's thread row (e.g. one per recipe of a comparison)
+  int track = 0;                            // the trace's thread row (e.g. one per recipe of a comparison)
 };
 
 class Profiler {

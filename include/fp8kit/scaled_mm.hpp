@@ -1,6 +1,7 @@
 // scaled_mm: FP8 matrix multiplication with dequantization scales and FP32 accumulation, with the semantics of
 // torch._scaled_mm (A M x K, B as weights N x K or as K x N): the plain reference, the fast dispatched entry
-// (packed AVX2 GEMM, a GEMV / small-M path, threads), and weight-only FP8 products for inference.
+// (packed GEMM kernels per ISA level: FP32 FMA, AVX512-BF16, AMX; a GEMV / small-M path; threads), the results
+// contract each kernel keeps, and weight-only FP8 products for inference.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fp8kit/cpu.hpp"
 #include "fp8kit/dtype.hpp"
 #include "fp8kit/quantize.hpp"
 
@@ -26,16 +28,58 @@ struct ScaledMmOptions {
 // Which kernel computed a product (the dispatcher's decision, for profilers and tests).
 enum class MmPath : std::uint8_t {
   kReference,  // scaled_mm_reference
-  kGemm,       // packed panels, FP32 FMA micro-kernel (AVX2) or its scalar twin
+  kGemm,       // packed panels and a micro-kernel (FP32 FMA, vdpbf16ps or AMX tiles)
   kGemv,       // small M: weights streamed once, decoded in registers
 };
 std::string_view name(MmPath path);
+
+// What a kernel promises about its results.
+enum class MmContract : std::uint8_t {
+  // The reference's FP32 sums, in the reference's order (one rounding per product-add, increasing k): the same
+  // bits as scaled_mm_reference / fp8_weight_mm_reference / matmul_reference.
+  kBitIdentical,
+  // FP32 sums in another order (vector lanes, bfloat16 pairs, AMX tiles of 32): within mm_error_bound() of the
+  // exact value. The AVX512-BF16 and AMX kernels also read bfloat16 subnormals as zero and flush subnormal
+  // products and sums (the instructions' fixed DAZ/FTZ); with FP8 operands on both sides that never happens.
+  kFp32Bound,
+};
+std::string_view name(MmContract contract);  // "bit-identical", "fp32-bound"
+
+// The kFp32Bound contract for one output (docs/gemm.md derives it): with `k` the K length, `abs_products` the exact
+// sum over k of |a_k * b_k * scale_a * scale_b| (scales of the k's block), `abs_exact` the exact |result| (bias
+// included) and `max_scale` the largest |scale_a * scale_b| of its blocks,
+//   |out - exact| <= (2k + 8) u abs_products + 2 u abs_exact + 2 k 2^-126 max_scale,   u = 2^-24.
+// (2k + 8) u: at most k - 1 roundings of the sum in any order (products of FP8 or bfloat16 values are exact in
+// FP32; a float32 activation times a weight rounds once more), two per K block for its scales and one per block
+// added, and the bias; 2 u |exact|: the last additions; the last term: one flushed subnormal per operation.
+// A bfloat16 output adds its own rounding (2^-8 relative) on top.
+double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, double max_scale = 1.0);
+
+// What computed one product: the path, the kernel, its contract and its ISA level.
+struct MmDispatch {
+  MmPath path = MmPath::kReference;
+  std::string_view kernel;  // e.g. "amx-bf16 32x32", "avx2-fma 6x16", "avx512bf16-gemv"
+  MmContract contract = MmContract::kBitIdentical;
+  Isa isa = Isa::kScalar;
+};
+
+// The kernels the dispatcher runs at the level in force: for FP8 (or bfloat16) operands and for float32 ones.
+struct MmKernels {
+  Isa isa;
+  std::string_view gemm, gemv;          // scaled_mm; fp8_weight_mm with bfloat16 activations
+  std::string_view gemm_f32, gemv_f32;  // matmul; fp8_weight_mm with float32 activations
+  MmContract gemm_contract, gemv_contract, gemm_f32_contract, gemv_f32_contract;
+  std::string_view gemm_small_m;  // the GEMM for kGemvMaxM < M <= small_m_max with N x K weights, or empty
+  std::int64_t small_m_max = 0;
+};
+MmKernels mm_kernels();
 
 struct ScaledMmResult {
   std::int64_t m = 0, n = 0;
   std::vector<float> out;  // m x n, row-major; bfloat16 outputs are already rounded to bfloat16 values
   float amax = 0.0f;       // max |out| over finite values (the next layer's scale needs it)
   MmPath path = MmPath::kReference;
+  MmDispatch dispatch;  // the kernel that computed it (path included)
 };
 
 // The reference: out[i][j] = sum over K blocks of (sum_k a[i][k] * b[k][j], accumulated in FP32 in increasing k)
@@ -46,14 +90,15 @@ struct ScaledMmResult {
 ScaledMmResult scaled_mm_reference(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options = {});
 
 // The fast entry, same semantics and checks as the reference. The dispatcher takes the GEMV path when M is at
-// most kGemvMaxM and B is N x K (the weight layout), the packed GEMM otherwise. The GEMM path accumulates
-// every output in increasing k like the reference and applies scales in the same order, so its results are
-// bit-identical to scaled_mm_reference; the GEMV path sums each row in 8-lane partial sums (within the FP32
-// accumulation bound of docs/gemm.md, and exact when the sums are). Threads: OpenMP (set_num_threads).
+// most kGemvMaxM and B is N x K (the weight layout), the packed GEMM otherwise, with the kernels of the level in
+// force (mm_kernels()). The FP32 FMA GEMM kernels (scalar, avx2, avx512) are bit-identical to
+// scaled_mm_reference; the AVX512-BF16 and AMX kernels and every GEMV sum in another order and keep the
+// kFp32Bound contract (exact when the sums are). Results never depend on the thread count (OpenMP,
+// set_num_threads).
 ScaledMmResult scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options = {});
 // The same into a caller's buffer of m x n floats (no allocation for the output); returns the output amax.
 float scaled_mm_into(const ScaledMatrix& a, const ScaledMatrix& b, std::span<float> out,
-                     const ScaledMmOptions& options = {}, MmPath* path = nullptr);
+                     const ScaledMmOptions& options = {}, MmDispatch* dispatch = nullptr);
 
 // The largest M the dispatcher sends to the GEMV path.
 inline constexpr std::int64_t kGemvMaxM = 4;
@@ -68,14 +113,16 @@ struct ActivationView {
 
 // Weight-only FP8 (inference): out (M x N, float32) = x (M x K, float32 or bfloat16) times dequant(w)^T + bias,
 // w the N x K weights with scales per tensor, per output channel (row) or blocks (128 x 128). Per K block,
-// sum_k x[i][k] * decode(w[j][k]) is accumulated in FP32 with fused multiply-adds, then multiplied by the
-// block's scale. Small M streams the weights once (GEMV path); larger M dequantizes weight panels into the
-// packed GEMM. Throws fp8kit::Error naming what does not fit.
+// sum_k x[i][k] * decode(w[j][k]) is accumulated in FP32, then multiplied by the block's scale. Small M streams
+// the weights once (GEMV path); larger M decodes weight panels into the packed GEMM. float32 activations run the
+// FP32 FMA GEMM kernels (bit-identical to fp8_weight_mm_reference); bfloat16 ones, exact in bfloat16, the
+// level's bfloat16 kernels where it has them (kFp32Bound). Throws fp8kit::Error naming what does not fit.
 void fp8_weight_mm(ActivationView x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias = {},
-                   MmPath* path = nullptr);
-// Plain float GEMM on the same kernels (what the fp32 and bf16 training recipes use): out (M x N) = a (M x K) times
-// b (N x K for kNK, K x N for kKN), float32 or bfloat16 operands (bfloat16 widened exactly), FP32 accumulation
-// with one fused multiply-add per product in increasing k, + bias. Bit-identical to matmul_reference.
+                   MmDispatch* dispatch = nullptr);
+// Plain float GEMM on the FP32 FMA kernels (what the fp32 and bf16 training recipes use): out (M x N) = a (M x K)
+// times b (N x K for kNK, K x N for kKN), float32 or bfloat16 operands (bfloat16 widened exactly), FP32
+// accumulation with one fused multiply-add per product in increasing k, + bias. Bit-identical to matmul_reference
+// at every ISA level.
 void matmul(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,
             std::span<const float> bias = {});
 void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,

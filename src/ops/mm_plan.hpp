@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <span>
 
-#include "fp8kit/scaled_mm.hpp"
 #include "cpu/mm_kernels.hpp"
+#include "fp8kit/scaled_mm.hpp"
 
 namespace fp8kit::mm_detail {
 

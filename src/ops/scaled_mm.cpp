@@ -1,21 +1,26 @@
-// The fast scaled_mm and weight-only products: the dispatcher, panel packing, threads and the epilogue
-// (scales, bias, bfloat16 rounding, output amax). Kernels are in cpu/mm_*.cpp.
+// The fast scaled_mm, weight-only and float products: the dispatcher (level, operand types, shape -> kernel), the
+// panel and tile loops, threads, and the epilogue (scales, bias, bfloat16 rounding, output amax). The kernels, their
+// tile shapes, panel sizes and packing are in cpu/mm_*.cpp.
 //
-// GEMM path (Goto-style blocking): per thread, a range of output columns; for each K panel (kKc, a multiple of
-// the K block), B's panel is decoded once into kNr-wide FP32 strips, then for each kMc rows A's panel into kMr-high
-// strips, and the micro-kernel runs over the tiles. Unblocked scales: C holds the running FP32 sum across
-// K panels and the scales are applied once at the end. Blocked scales: each K block's sum is scaled into C.
+// GEMM path (Goto-style blocking, in the kernel's orientation: a left operand of R rows and a right one of C rows,
+// both K long): per thread, a range of right (or left) rows; for each K panel the right panel is packed once, then
+// for each block of left rows the left panel, and the micro-kernel runs over the tiles. Kernels that prefer it run
+// small-M products with B as N x K as out^T = B A^T, so the big weight matrix is the left operand (decoded row by
+// row) and the small activations are packed once. Unblocked scales: C holds the running FP32 sum across K panels
+// and the scales are applied once at the end. Blocked scales: each K block's sum is scaled into C.
 // GEMV path (M <= kGemvMaxM, weights N x K): threads split the weight rows in fixed chunks (the result does not
-// depend on the thread count); A's rows (or the activations) are converted to FP32 once.
+// depend on the thread count); A's rows (or the activations) are converted to FP32 (and bfloat16) once.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "cpu/mm_kernels.hpp"
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/scaled_mm.hpp"
-#include "cpu/mm_kernels.hpp"
 #include "mm_plan.hpp"
 
 namespace fp8kit {
@@ -32,198 +37,280 @@ std::string_view name(MmPath path) {
   return "?";
 }
 
+std::string_view name(MmContract contract) {
+  return contract == MmContract::kBitIdentical ? "bit-identical" : "fp32-bound";
+}
+
+double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, double max_scale) {
+  constexpr double u = 0x1p-24;
+  const double kd = static_cast<double>(std::max<std::int64_t>(k, 1));
+  return (2.0 * kd + 8.0) * u * abs_products + 2.0 * u * abs_exact + 2.0 * kd * 0x1p-126 * max_scale;
+}
+
+MmKernels mm_kernels() {
+  const mm_detail::MmKernelTable& t = mm_detail::active_mm_kernels();
+  const mm_detail::GemmKernel& gemm = t.gemm_bf16 != nullptr ? *t.gemm_bf16 : *t.gemm_f32;
+  const mm_detail::GemvKernel& gemv = t.gemv_bf16 != nullptr ? *t.gemv_bf16 : *t.gemv_f32;
+  return {t.isa,
+          gemm.name,
+          gemv.name,
+          t.gemm_f32->name,
+          t.gemv_f32->name,
+          gemm.contract,
+          gemv.contract,
+          t.gemm_f32->contract,
+          t.gemv_f32->contract,
+          gemm.stream_weights != nullptr ? gemm.stream_name : std::string_view{},
+          gemm.stream_weights != nullptr ? gemm.stream_max_m : 0};
+}
+
 namespace mm_detail {
 namespace {
 
-constexpr std::int64_t kKc = 256;        // K panel (A strip kMr x kKc and B strip kKc x kNr stay in L1)
-constexpr std::int64_t kMc = 96;         // rows of A per panel (kMc x kKc floats: 96 KiB, in L2)
-constexpr std::int64_t kNc = 4096;       // columns of B per panel (kKc x kNc floats: 4 MiB, in L3)
 constexpr std::int64_t kGemvChunk = 16;  // weight rows per GEMV work item
 
-// Where the rows of the left operand come from: FP8 codes (decoded exactly through the table) or activations.
-struct LeftSource {
-  const std::uint8_t* codes = nullptr;
-  const DecodeTable* table = nullptr;
-  const float* f32 = nullptr;
-  const bfloat16* bf16 = nullptr;
-  std::int64_t k = 0;  // row length
-
-  float at(std::int64_t i, std::int64_t kk) const {
-    const std::int64_t idx = i * k + kk;
-    if (codes != nullptr) return (*table)[codes[idx]];
-    if (f32 != nullptr) return f32[idx];
-    return bf16[idx].to_float();
-  }
-  // Row i, columns [k0, k0 + len), as floats.
-  void row(std::int64_t i, std::int64_t k0, std::int64_t len, float* dst) const {
-    const std::int64_t base = i * k + k0;
-    if (codes != nullptr) {
-      for (std::int64_t t = 0; t < len; ++t) dst[t] = (*table)[codes[base + t]];
-    } else if (f32 != nullptr) {
-      std::memcpy(dst, f32 + base, static_cast<std::size_t>(len) * sizeof(float));
-    } else {
-      for (std::int64_t t = 0; t < len; ++t) dst[t] = bf16[base + t].to_float();
+// A per-thread, 64-byte aligned scratch buffer that only grows.
+class PackBuffer {
+ public:
+  void* get(std::size_t bytes) {
+    if (bytes > size_) {
+      size_ = (bytes + 4095) / 4096 * 4096;
+      data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, size_)));
+      FP8KIT_CHECK(data_ != nullptr, "scaled_mm: could not allocate ", size_, " bytes of packing buffer");
     }
+    return data_.get();
   }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  std::size_t size_ = 0;
 };
 
-// The right operand, as N x K (weights) or K x N: FP8 codes (decoded exactly through the table) or floats.
-struct RightSource {
-  const std::uint8_t* codes = nullptr;
-  const DecodeTable* table = nullptr;
-  Format format = Format::e4m3fn;
-  const float* f32 = nullptr;
-  const bfloat16* bf16 = nullptr;
-  bool nk = true;
-  std::int64_t n = 0, k = 0;
+std::int64_t round_up(std::int64_t x, std::int64_t to) {
+  return ceil_div(x, to) * to;
+}
 
-  float at(std::int64_t idx) const {
-    if (codes != nullptr) return (*table)[codes[idx]];
-    if (f32 != nullptr) return f32[idx];
-    return bf16[idx].to_float();
-  }
+// Where element (i, j) of the kernel's output orientation lives: out + i * row_stride + j * col_stride.
+struct OutView {
+  float* data;
+  std::int64_t row_stride, col_stride;
+  float* at(std::int64_t i, std::int64_t j) const { return data + i * row_stride + j * col_stride; }
 };
 
-// A's strips: dst[(strip * kc + kk) * kMr + ii] for rows [i0, i0 + rows), columns [k0, k0 + kc); zero padded.
-// Written in order, reading kMr rows side by side.
-void pack_a(const LeftSource& a, std::int64_t i0, std::int64_t rows, std::int64_t k0, std::int64_t kc, float* dst) {
-  thread_local std::vector<float> lines;
-  for (std::int64_t s = 0; s * kMr < rows; ++s) {
-    float* strip = dst + s * kc * kMr;
-    const std::int64_t height = std::min(kMr, rows - s * kMr);
-    if (a.codes != nullptr && height == kMr) {
-      const DecodeTable& t = *a.table;
-      const std::uint8_t* src[kMr];
-      for (std::int64_t ii = 0; ii < kMr; ++ii) src[ii] = a.codes + (i0 + s * kMr + ii) * a.k + k0;
-      for (std::int64_t kk = 0; kk < kc; ++kk) {
-        for (std::int64_t ii = 0; ii < kMr; ++ii) strip[kk * kMr + ii] = t[src[ii][kk]];
-      }
-      continue;
-    }
-    lines.assign(static_cast<std::size_t>(kMr * kc), 0.0f);
-    for (std::int64_t ii = 0; ii < height; ++ii) a.row(i0 + s * kMr + ii, k0, kc, lines.data() + ii * kc);
-    for (std::int64_t kk = 0; kk < kc; ++kk) {
-      for (std::int64_t ii = 0; ii < kMr; ++ii) strip[kk * kMr + ii] = lines[static_cast<std::size_t>(ii * kc + kk)];
-    }
-  }
-}
+// The GEMM as the kernel sees it.
+struct GemmProblem {
+  const GemmKernel* kern;
+  const Operand* left;
+  const Operand* right;
+  ScaleIndex s_left, s_right;
+  OutView out;
+  std::int64_t k = 0, kstep = 1;
+  bool blocked = false;
+  std::int64_t kc_max = 0;  // K per panel
+};
 
-// B's strips: dst[(strip * kc + kk) * kNr + jj] for columns [j0, j0 + cols), K rows [k0, k0 + kc); zero padded.
-// Written in order (as N x K, reading kNr weight rows side by side).
-void pack_b(const RightSource& b, std::int64_t j0, std::int64_t cols, std::int64_t k0, std::int64_t kc, float* dst) {
-  for (std::int64_t s = 0; s * kNr < cols; ++s) {
-    float* strip = dst + s * kc * kNr;
-    const std::int64_t width = std::min(kNr, cols - s * kNr);
-    if (b.nk) {
-      std::int64_t base[kNr] = {};
-      for (std::int64_t jj = 0; jj < width; ++jj) base[jj] = (j0 + s * kNr + jj) * b.k + k0;
-      for (std::int64_t kk = 0; kk < kc; ++kk) {
-        float* d = strip + kk * kNr;
-        if (b.codes != nullptr) {
-          for (std::int64_t jj = 0; jj < width; ++jj) d[jj] = (*b.table)[b.codes[base[jj] + kk]];
-        } else {
-          for (std::int64_t jj = 0; jj < width; ++jj) d[jj] = b.at(base[jj] + kk);
-        }
-        for (std::int64_t jj = width; jj < kNr; ++jj) d[jj] = 0.0f;
-      }
-    } else {
-      for (std::int64_t kk = 0; kk < kc; ++kk) {
-        const std::int64_t base = (k0 + kk) * b.n + j0 + s * kNr;
-        float* d = strip + kk * kNr;
-        for (std::int64_t jj = 0; jj < width; ++jj) d[jj] = b.at(base + jj);
-        for (std::int64_t jj = width; jj < kNr; ++jj) d[jj] = 0.0f;
-      }
+// One tile of the output through the micro-kernel. Full tiles of a row-major view are computed in place; edge tiles
+// and transposed views go through a scratch tile (read in first unless the output is still all zeros).
+void run_tile(const GemmProblem& g, std::int64_t i, std::int64_t j, std::int64_t rows, std::int64_t cols,
+              std::int64_t k0, std::int64_t kc_pad, std::int64_t kc, const std::byte* left, const std::byte* right) {
+  const GemmKernel& kern = *g.kern;
+  thread_local std::vector<float> scratch;
+  const bool direct = rows == kern.mr && cols == kern.nr && g.out.col_stride == 1;
+  float* c = direct ? g.out.at(i, j) : nullptr;
+  std::int64_t ldc = g.out.row_stride;
+  if (!direct) {
+    scratch.assign(static_cast<std::size_t>(kern.mr * kern.nr), 0.0f);
+    c = scratch.data();
+    ldc = kern.nr;
+    if (k0 > 0 || g.blocked) {
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t t = 0; t < cols; ++t) c[r * ldc + t] = *g.out.at(i + r, j + t);
     }
   }
-}
-
-// One tile of C through the micro-kernel; edge tiles go through a full-size scratch tile.
-void run_tile(const MmKernelTable& kern, const MmPlan& p, std::int64_t i, std::int64_t j, std::int64_t rows,
-              std::int64_t cols, std::int64_t k0, std::int64_t kc, const float* a, const float* b, float* out) {
-  float scratch[kMr * kNr];
-  const bool full = rows == kMr && cols == kNr;
-  float* c = full ? out + i * p.n + j : scratch;
-  const std::int64_t ldc = full ? p.n : kNr;
-  if (!full) {
-    std::fill(scratch, scratch + kMr * kNr, 0.0f);
-    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(out + (i + r) * p.n + j, cols, scratch + r * kNr);
-  }
-  if (!p.blocked) {
-    kern.accumulate(kc, a, b, c, ldc);
+  if (!g.blocked) {
+    // The first K panel overwrites (the output is not cleared beforehand), later ones add.
+    kern.accumulate(left, right, kc_pad, 0, kc, c, ldc, k0 == 0);
   } else {
     // One call per K block inside this panel (panels start on block boundaries).
-    for (std::int64_t off = 0; off < kc; off += p.kstep) {
-      const std::int64_t len = std::min(p.kstep, kc - off);
-      const std::int64_t kb = (k0 + off) / p.kstep;
-      float sa[kMr], sb[kNr];
-      for (std::int64_t r = 0; r < kMr; ++r) sa[r] = r < rows ? p.sa.at(i + r, kb) : 0.0f;
-      for (std::int64_t t = 0; t < kNr; ++t) sb[t] = t < cols ? p.sb.at(j + t, kb) : 0.0f;
-      kern.scale_accumulate(len, a + off * kMr, b + off * kNr, c, ldc, sa, sb);
+    thread_local std::vector<float> s_row, s_col;
+    s_row.assign(static_cast<std::size_t>(kern.mr), 0.0f);
+    s_col.assign(static_cast<std::size_t>(kern.nr), 0.0f);
+    for (std::int64_t off = 0; off < kc; off += g.kstep) {
+      const std::int64_t len = std::min(g.kstep, kc - off);
+      const std::int64_t kb = (k0 + off) / g.kstep;
+      for (std::int64_t r = 0; r < rows; ++r) s_row[static_cast<std::size_t>(r)] = g.s_left.at(i + r, kb);
+      for (std::int64_t t = 0; t < cols; ++t) s_col[static_cast<std::size_t>(t)] = g.s_right.at(j + t, kb);
+      kern.scale_accumulate(left, right, kc_pad, off, len, c, ldc, s_row.data(), s_col.data());
     }
   }
-  if (!full) {
-    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(scratch + r * kNr, cols, out + (i + r) * p.n + j);
+  if (!direct) {
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t t = 0; t < cols; ++t) *g.out.at(i + r, j + t) = c[r * ldc + t];
   }
 }
 
-// C[:, j_begin:j_end) for all rows, by one thread.
-void gemm_columns(const MmKernelTable& kern, const MmPlan& p, const LeftSource& a, const RightSource& b,
-                  std::int64_t j_begin, std::int64_t j_end, std::int64_t i_begin, std::int64_t i_end, float* out) {
-  // K panels hold whole K blocks when scales are blocked (a block longer than kKc is a panel of its own).
-  const std::int64_t kc_max = p.blocked ? p.kstep * std::max<std::int64_t>(1, kKc / p.kstep) : kKc;
-  thread_local std::vector<float> apack, bpack;
-  const std::int64_t kc_alloc = std::min(kc_max, std::max<std::int64_t>(p.k, 1));
-  apack.resize(static_cast<std::size_t>(ceil_div(kMc, kMr) * kMr * kc_alloc));
-  bpack.resize(static_cast<std::size_t>(ceil_div(kNc, kNr) * kNr * kc_alloc));
-  for (std::int64_t jc = j_begin; jc < j_end; jc += kNc) {
-    const std::int64_t nc = std::min(kNc, j_end - jc);
-    for (std::int64_t k0 = 0; k0 < p.k; k0 += kc_max) {
-      const std::int64_t kc = std::min(kc_max, p.k - k0);
-      pack_b(b, jc, nc, k0, kc, bpack.data());
-      for (std::int64_t ic = i_begin; ic < i_end; ic += kMc) {
-        const std::int64_t mc = std::min(kMc, i_end - ic);
-        pack_a(a, ic, mc, k0, kc, apack.data());
-        for (std::int64_t jr = 0; jr < nc; jr += kNr) {
-          const float* bs = bpack.data() + (jr / kNr) * kc * kNr;
-          for (std::int64_t ir = 0; ir < mc; ir += kMr) {
-            run_tile(kern, p, ic + ir, jc + jr, std::min(kMr, mc - ir), std::min(kNr, nc - jr), k0, kc,
-                     apack.data() + (ir / kMr) * kc * kMr, bs, out);
+// Output rows [i_begin, i_end) x columns [j_begin, j_end) (kernel orientation), by one thread.
+void gemm_block(const GemmProblem& g, std::int64_t i_begin, std::int64_t i_end, std::int64_t j_begin,
+                std::int64_t j_end) {
+  const GemmKernel& kern = *g.kern;
+  thread_local PackBuffer left_buffer, right_buffer;
+  const std::int64_t kc_alloc = round_up(std::min(g.kc_max, std::max<std::int64_t>(g.k, 1)), kern.k_align);
+  const auto elem = static_cast<std::int64_t>(kern.elem_bytes);
+  auto* left =
+      static_cast<std::byte*>(left_buffer.get(static_cast<std::size_t>(round_up(kern.mc, kern.mr) * kc_alloc * elem)));
+  auto* right =
+      static_cast<std::byte*>(right_buffer.get(static_cast<std::size_t>(round_up(kern.nc, kern.nr) * kc_alloc * elem)));
+  if (kern.start != nullptr) kern.start();
+  for (std::int64_t jc = j_begin; jc < j_end; jc += kern.nc) {
+    const std::int64_t nc = std::min(kern.nc, j_end - jc);
+    for (std::int64_t k0 = 0; k0 < g.k; k0 += g.kc_max) {
+      const std::int64_t kc = std::min(g.kc_max, g.k - k0);
+      const std::int64_t kc_pad = round_up(kc, kern.k_align);
+      kern.pack_right(*g.right, kern.nr, jc, nc, k0, kc, right);
+      for (std::int64_t ic = i_begin; ic < i_end; ic += kern.mc) {
+        const std::int64_t mc = std::min(kern.mc, i_end - ic);
+        kern.pack_left(*g.left, kern.mr, ic, mc, k0, kc, left);
+        for (std::int64_t jr = 0; jr < nc; jr += kern.nr) {
+          const std::byte* rs = right + (jr / kern.nr) * kern.nr * kc_pad * elem;
+          for (std::int64_t ir = 0; ir < mc; ir += kern.mr) {
+            run_tile(g, ic + ir, jc + jr, std::min(kern.mr, mc - ir), std::min(kern.nr, nc - jr), k0, kc_pad, kc,
+                     left + (ir / kern.mr) * kern.mr * kc_pad * elem, rs);
           }
         }
       }
     }
   }
+  if (kern.finish != nullptr) kern.finish();
 }
 
-void gemm(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out) {
-  const MmKernelTable& kern = active_mm_kernels();
-  std::fill(out, out + p.m * p.n, 0.0f);
-  if (p.m == 0 || p.n == 0) return;
+// The weights-left orientation for small M (out^T = B A^T, kernels with weights_left_max_m): the few activation rows
+// are packed once for all of K (one packed panel per K panel), then each thread streams its strips of weight rows:
+// every strip's K panel is packed (the FP8 weights decoded) into an L1-sized buffer and multiplied with every
+// activation strip into tiles kept in a scratch block for all of K, which is then written to out transposed. Each
+// weight is decoded once, and the decode of one panel overlaps the tile work of the one before.
+void gemm_weights_left(const GemmProblem& g, std::int64_t i_begin, std::int64_t i_end) {
+  const GemmKernel& kern = *g.kern;
+  const auto elem = static_cast<std::int64_t>(kern.elem_bytes);
+  const std::int64_t m = g.right->rows, m_pad = round_up(m, kern.nr);
+  const std::int64_t kc_pad_max = round_up(std::min(g.kc_max, std::max<std::int64_t>(g.k, 1)), kern.k_align);
+  const std::int64_t panels = ceil_div(g.k, g.kc_max);
+  const std::int64_t right_panel = m_pad * kc_pad_max * elem;  // bytes per packed K panel of the activations
+  thread_local PackBuffer left_buffer, right_buffer;
+  thread_local std::vector<float> block;
+  auto* right = static_cast<std::byte*>(right_buffer.get(static_cast<std::size_t>(panels * right_panel)));
+  auto* left = static_cast<std::byte*>(left_buffer.get(static_cast<std::size_t>(kern.mr * kc_pad_max * elem)));
+  for (std::int64_t p = 0; p < panels; ++p) {
+    const std::int64_t k0 = p * g.kc_max;
+    kern.pack_right(*g.right, kern.nr, 0, m, k0, std::min(g.kc_max, g.k - k0), right + p * right_panel);
+  }
+  block.resize(static_cast<std::size_t>(kern.mr * m_pad));
+  if (kern.start != nullptr) kern.start();
+  thread_local std::vector<float> s_row, s_col;
+  s_row.assign(static_cast<std::size_t>(kern.mr), 0.0f);
+  s_col.assign(static_cast<std::size_t>(kern.nr), 0.0f);
+  for (std::int64_t ib = i_begin; ib < i_end; ib += kern.mr) {
+    const std::int64_t rows = std::min(kern.mr, i_end - ib);
+    if (g.blocked) std::fill(block.begin(), block.end(), 0.0f);
+    for (std::int64_t p = 0; p < panels; ++p) {
+      const std::int64_t k0 = p * g.kc_max, kc = std::min(g.kc_max, g.k - k0), kc_pad = round_up(kc, kern.k_align);
+      kern.pack_left(*g.left, kern.mr, ib, rows, k0, kc, left);
+      for (std::int64_t jr = 0; jr < m_pad; jr += kern.nr) {
+        const std::byte* rs = right + p * right_panel + (jr / kern.nr) * kern.nr * kc_pad * elem;
+        float* c = block.data() + (jr / kern.nr) * kern.mr * kern.nr;
+        if (!g.blocked) {
+          kern.accumulate(left, rs, kc_pad, 0, kc, c, kern.nr, k0 == 0);
+          continue;
+        }
+        const std::int64_t cols = std::min(kern.nr, m - jr);
+        for (std::int64_t off = 0; off < kc; off += g.kstep) {
+          const std::int64_t kb = (k0 + off) / g.kstep;
+          for (std::int64_t r = 0; r < rows; ++r) s_row[static_cast<std::size_t>(r)] = g.s_left.at(ib + r, kb);
+          for (std::int64_t t = 0; t < cols; ++t) s_col[static_cast<std::size_t>(t)] = g.s_right.at(jr + t, kb);
+          kern.scale_accumulate(left, rs, kc_pad, off, std::min(g.kstep, kc - off), c, kern.nr, s_row.data(),
+                                s_col.data());
+        }
+      }
+    }
+    // The block, transposed, into out (tile element (i, j) of activation strip s is out[jr + j][ib + i]).
+    for (std::int64_t jr = 0; jr < m; jr += kern.nr) {
+      const float* c = block.data() + (jr / kern.nr) * kern.mr * kern.nr;
+      for (std::int64_t j = 0; j < std::min(kern.nr, m - jr); ++j)
+        for (std::int64_t i = 0; i < rows; ++i) *g.out.at(ib + i, jr + j) = c[i * kern.nr + j];
+    }
+  }
+  if (kern.finish != nullptr) kern.finish();
+}
+
+// The kernel's fused small-M path (GemmKernel::stream_weights): threads split the weight rows in multiples of 16 and
+// each packs the few activation rows once. False when the kernel declines (then nothing was written).
+bool stream_weights(const GemmKernel& kern, const MmPlan& p, const Operand& a, const Operand& b, float* out, int used) {
+  const std::int64_t k_pad = round_up(p.k, kern.k_align);
+  const std::int64_t groups = ceil_div(p.n, 16);
+  bool done = true;
+#pragma omp parallel num_threads(used) reduction(&& : done)
+  {
+    thread_local PackBuffer x_buffer;
+    void* x = x_buffer.get(static_cast<std::size_t>(round_up(p.m, 16) * k_pad) * kern.elem_bytes);
+    kern.pack_right(a, 16, 0, p.m, 0, p.k, x);
+#pragma omp for schedule(static)
+    for (int t = 0; t < used; ++t) {
+      const std::int64_t g0 = groups * t / used, g1 = groups * (t + 1) / used;
+      if (g0 < g1) done = kern.stream_weights(b, 16 * g0, std::min(p.n, 16 * g1), x, p.m, k_pad, out, p.n) && done;
+    }
+  }
+  return done;
+}
+
+// out (M x N) = a (M x K) times b (N x K rows, either layout): blocked products with their scales applied per K
+// block, unblocked ones as raw sums (the epilogue applies their scales). Returns the name of what ran.
+std::string_view gemm(const GemmKernel& kern, const MmPlan& p, const Operand& a, const Operand& b, float* out) {
+  // Unblocked products overwrite the output with their first K panel; blocked ones add scaled blocks into it.
+  if (p.blocked || p.k == 0) std::fill(out, out + p.m * p.n, 0.0f);
+  if (p.m == 0 || p.n == 0 || p.k == 0) return kern.name;
+  const bool swap = kern.weights_left_max_m > 0 && b.k_contiguous && p.m <= kern.weights_left_max_m;
+  GemmProblem g;
+  g.kern = &kern;
+  g.left = swap ? &b : &a;
+  g.right = swap ? &a : &b;
+  g.s_left = swap ? p.sb : p.sa;
+  g.s_right = swap ? p.sa : p.sb;
+  g.out = swap ? OutView{out, 1, p.n} : OutView{out, p.n, 1};
+  g.k = p.k;
+  g.kstep = p.kstep;
+  g.blocked = p.blocked;
+  // K panels hold whole K blocks when scales are blocked (a block longer than kc is a panel of its own).
+  g.kc_max = p.blocked ? p.kstep * std::max<std::int64_t>(1, kern.kc / p.kstep) : kern.kc;
+  const std::int64_t rows = g.left->rows, cols = g.right->rows;
   const int threads = std::max(1, num_threads());
   const double flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
   const int used = flops < 4.0e6 ? 1 : threads;
-  // Split the columns (each thread decodes only its part of B) when there are enough strips, else the rows.
-  const std::int64_t strips = ceil_div(p.n, kNr);
-  const bool split_columns = strips >= 2 * used || p.m < kMr * used;
+  if (swap && !p.blocked && kern.stream_weights != nullptr && p.m <= kern.stream_max_m && p.k > 0 &&
+      stream_weights(kern, p, a, b, out, used)) {
+    return kern.stream_name;
+  }
+  // Split the right rows (each thread packs only its part of the right operand) when there are enough strips,
+  // else the left rows; the weights-left orientation always splits the weights.
+  const std::int64_t strips = ceil_div(cols, kern.nr);
+  const bool split_right = !swap && (strips >= 2 * used || rows < kern.mr * used);
 #pragma omp parallel num_threads(used)
   {
 #pragma omp for schedule(static)
     for (int t = 0; t < used; ++t) {
-      if (split_columns) {
+      if (split_right) {
         const std::int64_t s0 = strips * t / used, s1 = strips * (t + 1) / used;
-        if (s0 < s1) gemm_columns(kern, p, a, b, s0 * kNr, std::min(p.n, s1 * kNr), 0, p.m, out);
+        if (s0 < s1) gemm_block(g, 0, rows, s0 * kern.nr, std::min(cols, s1 * kern.nr));
       } else {
-        const std::int64_t rows = ceil_div(p.m, kMr);
-        const std::int64_t r0 = rows * t / used, r1 = rows * (t + 1) / used;
-        if (r0 < r1) gemm_columns(kern, p, a, b, 0, p.n, r0 * kMr, std::min(p.m, r1 * kMr), out);
+        const std::int64_t left_strips = ceil_div(rows, kern.mr);
+        const std::int64_t r0 = left_strips * t / used, r1 = left_strips * (t + 1) / used;
+        if (r0 < r1 && swap) gemm_weights_left(g, r0 * kern.mr, std::min(rows, r1 * kern.mr));
+        if (r0 < r1 && !swap) gemm_block(g, r0 * kern.mr, std::min(rows, r1 * kern.mr), 0, cols);
       }
     }
-    if (!p.blocked && p.k > 0) {
-      // The whole K was one block: out = fma(sum * sa, sb, 0), as the reference.
-#pragma omp for schedule(static)
-      for (std::int64_t i = 0; i < p.m; ++i) kern.scale_row(out + i * p.n, p.n, p.sa.at(i, 0), p.sb);
-    }
   }
+  return kern.name;
 }
 
 // The rebiased activations of a GEMV (see GemvInput), or false when they cannot be made exact: x * 2^(127 - bias -
@@ -246,79 +333,121 @@ bool rebias(const std::vector<float>& x, Format weights, bool left_is_fp8, std::
   return true;
 }
 
-void gemv(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out) {
-  // The left rows in FP32, once (and rebiased when that is exact).
+const GemvKernel& pick_gemv(const MmKernelTable& t, const Operand& left) {
+  return t.gemv_bf16 != nullptr && left.exact_in_bf16() ? *t.gemv_bf16 : *t.gemv_f32;
+}
+
+void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Operand& b, float* out) {
+  // The left rows in FP32 (and bfloat16 where they are exact in it), once; rebiased when that is exact.
   std::vector<float> x(static_cast<std::size_t>(p.m * p.k)), x_rebiased;
-  for (std::int64_t i = 0; i < p.m; ++i) a.row(i, 0, p.k, x.data() + i * p.k);
+  std::vector<bfloat16> x_bf16;
+  for (std::int64_t i = 0; i < p.m; ++i)
+    for (std::int64_t kk = 0; kk < p.k; ++kk) x[static_cast<std::size_t>(i * p.k + kk)] = a.at(i, kk);
   GemvInput in{x.data(), p.k};
-  if (rebias(x, b.format, a.codes != nullptr, x_rebiased, in.sum_scale)) in.rebiased = x_rebiased.data();
+  if (fast.bf16_input && a.exact_in_bf16()) {
+    x_bf16.resize(x.size());
+    for (std::size_t t = 0; t < x.size(); ++t) x_bf16[t] = bfloat16::from_float(x[t]);  // exact
+    in.x_bf16 = x_bf16.data();
+  }
+  if (!fast.bf16_input && rebias(x, b.format, a.codes != nullptr, x_rebiased, in.sum_scale))
+    in.rebiased = x_rebiased.data();
   const GemvInput plain{x.data(), p.k};
-  const MmKernelTable& fast = active_mm_kernels();  // declines rows it cannot decode exactly (and under DAZ)
-  const MmKernelTable& exact = scalar_mm_kernels();
+  const GemvKernel& exact = *scalar_mm_kernels().gemv_f32;  // for rows the fast kernel declines
   const std::int64_t chunks = ceil_div(p.n, kGemvChunk);
   const bool parallel = static_cast<double>(p.n) * static_cast<double>(p.k) >= 1.0e6;
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t j0 = c * kGemvChunk, j1 = std::min(p.n, j0 + kGemvChunk);
-    if (!fast.gemv(b.format, p.m, j0, j1, p.k, p.kstep, in, b.codes, p.sa, p.sb, out, p.n)) {
-      exact.gemv(b.format, p.m, j0, j1, p.k, p.kstep, plain, b.codes, p.sa, p.sb, out, p.n);
+    if (!fast.run(b.format, p.m, j0, j1, p.k, p.kstep, in, b.codes, p.sa, p.sb, out, p.n)) {
+      exact.run(b.format, p.m, j0, j1, p.k, p.kstep, plain, b.codes, p.sa, p.sb, out, p.n);
     }
   }
 }
 
-// Bias, bfloat16 rounding and the amax of the result.
-float epilogue(float* out, std::int64_t m, std::int64_t n, std::span<const float> bias, DType out_dtype) {
+// What the epilogue still has to do to the kernels' output.
+struct Finish {
+  const MmPlan* plan;
+  bool scale = false;  // raw sums of an unblocked GEMM: out = fma(sum * sa, sb, 0)
+  std::span<const float> bias;
+  DType out_dtype = DType::float32;
+};
+
+// Scales, bias, bfloat16 rounding and the amax of the result, row by row (the level's FinishRowFn).
+float epilogue(float* out, const Finish& f) {
+  const MmPlan& p = *f.plan;
+  const FinishRowFn finish_row = active_mm_kernels().finish_row;
   float amax = 0.0f;
-  const bool parallel = static_cast<double>(m) * static_cast<double>(n) >= 1.0e6;
+  const bool parallel = static_cast<double>(p.m) * static_cast<double>(p.n) >= 1.0e6;
+  const bool scale = f.scale && p.k > 0;  // (K = 0: no K block, nothing to scale; the scales may be empty)
 #pragma omp parallel for schedule(static) reduction(max : amax) if (parallel)
-  for (std::int64_t i = 0; i < m; ++i) {
-    float* row = out + i * n;
-    for (std::int64_t j = 0; j < n; ++j) {
-      float v = row[j];
-      if (!bias.empty()) v += bias[static_cast<std::size_t>(j)];
-      if (out_dtype == DType::bfloat16) v = bfloat16::from_float(v).to_float();
-      row[j] = v;
-      if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
-    }
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    const float sa = scale ? p.sa.at(i, 0) : 1.0f;
+    const float row_amax = finish_row(out + i * p.n, p.n, scale ? &sa : nullptr, p.sb,
+                                      f.bias.empty() ? nullptr : f.bias.data(), f.out_dtype == DType::bfloat16);
+    amax = std::max(amax, row_amax);
   }
   return amax;
 }
 
-MmPath run(const MmPlan& p, const LeftSource& a, const RightSource& b, float* out) {
-  if (p.m <= kGemvMaxM && b.nk) {
-    gemv(p, a, b, out);
-    return MmPath::kGemv;
-  }
-  gemm(p, a, b, out);
-  return MmPath::kGemm;
+// The GEMM kernel for these operands: the level's bfloat16 kernel where both are exact in bfloat16 (and its K
+// blocks fit), else its FP32 FMA kernel.
+const GemmKernel& pick_gemm(const MmKernelTable& t, const MmPlan& p, const Operand& a, const Operand& b) {
+  const GemmKernel* bf16 = t.gemm_bf16;
+  if (bf16 != nullptr && a.exact_in_bf16() && b.exact_in_bf16() && (!p.blocked || p.kstep % bf16->k_align == 0))
+    return *bf16;
+  return *t.gemm_f32;
 }
 
-RightSource right_source(const ScaledMatrix& b, bool nk, const MmPlan& p) {
-  RightSource r;
-  r.codes = b.data.data();
-  r.table = &decode_table(b.format);
-  r.format = b.format;
-  r.nk = nk;
-  r.n = p.n;
-  r.k = p.k;
-  return r;
+MmDispatch run(const MmPlan& p, const Operand& a, const Operand& b, float* out) {
+  const MmKernelTable& t = active_mm_kernels();
+  if (p.m <= kGemvMaxM && b.k_contiguous && b.codes != nullptr) {
+    const GemvKernel& kern = pick_gemv(t, a);
+    gemv(kern, p, a, b, out);
+    return {MmPath::kGemv, kern.name, kern.contract, t.isa};
+  }
+  const GemmKernel& kern = pick_gemm(t, p, a, b);
+  const std::string_view ran = gemm(kern, p, a, b, out);
+  return {MmPath::kGemm, ran, kern.contract, t.isa};
+}
+
+Operand fp8_operand(const ScaledMatrix& x, std::int64_t rows, std::int64_t k, bool k_contiguous) {
+  Operand o;
+  o.codes = x.data.data();
+  o.format = x.format;
+  o.rows = rows;
+  o.k = k;
+  o.ld = k_contiguous ? k : rows;
+  o.k_contiguous = k_contiguous;
+  return o;
+}
+
+Operand float_operand(const ActivationView& x, std::int64_t rows, std::int64_t k, bool k_contiguous) {
+  Operand o;
+  if (x.dtype == DType::float32) {
+    o.f32 = static_cast<const float*>(x.data);
+  } else {
+    o.bf16 = static_cast<const bfloat16*>(x.data);
+  }
+  o.rows = rows;
+  o.k = k;
+  o.ld = k_contiguous ? k : rows;
+  o.k_contiguous = k_contiguous;
+  return o;
 }
 
 }  // namespace
 }  // namespace mm_detail
 
 float scaled_mm_into(const ScaledMatrix& a, const ScaledMatrix& b, std::span<float> out, const ScaledMmOptions& options,
-                     MmPath* path) {
+                     MmDispatch* dispatch) {
   const mm_detail::MmPlan p = mm_detail::plan_scaled_mm(a, b, options);
   mm_detail::check_output("scaled_mm", p, out.size());
-  mm_detail::LeftSource left;
-  left.codes = a.data.data();
-  left.table = &mm_detail::decode_table(a.format);
-  left.k = p.k;
-  const MmPath taken =
-      mm_detail::run(p, left, mm_detail::right_source(b, options.b_layout == BLayout::kNK, p), out.data());
-  if (path != nullptr) *path = taken;
-  return mm_detail::epilogue(out.data(), p.m, p.n, options.bias, options.out_dtype);
+  const bool nk = options.b_layout == BLayout::kNK;
+  const MmDispatch taken =
+      mm_detail::run(p, mm_detail::fp8_operand(a, p.m, p.k, true), mm_detail::fp8_operand(b, p.n, p.k, nk), out.data());
+  if (dispatch != nullptr) *dispatch = taken;
+  const bool raw_sums = taken.path == MmPath::kGemm && !p.blocked;
+  return mm_detail::epilogue(out.data(), {&p, raw_sums, options.bias, options.out_dtype});
 }
 
 ScaledMmResult scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options) {
@@ -327,22 +456,12 @@ ScaledMmResult scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const Sca
   r.m = p.m;
   r.n = p.n;
   r.out.resize(static_cast<std::size_t>(p.m * p.n));
-  r.amax = scaled_mm_into(a, b, r.out, options, &r.path);
+  r.amax = scaled_mm_into(a, b, r.out, options, &r.dispatch);
+  r.path = r.dispatch.path;
   return r;
 }
 
 namespace {
-mm_detail::LeftSource activation_source(const ActivationView& x) {
-  mm_detail::LeftSource left;
-  left.k = x.cols;
-  if (x.dtype == DType::float32) {
-    left.f32 = static_cast<const float*>(x.data);
-  } else {
-    left.bf16 = static_cast<const bfloat16*>(x.data);
-  }
-  return left;
-}
-
 void check_float_operand(const char* what, const ActivationView& x) {
   FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16, "matmul: ", what,
                " must be float32 or bfloat16, not ", name(x.dtype));
@@ -357,14 +476,10 @@ void matmul(ActivationView a, ActivationView b, BLayout b_layout, std::span<floa
   const bool nk = b_layout == BLayout::kNK;
   const mm_detail::MmPlan p = mm_detail::plan_shapes("matmul", a.rows, a.cols, b.rows, b.cols, nk, bias);
   mm_detail::check_output("matmul", p, out.size());
-  mm_detail::RightSource right;
-  right.f32 = b.dtype == DType::float32 ? static_cast<const float*>(b.data) : nullptr;
-  right.bf16 = b.dtype == DType::bfloat16 ? static_cast<const bfloat16*>(b.data) : nullptr;
-  right.nk = nk;
-  right.n = p.n;
-  right.k = p.k;
-  mm_detail::gemm(p, activation_source(a), right, out.data());
-  mm_detail::epilogue(out.data(), p.m, p.n, bias, DType::float32);
+  // Always the FP32 FMA kernels: bit-identical to matmul_reference at every level.
+  mm_detail::gemm(*mm_detail::active_mm_kernels().gemm_f32, p, mm_detail::float_operand(a, p.m, p.k, true),
+                  mm_detail::float_operand(b, p.n, p.k, nk), out.data());
+  mm_detail::epilogue(out.data(), {&p, true, bias, DType::float32});
 }
 
 void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,
@@ -374,31 +489,31 @@ void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std:
   const bool nk = b_layout == BLayout::kNK;
   const mm_detail::MmPlan p = mm_detail::plan_shapes("matmul_reference", a.rows, a.cols, b.rows, b.cols, nk, bias);
   mm_detail::check_output("matmul_reference", p, out.size());
-  const std::int64_t m = p.m, k = p.k, n = p.n;
-  const mm_detail::LeftSource left = activation_source(a), right = activation_source(b);
-  for (std::int64_t i = 0; i < m; ++i) {
-    for (std::int64_t j = 0; j < n; ++j) {
+  const mm_detail::Operand left = mm_detail::float_operand(a, p.m, p.k, true);
+  const mm_detail::Operand right = mm_detail::float_operand(b, p.n, p.k, nk);
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t j = 0; j < p.n; ++j) {
       float acc = 0.0f;
-      for (std::int64_t kk = 0; kk < k; ++kk)
-        acc = std::fma(left.at(i, kk), nk ? right.at(j, kk) : right.at(kk, j), acc);
+      for (std::int64_t kk = 0; kk < p.k; ++kk) acc = std::fma(left.at(i, kk), right.at(j, kk), acc);
       if (!bias.empty()) acc += bias[static_cast<std::size_t>(j)];
-      out[static_cast<std::size_t>(i * n + j)] = acc;
+      out[static_cast<std::size_t>(i * p.n + j)] = acc;
     }
   }
 }
 
 void fp8_weight_mm(ActivationView x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias,
-                   MmPath* path) {
+                   MmDispatch* dispatch) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
-  const MmPath taken = mm_detail::run(p, activation_source(x), mm_detail::right_source(w, true, p), out.data());
-  if (path != nullptr) *path = taken;
-  mm_detail::epilogue(out.data(), p.m, p.n, bias, DType::float32);
+  const MmDispatch taken = mm_detail::run(p, mm_detail::float_operand(x, p.m, p.k, true),
+                                          mm_detail::fp8_operand(w, p.n, p.k, true), out.data());
+  if (dispatch != nullptr) *dispatch = taken;
+  mm_detail::epilogue(out.data(), {&p, taken.path == MmPath::kGemm && !p.blocked, bias, DType::float32});
 }
 
 void fp8_weight_mm_reference(ActivationView x, const ScaledMatrix& w, std::span<float> out,
                              std::span<const float> bias) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
-  const mm_detail::LeftSource left = activation_source(x);
+  const mm_detail::Operand left = mm_detail::float_operand(x, p.m, p.k, true);
   for (std::int64_t i = 0; i < p.m; ++i) {
     for (std::int64_t j = 0; j < p.n; ++j) {
       float total = 0.0f;

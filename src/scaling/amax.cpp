@@ -23,6 +23,10 @@ const detail::IsaTables<AmaxTable>& amax_tables() {
 
 }  // namespace scaling_detail
 
+std::string_view amax_kernel() {
+  return scaling_detail::active_amax_kernels().name;
+}
+
 namespace {
 
 constexpr std::size_t kParallelThreshold = std::size_t{1} << 18;

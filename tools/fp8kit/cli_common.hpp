@@ -30,6 +30,7 @@ void add_inspect_command(CLI::App& app);
 void add_dequantize_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
+void add_info_command(CLI::App& app);
 
 // "e4m3fn,e5m2" -> formats; an unknown name is a UsageError naming it and listing the known ones.
 std::vector<Format> parse_format_list(std::string_view text);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli_common.hpp"
+#include "fp8kit/cpu.hpp"
 #include "fp8kit/error.hpp"
 #include "fp8kit/version.hpp"
 
@@ -42,7 +43,10 @@ int main(int argc, char** argv) {
   fp8kit::cli::add_dequantize_command(app);
   fp8kit::cli::add_quantize_command(app);
   fp8kit::cli::add_convert_command(app);
+  fp8kit::cli::add_info_command(app);
   try {
+    // A bad FP8KIT_ISA is refused by every command, before it does anything.
+    if (const auto isa = fp8kit::isa_from_environment(); isa && !fp8kit::parse_isa(*isa)) fp8kit::active_isa();
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

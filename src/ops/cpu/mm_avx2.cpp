@@ -13,6 +13,7 @@
 // subnormals: the kernel checks the MXCSR of the thread it runs on and declines when DAZ is set.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -24,13 +25,15 @@ namespace {
 
 // ---------------------------------------------------------------- GEMM micro-kernel
 
+constexpr std::int64_t kMr = 6, kNr = 16;
+
 template <bool kScale>
 [[gnu::always_inline]] inline void tile_6x16(std::int64_t kc, const float* a, const float* b, float* c,
-                                             std::int64_t ldc, const float* sa, const float* sb) {
+                                             std::int64_t ldc, const float* sa, const float* sb, bool zero = false) {
   __m256 acc[kMr][2];
 #pragma GCC unroll 6
   for (int i = 0; i < kMr; ++i) {
-    if constexpr (kScale) {
+    if (kScale || zero) {
       acc[i][0] = _mm256_setzero_ps();
       acc[i][1] = _mm256_setzero_ps();
     } else {
@@ -65,25 +68,60 @@ template <bool kScale>
   }
 }
 
-void accumulate_avx2(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc) {
-  tile_6x16<false>(kc, a, b, c, ldc, nullptr, nullptr);
+void accumulate_avx2(const void* left, const void* right, std::int64_t, std::int64_t k_off, std::int64_t k_len,
+                     float* c, std::int64_t ldc, bool overwrite) {
+  tile_6x16<false>(k_len, static_cast<const float*>(left) + k_off * kMr, static_cast<const float*>(right) + k_off * kNr,
+                   c, ldc, nullptr, nullptr, overwrite);
 }
 
-void scale_accumulate_avx2(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc, const float* sa,
-                           const float* sb) {
-  tile_6x16<true>(kc, a, b, c, ldc, sa, sb);
+void scale_accumulate_avx2(const void* left, const void* right, std::int64_t, std::int64_t k_off, std::int64_t k_len,
+                           float* c, std::int64_t ldc, const float* sa, const float* sb) {
+  tile_6x16<true>(k_len, static_cast<const float*>(left) + k_off * kMr, static_cast<const float*>(right) + k_off * kNr,
+                  c, ldc, sa, sb);
 }
 
-void scale_row_avx2(float* row, std::int64_t n, float sa, ScaleIndex sb) {
-  const __m256 s = _mm256_set1_ps(sa), zero = _mm256_setzero_ps();
+void pack_f32(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+              std::int64_t kc, void* dst) {
+  pack_f32_strips(x, width, r0, rows, k0, kc, dst);
+}
+
+// The epilogue (FinishRowFn) in 8 lanes; per-tensor and per-channel scales (every unblocked product's) vectorized.
+float finish_row_avx2(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out) {
+  const bool vector_scales = sb.r_div == 1 && (sb.r_stride == 0 || sb.r_stride == 1);
+  if (sa != nullptr && !vector_scales) return finish_row_scalar(row, n, sa, sb, bias, bf16_out);
+  const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 amax = zero;
   std::int64_t j = 0;
-  if (sb.r_div == 1 && (sb.r_stride == 0 || sb.r_stride == 1)) {  // per tensor or per output channel
-    for (; j + 8 <= n; j += 8) {
+  for (; j + 8 <= n; j += 8) {
+    __m256 v = _mm256_loadu_ps(row + j);
+    if (sa != nullptr) {
       const __m256 b = sb.r_stride == 0 ? _mm256_set1_ps(sb.data[0]) : _mm256_loadu_ps(sb.data + j);
-      _mm256_storeu_ps(row + j, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), s), b, zero));
+      v = _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(*sa)), b, zero);
     }
+    if (bias != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
+    if (bf16_out) {
+      const __m256i u = _mm256_castps_si256(v);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+      const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)),
+                                               _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+      const __m256i quiet = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)),
+                                             _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+      const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+      v = _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan);
+    }
+    _mm256_storeu_ps(row + j, v);
+    const __m256 a = _mm256_and_ps(v, abs_mask);
+    amax = _mm256_max_ps(amax, _mm256_and_ps(a, _mm256_cmp_ps(a, inf, _CMP_LT_OQ)));
   }
-  for (; j < n; ++j) row[j] = std::fma(row[j] * sa, sb.at(j, 0), 0.0f);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, amax);
+  float m = *std::max_element(lanes, lanes + 8);
+  if (j < n) {
+    const ScaleIndex rest{sb.data + (sb.r_stride == 0 ? 0 : j), sb.r_div, sb.r_stride, sb.kb_stride};
+    m = std::max(m, finish_row_scalar(row + j, n - j, sa, rest, bias != nullptr ? bias + j : nullptr, bf16_out));
+  }
+  return m;
 }
 
 // ---------------------------------------------------------------- GEMV
@@ -284,11 +322,29 @@ bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::
             : gemv_shift<21, false>(d, m, j0, j1, k, kblock, in.x, in.ldx, 1.0f, w, sa, sb, out, ldo);
 }
 
+// Goto blocking: the A strip (6 x 256 floats) and the B strip (256 x 16) stay in L1, A's panel (96 x 256: 96 KiB)
+// in L2, B's panel (256 x 4096: 4 MiB) in L3.
+const GemmKernel kGemm{.name = "avx2-fma 6x16",
+                       .contract = MmContract::kBitIdentical,
+                       .bf16_operands = false,
+                       .mr = kMr,
+                       .nr = kNr,
+                       .kc = 256,
+                       .mc = 96,
+                       .nc = 4096,
+                       .k_align = 1,
+                       .elem_bytes = sizeof(float),
+                       .weights_left_max_m = 0,
+                       .pack_left = &pack_f32,
+                       .pack_right = &pack_f32,
+                       .accumulate = &accumulate_avx2,
+                       .scale_accumulate = &scale_accumulate_avx2};
+const GemvKernel kGemv{"avx2-gemv", MmContract::kFp32Bound, false, &gemv_avx2};
+
 }  // namespace
 
 const MmKernelTable& avx2_mm_kernels() {
-  static const MmKernelTable table{"avx2",          Isa::kAvx2, &accumulate_avx2, &scale_accumulate_avx2,
-                                   &scale_row_avx2, &gemv_avx2};
+  static const MmKernelTable table{"avx2", Isa::kAvx2, &kGemm, nullptr, &kGemv, nullptr, &finish_row_avx2};
   return table;
 }
 

@@ -1,5 +1,6 @@
-// Internal: the matrix-multiply kernels (one table per instruction set) and what they share with the driver.
-// Kernels know nothing of operands, layouts or threads: scaled_mm.cpp packs panels, splits work and dispatches.
+// Internal: the matrix-multiply kernels, one table per ISA level (src/ops/cpu/mm_<isa>.cpp), and what they share
+// with the driver. Each GEMM kernel owns its tile shape, panel sizes and packing, and declares its results
+// contract; scaled_mm.cpp splits the work into panels and tiles, threads and dispatches, and knows no layout.
 #pragma once
 
 #include <array>
@@ -9,12 +10,10 @@
 
 #include "common/dispatch.hpp"
 #include "fp8kit/format.hpp"
+#include "fp8kit/half.hpp"
+#include "fp8kit/scaled_mm.hpp"
 
 namespace fp8kit::mm_detail {
-
-// The packed GEMM micro-tile: kMr rows of A by kNr columns of B, in FP32 registers.
-inline constexpr std::int64_t kMr = 6;
-inline constexpr std::int64_t kNr = 16;
 
 // The dequantization scale of output row (of A) or column (of B) r in K block kb:
 // data[(r / r_div) * r_stride + kb * kb_stride] (per tensor: both strides 0).
@@ -28,54 +27,146 @@ struct ScaleIndex {
 using DecodeTable = std::array<float, 256>;
 const DecodeTable& decode_table(Format f);
 
-// C (kMr x kNr, row stride ldc) and a packed K range: a[k * kMr + i], b[k * kNr + j].
-//   accumulate  C[i][j] = C[i][j] + sum_k a*b, one fused multiply-add per k in increasing k (C holds the running
-//               FP32 sum between calls, so the sum is the same as one uninterrupted accumulation)
-//   scale       acc = sum_k a*b from 0; C[i][j] = fma(acc * sa[i], sb[j], C[i][j]) (one K block of a blocked
-//               product, the reference's order)
-using AccumulateFn = void (*)(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc);
-using ScaleAccumulateFn = void (*)(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc,
-                                   const float* sa, const float* sb);
+// One side of a product as the packers read it: `rows` rows of `k` elements, element (r, kk) at
+// [r * ld + kk] (k_contiguous: A, and B as N x K weights) or [kk * ld + r] (B as K x N). FP8 codes (decoded
+// exactly), float32 or bfloat16 values.
+struct Operand {
+  const std::uint8_t* codes = nullptr;
+  Format format = Format::e4m3fn;
+  const float* f32 = nullptr;
+  const bfloat16* bf16 = nullptr;
+  std::int64_t rows = 0, k = 0, ld = 0;
+  bool k_contiguous = true;
 
-// The activation rows of a GEMV: m <= kGemvRows rows of k floats (row stride ldx). `rebiased`, when not null, is
-// the same rows times 2^(127 - bias - c) exactly (bias: the weights' format's; the driver checks nothing overflows),
-// which lets a kernel use the FP8 codes' bit patterns as floats without multiplying each by 2^(127 - bias); the
-// sums it gets that way are then multiplied by sum_scale = 2^c.
+  // Every value is exactly a bfloat16 (FP8 codes or bfloat16 storage), so bfloat16 kernels may take it.
+  bool exact_in_bf16() const { return f32 == nullptr; }
+  float at(std::int64_t r, std::int64_t kk) const {
+    const std::int64_t idx = k_contiguous ? r * ld + kk : kk * ld + r;
+    if (codes != nullptr) return decode_table(format)[codes[idx]];
+    if (f32 != nullptr) return f32[idx];
+    return bf16[idx].to_float();
+  }
+};
+
+// Packs rows [r0, r0 + rows) x K [k0, k0 + kc) of an operand into the kernel's layout of whole strips of `width`
+// rows (mr for the left operand, nr for the right), zero padded in both directions (K to kc_pad = kc rounded up to
+// k_align). Strip s starts at dst + s * width * kc_pad elements.
+using PackFn = void (*)(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+                        std::int64_t kc, void* dst);
+
+// One tile of the output: the left strip (mr rows) times the right strip (nr rows) over the packed K range
+// [k_off, k_off + k_len) of panels holding kc_pad K each; c is mr x nr, row stride ldc (column stride 1).
+//   accumulate        C[i][j] += sum_k left * right (kBitIdentical kernels continue one FMA chain per output in
+//                     increasing k, so a sum split across calls is the uninterrupted one); with `overwrite`,
+//                     C[i][j] = the sum from 0 and C is not read
+//   scale_accumulate  acc = sum_k left * right from 0; C[i][j] = fma(acc * s_row[i], s_col[j], C[i][j])
+using AccumulateFn = void (*)(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off,
+                              std::int64_t k_len, float* c, std::int64_t ldc, bool overwrite);
+using ScaleAccumulateFn = void (*)(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off,
+                                   std::int64_t k_len, float* c, std::int64_t ldc, const float* s_row,
+                                   const float* s_col);
+
+struct GemmKernel {
+  std::string_view name;
+  MmContract contract;
+  bool bf16_operands;       // takes only operands exact in bfloat16 (FP8 codes, bfloat16); float32 ones go elsewhere
+  std::int64_t mr, nr;      // the output tile: mr left rows x nr right rows
+  std::int64_t kc, mc, nc;  // K per panel (a multiple of k_align), left rows per panel, right rows per panel
+  std::int64_t k_align;     // packed K is padded to a multiple of this; blocked scales need K blocks of it
+  std::size_t elem_bytes;   // bytes per packed element
+  std::int64_t weights_left_max_m;  // B as N x K and M <= this: run as out^T = B A^T streaming the weights (0: never)
+  PackFn pack_left, pack_right;
+  AccumulateFn accumulate;
+  ScaleAccumulateFn scale_accumulate;
+  void (*start)() = nullptr;   // called by each thread before its first tile (AMX: configure the tiles)
+  void (*finish)() = nullptr;  // and after its last (AMX: release the tile state)
+  // Optional, for M <= stream_max_m with FP8 weights B (N x K) and unblocked scales: the raw sums out[i][j] =
+  // sum_k a[i][k] w[j][k] for weight rows [j0, j1) (a multiple of 16 apart, or up to N), the weights decoded a few K
+  // at a time straight into the tiles (no weight panel at all). `x` is the activations packed by pack_right with
+  // width 16 over all of K (k_pad = K rounded up to k_align); out has row stride ldo. Brackets its own tile state.
+  // Returns false, having done nothing, where it cannot run (the AMX kernel needs VBMI for its decode).
+  using StreamFn = bool (*)(const Operand& w, std::int64_t j0, std::int64_t j1, const void* x, std::int64_t m,
+                            std::int64_t k_pad, float* out, std::int64_t ldo);
+  StreamFn stream_weights = nullptr;
+  std::int64_t stream_max_m = 0;
+  std::string_view stream_name = {};  // what MmDispatch reports when stream_weights ran
+};
+
+// The activation rows of a GEMV: m <= kGemvRows rows of k values (row stride ldx) as float32, and, where the left
+// operand is exact in bfloat16, the same rows as bfloat16 (for the kernels that multiply in bfloat16). `rebiased`,
+// when not null, is the float32 rows times 2^(127 - bias - c) exactly (bias: the weights' format's; the driver
+// checks nothing overflows), which lets a kernel use the FP8 codes' bit patterns as floats without multiplying
+// each by 2^(127 - bias); the sums it gets that way are then multiplied by sum_scale = 2^c.
 struct GemvInput {
   const float* x = nullptr;
   std::int64_t ldx = 0;
+  const bfloat16* x_bf16 = nullptr;
   const float* rebiased = nullptr;
   float sum_scale = 1.0f;
 };
 
 // GEMV: output columns [j0, j1) of the rows of x times the FP8 weights w (row j at w + j * k): per K block of
-// `kblock`, lane-parallel FP32 partial sums of x[i][k] * decode(w[j][k]) (fused multiply-adds), added up per block
-// and scaled as the reference does: total = fma(sum * sa(i, kb), sb(j, kb), total); out[i * ldo + j] = total.
-// Returns false when it cannot decode the codes of these rows exactly (an Inf or NaN code, or denormals-are-zero
-// set on the calling thread): the driver then recomputes the range with the scalar table's kernel, which always
-// succeeds.
+// `kblock`, FP32 partial sums of x[i][k] * decode(w[j][k]), added up per block and scaled as the reference does:
+// total = fma(sum * sa(i, kb), sb(j, kb), total); out[i * ldo + j] = total.
+// Returns false when it cannot compute these rows within its contract (an Inf or NaN code for the register decode,
+// denormals-are-zero set on the calling thread, a left operand it does not take): the driver then recomputes the
+// range with the scalar table's kernel, which always succeeds.
 inline constexpr std::int64_t kGemvRows = 4;
 using GemvFn = bool (*)(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                         const GemvInput& x, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
                         std::int64_t ldo);
 
-// The scales of an unblocked product, on the finished sums: row[j] = fma(row[j] * sa, sb(j, 0), 0) for j < n.
-using ScaleRowFn = void (*)(float* row, std::int64_t n, float sa, ScaleIndex sb);
+struct GemvKernel {
+  std::string_view name;
+  MmContract contract;
+  bool bf16_input;  // reads x_bf16 (and declines when it is null)
+  GemvFn run;
+};
 
+// The epilogue of one output row, the same arithmetic at every level: v = row[j]; where `sa` is given (the raw
+// sums of an unblocked GEMM) v = fma(v * *sa, sb(j, 0), 0), the reference's scaling; then + bias[j] (bias not
+// null), the rounding to bfloat16 of bfloat16::from_float (bf16_out); row[j] = v. Returns max |v| over finite v.
+using FinishRowFn = float (*)(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias,
+                              bool bf16_out);
+float finish_row_scalar(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out);
+
+// A level's kernels. gemm_bf16 / gemv_bf16 run the products whose operands are exact in bfloat16 (every FP8 one);
+// null means the level has none and gemm_f32 / gemv_f32 (which take anything) run them.
 struct MmKernelTable {
   std::string_view name;
   Isa isa;
-  AccumulateFn accumulate;
-  ScaleAccumulateFn scale_accumulate;
-  ScaleRowFn scale_row;
-  GemvFn gemv;
+  const GemmKernel* gemm_f32;
+  const GemmKernel* gemm_bf16;
+  const GemvKernel* gemv_f32;
+  const GemvKernel* gemv_bf16;
+  FinishRowFn finish_row;
 };
 
 const MmKernelTable& scalar_mm_kernels();
 const MmKernelTable& avx2_mm_kernels();
+const MmKernelTable& avx512_mm_kernels();
+const MmKernelTable& avx512bf16_mm_kernels();
+const MmKernelTable& amx_mm_kernels();
 const detail::IsaTables<MmKernelTable>& mm_tables();
 inline const MmKernelTable& active_mm_kernels() {
   return mm_tables().active();
 }
+
+// The float32 strip packing the FMA kernels share: strip s, dst[(s * kc + kk) * width + i] = x(r0 + s * width + i,
+// k0 + kk), zero padded (k-major, so a micro-kernel reads `width` values per k).
+void pack_f32_strips(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+                     std::int64_t kc, void* dst);
+
+// The bfloat16 packing of the AVX512-BF16 and AMX kernels (mm_avx512bf16.cpp), for operands exact in bfloat16:
+//   rows  strip s: `width` rows of kc_pad values, row-major (row i at dst + (s * width + i) * kc_pad)
+//   vnni  strip s: width / 16 column groups of 16; group g at dst + (s * width + 16 g) * kc_pad holds, for each
+//         K pair p, the 16 rows' (x(r, 2p), x(r, 2p + 1)) side by side: [kc_pad / 2][16][2] (the layout of
+//         vdpbf16ps operands and AMX B tiles)
+// kc_pad = kc rounded up to 32. FP8 codes are decoded exactly (all 256 codes of every format are bfloat16 values).
+void pack_bf16_rows(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+                    std::int64_t kc, void* dst);
+void pack_bf16_vnni(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+                    std::int64_t kc, void* dst);
+inline constexpr std::int64_t kBf16KAlign = 32;
 
 }  // namespace fp8kit::mm_detail

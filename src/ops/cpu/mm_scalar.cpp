@@ -1,11 +1,12 @@
-// The portable matrix-multiply kernels: the same operations, in the same order, as the AVX2 ones (one fused
-// multiply-add per product, in increasing k), so every CPU computes the GEMM path bit-identically. They are the
-// fallback where AVX2 and FMA are missing, and the exact GEMV for rows the fast decode cannot handle.
+// The portable matrix-multiply kernels: the same operations, in the same order, as the FMA ones (one fused
+// multiply-add per product, in increasing k), so every CPU computes the FP32 GEMM bit-identically. They are the
+// fallback where AVX2 and FMA are missing, and the exact GEMV for rows a fast decode cannot handle. Also the
+// float32 strip packing every FMA kernel uses, and the decode tables.
+#include <algorithm>
 #include <cmath>
-#include <vector>
+#include <cstring>
 
 #include "fp8kit/codec.hpp"
-#include "fp8kit/cpu.hpp"
 #include "mm_kernels.hpp"
 
 namespace fp8kit::mm_detail {
@@ -24,34 +25,99 @@ const DecodeTable& decode_table(Format f) {
   return tables[static_cast<std::size_t>(f)];
 }
 
+void pack_f32_strips(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+                     std::int64_t kc, void* dst_bytes) {
+  auto* dst = static_cast<float*>(dst_bytes);
+  const DecodeTable* table = x.codes != nullptr ? &decode_table(x.format) : nullptr;
+  for (std::int64_t s = 0; s * width < rows; ++s) {
+    float* strip = dst + s * kc * width;
+    const std::int64_t height = std::min(width, rows - s * width);
+    if (height < width) std::fill(strip, strip + kc * width, 0.0f);
+    if (!x.k_contiguous) {
+      // K x N storage: each k reads `height` neighbours.
+      for (std::int64_t kk = 0; kk < kc; ++kk) {
+        float* d = strip + kk * width;
+        const std::int64_t base = (k0 + kk) * x.ld + r0 + s * width;
+        for (std::int64_t i = 0; i < height; ++i) {
+          const std::int64_t idx = base + i;
+          d[i] = table != nullptr ? (*table)[x.codes[idx]] : (x.f32 != nullptr ? x.f32[idx] : x.bf16[idx].to_float());
+        }
+      }
+      continue;
+    }
+    // Rows side by side (written in order, reading `height` rows at once).
+    for (std::int64_t i = 0; i < height; ++i) {
+      const std::int64_t base = (r0 + s * width + i) * x.ld + k0;
+      float* d = strip + i;
+      if (table != nullptr) {
+        const std::uint8_t* src = x.codes + base;
+        for (std::int64_t kk = 0; kk < kc; ++kk) d[kk * width] = (*table)[src[kk]];
+      } else if (x.f32 != nullptr) {
+        const float* src = x.f32 + base;
+        for (std::int64_t kk = 0; kk < kc; ++kk) d[kk * width] = src[kk];
+      } else {
+        const bfloat16* src = x.bf16 + base;
+        for (std::int64_t kk = 0; kk < kc; ++kk) d[kk * width] = src[kk].to_float();
+      }
+    }
+  }
+}
+
 namespace {
 
-void accumulate_scalar(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc) {
+constexpr std::int64_t kMr = 6, kNr = 16;
+
+void accumulate_scalar(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off, std::int64_t k_len,
+                       float* c, std::int64_t ldc, bool overwrite) {
+  (void)kc_pad;
+  const float* a = static_cast<const float*>(left) + k_off * kMr;
+  const float* b = static_cast<const float*>(right) + k_off * kNr;
   for (std::int64_t i = 0; i < kMr; ++i) {
     for (std::int64_t j = 0; j < kNr; ++j) {
-      float acc = c[i * ldc + j];
-      for (std::int64_t k = 0; k < kc; ++k) acc = std::fma(a[k * kMr + i], b[k * kNr + j], acc);
+      float acc = overwrite ? 0.0f : c[i * ldc + j];
+      for (std::int64_t k = 0; k < k_len; ++k) acc = std::fma(a[k * kMr + i], b[k * kNr + j], acc);
       c[i * ldc + j] = acc;
     }
   }
 }
 
-void scale_accumulate_scalar(std::int64_t kc, const float* a, const float* b, float* c, std::int64_t ldc,
-                             const float* sa, const float* sb) {
+void scale_accumulate_scalar(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off,
+                             std::int64_t k_len, float* c, std::int64_t ldc, const float* sa, const float* sb) {
+  (void)kc_pad;
+  const float* a = static_cast<const float*>(left) + k_off * kMr;
+  const float* b = static_cast<const float*>(right) + k_off * kNr;
   for (std::int64_t i = 0; i < kMr; ++i) {
     for (std::int64_t j = 0; j < kNr; ++j) {
       float acc = 0.0f;
-      for (std::int64_t k = 0; k < kc; ++k) acc = std::fma(a[k * kMr + i], b[k * kNr + j], acc);
+      for (std::int64_t k = 0; k < k_len; ++k) acc = std::fma(a[k * kMr + i], b[k * kNr + j], acc);
       c[i * ldc + j] = std::fma(acc * sa[i], sb[j], c[i * ldc + j]);
     }
   }
 }
 
-void scale_row_scalar(float* row, std::int64_t n, float sa, ScaleIndex sb) {
-  for (std::int64_t j = 0; j < n; ++j) row[j] = std::fma(row[j] * sa, sb.at(j, 0), 0.0f);
+void pack_f32(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+              std::int64_t kc, void* dst) {
+  pack_f32_strips(x, width, r0, rows, k0, kc, dst);
 }
 
-// Exact for every code (the decode table), sequential sums per K block.
+}  // namespace
+
+float finish_row_scalar(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out) {
+  float amax = 0.0f;
+  for (std::int64_t j = 0; j < n; ++j) {
+    float v = row[j];
+    if (sa != nullptr) v = std::fma(v * *sa, sb.at(j, 0), 0.0f);
+    if (bias != nullptr) v += bias[j];
+    if (bf16_out) v = bfloat16::from_float(v).to_float();
+    row[j] = v;
+    if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
+  }
+  return amax;
+}
+
+namespace {
+
+// Exact for every code (the decode table), sequential sums per K block: the references' order.
 bool gemv_scalar(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                  const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
                  std::int64_t ldo) {
@@ -74,17 +140,33 @@ bool gemv_scalar(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
   return true;
 }
 
+const GemmKernel kGemm{.name = "scalar-fma 6x16",
+                       .contract = MmContract::kBitIdentical,
+                       .bf16_operands = false,
+                       .mr = kMr,
+                       .nr = kNr,
+                       .kc = 256,
+                       .mc = 96,
+                       .nc = 4096,
+                       .k_align = 1,
+                       .elem_bytes = sizeof(float),
+                       .weights_left_max_m = 0,
+                       .pack_left = &pack_f32,
+                       .pack_right = &pack_f32,
+                       .accumulate = &accumulate_scalar,
+                       .scale_accumulate = &scale_accumulate_scalar};
+const GemvKernel kGemv{"scalar-gemv", MmContract::kBitIdentical, false, &gemv_scalar};
+
 }  // namespace
 
 const MmKernelTable& scalar_mm_kernels() {
-  static const MmKernelTable table{"scalar",          Isa::kScalar, &accumulate_scalar, &scale_accumulate_scalar,
-                                   &scale_row_scalar, &gemv_scalar};
+  static const MmKernelTable table{"scalar", Isa::kScalar, &kGemm, nullptr, &kGemv, nullptr, &finish_row_scalar};
   return table;
 }
 
 const detail::IsaTables<MmKernelTable>& mm_tables() {
   static const detail::IsaTables<MmKernelTable> tables(
-      {&scalar_mm_kernels(), &avx2_mm_kernels(), nullptr, nullptr, nullptr});
+      {&scalar_mm_kernels(), &avx2_mm_kernels(), &avx512_mm_kernels(), &avx512bf16_mm_kernels(), &amx_mm_kernels()});
   return tables;
 }
 

@@ -1,0 +1,306 @@
+// AVX-512 (F/BW/VL/DQ) matrix-multiply kernels: the FP32 FMA GEMM every level from avx512 up runs for float32
+// operands (and for FP8 ones at this level), and the register-decode GEMV.
+//
+// GEMM micro-kernel: a 12 x 32 tile of C in 24 zmm accumulators; per k, two 16-float loads of the packed right strip,
+// twelve broadcasts of the packed left strip, 24 fused multiply-adds. Products of FP8 (and bfloat16) values are exact
+// in FP32 and a float32 activation times a weight is one fused rounding, in increasing k: the reference's sums in
+// its order, so the results are bit-identical.
+//
+// GEMV: the AVX2 design in 16 lanes. An FP8 code c (sign-extended to 32 bits) becomes the float with bits
+// ((c << (23 - m)) & (sign | magnitude field)), the FP8 value times 2^(bias - 127) (as a float subnormal for FP8
+// subnormals); the driver folds 2^(127 - bias) into the activations where that is exact, else one multiply per
+// weight restores it. Inf/NaN codes (found per 64 bytes) and DAZ on the calling thread make the kernel decline, and
+// the driver recomputes those rows exactly.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "mm_kernels.hpp"
+
+namespace fp8kit::mm_detail {
+namespace {
+
+// ---------------------------------------------------------------- GEMM micro-kernel
+
+constexpr std::int64_t kMr = 12, kNr = 32;
+
+template <bool kScale>
+[[gnu::always_inline]] inline void tile_12x32(std::int64_t kc, const float* a, const float* b, float* c,
+                                              std::int64_t ldc, const float* sa, const float* sb, bool zero = false) {
+  __m512 acc[kMr][2];
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i) {
+    if (kScale || zero) {
+      acc[i][0] = _mm512_setzero_ps();
+      acc[i][1] = _mm512_setzero_ps();
+    } else {
+      acc[i][0] = _mm512_loadu_ps(c + i * ldc);
+      acc[i][1] = _mm512_loadu_ps(c + i * ldc + 16);
+    }
+  }
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < kMr; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+    a += kMr;
+    b += kNr;
+  }
+  if constexpr (kScale) {
+    const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < kMr; ++i) {
+      const __m512 s = _mm512_set1_ps(sa[i]);
+      acc[i][0] = _mm512_fmadd_ps(_mm512_mul_ps(acc[i][0], s), sb0, _mm512_loadu_ps(c + i * ldc));
+      acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(acc[i][1], s), sb1, _mm512_loadu_ps(c + i * ldc + 16));
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i) {
+    _mm512_storeu_ps(c + i * ldc, acc[i][0]);
+    _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
+  }
+}
+
+void accumulate_avx512(const void* left, const void* right, std::int64_t, std::int64_t k_off, std::int64_t k_len,
+                       float* c, std::int64_t ldc, bool overwrite) {
+  tile_12x32<false>(k_len, static_cast<const float*>(left) + k_off * kMr,
+                    static_cast<const float*>(right) + k_off * kNr, c, ldc, nullptr, nullptr, overwrite);
+}
+
+void scale_accumulate_avx512(const void* left, const void* right, std::int64_t, std::int64_t k_off, std::int64_t k_len,
+                             float* c, std::int64_t ldc, const float* sa, const float* sb) {
+  tile_12x32<true>(k_len, static_cast<const float*>(left) + k_off * kMr, static_cast<const float*>(right) + k_off * kNr,
+                   c, ldc, sa, sb);
+}
+
+void pack_f32(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+              std::int64_t kc, void* dst) {
+  pack_f32_strips(x, width, r0, rows, k0, kc, dst);
+}
+
+// The epilogue (FinishRowFn) in 16 lanes, the tail under masks; per-tensor and per-channel scales (every unblocked
+// product's) vectorized.
+float finish_row_avx512(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out) {
+  const bool vector_scales = sb.r_div == 1 && (sb.r_stride == 0 || sb.r_stride == 1);
+  if (sa != nullptr && !vector_scales) return finish_row_scalar(row, n, sa, sb, bias, bf16_out);
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512i hi16 = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 amax = zero;
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const auto lanes = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1u);
+    __m512 v = _mm512_maskz_loadu_ps(lanes, row + j);
+    if (sa != nullptr) {
+      const __m512 b = sb.r_stride == 0 ? _mm512_set1_ps(sb.data[0]) : _mm512_maskz_loadu_ps(lanes, sb.data + j);
+      v = _mm512_fmadd_ps(_mm512_mul_ps(v, _mm512_set1_ps(*sa)), b, zero);
+    }
+    if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, bias + j));
+    if (bf16_out) {
+      const __m512i u = _mm512_castps_si512(v);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      const __m512i rounded =
+          _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), hi16);
+      const __m512i quiet = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x400000)), hi16);
+      v = _mm512_castsi512_ps(_mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet));
+    }
+    _mm512_mask_storeu_ps(row + j, lanes, v);
+    const __m512 a = _mm512_abs_ps(v);
+    amax = _mm512_mask_max_ps(amax, _mm512_cmp_ps_mask(a, _mm512_set1_ps(INFINITY), _CMP_LT_OQ) & lanes, amax, a);
+  }
+  return _mm512_reduce_max_ps(amax);
+}
+
+// ---------------------------------------------------------------- GEMV
+
+struct Decode {
+  __m512i fields;  // sign | magnitude bits after the shift
+  __m512 rebias;   // 2^(127 - bias)
+  __m512i special_mask, special_value;
+  bool special_is_eq;  // special: (c & mask) == value (NaN code); else (c & mask) > value (Inf/NaN exponent)
+};
+
+Decode make_decode(Format f) {
+  const FormatDescriptor& d = descriptor(f);
+  const int m = d.mantissa_bits;
+  Decode r{};
+  r.fields = _mm512_set1_epi32(static_cast<int>(0x80000000u | (0x7Fu << (23 - m))));
+  r.rebias = _mm512_castsi512_ps(_mm512_set1_epi32((127 - d.bias + 127) << 23));
+  switch (f) {
+    case Format::e4m3fn:  // 0x7F / 0xFF are NaN
+      r.special_mask = _mm512_set1_epi8(0x7F);
+      r.special_value = _mm512_set1_epi8(0x7F);
+      r.special_is_eq = true;
+      break;
+    case Format::e5m2:  // magnitudes 0x7C.. are Inf and NaN
+      r.special_mask = _mm512_set1_epi8(0x7F);
+      r.special_value = _mm512_set1_epi8(0x7B);
+      r.special_is_eq = false;
+      break;
+    default:  // fnuz: 0x80 is NaN
+      r.special_mask = _mm512_set1_epi8(static_cast<char>(0xFF));
+      r.special_value = _mm512_set1_epi8(static_cast<char>(0x80));
+      r.special_is_eq = true;
+  }
+  return r;
+}
+
+template <int kShift, bool kRebiased>
+[[gnu::always_inline]] inline __m512 decode16(__m128i codes16, const Decode& d) {
+  const __m512i v = _mm512_cvtepi8_epi32(codes16);
+  const __m512 bits = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, kShift), d.fields));
+  if constexpr (kRebiased) return bits;
+  return _mm512_mul_ps(bits, d.rebias);
+}
+
+[[gnu::always_inline]] inline __mmask64 special64(__m512i codes, const Decode& d) {
+  const __m512i masked = _mm512_and_si512(codes, d.special_mask);
+  return d.special_is_eq ? _mm512_cmpeq_epi8_mask(masked, d.special_value)
+                         : _mm512_cmpgt_epi8_mask(masked, d.special_value);
+}
+
+// kM activation rows times kR weight rows starting at row j, all of K. Returns false on a special code.
+template <int kShift, bool kRebiased, int kM, int kR>
+bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kblock, const float* x, std::int64_t ldx,
+               float sum_scale, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out,
+               std::int64_t ldo) {
+  const std::uint8_t* rows[kR];
+#pragma GCC unroll 4
+  for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
+  float total[kM][kR] = {};
+  __mmask64 special = 0;
+  for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
+    const std::int64_t k1 = std::min(k, k0 + kblock);
+    __m512 acc[kM][kR];
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_setzero_ps();
+    // 64 weights per row per step; the last step of a block under masks (code 0 is +0 in every format).
+    for (std::int64_t kk = k0; kk < k1; kk += 64) {
+      const std::int64_t len = std::min<std::int64_t>(64, k1 - kk);
+      const __mmask64 valid = len == 64 ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
+      __m512i codes[kR];
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 1024, _MM_HINT_T0);
+        codes[r] = _mm512_maskz_loadu_epi8(valid, rows[r] + kk);
+        special |= special64(codes[r], d) & valid;
+      }
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; ++s) {
+        if (16 * s >= len) break;
+        const auto lanes = static_cast<__mmask16>(len - 16 * s >= 16 ? 0xFFFF : (1u << (len - 16 * s)) - 1u);
+        __m512 xs[kM];
+#pragma GCC unroll 4
+        for (int i = 0; i < kM; ++i) xs[i] = _mm512_maskz_loadu_ps(lanes, x + i * ldx + kk + 16 * s);
+#pragma GCC unroll 4
+        for (int r = 0; r < kR; ++r) {
+          const __m128i c16 = _mm512_extracti32x4_epi32(codes[r], 0);
+          __m128i part = c16;
+          if (s == 1) part = _mm512_extracti32x4_epi32(codes[r], 1);
+          if (s == 2) part = _mm512_extracti32x4_epi32(codes[r], 2);
+          if (s == 3) part = _mm512_extracti32x4_epi32(codes[r], 3);
+          const __m512 wv = decode16<kShift, kRebiased>(part, d);
+#pragma GCC unroll 4
+          for (int i = 0; i < kM; ++i) acc[i][r] = _mm512_fmadd_ps(xs[i], wv, acc[i][r]);
+        }
+      }
+    }
+    // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i) {
+      const float s = sa.at(i, kb);
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) {
+        float sum = _mm512_reduce_add_ps(acc[i][r]);
+        if constexpr (kRebiased) sum *= sum_scale;  // exact: a power of two
+        total[i][r] = std::fma(sum * s, sb.at(j + r, kb), total[i][r]);
+      }
+    }
+  }
+  if (special != 0) return false;
+#pragma GCC unroll 4
+  for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 4
+    for (int r = 0; r < kR; ++r) out[i * ldo + j + r] = total[i][r];
+  return true;
+}
+
+template <int kShift, bool kRebiased, int kM>
+bool gemv_m(const Decode& d, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock, const float* x,
+            std::int64_t ldx, float sum_scale, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb,
+            float* out, std::int64_t ldo) {
+  constexpr int kR = kM <= 2 ? 4 : 2;
+  std::int64_t j = j0;
+  for (; j + kR <= j1; j += kR) {
+    if (!gemv_rows<kShift, kRebiased, kM, kR>(d, j, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo)) return false;
+  }
+  for (; j < j1; ++j) {
+    if (!gemv_rows<kShift, kRebiased, kM, 1>(d, j, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo)) return false;
+  }
+  return true;
+}
+
+template <int kShift, bool kRebiased>
+bool gemv_shift(const Decode& d, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
+                const float* x, std::int64_t ldx, float sum_scale, const std::uint8_t* w, const ScaleIndex& sa,
+                const ScaleIndex& sb, float* out, std::int64_t ldo) {
+  switch (m) {
+    case 1:
+      return gemv_m<kShift, kRebiased, 1>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
+    case 2:
+      return gemv_m<kShift, kRebiased, 2>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
+    case 3:
+      return gemv_m<kShift, kRebiased, 3>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
+    case 4:
+      return gemv_m<kShift, kRebiased, 4>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
+    default:
+      return false;
+  }
+}
+
+bool gemv_avx512(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
+                 const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
+                 std::int64_t ldo) {
+  if ((_mm_getcsr() & 0x0040u) != 0) return false;  // DAZ on this thread would flush the FP8 subnormals' step
+  const Decode d = make_decode(f);
+  const bool e4 = descriptor(f).mantissa_bits == 3;
+  if (in.rebiased != nullptr) {
+    return e4 ? gemv_shift<20, true>(d, m, j0, j1, k, kblock, in.rebiased, in.ldx, in.sum_scale, w, sa, sb, out, ldo)
+              : gemv_shift<21, true>(d, m, j0, j1, k, kblock, in.rebiased, in.ldx, in.sum_scale, w, sa, sb, out, ldo);
+  }
+  return e4 ? gemv_shift<20, false>(d, m, j0, j1, k, kblock, in.x, in.ldx, 1.0f, w, sa, sb, out, ldo)
+            : gemv_shift<21, false>(d, m, j0, j1, k, kblock, in.x, in.ldx, 1.0f, w, sa, sb, out, ldo);
+}
+
+// Goto blocking: the left strip (12 x 256 floats: 12 KiB) and the right strip (256 x 32: 32 KiB) in L1, the left
+// panel (96 x 256: 96 KiB) in L2, the right panel (256 x 4096: 4 MiB) in L3.
+const GemmKernel kGemm{.name = "avx512-fma 12x32",
+                       .contract = MmContract::kBitIdentical,
+                       .bf16_operands = false,
+                       .mr = kMr,
+                       .nr = kNr,
+                       .kc = 256,
+                       .mc = 96,
+                       .nc = 4096,
+                       .k_align = 1,
+                       .elem_bytes = sizeof(float),
+                       .weights_left_max_m = 0,
+                       .pack_left = &pack_f32,
+                       .pack_right = &pack_f32,
+                       .accumulate = &accumulate_avx512,
+                       .scale_accumulate = &scale_accumulate_avx512};
+const GemvKernel kGemv{"avx512-gemv", MmContract::kFp32Bound, false, &gemv_avx512};
+
+}  // namespace
+
+const MmKernelTable& avx512_mm_kernels() {
+  static const MmKernelTable table{"avx512", Isa::kAvx512, &kGemm, nullptr, &kGemv, nullptr, &finish_row_avx512};
+  return table;
+}
+
+}  // namespace fp8kit::mm_detail

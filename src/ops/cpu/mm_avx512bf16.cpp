@@ -1,0 +1,342 @@
+// AVX512-BF16 matrix-multiply kernels for operands exact in bfloat16 (every FP8 format, bfloat16 activations): the
+// bfloat16 packing the AMX kernels share, a vdpbf16ps GEMM micro-kernel and a vdpbf16ps GEMV.
+//
+// FP8 codes are decoded exactly to bfloat16 while packing (64 at a time through the VBMI byte tables where the CPU
+// has VBMI, the conversion kernels otherwise); the products of two bfloat16 values are exact in FP32, so the only
+// roundings are the sums'. vdpbf16ps adds each lane's pair of products into its FP32 accumulator in its own order,
+// with round to nearest even, reading bfloat16 subnormals as zero and flushing subnormal results (it ignores MXCSR):
+// the kFp32Bound contract. With FP8 operands on both sides no value, product or partial sum is subnormal (every FP8
+// value is a normal bfloat16, every product a multiple of 2^-34), so DAZ/FTZ change nothing there.
+//
+// GEMM micro-kernel: a 12 x 32 tile in 24 zmm accumulators; per K pair, the right strip's two 16-column groups
+// (64 bytes each, [pair][column][2]) and a broadcast of each left row's pair.
+// GEMV: each weight row's 64 codes decoded to two vectors of 32 bfloat16 and multiplied pairwise with the
+// activations in bfloat16 (exact for FP8 and bfloat16 activations; float32 ones run the FMA GEMV).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "convert/cpu/fp8_decode_avx512.hpp"
+#include "fp8kit/convert.hpp"
+#include "fp8kit/cpu.hpp"
+#include "fp8kit/error.hpp"
+#include "mm_kernels.hpp"
+#include "transpose_avx512.hpp"
+
+namespace fp8kit::mm_detail {
+namespace {
+
+using convert_detail::byte_tables;
+using convert_detail::ByteTables;
+
+std::int64_t round_up(std::int64_t x, std::int64_t to) {
+  return (x + to - 1) / to * to;
+}
+
+__m512bh as_bh(__m512i v) {
+  return reinterpret_cast<__m512bh&>(v);
+}
+
+// n codes -> n bfloat16 (exact).
+void decode_codes(const std::uint8_t* codes, Format f, std::int64_t n, std::uint16_t* out) {
+  if (!cpu_features().avx512vbmi) {
+    cast_from_fp8(std::span<const std::uint8_t>(codes, static_cast<std::size_t>(n)), f,
+                  std::span<bfloat16>(reinterpret_cast<bfloat16*>(out), static_cast<std::size_t>(n)));
+    return;
+  }
+  const ByteTables& t = byte_tables<bfloat16>(f);
+  std::int64_t i = 0;
+  for (; i < n; i += 64) {
+    const std::int64_t len = std::min<std::int64_t>(64, n - i);
+    const __mmask64 valid = len == 64 ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
+    __m512i first, second;
+    convert_detail::decode64_words(_mm512_maskz_loadu_epi8(valid, codes + i), t, first, second);
+    if (len == 64) {
+      _mm512_storeu_si512(out + i, first);
+      _mm512_storeu_si512(out + i + 32, second);
+    } else {
+      const auto lo = static_cast<__mmask32>(len >= 32 ? 0xFFFFFFFFu : (std::uint32_t{1} << len) - 1u);
+      const auto hi = static_cast<__mmask32>(len <= 32 ? 0u : (std::uint32_t{1} << (len - 32)) - 1u);
+      _mm512_mask_storeu_epi16(out + i, lo, first);
+      if (hi != 0) _mm512_mask_storeu_epi16(out + i + 32, hi, second);
+    }
+  }
+}
+
+// Row r of an operand, K [k0, k0 + kc), as bfloat16 bits (k-contiguous operands).
+void row_bf16(const Operand& x, std::int64_t r, std::int64_t k0, std::int64_t kc, std::uint16_t* out) {
+  const std::int64_t base = r * x.ld + k0;
+  if (x.codes != nullptr) {
+    decode_codes(x.codes + base, x.format, kc, out);
+  } else {
+    std::memcpy(out, x.bf16 + base, static_cast<std::size_t>(kc) * sizeof(std::uint16_t));
+  }
+}
+
+// Element (r, kk) of an operand as bfloat16 bits.
+std::uint16_t element_bf16(const Operand& x, std::int64_t r, std::int64_t kk) {
+  const std::int64_t idx = x.k_contiguous ? r * x.ld + kk : kk * x.ld + r;
+  if (x.codes != nullptr) return decode_to_bfloat16(x.format, x.codes[idx]).bits;
+  return x.bf16[idx].bits;
+}
+
+// 16 rows x kc_pad of a k-contiguous operand (rows beyond `rows` zero) -> [kc_pad / 2][16][2].
+void vnni_group_contiguous(const Operand& x, std::int64_t r0, std::int64_t rows, std::int64_t k0, std::int64_t kc,
+                           std::int64_t kc_pad, std::uint16_t* dst) {
+  static const TransposeIndex index;
+  thread_local std::vector<std::uint16_t> lines;
+  lines.resize(static_cast<std::size_t>(16 * kc_pad));
+  for (std::int64_t i = 0; i < 16; ++i) {
+    std::uint16_t* line = lines.data() + i * kc_pad;
+    if (i < rows) {
+      row_bf16(x, r0 + i, k0, kc, line);
+      std::memset(line + kc, 0, static_cast<std::size_t>(kc_pad - kc) * sizeof(std::uint16_t));
+    } else {
+      std::memset(line, 0, static_cast<std::size_t>(kc_pad) * sizeof(std::uint16_t));
+    }
+  }
+  for (std::int64_t kk = 0; kk < kc_pad; kk += 32) {
+    __m512i r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(lines.data() + i * kc_pad + kk);
+    transpose16x16(r, index);  // row p: pair p of the 16 rows, side by side
+#pragma GCC unroll 16
+    for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + (kk / 2 + p) * 32, r[p]);
+  }
+}
+
+}  // namespace
+
+void pack_bf16_rows(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+                    std::int64_t kc, void* dst_bytes) {
+  auto* dst = static_cast<std::uint16_t*>(dst_bytes);
+  const std::int64_t kc_pad = round_up(kc, kBf16KAlign);
+  const std::int64_t total = round_up(rows, width);
+  for (std::int64_t i = 0; i < total; ++i) {
+    std::uint16_t* row = dst + i * kc_pad;
+    if (i >= rows) {
+      std::memset(row, 0, static_cast<std::size_t>(kc_pad) * sizeof(std::uint16_t));
+      continue;
+    }
+    if (x.k_contiguous) {
+      row_bf16(x, r0 + i, k0, kc, row);
+    } else {
+      for (std::int64_t kk = 0; kk < kc; ++kk) row[kk] = element_bf16(x, r0 + i, k0 + kk);
+    }
+    std::memset(row + kc, 0, static_cast<std::size_t>(kc_pad - kc) * sizeof(std::uint16_t));
+  }
+}
+
+void pack_bf16_vnni(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
+                    std::int64_t kc, void* dst_bytes) {
+  FP8KIT_CHECK(width % 16 == 0, "pack_bf16_vnni: strips of ", width, " rows are not whole 16-column groups");
+  auto* dst = static_cast<std::uint16_t*>(dst_bytes);
+  const std::int64_t kc_pad = round_up(kc, kBf16KAlign);
+  const std::int64_t groups = round_up(rows, width) / 16;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    std::uint16_t* group = dst + g * 16 * kc_pad;
+    const std::int64_t g_rows = std::clamp<std::int64_t>(rows - 16 * g, 0, 16);
+    if (x.k_contiguous) {
+      vnni_group_contiguous(x, r0 + 16 * g, g_rows, k0, kc, kc_pad, group);
+      continue;
+    }
+    // K x N storage: each K pair of 16 neighbouring columns.
+    for (std::int64_t kk = 0; kk < kc_pad; ++kk) {
+      for (std::int64_t c = 0; c < 16; ++c) {
+        const bool inside = c < g_rows && kk < kc;
+        group[(kk / 2) * 32 + c * 2 + (kk % 2)] = inside ? element_bf16(x, r0 + 16 * g + c, k0 + kk) : 0;
+      }
+    }
+  }
+}
+
+namespace {
+
+// ---------------------------------------------------------------- GEMM micro-kernel
+
+constexpr std::int64_t kMr = 12, kNr = 32;
+
+template <bool kScale>
+void tile_12x32(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off, std::int64_t k_len,
+                float* c, std::int64_t ldc, const float* sa, const float* sb, bool zero = false) {
+  const auto* a = static_cast<const std::uint16_t*>(left) + k_off;
+  const auto* b0 = static_cast<const std::uint16_t*>(right) + k_off * 16;
+  const std::uint16_t* b1 = b0 + 16 * kc_pad;
+  __m512 acc[kMr][2];
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i) {
+    if (kScale || zero) {
+      acc[i][0] = _mm512_setzero_ps();
+      acc[i][1] = _mm512_setzero_ps();
+    } else {
+      acc[i][0] = _mm512_loadu_ps(c + i * ldc);
+      acc[i][1] = _mm512_loadu_ps(c + i * ldc + 16);
+    }
+  }
+  const std::int64_t pairs = (k_len + 1) / 2;  // the padding past k_len is zero
+  for (std::int64_t p = 0; p < pairs; ++p) {
+    const __m512bh v0 = as_bh(_mm512_loadu_si512(b0 + 32 * p)), v1 = as_bh(_mm512_loadu_si512(b1 + 32 * p));
+#pragma GCC unroll 12
+    for (int i = 0; i < kMr; ++i) {
+      std::int32_t pair;
+      std::memcpy(&pair, a + i * kc_pad + 2 * p, sizeof(pair));
+      const __m512bh ai = as_bh(_mm512_set1_epi32(pair));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, v0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, v1);
+    }
+  }
+  if constexpr (kScale) {
+    const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < kMr; ++i) {
+      const __m512 s = _mm512_set1_ps(sa[i]);
+      acc[i][0] = _mm512_fmadd_ps(_mm512_mul_ps(acc[i][0], s), sb0, _mm512_loadu_ps(c + i * ldc));
+      acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(acc[i][1], s), sb1, _mm512_loadu_ps(c + i * ldc + 16));
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i) {
+    _mm512_storeu_ps(c + i * ldc, acc[i][0]);
+    _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
+  }
+}
+
+void accumulate_dpbf16(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off, std::int64_t k_len,
+                       float* c, std::int64_t ldc, bool overwrite) {
+  tile_12x32<false>(left, right, kc_pad, k_off, k_len, c, ldc, nullptr, nullptr, overwrite);
+}
+
+void scale_accumulate_dpbf16(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off,
+                             std::int64_t k_len, float* c, std::int64_t ldc, const float* sa, const float* sb) {
+  tile_12x32<true>(left, right, kc_pad, k_off, k_len, c, ldc, sa, sb);
+}
+
+// ---------------------------------------------------------------- GEMV
+
+// kM activation rows (bfloat16) times kR weight rows starting at row j, all of K.
+template <int kM, int kR>
+void gemv_rows(const ByteTables& t, std::int64_t j, std::int64_t k, std::int64_t kblock, const std::uint16_t* x,
+               std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out,
+               std::int64_t ldo) {
+  const std::uint8_t* rows[kR];
+#pragma GCC unroll 8
+  for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
+  float total[kM][kR] = {};
+  for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
+    const std::int64_t k1 = std::min(k, k0 + kblock);
+    __m512 acc[kM][kR];
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 8
+      for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_setzero_ps();
+    for (std::int64_t kk = k0; kk < k1; kk += 64) {
+      const std::int64_t len = std::min<std::int64_t>(64, k1 - kk);
+      const __mmask64 valid = len == 64 ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
+      const auto lo = static_cast<__mmask32>(len >= 32 ? 0xFFFFFFFFu : (std::uint32_t{1} << len) - 1u);
+      const auto hi = static_cast<__mmask32>(len <= 32   ? 0u
+                                             : len >= 64 ? 0xFFFFFFFFu
+                                                         : (std::uint32_t{1} << (len - 32)) - 1u);
+      __m512bh xs[kM][2];
+#pragma GCC unroll 4
+      for (int i = 0; i < kM; ++i) {
+        xs[i][0] = as_bh(_mm512_maskz_loadu_epi16(lo, x + i * ldx + kk));
+        xs[i][1] = as_bh(_mm512_maskz_loadu_epi16(hi, x + i * ldx + kk + 32));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < kR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 1024, _MM_HINT_T0);
+        __m512i first, second;
+        convert_detail::decode64_words(_mm512_maskz_loadu_epi8(valid, rows[r] + kk), t, first, second);
+#pragma GCC unroll 4
+        for (int i = 0; i < kM; ++i) {
+          acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][0], as_bh(first));
+          acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][1], as_bh(second));
+        }
+      }
+    }
+    // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i) {
+      const float s = sa.at(i, kb);
+#pragma GCC unroll 8
+      for (int r = 0; r < kR; ++r)
+        total[i][r] = std::fma(_mm512_reduce_add_ps(acc[i][r]) * s, sb.at(j + r, kb), total[i][r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < kR; ++r) out[i * ldo + j + r] = total[i][r];
+}
+
+template <int kM>
+void gemv_m(const ByteTables& t, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
+            const std::uint16_t* x, std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb,
+            float* out, std::int64_t ldo) {
+  constexpr int kR = kM <= 2 ? 4 : 2;
+  std::int64_t j = j0;
+  for (; j + kR <= j1; j += kR) gemv_rows<kM, kR>(t, j, k, kblock, x, ldx, w, sa, sb, out, ldo);
+  for (; j < j1; ++j) gemv_rows<kM, 1>(t, j, k, kblock, x, ldx, w, sa, sb, out, ldo);
+}
+
+bool gemv_dpbf16(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
+                 const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
+                 std::int64_t ldo) {
+  if (in.x_bf16 == nullptr || !cpu_features().avx512vbmi) return false;
+  const ByteTables& t = byte_tables<bfloat16>(f);
+  const auto* x = reinterpret_cast<const std::uint16_t*>(in.x_bf16);
+  switch (m) {
+    case 1:
+      gemv_m<1>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
+      return true;
+    case 2:
+      gemv_m<2>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
+      return true;
+    case 3:
+      gemv_m<3>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
+      return true;
+    case 4:
+      gemv_m<4>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Panels: the left strip (12 rows x 512 K: 12 KiB) and the right strip (512 x 32: 32 KiB) in L1, the left panel
+// (96 x 512: 96 KiB) in L2, the right panel (512 x 2048: 2 MiB) in L2/L3.
+const GemmKernel kGemm{.name = "avx512bf16-dpbf16 12x32",
+                       .contract = MmContract::kFp32Bound,
+                       .bf16_operands = true,
+                       .mr = kMr,
+                       .nr = kNr,
+                       .kc = 512,
+                       .mc = 96,
+                       .nc = 2048,
+                       .k_align = kBf16KAlign,
+                       .elem_bytes = sizeof(std::uint16_t),
+                       .weights_left_max_m = 0,
+                       .pack_left = &pack_bf16_rows,
+                       .pack_right = &pack_bf16_vnni,
+                       .accumulate = &accumulate_dpbf16,
+                       .scale_accumulate = &scale_accumulate_dpbf16};
+const GemvKernel kGemv{"avx512bf16-gemv", MmContract::kFp32Bound, true, &gemv_dpbf16};
+
+}  // namespace
+
+const MmKernelTable& avx512bf16_mm_kernels() {
+  // float32 operands keep the AVX-512 FMA kernels; the bfloat16 GEMV needs VBMI for its in-register decode.
+  static const MmKernelTable table{"avx512-bf16",
+                                   Isa::kAvx512Bf16,
+                                   avx512_mm_kernels().gemm_f32,
+                                   &kGemm,
+                                   avx512_mm_kernels().gemv_f32,
+                                   cpu_features().avx512vbmi ? &kGemv : nullptr,
+                                   avx512_mm_kernels().finish_row};
+  return table;
+}
+
+}  // namespace fp8kit::mm_detail
