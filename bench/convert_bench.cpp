@@ -95,6 +95,7 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
       ConvertResult r;
       r.op = "read-bandwidth";
       r.isa = "-";
+      r.kernel = "-";
       r.elements = options.bytes / 8;
       volatile std::uint64_t sink = 0;
       const auto probe = [&] { sink = sink ^ read_all(copy_src.data(), options.bytes, threads); };
@@ -108,6 +109,7 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
       r.op = op.encode ? std::string(wide_name(op.wide)) + "->" + std::string(name(op.format))
                        : std::string(name(op.format)) + "->" + wide_name(op.wide);
       r.isa = op.scalar ? "scalar" : std::string(conversion_isa());
+      r.kernel = op.scalar ? "scalar" : std::string(conversion_kernel());
       r.overflow = op.encode ? (op.overflow == Overflow::kSaturate ? "saturate" : "non-saturating") : "";
       r.scale = op.scale;
       const int op_threads = op.scalar ? 1 : threads;

@@ -20,7 +20,8 @@ struct ConvertBenchOptions {
 
 struct ConvertResult {
   std::string op;        // "f32->e4m3fn", "e5m2->bf16", ...
-  std::string isa;       // the kernels used: "avx2", "scalar"
+  std::string isa;       // the ISA level of the kernels used: "avx512", "avx2", "scalar" ("-" for the probe)
+  std::string kernel;    // their table's name: "avx512-vbmi", ...
   std::string overflow;  // "saturate" or "non-saturating" (encodes); "" for decodes
   float scale = 1.0f;    // the scale (encodes) or scale_inv (decodes) applied
   std::size_t elements = 0;

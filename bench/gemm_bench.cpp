@@ -16,7 +16,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "bf16_baseline.hpp"
 #include "fp8kit/cpu.hpp"
+#include "fp8kit/half.hpp"
 #include "fp8kit/quantize.hpp"
 #include "fp8kit/scaled_mm.hpp"
 #include "harness.hpp"
@@ -138,18 +140,26 @@ double relative_difference(std::span<const float> got, std::span<const float> wa
 constexpr auto kSettle = std::chrono::milliseconds(20);
 
 // Medians of `fns` run in rotation after one warm-up each: repetition r starts with fns[r % n], so each sees the
-// others' effect on caches and clocks alike (for two functions, the ABAB/BABA order of time_interleaved).
+// others' effect on caches and clocks alike (for two functions, the ABAB/BABA order of time_interleaved). A function
+// whose warm-up took less than kShortRun is run once more, untimed, right before each timed run: after the settle
+// pause the vCPUs have idled and their threads sleep, and waking them costs milliseconds on a VM (measured: a 1 ms
+// 16x4096x4096 GEMM timed 3-8x slower straight after 20 ms of sleep, for oneDNN and fp8kit alike), which would
+// measure the wake-up instead of the kernel.
+constexpr double kShortRun = 0.02;  // seconds
+
 std::vector<double> time_rotated(const std::vector<std::function<void()>>& fns, int reps) {
   const std::size_t n = fns.size();
-  for (const auto& f : fns) {
+  std::vector<bool> short_run(n);
+  for (std::size_t i = 0; i < n; ++i) {
     std::this_thread::sleep_for(kSettle);
-    f();
+    short_run[i] = time_once(fns[i]) < kShortRun;
   }
   std::vector<std::vector<double>> times(n);
   for (int r = 0; r < reps; ++r) {
     for (std::size_t j = 0; j < n; ++j) {
       const std::size_t i = (static_cast<std::size_t>(r) + j) % n;
       std::this_thread::sleep_for(kSettle);
+      if (short_run[i]) fns[i]();
       times[i].push_back(time_once(fns[i]));
     }
   }
@@ -171,17 +181,32 @@ void apply_threads(int threads) {
   openblas().set_num_threads(threads);
 }
 
-// fp8-gemm and sgemm rows for one GEMM shape at each thread count.
+// The same values as bfloat16 bits (round to nearest even), for the BF16 baseline.
+std::vector<std::uint16_t> to_bf16(std::span<const float> x) {
+  std::vector<std::uint16_t> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = bfloat16::from_float(x[i]).bits;
+  return out;
+}
+
+// fp8-gemm, sgemm and (where built in) bf16-gemm rows for one GEMM shape at each thread count.
 void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, std::vector<GemmResult>& results,
                 const std::function<void()>& step) {
   const OpenBlas& blas = openblas();
   const auto mk = static_cast<std::size_t>(s.m * s.k), nk = static_cast<std::size_t>(s.n * s.k);
   const auto mn = static_cast<std::size_t>(s.m * s.n);
-  Buffer a(mk * 4), b(nk * 4), c_f32(mn * 4), c_fp8(mn * 4);
+  Buffer a(mk * 4), b(nk * 4), c_f32(mn * 4), c_fp8(mn * 4), c_bf16(mn * 4);
   fill_normal(a.as<float>(), 11);
   fill_normal(b.as<float>(), 12);
   const ScaledMatrix qa = quantize(MatrixView{a.as<const float>().data(), s.m, s.k}, e4m3fn(Granularity::tensor()));
   const ScaledMatrix qb = quantize(MatrixView{b.as<const float>().data(), s.n, s.k}, e4m3fn(Granularity::tensor()));
+  const bool with_bf16 = options.bf16_baseline && bf16_library().available;
+  std::vector<std::uint16_t> a16, b16;
+  std::unique_ptr<Bf16Gemm> bf16;
+  if (with_bf16) {
+    a16 = to_bf16(a.as<const float>());
+    b16 = to_bf16(b.as<const float>());
+    bf16 = std::make_unique<Bf16Gemm>(s.m, s.n, s.k, a16.data(), b16.data(), c_bf16.as<float>().data());
+  }
   const ScaledMmOptions mm{BLayout::kNK, DType::float32, {}};
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   for (int threads : options.threads) {
@@ -194,29 +219,40 @@ void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, s
                  a.as<const float>().data(), static_cast<int>(s.k), b.as<const float>().data(), static_cast<int>(s.k),
                  0.0f, c_f32.as<float>().data(), static_cast<int>(s.n));
     };
-    const std::vector<double> medians = time_rotated({fp8, sgemm}, reps);
-    const PairTiming t{medians[0], medians[1]};
-    GemmResult row;
-    row.shape = s;
-    row.threads = threads;
-    row.openblas_threads = blas.get_num_threads();
-    row.reps = reps;
-    GemmResult base = row;
+    std::vector<std::function<void()>> fns = {fp8, sgemm};
+    if (with_bf16) fns.emplace_back([&] { bf16->run(); });
+    const std::vector<double> t = time_rotated(fns, reps);
+    GemmResult common;
+    common.shape = s;
+    common.threads = threads;
+    common.openblas_threads = blas.get_num_threads();
+    common.reps = reps;
+    common.isa = std::string(name(active_isa()));
+    GemmResult row = common, base = common;
     row.op = "fp8-gemm";
     row.baseline = "sgemm";
     row.path = std::string(name(dispatch.path));
     row.kernel = std::string(dispatch.kernel);
-    row.isa = std::string(name(dispatch.isa));
-    row.seconds = t.kernel_seconds;
-    row.gflops = per_second(flops, t.kernel_seconds) / 1e9;
-    row.baseline_seconds = t.baseline_seconds;
-    row.ratio = per_second(t.baseline_seconds, t.kernel_seconds);
+    row.seconds = t[0];
+    row.gflops = per_second(flops, t[0]) / 1e9;
+    row.baseline_seconds = t[1];
+    row.ratio = per_second(t[1], t[0]);
     row.rel_diff = relative_difference(c_fp8.as<const float>().first(mn), c_f32.as<const float>().first(mn));
     base.op = "sgemm";
-    base.seconds = t.baseline_seconds;
-    base.gflops = per_second(flops, t.baseline_seconds) / 1e9;
+    base.seconds = t[1];
+    base.gflops = per_second(flops, t[1]) / 1e9;
+    if (with_bf16) row.bf16_ratio = per_second(t[2], t[0]);
     results.push_back(row);
     results.push_back(base);
+    if (with_bf16) {
+      GemmResult lib = common;
+      lib.op = "bf16-gemm";
+      lib.library = bf16_library().name + " (" + bf16->implementation() + ")";
+      lib.seconds = t[2];
+      lib.gflops = per_second(flops, t[2]) / 1e9;
+      lib.rel_diff = relative_difference(c_bf16.as<const float>().first(mn), c_f32.as<const float>().first(mn));
+      results.push_back(lib);
+    }
     step();
   }
 }
@@ -234,23 +270,31 @@ void bench_gemv(const GemmShape& s, const GemmBenchOptions& options, int reps, s
   // The probe reads as many bytes as the FP8 weights, from a buffer of its own (a copy of the codes).
   std::memcpy(probe.data(), qw.data.data(), nk);
   const ActivationView xv{x.data(), DType::float32, 1, s.k};
+  // The same activations in bfloat16: the weight-only product of bfloat16 models (and the path of the bfloat16 GEMV
+  // kernels, which need activations exact in bfloat16).
+  const std::vector<std::uint16_t> x16 = to_bf16(x.as<const float>().first(k));
+  const ActivationView xv16{x16.data(), DType::bfloat16, 1, s.k};
+  Buffer y_fp8_16(n * 4);
   const double flops = 2.0 * static_cast<double>(nk);
   for (int threads : options.threads) {
     apply_threads(threads);
     MmDispatch dispatch;
     volatile std::uint64_t sink = 0;
+    MmDispatch dispatch16;
     const auto fp8 = [&] { fp8_weight_mm(xv, qw, y_fp8.as<float>().first(n), {}, &dispatch); };
+    const auto fp8_16 = [&] { fp8_weight_mm(xv16, qw, y_fp8_16.as<float>().first(n), {}, &dispatch16); };
     const auto sgemv = [&] {
       blas.sgemv(kRowMajor, kNoTrans, static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, w.as<const float>().data(),
                  static_cast<int>(s.k), x.as<const float>().data(), 1, 0.0f, y_f32.as<float>().data(), 1);
     };
     const auto read = [&] { sink = sink ^ read_all(probe.data(), nk, threads); };
-    const std::vector<double> t = time_rotated({fp8, sgemv, read}, reps);
+    const std::vector<double> t = time_rotated({fp8, sgemv, read, fp8_16}, reps);
     GemmResult common;
     common.shape = s;
     common.threads = threads;
     common.openblas_threads = blas.get_num_threads();
     common.reps = reps;
+    common.isa = std::string(name(active_isa()));
     GemmResult row = common, base = common, bw = common;
     bw.op = "read-bandwidth";
     bw.bytes = nk;
@@ -260,7 +304,6 @@ void bench_gemv(const GemmShape& s, const GemmBenchOptions& options, int reps, s
     row.baseline = "sgemv";
     row.path = std::string(name(dispatch.path));
     row.kernel = std::string(dispatch.kernel);
-    row.isa = std::string(name(dispatch.isa));
     row.bytes = nk;
     row.seconds = t[0];
     row.gflops = per_second(flops, t[0]) / 1e9;
@@ -277,7 +320,17 @@ void bench_gemv(const GemmShape& s, const GemmBenchOptions& options, int reps, s
     base.gflops = per_second(flops, t[1]) / 1e9;
     base.gbps = per_second(4.0 * static_cast<double>(nk), t[1]) / 1e9;
     base.gweights = per_second(static_cast<double>(nk), t[1]) / 1e9;
+    GemmResult row16 = row;
+    row16.op = "fp8-gemv-bf16x";
+    row16.kernel = std::string(dispatch16.kernel);
+    row16.seconds = t[3];
+    row16.gflops = per_second(flops, t[3]) / 1e9;
+    row16.gbps = row16.gweights = per_second(static_cast<double>(nk), t[3]) / 1e9;
+    row16.ratio = per_second(t[1], t[3]);
+    row16.read_bandwidth_ratio = bw.gbps > 0 ? row16.gbps / bw.gbps : 0.0;
+    row16.rel_diff = relative_difference(y_fp8_16.as<const float>().first(n), y_f32.as<const float>().first(n));
     results.push_back(row);
+    results.push_back(row16);
     results.push_back(base);
     results.push_back(bw);
     step();
@@ -292,12 +345,14 @@ std::string GemmShape::name() const {
 }
 
 std::vector<GemmShape> default_gemm_shapes() {
-  return {{false, 2048, 2048, 2048}, {false, 4096, 4096, 4096}, {true, 1, 8192, 8192}, {true, 1, 16384, 8192}};
+  return {{false, 2048, 2048, 2048}, {false, 4096, 4096, 4096}, {false, 16, 4096, 4096},
+          {false, 64, 4096, 4096},   {true, 1, 8192, 8192},     {true, 1, 16384, 8192}};
 }
 
 int default_gemm_reps(const GemmShape& shape) {
   if (shape.gemv) return 11;
   const double volume = static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k);
+  if (volume < 1024.0 * 1024.0 * 1024.0) return 15;  // a few milliseconds each: more repetitions against noise
   return volume < 4096.0 * 4096.0 * 4096.0 ? 5 : 3;
 }
 

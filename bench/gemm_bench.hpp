@@ -23,14 +23,17 @@ struct GemmShape {
   std::string name() const;
 };
 
-// gemm:2048, gemm:4096 (cubes), gemv:8192x8192, gemv:16384x8192.
+// gemm:2048, gemm:4096 (cubes), gemm:16x4096x4096, gemm:64x4096x4096 (small M: decode-time shapes),
+// gemv:8192x8192, gemv:16384x8192.
 std::vector<GemmShape> default_gemm_shapes();
 
-// Repetitions when --reps is not given: 11 for a GEMV, 5 for a GEMM below 4096^3 multiply-adds, 3 from there on.
+// Repetitions when --reps is not given: 11 for a GEMV, 15 for a GEMM below 1024^3 multiply-adds, 5 below 4096^3,
+// 3 from there on.
 int default_gemm_reps(const GemmShape& shape);
 
 struct GemmBenchOptions {
   std::vector<GemmShape> shapes = default_gemm_shapes();
+  bool bf16_baseline = true;  // time oneDNN's bf16 matmul too, where it is built in
   std::vector<int> threads = {1, 2};
   int reps = 0;  // 0: default_gemm_reps per shape
 };
@@ -47,11 +50,14 @@ struct OpenBlasInfo {
 const OpenBlasInfo& load_openblas();
 
 struct GemmResult {
-  std::string op;        // "fp8-gemm", "sgemm", "fp8-gemv", "sgemv", "read-bandwidth"
+  // "fp8-gemm", "sgemm", "bf16-gemm", "fp8-gemv" (float32 activations), "fp8-gemv-bf16x" (bfloat16 activations),
+  // "sgemv", "read-bandwidth"
+  std::string op;
   std::string baseline;  // "sgemm" (fp8-gemm), "sgemv" (fp8-gemv); "" for the baseline rows themselves
+  std::string isa;       // the ISA level in force while the row was measured (every row)
+  std::string library;   // bf16-gemm rows: "oneDNN 2.6.3 (brg:avx512_core_amx_bf16)"; "" otherwise
   std::string path;      // fp8 rows: name(MmPath) the dispatcher took ("gemm", "gemv"); "" otherwise
   std::string kernel;    // fp8 rows: the kernel that ran ("amx-bf16 32x32", ...); "" otherwise
-  std::string isa;       // fp8 rows: its ISA level; "" for the baselines
   GemmShape shape;
   int threads = 1;
   int openblas_threads = 0;  // openblas_get_num_threads() while this row was measured
@@ -64,6 +70,7 @@ struct GemmResult {
   double baseline_seconds = 0;  // the baseline's median, 0 for baseline rows
   // fp8-gemm: gflops / sgemm gflops; fp8-gemv: weights per second / sgemv weights per second; 0 for baseline rows.
   double ratio = 0;
+  double bf16_ratio = 0;            // fp8-gemm: gflops / bf16-gemm gflops (0 without the BF16 baseline)
   double read_bandwidth_gbps = 0;   // fp8-gemv: the read probe's GB/s in the same rotation
   double read_bandwidth_ratio = 0;  // fp8-gemv: gbps / read_bandwidth_gbps
   // fp8 rows: ||out_fp8 - out_f32||_2 / ||out_f32||_2 against the OpenBLAS result on the unquantized data (the

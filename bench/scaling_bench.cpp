@@ -4,6 +4,7 @@
 #include <random>
 
 #include "fp8kit/amax.hpp"
+#include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
 #include "fp8kit/quantize.hpp"
 #include "harness.hpp"
@@ -41,7 +42,14 @@ std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
     auto add = [&](std::string op, std::string granularity, std::string baseline_name, std::size_t moved,
                    const std::function<void()>& kernel, const std::function<void()>& baseline,
                    std::size_t baseline_bytes) {
+      const bool probe = op == "read-bandwidth";
+      std::string kernel_name = probe ? ""
+                                      : std::string(amax_kernel()) + " amax" +
+                                            (op == "amax" ? ""
+                                                          : " + " + std::string(conversion_kernel()) +
+                                                                (op == "dequantize" ? " decode" : " encode"));
       results.push_back({std::move(op), std::move(granularity), std::move(baseline_name),
+                         std::string(name(active_isa())), std::move(kernel_name),
                          measure(kernel, baseline, options.reps, threads, moved, baseline_bytes)});
       if (progress) progress(++done, total);
     };

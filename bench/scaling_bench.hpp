@@ -21,6 +21,8 @@ struct ScalingResult {
   std::string op;           // "amax", "quantize", "dequantize", "read-bandwidth"
   std::string granularity;  // "tensor", "row", "block:1x128", ... ("" for amax and the probe)
   std::string baseline;     // "read-bandwidth" (amax) or "memcpy"
+  std::string isa;          // the ISA level in force
+  std::string kernel;       // "avx512 amax + avx512-vbmi encode" ("" for the probe)
   Timing timing;
 };
 

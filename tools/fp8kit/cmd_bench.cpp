@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bf16_baseline.hpp"
 #include "cli_common.hpp"
 #include "convert_bench.hpp"
 #include "fp8kit/convert.hpp"
@@ -58,7 +59,42 @@ struct BenchArgs {
   int threads = 0;
   std::string bytes = "256M";
   int reps = 11;
+  std::string isa;  // --isa
 };
+
+// --isa: "" (the level in force), "all" (every level this CPU runs, lowest first) or a comma list of levels. A level
+// the CPU cannot run is refused, naming what it lacks.
+std::vector<Isa> bench_levels(const std::string& text) {
+  if (text.empty()) return {active_isa()};
+  if (text == "all") return cpu_isa_levels();
+  std::vector<Isa> levels;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', begin);
+    const std::string item = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    const std::optional<Isa> isa = parse_isa(item);
+    if (!isa) throw UsageError("--isa: '" + item + "' is not an ISA level (use all or some of " + isa_names() + ")");
+    if (const std::string missing = missing_for(*isa); !missing.empty())
+      throw UsageError("--isa: this CPU cannot run " + item + " (it lacks " + missing + ")");
+    levels.push_back(*isa);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  return levels;
+}
+
+// Runs `bench` once per level with dispatch capped there, and concatenates the rows.
+template <typename Row, typename Bench>
+std::vector<Row> for_each_level(const std::vector<Isa>& levels, const Bench& bench) {
+  std::vector<Row> rows;
+  for (Isa isa : levels) {
+    set_max_isa(isa);
+    std::vector<Row> part = bench();
+    rows.insert(rows.end(), part.begin(), part.end());
+  }
+  set_max_isa(std::nullopt);
+  return rows;
+}
 
 // The options every benchmark shares, validated, copied into its own options struct.
 template <typename Options>
@@ -106,10 +142,12 @@ nlohmann::json string_or_null(const std::string& s) {
 
 void run_bench_convert(const BenchArgs& args) {
   const auto options = common_options<bench::ConvertBenchOptions>(args);
+  const std::vector<Isa> levels = bench_levels(args.isa);
   std::vector<bench::ConvertResult> results;
   {
     const Progress progress("convert");
-    results = bench::run_convert_bench(options, std::cref(progress));
+    results = for_each_level<bench::ConvertResult>(
+        levels, [&] { return bench::run_convert_bench(options, std::cref(progress)); });
   }
   const std::string cpu = cpu_features().brand;
   if (args.json) {
@@ -118,6 +156,7 @@ void run_bench_convert(const BenchArgs& args) {
       nlohmann::json row = timing_json(r.timing, "memcpy", cpu);
       row["op"] = r.op;
       row["isa"] = r.isa;
+      row["kernel"] = r.kernel;
       row["overflow"] = string_or_null(r.overflow);
       row["scale"] = r.scale;
       row["elements"] = r.elements;
@@ -140,10 +179,12 @@ void run_bench_convert(const BenchArgs& args) {
 
 void run_bench_scaling(const BenchArgs& args) {
   const auto options = common_options<bench::ScalingBenchOptions>(args);
+  const std::vector<Isa> levels = bench_levels(args.isa);
   std::vector<bench::ScalingResult> results;
   {
     const Progress progress("scaling");
-    results = bench::run_scaling_bench(options, std::cref(progress));
+    results = for_each_level<bench::ScalingResult>(
+        levels, [&] { return bench::run_scaling_bench(options, std::cref(progress)); });
   }
   const std::string cpu = cpu_features().brand;
   if (args.json) {
@@ -151,6 +192,8 @@ void run_bench_scaling(const BenchArgs& args) {
     for (const auto& r : results) {
       nlohmann::json row = timing_json(r.timing, r.baseline, cpu);
       row["op"] = r.op;
+      row["isa"] = r.isa;
+      row["kernel"] = string_or_null(r.kernel);
       row["granularity"] = string_or_null(r.granularity);
       row["format"] = r.op == "quantize" || r.op == "dequantize" ? nlohmann::json("e4m3fn") : nlohmann::json(nullptr);
       out.push_back(row);
@@ -163,10 +206,10 @@ void run_bench_scaling(const BenchArgs& args) {
       "CPU: {})\n",
       options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
   fmt::print("GB/s counts bytes read + written; amax is compared with the read probe, the rest with memcpy\n\n");
-  fmt::print("{:<15} {:<15} {:>7} {:>9} {:<15} {:>13} {:>7}\n", "op", "granularity", "threads", "GB/s", "baseline",
-             "baseline GB/s", "ratio");
+  fmt::print("{:<15} {:<11} {:<15} {:>7} {:>9} {:<15} {:>13} {:>7}\n", "op", "isa", "granularity", "threads", "GB/s",
+             "baseline", "baseline GB/s", "ratio");
   for (const auto& r : results) {
-    fmt::print("{:<15} {:<15} {:>7} {:>9.1f} {:<15} {:>13.1f} {:>6.2f}x\n", r.op,
+    fmt::print("{:<15} {:<11} {:<15} {:>7} {:>9.1f} {:<15} {:>13.1f} {:>6.2f}x\n", r.op, r.isa,
                r.granularity.empty() ? "-" : r.granularity, r.timing.threads, r.timing.gbps, r.baseline,
                r.timing.baseline_gbps, r.timing.ratio);
   }
@@ -175,6 +218,7 @@ void run_bench_scaling(const BenchArgs& args) {
 struct GemmArgs {
   bool json = false;
   int threads = 0;
+  std::string isa;
   std::string shapes;  // "" (not given): the default shapes
   bool shapes_given = false;
   int reps = 0;
@@ -262,19 +306,25 @@ void run_bench_gemm(const GemmArgs& args) {
     options.reps = args.reps;
   }
   options.threads = thread_counts(args.threads);
+  const std::vector<Isa> levels = bench_levels(args.isa);
   const bench::OpenBlasInfo& blas = bench::load_openblas();  // fails here, before any work, when it is missing
+  const bench::Bf16Library& bf16 = bench::bf16_library();
   std::vector<bench::GemmResult> results;
   {
     const Progress progress("gemm");
-    results = bench::run_gemm_bench(options, std::cref(progress));
+    results =
+        for_each_level<bench::GemmResult>(levels, [&] { return bench::run_gemm_bench(options, std::cref(progress)); });
   }
   const std::string cpu = cpu_features().brand;
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : results) {
       const bool fp8 = !r.baseline.empty();
-      const bool gemv_row = r.op != "fp8-gemm" && r.op != "sgemm";
+      const bool gemv_row = r.op != "fp8-gemm" && r.op != "sgemm" && r.op != "bf16-gemm";
       out.push_back({{"op", r.op},
+                     {"isa", r.isa},
+                     {"kernel", string_or_null(r.kernel)},
+                     {"library", string_or_null(r.library)},
                      {"shape", r.shape.name()},
                      {"m", r.shape.m},
                      {"n", r.shape.n},
@@ -291,6 +341,7 @@ void run_bench_gemm(const GemmArgs& args) {
                      {"baseline", string_or_null(r.baseline)},
                      {"baseline_seconds", fp8 ? positive_or_null(r.baseline_seconds) : nlohmann::json(nullptr)},
                      {"ratio", fp8 ? positive_or_null(r.ratio) : nlohmann::json(nullptr)},
+                     {"bf16_ratio", positive_or_null(r.bf16_ratio)},
                      {"read_bandwidth_gbps", positive_or_null(r.read_bandwidth_gbps)},
                      {"read_bandwidth_ratio", positive_or_null(r.read_bandwidth_ratio)},
                      {"rel_diff", r.rel_diff >= 0 ? nlohmann::json(r.rel_diff) : nlohmann::json(nullptr)},
@@ -303,32 +354,44 @@ void run_bench_gemm(const GemmArgs& args) {
   }
   std::string thread_list, rep_list;
   for (int t : options.threads) thread_list += (thread_list.empty() ? "" : ", ") + std::to_string(t);
-  rep_list = args.reps_given ? std::to_string(options.reps) : "5 per GEMM under 4096^3, 3 from 4096^3 on, 11 per GEMV";
-  fmt::print("FP8 (e4m3fn) GEMM and GEMV against OpenBLAS sgemm, sgemv and the read probe, same run (medians)\n");
+  rep_list = args.reps_given ? std::to_string(options.reps)
+                             : "15 per GEMM under 1024^3, 5 under 4096^3, 3 from 4096^3 on, 11 per GEMV";
+  fmt::print(
+      "FP8 (e4m3fn) GEMM and GEMV against OpenBLAS sgemm, sgemv, a BF16 GEMM library and the read probe, same run "
+      "(medians)\n");
   fmt::print("CPU: {}; OpenBLAS core: {} ({}); threads: {}; reps: {}\n", cpu.empty() ? "unknown" : cpu,
              blas.core.empty() ? "unknown" : blas.core, blas.config.empty() ? blas.library : blas.config, thread_list,
              rep_list);
+  fmt::print("BF16 baseline: {}\n", bf16.available ? bf16.name + " bf16 matmul (bf16-gemm rows)" : bf16.why_missing);
   fmt::print(
-      "GEMM: A M x K and B N x K, per-tensor scales; GFLOP/s = 2MNK/s. GEMV: N x K weights, per-row scales; GB/s = "
-      "weight bytes/s (1 per FP8 weight, 4 per float32), bytes read for the probe\n");
+      "GEMM: A M x K and B N x K, per-tensor scales; GFLOP/s = 2MNK/s. GEMV: N x K weights, per-row scales, float32 "
+      "activations (fp8-gemv-bf16x: bfloat16); GB/s = weight bytes/s (1 per FP8 weight, 4 per float32), bytes read "
+      "for the probe\n");
   fmt::print(
-      "ratio: fp8-gemm GFLOP/s / sgemm's; fp8-gemv weights/s / sgemv's. vs read: fp8-gemv GB/s / read-bandwidth "
-      "GB/s\n\n");
-  fmt::print("{:<15} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>9}\n", "op", "M", "N", "K",
-             "path", "threads", "reps", "GFLOP/s", "GB/s", "baseline", "ratio", "vs read", "rel diff");
+      "ratio: fp8-gemm GFLOP/s / sgemm's; fp8-gemv weights/s / sgemv's. vs bf16: fp8-gemm GFLOP/s / bf16-gemm's. vs "
+      "read: fp8-gemv GB/s / read-bandwidth GB/s\n\n");
+  fmt::print("{:<15} {:<11} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>7} {:>9}  {}\n", "op",
+             "isa", "M", "N", "K", "path", "threads", "reps", "GFLOP/s", "GB/s", "baseline", "ratio", "vs bf16",
+             "vs read", "rel diff", "kernel / library");
   const auto num = [](double v, int precision) {
     return v > 0 && std::isfinite(v) ? fmt::format("{:.{}f}", v, precision) : std::string("-");
   };
   const auto times = [](double v) { return v > 0 && std::isfinite(v) ? fmt::format("{:.2f}x", v) : std::string("-"); };
   for (const auto& r : results) {
-    fmt::print("{:<15} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>9}\n", r.op, r.shape.m,
-               r.shape.n, r.shape.k, r.path.empty() ? "-" : r.path, r.threads, r.reps, num(r.gflops, 1), num(r.gbps, 1),
-               r.baseline.empty() ? "-" : r.baseline, times(r.ratio), times(r.read_bandwidth_ratio),
-               r.rel_diff >= 0 ? fmt::format("{:.2e}", r.rel_diff) : std::string("-"));
+    fmt::print("{:<15} {:<11} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>7} {:>9}  {}\n",
+               r.op, r.isa, r.shape.m, r.shape.n, r.shape.k, r.path.empty() ? "-" : r.path, r.threads, r.reps,
+               num(r.gflops, 1), num(r.gbps, 1), r.baseline.empty() ? "-" : r.baseline, times(r.ratio),
+               times(r.bf16_ratio), times(r.read_bandwidth_ratio),
+               r.rel_diff >= 0 ? fmt::format("{:.2e}", r.rel_diff) : std::string("-"),
+               !r.kernel.empty() ? r.kernel : (!r.library.empty() ? r.library : std::string("-")));
   }
 }
 
 }  // namespace
+
+constexpr const char* kIsaHelp =
+    "ISA levels to run, each with dispatch capped there: all, or a comma list of scalar, avx2, avx512, avx512-bf16, "
+    "amx (default: the level in force)";
 
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: kernels against baselines measured in the same run");
@@ -341,6 +404,7 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
     cmd->add_option("--bytes", args->bytes, std::string("Size of the ") + what + ", e.g. 256M (default 256M)");
     cmd->add_option("--reps", args->reps, "Repetitions per measurement (default 11)");
+    cmd->add_option("--isa", args->isa, kIsaHelp);
     cmd->callback([args, run] { run(*args); });
   };
   add("convert", "Conversion kernels against memcpy of the same bytes", "wide array", &run_bench_convert);
@@ -348,13 +412,15 @@ void add_bench_command(CLI::App& app) {
       &run_bench_scaling);
   // gemm sizes its work by shapes, not bytes; --reps defaults per shape.
   auto args = std::make_shared<GemmArgs>();
-  CLI::App* gemm =
-      bench->add_subcommand("gemm", "FP8 GEMM and GEMV against OpenBLAS sgemm and sgemv and the read probe");
+  CLI::App* gemm = bench->add_subcommand(
+      "gemm", "FP8 GEMM and GEMV against OpenBLAS sgemm and sgemv, oneDNN's bf16 matmul and the read probe");
   gemm->add_flag("--json", args->json, "Print a JSON array instead of the table");
   gemm->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
+  gemm->add_option("--isa", args->isa, kIsaHelp);
   CLI::Option* shapes = gemm->add_option("--shapes", args->shapes,
                                          "Comma list of gemm:S (S^3), gemm:MxNxK, gemv:NxK (N x K weights) (default "
-                                         "gemm:2048,gemm:4096,gemv:8192x8192,gemv:16384x8192)");
+                                         "gemm:2048,gemm:4096,gemm:16x4096x4096,gemm:64x4096x4096,gemv:8192x8192,"
+                                         "gemv:16384x8192)");
   CLI::Option* reps = gemm->add_option(
       "--reps", args->reps, "Repetitions per measurement (default 5 per GEMM, 3 from 4096^3 on, 11 per GEMV)");
   gemm->callback([args, shapes, reps] {

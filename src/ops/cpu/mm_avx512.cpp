@@ -179,35 +179,42 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
     for (int i = 0; i < kM; ++i)
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_setzero_ps();
-    // 64 weights per row per step; the last step of a block under masks (code 0 is +0 in every format).
-    for (std::int64_t kk = k0; kk < k1; kk += 64) {
-      const std::int64_t len = std::min<std::int64_t>(64, k1 - kk);
-      const __mmask64 valid = len == 64 ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
-      __m512i codes[kR];
+    // 64 weights per row per step (sign-extended straight from memory, 16 at a time); the rest of the block under
+    // masks (code 0 is +0 in every format).
+    std::int64_t kk = k0;
+    for (; kk + 64 <= k1; kk += 64) {
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 1024, _MM_HINT_T0);
-        codes[r] = _mm512_maskz_loadu_epi8(valid, rows[r] + kk);
-        special |= special64(codes[r], d) & valid;
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 512, _MM_HINT_T0);
+        special |= special64(_mm512_loadu_si512(rows[r] + kk), d);
       }
 #pragma GCC unroll 4
-      for (int s = 0; s < 4; ++s) {
-        if (16 * s >= len) break;
-        const auto lanes = static_cast<__mmask16>(len - 16 * s >= 16 ? 0xFFFF : (1u << (len - 16 * s)) - 1u);
+      for (int s = 0; s < 64; s += 16) {
         __m512 xs[kM];
 #pragma GCC unroll 4
-        for (int i = 0; i < kM; ++i) xs[i] = _mm512_maskz_loadu_ps(lanes, x + i * ldx + kk + 16 * s);
+        for (int i = 0; i < kM; ++i) xs[i] = _mm512_loadu_ps(x + i * ldx + kk + s);
 #pragma GCC unroll 4
         for (int r = 0; r < kR; ++r) {
-          const __m128i c16 = _mm512_extracti32x4_epi32(codes[r], 0);
-          __m128i part = c16;
-          if (s == 1) part = _mm512_extracti32x4_epi32(codes[r], 1);
-          if (s == 2) part = _mm512_extracti32x4_epi32(codes[r], 2);
-          if (s == 3) part = _mm512_extracti32x4_epi32(codes[r], 3);
-          const __m512 wv = decode16<kShift, kRebiased>(part, d);
+          const __m512 wv =
+              decode16<kShift, kRebiased>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + kk + s)), d);
 #pragma GCC unroll 4
           for (int i = 0; i < kM; ++i) acc[i][r] = _mm512_fmadd_ps(xs[i], wv, acc[i][r]);
         }
+      }
+    }
+    for (; kk < k1; kk += 16) {
+      const std::int64_t len = std::min<std::int64_t>(16, k1 - kk);
+      const auto lanes = static_cast<__mmask16>(len == 16 ? 0xFFFF : (1u << len) - 1u);
+      __m512 xs[kM];
+#pragma GCC unroll 4
+      for (int i = 0; i < kM; ++i) xs[i] = _mm512_maskz_loadu_ps(lanes, x + i * ldx + kk);
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) {
+        const __m128i codes = _mm_maskz_loadu_epi8(lanes, rows[r] + kk);
+        special |= special64(_mm512_zextsi128_si512(codes), d) & lanes;
+        const __m512 wv = decode16<kShift, kRebiased>(codes, d);
+#pragma GCC unroll 4
+        for (int i = 0; i < kM; ++i) acc[i][r] = _mm512_fmadd_ps(xs[i], wv, acc[i][r]);
       }
     }
     // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).

@@ -227,37 +227,49 @@ void gemv_rows(const ByteTables& t, std::int64_t j, std::int64_t k, std::int64_t
   float total[kM][kR] = {};
   for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
     const std::int64_t k1 = std::min(k, k0 + kblock);
-    __m512 acc[kM][kR];
+    // Two accumulators per output (codes 0-31 and 32-63 of each step) keep the vdpbf16ps chains short.
+    __m512 acc[kM][kR], acc2[kM][kR];
 #pragma GCC unroll 4
     for (int i = 0; i < kM; ++i)
 #pragma GCC unroll 8
-      for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_setzero_ps();
-    for (std::int64_t kk = k0; kk < k1; kk += 64) {
-      const std::int64_t len = std::min<std::int64_t>(64, k1 - kk);
-      const __mmask64 valid = len == 64 ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
-      const auto lo = static_cast<__mmask32>(len >= 32 ? 0xFFFFFFFFu : (std::uint32_t{1} << len) - 1u);
-      const auto hi = static_cast<__mmask32>(len <= 32   ? 0u
-                                             : len >= 64 ? 0xFFFFFFFFu
-                                                         : (std::uint32_t{1} << (len - 32)) - 1u);
+      for (int r = 0; r < kR; ++r) acc[i][r] = acc2[i][r] = _mm512_setzero_ps();
+    // One step: 64 codes of each row decoded to bfloat16 and multiplied pairwise with the activations. The full steps
+    // load unmasked; the last partial one under masks (code 0 is +0, and the activations past the block are zeros).
+    auto step = [&](std::int64_t kk, __mmask64 valid, __mmask32 lo, __mmask32 hi, bool full) {
       __m512bh xs[kM][2];
 #pragma GCC unroll 4
       for (int i = 0; i < kM; ++i) {
-        xs[i][0] = as_bh(_mm512_maskz_loadu_epi16(lo, x + i * ldx + kk));
-        xs[i][1] = as_bh(_mm512_maskz_loadu_epi16(hi, x + i * ldx + kk + 32));
+        xs[i][0] = as_bh(full ? _mm512_loadu_si512(x + i * ldx + kk) : _mm512_maskz_loadu_epi16(lo, x + i * ldx + kk));
+        xs[i][1] = as_bh(full ? _mm512_loadu_si512(x + i * ldx + kk + 32)
+                              : _mm512_maskz_loadu_epi16(hi, x + i * ldx + kk + 32));
       }
 #pragma GCC unroll 8
       for (int r = 0; r < kR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 1024, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 512, _MM_HINT_T0);
         __m512i first, second;
-        convert_detail::decode64_words(_mm512_maskz_loadu_epi8(valid, rows[r] + kk), t, first, second);
+        const __m512i codes = full ? _mm512_loadu_si512(rows[r] + kk) : _mm512_maskz_loadu_epi8(valid, rows[r] + kk);
+        convert_detail::decode64_words(codes, t, first, second);
 #pragma GCC unroll 4
         for (int i = 0; i < kM; ++i) {
           acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][0], as_bh(first));
-          acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][1], as_bh(second));
+          acc2[i][r] = _mm512_dpbf16_ps(acc2[i][r], xs[i][1], as_bh(second));
         }
       }
+    };
+    std::int64_t kk = k0;
+    for (; kk + 64 <= k1; kk += 64) step(kk, ~__mmask64{0}, ~__mmask32{0}, ~__mmask32{0}, true);
+    if (kk < k1) {
+      const std::int64_t len = k1 - kk;
+      const __mmask64 valid = (__mmask64{1} << len) - 1;
+      const auto lo = static_cast<__mmask32>(len >= 32 ? 0xFFFFFFFFu : (std::uint32_t{1} << len) - 1u);
+      const auto hi = static_cast<__mmask32>(len <= 32 ? 0u : (std::uint32_t{1} << (len - 32)) - 1u);
+      step(kk, valid, lo, hi, false);
     }
-    // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 8
+      for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_add_ps(acc[i][r], acc2[i][r]);
+        // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).
 #pragma GCC unroll 4
     for (int i = 0; i < kM; ++i) {
       const float s = sa.at(i, kb);
@@ -276,7 +288,7 @@ template <int kM>
 void gemv_m(const ByteTables& t, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
             const std::uint16_t* x, std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb,
             float* out, std::int64_t ldo) {
-  constexpr int kR = kM <= 2 ? 4 : 2;
+  constexpr int kR = kM == 1 ? 8 : kM == 2 ? 4 : 2;
   std::int64_t j = j0;
   for (; j + kR <= j1; j += kR) gemv_rows<kM, kR>(t, j, k, kblock, x, ldx, w, sa, sb, out, ldo);
   for (; j < j1; ++j) gemv_rows<kM, 1>(t, j, k, kblock, x, ldx, w, sa, sb, out, ldo);
