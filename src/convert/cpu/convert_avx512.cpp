@@ -113,9 +113,9 @@ template <bool kSignOnZero>
 
 // 16 floats -> 16 codes of e4m3fn, e5m2, e4m3fnuz or e5m2fnuz (32-bit lanes), round to nearest even.
 template <int kM, bool kScaled, bool kSignOnZero, int kFold>
-[[gnu::always_inline]] inline __m512i encode16(__m512 x, const EncodeConsts& c) {
+[[gnu::always_inline]] inline __m512i encode16(__m512 x, const EncodeConsts& c, __m512 scale) {
   constexpr int kShift = 23 - kM;
-  if constexpr (kScaled) x = _mm512_mul_ps(x, c.scale);
+  if constexpr (kScaled) x = _mm512_mul_ps(x, scale);
   const __m512i u = _mm512_castps_si512(x);
   __m512i a = _mm512_and_si512(u, splat(0x7FFFFFFFu));
   // Saturating: clamp |x| first (vminps returns its second operand, |x|, when that is NaN).
@@ -138,8 +138,8 @@ template <int kM, bool kScaled, bool kSignOnZero, int kFold>
 
 // 16 floats -> 16 e8m0fnu codes: the nearest power of two, ties up; no sign, no zero.
 template <bool kScaled>
-[[gnu::always_inline]] inline __m512i encode16_e8m0(__m512 x, const EncodeConsts& c) {
-  if constexpr (kScaled) x = _mm512_mul_ps(x, c.scale);
+[[gnu::always_inline]] inline __m512i encode16_e8m0(__m512 x, const EncodeConsts& c, __m512 scale) {
+  if constexpr (kScaled) x = _mm512_mul_ps(x, scale);
   const __m512i u = _mm512_castps_si512(x);
   const __m512i a = _mm512_and_si512(u, splat(0x7FFFFFFFu));
   const __m512i field = _mm512_srli_epi32(a, 23);
@@ -237,18 +237,22 @@ template <bool kScaled>
   return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), bytes);
 }
 
-// Codes of up to 64 inputs: enc16(x) for each group of 16; a partial chunk loads and stores under masks.
-template <typename In, typename Enc16>
+// Codes of up to 64 inputs: enc16(x, g) for each group g of 16; a partial chunk loads and stores under masks.
+template <typename In, typename Enc16, bool kStream = false>
 [[gnu::always_inline]] inline void encode_chunk(const In* in, std::uint8_t* out, std::size_t count,
                                                 const Enc16& enc16) {
   const auto sub = [count](std::size_t offset) { return count > offset ? count - offset : 0; };
-  const __m512i c0 = enc16(load16(in, sub(0)));
-  const __m512i c1 = enc16(load16(in + 16, sub(16)));
-  const __m512i c2 = enc16(load16(in + 32, sub(32)));
-  const __m512i c3 = enc16(load16(in + 48, sub(48)));
+  const __m512i c0 = enc16(load16(in, sub(0)), 0);
+  const __m512i c1 = enc16(load16(in + 16, sub(16)), 1);
+  const __m512i c2 = enc16(load16(in + 32, sub(32)), 2);
+  const __m512i c3 = enc16(load16(in + 48, sub(48)), 3);
   const __m512i bytes = pack64(c0, c1, c2, c3);
   if (count >= 64) {
-    _mm512_storeu_si512(out, bytes);
+    if constexpr (kStream) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out), bytes);
+    } else {
+      _mm512_storeu_si512(out, bytes);
+    }
   } else {
     _mm512_mask_storeu_epi8(out, mask64(count), bytes);
   }
@@ -277,7 +281,7 @@ template <typename In, bool kE8M0, int kM, bool kScaled, bool kSignOnZero>
 void encode_stochastic_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   const EncodeConsts c(p);
   RandomStream random(p.options.seed, p.options.stream_offset);
-  auto enc16 = [&](__m512 x) {
+  auto enc16 = [&](__m512 x, int) {
     if constexpr (kE8M0) {
       return encode16_e8m0_stochastic<kScaled>(x, random.next16(), c);
     } else {
@@ -290,11 +294,11 @@ void encode_stochastic_body(const In* in, std::uint8_t* out, std::size_t n, cons
 template <typename In, bool kE8M0, int kM, bool kScaled, bool kSignOnZero, int kFold>
 void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   const EncodeConsts c(p);
-  auto enc16 = [&c](__m512 x) {
+  auto enc16 = [&c](__m512 x, int) {
     if constexpr (kE8M0) {
-      return encode16_e8m0<kScaled>(x, c);
+      return encode16_e8m0<kScaled>(x, c, c.scale);
     } else {
-      return encode16<kM, kScaled, kSignOnZero, kFold>(x, c);
+      return encode16<kM, kScaled, kSignOnZero, kFold>(x, c, c.scale);
     }
   };
   encode_loop(in, out, n, enc16);
@@ -347,32 +351,37 @@ void encode_avx512(const In* in, std::uint8_t* out, std::size_t n, const EncodeP
   });
 }
 
-// Segments of a multiple of 16 elements, each with its own scale (round to nearest even).
+// Segments of a multiple of 16 elements, each with its own scale (round to nearest even): 64-element chunks whose
+// groups of 16 each take their segment's scale, so short segments (MX's 32) fill whole chunks; the last chunk (and a
+// partial last segment) under masks.
 template <bool kE8M0, int kM, bool kSignOnZero, int kFold>
 void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,
                           const EncodeParams& p) {
-  EncodeConsts c(p);
+  const EncodeConsts c(p);
   const std::size_t ahead = p.prefetch_ahead_bytes != 0 ? p.prefetch_ahead_bytes : kPrefetchBytes;
-  auto enc16 = [&c](__m512 x) {
+  const bool stream = p.streaming_stores && (reinterpret_cast<std::uintptr_t>(out) & 63u) == 0;
+  __m512 group_scale[4];
+  auto enc16 = [&c, &group_scale](__m512 x, int g) {
     if constexpr (kE8M0) {
-      return encode16_e8m0<true>(x, c);
+      return encode16_e8m0<true>(x, c, group_scale[g]);
     } else {
-      return encode16<kM, true, kSignOnZero, kFold>(x, c);
+      return encode16<kM, true, kSignOnZero, kFold>(x, c, group_scale[g]);
     }
   };
-  std::size_t k = 0;
-  for (; (k + 1) * segment <= n; ++k) {
-    c.scale = _mm512_set1_ps(scales[k]);
-    const float* x = in + k * segment;
-    std::uint8_t* o = out + k * segment;
-    for (std::size_t i = 0; i < segment; i += 64) {
-      const char* ahead_line = reinterpret_cast<const char*>(x + i) + ahead;
-      for (int line = 0; line < 256; line += 64) _mm_prefetch(ahead_line + line, _MM_HINT_T0);
-      encode_chunk(x + i, o + i, std::min<std::size_t>(64, segment - i), enc16);
+  for (std::size_t i = 0; i < n; i += 64) {
+    const char* ahead_line = reinterpret_cast<const char*>(in + i) + ahead;
+    for (int line = 0; line < 256; line += 64) _mm_prefetch(ahead_line + line, _MM_HINT_T0);
+    for (std::size_t g = 0; g < 4; ++g) {
+      const std::size_t first = std::min(n - 1, i + 16 * g);  // (groups past n are masked off)
+      group_scale[g] = _mm512_set1_ps(scales[first / segment]);
+    }
+    if (stream && n - i >= 64) {
+      encode_chunk<float, decltype(enc16), true>(in + i, out + i, 64, enc16);
+    } else {
+      encode_chunk(in + i, out + i, std::min<std::size_t>(64, n - i), enc16);
     }
   }
-  if (k * segment < n)
-    encode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scales + k, p);
+  if (stream) _mm_sfence();
 }
 
 void encode_segments_avx512(const float* in, std::uint8_t* out, std::size_t n, std::size_t segment, const float* scales,

@@ -66,19 +66,33 @@ void amax_avx512(const float* x, std::size_t n, AmaxResult& acc) {
   acc.amax = std::max(acc.amax, std::bit_cast<float>(max_bits));
 }
 
-// Per segment (a multiple of 16 elements): the maximum over its vectors, then one horizontal maximum; counters
-// across all segments. Partial segments go to the scalar loop.
+// Lane i of the result: the maximum of the 16 lanes of v[i]. Four rounds halve the vectors, each merging pairs
+// (a, b) into max(evens(a, b), odds(a, b)): 45 operations for 16 maxima, against 8 per vector one at a time.
+[[gnu::always_inline]] inline __m512i horizontal_max16(__m512i v[16]) {
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int count = 16; count > 1; count /= 2) {
+    for (int j = 0; j < count / 2; ++j) {
+      const __m512i a = v[2 * j], b = v[2 * j + 1];
+      v[j] = _mm512_max_epu32(_mm512_permutex2var_epi32(a, evens, b), _mm512_permutex2var_epi32(a, odds, b));
+    }
+  }
+  return v[0];
+}
+
+// Per segment (a multiple of 16 elements): the maximum over its vectors, 16 segments' horizontal maxima at once;
+// counters across all segments. Partial segments go to the scalar loop.
 void amax_segments_avx512(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc) {
   if (segment % 16 != 0 || segment == 0) {
     amax_segments_scalar(x, n, segment, out, acc);
     return;
   }
+  const std::size_t segments = n / segment;
   __m512i overall = _mm512_setzero_si512();
-  std::uint64_t nonfinite = 0;
   Lanes counter;
+  std::uint64_t nonfinite = 0;
   std::size_t since_flush = 0;
-  std::size_t k = 0;
-  for (; (k + 1) * segment <= n; ++k) {
+  auto segment_max = [&](std::size_t k) {
     const float* seg = x + k * segment;
     Lanes l;
     l.nonfinite = counter.nonfinite;
@@ -88,14 +102,22 @@ void amax_segments_avx512(const float* x, std::size_t n, std::size_t segment, fl
     }
     counter.nonfinite = l.nonfinite;
     overall = _mm512_max_epu32(overall, l.max);
-    out[k] = std::bit_cast<float>(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(l.max)));
     since_flush += segment;
     if (since_flush >= kFlush) {
       nonfinite += static_cast<std::uint64_t>(_mm512_reduce_add_epi32(counter.nonfinite));
       counter.nonfinite = _mm512_setzero_si512();
       since_flush = 0;
     }
+    return l.max;
+  };
+  std::size_t k = 0;
+  for (; k + 16 <= segments; k += 16) {
+    __m512i m[16];
+    for (int t = 0; t < 16; ++t) m[t] = segment_max(k + static_cast<std::size_t>(t));
+    _mm512_storeu_si512(out + k, horizontal_max16(m));
   }
+  for (; k < segments; ++k)
+    out[k] = std::bit_cast<float>(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(segment_max(k))));
   nonfinite += static_cast<std::uint64_t>(_mm512_reduce_add_epi32(counter.nonfinite));
   split_nonfinite(x, k * segment, nonfinite, acc);
   acc.amax = std::max(acc.amax, std::bit_cast<float>(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(overall))));
