@@ -22,9 +22,13 @@ def test(fn):
     return fn
 
 
-def run(*args, stdin=None, timeout=120):
-    """Runs fp8kit with args; returns (exit status, stdout, stderr) as text."""
-    p = subprocess.run([BINARY, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
+def run(*args, stdin=None, timeout=120, env=None):
+    """Runs fp8kit with args (and extra environment variables); returns (exit status, stdout, stderr) as text."""
+    full_env = None
+    if env is not None:
+        full_env = dict(os.environ)
+        full_env.update(env)
+    p = subprocess.run([BINARY, *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=full_env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -424,17 +428,32 @@ def bench_gemm_small():
         raise AssertionError(f"{name} in the JSON output")
 
     rows = json.loads(out, parse_constant=no_constant)  # NaN, Infinity: not JSON, and not wanted
-    assert [r["op"] for r in rows] == ["fp8-gemm", "sgemm", "fp8-gemv", "sgemv", "read-bandwidth"], rows
+    ops = [r["op"] for r in rows]
+    gemv_ops = ["fp8-gemv", "fp8-gemv-bf16x", "sgemv", "read-bandwidth"]
+    # bf16-gemm: oneDNN's bf16 matmul, where fp8kit was built with it (the README's setup installs libdnnl-dev).
+    assert ops in (["fp8-gemm", "sgemm", "bf16-gemm"] + gemv_ops, ["fp8-gemm", "sgemm"] + gemv_ops), ops
+    isa = run_json("info", "--json")["isa"]
     for r in rows:
-        for key in ("op", "m", "n", "k", "threads", "gflops", "gbps", "baseline", "ratio", "path", "openblas_core",
-                    "cpu", "reps", "seconds"):
+        for key in ("op", "isa", "kernel", "library", "m", "n", "k", "threads", "gflops", "gbps", "baseline", "ratio",
+                    "bf16_ratio", "path", "openblas_core", "cpu", "reps", "seconds"):
             assert key in r, (key, r)
+        assert r["isa"] == isa, r
         for key, value in r.items():
             assert not isinstance(value, float) or math.isfinite(value), (key, r)
         assert r["threads"] == 1 and r["reps"] == 3, r
         assert isinstance(r["openblas_core"], str) and r["openblas_core"], r
         assert isinstance(r["seconds"], (int, float)) and r["seconds"] > 0, r
-    fp8_gemm, sgemm, fp8_gemv, sgemv, read = rows
+    if "bf16-gemm" in ops:
+        bf16 = rows.pop(2)
+        assert bf16["library"].startswith("oneDNN ") and bf16["kernel"] is None, bf16
+        assert isinstance(bf16["gflops"], (int, float)) and bf16["gflops"] > 0, bf16
+        assert 0 < bf16["rel_diff"] < 0.01, bf16  # bfloat16 inputs against the float32 product
+        assert close(rows[0]["bf16_ratio"], rows[0]["gflops"] / bf16["gflops"]), (rows[0], bf16)
+    else:
+        assert rows[0]["bf16_ratio"] is None, rows[0]
+    fp8_gemm, sgemm, fp8_gemv, fp8_gemv16, sgemv, read = rows
+    assert fp8_gemm["kernel"] and fp8_gemv["kernel"] and fp8_gemv16["kernel"], rows
+    assert close(fp8_gemv16["read_bandwidth_ratio"], fp8_gemv16["gbps"] / read["gbps"]), (fp8_gemv16, read)
     for r in (fp8_gemm, sgemm):
         assert (r["m"], r["n"], r["k"]) == (64, 64, 64), r
         assert isinstance(r["gflops"], (int, float)) and r["gflops"] > 0, r
@@ -452,6 +471,73 @@ def bench_gemm_small():
         assert r["baseline"] is None and r["ratio"] is None and r["path"] is None, r
     for r in (fp8_gemm, fp8_gemv):  # the FP8 product is the float32 one up to e4m3fn's quantization error
         assert 0 < r["rel_diff"] < 0.1, r
+
+
+@test
+def bench_every_level():
+    info = run_json("info", "--json")
+    all_levels = ["scalar", "avx2", "avx512", "avx512-bf16", "amx"]
+    rows = run_json("bench", "convert", "--bytes", "1M", "--reps", "3", "--threads", "1", "--isa", "all", "--json")
+    # One pass per level the CPU runs, in order; each pass's f32->e4m3fn kernel row carries the level of the table
+    # it ran (the highest at or below the cap: conversions have tables up to avx512), then the scalar reference row.
+    encodes = [r for r in rows if r["op"] == "f32->e4m3fn" and r["overflow"] == "saturate" and r["scale"] == 1]
+    assert len(encodes) == 2 * len(info["levels"]), ([r["isa"] for r in encodes], info["levels"])
+    order = ["scalar", "avx2", "avx512"]
+    for i, level in enumerate(info["levels"]):
+        kernel_row, reference_row = encodes[2 * i], encodes[2 * i + 1]
+        assert kernel_row["isa"] == order[min(all_levels.index(level), 2)], (kernel_row, level)
+        assert reference_row["isa"] == "scalar" and reference_row["kernel"] == "scalar", reference_row
+    check_usage_error(["bench", "convert", "--isa", "avx9"], "avx9")
+    check_usage_error(["bench", "gemm", "--isa", "avx2,bogus"], "bogus")
+    missing = [level for level in ("avx2", "avx512", "avx512-bf16", "amx") if level not in info["levels"]]
+    if missing:
+        check_usage_error(["bench", "scaling", "--isa", missing[0]], missing[0])
+
+
+@test
+def info_text_and_json():
+    rc, out, err = run("info")
+    assert rc == 0 and err == "", (rc, err)
+    for token in ("fp8kit ", "CPU", "features", "ISA levels", "in force", "convert", "quantize", "gemm", "gemv",
+                  "threads", "CUDA", "MPI"):
+        assert token in out, (token, out)
+    j = run_json("info", "--json")
+    for key in ("version", "build_type", "compiler", "cpu", "features", "levels", "isa", "kernels", "contracts",
+                "threads", "cuda", "mpi"):
+        assert key in j, key
+    assert isinstance(j["features"], list) and all(isinstance(f, str) for f in j["features"]), j["features"]
+    all_levels = ["scalar", "avx2", "avx512", "avx512-bf16", "amx"]
+    assert j["levels"] == all_levels[:len(j["levels"])] and j["levels"][0] == "scalar", j["levels"]
+    assert j["isa"] == j["levels"][-1], j  # nothing caps it in this environment
+    for family in ("convert", "quantize", "gemm", "gemv", "gemm_f32", "gemv_f32"):
+        assert isinstance(j["kernels"][family], str) and j["kernels"][family], (family, j["kernels"])
+    assert j["contracts"]["gemm_f32"] == "bit-identical", j["contracts"]
+    assert set(j["contracts"].values()) <= {"bit-identical", "fp32-bound"}, j["contracts"]
+    assert ("avx2" in j["features"]) == ("avx2" in j["levels"]), j
+    assert j["cuda"] is False and j["mpi"] is False, j
+
+
+@test
+def fp8kit_isa_caps_every_family():
+    levels = run_json("info", "--json")["levels"]
+    for level in levels:
+        rc, out, err = run("info", "--json", env={"FP8KIT_ISA": level})
+        assert rc == 0, (level, err)
+        j = json.loads(out)
+        assert j["isa"] == level and j["isa_env"] == level, (level, j)
+        if level == "scalar":
+            assert all(k.startswith("scalar") for k in j["kernels"].values() if k), j["kernels"]
+        if level == "avx2":
+            assert j["kernels"]["convert"] == "avx2" and j["kernels"]["gemm"].startswith("avx2"), j["kernels"]
+    # A cap above what the CPU has changes nothing.
+    j = json.loads(run("info", "--json", env={"FP8KIT_ISA": "amx"})[1])
+    assert j["isa"] == levels[-1], j
+    # An unknown level: every command refuses it, in one line naming the valid ones, exit 2, before doing anything.
+    for args in (["info"], ["formats"], ["cast", "1.5"]):
+        rc, out, err = run(*args, env={"FP8KIT_ISA": "avx9"})
+        assert rc == 2 and out == "", (args, rc, out)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "FP8KIT_ISA=avx9" in lines[0] and "avx512-bf16" in lines[0], (args, err)
 
 
 @test
