@@ -135,29 +135,11 @@ struct Decode {
 };
 
 Decode make_decode(Format f) {
-  const FormatDescriptor& d = descriptor(f);
-  const int m = d.mantissa_bits;
-  Decode r{};
-  r.fields = _mm256_set1_epi32(static_cast<int>(0x80000000u | (0x7Fu << (23 - m))));
-  const int e = 127 - d.bias;
-  r.rebias = _mm256_castsi256_ps(_mm256_set1_epi32((e + 127) << 23));
-  switch (f) {
-    case Format::e4m3fn:  // 0x7F / 0xFF are NaN
-      r.special_mask = _mm256_set1_epi8(0x7F);
-      r.special_value = _mm256_set1_epi8(0x7F);
-      r.special_is_eq = true;
-      break;
-    case Format::e5m2:  // magnitudes 0x7C.. are Inf and NaN
-      r.special_mask = _mm256_set1_epi8(0x7F);
-      r.special_value = _mm256_set1_epi8(0x7B);
-      r.special_is_eq = false;
-      break;
-    default:  // fnuz: 0x80 is NaN
-      r.special_mask = _mm256_set1_epi8(static_cast<char>(0xFF));
-      r.special_value = _mm256_set1_epi8(static_cast<char>(0x80));
-      r.special_is_eq = true;
-  }
-  return r;
+  const RegisterDecodeRule rule = register_decode_rule(f);
+  return {_mm256_set1_epi32(static_cast<int>(rule.fields)),
+          _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(rule.rebias_bits))),
+          _mm256_set1_epi8(static_cast<char>(rule.special_mask)),
+          _mm256_set1_epi8(static_cast<char>(rule.special_value)), rule.special_is_eq};
 }
 
 // kShift = 23 - mantissa bits (an immediate: the shift-by-register form is slower on Zen).

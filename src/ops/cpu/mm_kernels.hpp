@@ -116,6 +116,19 @@ using GemvFn = bool (*)(Format f, std::int64_t m, std::int64_t j0, std::int64_t 
                         const GemvInput& x, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
                         std::int64_t ldo);
 
+// How the register GEMVs (AVX2, AVX-512 FMA) turn codes into floats: the code sign-extended to 32 bits, shifted
+// left by 23 - m and masked with `fields` is the FP8 value times 2^(bias - 127) (FP8 subnormals as float
+// subnormals); times the float with bits `rebias_bits` (2^(127 - bias)) it is exact. The codes that trick cannot
+// represent are the "special" ones: (code & special_mask) == special_value (NaN codes) or, where !special_is_eq,
+// > special_value (e5m2's Inf and NaN exponent), bytewise.
+struct RegisterDecodeRule {
+  std::uint32_t fields;
+  std::uint32_t rebias_bits;
+  std::uint8_t special_mask, special_value;
+  bool special_is_eq;
+};
+RegisterDecodeRule register_decode_rule(Format f);
+
 struct GemvKernel {
   std::string_view name;
   MmContract contract;

@@ -25,6 +25,30 @@ const DecodeTable& decode_table(Format f) {
   return tables[static_cast<std::size_t>(f)];
 }
 
+RegisterDecodeRule register_decode_rule(Format f) {
+  const FormatDescriptor& d = descriptor(f);
+  RegisterDecodeRule r{};
+  r.fields = 0x80000000u | (0x7Fu << (23 - d.mantissa_bits));
+  r.rebias_bits = static_cast<std::uint32_t>(127 - d.bias + 127) << 23;
+  switch (d.nan) {
+    case NanEncoding::kAllOnes:  // e4m3fn: 0x7F / 0xFF are NaN
+      r.special_mask = 0x7F;
+      r.special_value = 0x7F;
+      r.special_is_eq = true;
+      break;
+    case NanEncoding::kIeee:  // e5m2: magnitudes from the all-ones exponent up are Inf and NaN
+      r.special_mask = 0x7F;
+      r.special_value = static_cast<std::uint8_t>((d.max_exponent_field() << d.mantissa_bits) - 1);
+      r.special_is_eq = false;
+      break;
+    default:  // fnuz: 0x80 is NaN
+      r.special_mask = 0xFF;
+      r.special_value = 0x80;
+      r.special_is_eq = true;
+  }
+  return r;
+}
+
 void pack_f32_strips(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
                      std::int64_t kc, void* dst_bytes) {
   auto* dst = static_cast<float*>(dst_bytes);

@@ -33,15 +33,6 @@ inline void step(__m256i a, __m256i largest_finite, __m256i& max, __m256i& nonfi
   nonfinite = _mm256_sub_epi32(nonfinite, bad);
 }
 
-// Only when something was not finite: split the count into NaN and Inf (a second, scalar look at the data).
-void split_nonfinite(const float* x, std::size_t n, std::uint64_t nonfinite, AmaxResult& acc) {
-  if (nonfinite == 0) return;
-  std::uint64_t infs = 0;
-  for (std::size_t i = 0; i < n; ++i) infs += std::isinf(x[i]) ? 1 : 0;
-  acc.inf_count += infs;
-  acc.nan_count += nonfinite - infs;
-}
-
 void amax_avx2(const float* x, std::size_t n, AmaxResult& acc) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
   const __m256i largest_finite = _mm256_set1_epi32(0x7F7FFFFF);

@@ -32,15 +32,6 @@ struct Lanes {
   l.nonfinite = _mm512_mask_add_epi32(l.nonfinite, bad, l.nonfinite, _mm512_set1_epi32(1));
 }
 
-// Only when something was not finite: split the count into NaN and Inf (a second, scalar look at the data).
-void split_nonfinite(const float* x, std::size_t n, std::uint64_t nonfinite, AmaxResult& acc) {
-  if (nonfinite == 0) return;
-  std::uint64_t infs = 0;
-  for (std::size_t i = 0; i < n; ++i) infs += std::isinf(x[i]) ? 1 : 0;
-  acc.inf_count += infs;
-  acc.nan_count += nonfinite - infs;
-}
-
 // Elements per counter flush: each lane counts at most one per 16 elements, so lanes stay below 2^31.
 constexpr std::size_t kFlush = std::size_t{16} << 26;
 

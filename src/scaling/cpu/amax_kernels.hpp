@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 #include "common/dispatch.hpp"
@@ -35,5 +36,8 @@ inline const AmaxTable& active_amax_kernels() {
 // The scalar loops (also the SIMD kernels' tails).
 void amax_scalar(const float* x, std::size_t n, AmaxResult& acc);
 void amax_segments_scalar(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc);
+// For the SIMD kernels, which count non-finite elements without telling NaN from Inf: only when there are any,
+// splits `nonfinite` (the count over x[0..n)) into acc's NaN and Inf counts with a second, scalar look at the data.
+void split_nonfinite(const float* x, std::size_t n, std::uint64_t nonfinite, AmaxResult& acc);
 
 }  // namespace fp8kit::scaling_detail

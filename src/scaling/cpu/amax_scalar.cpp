@@ -30,6 +30,14 @@ void amax_segments_scalar(const float* x, std::size_t n, std::size_t segment, fl
   }
 }
 
+void split_nonfinite(const float* x, std::size_t n, std::uint64_t nonfinite, AmaxResult& acc) {
+  if (nonfinite == 0) return;
+  std::uint64_t infs = 0;
+  for (std::size_t i = 0; i < n; ++i) infs += std::isinf(x[i]) ? 1 : 0;
+  acc.inf_count += infs;
+  acc.nan_count += nonfinite - infs;
+}
+
 const AmaxTable& scalar_amax_kernels() {
   static const AmaxTable table{"scalar", Isa::kScalar, &amax_scalar, &amax_segments_scalar};
   return table;
