@@ -408,29 +408,16 @@ void encode_segments_avx512(const float* in, std::uint8_t* out, std::size_t n, s
 // Without VBMI: the AVX2 shift/mask decode of 32 codes (zero-extended to 16 bits) to 16-bit results.
 struct ShiftDecode {
   ShiftDecode(Format format, bool to_f16) {
-    const FormatDescriptor& d = descriptor(format);
-    const int out_mantissa = to_f16 ? 10 : 7;
-    const int out_bias = to_f16 ? 15 : 127;
-    auto out_bits = [&](std::uint8_t code) {
-      return to_f16 ? decode_to_float16(format, code).bits : decode_to_bfloat16(format, code).bits;
-    };
-    shift = _mm_cvtsi32_si128(out_mantissa - d.mantissa_bits);
-    rebias = _mm512_set1_epi16(static_cast<short>((out_bias - d.bias) * (1 << out_mantissa)));
-    alignas(16) std::uint16_t table[8];
-    for (int c = 0; c < 8; ++c) table[c] = out_bits(static_cast<std::uint8_t>(c));
-    small_table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(table)));
-    int special_min = 0x100, inf_mag = 0x100;
-    if (d.nan == NanEncoding::kAllOnes) special_min = 0x7F;
-    if (d.nan == NanEncoding::kIeee) {
-      special_min = d.max_exponent_field() << d.mantissa_bits;
-      inf_mag = d.inf_code(false);
-    }
-    special_min16 = _mm512_set1_epi16(static_cast<short>(special_min));
-    inf_magnitude = _mm512_set1_epi16(static_cast<short>(inf_mag));
-    inf_bits = _mm512_set1_epi16(static_cast<short>(d.has_inf ? out_bits(d.inf_code(false)) : 0));
-    nan_bits = _mm512_set1_epi16(static_cast<short>(out_bits(d.nan_code(false))));
-    nan_at_0x80 = d.nan == NanEncoding::kNegativeZero;
-    nan_0x80_bits = _mm512_set1_epi16(static_cast<short>(out_bits(0x80)));
+    const ShiftDecodeRule r = shift_decode_rule(format, to_f16);
+    shift = _mm_cvtsi32_si128(r.shift);
+    rebias = _mm512_set1_epi16(static_cast<short>(r.rebias));
+    small_table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.small_table)));
+    special_min16 = _mm512_set1_epi16(static_cast<short>(r.special_min));
+    inf_magnitude = _mm512_set1_epi16(static_cast<short>(r.inf_magnitude));
+    inf_bits = _mm512_set1_epi16(static_cast<short>(r.inf_bits));
+    nan_bits = _mm512_set1_epi16(static_cast<short>(r.nan_bits));
+    nan_at_0x80 = r.nan_at_0x80;
+    nan_0x80_bits = _mm512_set1_epi16(static_cast<short>(r.nan_0x80_bits));
   }
   __m128i shift;
   __m512i rebias, small_table, special_min16, inf_magnitude, inf_bits, nan_bits, nan_0x80_bits;

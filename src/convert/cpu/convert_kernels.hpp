@@ -80,6 +80,20 @@ inline const KernelTable& active_kernels() {
   return kernel_tables().active();
 }
 
+// The constants of the shift/mask decode of FP8 codes to 16-bit floats (the AVX2 decoders, and the AVX-512 ones
+// without VBMI), every one taken from the descriptor and the scalar codec: normal codes are (mag << shift) +
+// rebias; magnitudes below 8 come from small_table; magnitudes >= special_min are Inf (== inf_magnitude, giving
+// inf_bits) or NaN (nan_bits); the fnuz NaN 0x80 (nan_at_0x80) gives nan_0x80_bits. 0x100 never matches a magnitude.
+struct ShiftDecodeRule {
+  int shift;
+  std::uint16_t rebias;
+  std::uint16_t small_table[8];
+  std::uint16_t special_min, inf_magnitude, inf_bits, nan_bits;
+  bool nan_at_0x80;
+  std::uint16_t nan_0x80_bits;
+};
+ShiftDecodeRule shift_decode_rule(Format format, bool to_f16);
+
 // Scalar element loops the SIMD kernels reuse for their tails.
 void decode_segments_tail(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
                           const float* scale_invs, const DecodeParams& p);

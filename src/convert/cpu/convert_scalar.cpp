@@ -126,6 +126,31 @@ const KernelTable& scalar_kernels() {
   return table;
 }
 
+ShiftDecodeRule shift_decode_rule(Format format, bool to_f16) {
+  const FormatDescriptor& d = descriptor(format);
+  const int out_mantissa = to_f16 ? 10 : 7;
+  const int out_bias = to_f16 ? 15 : 127;
+  auto out_bits = [&](std::uint8_t code) {
+    return to_f16 ? decode_to_float16(format, code).bits : decode_to_bfloat16(format, code).bits;
+  };
+  ShiftDecodeRule r{};
+  r.shift = out_mantissa - d.mantissa_bits;
+  r.rebias = static_cast<std::uint16_t>((out_bias - d.bias) * (1 << out_mantissa));
+  for (int c = 0; c < 8; ++c) r.small_table[c] = out_bits(static_cast<std::uint8_t>(c));
+  r.special_min = 0x100;
+  r.inf_magnitude = 0x100;
+  if (d.nan == NanEncoding::kAllOnes) r.special_min = 0x7F;
+  if (d.nan == NanEncoding::kIeee) {
+    r.special_min = static_cast<std::uint16_t>(d.max_exponent_field() << d.mantissa_bits);
+    r.inf_magnitude = d.inf_code(false);
+  }
+  r.inf_bits = d.has_inf ? out_bits(d.inf_code(false)) : 0;
+  r.nan_bits = out_bits(d.nan_code(false));
+  r.nan_at_0x80 = d.nan == NanEncoding::kNegativeZero;
+  r.nan_0x80_bits = r.nan_at_0x80 ? out_bits(0x80) : 0;
+  return r;
+}
+
 EncodeParams make_encode_params(const CastOptions& options) {
   const FormatDescriptor& d = descriptor(options.format);
   EncodeParams p{};
