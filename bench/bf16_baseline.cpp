@@ -4,6 +4,7 @@
 #include "bf16_baseline.hpp"
 
 #include <stdexcept>
+#include <vector>
 
 #ifdef FP8KIT_HAVE_ONEDNN
 #include <dnnl.hpp>

@@ -1,6 +1,6 @@
 // The BF16 GEMM baseline of `fp8kit bench gemm`: oneDNN's bfloat16 matmul (brgemm, AMX or AVX512-BF16 where the
-// CPU has them), the library PyTorch's CPU bf16 matmul runs on. Present when fp8kit was configured with oneDNN
-// (Debian libdnnl-dev); otherwise available() is false and why_missing() says how to get it.
+// CPU has them), the library PyTorch's CPU bf16 matmul runs on. Available when fp8kit was configured with oneDNN
+// (Debian libdnnl-dev) and oneDNN runs bf16 matmul on this CPU; otherwise `why_missing` says why.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +11,8 @@ namespace fp8kit::bench {
 
 struct Bf16Library {
   bool available = false;
-  std::string name;         // "oneDNN 2.6.3"
-  std::string why_missing;  // when not available: one line naming the package to install
+  std::string name;         // "oneDNN 2.6.3" (where it is built in)
+  std::string why_missing;  // when not available: one line (the package to install, or what this CPU lacks)
 };
 const Bf16Library& bf16_library();
 

@@ -13,6 +13,10 @@
 namespace fp8kit {
 namespace convert_detail {
 
+const KernelTable& avx512_kernels() {
+  return cpu_features().avx512vbmi ? avx512_kernels_with_vbmi() : avx512_kernels_without_vbmi();
+}
+
 const detail::IsaTables<KernelTable>& kernel_tables() {
   static const detail::IsaTables<KernelTable> tables(
       {&scalar_kernels(), &avx2_kernels(), &avx512_kernels(), nullptr, nullptr});

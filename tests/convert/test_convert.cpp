@@ -232,7 +232,13 @@ void check_decode(const KernelTable* table, convert_detail::DecodeFn<Out>(Kernel
           const convert_detail::DecodeParams params{f, scale_inv, (n % 2) == 1};
           for (std::size_t misalign : {0, 1, 5}) {
             if (n + misalign > codes.size()) continue;
-            std::vector<Out> want(n), got(n + misalign + 1);
+            Out guard{};
+            if constexpr (std::is_same_v<Out, float>) {
+              guard = -12345.0f;
+            } else {
+              guard = Out::from_bits(0xABCD);
+            }
+            std::vector<Out> want(n), got(n + misalign + 1, guard);
             (convert_detail::scalar_kernels().*member)(codes.data() + misalign, want.data(), n, params);
             (table->*member)(codes.data() + misalign, got.data() + misalign, n, params);
             for (std::size_t i = 0; i < n; ++i) {

@@ -23,10 +23,10 @@ def test(fn):
 
 
 def run(*args, stdin=None, timeout=120, env=None):
-    """Runs fp8kit with args (and extra environment variables); returns (exit status, stdout, stderr) as text."""
-    full_env = None
+    """Runs fp8kit with args (and extra environment variables); returns (exit status, stdout, stderr) as text. A
+    FP8KIT_ISA in the caller's environment is dropped: these checks expect the CPU's best level unless they set one."""
+    full_env = {k: v for k, v in os.environ.items() if k != "FP8KIT_ISA"}
     if env is not None:
-        full_env = dict(os.environ)
         full_env.update(env)
     p = subprocess.run([BINARY, *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=full_env)
     return p.returncode, p.stdout, p.stderr

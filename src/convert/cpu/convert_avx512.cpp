@@ -24,7 +24,6 @@
 
 #include "convert_kernels.hpp"
 #include "fp8_decode_avx512.hpp"
-#include "fp8kit/cpu.hpp"
 
 namespace fp8kit::convert_detail {
 namespace {
@@ -670,8 +669,8 @@ const KernelTable& table() {
 
 }  // namespace
 
-const KernelTable& avx512_kernels() {
-  return cpu_features().avx512vbmi ? table<true>() : table<false>();
+const KernelTable& avx512_kernels_with_vbmi() {
+  return table<true>();
 }
 
 const KernelTable& avx512_kernels_without_vbmi() {

@@ -69,10 +69,12 @@ struct KernelTable {
 const KernelTable& scalar_kernels();
 // AVX2 + F16C + FMA kernels for round-to-nearest-even (stochastic rounding is delegated to the scalar loop).
 const KernelTable& avx2_kernels();
-// AVX-512 kernels (round to nearest even and stochastic rounding); the decoders use 64-byte VBMI table lookups
-// where the CPU has VBMI, shift/mask decoding otherwise (avx512_kernels_without_vbmi(): that variant always).
-const KernelTable& avx512_kernels();
+// AVX-512 kernels (round to nearest even and stochastic rounding), in two variants: decoders with 64-byte VBMI
+// table lookups, and with a shift/mask decode; avx512_kernels() is the one for this CPU (convert.cpp chooses, so
+// that no code of the AVX-512 file runs before the avx512 level is dispatched).
+const KernelTable& avx512_kernels_with_vbmi();
 const KernelTable& avx512_kernels_without_vbmi();
+const KernelTable& avx512_kernels();
 // The tables by level; only call a table whose level is <= cpu_max_isa().
 const detail::IsaTables<KernelTable>& kernel_tables();
 // The table for the level in force.

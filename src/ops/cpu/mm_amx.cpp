@@ -219,39 +219,27 @@ bool stream_weights_amx(const Operand& w, std::int64_t j0, std::int64_t j1, cons
 // Panels of 256 K: a left strip (32 rows: 16 KiB) stays in L1 while the right strips (16 KiB each) of a right panel
 // of up to 4096 columns (2 MiB) stream from L2/L3; A is decoded once per thread and panel. Products with M <= 128
 // and weights N x K stream the weights instead (out^T = B A^T, see scaled_mm.cpp).
-const GemmKernel kGemm{.name = "amx-bf16 32x32",
-                       .contract = MmContract::kFp32Bound,
-                       .bf16_operands = true,
-                       .mr = kMr,
-                       .nr = kNr,
-                       .kc = 256,
-                       .mc = 32,
-                       .nc = 4096,
-                       .k_align = kBf16KAlign,
-                       .elem_bytes = sizeof(std::uint16_t),
-                       .weights_left_max_m = 128,
-                       .pack_left = &pack_bf16_rows,
-                       .pack_right = &pack_bf16_vnni,
-                       .accumulate = &accumulate_amx,
-                       .scale_accumulate = &scale_accumulate_amx,
-                       .start = &configure_tiles,
-                       .finish = &release_tiles,
-                       .stream_weights = &stream_weights_amx,
-                       .stream_max_m = 64,
-                       .stream_name = "amx-bf16 stream 16x64"};
-
 }  // namespace
 
-const MmKernelTable& amx_mm_kernels() {
-  // float32 operands keep the AVX-512 FMA kernels, GEMV the AVX512-BF16 (or FMA) register kernels.
-  static const MmKernelTable table{"amx",
-                                   Isa::kAmx,
-                                   avx512bf16_mm_kernels().gemm_f32,
-                                   &kGemm,
-                                   avx512bf16_mm_kernels().gemv_f32,
-                                   avx512bf16_mm_kernels().gemv_bf16,
-                                   avx512bf16_mm_kernels().finish_row};
-  return table;
-}
+constinit const GemmKernel kAmxGemm{.name = "amx-bf16 32x32",
+                                    .contract = MmContract::kFp32Bound,
+                                    .bf16_operands = true,
+                                    .mr = kMr,
+                                    .nr = kNr,
+                                    .kc = 256,
+                                    .mc = 32,
+                                    .nc = 4096,
+                                    .k_align = kBf16KAlign,
+                                    .elem_bytes = sizeof(std::uint16_t),
+                                    .weights_left_max_m = 128,
+                                    .pack_left = &pack_bf16_rows,
+                                    .pack_right = &pack_bf16_vnni,
+                                    .accumulate = &accumulate_amx,
+                                    .scale_accumulate = &scale_accumulate_amx,
+                                    .start = &configure_tiles,
+                                    .finish = &release_tiles,
+                                    .stream_weights = &stream_weights_amx,
+                                    .stream_max_m = 64,
+                                    .stream_name = "amx-bf16 stream 16x64"};
 
 }  // namespace fp8kit::mm_detail

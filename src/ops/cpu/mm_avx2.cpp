@@ -85,6 +85,8 @@ void pack_f32(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_
   pack_f32_strips(x, width, r0, rows, k0, kc, dst);
 }
 
+}  // namespace
+
 // The epilogue (FinishRowFn) in 8 lanes; per-tensor and per-channel scales (every unblocked product's) vectorized.
 float finish_row_avx2(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out) {
   const bool vector_scales = sb.r_div == 1 && (sb.r_stride == 0 || sb.r_stride == 1);
@@ -123,6 +125,8 @@ float finish_row_avx2(float* row, std::int64_t n, const float* sa, ScaleIndex sb
   }
   return m;
 }
+
+namespace {
 
 // ---------------------------------------------------------------- GEMV
 
@@ -306,28 +310,23 @@ bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::
 
 // Goto blocking: the A strip (6 x 256 floats) and the B strip (256 x 16) stay in L1, A's panel (96 x 256: 96 KiB)
 // in L2, B's panel (256 x 4096: 4 MiB) in L3.
-const GemmKernel kGemm{.name = "avx2-fma 6x16",
-                       .contract = MmContract::kBitIdentical,
-                       .bf16_operands = false,
-                       .mr = kMr,
-                       .nr = kNr,
-                       .kc = 256,
-                       .mc = 96,
-                       .nc = 4096,
-                       .k_align = 1,
-                       .elem_bytes = sizeof(float),
-                       .weights_left_max_m = 0,
-                       .pack_left = &pack_f32,
-                       .pack_right = &pack_f32,
-                       .accumulate = &accumulate_avx2,
-                       .scale_accumulate = &scale_accumulate_avx2};
-const GemvKernel kGemv{"avx2-gemv", MmContract::kFp32Bound, false, &gemv_avx2};
-
 }  // namespace
 
-const MmKernelTable& avx2_mm_kernels() {
-  static const MmKernelTable table{"avx2", Isa::kAvx2, &kGemm, nullptr, &kGemv, nullptr, &finish_row_avx2};
-  return table;
-}
+constinit const GemmKernel kAvx2Gemm{.name = "avx2-fma 6x16",
+                                     .contract = MmContract::kBitIdentical,
+                                     .bf16_operands = false,
+                                     .mr = kMr,
+                                     .nr = kNr,
+                                     .kc = 256,
+                                     .mc = 96,
+                                     .nc = 4096,
+                                     .k_align = 1,
+                                     .elem_bytes = sizeof(float),
+                                     .weights_left_max_m = 0,
+                                     .pack_left = &pack_f32,
+                                     .pack_right = &pack_f32,
+                                     .accumulate = &accumulate_avx2,
+                                     .scale_accumulate = &scale_accumulate_avx2};
+constinit const GemvKernel kAvx2Gemv{"avx2-gemv", MmContract::kFp32Bound, false, &gemv_avx2};
 
 }  // namespace fp8kit::mm_detail

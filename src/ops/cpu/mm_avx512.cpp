@@ -83,6 +83,8 @@ void pack_f32(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_
   pack_f32_strips(x, width, r0, rows, k0, kc, dst);
 }
 
+}  // namespace
+
 // The epilogue (FinishRowFn) in 16 lanes, the tail under masks; per-tensor and per-channel scales (every unblocked
 // product's) vectorized.
 float finish_row_avx512(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out) {
@@ -113,6 +115,8 @@ float finish_row_avx512(float* row, std::int64_t n, const float* sa, ScaleIndex 
   }
   return _mm512_reduce_max_ps(amax);
 }
+
+namespace {
 
 // ---------------------------------------------------------------- GEMV
 
@@ -269,28 +273,23 @@ bool gemv_avx512(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
 
 // Goto blocking: the left strip (12 x 256 floats: 12 KiB) and the right strip (256 x 32: 32 KiB) in L1, the left
 // panel (96 x 256: 96 KiB) in L2, the right panel (256 x 4096: 4 MiB) in L3.
-const GemmKernel kGemm{.name = "avx512-fma 12x32",
-                       .contract = MmContract::kBitIdentical,
-                       .bf16_operands = false,
-                       .mr = kMr,
-                       .nr = kNr,
-                       .kc = 256,
-                       .mc = 96,
-                       .nc = 4096,
-                       .k_align = 1,
-                       .elem_bytes = sizeof(float),
-                       .weights_left_max_m = 0,
-                       .pack_left = &pack_f32,
-                       .pack_right = &pack_f32,
-                       .accumulate = &accumulate_avx512,
-                       .scale_accumulate = &scale_accumulate_avx512};
-const GemvKernel kGemv{"avx512-gemv", MmContract::kFp32Bound, false, &gemv_avx512};
-
 }  // namespace
 
-const MmKernelTable& avx512_mm_kernels() {
-  static const MmKernelTable table{"avx512", Isa::kAvx512, &kGemm, nullptr, &kGemv, nullptr, &finish_row_avx512};
-  return table;
-}
+constinit const GemmKernel kAvx512Gemm{.name = "avx512-fma 12x32",
+                                       .contract = MmContract::kBitIdentical,
+                                       .bf16_operands = false,
+                                       .mr = kMr,
+                                       .nr = kNr,
+                                       .kc = 256,
+                                       .mc = 96,
+                                       .nc = 4096,
+                                       .k_align = 1,
+                                       .elem_bytes = sizeof(float),
+                                       .weights_left_max_m = 0,
+                                       .pack_left = &pack_f32,
+                                       .pack_right = &pack_f32,
+                                       .accumulate = &accumulate_avx512,
+                                       .scale_accumulate = &scale_accumulate_avx512};
+constinit const GemvKernel kAvx512Gemv{"avx512-gemv", MmContract::kFp32Bound, false, &gemv_avx512};
 
 }  // namespace fp8kit::mm_detail

@@ -17,12 +17,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "convert/cpu/fp8_decode_avx512.hpp"
-#include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
 #include "mm_kernels.hpp"
 #include "transpose_avx512.hpp"
 
@@ -43,8 +40,7 @@ __m512bh as_bh(__m512i v) {
 // n codes -> n bfloat16 (exact).
 void decode_codes(const std::uint8_t* codes, Format f, std::int64_t n, std::uint16_t* out) {
   if (!cpu_features().avx512vbmi) {
-    cast_from_fp8(std::span<const std::uint8_t>(codes, static_cast<std::size_t>(n)), f,
-                  std::span<bfloat16>(reinterpret_cast<bfloat16*>(out), static_cast<std::size_t>(n)));
+    decode_to_bf16(codes, f, n, out);  // the conversion kernels' decode
     return;
   }
   const ByteTables& t = byte_tables<bfloat16>(f);
@@ -87,10 +83,9 @@ std::uint16_t element_bf16(const Operand& x, std::int64_t r, std::int64_t kk) {
 void vnni_group_contiguous(const Operand& x, std::int64_t r0, std::int64_t rows, std::int64_t k0, std::int64_t kc,
                            std::int64_t kc_pad, std::uint16_t* dst) {
   static const TransposeIndex index;
-  thread_local std::vector<std::uint16_t> lines;
-  lines.resize(static_cast<std::size_t>(16 * kc_pad));
+  auto* lines = static_cast<std::uint16_t*>(thread_scratch(static_cast<std::size_t>(16 * kc_pad) * 2));
   for (std::int64_t i = 0; i < 16; ++i) {
-    std::uint16_t* line = lines.data() + i * kc_pad;
+    std::uint16_t* line = lines + i * kc_pad;
     if (i < rows) {
       row_bf16(x, r0 + i, k0, kc, line);
       std::memset(line + kc, 0, static_cast<std::size_t>(kc_pad - kc) * sizeof(std::uint16_t));
@@ -101,7 +96,7 @@ void vnni_group_contiguous(const Operand& x, std::int64_t r0, std::int64_t rows,
   for (std::int64_t kk = 0; kk < kc_pad; kk += 32) {
     __m512i r[16];
 #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(lines.data() + i * kc_pad + kk);
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(lines + i * kc_pad + kk);
     transpose16x16(r, index);  // row p: pair p of the 16 rows, side by side
 #pragma GCC unroll 16
     for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + (kk / 2 + p) * 32, r[p]);
@@ -132,7 +127,7 @@ void pack_bf16_rows(const Operand& x, std::int64_t width, std::int64_t r0, std::
 
 void pack_bf16_vnni(const Operand& x, std::int64_t width, std::int64_t r0, std::int64_t rows, std::int64_t k0,
                     std::int64_t kc, void* dst_bytes) {
-  FP8KIT_CHECK(width % 16 == 0, "pack_bf16_vnni: strips of ", width, " rows are not whole 16-column groups");
+  // (width is a multiple of 16: every kernel using this layout has nr = 32, the stream kernel 16)
   auto* dst = static_cast<std::uint16_t*>(dst_bytes);
   const std::int64_t kc_pad = round_up(kc, kBf16KAlign);
   const std::int64_t groups = round_up(rows, width) / 16;
@@ -320,35 +315,23 @@ bool gemv_dpbf16(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
 
 // Panels: the left strip (12 rows x 512 K: 12 KiB) and the right strip (512 x 32: 32 KiB) in L1, the left panel
 // (96 x 512: 96 KiB) in L2, the right panel (512 x 2048: 2 MiB) in L2/L3.
-const GemmKernel kGemm{.name = "avx512bf16-dpbf16 12x32",
-                       .contract = MmContract::kFp32Bound,
-                       .bf16_operands = true,
-                       .mr = kMr,
-                       .nr = kNr,
-                       .kc = 512,
-                       .mc = 96,
-                       .nc = 2048,
-                       .k_align = kBf16KAlign,
-                       .elem_bytes = sizeof(std::uint16_t),
-                       .weights_left_max_m = 0,
-                       .pack_left = &pack_bf16_rows,
-                       .pack_right = &pack_bf16_vnni,
-                       .accumulate = &accumulate_dpbf16,
-                       .scale_accumulate = &scale_accumulate_dpbf16};
-const GemvKernel kGemv{"avx512bf16-gemv", MmContract::kFp32Bound, true, &gemv_dpbf16};
-
 }  // namespace
 
-const MmKernelTable& avx512bf16_mm_kernels() {
-  // float32 operands keep the AVX-512 FMA kernels; the bfloat16 GEMV needs VBMI for its in-register decode.
-  static const MmKernelTable table{"avx512-bf16",
-                                   Isa::kAvx512Bf16,
-                                   avx512_mm_kernels().gemm_f32,
-                                   &kGemm,
-                                   avx512_mm_kernels().gemv_f32,
-                                   cpu_features().avx512vbmi ? &kGemv : nullptr,
-                                   avx512_mm_kernels().finish_row};
-  return table;
-}
+constinit const GemmKernel kAvx512Bf16Gemm{.name = "avx512bf16-dpbf16 12x32",
+                                           .contract = MmContract::kFp32Bound,
+                                           .bf16_operands = true,
+                                           .mr = kMr,
+                                           .nr = kNr,
+                                           .kc = 512,
+                                           .mc = 96,
+                                           .nc = 2048,
+                                           .k_align = kBf16KAlign,
+                                           .elem_bytes = sizeof(std::uint16_t),
+                                           .weights_left_max_m = 0,
+                                           .pack_left = &pack_bf16_rows,
+                                           .pack_right = &pack_bf16_vnni,
+                                           .accumulate = &accumulate_dpbf16,
+                                           .scale_accumulate = &scale_accumulate_dpbf16};
+constinit const GemvKernel kAvx512Bf16Gemv{"avx512bf16-gemv", MmContract::kFp32Bound, true, &gemv_dpbf16};
 
 }  // namespace fp8kit::mm_detail

@@ -155,12 +155,26 @@ struct MmKernelTable {
   FinishRowFn finish_row;
 };
 
+// Each level's kernels: constant objects in its mm_<isa>.cpp (constinit: no code of an ISA-flagged file runs until
+// its level is dispatched). mm_tables.cpp, compiled for no particular ISA, composes them into the tables.
+extern const GemmKernel kScalarGemm, kAvx2Gemm, kAvx512Gemm, kAvx512Bf16Gemm, kAmxGemm;
+extern const GemvKernel kScalarGemv, kAvx2Gemv, kAvx512Gemv, kAvx512Bf16Gemv;
+float finish_row_avx2(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out);
+float finish_row_avx512(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out);
+
 const MmKernelTable& scalar_mm_kernels();
 const MmKernelTable& avx2_mm_kernels();
 const MmKernelTable& avx512_mm_kernels();
 const MmKernelTable& avx512bf16_mm_kernels();
 const MmKernelTable& amx_mm_kernels();
 const detail::IsaTables<MmKernelTable>& mm_tables();
+
+// For the kernels in ISA-flagged files, which must not instantiate library templates (std::vector, fp8kit::Error,
+// ...): the linker keeps one copy of each such weak function for the whole library and may pick the one compiled
+// for AVX-512, which the rest of the library then runs on any CPU. A per-thread, 64-byte aligned scratch buffer of
+// at least `bytes` (valid until the thread's next call), and FP8 codes to bfloat16 through the conversion kernels.
+void* thread_scratch(std::size_t bytes);
+void decode_to_bf16(const std::uint8_t* codes, Format format, std::int64_t n, std::uint16_t* out);
 inline const MmKernelTable& active_mm_kernels() {
   return mm_tables().active();
 }

@@ -4,7 +4,13 @@
 // float32 strip packing every FMA kernel uses, and the decode tables.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
+#include <span>
+
+#include "fp8kit/convert.hpp"
 
 #include "fp8kit/codec.hpp"
 #include "mm_kernels.hpp"
@@ -164,34 +170,39 @@ bool gemv_scalar(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
   return true;
 }
 
-const GemmKernel kGemm{.name = "scalar-fma 6x16",
-                       .contract = MmContract::kBitIdentical,
-                       .bf16_operands = false,
-                       .mr = kMr,
-                       .nr = kNr,
-                       .kc = 256,
-                       .mc = 96,
-                       .nc = 4096,
-                       .k_align = 1,
-                       .elem_bytes = sizeof(float),
-                       .weights_left_max_m = 0,
-                       .pack_left = &pack_f32,
-                       .pack_right = &pack_f32,
-                       .accumulate = &accumulate_scalar,
-                       .scale_accumulate = &scale_accumulate_scalar};
-const GemvKernel kGemv{"scalar-gemv", MmContract::kBitIdentical, false, &gemv_scalar};
-
 }  // namespace
 
-const MmKernelTable& scalar_mm_kernels() {
-  static const MmKernelTable table{"scalar", Isa::kScalar, &kGemm, nullptr, &kGemv, nullptr, &finish_row_scalar};
-  return table;
+constinit const GemmKernel kScalarGemm{.name = "scalar-fma 6x16",
+                                       .contract = MmContract::kBitIdentical,
+                                       .bf16_operands = false,
+                                       .mr = kMr,
+                                       .nr = kNr,
+                                       .kc = 256,
+                                       .mc = 96,
+                                       .nc = 4096,
+                                       .k_align = 1,
+                                       .elem_bytes = sizeof(float),
+                                       .weights_left_max_m = 0,
+                                       .pack_left = &pack_f32,
+                                       .pack_right = &pack_f32,
+                                       .accumulate = &accumulate_scalar,
+                                       .scale_accumulate = &scale_accumulate_scalar};
+constinit const GemvKernel kScalarGemv{"scalar-gemv", MmContract::kBitIdentical, false, &gemv_scalar};
+
+void* thread_scratch(std::size_t bytes) {
+  thread_local std::unique_ptr<std::byte[], void (*)(std::byte*)> buffer{nullptr, [](std::byte* p) { std::free(p); }};
+  thread_local std::size_t size = 0;
+  if (bytes > size) {
+    size = (bytes + 4095) / 4096 * 4096;
+    buffer.reset(static_cast<std::byte*>(std::aligned_alloc(64, size)));
+    if (buffer == nullptr) throw std::bad_alloc();
+  }
+  return buffer.get();
 }
 
-const detail::IsaTables<MmKernelTable>& mm_tables() {
-  static const detail::IsaTables<MmKernelTable> tables(
-      {&scalar_mm_kernels(), &avx2_mm_kernels(), &avx512_mm_kernels(), &avx512bf16_mm_kernels(), &amx_mm_kernels()});
-  return tables;
+void decode_to_bf16(const std::uint8_t* codes, Format format, std::int64_t n, std::uint16_t* out) {
+  cast_from_fp8(std::span<const std::uint8_t>(codes, static_cast<std::size_t>(n)), format,
+                std::span<bfloat16>(reinterpret_cast<bfloat16*>(out), static_cast<std::size_t>(n)));
 }
 
 }  // namespace fp8kit::mm_detail

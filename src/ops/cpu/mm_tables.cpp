@@ -1,0 +1,53 @@
+// The matrix-multiply kernel tables, one per ISA level, composed from each level's kernel objects. This file is
+// compiled for no particular ISA: building the tables runs on every CPU, so it must not live in a file compiled
+// for a level the CPU may lack.
+#include "fp8kit/cpu.hpp"
+#include "mm_kernels.hpp"
+
+namespace fp8kit::mm_detail {
+
+const MmKernelTable& scalar_mm_kernels() {
+  static const MmKernelTable table{"scalar",     Isa::kScalar, &kScalarGemm,      nullptr,
+                                   &kScalarGemv, nullptr,      &finish_row_scalar};
+  return table;
+}
+
+const MmKernelTable& avx2_mm_kernels() {
+  static const MmKernelTable table{"avx2", Isa::kAvx2, &kAvx2Gemm, nullptr, &kAvx2Gemv, nullptr, &finish_row_avx2};
+  return table;
+}
+
+const MmKernelTable& avx512_mm_kernels() {
+  static const MmKernelTable table{"avx512",     Isa::kAvx512, &kAvx512Gemm,      nullptr,
+                                   &kAvx512Gemv, nullptr,      &finish_row_avx512};
+  return table;
+}
+
+// float32 operands keep the AVX-512 FMA kernels; the bfloat16 GEMV needs VBMI for its in-register decode.
+const MmKernelTable& avx512bf16_mm_kernels() {
+  static const MmKernelTable table{"avx512-bf16",     Isa::kAvx512Bf16,
+                                   &kAvx512Gemm,      &kAvx512Bf16Gemm,
+                                   &kAvx512Gemv,      cpu_features().avx512vbmi ? &kAvx512Bf16Gemv : nullptr,
+                                   &finish_row_avx512};
+  return table;
+}
+
+// float32 operands keep the AVX-512 FMA kernels, GEMV the AVX512-BF16 (or FMA) register kernels.
+const MmKernelTable& amx_mm_kernels() {
+  static const MmKernelTable table{"amx",
+                                   Isa::kAmx,
+                                   &kAvx512Gemm,
+                                   &kAmxGemm,
+                                   &kAvx512Gemv,
+                                   cpu_features().avx512vbmi ? &kAvx512Bf16Gemv : nullptr,
+                                   &finish_row_avx512};
+  return table;
+}
+
+const detail::IsaTables<MmKernelTable>& mm_tables() {
+  static const detail::IsaTables<MmKernelTable> tables(
+      {&scalar_mm_kernels(), &avx2_mm_kernels(), &avx512_mm_kernels(), &avx512bf16_mm_kernels(), &amx_mm_kernels()});
+  return tables;
+}
+
+}  // namespace fp8kit::mm_detail
