@@ -56,14 +56,15 @@ std::string missing_for(Isa isa);
 Isa cpu_max_isa();
 std::vector<Isa> cpu_isa_levels();
 
-// The level kernels dispatch to: the CPU's highest, capped by FP8KIT_ISA (read once, as oneDNN's
-// ONEDNN_MAX_CPU_ISA) and by set_max_isa(). A cap above what the CPU has changes nothing. Throws fp8kit::Error
-// (kInvalidArgument) naming the valid levels when FP8KIT_ISA holds an unknown one.
+// The level kernels dispatch to: the CPU's highest, capped by set_max_isa() where the program set a cap, else by
+// FP8KIT_ISA (read once, as oneDNN's ONEDNN_MAX_CPU_ISA). A cap above what the CPU has changes nothing. Throws
+// fp8kit::Error (kInvalidArgument) naming the valid levels when FP8KIT_ISA holds an unknown one.
 Isa active_isa();
 // FP8KIT_ISA as this process read it (nullopt when unset).
 std::optional<std::string> isa_from_environment();
-// Caps dispatch at `cap` for this process from now on (tests and benchmarks run every level this way); nullopt
-// removes the cap (FP8KIT_ISA still applies). Not for use while other threads run kernels.
+// Caps dispatch at `cap` for this process from now on, in place of FP8KIT_ISA (tests and `fp8kit bench --isa` run
+// every level the CPU has this way, whatever the environment says); nullopt returns to FP8KIT_ISA. Not for use
+// while other threads run kernels.
 void set_max_isa(std::optional<Isa> cap);
 
 // Threads used by bulk operations (default: OpenMP's default, usually the number of cores). n >= 1.

@@ -213,11 +213,10 @@ Isa active_isa() {
   const EnvironmentCap& env = environment_cap();
   FP8KIT_CHECK(!env.text || env.cap.has_value(), "FP8KIT_ISA=", *env.text, " is not an ISA level; use one of ",
                isa_names(), " (or unset it)");
-  Isa isa = cpu_max_isa();
-  if (env.cap && *env.cap < isa) isa = *env.cap;
-  const int cap = g_cap.load(std::memory_order_relaxed);
-  if (cap >= 0 && static_cast<Isa>(cap) < isa) isa = static_cast<Isa>(cap);
-  return isa;
+  // The program's own cap, where it set one, replaces the environment's.
+  const int set = g_cap.load(std::memory_order_relaxed);
+  const std::optional<Isa> cap = set >= 0 ? std::optional<Isa>(static_cast<Isa>(set)) : env.cap;
+  return cap && *cap < cpu_max_isa() ? *cap : cpu_max_isa();
 }
 
 void set_max_isa(std::optional<Isa> cap) {

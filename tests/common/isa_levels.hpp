@@ -12,15 +12,12 @@
 
 namespace fp8kit::testing {
 
-// Why `isa` (and, if asked, VBMI) cannot run here: what this CPU lacks, or FP8KIT_ISA capping dispatch below it
-// (the level-capped tests would run a lower level's kernels); empty when it can.
+// What this CPU lacks to run `isa` (and, if asked, VBMI): empty when it can. (FP8KIT_ISA does not matter here:
+// ScopedIsa's cap replaces it, so every level the hardware has is tested.)
 inline std::string skip_reason(Isa isa, bool needs_vbmi = false) {
   std::string missing = missing_for(isa);
   if (needs_vbmi && !cpu_features().avx512vbmi) missing += missing.empty() ? "avx512vbmi" : ", avx512vbmi";
-  if (!missing.empty()) return "this CPU lacks " + missing;
-  if (const auto env = isa_from_environment(); env && parse_isa(*env) && *parse_isa(*env) < isa)
-    return "FP8KIT_ISA=" + *env + " caps dispatch below it";
-  return "";
+  return missing.empty() ? "" : "this CPU lacks " + missing;
 }
 
 // GTEST_SKIP()s the calling test when the level cannot run here.
