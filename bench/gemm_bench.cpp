@@ -188,6 +188,17 @@ std::vector<std::uint16_t> to_bf16(std::span<const float> x) {
   return out;
 }
 
+// The fields every row of one shape and thread count shares.
+GemmResult result_for(const GemmShape& s, int threads, int reps) {
+  GemmResult r;
+  r.shape = s;
+  r.threads = threads;
+  r.openblas_threads = openblas().get_num_threads();
+  r.reps = reps;
+  r.isa = std::string(name(active_isa()));
+  return r;
+}
+
 // fp8-gemm, sgemm and (where built in) bf16-gemm rows for one GEMM shape at each thread count.
 void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, std::vector<GemmResult>& results,
                 const std::function<void()>& step) {
@@ -226,12 +237,7 @@ void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, s
     std::vector<std::function<void()>> fns = {fp8, sgemm};
     if (with_bf16) fns.emplace_back([&] { bf16->run(); });
     const std::vector<double> t = time_rotated(fns, reps);
-    GemmResult common;
-    common.shape = s;
-    common.threads = threads;
-    common.openblas_threads = blas.get_num_threads();
-    common.reps = reps;
-    common.isa = std::string(name(active_isa()));
+    const GemmResult common = result_for(s, threads, reps);
     GemmResult row = common, base = common;
     row.op = "fp8-gemm";
     row.baseline = "sgemm";
@@ -293,12 +299,7 @@ void bench_gemv(const GemmShape& s, const GemmBenchOptions& options, int reps, s
     };
     const auto read = [&] { sink = sink ^ read_all(probe.data(), nk, threads); };
     const std::vector<double> t = time_rotated({fp8, sgemv, read, fp8_16}, reps);
-    GemmResult common;
-    common.shape = s;
-    common.threads = threads;
-    common.openblas_threads = blas.get_num_threads();
-    common.reps = reps;
-    common.isa = std::string(name(active_isa()));
+    const GemmResult common = result_for(s, threads, reps);
     GemmResult row = common, base = common, bw = common;
     bw.op = "read-bandwidth";
     bw.bytes = nk;

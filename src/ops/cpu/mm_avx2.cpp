@@ -281,18 +281,9 @@ template <int kShift, bool kRebiased>
 bool gemv_shift(const Decode& d, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                 const float* x, std::int64_t ldx, float sum_scale, const std::uint8_t* w, const ScaleIndex& sa,
                 const ScaleIndex& sb, float* out, std::int64_t ldo) {
-  switch (m) {
-    case 1:
-      return gemv_m<kShift, kRebiased, 1>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
-    case 2:
-      return gemv_m<kShift, kRebiased, 2>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
-    case 3:
-      return gemv_m<kShift, kRebiased, 3>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
-    case 4:
-      return gemv_m<kShift, kRebiased, 4>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
-    default:
-      return false;
-  }
+  return with_gemv_rows(m, [&](auto rows) {
+    return gemv_m<kShift, kRebiased, rows()>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
+  });
 }
 
 bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,

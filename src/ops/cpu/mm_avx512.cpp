@@ -17,28 +17,20 @@
 #include <cmath>
 
 #include "mm_kernels.hpp"
+#include "tile_avx512.hpp"
 
 namespace fp8kit::mm_detail {
 namespace {
 
 // ---------------------------------------------------------------- GEMM micro-kernel
 
-constexpr std::int64_t kMr = 12, kNr = 32;
+constexpr std::int64_t kMr = kTileRows, kNr = 32;
 
 template <bool kScale>
 [[gnu::always_inline]] inline void tile_12x32(std::int64_t kc, const float* a, const float* b, float* c,
                                               std::int64_t ldc, const float* sa, const float* sb, bool zero = false) {
-  __m512 acc[kMr][2];
-#pragma GCC unroll 12
-  for (int i = 0; i < kMr; ++i) {
-    if (kScale || zero) {
-      acc[i][0] = _mm512_setzero_ps();
-      acc[i][1] = _mm512_setzero_ps();
-    } else {
-      acc[i][0] = _mm512_loadu_ps(c + i * ldc);
-      acc[i][1] = _mm512_loadu_ps(c + i * ldc + 16);
-    }
-  }
+  TileAcc acc;
+  tile_start<kScale>(acc, c, ldc, zero);
   for (std::int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 12
@@ -50,20 +42,7 @@ template <bool kScale>
     a += kMr;
     b += kNr;
   }
-  if constexpr (kScale) {
-    const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16);
-#pragma GCC unroll 12
-    for (int i = 0; i < kMr; ++i) {
-      const __m512 s = _mm512_set1_ps(sa[i]);
-      acc[i][0] = _mm512_fmadd_ps(_mm512_mul_ps(acc[i][0], s), sb0, _mm512_loadu_ps(c + i * ldc));
-      acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(acc[i][1], s), sb1, _mm512_loadu_ps(c + i * ldc + 16));
-    }
-  }
-#pragma GCC unroll 12
-  for (int i = 0; i < kMr; ++i) {
-    _mm512_storeu_ps(c + i * ldc, acc[i][0]);
-    _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
-  }
+  tile_finish<kScale>(acc, c, ldc, sa, sb);
 }
 
 void accumulate_avx512(const void* left, const void* right, std::int64_t, std::int64_t k_off, std::int64_t k_len,
@@ -243,18 +222,9 @@ template <int kShift, bool kRebiased>
 bool gemv_shift(const Decode& d, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                 const float* x, std::int64_t ldx, float sum_scale, const std::uint8_t* w, const ScaleIndex& sa,
                 const ScaleIndex& sb, float* out, std::int64_t ldo) {
-  switch (m) {
-    case 1:
-      return gemv_m<kShift, kRebiased, 1>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
-    case 2:
-      return gemv_m<kShift, kRebiased, 2>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
-    case 3:
-      return gemv_m<kShift, kRebiased, 3>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
-    case 4:
-      return gemv_m<kShift, kRebiased, 4>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
-    default:
-      return false;
-  }
+  return with_gemv_rows(m, [&](auto rows) {
+    return gemv_m<kShift, kRebiased, rows()>(d, j0, j1, k, kblock, x, ldx, sum_scale, w, sa, sb, out, ldo);
+  });
 }
 
 bool gemv_avx512(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,

@@ -21,6 +21,7 @@
 #include "convert/cpu/fp8_decode_avx512.hpp"
 #include "fp8kit/cpu.hpp"
 #include "mm_kernels.hpp"
+#include "tile_avx512.hpp"
 #include "transpose_avx512.hpp"
 
 namespace fp8kit::mm_detail {
@@ -152,7 +153,7 @@ namespace {
 
 // ---------------------------------------------------------------- GEMM micro-kernel
 
-constexpr std::int64_t kMr = 12, kNr = 32;
+constexpr std::int64_t kMr = kTileRows, kNr = 32;
 
 template <bool kScale>
 void tile_12x32(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off, std::int64_t k_len,
@@ -160,17 +161,8 @@ void tile_12x32(const void* left, const void* right, std::int64_t kc_pad, std::i
   const auto* a = static_cast<const std::uint16_t*>(left) + k_off;
   const auto* b0 = static_cast<const std::uint16_t*>(right) + k_off * 16;
   const std::uint16_t* b1 = b0 + 16 * kc_pad;
-  __m512 acc[kMr][2];
-#pragma GCC unroll 12
-  for (int i = 0; i < kMr; ++i) {
-    if (kScale || zero) {
-      acc[i][0] = _mm512_setzero_ps();
-      acc[i][1] = _mm512_setzero_ps();
-    } else {
-      acc[i][0] = _mm512_loadu_ps(c + i * ldc);
-      acc[i][1] = _mm512_loadu_ps(c + i * ldc + 16);
-    }
-  }
+  TileAcc acc;
+  tile_start<kScale>(acc, c, ldc, zero);
   const std::int64_t pairs = (k_len + 1) / 2;  // the padding past k_len is zero
   for (std::int64_t p = 0; p < pairs; ++p) {
     const __m512bh v0 = as_bh(_mm512_loadu_si512(b0 + 32 * p)), v1 = as_bh(_mm512_loadu_si512(b1 + 32 * p));
@@ -183,20 +175,7 @@ void tile_12x32(const void* left, const void* right, std::int64_t kc_pad, std::i
       acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, v1);
     }
   }
-  if constexpr (kScale) {
-    const __m512 sb0 = _mm512_loadu_ps(sb), sb1 = _mm512_loadu_ps(sb + 16);
-#pragma GCC unroll 12
-    for (int i = 0; i < kMr; ++i) {
-      const __m512 s = _mm512_set1_ps(sa[i]);
-      acc[i][0] = _mm512_fmadd_ps(_mm512_mul_ps(acc[i][0], s), sb0, _mm512_loadu_ps(c + i * ldc));
-      acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(acc[i][1], s), sb1, _mm512_loadu_ps(c + i * ldc + 16));
-    }
-  }
-#pragma GCC unroll 12
-  for (int i = 0; i < kMr; ++i) {
-    _mm512_storeu_ps(c + i * ldc, acc[i][0]);
-    _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
-  }
+  tile_finish<kScale>(acc, c, ldc, sa, sb);
 }
 
 void accumulate_dpbf16(const void* left, const void* right, std::int64_t kc_pad, std::int64_t k_off, std::int64_t k_len,
@@ -295,22 +274,10 @@ bool gemv_dpbf16(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
   if (in.x_bf16 == nullptr || !cpu_features().avx512vbmi) return false;
   const ByteTables& t = byte_tables<bfloat16>(f);
   const auto* x = reinterpret_cast<const std::uint16_t*>(in.x_bf16);
-  switch (m) {
-    case 1:
-      gemv_m<1>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
-      return true;
-    case 2:
-      gemv_m<2>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
-      return true;
-    case 3:
-      gemv_m<3>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
-      return true;
-    case 4:
-      gemv_m<4>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
-      return true;
-    default:
-      return false;
-  }
+  return with_gemv_rows(m, [&](auto rows) {
+    gemv_m<rows()>(t, j0, j1, k, kblock, x, in.ldx, w, sa, sb, out, ldo);
+    return true;
+  });
 }
 
 // Panels: the left strip (12 rows x 512 K: 12 KiB) and the right strip (512 x 32: 32 KiB) in L1, the left panel

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "common/dispatch.hpp"
 #include "fp8kit/format.hpp"
@@ -115,6 +116,25 @@ inline constexpr std::int64_t kGemvRows = 4;
 using GemvFn = bool (*)(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                         const GemvInput& x, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
                         std::int64_t ldo);
+
+// For the GEMV kernels: run(std::integral_constant<int, kM>{}) with the row count m as a compile-time constant
+// (1 to kGemvRows), false for any other m.
+template <class Run>
+[[gnu::always_inline]] inline bool with_gemv_rows(std::int64_t m, Run&& run) {
+  static_assert(kGemvRows == 4, "one case per row count");
+  switch (m) {
+    case 1:
+      return run(std::integral_constant<int, 1>{});
+    case 2:
+      return run(std::integral_constant<int, 2>{});
+    case 3:
+      return run(std::integral_constant<int, 3>{});
+    case 4:
+      return run(std::integral_constant<int, 4>{});
+    default:
+      return false;
+  }
+}
 
 // How the register GEMVs (AVX2, AVX-512 FMA) turn codes into floats: the code sign-extended to 32 bits, shifted
 // left by 23 - m and masked with `fields` is the FP8 value times 2^(bias - 127) (FP8 subnormals as float
