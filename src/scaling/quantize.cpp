@@ -11,9 +11,9 @@
 #include <cmath>
 
 #include "convert/cpu/convert_kernels.hpp"
+#include "cpu/amax_kernels.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"
-#include "cpu/amax_kernels.hpp"
 
 namespace fp8kit {
 
@@ -189,6 +189,58 @@ void block_scale(float amax, const QuantizeOptions& options, ScaledMatrix& q, st
   }
 }
 
+// The MX scales of n blocks from their amaxes (amax_and_multiplier[b] becomes block b's multiplier), as block_scale
+// gives them. When every amax is a normal float (and, for RCEIL, amax / fp8_max too) the code is integer arithmetic
+// on the exponent field, a loop the compiler vectorizes; otherwise (zero, subnormal, Inf or NaN blocks) block by block.
+void mx_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOptions& options, float* scale_inv,
+                     std::uint8_t* codes) {
+  const MxConstants& k = kMxConstants[static_cast<std::size_t>(options.format)];
+  const bool rceil = options.granularity.mx_mode == MxScaleMode::kRceil;
+  std::uint32_t all_normal = 1;
+  for (std::size_t b = 0; b < n; ++b) {
+    const float a = std::fabs(amax_and_multiplier[b]);
+    const std::uint32_t field = std::bit_cast<std::uint32_t>(rceil ? a * k.max_reciprocal : a) >> 23;
+    all_normal &= static_cast<std::uint32_t>((field - 1u) < 254u);  // also rejects Inf/NaN amax (field 255)
+    all_normal &= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(a) >> 23) - 1u < 254u);
+  }
+  if (all_normal == 0) {
+    for (std::size_t b = 0; b < n; ++b) {
+      const std::uint8_t code = mx_scale_code(amax_and_multiplier[b], options.format, options.granularity.mx_mode);
+      codes[b] = code;
+      scale_inv[b] = e8m0_value(code);
+      amax_and_multiplier[b] = code == 0xFF ? scale_inv[b] : pow2f(127 - code);
+    }
+    return;
+  }
+  // Three simple loops (code, then the two scales, then the byte codes), each of which the compiler vectorizes.
+  constexpr std::uint32_t kPow2Minus127 = 0x00400000u;  // 2^-127, a float subnormal
+  thread_local std::vector<std::uint32_t> scratch;
+  scratch.resize(n);
+  std::uint32_t* code_bits = scratch.data();
+  if (rceil) {
+    for (std::size_t b = 0; b < n; ++b) {
+      const std::uint32_t bits = std::bit_cast<std::uint32_t>(std::fabs(amax_and_multiplier[b]) * k.max_reciprocal);
+      const std::int32_t code = static_cast<std::int32_t>((bits >> 23) + ((bits & 0x7FFFFFu) != 0 ? 1u : 0u));
+      code_bits[b] = static_cast<std::uint32_t>(std::min(code, 254));
+    }
+  } else {
+    for (std::size_t b = 0; b < n; ++b) {
+      const auto field =
+          static_cast<std::int32_t>((std::bit_cast<std::uint32_t>(amax_and_multiplier[b]) >> 23) & 0xFFu);
+      code_bits[b] = static_cast<std::uint32_t>(std::max(0, std::min(field - k.emax_elem, 254)));
+    }
+  }
+  for (std::size_t b = 0; b < n; ++b) {
+    const std::uint32_t c = code_bits[b];
+    codes[b] = static_cast<std::uint8_t>(c);
+  }
+  for (std::size_t b = 0; b < n; ++b) {
+    const std::uint32_t c = code_bits[b];
+    amax_and_multiplier[b] = std::bit_cast<float>(c != 254 ? (254u - c) << 23 : kPow2Minus127);
+    scale_inv[b] = std::bit_cast<float>(c != 0 ? c << 23 : kPow2Minus127);
+  }
+}
+
 }  // namespace
 
 ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
@@ -230,54 +282,102 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
     const bool segmented = bc % 32 == 0;
     const auto amax_segments = scaling_detail::active_amax_kernels().amax_segments;
     const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
-    // Bands are equal in size: a static split costs nothing per band (bands can be a single short row).
-#pragma omp parallel for schedule(static) if (parallel)
-    for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
-      const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
-      const MatrixView band{x.data + row_begin * x.cols, row_end - row_begin, x.cols};
-      float* band_scales = multiplier.data() + gr * grid_cols;
-      AmaxResult& part = parts[static_cast<std::size_t>(gr)];
-      convert_detail::EncodeParams p = base;
-      p.streaming_stores = q.data.size() >= kStreamingBytes;
-      if (segmented) {
-        // Blocks of a multiple of 32 columns: one amax call and one encode call per row, each block a segment.
-        // Bands of one row (rows, 1x128, MX) are in L1 for the encode, which then prefetches the next band for
-        // the amax pass that reads it next (+10-20% at 2 threads). Taller bands (128x128, 2 MiB) are re-read from
-        // L3 and keep the default prefetch: going block by block instead thrashes the caches (16 KiB row stride).
-        thread_local std::vector<float> row_amax;
-        row_amax.resize(static_cast<std::size_t>(grid_cols));
-        std::fill(band_scales, band_scales + grid_cols, 0.0f);
-        for (std::int64_t r = 0; r < band.rows; ++r) {
-          amax_segments(band.data + r * x.cols, static_cast<std::size_t>(x.cols), static_cast<std::size_t>(bc),
-                        row_amax.data(), part);
-          for (std::int64_t gc = 0; gc < grid_cols; ++gc) band_scales[gc] = std::max(band_scales[gc], row_amax[gc]);
+    const bool streaming = q.data.size() >= kStreamingBytes;
+    auto scales_of = [&](std::int64_t gr) { return multiplier.data() + gr * grid_cols; };
+    // Segmented blocks (a multiple of 32 columns): row r's block maxima into its band's amax slots (the band's
+    // first row writes them).
+    auto amax_row_into = [&](std::int64_t r, float* band_scales, bool first_row, AmaxResult& part) {
+      const float* row = x.data + r * x.cols;
+      if (first_row) {
+        amax_segments(row, static_cast<std::size_t>(x.cols), static_cast<std::size_t>(bc), band_scales, part);
+        return;
+      }
+      thread_local std::vector<float> row_amax;
+      row_amax.resize(static_cast<std::size_t>(grid_cols));
+      amax_segments(row, static_cast<std::size_t>(x.cols), static_cast<std::size_t>(bc), row_amax.data(), part);
+      for (std::int64_t gc = 0; gc < grid_cols; ++gc)
+        band_scales[gc] = std::max(band_scales[gc], row_amax[static_cast<std::size_t>(gc)]);
+    };
+    // Band gr's amax slots become its multipliers, and its dequantization scales are set.
+    auto band_scales_from_amax = [&](std::int64_t gr) {
+      const auto b0 = static_cast<std::size_t>(gr * grid_cols);
+      if (options.granularity.kind == Granularity::Kind::kMx) {
+        mx_block_scales(scales_of(gr), static_cast<std::size_t>(grid_cols), options, q.scale_inv.data() + b0,
+                        q.scale_e8m0.data() + b0);
+        return;
+      }
+      for (std::size_t b = b0; b < b0 + static_cast<std::size_t>(grid_cols); ++b)
+        block_scale(multiplier[b], options, q, multiplier, b);
+    };
+    auto encode_row = [&](std::int64_t r, const float* band_scales, const convert_detail::EncodeParams& p) {
+      kernels.encode_f32_segments(x.data + r * x.cols, q.data.data() + r * x.cols, static_cast<std::size_t>(x.cols),
+                                  static_cast<std::size_t>(bc), band_scales, p);
+    };
+    if (segmented && br > 1) {
+      // Tall bands (128x128: 2 MiB of float32 each) do not stay in L1, and the encode's second read comes from
+      // L2: each thread encodes row r of its band while the amax pass reads row r of its next band, so the
+      // memory reads of one overlap the compute of the other, with one band's worth of rows live at any time.
+#pragma omp parallel if (parallel)
+      {
+        const auto threads = static_cast<std::int64_t>(omp_get_num_threads());
+        const auto thread = static_cast<std::int64_t>(omp_get_thread_num());
+        const std::int64_t first = grid_rows * thread / threads, last = grid_rows * (thread + 1) / threads;
+        auto rows_of = [&](std::int64_t gr) { return std::min(x.rows, (gr + 1) * br) - gr * br; };
+        convert_detail::EncodeParams p = base;
+        p.streaming_stores = streaming;
+        if (first < last) {
+          for (std::int64_t r = 0; r < rows_of(first); ++r)
+            amax_row_into(first * br + r, scales_of(first), r == 0, parts[static_cast<std::size_t>(first)]);
+          band_scales_from_amax(first);
         }
-        if (br == 1) p.prefetch_ahead_bytes = static_cast<std::size_t>(x.cols) * sizeof(float);
-      } else {
-        amax_blocks(band, br, bc, std::span<float>(band_scales, static_cast<std::size_t>(grid_cols)), &part);
+        for (std::int64_t gr = first; gr < last; ++gr) {
+          const std::int64_t next_rows = gr + 1 < last ? rows_of(gr + 1) : 0;
+          for (std::int64_t r = 0; r < rows_of(gr); ++r) {
+            encode_row(gr * br + r, scales_of(gr), p);
+            if (r < next_rows)
+              amax_row_into((gr + 1) * br + r, scales_of(gr + 1), r == 0, parts[static_cast<std::size_t>(gr + 1)]);
+          }
+          if (next_rows > 0) band_scales_from_amax(gr + 1);
+        }
       }
-      for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
-        const auto b = static_cast<std::size_t>(gr * grid_cols + gc);
-        block_scale(multiplier[b], options, q, multiplier, b);  // the amax slot becomes the multiplier
-      }
-      for (std::int64_t r = row_begin; r < row_end; ++r) {
-        const float* in_row = x.data + r * x.cols;
-        std::uint8_t* out_row = q.data.data() + r * x.cols;
+    } else {
+      // Bands are equal in size: a static split costs nothing per band (bands can be a single short row).
+#pragma omp parallel for schedule(static) if (parallel)
+      for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
+        const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
+        const MatrixView band{x.data + row_begin * x.cols, row_end - row_begin, x.cols};
+        float* band_scales = scales_of(gr);
+        AmaxResult& part = parts[static_cast<std::size_t>(gr)];
+        convert_detail::EncodeParams p = base;
+        p.streaming_stores = streaming;
         if (segmented) {
-          kernels.encode_f32_segments(in_row, out_row, static_cast<std::size_t>(x.cols), static_cast<std::size_t>(bc),
-                                      band_scales, p);
+          // Bands of one row (rows, 1x128, MX): one amax call and one encode call, each block a segment. The row is
+          // in L1 for the encode, which then prefetches the next band for the amax pass that reads it next (+10-20%
+          // at 2 threads).
+          amax_row_into(row_begin, band_scales, true, part);
+          p.prefetch_ahead_bytes = static_cast<std::size_t>(x.cols) * sizeof(float);
+        } else {
+          amax_blocks(band, br, bc, std::span<float>(band_scales, static_cast<std::size_t>(grid_cols)), &part);
+        }
+        band_scales_from_amax(gr);
+        if (segmented) {
+          encode_row(row_begin, band_scales, p);
           continue;
         }
-        for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
-          const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
-          const float scale = band_scales[gc];
-          const float* in = in_row + c0;
-          std::uint8_t* out = out_row + c0;
-          if (c1 - c0 >= kKernelMinRun) {
-            p.options.scale = scale;
-            kernels.encode_f32(in, out, static_cast<std::size_t>(c1 - c0), p);
-          } else {
-            for (std::int64_t c = 0; c < c1 - c0; ++c) out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
+        for (std::int64_t r = row_begin; r < row_end; ++r) {
+          const float* in_row = x.data + r * x.cols;
+          std::uint8_t* out_row = q.data.data() + r * x.cols;
+          for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+            const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
+            const float scale = band_scales[gc];
+            const float* in = in_row + c0;
+            std::uint8_t* out = out_row + c0;
+            if (c1 - c0 >= kKernelMinRun) {
+              p.options.scale = scale;
+              kernels.encode_f32(in, out, static_cast<std::size_t>(c1 - c0), p);
+            } else {
+              for (std::int64_t c = 0; c < c1 - c0; ++c) out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
+            }
           }
         }
       }

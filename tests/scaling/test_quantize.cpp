@@ -180,6 +180,49 @@ TEST(Quantize, MxFloorClipsWhereRceilDoesNot) {
   EXPECT_EQ(mx_scale_code(3e38f, Format::e4m3fn, MxScaleMode::kFloor), 127 + 127 - 8);
 }
 
+TEST(Quantize, MxScalesAtTheExponentEdges) {
+  // One block per amax, every amax a normal float (the vectorized scale path): the smallest normals (FLOOR clamps
+  // the code at 0), powers of two and their neighbours, and the largest floats (RCEIL's amax / fp8_max near 2^126);
+  // then the same row with a zero block, which takes the block-by-block path. Both against mx_scale_code.
+  const float amaxes[] = {0x1p-126f,
+                          0x1.8p-126f,
+                          0x1p-120f,
+                          0x1p-118f,
+                          0x1.fffffep-117f,
+                          1.0f,
+                          448.0f,
+                          449.0f,
+                          57344.0f,
+                          0x1p100f,
+                          0x1p127f,
+                          3e38f,
+                          std::numeric_limits<float>::max()};
+  const auto blocks = static_cast<std::int64_t>(std::size(amaxes));
+  for (bool with_zero_block : {false, true}) {
+    std::vector<float> x(static_cast<std::size_t>(32 * (blocks + 1)), 0.0f);
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      for (std::int64_t i = 0; i < 32; ++i)
+        x[static_cast<std::size_t>(32 * b + i)] = amaxes[b] * (i % 3 == 0 ? -0.5f : 0.25f);
+      x[static_cast<std::size_t>(32 * b + 5)] = b % 2 == 0 ? amaxes[b] : -amaxes[b];
+    }
+    const std::int64_t cols = 32 * (blocks + (with_zero_block ? 1 : 0));
+    for (Format f : {Format::e4m3fn, Format::e5m2}) {
+      for (MxScaleMode mode : {MxScaleMode::kFloor, MxScaleMode::kRceil}) {
+        const QuantizeOptions o{f, Overflow::kSaturate, Granularity::mx(mode)};
+        const ScaledMatrix q = quantize(MatrixView{x.data(), 1, cols}, o);
+        const ScaledMatrix want = reference_quantize(std::vector<float>(x.begin(), x.begin() + cols), 1, cols, o);
+        SCOPED_TRACE(std::string(name(f)) + (mode == MxScaleMode::kRceil ? " rceil" : " floor") +
+                     (with_zero_block ? " with a zero block" : ""));
+        for (std::int64_t b = 0; b < blocks; ++b) {
+          EXPECT_EQ(q.scale_e8m0[static_cast<std::size_t>(b)], mx_scale_code(amaxes[b], f, mode)) << amaxes[b];
+        }
+        EXPECT_EQ(q.scale_inv, want.scale_inv);
+        EXPECT_EQ(q.data, want.data);
+      }
+    }
+  }
+}
+
 TEST(Quantize, Diagnostics) {
   // Per tensor with one outlier: small values underflow, nothing saturates, the scale is reported.
   std::vector<float> x = {1e4f, 1e-3f, -1e-3f, 0.0f, 1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, -5e-4f};
@@ -237,12 +280,52 @@ TEST(Quantize, RejectsBadArguments) {
 }
 
 TEST(Quantize, LargeParallelMatchesSerial) {
-  const std::int64_t rows = 512, cols = 1024;
-  const auto x = gaussian(static_cast<std::size_t>(rows * cols), 9, 100.0f);
-  for (const Granularity& g : {Granularity::tensor(), Granularity::block(128, 128), Granularity::mx()}) {
-    const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g};
-    EXPECT_EQ(quantize(MatrixView{x.data(), rows, cols}, o).data, reference_quantize(x, rows, cols, o).data)
-        << g.name();
+  // 600 rows: five 128-row bands (the last 88 rows) over the threads, so the tall-band pipeline (encode one band
+  // while reading the next) meets an uneven split and a short last band.
+  const std::int64_t rows = 600, cols = 1024;
+  auto x = gaussian(static_cast<std::size_t>(rows * cols), 9, 100.0f);
+  // Specials in a few blocks (the SIMD amax redoes those blocks), a zero MX block and a subnormal one (the MX
+  // scales' block-by-block path for that row).
+  x[70 * cols + 5] = std::numeric_limits<float>::quiet_NaN();
+  x[300 * cols + 700] = std::numeric_limits<float>::infinity();
+  x[599 * cols + 1023] = -std::numeric_limits<float>::infinity();
+  for (std::int64_t c = 64; c < 96; ++c) x[static_cast<std::size_t>(200 * cols + c)] = 0.0f;
+  for (std::int64_t c = 128; c < 160; ++c) x[static_cast<std::size_t>(201 * cols + c)] = 1e-40f;
+  for (const Granularity& g :
+       {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128), Granularity::block(128, 128),
+        Granularity::block(64, 256), Granularity::mx(), Granularity::mx(MxScaleMode::kRceil)}) {
+    for (Overflow overflow : {Overflow::kSaturate, Overflow::kNonSaturating}) {
+      const QuantizeOptions o{Format::e4m3fn, overflow, g};
+      const ScaledMatrix got = quantize(MatrixView{x.data(), rows, cols}, o);
+      const ScaledMatrix want = reference_quantize(x, rows, cols, o);
+      EXPECT_EQ(got.data, want.data) << g.name();
+      EXPECT_EQ(got.scale_inv, want.scale_inv) << g.name();
+    }
+  }
+}
+
+TEST(Quantize, StreamingSizesMatchReference) {
+  // 64 MiB of float32: the fused encode and the segmented decode write with non-temporal stores from 16 MiB up.
+  const std::int64_t rows = 4096, cols = 4096;
+  const auto x = gaussian(static_cast<std::size_t>(rows * cols), 11, 3.0f);
+  std::vector<float> back(x.size());
+  for (const Granularity& g : {Granularity::block(128, 128), Granularity::mx()}) {
+    const QuantizeOptions o{Format::e5m2, Overflow::kSaturate, g};
+    const ScaledMatrix got = quantize(MatrixView{x.data(), rows, cols}, o);
+    const ScaledMatrix want = reference_quantize(x, rows, cols, o);
+    ASSERT_EQ(got.data, want.data) << g.name();
+    ASSERT_EQ(got.scale_inv, want.scale_inv) << g.name();
+    dequantize(got, back);
+    std::size_t mismatches = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const auto i = static_cast<std::size_t>(r * cols + c);
+        const float s =
+            got.scale_inv[static_cast<std::size_t>((r / got.block_rows()) * got.grid_cols() + c / got.block_cols())];
+        mismatches += back[i] == decode_to_float(o.format, got.data[i]) * s ? 0 : 1;
+      }
+    }
+    EXPECT_EQ(mismatches, 0u) << g.name();
   }
 }
 

@@ -130,18 +130,20 @@ TEST_P(AmaxKernel, SpansMatchScalar) {
 }
 
 TEST_P(AmaxKernel, SegmentsMatchScalar) {
-  for (std::size_t segment : {16, 32, 48, 128, 7}) {
-    for (std::size_t n : {0, 16, 100, 128, 1000, 4099}) {
-      const auto x = test_data(n, static_cast<std::uint32_t>(n + segment), true);
-      const std::size_t count = (n + segment - 1) / segment;
-      std::vector<float> got(count, -1.0f), want(count, -2.0f);
-      AmaxResult simd, scalar;
-      table_->amax_segments(x.data(), n, segment, got.data(), simd);
-      scaling_detail::amax_segments_scalar(x.data(), n, segment, want.data(), scalar);
-      const std::string what =
-          std::string(table_->name) + " segment " + std::to_string(segment) + " n " + std::to_string(n);
-      expect_same(simd, scalar, what);
-      for (std::size_t k = 0; k < count; ++k) EXPECT_EQ(got[k], want[k]) << what << " segment " << k;
+  for (std::size_t segment : {16, 32, 48, 64, 128, 4096, 7}) {
+    for (std::size_t n : {0, 16, 100, 128, 1000, 4099, 8192}) {
+      for (bool specials : {false, true}) {
+        const auto x = test_data(n, static_cast<std::uint32_t>(n + segment), specials);
+        const std::size_t count = (n + segment - 1) / segment;
+        std::vector<float> got(count, -1.0f), want(count, -2.0f);
+        AmaxResult simd, scalar;
+        table_->amax_segments(x.data(), n, segment, got.data(), simd);
+        scaling_detail::amax_segments_scalar(x.data(), n, segment, want.data(), scalar);
+        const std::string what =
+            std::string(table_->name) + " segment " + std::to_string(segment) + " n " + std::to_string(n);
+        expect_same(simd, scalar, what);
+        for (std::size_t k = 0; k < count; ++k) EXPECT_EQ(got[k], want[k]) << what << " segment " << k;
+      }
     }
   }
 }

@@ -367,18 +367,34 @@ void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std
       return encode16<kM, true, kSignOnZero, kFold>(x, c, group_scale[g]);
     }
   };
-  for (std::size_t i = 0; i < n; i += 64) {
+  // The scale of each group of 16 in order: a counter instead of a division per group.
+  const std::size_t groups_per_segment = segment / 16;
+  const float* scale = scales;
+  std::size_t groups_left = groups_per_segment;
+  auto next_scale = [&] {
+    const __m512 s = _mm512_set1_ps(*scale);
+    if (--groups_left == 0) {
+      ++scale;
+      groups_left = groups_per_segment;
+    }
+    return s;
+  };
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
     const char* ahead_line = reinterpret_cast<const char*>(in + i) + ahead;
     for (int line = 0; line < 256; line += 64) _mm_prefetch(ahead_line + line, _MM_HINT_T0);
-    for (std::size_t g = 0; g < 4; ++g) {
-      const std::size_t first = std::min(n - 1, i + 16 * g);  // (groups past n are masked off)
-      group_scale[g] = _mm512_set1_ps(scales[first / segment]);
-    }
-    if (stream && n - i >= 64) {
+    for (__m512& s : group_scale) s = next_scale();
+    if (stream) {
       encode_chunk<float, decltype(enc16), true>(in + i, out + i, 64, enc16);
     } else {
-      encode_chunk(in + i, out + i, std::min<std::size_t>(64, n - i), enc16);
+      encode_chunk(in + i, out + i, 64, enc16);
     }
+  }
+  if (i < n) {
+    // The last chunk under masks; its groups past n (masked off) repeat the last real group's scale.
+    const std::size_t groups = (n - i + 15) / 16;
+    for (std::size_t g = 0; g < 4; ++g) group_scale[g] = g < groups ? next_scale() : group_scale[groups - 1];
+    encode_chunk(in + i, out + i, n - i, enc16);
   }
   if (stream) _mm_sfence();
 }
@@ -613,8 +629,9 @@ void decode_avx512(const std::uint8_t* in, Out* out, std::size_t n, const Decode
   }
 }
 
-// Segments of a multiple of 16 codes, each with its own dequantization scale.
-template <DecodeVia kVia>
+// Segments of a multiple of 16 codes, each with its own dequantization scale; a large output (aligned to 64 bytes,
+// so every segment is) is streamed as the bulk decoders stream it.
+template <DecodeVia kVia, bool kStream>
 void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
                           const float* scale_invs, const DecodeParams& p) {
   DecodeConsts c(p, false);
@@ -628,25 +645,34 @@ void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std
       _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes / 2, _MM_HINT_T0);
       const std::size_t count = std::min<std::size_t>(64, segment - i);
       if (s == 1.0f) {
-        decode_chunk<float, kVia, false, false>(src + i, dst + i, count, c);  // exact, as the scalar loop
+        decode_chunk<float, kVia, false, kStream>(src + i, dst + i, count, c);  // exact, as the scalar loop
       } else {
-        decode_chunk<float, kVia, true, false>(src + i, dst + i, count, c);
+        decode_chunk<float, kVia, true, kStream>(src + i, dst + i, count, c);
       }
     }
   }
+  if constexpr (kStream) _mm_sfence();
   if (k * segment < n)
     decode_segments_tail(in + k * segment, out + k * segment, n - k * segment, segment, scale_invs + k, p);
+}
+
+template <DecodeVia kVia>
+void decode_segments_via(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
+                         const float* scale_invs, const DecodeParams& p) {
+  if (p.streaming_stores && (reinterpret_cast<std::uintptr_t>(out) & 63u) == 0)
+    return decode_segments_body<kVia, true>(in, out, n, segment, scale_invs, p);
+  decode_segments_body<kVia, false>(in, out, n, segment, scale_invs, p);
 }
 
 template <bool kVbmi>
 void decode_segments_avx512(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
                             const float* scale_invs, const DecodeParams& p) {
   if (segment == 0 || segment % 16 != 0) return decode_segments_tail(in, out, n, segment, scale_invs, p);
-  if (p.format == Format::e8m0fnu) return decode_segments_body<DecodeVia::kE8m0>(in, out, n, segment, scale_invs, p);
+  if (p.format == Format::e8m0fnu) return decode_segments_via<DecodeVia::kE8m0>(in, out, n, segment, scale_invs, p);
   if constexpr (kVbmi) {
-    decode_segments_body<DecodeVia::kVbmi>(in, out, n, segment, scale_invs, p);
+    decode_segments_via<DecodeVia::kVbmi>(in, out, n, segment, scale_invs, p);
   } else {
-    decode_segments_body<DecodeVia::kShift>(in, out, n, segment, scale_invs, p);
+    decode_segments_via<DecodeVia::kShift>(in, out, n, segment, scale_invs, p);
   }
 }
 

@@ -71,48 +71,69 @@ void amax_avx512(const float* x, std::size_t n, AmaxResult& acc) {
   return v[0];
 }
 
-// Per segment (a multiple of 16 elements): the maximum over its vectors, 16 segments' horizontal maxima at once;
-// counters across all segments. Partial segments go to the scalar loop.
+// The maximum of |x| as bits over one segment of kVectors * 16 elements (kVectors = 0: `segment` elements, a
+// multiple of 16), NaN and Inf included (they order above every finite magnitude); two chains for longer segments.
+template <std::size_t kVectors>
+[[gnu::always_inline]] inline __m512i raw_segment_max(const float* seg, std::size_t segment) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  const std::size_t vectors = kVectors != 0 ? kVectors : segment / 16;
+  __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
+  std::size_t v = 0;
+  for (; v + 2 <= vectors; v += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(seg + 16 * v) + 2048, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(seg + 16 * v) + 2048 + 64, _MM_HINT_T0);
+    m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(seg + 16 * v), abs_mask));
+    m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_loadu_si512(seg + 16 * v + 16), abs_mask));
+  }
+  if (v < vectors) m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(seg + 16 * v), abs_mask));
+  return _mm512_max_epu32(m0, m1);
+}
+
+// Per segment (a multiple of 16 elements): the maximum of |x| bits over its vectors, 16 segments' horizontal
+// maxima at once. A segment whose maximum is not finite holds a NaN or an Inf: the scalar loop redoes it (its
+// finite maximum and its counts), so the common, finite case pays for no counting at all. Partial segments go to
+// the scalar loop too.
+template <std::size_t kVectors>
+void amax_segments_body(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc) {
+  const std::size_t segments = n / segment;
+  const __m512i largest_finite = _mm512_set1_epi32(0x7F7FFFFF);
+  __m512i overall = _mm512_setzero_si512();
+  std::size_t k = 0;
+  for (; k + 16 <= segments; k += 16) {
+    __m512i m[16];
+    for (std::size_t t = 0; t < 16; ++t) m[t] = raw_segment_max<kVectors>(x + (k + t) * segment, segment);
+    const __m512i maxima = horizontal_max16(m);
+    _mm512_storeu_si512(out + k, maxima);
+    auto nonfinite = static_cast<std::uint32_t>(_mm512_cmpgt_epu32_mask(maxima, largest_finite));
+    overall = _mm512_mask_max_epu32(overall, static_cast<__mmask16>(~nonfinite), overall, maxima);
+    for (; nonfinite != 0; nonfinite &= nonfinite - 1) {
+      const std::size_t t = k + static_cast<std::size_t>(std::countr_zero(nonfinite));
+      amax_segments_scalar(x + t * segment, segment, segment, out + t, acc);
+    }
+  }
+  for (; k < segments; ++k) {
+    const auto bits =
+        static_cast<std::uint32_t>(_mm512_reduce_max_epu32(raw_segment_max<kVectors>(x + k * segment, segment)));
+    if (bits > 0x7F7FFFFFu) {
+      amax_segments_scalar(x + k * segment, segment, segment, out + k, acc);
+    } else {
+      out[k] = std::bit_cast<float>(bits);
+      acc.amax = std::max(acc.amax, out[k]);
+    }
+  }
+  acc.amax = std::max(acc.amax, std::bit_cast<float>(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(overall))));
+  if (k * segment < n) amax_segments_scalar(x + k * segment, n - k * segment, segment, out + k, acc);
+}
+
 void amax_segments_avx512(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc) {
   if (segment % 16 != 0 || segment == 0) {
     amax_segments_scalar(x, n, segment, out, acc);
     return;
   }
-  const std::size_t segments = n / segment;
-  __m512i overall = _mm512_setzero_si512();
-  Lanes counter;
-  std::uint64_t nonfinite = 0;
-  std::size_t since_flush = 0;
-  auto segment_max = [&](std::size_t k) {
-    const float* seg = x + k * segment;
-    Lanes l;
-    l.nonfinite = counter.nonfinite;
-    for (std::size_t i = 0; i < segment; i += 16) {
-      if (i % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(seg + i) + 2048, _MM_HINT_T0);
-      step(seg + i, l);
-    }
-    counter.nonfinite = l.nonfinite;
-    overall = _mm512_max_epu32(overall, l.max);
-    since_flush += segment;
-    if (since_flush >= kFlush) {
-      nonfinite += static_cast<std::uint64_t>(_mm512_reduce_add_epi32(counter.nonfinite));
-      counter.nonfinite = _mm512_setzero_si512();
-      since_flush = 0;
-    }
-    return l.max;
-  };
-  std::size_t k = 0;
-  for (; k + 16 <= segments; k += 16) {
-    __m512i m[16];
-    for (int t = 0; t < 16; ++t) m[t] = segment_max(k + static_cast<std::size_t>(t));
-    _mm512_storeu_si512(out + k, horizontal_max16(m));
-  }
-  for (; k < segments; ++k)
-    out[k] = std::bit_cast<float>(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(segment_max(k))));
-  nonfinite += static_cast<std::uint64_t>(_mm512_reduce_add_epi32(counter.nonfinite));
-  split_nonfinite(x, k * segment, nonfinite, acc);
-  acc.amax = std::max(acc.amax, std::bit_cast<float>(static_cast<std::uint32_t>(_mm512_reduce_max_epu32(overall))));
-  if (k * segment < n) amax_segments_scalar(x + k * segment, n - k * segment, segment, out + k, acc);
+  // MX's 32 and the 1x128 blocks unrolled; other lengths in the general loop.
+  if (segment == 32) return amax_segments_body<2>(x, n, segment, out, acc);
+  if (segment == 128) return amax_segments_body<8>(x, n, segment, out, acc);
+  amax_segments_body<0>(x, n, segment, out, acc);
 }
 
 }  // namespace
