@@ -112,8 +112,39 @@ void check_encode(const KernelTable* table, convert_detail::EncodeFn<In>(KernelT
   }
 }
 
+// Arrays long enough for the kernels' long-array loops (the AVX-512 encoder works on four parts side by side from
+// 2^20 elements), with a length that leaves a remainder after the parts, against the scalar table.
+template <typename In>
+void check_long_encode(const KernelTable* table, convert_detail::EncodeFn<In>(KernelTable::*member)) {
+  const std::size_t n = (std::size_t{1} << 20) * 2 + 4 * 64 * 3 + 45;
+  const auto input = narrow_all<In>(test_floats(n, 31));
+  for (Format f : {Format::e4m3fn, Format::e5m2fnuz, Format::e8m0fnu}) {
+    for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+      auto params = convert_detail::make_encode_params(CastOptions{f, o, Rounding::kNearestEven, 0.75f});
+      params.streaming_stores = true;
+      std::vector<std::uint8_t> want(n), got(n + 1, 0xAB);
+      (convert_detail::scalar_kernels().*member)(input.data(), want.data(), n, params);
+      (table->*member)(input.data(), got.data(), n, params);
+      std::size_t mismatches = 0, first = n;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (got[i] != want[i]) {
+          ++mismatches;
+          first = std::min(first, i);
+        }
+      }
+      EXPECT_EQ(mismatches, 0u) << table->name << " " << name(f) << ", first at " << first;
+      EXPECT_EQ(got[n], 0xAB) << "wrote past the end";
+    }
+  }
+}
+
 TEST_P(ConvertKernel, EncodeFloatMatchesScalar) {
   check_encode<float>(kernels(), &KernelTable::encode_f32);
+}
+TEST_P(ConvertKernel, EncodeLongArraysMatchScalar) {
+  check_long_encode<float>(kernels(), &KernelTable::encode_f32);
+  check_long_encode<bfloat16>(kernels(), &KernelTable::encode_bf16);
+  check_long_encode<float16>(kernels(), &KernelTable::encode_f16);
 }
 TEST_P(ConvertKernel, EncodeBfloat16MatchesScalar) {
   check_encode<bfloat16>(kernels(), &KernelTable::encode_bf16);
