@@ -89,6 +89,7 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
   const auto& scalar = convert_detail::scalar_kernels();
   for (int threads : options.threads) {
     set_num_threads(threads);
+    bind_openmp_threads(threads);
     {
       // The read-bandwidth probe: how fast this machine streams the wide array in at all. An encode reads
       // 4 bytes (float32) per byte it writes, so read bandwidth * 5/4 bounds it when reads are the limit.

@@ -178,7 +178,8 @@ QuantizeOptions e4m3fn(Granularity g) {
 
 void apply_threads(int threads) {
   set_num_threads(threads);
-  openblas().set_num_threads(threads);
+  openblas().set_num_threads(threads);  // loads OpenBLAS (and starts its threads) before the OpenMP threads are bound
+  bind_openmp_threads(threads);
 }
 
 // The same values as bfloat16 bits (round to nearest even), for the BF16 baseline.

@@ -3,6 +3,8 @@
 
 #include <emmintrin.h>
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -87,6 +89,32 @@ Timing measure(const std::function<void()>& kernel, const std::function<void()>&
   m.baseline_gbps = static_cast<double>(baseline_bytes) / t.baseline_seconds / 1e9;
   m.ratio = m.gbps / m.baseline_gbps;
   return m;
+}
+
+bool bind_openmp_threads(int threads) {
+  if (std::getenv("OMP_PROC_BIND") != nullptr || threads < 1) return false;
+  // The CPUs the process was started with, read before the first binding narrows the main thread's set.
+  static const std::vector<int> cpus = [] {
+    std::vector<int> list;
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &allowed)) list.push_back(c);
+      }
+    }
+    return list;
+  }();
+  if (static_cast<std::size_t>(threads) > cpus.size()) return false;
+  bool bound = true;
+#pragma omp parallel num_threads(threads) reduction(&& : bound)
+  {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[static_cast<std::size_t>(omp_get_thread_num())], &one);
+    bound = pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+  }
+  return bound;
 }
 
 void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads) {

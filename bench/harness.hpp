@@ -62,6 +62,15 @@ Timing measure(const std::function<void()>& kernel, const std::function<void()>&
 // across `threads` threads; returns a value that depends on all of it so the reads cannot be optimized away.
 std::uint64_t read_all(const void* data, std::size_t bytes, int threads);
 
+// Binds thread t of the next `threads`-thread OpenMP teams to the t-th CPU this process may run on, as
+// OMP_PROC_BIND=true does (which libgomp only reads at start-up). Unbound, the kernel scheduler may wake a worker on
+// the CPU of the thread that woke it, and the two then share one CPU until the next load balance: on a 2-vCPU VM
+// that added 4-8 ms (scheduler ticks) to ~1 ms two-thread kernels and probes at random, per process. Does nothing
+// where OMP_PROC_BIND is set (the user's choice stands) or `threads` exceeds the CPUs. Call it after every library
+// that starts threads of its own (OpenBLAS) is loaded: threads started later inherit the binding of their creator.
+// Returns whether the threads are bound.
+bool bind_openmp_threads(int threads);
+
 // memcpy split across `threads` threads (each copies a contiguous part), the convention of the baseline.
 void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads);
 

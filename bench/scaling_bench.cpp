@@ -36,6 +36,7 @@ std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
   std::vector<ScalingResult> results;
   for (int threads : options.threads) {
     set_num_threads(threads);
+    bind_openmp_threads(threads);
     const auto memcpy_baseline = [&] { parallel_memcpy(copy_dst.data(), x.data(), bytes, threads); };
     volatile std::uint64_t sink = 0;
     const auto read_probe = [&] { sink = sink ^ read_all(x.data(), bytes, threads); };
