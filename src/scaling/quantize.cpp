@@ -241,6 +241,37 @@ void mx_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOp
   }
 }
 
+// The scales of n blocks from their amaxes by the scale formula (amax_and_multiplier[b] becomes block b's
+// multiplier), as block_scale gives them. With no margin and no power-of-two rounding, and every amax finite and
+// (after epsilon) positive, compute_scale is one correctly rounded division, capped at FLT_MAX: a loop the compiler
+// vectorizes (divisions included, as correctly rounded as the scalar ones); otherwise block by block.
+void formula_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOptions& options, ScaledMatrix& q,
+                          std::vector<float>& multiplier, std::size_t b0) {
+  const float epsilon = options.scale.epsilon;
+  bool simple = options.scale.margin == 0 && options.scale.rounding == ScaleRounding::kExact;
+  if (simple) {
+    std::uint32_t ok = 1;
+    for (std::size_t b = 0; b < n; ++b) {
+      const float a = std::fabs(amax_and_multiplier[b]);
+      ok &= static_cast<std::uint32_t>(std::bit_cast<std::uint32_t>(a) < 0x7F800000u) &
+            static_cast<std::uint32_t>(std::max(a, epsilon) > 0.0f);
+    }
+    simple = ok != 0;
+  }
+  if (!simple) {
+    for (std::size_t b = 0; b < n; ++b) block_scale(multiplier[b0 + b], options, q, multiplier, b0 + b);
+    return;
+  }
+  const auto fp8_max = static_cast<float>(max_finite(options.format));
+  float* __restrict scales = amax_and_multiplier;
+  float* __restrict scale_inv = q.scale_inv.data() + b0;
+  for (std::size_t b = 0; b < n; ++b) {
+    const float scale = fp8_max / std::max(std::fabs(scales[b]), epsilon);
+    scales[b] = scale < std::numeric_limits<float>::max() ? scale : std::numeric_limits<float>::max();
+  }
+  for (std::size_t b = 0; b < n; ++b) scale_inv[b] = dequantization_scale(scales[b]);
+}
+
 }  // namespace
 
 ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
@@ -306,8 +337,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
                         q.scale_e8m0.data() + b0);
         return;
       }
-      for (std::size_t b = b0; b < b0 + static_cast<std::size_t>(grid_cols); ++b)
-        block_scale(multiplier[b], options, q, multiplier, b);
+      formula_block_scales(scales_of(gr), static_cast<std::size_t>(grid_cols), options, q, multiplier, b0);
     };
     auto encode_row = [&](std::int64_t r, const float* band_scales, const convert_detail::EncodeParams& p) {
       kernels.encode_f32_segments(x.data + r * x.cols, q.data.data() + r * x.cols, static_cast<std::size_t>(x.cols),

@@ -223,6 +223,41 @@ TEST(Quantize, MxScalesAtTheExponentEdges) {
   }
 }
 
+TEST(Quantize, BlockScalesFollowTheFormulaForEveryOption) {
+  // Per-block scales by the scale formula, on blocks that take every branch of compute_scale: ordinary ones (the
+  // vectorized path), a zero block, one whose scale overflows to FLT_MAX (below epsilon where there is one), one
+  // whose amax is FLT_MAX (the scale is 448 / FLT_MAX), and with a margin or power-of-two rounding (block by
+  // block). Against the element-by-element reference.
+  const std::int64_t rows = 3, cols = 640;
+  auto x = gaussian(static_cast<std::size_t>(rows * cols), 5, 50.0f);
+  for (std::int64_t c = 128; c < 256; ++c) x[static_cast<std::size_t>(cols + c)] = 0.0f;
+  for (std::int64_t c = 256; c < 384; ++c) x[static_cast<std::size_t>(c)] = 1e-37f;  // 448 / 1e-37 overflows: FLT_MAX
+  x[static_cast<std::size_t>(2 * cols + 500)] = std::numeric_limits<float>::max();
+  const ScaleOptions variants[] = {{},
+                                   {0, 1e-12f, ScaleRounding::kExact},
+                                   {2, 0.0f, ScaleRounding::kExact},
+                                   {0, 0.0f, ScaleRounding::kPowerOfTwoDown}};
+  for (const ScaleOptions& scale : variants) {
+    for (bool without_specials : {true, false}) {
+      std::vector<float> input = x;
+      if (without_specials) {
+        for (std::int64_t c = 128; c < 256; ++c) input[static_cast<std::size_t>(cols + c)] = 1.0f;
+        for (std::int64_t c = 256; c < 384; ++c) input[static_cast<std::size_t>(c)] = 1.0f;
+        input[static_cast<std::size_t>(2 * cols + 500)] = 2.0f;
+      }
+      for (const Granularity& g : {Granularity::block(1, 128), Granularity::block(2, 128)}) {
+        const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g, scale};
+        const ScaledMatrix got = quantize(MatrixView{input.data(), rows, cols}, o);
+        const ScaledMatrix want = reference_quantize(input, rows, cols, o);
+        SCOPED_TRACE(g.name() + " margin " + std::to_string(scale.margin) + " epsilon " +
+                     std::to_string(scale.epsilon) + (without_specials ? "" : " with special blocks"));
+        EXPECT_EQ(got.scale_inv, want.scale_inv);
+        EXPECT_EQ(got.data, want.data);
+      }
+    }
+  }
+}
+
 TEST(Quantize, Diagnostics) {
   // Per tensor with one outlier: small values underflow, nothing saturates, the scale is reported.
   std::vector<float> x = {1e4f, 1e-3f, -1e-3f, 0.0f, 1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, -5e-4f};
