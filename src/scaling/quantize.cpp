@@ -355,6 +355,8 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         auto rows_of = [&](std::int64_t gr) { return std::min(x.rows, (gr + 1) * br) - gr * br; };
         convert_detail::EncodeParams p = base;
         p.streaming_stores = streaming;
+        // The encode of row r prefetches row r of the next band, which the amax pass reads right after it.
+        p.prefetch_ahead_bytes = static_cast<std::size_t>(br * x.cols) * sizeof(float);
         if (first < last) {
           for (std::int64_t r = 0; r < rows_of(first); ++r)
             amax_row_into(first * br + r, scales_of(first), r == 0, parts[static_cast<std::size_t>(first)]);
