@@ -129,7 +129,7 @@ def same_number(got, expected):
 # ---------------------------------------------------------------- help and usage
 @test
 def help_on_every_command():
-    for args in ([], ["formats"], ["cast"], ["bench"], ["bench", "convert"], ["bench", "gemm"]):
+    for args in ([], ["formats"], ["cast"], ["bench"], ["bench", "convert"], ["bench", "gemm"], ["bench", "peak"]):
         rc, out, err = run(*args, "--help")
         assert rc == 0, f"{args} --help exited {rc}"
         assert "Usage" in out, f"{args} --help printed no usage: {out[:200]!r}"
@@ -471,6 +471,33 @@ def bench_gemm_small():
         assert r["baseline"] is None and r["ratio"] is None and r["path"] is None, r
     for r in (fp8_gemm, fp8_gemv):  # the FP8 product is the float32 one up to e4m3fn's quantization error
         assert 0 < r["rel_diff"] < 0.1, r
+
+
+@test
+def bench_peak_rows():
+    info = run_json("info", "--json")
+    rows = run_json("bench", "peak", "--reps", "3", "--json")
+    assert [r["op"] for r in rows] == ["fp32-fma-256", "fp32-fma-512", "bf16-dot-512", "bf16-amx"], rows
+    assert [r["flops_per_instruction"] for r in rows] == [16, 32, 64, 16384], rows
+    ran = [r for r in rows if r["skipped"] is None]
+    for r in rows:
+        assert r["threads"] == 1 and r["reps"] == 3 and r["baseline"] == "fp32-fma", r
+        if r["isa"] in info["levels"]:
+            assert r["skipped"] is None, r  # a level this CPU runs has its instruction
+        if r["skipped"] is None:
+            assert r["gflops"] > 0 and r["ns_per_instruction"] > 0, r
+            assert close(r["gflops"], r["flops_per_instruction"] / r["ns_per_instruction"]), r
+        else:
+            assert isinstance(r["skipped"], str) and r["skipped"], r
+            assert r["gflops"] is None and r["ratio"] is None, r
+    # The ratios are over the widest FP32 FMA that ran.
+    fma = [r for r in ran if r["op"].startswith("fp32-fma")]
+    if fma:
+        widest = fma[-1]
+        assert close(widest["ratio"], 1.0), widest
+        for r in ran:
+            assert close(r["ratio"], r["gflops"] / widest["gflops"]), (r, widest)
+    check_usage_error(["bench", "peak", "--reps", "2"], "--reps")
 
 
 @test

@@ -1,4 +1,4 @@
-// `fp8kit bench convert|scaling|gemm`: kernels against baselines (memcpy, the read probe, OpenBLAS) measured in
+// `fp8kit bench convert|scaling|gemm|peak`: kernels against baselines (memcpy, the read probe, OpenBLAS) measured in
 // the same run (medians of interleaved repetitions). Benchmarks report ratios to a baseline, never a pass/fail on
 // absolute times.
 #include <fmt/core.h>
@@ -16,6 +16,7 @@
 #include "fp8kit/convert.hpp"
 #include "fp8kit/cpu.hpp"
 #include "gemm_bench.hpp"
+#include "peak_bench.hpp"
 #include "scaling_bench.hpp"
 
 namespace fp8kit::cli {
@@ -387,6 +388,53 @@ void run_bench_gemm(const GemmArgs& args) {
   }
 }
 
+void run_bench_peak(bool json, int reps) {
+  if (reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(reps));
+  std::vector<bench::PeakResult> results;
+  {
+    const Progress progress("peak");
+    results = bench::run_peak_bench(reps);
+  }
+  const std::string cpu = cpu_features().brand;
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      const bool ran = r.skipped.empty();
+      out.push_back({{"op", r.op},
+                     {"instruction", r.instruction},
+                     {"isa", r.isa},
+                     {"flops_per_instruction", r.flops_per_instruction},
+                     {"chains", r.chains},
+                     {"threads", 1},
+                     {"reps", reps},
+                     {"ns_per_instruction", ran ? nlohmann::json(r.ns_per_instruction) : nlohmann::json(nullptr)},
+                     {"gflops", ran ? nlohmann::json(r.gflops) : nlohmann::json(nullptr)},
+                     {"baseline", "fp32-fma"},
+                     {"ratio", ran && r.ratio > 0 ? nlohmann::json(r.ratio) : nlohmann::json(nullptr)},
+                     {"skipped", ran ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
+                     {"cpu", cpu}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  fmt::print("arithmetic instruction peaks on one thread ({} repetitions, medians; CPU: {})\n", reps,
+             cpu.empty() ? "unknown" : cpu);
+  fmt::print(
+      "what one core issues of the instructions under each level's GEMM kernels; ratio: GFLOP/s over the widest "
+      "FP32 FMA's (sgemm's instruction)\n\n");
+  fmt::print("{:<13} {:<16} {:<12} {:>12} {:>7} {:>9} {:>9} {:>7}\n", "op", "instruction", "isa", "flops/instr",
+             "chains", "ns/instr", "GFLOP/s", "ratio");
+  for (const auto& r : results) {
+    if (!r.skipped.empty()) {
+      fmt::print("{:<13} {:<16} {:<12} {:>12} {:>7}  skipped: this CPU lacks {}\n", r.op, r.instruction, r.isa,
+                 r.flops_per_instruction, r.chains, r.skipped);
+      continue;
+    }
+    fmt::print("{:<13} {:<16} {:<12} {:>12} {:>7} {:>9.3f} {:>9.1f} {:>6.2f}x\n", r.op, r.instruction, r.isa,
+               r.flops_per_instruction, r.chains, r.ns_per_instruction, r.gflops, r.ratio);
+  }
+}
+
 }  // namespace
 
 constexpr const char* kIsaHelp =
@@ -423,6 +471,13 @@ void add_bench_command(CLI::App& app) {
                                          "gemv:16384x8192)");
   CLI::Option* reps = gemm->add_option(
       "--reps", args->reps, "Repetitions per measurement (default 5 per GEMM, 3 from 4096^3 on, 11 per GEMV)");
+  auto peak_json = std::make_shared<bool>(false);
+  auto peak_reps = std::make_shared<int>(5);
+  CLI::App* peak = bench->add_subcommand(
+      "peak", "Arithmetic instruction peaks on one thread (FP32 FMA, vdpbf16ps, AMX tdpbf16ps): what bounds the GEMMs");
+  peak->add_flag("--json", *peak_json, "Print a JSON array instead of the table");
+  peak->add_option("--reps", *peak_reps, "Repetitions per instruction (default 5)");
+  peak->callback([peak_json, peak_reps] { run_bench_peak(*peak_json, *peak_reps); });
   gemm->callback([args, shapes, reps] {
     args->shapes_given = shapes->count() > 0;
     args->reps_given = reps->count() > 0;
