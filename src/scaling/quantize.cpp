@@ -196,12 +196,28 @@ void mx_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOp
                      std::uint8_t* codes) {
   const MxConstants& k = kMxConstants[static_cast<std::size_t>(options.format)];
   const bool rceil = options.granularity.mx_mode == MxScaleMode::kRceil;
+  // Two loops the compiler vectorizes: the codes (and whether every amax qualifies), then the scales and bytes.
+  thread_local std::vector<std::uint32_t> scratch;
+  scratch.resize(n);
+  std::uint32_t* __restrict code_bits = scratch.data();
+  const float* amax = amax_and_multiplier;
   std::uint32_t all_normal = 1;
-  for (std::size_t b = 0; b < n; ++b) {
-    const float a = std::fabs(amax_and_multiplier[b]);
-    const std::uint32_t field = std::bit_cast<std::uint32_t>(rceil ? a * k.max_reciprocal : a) >> 23;
-    all_normal &= static_cast<std::uint32_t>((field - 1u) < 254u);  // also rejects Inf/NaN amax (field 255)
-    all_normal &= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(a) >> 23) - 1u < 254u);
+  if (rceil) {
+    for (std::size_t b = 0; b < n; ++b) {
+      const float a = std::fabs(amax[b]);
+      const std::uint32_t bits = std::bit_cast<std::uint32_t>(a * k.max_reciprocal);
+      all_normal &= static_cast<std::uint32_t>((bits >> 23) - 1u < 254u);  // and amax itself below Inf/NaN
+      all_normal &= static_cast<std::uint32_t>(std::bit_cast<std::uint32_t>(a) < 0x7F800000u);
+      const std::uint32_t code = (bits >> 23) + ((bits & 0x7FFFFFu) != 0 ? 1u : 0u);
+      code_bits[b] = code < 254u ? code : 254u;
+    }
+  } else {
+    for (std::size_t b = 0; b < n; ++b) {
+      const std::uint32_t field = (std::bit_cast<std::uint32_t>(amax[b]) >> 23) & 0xFFu;
+      all_normal &= static_cast<std::uint32_t>(field - 1u < 254u);  // rejects zero, subnormals, Inf and NaN
+      const auto code = static_cast<std::int32_t>(field) - k.emax_elem;
+      code_bits[b] = static_cast<std::uint32_t>(std::max(0, std::min(code, 254)));
+    }
   }
   if (all_normal == 0) {
     for (std::size_t b = 0; b < n; ++b) {
@@ -212,32 +228,17 @@ void mx_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOp
     }
     return;
   }
-  // Three simple loops (code, then the two scales, then the byte codes), each of which the compiler vectorizes.
   constexpr std::uint32_t kPow2Minus127 = 0x00400000u;  // 2^-127, a float subnormal
-  thread_local std::vector<std::uint32_t> scratch;
-  scratch.resize(n);
-  std::uint32_t* code_bits = scratch.data();
-  if (rceil) {
+  {
+    float* __restrict multiplier = amax_and_multiplier;  // in this block the only access to the amax slots
+    float* __restrict inverse = scale_inv;
+    std::uint8_t* __restrict bytes = codes;
     for (std::size_t b = 0; b < n; ++b) {
-      const std::uint32_t bits = std::bit_cast<std::uint32_t>(std::fabs(amax_and_multiplier[b]) * k.max_reciprocal);
-      const std::int32_t code = static_cast<std::int32_t>((bits >> 23) + ((bits & 0x7FFFFFu) != 0 ? 1u : 0u));
-      code_bits[b] = static_cast<std::uint32_t>(std::min(code, 254));
+      const std::uint32_t c = code_bits[b];
+      bytes[b] = static_cast<std::uint8_t>(c);
+      multiplier[b] = std::bit_cast<float>(c != 254 ? (254u - c) << 23 : kPow2Minus127);
+      inverse[b] = std::bit_cast<float>(c != 0 ? c << 23 : kPow2Minus127);
     }
-  } else {
-    for (std::size_t b = 0; b < n; ++b) {
-      const auto field =
-          static_cast<std::int32_t>((std::bit_cast<std::uint32_t>(amax_and_multiplier[b]) >> 23) & 0xFFu);
-      code_bits[b] = static_cast<std::uint32_t>(std::max(0, std::min(field - k.emax_elem, 254)));
-    }
-  }
-  for (std::size_t b = 0; b < n; ++b) {
-    const std::uint32_t c = code_bits[b];
-    codes[b] = static_cast<std::uint8_t>(c);
-  }
-  for (std::size_t b = 0; b < n; ++b) {
-    const std::uint32_t c = code_bits[b];
-    amax_and_multiplier[b] = std::bit_cast<float>(c != 254 ? (254u - c) << 23 : kPow2Minus127);
-    scale_inv[b] = std::bit_cast<float>(c != 0 ? c << 23 : kPow2Minus127);
   }
 }
 
@@ -263,13 +264,15 @@ void formula_block_scales(float* amax_and_multiplier, std::size_t n, const Quant
     return;
   }
   const auto fp8_max = static_cast<float>(max_finite(options.format));
-  float* __restrict scales = amax_and_multiplier;
-  float* __restrict scale_inv = q.scale_inv.data() + b0;
-  for (std::size_t b = 0; b < n; ++b) {
-    const float scale = fp8_max / std::max(std::fabs(scales[b]), epsilon);
-    scales[b] = scale < std::numeric_limits<float>::max() ? scale : std::numeric_limits<float>::max();
+  {
+    float* __restrict scales = amax_and_multiplier;  // in this block the only access to the amax slots
+    float* __restrict scale_inv = q.scale_inv.data() + b0;
+    for (std::size_t b = 0; b < n; ++b) {
+      const float scale = fp8_max / std::max(std::fabs(scales[b]), epsilon);
+      scales[b] = scale < std::numeric_limits<float>::max() ? scale : std::numeric_limits<float>::max();
+    }
+    for (std::size_t b = 0; b < n; ++b) scale_inv[b] = dequantization_scale(scales[b]);
   }
-  for (std::size_t b = 0; b < n; ++b) scale_inv[b] = dequantization_scale(scales[b]);
 }
 
 }  // namespace
