@@ -8,11 +8,14 @@
 #include <atomic>
 #include <bit>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/isa_levels.hpp"
 #include "convert/cpu/convert_kernels.hpp"
+#include "fp8kit/format.hpp"
 
 namespace fp8kit {
 namespace {
@@ -32,7 +35,18 @@ std::vector<Candidate> candidates() {
   };
 }
 
+// The formats to check: the one FP8KIT_EXHAUSTIVE_FORMAT names (ctest runs one test per format, each on one
+// thread, so that `ctest -j2` keeps each on a core of its own), or all of them when it is unset.
+std::vector<Format> formats_to_check() {
+  const char* only = std::getenv("FP8KIT_EXHAUSTIVE_FORMAT");
+  if (only == nullptr) return {kAllFormats.begin(), kAllFormats.end()};
+  const std::optional<Format> f = parse_format(only);
+  if (!f) ADD_FAILURE() << "FP8KIT_EXHAUSTIVE_FORMAT=" << only << " is not a format";
+  return f ? std::vector<Format>{*f} : std::vector<Format>{};
+}
+
 TEST(Exhaustive, EveryFloat32Input) {
+  const std::vector<Format> formats = formats_to_check();
   std::vector<const KernelTable*> tables;
   for (const Candidate& c : candidates()) {
     // (tables that share their float32 encoder, as the two AVX-512 variants do, are checked once)
@@ -48,7 +62,7 @@ TEST(Exhaustive, EveryFloat32Input) {
   const KernelTable& ref = convert_detail::scalar_kernels();
   constexpr std::uint64_t kBlock = 1 << 16;
   constexpr std::uint64_t kBlocks = (std::uint64_t{1} << 32) / kBlock;
-  for (Format f : kAllFormats) {
+  for (Format f : formats) {
     for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
       const auto params = convert_detail::make_encode_params(CastOptions{f, o});
       std::vector<std::atomic<std::uint64_t>> mismatches(tables.size());
