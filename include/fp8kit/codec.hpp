@@ -46,14 +46,19 @@ bfloat16 decode_to_bfloat16(Format f, std::uint8_t code);
 // nearest even).
 float16 decode_to_float16(Format f, std::uint8_t code);
 
+// SplitMix64's finalizer (Steele, Lea and Flood, 2014): a bijective mix of the 64 bits of z. The one copy in
+// fp8kit (the AVX-512 stochastic-rounding kernel has a vectorized one, tested against stochastic_bits).
+constexpr std::uint64_t splitmix64_finalize(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 // The 32 random bits stochastic rounding uses for element `index` of a stream seeded with `seed`: a
 // counter-based hash, so bulk conversions give the same result for any thread count and kernel.
 constexpr std::uint32_t stochastic_bits(std::uint64_t seed, std::uint64_t index) {
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;  // splitmix64 finalizer
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<std::uint32_t>(z >> 32);
+  return static_cast<std::uint32_t>(
+      splitmix64_finalize(seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull) >> 32);
 }
 
 }  // namespace fp8kit

@@ -22,6 +22,9 @@ namespace fp8kit {
 // Sizes of the dimensions, outermost first. {} is a 0-d tensor (one element); a 0 anywhere means no elements.
 using Shape = std::vector<std::int64_t>;
 
+// "[2, 3, 4]" ("[]" for a 0-d shape): the one way fp8kit writes a shape, in messages and output.
+std::string shape_string(std::span<const std::int64_t> shape);
+
 // A tensor seen as a matrix with its last dimension as the row: rows * cols == numel().
 struct View2d {
   std::int64_t rows = 1;  // product of all dimensions but the last (1 for 0-d and 1-d tensors)

@@ -19,12 +19,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-std::string shape_text(const Shape& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 std::int64_t numel_of(const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) n *= d;
@@ -249,14 +243,14 @@ LayoutDetection detect_from_tensors(const std::vector<const SafetensorsTensor*>&
     if (!is_fp8_dtype(t->dtype)) continue;
     if (const SafetensorsTensor* s = find(t->name + "_scale_inv")) {
       return {CheckpointLayout::kDeepSeek, "'" + s->name + "' (" + std::string(name(s->dtype)) + " " +
-                                               shape_text(s->shape) + ") is a DeepSeek block scale"};
+                                               shape_string(s->shape) + ") is a DeepSeek block scale"};
     }
     if (const SafetensorsTensor* s = find(t->name + ".scale_inv")) {
       return {CheckpointLayout::kNative, "'" + s->name + "' is fp8kit's native scale"};
     }
     const SafetensorsTensor* s = find(t->name + "_scale");
     if (s == nullptr) continue;
-    const std::string what = "'" + s->name + "' is " + std::string(name(s->dtype)) + " " + shape_text(s->shape);
+    const std::string what = "'" + s->name + "' is " + std::string(name(s->dtype)) + " " + shape_string(s->shape);
     if (s->dtype == SafetensorsDType::U8 || s->dtype == SafetensorsDType::F8_E8M0) {
       return {CheckpointLayout::kMxfp8, what + " (E8M0 codes per 32 elements)"};
     }
@@ -348,8 +342,8 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
   const std::int64_t n = numel_of(weight.shape);
   p.rows = n == 0 ? 0 : n / cols;
   p.cols = n == 0 ? 0 : cols;
-  const std::string pair = "'" + weight.name + "' " + shape_text(weight.shape) + " with scale '" + scale.name + "' " +
-                           std::string(name(scale.dtype)) + " " + shape_text(scale.shape);
+  const std::string pair = "'" + weight.name + "' " + shape_string(weight.shape) + " with scale '" + scale.name + "' " +
+                           std::string(name(scale.dtype)) + " " + shape_string(scale.shape);
   p.mx_scale = scale.dtype == SafetensorsDType::U8 || scale.dtype == SafetensorsDType::F8_E8M0;
   if (layout == CheckpointLayout::kNative) {
     const auto it = native_metadata.find(std::string(kNativeMetadataPrefix) + weight.name);
@@ -503,9 +497,10 @@ std::vector<PlannedTensor> planned_checkpoint_tensors(const std::string& name, c
   if (auto refusal = layout_refusal(layout, scheme, format)) FP8KIT_THROW(ErrorKind::kInvalidArgument, *refusal);
   FP8KIT_CHECK(is_floating(dtype) && !is_fp8(dtype), "'", name, "' is ", fp8kit::name(dtype),
                "; only float32, bfloat16, float16 and float64 tensors are quantized");
-  FP8KIT_CHECK(layout == CheckpointLayout::kNative || shape.size() == 2, "'", name, "' has shape ", shape_text(shape),
+  FP8KIT_CHECK(layout == CheckpointLayout::kNative || shape.size() == 2, "'", name, "' has shape ", shape_string(shape),
                "; the ", fp8kit::name(layout), " layout quantizes 2-D [out, in] weights");
-  FP8KIT_CHECK(numel_of(shape) > 0, "'", name, "' has shape ", shape_text(shape), "; empty tensors are not quantized");
+  FP8KIT_CHECK(numel_of(shape) > 0, "'", name, "' has shape ", shape_string(shape),
+               "; empty tensors are not quantized");
   const Granularity g = granularity_of(scheme);
   const std::int64_t cols = shape.empty() ? 1 : shape.back();
   const std::int64_t rows = numel_of(shape) / cols;

@@ -22,7 +22,6 @@ namespace {
 
 using detail::json_kind;
 using detail::printable;
-using detail::shape_text;
 using nlohmann::json;
 
 #define ST_FAIL(...) FP8KIT_THROW(ErrorKind::kParse, __VA_ARGS__)
@@ -118,7 +117,7 @@ SafetensorsTensor parse_entry(const std::string& name, const json& entry) {
   }
   if (t.end - t.begin != bytes) {
     ST_FAIL("tensor ", detail::quoted(name), ": data_offsets [", t.begin, ", ", t.end, "] but ", fp8kit::name(t.dtype),
-            " ", shape_text(t.shape), " needs ", bytes, " byte", bytes == 1 ? "" : "s");
+            " ", shape_string(t.shape), " needs ", bytes, " byte", bytes == 1 ? "" : "s");
   }
   return t;
 }
@@ -157,18 +156,18 @@ std::optional<SafetensorsDType> parse_safetensors_dtype(std::string_view text) {
 std::uint64_t safetensors_byte_size(SafetensorsDType dtype, std::span<const std::int64_t> shape) {
   std::uint64_t numel = 1;
   for (std::int64_t dim : shape) {
-    FP8KIT_CHECK(dim >= 0, "shape ", shape_text(shape), " has a negative dimension");
+    FP8KIT_CHECK(dim >= 0, "shape ", shape_string(shape), " has a negative dimension");
     const auto d = static_cast<std::uint64_t>(dim);
-    FP8KIT_CHECK(d == 0 || numel <= std::numeric_limits<std::uint64_t>::max() / d, "shape ", shape_text(shape),
+    FP8KIT_CHECK(d == 0 || numel <= std::numeric_limits<std::uint64_t>::max() / d, "shape ", shape_string(shape),
                  " has more than 2^64 elements");
     numel *= d;
   }
   FP8KIT_CHECK(numel <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), "shape ",
-               shape_text(shape), " has more than 2^63 - 1 elements");
+               shape_string(shape), " has more than 2^63 - 1 elements");
   const auto bits = static_cast<std::uint64_t>(bit_size(dtype));
-  FP8KIT_CHECK(numel <= std::numeric_limits<std::uint64_t>::max() / bits, name(dtype), " ", shape_text(shape),
+  FP8KIT_CHECK(numel <= std::numeric_limits<std::uint64_t>::max() / bits, name(dtype), " ", shape_string(shape),
                " is more than 2^64 bits");
-  FP8KIT_CHECK(numel * bits % 8 == 0, name(dtype), " ", shape_text(shape), " is ", numel * bits,
+  FP8KIT_CHECK(numel * bits % 8 == 0, name(dtype), " ", shape_string(shape), " is ", numel * bits,
                " bits, not a whole number of bytes");
   return numel * bits / 8;
 }

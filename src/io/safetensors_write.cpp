@@ -47,7 +47,7 @@ Layout plan(std::span<const SafetensorsEntry> entries, const std::map<std::strin
       FP8KIT_THROW(error.kind(), "tensor ", detail::quoted(e.name), ": ", error.what());
     }
     FP8KIT_CHECK(e.fill || e.bytes.size() == bytes, "tensor ", detail::quoted(e.name), ": ", e.bytes.size(),
-                 " bytes given but ", name(e.dtype), " ", detail::shape_text(e.shape), " needs ", bytes);
+                 " bytes given but ", name(e.dtype), " ", shape_string(e.shape), " needs ", bytes);
     layout.order.push_back({&e, bytes});
   }
   // Largest alignment first, then by name: every tensor starts at a multiple of its element size.

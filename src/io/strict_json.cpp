@@ -92,12 +92,6 @@ std::string quoted(std::string_view name) {
   return out;
 }
 
-std::string shape_text(std::span<const std::int64_t> shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string json_kind(const nlohmann::json& value) {
   switch (value.type()) {
     case nlohmann::json::value_t::object:

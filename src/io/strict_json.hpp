@@ -17,8 +17,6 @@ namespace fp8kit::detail {
 std::string printable(std::string_view text, std::size_t limit = 120);
 // printable(name) in single quotes: 'w'.
 std::string quoted(std::string_view name);
-// "[2, 3]"; "[]" for a scalar.
-std::string shape_text(std::span<const std::int64_t> shape);
 
 // Whether `text` is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, nothing past U+10FFFF).
 bool is_valid_utf8(std::string_view text);

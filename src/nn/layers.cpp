@@ -36,12 +36,6 @@ void check_float32(const Tensor& t, std::string_view layer, std::string_view wha
   FP8KIT_CHECK(t.dtype() == DType::float32, layer, ": ", what, " must be float32, got ", name(t.dtype()));
 }
 
-std::string shape_string(const Shape& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
-}
-
 void check_same_shape(const Tensor& t, const Shape& expected, std::string_view layer, std::string_view what) {
   FP8KIT_CHECK(t.shape() == expected, layer, ": ", what, " has shape ", shape_string(t.shape()), ", expected ",
                shape_string(expected));

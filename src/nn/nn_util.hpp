@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fp8kit/codec.hpp"
 #include "fp8kit/tensor.hpp"
 
 namespace fp8kit::nn::detail {
@@ -49,11 +50,7 @@ inline float exp_approx(float x) {
 // tag, so it is unrelated to the training streams seed * 0x9E3779B97F4A7C15 + step for every seed (0 included,
 // where a plain bit flip of the training stream would land one step away from it).
 inline std::uint64_t held_out_stream(std::uint64_t seed) {
-  std::uint64_t z = seed ^ 0x48454C444F555421ull;  // "HELDOUT!"
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  return splitmix64_finalize((seed ^ 0x48454C444F555421ull) + 0x9E3779B97F4A7C15ull);  // "HELDOUT!"
 }
 
 // dst (cols x rows, contiguous) = the rows x cols matrix at src, whose rows are src_stride elements apart,
@@ -73,11 +70,6 @@ void transpose_into(const T* src, std::int64_t src_stride, T* dst, std::int64_t 
   }
 }
 
-// "(2, 3, 4)"
-inline std::string shape_string(const Shape& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
-}
+using fp8kit::shape_string;
 
 }  // namespace fp8kit::nn::detail

@@ -46,16 +46,6 @@ std::string quoted(const fs::path& path) {
   return out;
 }
 
-// "[384, 128]"
-std::string shape_text(const Shape& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i != 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
 std::string fp8_state_name(const Fp8LayerState& s, TensorRole role) {
   return std::string(kFp8) + s.layer + "." + std::string(name(role));
 }
@@ -187,8 +177,8 @@ const SafetensorsTensor& expect(const SafetensorsFile& file, const std::string& 
   FP8KIT_CHECK(t != nullptr, quoted(file.path()), " has no tensor '", name, "' (", what,
                "): the file is incomplete or from another model");
   FP8KIT_CHECK(t->dtype == dtype && t->shape == shape, quoted(file.path()), ": tensor '", name, "' (", what, ") is ",
-               fp8kit::name(t->dtype), " ", shape_text(t->shape), ", the model needs ", fp8kit::name(dtype), " ",
-               shape_text(shape));
+               fp8kit::name(t->dtype), " ", shape_string(t->shape), ", the model needs ", fp8kit::name(dtype), " ",
+               shape_string(shape));
   return *t;
 }
 
@@ -362,7 +352,7 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
       FP8KIT_CHECK(t != nullptr, ck, " has no tensor '", name,
                    "' (the FP8 scaling state of a layer): the file is incomplete or from another model");
       FP8KIT_CHECK_KIND(t->dtype == SafetensorsDType::U8 && t->shape.size() == 1, ErrorKind::kParse, ck, ": '", name,
-                        "' is ", fp8kit::name(t->dtype), " ", shape_text(t->shape),
+                        "' is ", fp8kit::name(t->dtype), " ", shape_string(t->shape),
                         ", not U8 bytes of a scaling state (the file is damaged)");
       const auto* bytes = reinterpret_cast<const std::uint8_t*>(t->bytes.data());
       std::optional<DelayedScaling> restored;

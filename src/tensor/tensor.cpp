@@ -27,12 +27,6 @@ constexpr bool sizes_match() {
 }
 static_assert(sizes_match(), "every element type must have its dtype's size");
 
-std::string shape_string(const Shape& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // The number of elements, checked: no negative dimension, and a byte count that fits comfortably in int64.
 std::int64_t checked_numel(const Shape& shape, DType dtype) {
   std::int64_t n = 1;
@@ -63,6 +57,12 @@ void fill_from_doubles(Tensor& t, std::span<const double> values) {
 }
 
 }  // namespace
+
+std::string shape_string(std::span<const std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
 
 namespace detail {
 void throw_dtype_mismatch(std::string_view accessor, DType requested, DType actual) {

@@ -103,7 +103,7 @@ def main():
             check("safetensors tensor = its npy", r.returncode == 0 and json.loads(r.stdout) == json.loads(r_npy.stdout),
                   r.stderr)
             r = run(exe, "analyze", st, "--tensor", "w")
-            check("safetensors F16 tensor", r.returncode == 0 and "F16 'w' (16, 64)" in r.stdout, r.stdout[:200] + r.stderr)
+            check("safetensors F16 tensor", r.returncode == 0 and "F16 'w' [16, 64]" in r.stdout, r.stdout[:200] + r.stderr)
             # inspect says what analyze would say, per high-precision tensor (integers get no analysis)
             r = run(exe, "inspect", st, "--json")
             tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]} if r.returncode == 0 else {}

@@ -3,6 +3,7 @@
 #include "checkpoint_io.hpp"
 
 #if defined(__GLIBC__)
+#include <fmt/core.h>
 #include <malloc.h>
 #endif
 
@@ -51,22 +52,9 @@ void return_large_buffers_to_os() {
 #endif
 }
 
-Progress::Progress(std::string verb, std::size_t total)
-    : verb_(std::move(verb)), total_(total), on_(stderr_is_terminal()) {}
-
-Progress::~Progress() {
-  if (on_ && done_ != 0) std::fprintf(stderr, "\r\033[K");
-}
-
 void Progress::step(const std::string& name) {
   ++done_;
-  if (on_) std::fprintf(stderr, "\r\033[K%s [%zu/%zu] %.100s", verb_.c_str(), done_, total_, name.c_str());
-}
-
-std::string shape_string(const Shape& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
+  if (line_.on()) line_.show(fmt::format("{} [{}/{}] {:.100}", verb_, done_, total_, name));
 }
 
 CheckpointInput open_checkpoint_input(const std::string& path) {

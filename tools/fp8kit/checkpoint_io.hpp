@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.hpp"
 #include "fp8kit/safetensors.hpp"
 #include "fp8kit/sharded_checkpoint.hpp"
 
@@ -47,24 +48,17 @@ std::uint64_t parse_shard_size(const std::string& text);
 // checkpoint: measured 352 MB instead of 128 MB quantizing twelve 32 MB tensors). Elsewhere a no-op.
 void return_large_buffers_to_os();
 
-// "quantize [12/480] model.layers.3.mlp.up_proj.weight" on stderr, rewritten in place, only when stderr is a
-// terminal; the line is cleared when the work is done.
+// "quantize [12/480] model.layers.3.mlp.up_proj.weight" on the progress line, one step per tensor.
 class Progress {
  public:
-  Progress(std::string verb, std::size_t total);
-  ~Progress();
-  Progress(const Progress&) = delete;
-  Progress& operator=(const Progress&) = delete;
+  Progress(std::string verb, std::size_t total) : verb_(std::move(verb)), total_(total) {}
   void step(const std::string& name);
   void set_total(std::size_t total) { total_ = total; }
 
  private:
   std::string verb_;
   std::size_t total_ = 0, done_ = 0;
-  bool on_ = false;
+  ProgressLine line_;
 };
-
-// "[4096, 128]".
-std::string shape_string(const Shape& shape);
 
 }  // namespace fp8kit::cli

@@ -79,4 +79,14 @@ bool stderr_is_terminal() {
   return isatty(STDERR_FILENO) == 1;
 }
 
+ProgressLine::~ProgressLine() {
+  if (shown_) std::fprintf(stderr, "\r\033[K");
+}
+
+void ProgressLine::show(const std::string& text) const {
+  if (!on_) return;
+  std::fprintf(stderr, "\r\033[K%s", text.c_str());
+  shown_ = true;
+}
+
 }  // namespace fp8kit::cli

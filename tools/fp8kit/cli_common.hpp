@@ -50,4 +50,20 @@ std::string format_exact(double value, std::size_t max_chars = 24);
 // True when stderr is a terminal (progress output goes there only then).
 bool stderr_is_terminal();
 
+// The CLI's one progress reporter: a line on stderr rewritten in place by show() and cleared when the object goes
+// away, only when stderr is a terminal (nothing otherwise, so pipes and logs stay clean).
+class ProgressLine {
+ public:
+  ProgressLine() : on_(stderr_is_terminal()) {}
+  ~ProgressLine();
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+  bool on() const { return on_; }
+  void show(const std::string& text) const;
+
+ private:
+  bool on_;
+  mutable bool shown_ = false;
+};
+
 }  // namespace fp8kit::cli

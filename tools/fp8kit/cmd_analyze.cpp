@@ -175,10 +175,8 @@ void run_analyze(const AnalyzeArgs& args) {
     fmt::print("{}\n", out.dump(2));
     return;
   }
-  std::string shape_text;
-  for (std::size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
   fmt::print("{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file, source_dtype,
-             shape_text.empty() ? "scalar" : "(" + shape_text + ")", rows, view.cols,
+             shape.empty() ? "scalar" : shape_string(shape), rows, view.cols,
              overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
              results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count);
   fmt::print("{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale", "SQNR dB",

@@ -108,20 +108,15 @@ Options common_options(const BenchArgs& args) {
   return options;
 }
 
-// "bench NAME: done/total" on stderr while a benchmark runs, only on a terminal; erased at the end.
-class Progress {
+// "bench NAME: done/total" on the progress line while a benchmark runs.
+class BenchProgress {
  public:
-  explicit Progress(std::string name) : name_(std::move(name)), shown_(stderr_is_terminal()) {}
-  ~Progress() {
-    if (shown_) std::fprintf(stderr, "\r\033[K");
-  }
-  void operator()(int done, int total) const {
-    if (shown_) std::fprintf(stderr, "\rbench %s: %d/%d", name_.c_str(), done, total);
-  }
+  explicit BenchProgress(std::string name) : name_(std::move(name)) {}
+  void operator()(int done, int total) const { line_.show(fmt::format("bench {}: {}/{}", name_, done, total)); }
 
  private:
   std::string name_;
-  bool shown_;
+  ProgressLine line_;
 };
 
 // The fields every benchmark row has in --json output.
@@ -146,7 +141,7 @@ void run_bench_convert(const BenchArgs& args) {
   const std::vector<Isa> levels = bench_levels(args.isa);
   std::vector<bench::ConvertResult> results;
   {
-    const Progress progress("convert");
+    const BenchProgress progress("convert");
     results = for_each_level<bench::ConvertResult>(
         levels, [&] { return bench::run_convert_bench(options, std::cref(progress)); });
   }
@@ -183,7 +178,7 @@ void run_bench_scaling(const BenchArgs& args) {
   const std::vector<Isa> levels = bench_levels(args.isa);
   std::vector<bench::ScalingResult> results;
   {
-    const Progress progress("scaling");
+    const BenchProgress progress("scaling");
     results = for_each_level<bench::ScalingResult>(
         levels, [&] { return bench::run_scaling_bench(options, std::cref(progress)); });
   }
@@ -312,7 +307,7 @@ void run_bench_gemm(const GemmArgs& args) {
   const bench::Bf16Library& bf16 = bench::bf16_library();
   std::vector<bench::GemmResult> results;
   {
-    const Progress progress("gemm");
+    const BenchProgress progress("gemm");
     results =
         for_each_level<bench::GemmResult>(levels, [&] { return bench::run_gemm_bench(options, std::cref(progress)); });
   }
@@ -390,11 +385,7 @@ void run_bench_gemm(const GemmArgs& args) {
 
 void run_bench_peak(bool json, int reps) {
   if (reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(reps));
-  std::vector<bench::PeakResult> results;
-  {
-    const Progress progress("peak");
-    results = bench::run_peak_bench(reps);
-  }
+  const std::vector<bench::PeakResult> results = bench::run_peak_bench(reps);
   const std::string cpu = cpu_features().brand;
   if (json) {
     nlohmann::json out = nlohmann::json::array();

@@ -78,27 +78,22 @@ std::string megabytes(std::int64_t bytes) {
   return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
 }
 
-// A progress bar on stderr, only on a terminal.
-class Progress {
+// "fp8-delayed  [#########.....] 120/400 loss 1.2345" on the progress line.
+class TrainProgress {
  public:
-  Progress(std::string recipe, std::int64_t steps)
-      : recipe_(std::move(recipe)), steps_(steps), shown_(stderr_is_terminal()) {}
-  ~Progress() {
-    if (shown_) std::fprintf(stderr, "\r\033[K");
-  }
+  TrainProgress(std::string recipe, std::int64_t steps) : recipe_(std::move(recipe)), steps_(steps) {}
   void operator()(const nn::StepLog& s) const {
-    if (!shown_) return;
+    if (!line_.on()) return;
     const int width = 30;
     const int filled = static_cast<int>(width * (s.step + 1) / steps_);
-    std::fprintf(stderr, "\r%-12s [%s%s] %lld/%lld loss %.4f", recipe_.c_str(), std::string(filled, '#').c_str(),
-                 std::string(width - filled, '.').c_str(), static_cast<long long>(s.step + 1),
-                 static_cast<long long>(steps_), static_cast<double>(s.loss));
+    line_.show(fmt::format("{:<12} [{}{}] {}/{} loss {:.4f}", recipe_, std::string(filled, '#'),
+                           std::string(width - filled, '.'), s.step + 1, steps_, s.loss));
   }
 
  private:
   std::string recipe_;
   std::int64_t steps_;
-  bool shown_;
+  ProgressLine line_;
 };
 
 // Loss curves as an SVG polyline per recipe (log-free, steps on x, loss on y).
@@ -309,7 +304,7 @@ void run(TrainArgs a) {
   std::vector<ProfileEvent> trace;
   for (std::size_t ri = 0; ri < recipes.size(); ++ri) {
     const nn::PrecisionRecipe& recipe = recipes[ri];
-    Progress progress(recipe.name(), a.steps);
+    TrainProgress progress(recipe.name(), a.steps);
     if (profiler) profiler->clear();
     auto on_step = [&](const nn::StepLog& s) {
       progress(s);
