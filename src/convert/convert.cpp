@@ -33,9 +33,7 @@ using convert_detail::active_kernels;
 constexpr std::size_t kParallelThreshold = std::size_t{1} << 18;
 // Chunk boundaries are multiples of this, so SIMD bodies stay full-width.
 constexpr std::size_t kChunkAlign = 64;
-// Outputs at least this large are written with non-temporal stores: they would not stay in the caches anyway,
-// and skipping the read-for-ownership of the destination saves memory bandwidth.
-constexpr std::size_t kStreamingBytes = std::size_t{16} << 20;
+using convert_detail::kStreamingBytes;
 
 // Runs body(begin, end) over [0, n), in parallel when n is large.
 template <typename Body>

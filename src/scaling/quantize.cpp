@@ -154,8 +154,7 @@ float e8m0_value(std::uint8_t code) {
   return code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : pow2f(code - 127);
 }
 
-// Outputs at least this large are written with non-temporal stores by the segment kernels (as the bulk casts do).
-constexpr std::size_t kStreamingBytes = std::size_t{16} << 20;
+using convert_detail::kStreamingBytes;
 
 // Narrow blocks (single columns, tiny blocks) go element by element; wider ones through the SIMD kernels.
 constexpr std::int64_t kKernelMinRun = 16;

@@ -11,6 +11,11 @@
 
 namespace fp8kit::convert_detail {
 
+// Outputs at least this large are written with non-temporal stores (the bulk casts, and the segment kernels under
+// quantize and dequantize): they would not stay in the caches anyway, and skipping the read-for-ownership of the
+// destination saves memory bandwidth.
+inline constexpr std::size_t kStreamingBytes = std::size_t{16} << 20;
+
 // Everything an encoding kernel needs, precomputed from the format descriptor by make_encode_params().
 struct EncodeParams {
   CastOptions options;
