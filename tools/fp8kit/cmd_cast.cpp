@@ -22,297 +22,15 @@
 #include "fp8kit/codec.hpp"
 #include "fp8kit/format.hpp"
 #include "fp8kit/half.hpp"
+#include "fp8kit/parse_number.hpp"
 
 namespace fp8kit::cli {
 
-// The parsing helpers, outside the anonymous namespace so they can be declared and unit-tested elsewhere.
 namespace cast_detail {
 
-// The precision a value's text is rounded into before the cast.
-enum class Source : std::uint8_t { kFloat32, kFloat64, kBfloat16, kFloat16 };
-
-std::optional<Source> parse_source(std::string_view text) {
-  if (text == "float32" || text == "f32") return Source::kFloat32;
-  if (text == "float64" || text == "f64") return Source::kFloat64;
-  if (text == "bfloat16" || text == "bf16") return Source::kBfloat16;
-  if (text == "float16" || text == "f16") return Source::kFloat16;
-  return std::nullopt;
-}
-
-std::string_view source_name(Source source) {
-  switch (source) {
-    case Source::kFloat32:
-      return "float32";
-    case Source::kFloat64:
-      return "float64";
-    case Source::kBfloat16:
-      return "bfloat16";
-    case Source::kFloat16:
-      return "float16";
-  }
-  return "?";
-}
-
-// A number's text split into sign, kind and body: "-0x1.8p3" -> {negative, kHex, "1.8p3"}.
-struct NumberText {
-  enum class Kind : std::uint8_t { kDecimal, kHex, kInf, kNan };
-  bool negative = false;
-  Kind kind = Kind::kDecimal;
-  std::string_view body;  // digits onwards: "1.8p3", "1e-5", ".5"; empty for inf and nan
-};
-
-bool is_digit(char c) {
-  return c >= '0' && c <= '9';
-}
-bool is_hex_digit(char c) {
-  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
-
-bool equals_ignoring_case(std::string_view a, std::string_view lower) {
-  if (a.size() != lower.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const char c = (a[i] >= 'A' && a[i] <= 'Z') ? static_cast<char>(a[i] - 'A' + 'a') : a[i];
-    if (c != lower[i]) return false;
-  }
-  return true;
-}
-
-std::string_view trim(std::string_view text) {
-  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; };
-  while (!text.empty() && space(text.front())) text.remove_prefix(1);
-  while (!text.empty() && space(text.back())) text.remove_suffix(1);
-  return text;
-}
-
-// Sign, then nan | inf | infinity (any case) | 0x/0X hex-float body | decimal body. The body is only checked
-// to start like a number here; from_chars decides the rest.
-std::optional<NumberText> split_number(std::string_view text) {
-  NumberText n;
-  if (!text.empty() && (text.front() == '+' || text.front() == '-')) {
-    n.negative = text.front() == '-';
-    text.remove_prefix(1);
-  }
-  if (equals_ignoring_case(text, "nan")) {
-    n.kind = NumberText::Kind::kNan;
-    return n;
-  }
-  if (equals_ignoring_case(text, "inf") || equals_ignoring_case(text, "infinity")) {
-    n.kind = NumberText::Kind::kInf;
-    return n;
-  }
-  if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
-    n.kind = NumberText::Kind::kHex;
-    n.body = text.substr(2);
-    if (!is_hex_digit(n.body.front()) && n.body.front() != '.') return std::nullopt;
-    return n;
-  }
-  n.body = text;
-  if (text.empty() || (!is_digit(text.front()) && text.front() != '.')) return std::nullopt;
-  return n;
-}
-
-// The text rounded to nearest even in T (float or double); nothing unless the whole text is a number.
-template <typename T>
-std::optional<T> parse_binary(const NumberText& n) {
-  T value{};
-  if (n.kind == NumberText::Kind::kNan) {
-    value = std::numeric_limits<T>::quiet_NaN();
-  } else if (n.kind == NumberText::Kind::kInf) {
-    value = std::numeric_limits<T>::infinity();
-  } else {
-    const bool hex = n.kind == NumberText::Kind::kHex;
-    const char* first = n.body.data();
-    const char* last = first + n.body.size();
-    const auto [ptr, ec] =
-        std::from_chars(first, last, value, hex ? std::chars_format::hex : std::chars_format::general);
-    if (ptr != last) return std::nullopt;
-    if (ec == std::errc::result_out_of_range) {
-      // from_chars leaves the value alone on overflow and underflow; strtod/strtof round those correctly too.
-      const std::string text = (hex ? "0x" : "") + std::string(n.body);
-      if constexpr (std::is_same_v<T, float>) {
-        value = std::strtof(text.c_str(), nullptr);
-      } else {
-        value = std::strtod(text.c_str(), nullptr);
-      }
-    } else if (ec != std::errc()) {
-      return std::nullopt;
-    }
-  }
-  return n.negative ? -value : value;
-}
-
-// A positive number as 0.DIGITS x base^exponent, DIGITS without leading or trailing zeros ('0'..'9' or
-// '0'/'1').
-struct Normalized {
-  std::string digits;
-  long long exponent = 0;
-};
-
-void strip_trailing_zeros(Normalized& n) {
-  while (!n.digits.empty() && n.digits.back() == '0') n.digits.pop_back();
-  if (n.digits.empty()) n.exponent = 0;
-}
-
-// Reads a decimal exponent "+12", "-3", "7" at text[i...], saturating far beyond any double's range.
-long long read_exponent(std::string_view text, std::size_t i) {
-  bool negative = false;
-  if (i < text.size() && (text[i] == '+' || text[i] == '-')) negative = text[i++] == '-';
-  long long value = 0;
-  for (; i < text.size() && is_digit(text[i]); ++i) {
-    value = std::min(value * 10 + (text[i] - '0'), 1'000'000'000LL);
-  }
-  return negative ? -value : value;
-}
-
-// The sign of a - b for two normalized numbers in the same base (a zero has empty digits).
-int compare_normalized(const Normalized& a, const Normalized& b) {
-  if (a.digits.empty() || b.digits.empty()) return (a.digits.empty() ? 0 : 1) - (b.digits.empty() ? 0 : 1);
-  if (a.exponent != b.exponent) return a.exponent < b.exponent ? -1 : 1;
-  const std::size_t common = std::min(a.digits.size(), b.digits.size());
-  for (std::size_t i = 0; i < common; ++i) {
-    if (a.digits[i] != b.digits[i]) return a.digits[i] < b.digits[i] ? -1 : 1;
-  }
-  if (a.digits.size() == b.digits.size()) return 0;
-  return a.digits.size() > b.digits.size() ? 1 : -1;  // the longer one has a nonzero digit left
-}
-
-// A number body as 0.DIGITS x base^exponent, exactly: decimal ("1.0039062500000000001", "12e-3", ".5") with
-// digits 0-9 and exponent 'e' (base 10), or hex-float ("1.008p0", "c.8P-3") written out as binary digits with
-// exponent 'p' (base 2).
-Normalized normalize_number(std::string_view body, bool hex) {
-  Normalized n;
-  bool after_point = false;
-  auto push = [&](bool zero, char digit) {
-    if (n.digits.empty() && zero) {
-      if (after_point) --n.exponent;  // a leading zero after the point: 0.0012 = 0.12 x 10^-2
-      return;
-    }
-    n.digits += digit;
-    if (!after_point) ++n.exponent;
-  };
-  std::size_t i = 0;
-  for (; i < body.size(); ++i) {
-    const char c = body[i];
-    if (c == '.') {
-      after_point = true;
-    } else if (!hex && is_digit(c)) {
-      push(c == '0', c);
-    } else if (hex && is_hex_digit(c)) {
-      const int value = is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
-      for (int bit = 3; bit >= 0; --bit) push(((value >> bit) & 1) == 0, ((value >> bit) & 1) ? '1' : '0');
-    } else {
-      break;
-    }
-  }
-  const char exponent_mark = hex ? 'p' : 'e';
-  if (i < body.size() && (body[i] | 0x20) == exponent_mark) n.exponent += read_exponent(body, i + 1);
-  strip_trailing_zeros(n);
-  return n;
-}
-
-// A positive finite double's exact value, in decimal (base 10) or binary digits.
-Normalized normalize_double(double a, bool binary) {
-  Normalized n;
-  if (binary) {
-    int exponent = 0;
-    const double fraction = std::frexp(a, &exponent);  // a = 0.1bbb (binary) x 2^exponent
-    const auto significand = static_cast<std::uint64_t>(std::ldexp(fraction, 53));
-    for (int bit = 52; bit >= 0; --bit) n.digits += ((significand >> bit) & 1) ? '1' : '0';
-    n.exponent = exponent;
-  } else {
-    // glibc prints every digit exactly; a double has at most 767 significant decimal digits.
-    char buffer[840];
-    std::snprintf(buffer, sizeof buffer, "%.800e", a);
-    const std::string_view text(buffer);
-    const std::size_t e = text.find('e');
-    n.digits = std::string(1, text[0]) + std::string(text.substr(2, e - 2));
-    n.exponent = read_exponent(text, e + 1) + 1;
-  }
-  strip_trailing_zeros(n);
-  return n;
-}
-
-// The sign of |exact value of the text| - a, for a positive finite double a that the text was rounded to.
-int compare_text_to_double(const NumberText& n, double a) {
-  const bool hex = n.kind == NumberText::Kind::kHex;
-  const Normalized text = normalize_number(n.body, hex);
-  return compare_normalized(text, normalize_double(a, hex));
-}
-
-// A 16-bit IEEE-style layout: bfloat16 (8 exponent bits, 7 mantissa bits) or float16 (5, 10).
-struct HalfLayout {
-  int exponent_bits;
-  int mantissa_bits;
-};
-inline constexpr HalfLayout kBfloat16Layout{8, 7};
-inline constexpr HalfLayout kFloat16Layout{5, 10};
-
-// d rounded to nearest into the layout, as bits. A magnitude exactly halfway between two neighbours goes up
-// when tiebreak > 0, down when < 0, to even when 0, and sets *tie: the caller passes the sign of (exact -
-// |d|) when d is itself a rounding of the real value. Overflow gives Inf (as IEEE: the rounded magnitude
-// exceeds the maximum).
-std::uint16_t narrow_to_half(double d, HalfLayout layout, int tiebreak, bool* tie) {
-  const int m = layout.mantissa_bits;
-  const int bias = (1 << (layout.exponent_bits - 1)) - 1;
-  const int max_field = (1 << layout.exponent_bits) - 1;
-  const auto sign = static_cast<std::uint16_t>(std::signbit(d) ? 0x8000u : 0u);
-  const auto inf = static_cast<std::uint16_t>(sign | (max_field << m));
-  if (std::isnan(d)) return static_cast<std::uint16_t>(inf | (1 << (m - 1)));
-  const double a = std::fabs(d);
-  if (std::isinf(a)) return inf;
-  if (a == 0) return sign;
-  int exponent = 0;
-  std::frexp(a, &exponent);                            // a in [2^(exponent-1), 2^exponent)
-  int quantum = std::max(exponent - 1, 1 - bias) - m;  // the spacing of the values around a is 2^quantum
-  const double scaled = std::ldexp(a, -quantum);       // exact: a power-of-two scaling well inside double
-  double k = std::floor(scaled);
-  const double rest = scaled - k;
-  bool up = rest > 0.5;
-  if (rest == 0.5) {
-    if (tie != nullptr) *tie = true;
-    up = tiebreak > 0 || (tiebreak == 0 && std::fmod(k, 2.0) != 0.0);
-  }
-  if (up) k += 1;
-  auto significand = static_cast<std::uint32_t>(k);  // value = significand x 2^quantum
-  if (significand == (2u << m)) {                    // rounded up into the next binade
-    significand >>= 1;
-    ++quantum;
-  }
-  if (significand < (1u << m)) return static_cast<std::uint16_t>(sign | significand);  // subnormal (or zero)
-  const int field = quantum + m + bias;
-  if (field >= max_field) return inf;
-  return static_cast<std::uint16_t>(sign | (field << m) | (significand - (1u << m)));
-}
-
-// A value in the source precision: `value` is exact (every source value is a double); `bits` holds the
-// storage of a bfloat16 or float16 source.
-struct SourceValue {
-  double value = 0;
-  std::uint16_t bits = 0;
-};
-
-// The text rounded once, to nearest even, into the source precision; nothing if it is not a number.
-std::optional<SourceValue> parse_value(std::string_view text, Source source) {
-  const auto number = split_number(trim(text));
-  if (!number) return std::nullopt;
-  if (source == Source::kFloat32) {
-    const auto f = parse_binary<float>(*number);
-    if (!f) return std::nullopt;
-    return SourceValue{static_cast<double>(*f), 0};
-  }
-  const auto d = parse_binary<double>(*number);
-  if (!d) return std::nullopt;
-  if (source == Source::kFloat64) return SourceValue{*d, 0};
-  // Narrowing the double is right unless the double sits exactly halfway between two 16-bit neighbours: then
-  // the text itself decides (it may lie above or below the double it was rounded to, or be exactly on it).
-  const HalfLayout layout = source == Source::kBfloat16 ? kBfloat16Layout : kFloat16Layout;
-  bool tie = false;
-  std::uint16_t bits = narrow_to_half(*d, layout, 0, &tie);
-  if (tie) bits = narrow_to_half(*d, layout, compare_text_to_double(*number, std::fabs(*d)), nullptr);
-  const float widened =
-      source == Source::kBfloat16 ? bfloat16::from_bits(bits).to_float() : float16::from_bits(bits).to_float();
-  return SourceValue{static_cast<double>(widened), bits};
-}
+// A value in the source precision (exact in a double; bits: the storage of a bfloat16 or float16 source).
+using Source = Precision;
+using SourceValue = ParsedNumber;
 
 std::uint8_t encode_source(Source source, const SourceValue& v, const EncodeSpec& spec, std::uint32_t random_bits) {
   switch (source) {
@@ -435,8 +153,8 @@ class CastPrinter {
     const std::string rounding = setup_.rounding == Rounding::kStochastic
                                      ? fmt::format("stochastic (seed {})", setup_.seed)
                                      : std::string("nearest, ties to even");
-    fmt::format_to(fmt::appender(out_), "{} -> {}; overflow: {}; rounding: {}\n",
-                   cast_detail::source_name(setup_.source), formats, overflow, rounding);
+    fmt::format_to(fmt::appender(out_), "{} -> {}; overflow: {}; rounding: {}\n", name(setup_.source), formats,
+                   overflow, rounding);
     fmt::format_to(fmt::appender(out_), "{:<{}}  {:<{}}  {:>{}}  {:<{}}  {:<4}  {:>11}  {:>11}\n", "input",
                    input_width_, "format", format_width_, "fp8 value", value_width_, "bits", bits_width_, "hex",
                    "abs error", "rel error");
@@ -610,7 +328,7 @@ class LineReader {
 CastSetup make_setup(const CastArgs& args) {
   CastSetup setup;
   setup.formats = parse_format_list(args.to);
-  const auto source = cast_detail::parse_source(args.from);
+  const auto source = parse_precision(args.from);
   if (!source) {
     throw UsageError("--from: unknown source type " + quote_token(args.from) +
                      " (known: float32, float64, bfloat16, float16; or f32, f64, bf16, f16)");
@@ -655,14 +373,14 @@ void run_cast(const CastArgs& args, const std::vector<std::string>& tokens) {
       after_separator = true;
       continue;
     }
-    const auto value = cast_detail::parse_value(token, setup.source);
+    const auto value = parse_number(token, setup.source);
     if (!value) {
       if (!after_separator && looks_like_option(token)) {
         throw UsageError("unknown option " + quote_token(token));
       }
       throw UsageError(unparsable(token));
     }
-    pending.add(cast_detail::trim(token), *value);
+    pending.add(trim_space(token), *value);
     any = true;
   }
   if (any) {
@@ -682,9 +400,9 @@ void run_cast(const CastArgs& args, const std::vector<std::string>& tokens) {
   bool streaming = false;
   while (reader.next(line)) {
     ++line_number;
-    const std::string_view text = cast_detail::trim(line);
+    const std::string_view text = trim_space(line);
     if (text.empty()) continue;
-    const auto value = cast_detail::parse_value(text, setup.source);
+    const auto value = parse_number(text, setup.source);
     if (!value) {
       if (streaming) emitter.flush();  // what was printed stays printed; the error still exits with status 2
       throw UsageError(fmt::format("stdin line {}: {}", line_number, unparsable(text)));
