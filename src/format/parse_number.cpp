@@ -19,25 +19,29 @@
 
 namespace fp8kit {
 
+namespace {
+// Each precision's name and its short spelling.
+struct PrecisionNames {
+  Precision precision;
+  std::string_view name, short_name;
+};
+constexpr PrecisionNames kPrecisionNames[] = {{Precision::kFloat32, "float32", "f32"},
+                                              {Precision::kFloat64, "float64", "f64"},
+                                              {Precision::kBfloat16, "bfloat16", "bf16"},
+                                              {Precision::kFloat16, "float16", "f16"}};
+}  // namespace
+
 std::string_view name(Precision precision) {
-  switch (precision) {
-    case Precision::kFloat32:
-      return "float32";
-    case Precision::kFloat64:
-      return "float64";
-    case Precision::kBfloat16:
-      return "bfloat16";
-    case Precision::kFloat16:
-      return "float16";
+  for (const PrecisionNames& n : kPrecisionNames) {
+    if (n.precision == precision) return n.name;
   }
   return "?";
 }
 
 std::optional<Precision> parse_precision(std::string_view text) {
-  if (text == "float32" || text == "f32") return Precision::kFloat32;
-  if (text == "float64" || text == "f64") return Precision::kFloat64;
-  if (text == "bfloat16" || text == "bf16") return Precision::kBfloat16;
-  if (text == "float16" || text == "f16") return Precision::kFloat16;
+  for (const PrecisionNames& n : kPrecisionNames) {
+    if (text == n.name || text == n.short_name) return n.precision;
+  }
   return std::nullopt;
 }
 
