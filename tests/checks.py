@@ -1,9 +1,33 @@
 """Counting assertions for the Python test scripts: check() records a pass or prints the failure; summary() prints
 the closing 'N passed, M failed' line and returns the exit status (1 if anything failed)."""
 
+import importlib
+import os
 import sys
 
 passed = 0
+
+# The exit status of a check that could not run (ctest reports it as "Not Run", SKIP_RETURN_CODE in CMakeLists.txt).
+SKIP = 77
+
+
+def require(*modules):
+    """Imports the PyPI packages a check needs. Where one is missing: in CI (CI=true), where the README's setup has
+    installed them, a failure naming it (exit 1); elsewhere a skip naming it and how to install it (exit SKIP)."""
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if not missing:
+        return
+    pip = " ".join(m.split(".")[0] for m in missing)
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        print(f"FAIL: {', '.join(missing)} not importable under CI, where scripts/test.sh installs it (pip install {pip})")
+        sys.exit(1)
+    print(f"skipped: {', '.join(missing)} not installed (pip install {pip}, or run bash scripts/test.sh, which does)")
+    sys.exit(SKIP)
 failed = 0
 
 

@@ -16,11 +16,12 @@ import subprocess
 import sys
 import tempfile
 
-import ml_dtypes
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import check, summary  # noqa: E402
+from checks import check, require, summary  # noqa: E402
+
+require("numpy", "ml_dtypes")
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
 
 FORMATS = ["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu"]
 MAX_CODE = {"e4m3fn": 0x7E, "e5m2": 0x7B, "e4m3fnuz": 0x7F, "e5m2fnuz": 0x7F, "e8m0fnu": 0xFE}

@@ -11,8 +11,7 @@ Checks, through the safetensors_dump helper:
   - on malformed files (33 crafted, 600 seeded random mutations of a valid one) both accept or both refuse, except
     where fp8kit is documented to be stricter (duplicate keys, NUL in names: docs/checkpoints.md), and fp8kit's
     refusals are one line.
-Skips (exit 0, with a note) when safetensors or numpy cannot be imported; FP8 and bfloat16 dtypes need ml_dtypes
-and a safetensors that knows them, and are skipped with a note otherwise.
+Needs numpy, safetensors and ml_dtypes (checks.require: a skip naming what is missing, a failure under CI).
 """
 import json
 import os
@@ -22,21 +21,13 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import check, summary  # noqa: E402
+from checks import check, require, summary  # noqa: E402
 
-try:
-    import numpy as np
-    import safetensors
-    from safetensors.numpy import save, save_file
-except ImportError as e:
-    print(f"note: skipping the safetensors interop check ({e}); install it with: pip install safetensors numpy")
-    sys.exit(0)
-
-try:
-    import ml_dtypes
-except ImportError:
-    ml_dtypes = None
-    print("note: ml_dtypes is not installed: bfloat16 and FP8 tensors are not exchanged with numpy")
+require("numpy", "safetensors", "ml_dtypes")
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import safetensors  # noqa: E402
+from safetensors.numpy import save, save_file  # noqa: E402
 
 DUMP = sys.argv[1]
 RNG = np.random.default_rng(20240611)

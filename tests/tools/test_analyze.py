@@ -8,10 +8,11 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import check, summary  # noqa: E402
+from checks import check, require, summary  # noqa: E402
+
+require("numpy", "safetensors")
+import numpy as np  # noqa: E402
 
 
 
@@ -89,36 +90,31 @@ def main():
             check(f"error {needle}", r.returncode == 2 and len(lines) == 1 and needle in lines[0] and r.stdout == "",
                   f"rc={r.returncode} stderr={r.stderr!r} stdout={r.stdout[:100]!r}")
         # safetensors: the same tensor gives the same JSON as its .npy; --tensor picks one of several
-        try:
-            from safetensors.numpy import save_file
-        except ImportError:
-            save_file = None
-            print("note: safetensors not importable; the .safetensors analyze checks are skipped")
-        if save_file is not None:
-            st = os.path.join(d, "model.safetensors")
-            save_file({"act": gauss, "w": rng.normal(size=(16, 64)).astype(np.float16),
-                       "ids": np.arange(4, dtype=np.int64)}, st)
-            r = run(exe, "analyze", st, "--tensor", "act", "--json")
-            r_npy = run(exe, "analyze", path, "--json")
-            check("safetensors tensor = its npy", r.returncode == 0 and json.loads(r.stdout) == json.loads(r_npy.stdout),
-                  r.stderr)
-            r = run(exe, "analyze", st, "--tensor", "w")
-            check("safetensors F16 tensor", r.returncode == 0 and "F16 'w' [16, 64]" in r.stdout, r.stdout[:200] + r.stderr)
-            # inspect says what analyze would say, per high-precision tensor (integers get no analysis)
-            r = run(exe, "inspect", st, "--json")
-            tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]} if r.returncode == 0 else {}
-            check("inspect analysis", r.returncode == 0 and tensors["act"]["e4m3fn_holds_at"] == "tensor" and
-                  abs(tensors["act"]["e4m3fn_sqnr_db"] - t["sqnr_db"]) < 1e-9 and "e4m3fn_holds_at" not in tensors["ids"],
-                  r.stderr + r.stdout[:300])
-            r = run(exe, "inspect", st, "--json", "--no-analysis")
-            check("inspect --no-analysis", r.returncode == 0 and
-                  all("e4m3fn_holds_at" not in x for x in json.loads(r.stdout)["tensors"]), r.stderr)
-            for args, needle in [((st,), "--tensor NAME"), ((st, "--tensor", "nope"), "no tensor 'nope'"),
-                                 ((st, "--tensor", "ids"), "I64")]:
-                r = run(exe, "analyze", *args)
-                lines = r.stderr.strip().splitlines()
-                check(f"safetensors error {needle}", r.returncode == 2 and len(lines) == 1 and needle in lines[0],
-                      f"rc={r.returncode} stderr={r.stderr!r}")
+        from safetensors.numpy import save_file
+        st = os.path.join(d, "model.safetensors")
+        save_file({"act": gauss, "w": rng.normal(size=(16, 64)).astype(np.float16),
+                   "ids": np.arange(4, dtype=np.int64)}, st)
+        r = run(exe, "analyze", st, "--tensor", "act", "--json")
+        r_npy = run(exe, "analyze", path, "--json")
+        check("safetensors tensor = its npy", r.returncode == 0 and json.loads(r.stdout) == json.loads(r_npy.stdout),
+              r.stderr)
+        r = run(exe, "analyze", st, "--tensor", "w")
+        check("safetensors F16 tensor", r.returncode == 0 and "F16 'w' [16, 64]" in r.stdout, r.stdout[:200] + r.stderr)
+        # inspect says what analyze would say, per high-precision tensor (integers get no analysis)
+        r = run(exe, "inspect", st, "--json")
+        tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]} if r.returncode == 0 else {}
+        check("inspect analysis", r.returncode == 0 and tensors["act"]["e4m3fn_holds_at"] == "tensor" and
+              abs(tensors["act"]["e4m3fn_sqnr_db"] - t["sqnr_db"]) < 1e-9 and "e4m3fn_holds_at" not in tensors["ids"],
+              r.stderr + r.stdout[:300])
+        r = run(exe, "inspect", st, "--json", "--no-analysis")
+        check("inspect --no-analysis", r.returncode == 0 and
+              all("e4m3fn_holds_at" not in x for x in json.loads(r.stdout)["tensors"]), r.stderr)
+        for args, needle in [((st,), "--tensor NAME"), ((st, "--tensor", "nope"), "no tensor 'nope'"),
+                             ((st, "--tensor", "ids"), "I64")]:
+            r = run(exe, "analyze", *args)
+            lines = r.stderr.strip().splitlines()
+            check(f"safetensors error {needle}", r.returncode == 2 and len(lines) == 1 and needle in lines[0],
+                  f"rc={r.returncode} stderr={r.stderr!r}")
         r = run(exe, "analyze", "--help")
         check("help", r.returncode == 0 and "granularity" in r.stdout)
     return summary()

@@ -9,18 +9,14 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import check, read_safetensors_raw, summary  # noqa: E402
+from checks import check, read_safetensors_raw, require, summary  # noqa: E402
 
-try:
-    import ml_dtypes
-    from safetensors import safe_open
-    from safetensors.numpy import save_file
-except ImportError as e:  # the C++ tests cover the library; this needs the PyPI packages
-    print(f"note: skipped ({e})")
-    sys.exit(0)
+require("numpy", "ml_dtypes", "safetensors")
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
 
 NP = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
       "F8_E5M2": ml_dtypes.float8_e5m2, "U8": np.uint8, "F8_E8M0": np.uint8, "I64": np.int64}
