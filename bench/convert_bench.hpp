@@ -28,6 +28,12 @@ struct ConvertResult {
   Timing timing;  // bytes_moved: input plus output; baseline: memcpy of the wide array (2 * bytes / seconds)
 };
 
+// The memory run_convert_bench allocates for options.bytes: float32, bfloat16 and float16 arrays of bytes / 2
+// elements, their codes and a wide output, and memcpy's source and destination.
+constexpr std::size_t convert_bench_memory(std::size_t bytes) {
+  return bytes / 2 * (4 + 2 + 2 + 1 + 4) + 2 * bytes;
+}
+
 // Runs the benchmark; `progress(done, total)` is called after each measurement.
 std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
                                              const std::function<void(int, int)>& progress = {});

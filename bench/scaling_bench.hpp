@@ -26,6 +26,12 @@ struct ScalingResult {
   Timing timing;
 };
 
+// The memory run_scaling_bench allocates for options.bytes: the matrix, memcpy's destination, the dequantized copy
+// and the FP8 codes.
+constexpr std::size_t scaling_bench_memory(std::size_t bytes) {
+  return 3 * bytes + bytes / 4;
+}
+
 std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
                                              const std::function<void(int, int)>& progress = {});
 

@@ -335,7 +335,7 @@ def main():
         r = run(exe, "inspect", sh, "--json")
         check("inspect a sharded output", r.returncode == 0 and json.loads(r.stdout)["shards"] == len(shards) and
               json.loads(r.stdout)["layout"] == "deepseek", r.stderr)
-        r = run(exe, "dequantize", sh, sh + "-d", "--to", "f32", "--max-shard-size", "30KB")
+        r = run(exe, "dequantize", sh, sh + "-d", "--to", "f32", "--max-shard-size", "30KiB")  # binary units too
         d, _, _ = read_dir(sh + "-d")
         check("dequantize a sharded checkpoint into shards", r.returncode == 0 and sorted(d) == sorted(orig) and
               os.path.exists(os.path.join(sh + "-d", "model.safetensors.index.json")), r.stderr)
@@ -414,6 +414,8 @@ def main():
             (["convert", single, os.path.join(root, "x13.safetensors"), "--to", "f16", "--max-shard-size", "1GB"],
              "convert", "directory outputs"),
             (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size", "5 GiB"],
+             "quantize", "--max-shard-size"),
+            (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size", "0MiB"],
              "quantize", "--max-shard-size"),
         ]
         for args, command, text in bad:

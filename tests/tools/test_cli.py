@@ -474,6 +474,19 @@ def bench_gemm_small():
 
 
 @test
+def size_options_share_one_syntax():
+    # --bytes (and --max-shard-size, tests/tools/test_checkpoints.py) read B, KB/MB/GB (10^n) and KiB/MiB/GiB or K/M/G.
+    for size, rows_of_4096 in (("1MiB", 64), ("1M", 64), ("1048576", 64), ("2MB", 122)):
+        rows = run_json("bench", "scaling", "--bytes", size, "--reps", "3", "--threads", "1", "--json")
+        probe = [r for r in rows if r["op"] == "read-bandwidth"][0]
+        assert probe["bytes"] == rows_of_4096 * 4096 * 4, (size, probe)
+    check_usage_error(["bench", "convert", "--bytes", "5Gb"], "--bytes")
+    check_usage_error(["bench", "convert", "--bytes", "1000"], "--bytes")
+    # 16 GiB of wide array needs 146 GB of buffers: refused before anything is allocated, naming the memory.
+    check_usage_error(["bench", "convert", "--bytes", "16GiB"], "memory")
+
+
+@test
 def bench_peak_rows():
     info = run_json("info", "--json")
     rows = run_json("bench", "peak", "--reps", "3", "--json")

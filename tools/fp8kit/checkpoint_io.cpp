@@ -98,16 +98,9 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
 }
 
 std::uint64_t parse_shard_size(const std::string& text) {
-  std::size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  const std::string unit = text.substr(digits);
-  const std::map<std::string, std::uint64_t> units = {
-      {"", 1}, {"B", 1}, {"KB", 1'000}, {"MB", 1'000'000}, {"GB", 1'000'000'000}};
-  const auto it = units.find(unit);
-  if (digits == 0 || digits > 12 || it == units.end() || std::stoull(text.substr(0, digits)) == 0) {
-    throw UsageError("--max-shard-size '" + text + "' is not a size such as 5GB, 500MB, 64KB or 1000");
-  }
-  return std::stoull(text.substr(0, digits)) * it->second;
+  const std::uint64_t bytes = parse_byte_size(text, "--max-shard-size");
+  if (bytes == 0) throw UsageError("--max-shard-size must be more than 0 bytes, got '" + text + "'");
+  return bytes;
 }
 
 void write_checkpoint_output(const CheckpointInput& in, const std::string& out, std::vector<SafetensorsEntry> entries,

@@ -48,6 +48,10 @@ std::uint64_t parse_shard_size(const std::string& text);
 // checkpoint: measured 352 MB instead of 128 MB quantizing twelve 32 MB tensors). Elsewhere a no-op.
 void return_large_buffers_to_os();
 
+// The --help text of --max-shard-size (quantize, dequantize, convert).
+inline constexpr const char* kMaxShardSizeHelp =
+    "Directory outputs: the most bytes of tensors per shard (default 5GB; KB/MB/GB are 10^3.., KiB/MiB/GiB 2^10..)";
+
 // "quantize [12/480] model.layers.3.mlp.up_proj.weight" on the progress line, one step per tensor.
 class Progress {
  public:

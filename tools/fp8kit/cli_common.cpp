@@ -75,6 +75,25 @@ std::string format_exact(double value, std::size_t max_chars) {
   return fmt::format("~{:.6g}", value);
 }
 
+std::uint64_t parse_byte_size(const std::string& text, const std::string& option) {
+  static constexpr struct {
+    std::string_view unit;
+    std::uint64_t bytes;
+  } kUnits[] = {
+      {"", 1},          {"B", 1},       {"KB", 1'000},    {"MB", 1'000'000}, {"GB", 1'000'000'000}, {"K", 1 << 10},
+      {"KiB", 1 << 10}, {"M", 1 << 20}, {"MiB", 1 << 20}, {"G", 1ull << 30}, {"GiB", 1ull << 30}};
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  const std::string_view unit = std::string_view(text).substr(digits);
+  for (const auto& u : kUnits) {
+    if (u.unit != unit || digits == 0 || digits > 12) continue;
+    return std::stoull(text.substr(0, digits)) * u.bytes;
+  }
+  throw UsageError(option + ": '" + text +
+                   "' is not a size (digits and a unit: B, KB, MB, GB = 10^3, 10^6, 10^9; KiB, MiB, GiB or K, M, G "
+                   "= 2^10, 2^20, 2^30; e.g. 5GB, 256MiB)");
+}
+
 bool stderr_is_terminal() {
   return isatty(STDERR_FILENO) == 1;
 }

@@ -47,6 +47,11 @@ std::string code_bits(Format format, std::uint8_t code, char separator = ' ');
 // anything else.
 std::string format_exact(double value, std::size_t max_chars = 24);
 
+// A byte count for the option `option` (named in the error): digits, then a unit: none or B (bytes), KB, MB, GB
+// (10^3, 10^6, 10^9, as Hugging Face's max_shard_size), KiB, MiB, GiB or K, M, G (2^10, 2^20, 2^30). Every size
+// option of the CLI reads its value with this; callers check the range.
+std::uint64_t parse_byte_size(const std::string& text, const std::string& option);
+
 // True when stderr is a terminal (progress output goes there only then).
 bool stderr_is_terminal();
 

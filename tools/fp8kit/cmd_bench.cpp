@@ -22,28 +22,35 @@
 namespace fp8kit::cli {
 namespace {
 
-// "268435456", "256M", "256MiB", "1G": bytes.
+// --bytes: any size parse_byte_size reads, between 4 KiB and 16 GiB.
 std::size_t parse_size(const std::string& text) {
-  std::size_t pos = 0;
-  unsigned long long value = 0;
-  try {
-    value = std::stoull(text, &pos);
-  } catch (const std::exception&) {
-    throw UsageError("--bytes: '" + text + "' is not a size (examples: 268435456, 256M, 1G)");
-  }
-  const std::string suffix = text.substr(pos);
-  unsigned long long unit = 1;
-  if (suffix == "K" || suffix == "KiB")
-    unit = 1ull << 10;
-  else if (suffix == "M" || suffix == "MiB")
-    unit = 1ull << 20;
-  else if (suffix == "G" || suffix == "GiB")
-    unit = 1ull << 30;
-  else if (!suffix.empty())
-    throw UsageError("--bytes: unknown unit '" + suffix + "' (use K, M or G)");
-  const unsigned long long bytes = value * unit;
-  if (bytes < 4096 || bytes > (16ull << 30)) throw UsageError("--bytes: " + text + " is outside 4K..16G");
+  const std::uint64_t bytes = parse_byte_size(text, "--bytes");
+  if (bytes < 4096 || bytes > (16ull << 30)) throw UsageError("--bytes: " + text + " is outside 4KiB..16GiB");
   return static_cast<std::size_t>(bytes);
+}
+
+// The memory this machine has free for new allocations now (/proc/meminfo's MemAvailable), 0 where unknown.
+std::uint64_t available_memory() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
+// Refuses a --bytes whose buffers would not fit in memory (the kernel would kill the process part-way instead).
+void check_memory(std::size_t needed, const std::string& bytes_text) {
+  const std::uint64_t available = available_memory();
+  if (available != 0 && needed > available) {
+    throw UsageError(
+        fmt::format("--bytes {} needs {:.1f} GB of memory for its buffers and {:.1f} GB is available; "
+                    "use a smaller size",
+                    bytes_text, static_cast<double>(needed) / 1e9, static_cast<double>(available) / 1e9));
+  }
 }
 
 // --threads N: just N; absent (0): one thread, then all of them.
@@ -138,6 +145,7 @@ nlohmann::json string_or_null(const std::string& s) {
 
 void run_bench_convert(const BenchArgs& args) {
   const auto options = common_options<bench::ConvertBenchOptions>(args);
+  check_memory(bench::convert_bench_memory(options.bytes), args.bytes);
   const std::vector<Isa> levels = bench_levels(args.isa);
   std::vector<bench::ConvertResult> results;
   {
@@ -175,6 +183,7 @@ void run_bench_convert(const BenchArgs& args) {
 
 void run_bench_scaling(const BenchArgs& args) {
   const auto options = common_options<bench::ScalingBenchOptions>(args);
+  check_memory(bench::scaling_bench_memory(options.bytes), args.bytes);
   const std::vector<Isa> levels = bench_levels(args.isa);
   std::vector<bench::ScalingResult> results;
   {

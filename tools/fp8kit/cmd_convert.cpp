@@ -79,8 +79,7 @@ void add_convert_command(CLI::App& app) {
   cmd->add_option("OUT", args->out, "The output file (.safetensors) or directory")->required();
   cmd->add_option("--to", args->to, "f32, f64, f16, bf16, e4m3fn, e5m2, e4m3fnuz, e5m2fnuz")->required();
   cmd->add_flag("--saturate", args->saturate, "FP8 targets: clamp overflow to +-max instead of Inf/NaN");
-  cmd->add_option("--max-shard-size", args->max_shard_size,
-                  "Directory outputs: the most bytes of tensors per shard (default 5GB; also MB, KB, bytes)");
+  cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_flag("--force", args->force, "Replace an existing output");
   cmd->callback([args] { run_convert(*args); });
 }

@@ -107,8 +107,7 @@ void add_dequantize_command(CLI::App& app) {
   cmd->add_option("IN", args->in, "A .safetensors file or a checkpoint directory")->required();
   cmd->add_option("OUT", args->out, "The output file (.safetensors) or directory")->required();
   cmd->add_option("--to", args->to, "Output dtype: bf16 (default), f16, f32");
-  cmd->add_option("--max-shard-size", args->max_shard_size,
-                  "Directory outputs: the most bytes of tensors per shard (default 5GB; also MB, KB, bytes)");
+  cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_flag("--force", args->force, "Replace an existing output");
   cmd->callback([args] { run_dequantize(*args); });
 }

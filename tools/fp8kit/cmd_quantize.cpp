@@ -167,8 +167,7 @@ void add_quantize_command(CLI::App& app) {
                   "mxfp8 for mxfp8, compressed-tensors otherwise)");
   cmd->add_option("--ignore", args->ignore, "Leave tensors whose name matches this regex as they are (repeatable)")
       ->allow_extra_args(false);
-  cmd->add_option("--max-shard-size", args->max_shard_size,
-                  "Directory outputs: the most bytes of tensors per shard (default 5GB; also MB, KB, bytes)");
+  cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_option("--scale-fmt", args->scale_fmt,
                   "float (default) or ue8m0: power-of-two scales 2^ceil(log2(amax/448)), DeepSeek-V3.1's scale_fmt");
   cmd->add_flag("--force", args->force, "Replace an existing output");
