@@ -186,6 +186,39 @@ def check_foreign_files(exe, root, rng):
         check(f"foreign {layout}: close to the original", np.all(np.abs(d["m.weight"] - w) <= 0.07 * np.abs(w) + 1e-5))
 
 
+def check_json_reports(exe, root, src, single):
+    """quantize, dequantize and convert --json: one object each, its counts as the checkpoint has them and its byte
+    counts those of the files read and written."""
+    def files_bytes(path):
+        if os.path.isdir(path):
+            return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
+        return os.path.getsize(path)
+
+    def report(*args):
+        r = run(exe, *args, "--json")
+        ok = r.returncode == 0 and r.stderr == ""
+        j = json.loads(r.stdout) if ok else {}
+        check(f"--json {args[0]} runs", ok, r.stderr)
+        return j
+
+    q = os.path.join(root, "json-q")
+    j = report("quantize", src, q, "--scheme", "fp8-block")
+    n_src = len(read_dir(src)[0])
+    check("quantize --json", j.get("command") == "quantize" and j.get("input") == src and j.get("output") == q and
+          j.get("quantized", 0) > 0 and j["quantized"] + j["copied"] == n_src and j.get("layout") == "deepseek" and
+          j.get("scheme") == "fp8-block" and j.get("bytes_in") == files_bytes(src) and
+          j.get("bytes_out") == files_bytes(q) and j.get("seconds", -1) > 0, j)
+    d = os.path.join(root, "json-d")
+    jd = report("dequantize", q, d, "--to", "f32")
+    check("dequantize --json", jd.get("dequantized") == j.get("quantized") and jd.get("to") == "float32" and
+          jd.get("dropped_scales") == j.get("quantized") and jd.get("bytes_out") == files_bytes(d) and
+          jd.get("bytes_in") == files_bytes(q), jd)
+    c = os.path.join(root, "json-c.safetensors")
+    jc = report("convert", single, c, "--to", "f16")
+    check("convert --json", jc.get("cast", -1) + jc.get("copied", -1) == len(read_st(single)[0]) and
+          jc.get("to") == "float16" and "overflow" not in jc and jc.get("bytes_out") == files_bytes(c), jc)
+
+
 def main():
     exe = sys.argv[1]
     rng = np.random.default_rng(3)
@@ -422,6 +455,7 @@ def main():
             r = run(exe, *args)
             check(f"error: {' '.join(args[:1] + args[3:])}", one_line_error(r, command) and text in r.stderr,
                   f"rc={r.returncode} {r.stderr!r}")
+        check_json_reports(exe, root, src, single)
         check_bounded_memory(exe, root)
         check_foreign_files(exe, root, rng)
         check("no output left by refused commands", not any(os.path.exists(os.path.join(root, f"x{i}")) for i in range(15)))

@@ -4,7 +4,9 @@
 
 #if defined(__GLIBC__)
 #include <fmt/core.h>
+
 #include <malloc.h>
+#include <nlohmann/json.hpp>
 #endif
 
 #include <cctype>
@@ -50,6 +52,32 @@ void return_large_buffers_to_os() {
 #if defined(__GLIBC__)
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
 #endif
+}
+
+void print_json_report(const CheckpointReport& r) {
+  nlohmann::ordered_json j = {{"command", r.command}, {"input", r.input}, {"output", r.output}};
+  j[r.converted_key] = r.converted;
+  j["copied"] = r.copied;
+  for (const auto& [key, value] : r.counts) j[key] = value;
+  j["bytes_in"] = r.bytes_in;
+  j["bytes_out"] = r.bytes_out;
+  j["seconds"] = r.seconds;
+  for (const auto& [key, value] : r.details) j[key] = value;
+  fmt::print("{}\n", j.dump(2));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::uint64_t safetensors_bytes(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return fs::file_size(path, ec);
+  std::uint64_t total = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
+    if (e.is_regular_file(ec) && e.path().extension() == ".safetensors") total += e.file_size(ec);
+  }
+  return total;
 }
 
 void Progress::step(const std::string& name) {

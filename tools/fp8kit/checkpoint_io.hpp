@@ -2,11 +2,13 @@
 // with its config.json, refusing to overwrite without --force or to write over the input, and the crash-safe output.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_common.hpp"
@@ -47,6 +49,26 @@ std::uint64_t parse_shard_size(const std::string& text);
 // after the first large free, after which each tensor's buffers fragment the heap and the peak grows with the
 // checkpoint: measured 352 MB instead of 128 MB quantizing twelve 32 MB tensors). Elsewhere a no-op.
 void return_large_buffers_to_os();
+
+// What quantize, dequantize and convert did: the one-line summary on stdout, or with --json one object (see
+// docs/cli.md): command, input, output, converted (tensors quantized, dequantized or cast: `converted_key`),
+// copied, bytes_in and bytes_out (of the safetensors files read and written), seconds, then `details`.
+struct CheckpointReport {
+  std::string command, input, output;
+  std::string converted_key;  // "quantized", "dequantized", "cast"
+  std::size_t converted = 0, copied = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;
+  double seconds = 0;
+  std::vector<std::pair<std::string, std::string>> details;   // command-specific string fields, in order
+  std::vector<std::pair<std::string, std::uint64_t>> counts;  // command-specific counts, in order
+};
+void print_json_report(const CheckpointReport& report);
+
+// Seconds of wall time since `start`.
+double seconds_since(std::chrono::steady_clock::time_point start);
+
+// The bytes of a .safetensors file, or of the .safetensors files of a directory.
+std::uint64_t safetensors_bytes(const std::filesystem::path& path);
 
 // The --help text of --max-shard-size (quantize, dequantize, convert).
 inline constexpr const char* kMaxShardSizeHelp =

@@ -2,6 +2,7 @@
 // targets are a plain cast, --saturate clamps what overflows), tensor by tensor; integer and bool tensors copied.
 #include <fmt/core.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,10 +20,12 @@ struct ConvertArgs {
   std::string to;
   bool saturate = false;
   bool force = false;
+  bool json = false;
   std::string max_shard_size;
 };
 
 void run_convert(const ConvertArgs& args) {
+  const auto start = std::chrono::steady_clock::now();
   const auto to = parse_dtype(args.to);
   if (!to || !is_floating(*to) || *to == DType::float8_e8m0fnu) {
     throw UsageError("--to must be a floating dtype (f32, f64, f16, bf16, e4m3fn, e5m2, e4m3fnuz, e5m2fnuz), not '" +
@@ -66,6 +69,22 @@ void run_convert(const ConvertArgs& args) {
   }
   write_checkpoint_output(in, args.out, std::move(entries), {{"format", "pt"}}, config_out, args.max_shard_size);
   progress.reset();
+  if (args.json) {
+    CheckpointReport r{"convert",
+                       args.in,
+                       args.out,
+                       "cast",
+                       cast,
+                       copied,
+                       safetensors_bytes(args.in),
+                       safetensors_bytes(args.out),
+                       seconds_since(start),
+                       {{"to", std::string(name(*to))}},
+                       {}};
+    if (is_fp8(*to)) r.details.emplace_back("overflow", args.saturate ? "saturate" : "non-saturating");
+    print_json_report(r);
+    return;
+  }
   fmt::print("{} -> {}: cast {} tensors to {}{}; copied {}\n", args.in, args.out, cast, name(*to),
              is_fp8(*to) ? (args.saturate ? " (saturating)" : " (non-saturating)") : "", copied);
 }
@@ -81,6 +100,8 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("--saturate", args->saturate, "FP8 targets: clamp overflow to +-max instead of Inf/NaN");
   cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_flag("--force", args->force, "Replace an existing output");
+  cmd->add_flag("--json", args->json,
+                "Print one JSON object (input, output, tensors, bytes, seconds) instead of the line");
   cmd->callback([args] { run_convert(*args); });
 }
 

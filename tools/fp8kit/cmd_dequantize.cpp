@@ -2,6 +2,8 @@
 // tensor by tensor (memory: about one tensor); scales dropped, other tensors copied, quantization_config removed.
 #include <fmt/core.h>
 
+#include <chrono>
+
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,6 +21,7 @@ struct DequantizeArgs {
   std::string in, out;
   std::string to = "bf16";
   bool force = false;
+  bool json = false;
   std::string max_shard_size;
 };
 
@@ -35,6 +38,7 @@ bool is_activation_scale(const std::string& name) {
 }
 
 void run_dequantize(const DequantizeArgs& args) {
+  const auto start = std::chrono::steady_clock::now();
   const auto to = parse_dtype(args.to);
   if (!to || !(*to == DType::bfloat16 || *to == DType::float16 || *to == DType::float32)) {
     throw UsageError("--to must be bf16, f16 or f32, not '" + args.to + "'");
@@ -90,8 +94,23 @@ void run_dequantize(const DequantizeArgs& args) {
   }
   write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
   progress.reset();
-  fmt::print("{} -> {}: dequantized {} {} weights to {}; copied {} tensors, dropped {} scales\n", args.in, args.out,
-             weights.size(), name(layout), name(*to), copied, in.checkpoint.size() - weights.size() - copied);
+  const std::size_t dropped_scales = in.checkpoint.size() - weights.size() - copied;
+  if (args.json) {
+    print_json_report({"dequantize",
+                       args.in,
+                       args.out,
+                       "dequantized",
+                       weights.size(),
+                       copied,
+                       safetensors_bytes(args.in),
+                       safetensors_bytes(args.out),
+                       seconds_since(start),
+                       {{"layout", std::string(name(layout))}, {"to", std::string(name(*to))}},
+                       {{"dropped_scales", dropped_scales}, {"unscaled_fp8_copied", unscaled_fp8}}});
+  } else {
+    fmt::print("{} -> {}: dequantized {} {} weights to {}; copied {} tensors, dropped {} scales\n", args.in, args.out,
+               weights.size(), name(layout), name(*to), copied, dropped_scales);
+  }
   if (unscaled_fp8 != 0) {
     fmt::print(stderr, "note: {} FP8 tensors without a scale were copied as they are\n", unscaled_fp8);
   }
@@ -109,6 +128,8 @@ void add_dequantize_command(CLI::App& app) {
   cmd->add_option("--to", args->to, "Output dtype: bf16 (default), f16, f32");
   cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_flag("--force", args->force, "Replace an existing output");
+  cmd->add_flag("--json", args->json,
+                "Print one JSON object (input, output, tensors, bytes, seconds) instead of the line");
   cmd->callback([args] { run_dequantize(*args); });
 }
 

@@ -2,6 +2,8 @@
 // Hugging Face load (DeepSeek, compressed-tensors, AutoFP8, FBGEMM, MXFP8) or fp8kit's native one, tensor by tensor.
 #include <fmt/core.h>
 
+#include <chrono>
+
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,6 +25,7 @@ struct QuantizeArgs {
   std::string layout;
   std::vector<std::string> ignore;
   bool force = false;
+  bool json = false;
   std::string max_shard_size;
   std::string scale_fmt = "float";
 };
@@ -47,6 +50,7 @@ struct ScaleCache {
 };
 
 void run_quantize(const QuantizeArgs& args) {
+  const auto start = std::chrono::steady_clock::now();
   const auto scheme = parse_quant_scheme(args.scheme);
   if (!scheme)
     throw UsageError("unknown --scheme '" + args.scheme + "' (use fp8-tensor, fp8-channel, fp8-block, mxfp8)");
@@ -146,6 +150,23 @@ void run_quantize(const QuantizeArgs& args) {
   }
   write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
   progress.reset();
+  if (args.json) {
+    print_json_report({"quantize",
+                       args.in,
+                       args.out,
+                       "quantized",
+                       quantized,
+                       in.checkpoint.size() - quantized,
+                       safetensors_bytes(args.in),
+                       safetensors_bytes(args.out),
+                       seconds_since(start),
+                       {{"scheme", std::string(name(*scheme))},
+                        {"format", std::string(name(*format))},
+                        {"layout", std::string(name(layout))},
+                        {"scale_fmt", args.scale_fmt}},
+                       {}});
+    return;
+  }
   fmt::print("{} -> {}: quantized {} weights ({} {}, {} layout{}); {} tensors copied as they are\n", args.in, args.out,
              quantized, name(*scheme), name(*format), name(layout),
              rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", in.checkpoint.size() - quantized);
@@ -171,6 +192,8 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--scale-fmt", args->scale_fmt,
                   "float (default) or ue8m0: power-of-two scales 2^ceil(log2(amax/448)), DeepSeek-V3.1's scale_fmt");
   cmd->add_flag("--force", args->force, "Replace an existing output");
+  cmd->add_flag("--json", args->json,
+                "Print one JSON object (input, output, tensors, bytes, seconds) instead of the line");
   cmd->callback([args] { run_quantize(*args); });
 }
 
