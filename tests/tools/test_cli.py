@@ -196,7 +196,7 @@ def formats_table():
 ARTICLE_VALUES = ["1.0", "1.5", "1.25", "1.125", "1.1", "0.1", "448", "449", "0.015625", "0.0001"]
 
 
-def check_rows(rows, texts, formats, saturate=False, parse=float, to_source=f32):
+def check_rows(rows, texts, formats, saturate=True, parse=float, to_source=f32):
     assert len(rows) == len(texts) * len(formats), (len(rows), len(texts))
     i = 0
     for index, text in enumerate(texts):
@@ -235,9 +235,10 @@ def cast_every_format_and_float64():
     values = ["0.3", "-2.75", "1e-3", "250", "-0.0", "3e-6", "60000"]
     formats = ["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"]
     rows = run_json("cast", "--json", "--from", "float64", "--to", ",".join(formats), *values)
-    check_rows(rows, values, formats, to_source=lambda x: x)
-    rows = run_json("cast", "--json", "--saturate", "--from", "f64", "--to", ",".join(formats), *values)
-    check_rows(rows, values, formats, saturate=True, to_source=lambda x: x)
+    check_rows(rows, values, formats, saturate=True, to_source=lambda x: x)  # the default
+    assert rows == run_json("cast", "--json", "--saturate", "--from", "f64", "--to", ",".join(formats), *values)
+    rows = run_json("cast", "--json", "--no-saturate", "--from", "f64", "--to", ",".join(formats), *values)
+    check_rows(rows, values, formats, saturate=False, to_source=lambda x: x)
 
 
 def one(args, value):
@@ -248,18 +249,20 @@ def one(args, value):
 
 @test
 def cast_overflow_boundaries():
-    e4 = ["--to", "e4m3fn"]
-    assert one(e4, "464")["code"] == 0x7E  # halfway to the 480 that does not exist: ties to even 448
-    r = one(e4, "465")
+    e4, e4_nonsat = ["--to", "e4m3fn"], ["--to", "e4m3fn", "--no-saturate"]
+    assert one(e4_nonsat, "464")["code"] == 0x7E  # halfway to the 480 that does not exist: ties to even 448
+    r = one(e4_nonsat, "465")
     assert r["code"] == 0x7F and r["value"] == "nan", r
+    assert one(e4, "465")["code"] == 0x7E  # saturating by default, as PyTorch >= 2.12, TE and CUDA
     assert one(e4 + ["--saturate"], "465")["code"] == 0x7E
-    assert one(e4 + ["--saturate"], "inf")["code"] == 0x7E
-    assert one(e4, "inf")["code"] == 0x7F
-    assert one(e4 + ["--saturate"], "-inf")["code"] == 0xFE
-    r = one(["--to", "e5m2"], "61440")
+    assert one(e4, "inf")["code"] == 0x7E
+    assert one(e4_nonsat, "inf")["code"] == 0x7F
+    assert one(e4, "-inf")["code"] == 0xFE
+    r = one(["--to", "e5m2", "--no-saturate"], "61440")
     assert r["code"] == 0x7C and r["value"] == "inf", r
-    assert one(["--to", "e5m2"], "61439")["code"] == 0x7B
-    assert one(["--to", "e5m2", "--saturate"], "61440")["code"] == 0x7B
+    assert one(["--to", "e5m2", "--no-saturate"], "61439")["code"] == 0x7B
+    assert one(["--to", "e5m2"], "61440")["code"] == 0x7B
+    check_usage_error(["cast", "--saturate", "--no-saturate", "1"], "contradict")
     r = one(["--to", "e4m3fnuz"], "-0.0")
     assert r["code"] == 0x00 and r["source_value"] == 0.0, r
     assert one(["--to", "e4m3fn"], "-0.0")["code"] == 0x80
@@ -271,14 +274,15 @@ def cast_hex_float_and_special_spellings():
     rows = run_json("cast", "--json", "--to", "e4m3fn", "0x1.8p+3", "-0X1P-9", "0x.8p1", "+2", ".5", "-3e-5")
     assert [r["code"] for r in rows] == [0x54, 0x81, 0x38, 0x40, 0x30, ref_encode(f32(-3e-5), "e4m3fn")], rows
     assert [r["source_value"] for r in rows[:2]] == [12, -2**-9], rows
-    rows = run_json("cast", "--json", "--to", "e5m2", "NaN", "-Infinity", "+INF", "inf", "1e400", "1e-60")
+    rows = run_json("cast", "--json", "--to", "e5m2", "--no-saturate", "NaN", "-Infinity", "+INF", "inf", "1e400", "1e-60")
     assert [r["code"] for r in rows] == [0x7E, 0xFC, 0x7C, 0x7C, 0x7C, 0x00], rows
     assert [r["source_value"] for r in rows] == ["nan", "-inf", "inf", "inf", "inf", 0.0], rows
 
 
 @test
 def cast_negative_values_on_the_command_line():
-    rows = run_json("cast", "--json", "--to", "e5m2", "-1.5", "2", "-inf", "-.5", "-nan", "-0x1p-2", "-1e2")
+    rows = run_json("cast", "--json", "--to", "e5m2", "--no-saturate", "-1.5", "2", "-inf", "-.5", "-nan", "-0x1p-2",
+                    "-1e2")
     assert [r["input"] for r in rows] == ["-1.5", "2", "-inf", "-.5", "-nan", "-0x1p-2", "-1e2"], rows
     assert [r["code"] for r in rows] == [0xBE, 0x40, 0xFC, 0xB8, 0xFE, 0xB4, 0xD6], rows
     rows = run_json("cast", "--json", "--to", "e4m3fn", "--", "-1.5")
@@ -290,6 +294,10 @@ def cast_negative_values_on_the_command_line():
 @test
 def cast_table_output():
     rc, out, err = run("cast", "1.1", "-inf")
+    assert rc == 0 and err == "", err
+    assert "overflow: saturating" in out.splitlines()[0], out  # the default
+    assert out.splitlines()[5].split()[:3] == ["-inf", "e5m2", "-57344"], out
+    rc, out, err = run("cast", "--no-saturate", "1.1", "-inf")
     assert rc == 0 and err == "", err
     lines = out.splitlines()
     assert "float32" in lines[0] and "non-saturating" in lines[0], lines[0]

@@ -75,6 +75,18 @@ std::string format_exact(double value, std::size_t max_chars) {
   return fmt::format("~{:.6g}", value);
 }
 
+Overflow OverflowFlags::overflow() const {
+  if (saturate && no_saturate) throw UsageError("--saturate and --no-saturate contradict each other");
+  return no_saturate ? Overflow::kNonSaturating : Overflow::kSaturate;
+}
+
+void add_overflow_flags(CLI::App* command, OverflowFlags& flags) {
+  command->add_flag("--saturate", flags.saturate,
+                    "Overflow to +-max finite (the default, as PyTorch >= 2.12, TE, CUDA)");
+  command->add_flag("--no-saturate", flags.no_saturate,
+                    "Overflow to Inf/NaN instead, as PyTorch .to() up to 2.11 and ml_dtypes");
+}
+
 std::uint64_t parse_byte_size(const std::string& text, const std::string& option) {
   static constexpr struct {
     std::string_view unit;

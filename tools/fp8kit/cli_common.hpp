@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fp8kit/codec.hpp"
 #include "fp8kit/format.hpp"
 
 namespace fp8kit::cli {
@@ -46,6 +47,18 @@ std::string code_bits(Format format, std::uint8_t code, char separator = ' ');
 // most `max_chars` characters; otherwise "2^127 (1.70141e+38)" for a power of two, "~1.23457e+38" for
 // anything else.
 std::string format_exact(double value, std::size_t max_chars = 24);
+
+// The overflow policy of every command that casts to FP8 (cast, convert, analyze; quantize always saturates): the
+// same default everywhere, saturating (overflow becomes +-max finite, as CUDA's __NV_SATFINITE, Transformer Engine,
+// torchao and PyTorch's eager e4m3fn casts from 2.12 do), and `--no-saturate` for overflow to Inf/NaN (PyTorch's
+// .to() up to 2.11, ml_dtypes). `--saturate` says the default explicitly; both together are a UsageError.
+struct OverflowFlags {
+  bool saturate = false;
+  bool no_saturate = false;
+  bool given() const { return saturate || no_saturate; }
+  Overflow overflow() const;  // checks that the flags do not contradict each other
+};
+void add_overflow_flags(CLI::App* command, OverflowFlags& flags);
 
 // A byte count for the option `option` (named in the error): digits, then a unit: none or B (bytes), KB, MB, GB
 // (10^3, 10^6, 10^9, as Hugging Face's max_shard_size), KiB, MiB, GiB or K, M, G (2^10, 2^20, 2^30). Every size

@@ -26,8 +26,7 @@ struct AnalyzeArgs {
   std::string tensor;
   std::string formats = "e4m3fn,e5m2";
   std::string granularities = "tensor,row,block:1x128,mx32";
-  bool saturate = false;
-  bool no_saturate = false;
+  OverflowFlags overflow_flags;
   bool json = false;
 };
 
@@ -65,7 +64,7 @@ nlohmann::json number_or_null(std::optional<double> v) {
 }
 
 void run_analyze(const AnalyzeArgs& args) {
-  if (args.saturate && args.no_saturate) throw UsageError("--saturate and --no-saturate contradict each other");
+  const Overflow overflow = args.overflow_flags.overflow();
   const std::vector<Format> formats = parse_format_list(args.formats);
   std::vector<Granularity> granularities;
   for (std::size_t start = 0; start <= args.granularities.size();) {
@@ -142,7 +141,6 @@ void run_analyze(const AnalyzeArgs& args) {
   const std::int64_t cols = shape.empty() ? 1 : std::max<std::int64_t>(shape.back(), 1);
   const std::int64_t rows = numel == 0 ? 0 : numel / cols;
   const MatrixView view{values.data(), rows, numel == 0 ? 0 : cols};
-  const Overflow overflow = args.no_saturate ? Overflow::kNonSaturating : Overflow::kSaturate;
 
   std::vector<Row> results;
   for (Format f : formats) {
@@ -201,8 +199,7 @@ void add_analyze_command(CLI::App& app) {
   cmd->add_option(
       "--granularity", args->granularities,
       "Comma-separated: tensor, row, col, block:RxC, mx32, mx32-rceil (default tensor,row,block:1x128,mx32)");
-  cmd->add_flag("--saturate", args->saturate, "Clamp overflow to +-max (the default)");
-  cmd->add_flag("--no-saturate", args->no_saturate, "Overflow to Inf/NaN, as PyTorch .to() up to 2.11");
+  add_overflow_flags(cmd, args->overflow_flags);
   cmd->add_flag("--json", args->json, "Print a JSON array instead of the table");
   cmd->callback([args] { run_analyze(*args); });
 }

@@ -63,7 +63,7 @@ constexpr std::size_t kMaxInputWidth = 40;
 struct CastArgs {
   std::string to = "e4m3fn,e5m2";
   std::string from = "float32";
-  bool saturate = false;
+  OverflowFlags overflow;
   std::string rounding = "nearest";
   std::string seed = "0";  // parsed here: CLI11 would wrap "-1" to 2^64 - 1
   bool json = false;
@@ -341,7 +341,7 @@ CastSetup make_setup(const CastArgs& args) {
   } else {
     throw UsageError("--rounding: unknown rounding " + quote_token(args.rounding) + " (known: nearest, stochastic)");
   }
-  setup.overflow = args.saturate ? Overflow::kSaturate : Overflow::kNonSaturating;
+  setup.overflow = args.overflow.overflow();
   const char* seed_end = args.seed.data() + args.seed.size();
   const auto [seed_ptr, seed_ec] = std::from_chars(args.seed.data(), seed_end, setup.seed);
   if (args.seed.empty() || seed_ptr != seed_end || seed_ec != std::errc()) {
@@ -428,8 +428,7 @@ void add_cast_command(CLI::App& app) {
   cast->add_option("--from", args->from,
                    "Source precision each value is first rounded to: float32 (default), float64, bfloat16, "
                    "float16 (or f32, f64, bf16, f16)");
-  cast->add_flag("--saturate", args->saturate,
-                 "Overflow to +-max finite (default: non-saturating, Inf or NaN as PyTorch .to() and ml_dtypes)");
+  add_overflow_flags(cast, args->overflow);
   cast->add_option("--rounding", args->rounding, "nearest (default: to nearest, ties to even) or stochastic");
   cast->add_option("--seed", args->seed, "Seed for --rounding stochastic (default 0); value i uses stream index i")
       ->type_name("UINT");

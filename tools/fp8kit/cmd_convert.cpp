@@ -1,5 +1,5 @@
 // `fp8kit convert IN OUT --to DTYPE`: every floating tensor of a checkpoint cast to one dtype (no scales; FP8
-// targets are a plain cast, --saturate clamps what overflows), tensor by tensor; integer and bool tensors copied.
+// targets are a plain cast that saturates unless --no-saturate), tensor by tensor; integer and bool tensors copied.
 #include <fmt/core.h>
 
 #include <chrono>
@@ -18,7 +18,7 @@ namespace {
 struct ConvertArgs {
   std::string in, out;
   std::string to;
-  bool saturate = false;
+  OverflowFlags overflow;
   bool force = false;
   bool json = false;
   std::string max_shard_size;
@@ -31,7 +31,11 @@ void run_convert(const ConvertArgs& args) {
     throw UsageError("--to must be a floating dtype (f32, f64, f16, bf16, e4m3fn, e5m2, e4m3fnuz, e5m2fnuz), not '" +
                      args.to + "'");
   }
-  if (args.saturate && !is_fp8(*to)) throw UsageError("--saturate applies to FP8 targets only");
+  if (args.overflow.given() && !is_fp8(*to)) {
+    throw UsageError(std::string(args.overflow.saturate ? "--saturate" : "--no-saturate") +
+                     " applies to FP8 targets only");
+  }
+  const Overflow overflow = args.overflow.overflow();
   return_large_buffers_to_os();  // memory: about the largest tensor, however many there are
   const CheckpointInput in = open_checkpoint_input(args.in);
   check_output(in, args.out, args.force, args.max_shard_size);
@@ -39,7 +43,6 @@ void run_convert(const ConvertArgs& args) {
     throw UsageError("'" + args.in + "' is quantized (" + std::string(name(*d.layout)) +
                      "); casting would separate its weights from their scales: use fp8kit dequantize");
   }
-  const Overflow overflow = args.saturate ? Overflow::kSaturate : Overflow::kNonSaturating;
   std::vector<SafetensorsEntry> entries;
   std::size_t cast = 0, copied = 0;
   auto progress = std::make_shared<Progress>("convert", 0);  // the total is set once counted
@@ -81,12 +84,13 @@ void run_convert(const ConvertArgs& args) {
                        seconds_since(start),
                        {{"to", std::string(name(*to))}},
                        {}};
-    if (is_fp8(*to)) r.details.emplace_back("overflow", args.saturate ? "saturate" : "non-saturating");
+    if (is_fp8(*to))
+      r.details.emplace_back("overflow", overflow == Overflow::kSaturate ? "saturate" : "non-saturating");
     print_json_report(r);
     return;
   }
   fmt::print("{} -> {}: cast {} tensors to {}{}; copied {}\n", args.in, args.out, cast, name(*to),
-             is_fp8(*to) ? (args.saturate ? " (saturating)" : " (non-saturating)") : "", copied);
+             is_fp8(*to) ? (overflow == Overflow::kSaturate ? " (saturating)" : " (non-saturating)") : "", copied);
 }
 
 }  // namespace
@@ -97,7 +101,7 @@ void add_convert_command(CLI::App& app) {
   cmd->add_option("IN", args->in, "A .safetensors file or a checkpoint directory")->required();
   cmd->add_option("OUT", args->out, "The output file (.safetensors) or directory")->required();
   cmd->add_option("--to", args->to, "f32, f64, f16, bf16, e4m3fn, e5m2, e4m3fnuz, e5m2fnuz")->required();
-  cmd->add_flag("--saturate", args->saturate, "FP8 targets: clamp overflow to +-max instead of Inf/NaN");
+  add_overflow_flags(cmd, args->overflow);
   cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_flag("--force", args->force, "Replace an existing output");
   cmd->add_flag("--json", args->json,
