@@ -105,16 +105,22 @@ bool bind_openmp_threads(int threads) {
     }
     return list;
   }();
-  if (static_cast<std::size_t>(threads) > cpus.size()) return false;
+  // More threads than CPUs: no one-per-CPU binding exists; every thread of the team (the main one too, which an
+  // earlier call may have bound, and whose set new workers inherit) gets all the CPUs back.
+  const bool one_each = static_cast<std::size_t>(threads) <= cpus.size();
   bool bound = true;
 #pragma omp parallel num_threads(threads) reduction(&& : bound)
   {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpus[static_cast<std::size_t>(omp_get_thread_num())], &one);
-    bound = pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (one_each) {
+      CPU_SET(cpus[static_cast<std::size_t>(omp_get_thread_num())], &set);
+    } else {
+      for (int c : cpus) CPU_SET(c, &set);
+    }
+    bound = pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
   }
-  return bound;
+  return one_each && bound;
 }
 
 void parallel_memcpy(void* dst, const void* src, std::size_t bytes, int threads) {

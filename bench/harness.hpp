@@ -66,7 +66,8 @@ std::uint64_t read_all(const void* data, std::size_t bytes, int threads);
 // OMP_PROC_BIND=true does (which libgomp only reads at start-up). Unbound, the kernel scheduler may wake a worker on
 // the CPU of the thread that woke it, and the two then share one CPU until the next load balance: on a 2-vCPU VM
 // that added 4-8 ms (scheduler ticks) to ~1 ms two-thread kernels and probes at random, per process. Does nothing
-// where OMP_PROC_BIND is set (the user's choice stands) or `threads` exceeds the CPUs. Call it after every library
+// where OMP_PROC_BIND is set (the user's choice stands); where `threads` exceeds the CPUs, gives every thread all
+// of them back instead. Call it after every library
 // that starts threads of its own (OpenBLAS) is loaded: threads started later inherit the binding of their creator.
 // Returns whether the threads are bound.
 bool bind_openmp_threads(int threads);

@@ -4,6 +4,7 @@
 // double in the text's own base.
 #include "fp8kit/parse_number.hpp"
 
+#include <locale.h>
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -123,10 +124,12 @@ std::optional<T> parse_binary(const NumberText& n) {
     if (ec == std::errc::result_out_of_range) {
       // from_chars leaves the value alone on overflow and underflow; strtod/strtof round those correctly too.
       const std::string text = (hex ? "0x" : "") + std::string(n.body);
+      // In the C locale whatever the program's is (a "," decimal separator would stop strtod at the ".").
+      static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", static_cast<locale_t>(0));
       if constexpr (std::is_same_v<T, float>) {
-        value = std::strtof(text.c_str(), nullptr);
+        value = strtof_l(text.c_str(), nullptr, c_locale);
       } else {
-        value = std::strtod(text.c_str(), nullptr);
+        value = strtod_l(text.c_str(), nullptr, c_locale);
       }
     } else if (ec != std::errc()) {
       return std::nullopt;

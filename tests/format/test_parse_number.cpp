@@ -51,7 +51,7 @@ std::string exact_decimal(std::uint64_t mantissa, int exponent) {
   return text;
 }
 
-// A decimal text a little above / below the exact one (by 10^-25 of its last place and beyond).
+// A decimal text a little above / below the exact one (by 10^-26 of its last place).
 std::string decimal_above(std::string exact) {
   if (exact.find('.') == std::string::npos) exact += ".";
   return exact + std::string(25, '0') + "1";

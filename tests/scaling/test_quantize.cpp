@@ -5,9 +5,11 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "fp8kit/error.hpp"
+#include "fp8kit/memory.hpp"
 #include "fp8kit/quantize.hpp"
 
 namespace fp8kit {
@@ -181,43 +183,38 @@ TEST(Quantize, MxFloorClipsWhereRceilDoesNot) {
 }
 
 TEST(Quantize, MxScalesAtTheExponentEdges) {
-  // One block per amax, every amax a normal float (the vectorized scale path): the smallest normals (FLOOR clamps
-  // the code at 0), powers of two and their neighbours, and the largest floats (RCEIL's amax / fp8_max near 2^126);
-  // then the same row with a zero block, which takes the block-by-block path. Both against mx_scale_code.
-  const float amaxes[] = {0x1p-126f,
-                          0x1.8p-126f,
-                          0x1p-120f,
-                          0x1p-118f,
-                          0x1.fffffep-117f,
-                          1.0f,
-                          448.0f,
-                          449.0f,
-                          57344.0f,
-                          0x1p100f,
-                          0x1p127f,
-                          3e38f,
-                          std::numeric_limits<float>::max()};
-  const auto blocks = static_cast<std::int64_t>(std::size(amaxes));
-  for (bool with_zero_block : {false, true}) {
-    std::vector<float> x(static_cast<std::size_t>(32 * (blocks + 1)), 0.0f);
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      for (std::int64_t i = 0; i < 32; ++i)
-        x[static_cast<std::size_t>(32 * b + i)] = amaxes[b] * (i % 3 == 0 ? -0.5f : 0.25f);
-      x[static_cast<std::size_t>(32 * b + 5)] = b % 2 == 0 ? amaxes[b] : -amaxes[b];
-    }
-    const std::int64_t cols = 32 * (blocks + (with_zero_block ? 1 : 0));
-    for (Format f : {Format::e4m3fn, Format::e5m2}) {
-      for (MxScaleMode mode : {MxScaleMode::kFloor, MxScaleMode::kRceil}) {
-        const QuantizeOptions o{f, Overflow::kSaturate, Granularity::mx(mode)};
-        const ScaledMatrix q = quantize(MatrixView{x.data(), 1, cols}, o);
-        const ScaledMatrix want = reference_quantize(std::vector<float>(x.begin(), x.begin() + cols), 1, cols, o);
-        SCOPED_TRACE(std::string(name(f)) + (mode == MxScaleMode::kRceil ? " rceil" : " floor") +
-                     (with_zero_block ? " with a zero block" : ""));
-        for (std::int64_t b = 0; b < blocks; ++b) {
-          EXPECT_EQ(q.scale_e8m0[static_cast<std::size_t>(b)], mx_scale_code(amaxes[b], f, mode)) << amaxes[b];
+  // One block per amax, in two rows: the smallest normal amaxes (FLOOR clamps the code at 0; for RCEIL amax / 448 is
+  // a float subnormal, which takes the block-by-block path), then amaxes whose amax / 448 is normal too (the
+  // vectorized path of both modes): powers of two and their neighbours up to the largest float. Each row also with
+  // a zero block (block by block). Against mx_scale_code and the element-by-element reference.
+  const std::vector<float> tiny = {0x1p-126f, 0x1.8p-126f, 0x1p-120f, 0x1p-118f, 0x1.fffffep-117f};
+  const std::vector<float> normal = {0x1p-116f, 0x1.8p-110f, 1.0f,     448.0f, 449.0f,
+                                     57344.0f,  0x1p100f,    0x1p127f, 3e38f,  std::numeric_limits<float>::max()};
+  for (const std::vector<float>& amaxes : {tiny, normal}) {
+    const auto blocks = static_cast<std::int64_t>(amaxes.size());
+    for (bool with_zero_block : {false, true}) {
+      std::vector<float> x(static_cast<std::size_t>(32 * (blocks + 1)), 0.0f);
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const float a = amaxes[static_cast<std::size_t>(b)];
+        for (std::int64_t i = 0; i < 32; ++i)
+          x[static_cast<std::size_t>(32 * b + i)] = a * (i % 3 == 0 ? -0.5f : 0.25f);
+        x[static_cast<std::size_t>(32 * b + 5)] = b % 2 == 0 ? a : -a;
+      }
+      const std::int64_t cols = 32 * (blocks + (with_zero_block ? 1 : 0));
+      for (Format f : {Format::e4m3fn, Format::e5m2}) {
+        for (MxScaleMode mode : {MxScaleMode::kFloor, MxScaleMode::kRceil}) {
+          const QuantizeOptions o{f, Overflow::kSaturate, Granularity::mx(mode)};
+          const ScaledMatrix q = quantize(MatrixView{x.data(), 1, cols}, o);
+          const ScaledMatrix want = reference_quantize(std::vector<float>(x.begin(), x.begin() + cols), 1, cols, o);
+          SCOPED_TRACE(std::string(name(f)) + (mode == MxScaleMode::kRceil ? " rceil" : " floor") +
+                       (with_zero_block ? " with a zero block" : "") + (blocks == 5 ? " (tiny)" : " (normal)"));
+          for (std::int64_t b = 0; b < blocks; ++b) {
+            const float a = amaxes[static_cast<std::size_t>(b)];
+            EXPECT_EQ(q.scale_e8m0[static_cast<std::size_t>(b)], mx_scale_code(a, f, mode)) << a;
+          }
+          EXPECT_EQ(q.scale_inv, want.scale_inv);
+          EXPECT_EQ(q.data, want.data);
         }
-        EXPECT_EQ(q.scale_inv, want.scale_inv);
-        EXPECT_EQ(q.data, want.data);
       }
     }
   }
@@ -340,27 +337,34 @@ TEST(Quantize, LargeParallelMatchesSerial) {
 }
 
 TEST(Quantize, StreamingSizesMatchReference) {
-  // 64 MiB of float32: the fused encode and the segmented decode write with non-temporal stores from 16 MiB up.
+  // 64 MiB of float32: the fused encode and the segmented decode write with non-temporal stores from 16 MiB up,
+  // where the output is 64-byte aligned. The codes are in ScaledMatrix's aligned buffer (streamed); the decode
+  // output once aligned (streamed) and once 4 bytes past it (plain stores).
   const std::int64_t rows = 4096, cols = 4096;
   const auto x = gaussian(static_cast<std::size_t>(rows * cols), 11, 3.0f);
-  std::vector<float> back(x.size());
+  tracked_vector<float> buffer(x.size() + 1);
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % 64, 0u);
   for (const Granularity& g : {Granularity::block(128, 128), Granularity::mx()}) {
     const QuantizeOptions o{Format::e5m2, Overflow::kSaturate, g};
     const ScaledMatrix got = quantize(MatrixView{x.data(), rows, cols}, o);
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(got.data.data()) % 64, 0u);
     const ScaledMatrix want = reference_quantize(x, rows, cols, o);
     ASSERT_EQ(got.data, want.data) << g.name();
     ASSERT_EQ(got.scale_inv, want.scale_inv) << g.name();
-    dequantize(got, back);
-    std::size_t mismatches = 0;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const auto i = static_cast<std::size_t>(r * cols + c);
-        const float s =
-            got.scale_inv[static_cast<std::size_t>((r / got.block_rows()) * got.grid_cols() + c / got.block_cols())];
-        mismatches += back[i] == decode_to_float(o.format, got.data[i]) * s ? 0 : 1;
+    for (std::size_t offset : {0, 1}) {
+      const std::span<float> back(buffer.data() + offset, x.size());
+      dequantize(got, back);
+      std::size_t mismatches = 0;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const auto i = static_cast<std::size_t>(r * cols + c);
+          const float s =
+              got.scale_inv[static_cast<std::size_t>((r / got.block_rows()) * got.grid_cols() + c / got.block_cols())];
+          mismatches += back[i] == decode_to_float(o.format, got.data[i]) * s ? 0 : 1;
+        }
       }
+      EXPECT_EQ(mismatches, 0u) << g.name() << ", output offset " << offset;
     }
-    EXPECT_EQ(mismatches, 0u) << g.name();
   }
 }
 

@@ -11,7 +11,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checks import check, require, summary  # noqa: E402
 
-require("numpy", "safetensors")
+require("numpy", "safetensors", "ml_dtypes")
 import numpy as np  # noqa: E402
 
 

@@ -2,11 +2,12 @@
 // never-touch-the-input rules, and writing a file or a directory (shards, index, config.json) crash-safely.
 #include "checkpoint_io.hpp"
 
-#if defined(__GLIBC__)
 #include <fmt/core.h>
 
-#include <malloc.h>
 #include <nlohmann/json.hpp>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
 #endif
 
 #include <cctype>
@@ -72,10 +73,15 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 std::uint64_t safetensors_bytes(const std::filesystem::path& path) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) return fs::file_size(path, ec);
+  if (!fs::is_directory(path, ec)) {
+    const std::uintmax_t size = fs::file_size(path, ec);
+    return ec ? 0 : size;
+  }
   std::uint64_t total = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
-    if (e.is_regular_file(ec) && e.path().extension() == ".safetensors") total += e.file_size(ec);
+    if (!e.is_regular_file(ec) || e.path().extension() != ".safetensors") continue;
+    const std::uintmax_t size = e.file_size(ec);
+    if (!ec) total += size;
   }
   return total;
 }

@@ -98,8 +98,10 @@ std::uint64_t parse_byte_size(const std::string& text, const std::string& option
   while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
   const std::string_view unit = std::string_view(text).substr(digits);
   for (const auto& u : kUnits) {
-    if (u.unit != unit || digits == 0 || digits > 12) continue;
-    return std::stoull(text.substr(0, digits)) * u.bytes;
+    if (u.unit != unit || digits == 0 || digits > 15) continue;
+    const unsigned long long value = std::stoull(text.substr(0, digits));
+    if (value > (std::uint64_t{1} << 62) / u.bytes) throw UsageError(option + ": '" + text + "' is too large");
+    return value * u.bytes;
   }
   throw UsageError(option + ": '" + text +
                    "' is not a size (digits and a unit: B, KB, MB, GB = 10^3, 10^6, 10^9; KiB, MiB, GiB or K, M, G "

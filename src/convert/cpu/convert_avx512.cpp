@@ -271,7 +271,8 @@ template <typename In, typename Enc16>
 // Long arrays (round to nearest even): four equal parts encoded side by side, a chunk of each in turn, so that one
 // core keeps four sequential read streams in flight instead of one. One stream leaves memory bandwidth unused: on
 // the Xeon this was written on, one thread reads 256 MiB at 11.6 GB/s as one stream and at 15.8 GB/s as four, and
-// the 1-thread encode of 256 MiB of float32 went from 0.47x to 0.69x memcpy (2, 4 or 8 parts: the same).
+// the 1-thread encode of 256 MiB of float32 went from 0.47x to 0.63-0.65x memcpy in `fp8kit bench convert`
+// (2, 4 or 8 parts: the same).
 constexpr std::size_t kInterleaveStreams = 4;
 constexpr std::size_t kInterleaveMin = std::size_t{1} << 20;  // elements
 
