@@ -36,6 +36,12 @@ std::uint8_t encode(float x, const EncodeSpec& spec, std::uint32_t random_bits =
 std::uint8_t encode(bfloat16 x, const EncodeSpec& spec, std::uint32_t random_bits = 0);
 std::uint8_t encode(float16 x, const EncodeSpec& spec, std::uint32_t random_bits = 0);
 
+// The smallest float magnitude that rounds past the format's largest finite value (464 for e4m3fn: 448 + half an
+// ulp, the tie going to even 448, and the next float up; 61440 for e5m2, where the tie goes up), found from the
+// codec itself. Non-saturating, such a value becomes Inf or NaN; saturating, it is clamped: "saturated" in every
+// diagnostic fp8kit reports means |x * scale| >= this.
+float overflow_threshold(Format format);
+
 // Exact decoding. NaN codes give the quiet NaN with the code's sign bit (the fnuz NaN 0x80 decodes as -NaN,
 // as in ml_dtypes); Inf gives Inf.
 double decode_to_double(Format f, std::uint8_t code);
@@ -57,8 +63,8 @@ constexpr std::uint64_t splitmix64_finalize(std::uint64_t z) {
 // The 32 random bits stochastic rounding uses for element `index` of a stream seeded with `seed`: a
 // counter-based hash, so bulk conversions give the same result for any thread count and kernel.
 constexpr std::uint32_t stochastic_bits(std::uint64_t seed, std::uint64_t index) {
-  return static_cast<std::uint32_t>(
-      splitmix64_finalize(seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull) >> 32);
+  return static_cast<std::uint32_t>(splitmix64_finalize(seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull) >>
+                                    32);
 }
 
 }  // namespace fp8kit

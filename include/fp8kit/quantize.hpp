@@ -93,6 +93,12 @@ ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnos
 // The same into an existing ScaledMatrix, reusing its buffers when they are large enough (no allocation then).
 void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& out,
                    QuantDiagnostics* diagnostics = nullptr);
+// Per-tensor quantization with a scale given rather than computed (delayed scaling's, or one from a checkpoint):
+// codes = the cast of x * scale to `format` under `overflow`, scale_inv = 1 / scale. With `diagnostics`, what was
+// lost, measured exactly as quantize() measures it (amax and non-finite counts included; d.scale = scale).
+ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale, Overflow overflow = Overflow::kSaturate,
+                                 QuantDiagnostics* diagnostics = nullptr);
+
 // out has rows * cols elements: decode(code) * scale_inv of its block, in float32.
 void dequantize(const ScaledMatrix& q, std::span<float> out);
 

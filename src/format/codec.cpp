@@ -4,6 +4,7 @@
 #include "fp8kit/codec.hpp"
 
 #include <array>
+#include <bit>
 #include <limits>
 
 #include "codec_impl.hpp"
@@ -64,6 +65,26 @@ bfloat16 decode_to_bfloat16(Format f, std::uint8_t code) {
 
 float16 decode_to_float16(Format f, std::uint8_t code) {
   return float16::from_float(decode_to_float(f, code));
+}
+
+float overflow_threshold(Format format) {
+  // Per format, once: the smallest positive float whose non-saturating code is the overflow code (encoding is
+  // monotone in the magnitude, so a binary search over the float bits finds it).
+  static const auto thresholds = [] {
+    std::array<float, kAllFormats.size()> t{};
+    for (Format f : kAllFormats) {
+      const EncodeSpec nonsat{f, Overflow::kNonSaturating};
+      const std::uint8_t overflow_code = encode(std::numeric_limits<float>::infinity(), nonsat);
+      std::uint32_t lo = 0, hi = 0x7F800000u;  // encode(lo) is finite, encode(hi) overflows
+      while (hi - lo > 1) {
+        const std::uint32_t mid = lo + (hi - lo) / 2;
+        (encode(std::bit_cast<float>(mid), nonsat) == overflow_code ? hi : lo) = mid;
+      }
+      t[static_cast<std::size_t>(f)] = std::bit_cast<float>(hi);
+    }
+    return t;
+  }();
+  return thresholds[static_cast<std::size_t>(format)];
 }
 
 }  // namespace fp8kit

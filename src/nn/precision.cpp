@@ -8,7 +8,6 @@
 #include <bit>
 #include <cmath>
 
-#include "convert/cpu/convert_kernels.hpp"
 #include "fp8kit/amax.hpp"
 #include "fp8kit/convert.hpp"
 #include "fp8kit/error.hpp"
@@ -112,21 +111,6 @@ void report_scale(const GemmCall& call, TensorRole role, float amax, float scale
   }
   if (nonfinite && !call.report->first_nonfinite) call.report->first_nonfinite = rec;
   if (call.report->log_scales) call.report->scales.push_back(std::move(rec));
-}
-
-// Per-tensor quantization with a given scale (delayed scaling): the saturating cast of x * scale.
-ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale) {
-  ScaledMatrix q;
-  q.format = format;
-  q.overflow = Overflow::kSaturate;
-  q.granularity = Granularity::tensor();
-  q.rows = x.rows;
-  q.cols = x.cols;
-  q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
-  q.scale_inv.assign(static_cast<std::size_t>(q.grid_rows() * q.grid_cols()), dequantization_scale(scale));
-  cast_to_fp8(std::span<const float>(x.data, q.data.size()), q.data,
-              CastOptions{format, Overflow::kSaturate, Rounding::kNearestEven, scale});
-  return q;
 }
 
 Tensor dequantized(const ScaledMatrix& q) {
@@ -284,24 +268,8 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
     amax_value = a.amax;
     nonfinite = a.has_nonfinite();
     s.record(nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.amax);
-    q = quantize_with_scale(m, format, scale);
-    if (log) {
-      // The loss this scale caused, measured on the codes just written. Saturated: at or past the magnitude that
-      // rounds beyond the largest finite value (the threshold quantize()'s diagnostics use too).
-      const float overflow = std::bit_cast<float>(
-          convert_detail::make_encode_params(CastOptions{format, Overflow::kSaturate}).overflow_bits);
-      std::vector<float> back(q.data.size());
-      dequantize(q, back);
-      for (std::size_t i = 0; i < back.size(); ++i) {
-        const float xi = m.data[i];
-        if (!std::isfinite(xi)) continue;
-        if (xi != 0.0f) {
-          ++diag.nonzero_finite;
-          if (back[i] == 0.0f) ++diag.underflow_count;
-        }
-        if (std::fabs(xi * scale) >= overflow) ++diag.saturated_count;
-      }
-    }
+    // With --log-scales, the loss this scale caused, measured on the codes just written as quantize() measures it.
+    q = quantize_with_scale(m, format, scale, Overflow::kSaturate, log ? &diag : nullptr);
   } else {
     const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(r, role), {r.margin, 0.0f, {}}};
     q = transposed ? quantize_transposed(m, options, log ? &diag : nullptr)

@@ -279,6 +279,50 @@ void formula_block_scales(float* amax_and_multiplier, std::size_t n, const Quant
 
 }  // namespace
 
+namespace {
+
+// What quantizing x into q lost: q dequantized and compared with x element by element. `multiplier` holds each
+// block's quantization multiplier (row-major over q's block grid), `total` the amax and non-finite counts of x.
+QuantDiagnostics measure(MatrixView x, const ScaledMatrix& q, const std::vector<float>& multiplier,
+                         const AmaxResult& total) {
+  const std::int64_t br = q.block_rows(), bc = q.block_cols(), grid_cols = q.grid_cols();
+  std::vector<float> back(q.data.size());
+  dequantize(q, back);
+  QuantDiagnostics d;
+  d.amax = total.amax;
+  d.count = q.data.size();
+  d.nonfinite_count = total.nan_count + total.inf_count;
+  // Saturated (clamped, or Inf/NaN without saturation): the scaled value is past what rounding brings back
+  // to the largest finite code, i.e. at or above the overflow threshold the encoder uses.
+  const float threshold = overflow_threshold(q.format);
+  double signal = 0.0, noise = 0.0;
+  for (std::int64_t r = 0; r < x.rows; ++r) {
+    for (std::int64_t c = 0; c < x.cols; ++c) {
+      const std::size_t i = static_cast<std::size_t>(r * x.cols + c);
+      const double xi = x.data[i];
+      if (!std::isfinite(xi)) continue;
+      const float scale = multiplier[static_cast<std::size_t>((r / br) * grid_cols + c / bc)];
+      if (std::fabs(x.data[i] * scale) >= threshold) ++d.saturated_count;
+      const double dq = back[i];
+      if (xi != 0.0) {
+        ++d.nonzero_finite;
+        if (dq == 0.0) ++d.underflow_count;
+      }
+      if (!std::isfinite(dq)) continue;
+      const double err = std::fabs(xi - dq);
+      signal += xi * xi;
+      noise += err * err;
+      d.max_abs_error = std::max(d.max_abs_error, err);
+      if (xi != 0.0) d.max_rel_error = std::max(d.max_rel_error, err / std::fabs(xi));
+    }
+  }
+  d.exact = noise == 0.0 && d.saturated_count == 0;
+  if (signal > 0.0 && noise > 0.0) d.sqnr_db = 10.0 * std::log10(signal / noise);
+  return d;
+}
+
+}  // namespace
+
 ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
   ScaledMatrix q;
   quantize_into(x, options, q, diagnostics);
@@ -431,42 +475,29 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
   }
 
   if (diagnostics != nullptr) {
-    // Diagnostics: dequantize and compare with the input.
-    std::vector<float> back(q.data.size());
-    dequantize(q, back);
-    QuantDiagnostics d;
-    d.amax = total.amax;
-    if (options.granularity.kind == Granularity::Kind::kTensor) d.scale = multiplier[0];
-    d.count = q.data.size();
-    d.nonfinite_count = total.nan_count + total.inf_count;
-    // Saturated (clamped, or Inf/NaN without saturation): the scaled value is past what rounding brings back
-    // to the largest finite code, i.e. at or above the overflow threshold the encoder uses.
-    const float overflow_threshold = std::bit_cast<float>(base.overflow_bits);
-    double signal = 0.0, noise = 0.0;
-    for (std::int64_t r = 0; r < x.rows; ++r) {
-      for (std::int64_t c = 0; c < x.cols; ++c) {
-        const std::size_t i = static_cast<std::size_t>(r * x.cols + c);
-        const double xi = x.data[i];
-        if (!std::isfinite(xi)) continue;
-        const float scale = multiplier[static_cast<std::size_t>((r / br) * grid_cols + c / bc)];
-        if (std::fabs(x.data[i] * scale) >= overflow_threshold) ++d.saturated_count;
-        const double dq = back[i];
-        if (xi != 0.0) {
-          ++d.nonzero_finite;
-          if (dq == 0.0) ++d.underflow_count;
-        }
-        if (!std::isfinite(dq)) continue;
-        const double err = std::fabs(xi - dq);
-        signal += xi * xi;
-        noise += err * err;
-        d.max_abs_error = std::max(d.max_abs_error, err);
-        if (xi != 0.0) d.max_rel_error = std::max(d.max_rel_error, err / std::fabs(xi));
-      }
-    }
-    d.exact = noise == 0.0 && d.saturated_count == 0;
-    if (signal > 0.0 && noise > 0.0) d.sqnr_db = 10.0 * std::log10(signal / noise);
-    *diagnostics = d;
+    *diagnostics = measure(x, q, multiplier, total);
+    if (options.granularity.kind == Granularity::Kind::kTensor) diagnostics->scale = multiplier[0];
   }
+}
+
+ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale, Overflow overflow,
+                                 QuantDiagnostics* diagnostics) {
+  check_shape(x, Granularity::tensor());
+  ScaledMatrix q;
+  q.format = format;
+  q.overflow = overflow;
+  q.granularity = Granularity::tensor();
+  q.rows = x.rows;
+  q.cols = x.cols;
+  q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
+  q.scale_inv.assign(static_cast<std::size_t>(q.grid_rows() * q.grid_cols()), dequantization_scale(scale));  // 0 or 1
+  const std::span<const float> all(x.data, q.data.size());
+  cast_to_fp8(all, q.data, CastOptions{format, overflow, Rounding::kNearestEven, scale});
+  if (diagnostics != nullptr) {
+    *diagnostics = measure(x, q, std::vector<float>{scale}, amax(all));
+    diagnostics->scale = scale;
+  }
+  return q;
 }
 
 void dequantize(const ScaledMatrix& q, std::span<float> out) {

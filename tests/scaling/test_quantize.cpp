@@ -255,6 +255,57 @@ TEST(Quantize, BlockScalesFollowTheFormulaForEveryOption) {
   }
 }
 
+TEST(Quantize, OverflowThresholds) {
+  // The smallest magnitude that rounds past the largest finite value: e4m3fn's 464 ties to even 448, so the next
+  // float; e5m2's 61440 ties up to 65536; e4m3fnuz's 248 ties up (240 is odd); e8m0fnu rounds ties up from 1.5 * 2^127.
+  EXPECT_EQ(overflow_threshold(Format::e4m3fn), std::nextafter(464.0f, INFINITY));
+  EXPECT_EQ(overflow_threshold(Format::e5m2), 61440.0f);
+  EXPECT_EQ(overflow_threshold(Format::e4m3fnuz), 248.0f);
+  EXPECT_EQ(overflow_threshold(Format::e5m2fnuz), 61440.0f);
+  EXPECT_EQ(overflow_threshold(Format::e8m0fnu), 0x1.8p127f);
+  for (Format f : kAllFormats) {
+    const float t = overflow_threshold(f);
+    const EncodeSpec nonsat{f, Overflow::kNonSaturating};
+    EXPECT_NE(decode_to_float(f, encode(t, nonsat)), decode_to_float(f, encode(std::nextafter(t, 0.0f), nonsat)));
+    EXPECT_TRUE(std::isfinite(decode_to_float(f, encode(std::nextafter(t, 0.0f), nonsat)))) << name(f);
+  }
+}
+
+TEST(Quantize, WithAGivenScaleMeasuresAsQuantizeDoes) {
+  // A per-tensor scale given (delayed scaling) against quantize() at the scale it computes itself: the same codes,
+  // scale and diagnostics when the two scales agree; with a scale twice as large, the values past 448 saturate and
+  // are counted.
+  const std::int64_t rows = 64, cols = 96;
+  auto x = gaussian(static_cast<std::size_t>(rows * cols), 21, 40.0f);
+  x[10] = std::numeric_limits<float>::quiet_NaN();
+  x[11] = 1e-9f;  // underflows
+  QuantDiagnostics computed, given;
+  const ScaledMatrix q = quantize(MatrixView{x.data(), rows, cols}, {Format::e4m3fn, Overflow::kSaturate}, &computed);
+  ASSERT_TRUE(computed.scale.has_value());
+  const float scale = *computed.scale;
+  const ScaledMatrix g =
+      quantize_with_scale(MatrixView{x.data(), rows, cols}, Format::e4m3fn, scale, Overflow::kSaturate, &given);
+  EXPECT_EQ(g.data, q.data);
+  EXPECT_EQ(g.scale_inv, q.scale_inv);
+  EXPECT_EQ(given.scale, computed.scale);
+  EXPECT_EQ(given.amax, computed.amax);
+  EXPECT_EQ(given.nonfinite_count, 1u);
+  EXPECT_EQ(given.underflow_count, computed.underflow_count);
+  EXPECT_GE(given.underflow_count, 1u);
+  EXPECT_EQ(given.saturated_count, 0u);
+  EXPECT_EQ(given.sqnr_db, computed.sqnr_db);
+  QuantDiagnostics doubled;
+  const ScaledMatrix h = quantize_with_scale(MatrixView{x.data(), rows, cols}, Format::e4m3fn, 2.0f * scale,
+                                             Overflow::kSaturate, &doubled);
+  std::size_t past = 0;
+  for (float v : x) past += std::isfinite(v) && std::fabs(v * 2.0f * scale) >= 464.0f ? 1 : 0;
+  EXPECT_GT(past, 0u);
+  EXPECT_EQ(doubled.saturated_count, past);
+  EXPECT_EQ(h.scale_inv[0], 1.0f / (2.0f * scale));
+  // An empty matrix has an empty block grid: no scale (as quantize gives it).
+  EXPECT_TRUE(quantize_with_scale(MatrixView{nullptr, 0, 5}, Format::e4m3fn, scale).scale_inv.empty());
+}
+
 TEST(Quantize, Diagnostics) {
   // Per tensor with one outlier: small values underflow, nothing saturates, the scale is reported.
   std::vector<float> x = {1e4f, 1e-3f, -1e-3f, 0.0f, 1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, -5e-4f};

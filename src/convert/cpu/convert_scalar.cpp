@@ -162,20 +162,7 @@ EncodeParams make_encode_params(const CastOptions& options) {
   p.overflow_code = encode(std::bit_cast<float>(0x7F800000u), EncodeSpec{options.format, options.overflow});
   p.nan_code = d.nan_code(false);
   p.sign_on_zero = d.has_negative_zero();
-  // The overflow threshold, found from the scalar codec itself (encoding is monotone in the magnitude):
-  // the smallest positive float whose code is the overflow code.
-  const EncodeSpec nonsat{options.format, Overflow::kNonSaturating};
-  const std::uint8_t overflow_marker = encode(std::bit_cast<float>(0x7F800000u), nonsat);
-  std::uint32_t lo = 0, hi = 0x7F800000u;  // encode(lo) is finite, encode(hi) overflows
-  while (hi - lo > 1) {
-    const std::uint32_t mid = lo + (hi - lo) / 2;
-    if (encode(std::bit_cast<float>(mid), nonsat) == overflow_marker) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  p.overflow_bits = hi;
+  p.overflow_bits = std::bit_cast<std::uint32_t>(overflow_threshold(options.format));
   return p;
 }
 
