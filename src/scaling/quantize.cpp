@@ -188,13 +188,15 @@ void block_scale(float amax, const QuantizeOptions& options, ScaledMatrix& q, st
   }
 }
 
-// The MX scales of n blocks from their amaxes (amax_and_multiplier[b] becomes block b's multiplier), as block_scale
-// gives them. When every amax is a normal float (and, for RCEIL, amax / fp8_max too) the code is integer arithmetic
-// on the exponent field, a loop the compiler vectorizes; otherwise (zero, subnormal, Inf or NaN blocks) block by block.
-void mx_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOptions& options, float* scale_inv,
-                     std::uint8_t* codes) {
+// The MX scales of blocks [b0, b0 + n) from their amaxes (multiplier[b] holds block b's amax and becomes its
+// multiplier), as block_scale gives them. When every amax is a normal float (and, for RCEIL, amax / fp8_max too)
+// the code is integer arithmetic on the exponent field, a loop the compiler vectorizes; otherwise (zero,
+// subnormal, Inf or NaN blocks) block_scale block by block.
+void mx_block_scales(std::size_t b0, std::size_t n, const QuantizeOptions& options, ScaledMatrix& q,
+                     std::vector<float>& multiplier) {
   const MxConstants& k = kMxConstants[static_cast<std::size_t>(options.format)];
   const bool rceil = options.granularity.mx_mode == MxScaleMode::kRceil;
+  float* amax_and_multiplier = multiplier.data() + b0;
   // Two loops the compiler vectorizes: the codes (and whether every amax qualifies), then the scales and bytes.
   thread_local std::vector<std::uint32_t> scratch;
   scratch.resize(n);
@@ -219,19 +221,14 @@ void mx_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOp
     }
   }
   if (all_normal == 0) {
-    for (std::size_t b = 0; b < n; ++b) {
-      const std::uint8_t code = mx_scale_code(amax_and_multiplier[b], options.format, options.granularity.mx_mode);
-      codes[b] = code;
-      scale_inv[b] = e8m0_value(code);
-      amax_and_multiplier[b] = code == 0xFF ? scale_inv[b] : pow2f(127 - code);
-    }
+    for (std::size_t b = b0; b < b0 + n; ++b) block_scale(multiplier[b], options, q, multiplier, b);
     return;
   }
   constexpr std::uint32_t kPow2Minus127 = 0x00400000u;  // 2^-127, a float subnormal
   {
     float* __restrict multiplier = amax_and_multiplier;  // in this block the only access to the amax slots
-    float* __restrict inverse = scale_inv;
-    std::uint8_t* __restrict bytes = codes;
+    float* __restrict inverse = q.scale_inv.data() + b0;
+    std::uint8_t* __restrict bytes = q.scale_e8m0.data() + b0;
     for (std::size_t b = 0; b < n; ++b) {
       const std::uint32_t c = code_bits[b];
       bytes[b] = static_cast<std::uint8_t>(c);
@@ -241,14 +238,15 @@ void mx_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOp
   }
 }
 
-// The scales of n blocks from their amaxes by the scale formula (amax_and_multiplier[b] becomes block b's
-// multiplier), as block_scale gives them. With no margin and no power-of-two rounding, and every amax finite and
-// (after epsilon) positive and finite, compute_scale is one correctly rounded division, capped at FLT_MAX (and never
-// 0: the smallest fp8_max over the largest float is a normal float): a loop the compiler
-// vectorizes (divisions included, as correctly rounded as the scalar ones); otherwise block by block.
-void formula_block_scales(float* amax_and_multiplier, std::size_t n, const QuantizeOptions& options, ScaledMatrix& q,
-                          std::vector<float>& multiplier, std::size_t b0) {
+// The scales of blocks [b0, b0 + n) from their amaxes by the scale formula (multiplier[b] holds block b's amax and
+// becomes its multiplier), as block_scale gives them. With no margin and no power-of-two rounding, and every amax
+// finite and, after epsilon, positive and finite, compute_scale is one correctly rounded division, capped at FLT_MAX
+// (and never 0: the smallest fp8_max over the largest float is a normal float): a loop the compiler vectorizes
+// (divisions included, as correctly rounded as the scalar ones); otherwise block_scale block by block.
+void formula_block_scales(std::size_t b0, std::size_t n, const QuantizeOptions& options, ScaledMatrix& q,
+                          std::vector<float>& multiplier) {
   const float epsilon = options.scale.epsilon;
+  float* amax_and_multiplier = multiplier.data() + b0;
   bool simple = options.scale.margin == 0 && options.scale.rounding == ScaleRounding::kExact;
   if (simple) {
     std::uint32_t ok = 1;
@@ -362,11 +360,11 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
     const bool segmented = bc % 32 == 0;
     const auto amax_segments = scaling_detail::active_amax_kernels().amax_segments;
     const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
-    // Plain stores for the codes, whatever their size: with streaming stores (once ScaledMatrix's buffer was
+    // The encodes below keep EncodeParams' plain stores for the codes, whatever their size: with streaming stores
+    // (once ScaledMatrix's buffer was
     // 64-byte aligned and they could run) the fused quantize measured slower on the AMX Xeon, 2 threads: per row
     // 0.82x -> 0.73x memcpy, 1x128 0.80x -> 0.72x, 128x128 0.68x -> 0.67x, MX 0.70x -> 0.67x (as for the bulk
     // AVX-512 encoder, which writes a quarter of what it reads; the decoders stream).
-    const bool streaming = false;
     auto scales_of = [&](std::int64_t gr) { return multiplier.data() + gr * grid_cols; };
     // Segmented blocks (a multiple of 32 columns): row r's block maxima into its band's amax slots (the band's
     // first row writes them).
@@ -385,12 +383,8 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
     // Band gr's amax slots become its multipliers, and its dequantization scales are set.
     auto band_scales_from_amax = [&](std::int64_t gr) {
       const auto b0 = static_cast<std::size_t>(gr * grid_cols);
-      if (options.granularity.kind == Granularity::Kind::kMx) {
-        mx_block_scales(scales_of(gr), static_cast<std::size_t>(grid_cols), options, q.scale_inv.data() + b0,
-                        q.scale_e8m0.data() + b0);
-        return;
-      }
-      formula_block_scales(scales_of(gr), static_cast<std::size_t>(grid_cols), options, q, multiplier, b0);
+      (options.granularity.kind == Granularity::Kind::kMx ? mx_block_scales : formula_block_scales)(
+          b0, static_cast<std::size_t>(grid_cols), options, q, multiplier);
     };
     auto encode_row = [&](std::int64_t r, const float* band_scales, const convert_detail::EncodeParams& p) {
       kernels.encode_f32_segments(x.data + r * x.cols, q.data.data() + r * x.cols, static_cast<std::size_t>(x.cols),
@@ -407,7 +401,6 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         const std::int64_t first = grid_rows * thread / threads, last = grid_rows * (thread + 1) / threads;
         auto rows_of = [&](std::int64_t gr) { return std::min(x.rows, (gr + 1) * br) - gr * br; };
         convert_detail::EncodeParams p = base;
-        p.streaming_stores = streaming;
         // The encode of row r prefetches row r of the next band, which the amax pass reads right after it.
         p.prefetch_ahead_bytes = static_cast<std::size_t>(br * x.cols) * sizeof(float);
         if (first < last) {
@@ -434,7 +427,6 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         float* band_scales = scales_of(gr);
         AmaxResult& part = parts[static_cast<std::size_t>(gr)];
         convert_detail::EncodeParams p = base;
-        p.streaming_stores = streaming;
         if (segmented) {
           // Bands of one row (rows, 1x128, MX): one amax call and one encode call, each block a segment. The row is
           // in L1 for the encode, which then prefetches the next band for the amax pass that reads it next (+10-20%
