@@ -8,8 +8,8 @@
 #include <string>
 
 #include "convert/cpu/convert_kernels.hpp"
-#include "fp8kit/convert.hpp"
-#include "fp8kit/cpu.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/convert/convert.hpp"
 #include "harness.hpp"
 
 namespace fp8kit::bench {

@@ -17,10 +17,10 @@
 #include <thread>
 
 #include "bf16_baseline.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/half.hpp"
-#include "fp8kit/quantize.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/format/half.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
+#include "fp8kit/scaling/quantize.hpp"
 #include "harness.hpp"
 
 namespace fp8kit::bench {

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "fp8kit/cpu.hpp"
+#include "fp8kit/common/cpu.hpp"
 #include "harness.hpp"
 
 namespace fp8kit::bench {

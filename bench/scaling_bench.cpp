@@ -3,10 +3,10 @@
 
 #include <random>
 
-#include "fp8kit/amax.hpp"
-#include "fp8kit/convert.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/quantize.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/convert/convert.hpp"
+#include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/quantize.hpp"
 #include "harness.hpp"
 
 namespace fp8kit::bench {

@@ -1,26 +1,35 @@
-// Everything public in fp8kit, in one include.
+// Everything public in fp8kit below the training layer, in one include, layer by layer (the order of DESIGN.md);
+// the layers' own headers are include/fp8kit/<layer>/*.hpp, and the training layer's fp8kit/nn/*.hpp.
 #pragma once
 
-#include "fp8kit/amax.hpp"
-#include "fp8kit/atomic_file.hpp"
-#include "fp8kit/checkpoint_layout.hpp"
-#include "fp8kit/codec.hpp"
-#include "fp8kit/convert.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/device.hpp"
-#include "fp8kit/dtype.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/float8.hpp"
-#include "fp8kit/format.hpp"
-#include "fp8kit/half.hpp"
-#include "fp8kit/memory.hpp"
-#include "fp8kit/npy.hpp"
-#include "fp8kit/quantize.hpp"
-#include "fp8kit/recipe.hpp"
-#include "fp8kit/safetensors.hpp"
-#include "fp8kit/scale.hpp"
-#include "fp8kit/scaled_mm.hpp"
-#include "fp8kit/scaled_tensor.hpp"
-#include "fp8kit/sharded_checkpoint.hpp"
-#include "fp8kit/tensor.hpp"
-#include "fp8kit/version.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/common/profiler.hpp"
+#include "fp8kit/common/version.hpp"
+
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/float8.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/format/half.hpp"
+#include "fp8kit/format/parse_number.hpp"
+
+#include "fp8kit/convert/convert.hpp"
+
+#include "fp8kit/tensor/device.hpp"
+#include "fp8kit/tensor/dtype.hpp"
+#include "fp8kit/tensor/memory.hpp"
+#include "fp8kit/tensor/tensor.hpp"
+
+#include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/scaling/recipe.hpp"
+#include "fp8kit/scaling/scale.hpp"
+#include "fp8kit/scaling/scaled_tensor.hpp"
+
+#include "fp8kit/ops/scaled_mm.hpp"
+
+#include "fp8kit/io/atomic_file.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
+#include "fp8kit/io/npy.hpp"
+#include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"

@@ -1,7 +1,7 @@
 // How this copy of the library was built: version, build type, compiler, optional backends.
 #include <string>
 
-#include "fp8kit/version.hpp"
+#include "fp8kit/common/version.hpp"
 
 #ifndef FP8KIT_BUILD_TYPE
 #define FP8KIT_BUILD_TYPE "unknown"

@@ -1,6 +1,6 @@
 // CPU feature detection (cpuid, xgetbv, the Linux AMX permission), the ISA levels and their cap, and the thread
 // count shared by every bulk operation.
-#include "fp8kit/cpu.hpp"
+#include "fp8kit/common/cpu.hpp"
 
 #include <cpuid.h>
 #include <omp.h>
@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 namespace {

@@ -5,7 +5,7 @@
 #include <array>
 #include <cstddef>
 
-#include "fp8kit/cpu.hpp"
+#include "fp8kit/common/cpu.hpp"
 
 namespace fp8kit::detail {
 

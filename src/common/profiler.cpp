@@ -1,12 +1,12 @@
 // The profiler: events under a mutex, a Chrome trace writer (JSON by hand: names are escaped) and the summary.
-#include "fp8kit/profiler.hpp"
+#include "fp8kit/common/profiler.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <tuple>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 namespace {

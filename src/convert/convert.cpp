@@ -1,14 +1,14 @@
 // Entry points of the bulk conversions: check arguments, pick the kernel table for this CPU, split large
 // arrays across threads. Results never depend on the kernel or the thread count (stochastic rounding included).
-#include "fp8kit/convert.hpp"
+#include "fp8kit/convert/convert.hpp"
 
 #include <omp.h>
 
 #include <algorithm>
 
 #include "cpu/convert_kernels.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 namespace convert_detail {
@@ -97,6 +97,61 @@ void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<bf
 }
 void cast_from_fp8(std::span<const std::uint8_t> in, Format format, std::span<float16> out, float scale_inv) {
   cast_from_fp8_impl(in, format, out, scale_inv, active_kernels().decode_f16);
+}
+
+Stores stores_for(std::size_t output_bytes) {
+  return output_bytes >= kStreamingBytes ? Stores::kStreaming : Stores::kCached;
+}
+
+namespace {
+
+// Checks the sizes of a segmented call: one scale for each segment of `segment` elements (the last may be shorter).
+void check_segments(std::string_view op, std::size_t in, std::size_t out, std::size_t segment, std::size_t scales) {
+  FP8KIT_CHECK(in == out, op, ": input has ", in, " elements but output has ", out);
+  FP8KIT_CHECK(segment >= 1, op, ": segment must be at least 1 element");
+  const std::size_t count = (in + segment - 1) / segment;
+  FP8KIT_CHECK(scales == count, op, ": ", in, " elements in segments of ", segment, " need ", count, " scales, got ",
+               scales);
+}
+
+}  // namespace
+
+struct SegmentEncoder::Params {
+  convert_detail::EncodeParams encode;
+  const convert_detail::KernelTable* kernels;
+};
+
+SegmentEncoder::SegmentEncoder(Format format, Overflow overflow)
+    : params_(std::make_unique<const Params>(
+          Params{convert_detail::make_encode_params(CastOptions{format, overflow}), &active_kernels()})) {}
+SegmentEncoder::~SegmentEncoder() = default;
+SegmentEncoder::SegmentEncoder(SegmentEncoder&&) noexcept = default;
+SegmentEncoder& SegmentEncoder::operator=(SegmentEncoder&&) noexcept = default;
+
+void SegmentEncoder::encode(std::span<const float> in, std::span<std::uint8_t> out, float scale) const {
+  FP8KIT_CHECK(in.size() == out.size(), "SegmentEncoder::encode: input has ", in.size(), " elements but output has ",
+               out.size());
+  if (in.empty()) return;
+  convert_detail::EncodeParams p = params_->encode;
+  p.options.scale = scale;
+  params_->kernels->encode_f32(in.data(), out.data(), in.size(), p);
+}
+
+void SegmentEncoder::encode_segments(std::span<const float> in, std::span<std::uint8_t> out, std::size_t segment,
+                                     std::span<const float> scales, std::size_t prefetch_ahead_bytes) const {
+  check_segments("SegmentEncoder::encode_segments", in.size(), out.size(), segment, scales.size());
+  if (in.empty()) return;
+  convert_detail::EncodeParams p = params_->encode;
+  p.prefetch_ahead_bytes = prefetch_ahead_bytes;
+  params_->kernels->encode_f32_segments(in.data(), out.data(), in.size(), segment, scales.data(), p);
+}
+
+void decode_segments(std::span<const std::uint8_t> in, Format format, std::span<float> out, std::size_t segment,
+                     std::span<const float> scale_invs, Stores stores) {
+  check_segments("decode_segments", in.size(), out.size(), segment, scale_invs.size());
+  if (in.empty()) return;
+  active_kernels().decode_f32_segments(in.data(), out.data(), in.size(), segment, scale_invs.data(),
+                                       convert_detail::DecodeParams{format, 1.0f, stores == Stores::kStreaming});
 }
 
 std::string_view conversion_isa() {

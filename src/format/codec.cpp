@@ -1,13 +1,13 @@
 // The generic scalar converter (the specification of every FP8 conversion in fp8kit) and exact decoding.
 // Written as numbered steps over an exactly unpacked input: sign, class, and value = significand *
 // 2^exponent.
-#include "fp8kit/codec.hpp"
+#include "fp8kit/format/codec.hpp"
 
 #include <array>
 #include <bit>
 #include <limits>
 
-#include "codec_impl.hpp"
+#include "fp8kit/format/codec_inline.hpp"
 
 namespace fp8kit {
 

@@ -1,5 +1,5 @@
 // Format names: parsing what users type (fp8kit and PyTorch/ml_dtypes spellings).
-#include "fp8kit/format.hpp"
+#include "fp8kit/format/format.hpp"
 
 namespace fp8kit {
 

@@ -2,7 +2,7 @@
 // (correctly rounded: decimal and hex-float); 16-bit types by narrowing that double, except where the double lies
 // exactly halfway between two 16-bit neighbours: there the exact text decides, compared digit by digit with the
 // double in the text's own base.
-#include "fp8kit/parse_number.hpp"
+#include "fp8kit/format/parse_number.hpp"
 
 #include <locale.h>
 #include <algorithm>
@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "fp8kit/half.hpp"
+#include "fp8kit/format/half.hpp"
 
 namespace fp8kit {
 

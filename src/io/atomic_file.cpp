@@ -1,6 +1,6 @@
 // AtomicFile: an exclusive temporary file beside the destination, written with retried write(2), then
 // fsync -> close -> rename(2) -> fsync of the directory; removed on any path that does not reach the rename.
-#include "fp8kit/atomic_file.hpp"
+#include "fp8kit/io/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 namespace {

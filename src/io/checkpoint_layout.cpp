@@ -1,14 +1,14 @@
 // Checkpoint layouts: names, detection from config.json and tensors, reading a quantized weight and its scale as a
 // ScaledTensor (then dequantize), and quantizing a weight into the tensors of a layout.
-#include "fp8kit/checkpoint_layout.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "fp8kit/convert.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/convert.hpp"
 
 namespace fp8kit {
 namespace {

@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit::detail {
 

@@ -1,6 +1,6 @@
 // The .npy reader: magic, version, header length, the header dict ({'descr': ..., 'fortran_order': ...,
 // 'shape': (...)}), then the data; Fortran-ordered arrays are reordered to C order.
-#include "fp8kit/npy.hpp"
+#include "fp8kit/io/npy.hpp"
 
 #include <bit>
 #include <cstring>
@@ -10,8 +10,8 @@
 #include <optional>
 #include <string_view>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/half.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/half.hpp"
 
 namespace fp8kit {
 namespace {

@@ -1,6 +1,6 @@
 // The safetensors reader: header length, strict JSON header (schema, dtypes, metadata), checked sizes, offsets
 // tiling the data section from 0 to the end of the file; SafetensorsFile over a mapping; pickle refusal.
-#include "fp8kit/safetensors.hpp"
+#include "fp8kit/io/safetensors.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -9,7 +9,7 @@
 #include <limits>
 #include <tuple>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "io/mapped_file.hpp"
 #include "io/strict_json.hpp"
 

@@ -1,6 +1,6 @@
 // The safetensors writer: entries validated and laid out as the reference writer does (dtype alignment, then
 // name; header padded to 8 bytes), then streamed to memory or to an AtomicFile through a small coalescing buffer.
-#include "fp8kit/safetensors.hpp"
+#include "fp8kit/io/safetensors.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -8,8 +8,8 @@
 #include <set>
 #include <tuple>
 
-#include "fp8kit/atomic_file.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/atomic_file.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/strict_json.hpp"
 

@@ -6,8 +6,8 @@
 #include <span>
 #include <string>
 
-#include "fp8kit/atomic_file.hpp"
-#include "fp8kit/safetensors.hpp"
+#include "fp8kit/io/atomic_file.hpp"
+#include "fp8kit/io/safetensors.hpp"
 
 namespace fp8kit::detail {
 

@@ -1,6 +1,6 @@
 // Sharded safetensors checkpoints: the index (strict JSON, plain shard file names, every tensor in the shard the
 // index names), opening by directory, index or file; the writer (greedy split, all shards synced, index last).
-#include "fp8kit/sharded_checkpoint.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
 
 #include <cstdio>
 #include <fstream>
@@ -9,8 +9,8 @@
 #include <memory>
 #include <set>
 
-#include "fp8kit/atomic_file.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/atomic_file.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/strict_json.hpp"
 

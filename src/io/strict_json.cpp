@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit::detail {
 namespace {

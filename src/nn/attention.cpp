@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/half.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/half.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <random>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {

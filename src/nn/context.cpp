@@ -1,7 +1,7 @@
 // The nn layer's shared pieces: parameter creation and the storage of activations saved for backward.
 #include "fp8kit/nn/context.hpp"
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit::nn {
 

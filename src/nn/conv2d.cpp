@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "nn/gemm_layer.hpp"
 #include "nn_util.hpp"
 

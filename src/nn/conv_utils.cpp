@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
-#include "fp8kit/atomic_file.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/safetensors.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/atomic_file.hpp"
+#include "fp8kit/io/safetensors.hpp"
 
 namespace fp8kit::nn {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <string_view>
 
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {

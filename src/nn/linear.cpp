@@ -4,7 +4,7 @@
 
 #include <omp.h>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "nn/gemm_layer.hpp"
 
 namespace fp8kit::nn {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn::detail {
 

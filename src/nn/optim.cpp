@@ -6,8 +6,8 @@
 #include <cmath>
 #include <set>
 
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit::nn {
 namespace {

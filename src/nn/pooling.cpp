@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {

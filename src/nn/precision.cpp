@@ -8,10 +8,10 @@
 #include <bit>
 #include <cmath>
 
-#include "fp8kit/amax.hpp"
-#include "fp8kit/convert.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/convert.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
+#include "fp8kit/scaling/amax.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {

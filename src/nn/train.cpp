@@ -10,11 +10,11 @@
 #include <limits>
 #include <numeric>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/memory.hpp"
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/gpt.hpp"
 #include "fp8kit/nn/train_checkpoint.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit::nn {
 namespace {

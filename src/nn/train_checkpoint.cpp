@@ -10,10 +10,10 @@
 #include <set>
 #include <system_error>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/common/version.hpp"
+#include "fp8kit/io/safetensors.hpp"
 #include "fp8kit/nn/fp8_export.hpp"
-#include "fp8kit/safetensors.hpp"
-#include "fp8kit/version.hpp"
 
 namespace fp8kit::nn {
 namespace {

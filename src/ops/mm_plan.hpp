@@ -6,7 +6,7 @@
 #include <span>
 
 #include "cpu/mm_kernels.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
 
 namespace fp8kit::mm_detail {
 

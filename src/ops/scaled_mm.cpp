@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "cpu/mm_kernels.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
 #include "mm_plan.hpp"
 
 namespace fp8kit {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
 #include "mm_plan.hpp"
 
 namespace fp8kit {

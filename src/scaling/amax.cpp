@@ -1,6 +1,6 @@
 // amax over spans and blocks: the dispatch to the kernel tables, threads for large inputs, and the
 // block grid (per row, per column, per block, per tensor are all block shapes).
-#include "fp8kit/amax.hpp"
+#include "fp8kit/scaling/amax.hpp"
 
 #include <omp.h>
 
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "cpu/amax_kernels.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 namespace scaling_detail {

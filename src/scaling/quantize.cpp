@@ -1,6 +1,6 @@
 // Scaled quantization at every granularity: block amax -> one scale per block (the scale formula, or E8M0 for
 // MX) -> encode each block's row segments with the conversion kernels; dequantization; diagnostics.
-#include "fp8kit/quantize.hpp"
+#include "fp8kit/scaling/quantize.hpp"
 
 #include <omp.h>
 
@@ -10,10 +10,9 @@
 #include <charconv>
 #include <cmath>
 
-#include "convert/cpu/convert_kernels.hpp"
 #include "cpu/amax_kernels.hpp"
-#include "fp8kit/convert.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/convert.hpp"
 
 namespace fp8kit {
 
@@ -153,8 +152,6 @@ float pow2f(int e) {
 float e8m0_value(std::uint8_t code) {
   return code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : pow2f(code - 127);
 }
-
-using convert_detail::kStreamingBytes;
 
 // Narrow blocks (single columns, tiny blocks) go element by element; wider ones through the SIMD kernels.
 constexpr std::int64_t kKernelMinRun = 16;
@@ -341,8 +338,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
   std::vector<float> multiplier(blocks);
   q.scale_inv.resize(blocks);
   q.scale_e8m0.resize(options.granularity.kind == Granularity::Kind::kMx ? blocks : 0);
-  const convert_detail::EncodeParams base =
-      convert_detail::make_encode_params(CastOptions{options.format, options.overflow});
+  const SegmentEncoder encoder(options.format, options.overflow);
   AmaxResult total;
 
   if (blocks == 1) {
@@ -354,13 +350,12 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
   } else {
     // Fused, block row by block row: the amax of its blocks, their scales, then the encode while the block
     // row is still in cache. Threads split the block rows.
-    const auto& kernels = convert_detail::active_kernels();
     const EncodeSpec spec{options.format, options.overflow};
     std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
     const bool segmented = bc % 32 == 0;
     const auto amax_segments = scaling_detail::active_amax_kernels().amax_segments;
     const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
-    // The encodes below keep EncodeParams' plain stores for the codes, whatever their size: with streaming stores
+    // The encodes below keep plain stores for the codes, whatever their size: with streaming stores
     // (once ScaledMatrix's buffer was
     // 64-byte aligned and they could run) the fused quantize measured slower on the AMX Xeon, 2 threads: per row
     // 0.82x -> 0.73x memcpy, 1x128 0.80x -> 0.72x, 128x128 0.68x -> 0.67x, MX 0.70x -> 0.67x (as for the bulk
@@ -386,9 +381,12 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
       (options.granularity.kind == Granularity::Kind::kMx ? mx_block_scales : formula_block_scales)(
           b0, static_cast<std::size_t>(grid_cols), options, q, multiplier);
     };
-    auto encode_row = [&](std::int64_t r, const float* band_scales, const convert_detail::EncodeParams& p) {
-      kernels.encode_f32_segments(x.data + r * x.cols, q.data.data() + r * x.cols, static_cast<std::size_t>(x.cols),
-                                  static_cast<std::size_t>(bc), band_scales, p);
+    auto encode_row = [&](std::int64_t r, const float* band_scales, std::size_t prefetch_ahead_bytes) {
+      const auto cols = static_cast<std::size_t>(x.cols);
+      encoder.encode_segments(std::span<const float>(x.data + r * x.cols, cols),
+                              std::span<std::uint8_t>(q.data.data() + r * x.cols, cols), static_cast<std::size_t>(bc),
+                              std::span<const float>(band_scales, static_cast<std::size_t>(grid_cols)),
+                              prefetch_ahead_bytes);
     };
     if (segmented && br > 1) {
       // Tall bands (128x128: 2 MiB of float32 each) do not stay in L1, and the encode's second read comes from
@@ -400,9 +398,8 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         const auto thread = static_cast<std::int64_t>(omp_get_thread_num());
         const std::int64_t first = grid_rows * thread / threads, last = grid_rows * (thread + 1) / threads;
         auto rows_of = [&](std::int64_t gr) { return std::min(x.rows, (gr + 1) * br) - gr * br; };
-        convert_detail::EncodeParams p = base;
         // The encode of row r prefetches row r of the next band, which the amax pass reads right after it.
-        p.prefetch_ahead_bytes = static_cast<std::size_t>(br * x.cols) * sizeof(float);
+        const std::size_t prefetch = static_cast<std::size_t>(br * x.cols) * sizeof(float);
         if (first < last) {
           for (std::int64_t r = 0; r < rows_of(first); ++r)
             amax_row_into(first * br + r, scales_of(first), r == 0, parts[static_cast<std::size_t>(first)]);
@@ -411,7 +408,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         for (std::int64_t gr = first; gr < last; ++gr) {
           const std::int64_t next_rows = gr + 1 < last ? rows_of(gr + 1) : 0;
           for (std::int64_t r = 0; r < rows_of(gr); ++r) {
-            encode_row(gr * br + r, scales_of(gr), p);
+            encode_row(gr * br + r, scales_of(gr), prefetch);
             if (r < next_rows)
               amax_row_into((gr + 1) * br + r, scales_of(gr + 1), r == 0, parts[static_cast<std::size_t>(gr + 1)]);
           }
@@ -426,19 +423,17 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         const MatrixView band{x.data + row_begin * x.cols, row_end - row_begin, x.cols};
         float* band_scales = scales_of(gr);
         AmaxResult& part = parts[static_cast<std::size_t>(gr)];
-        convert_detail::EncodeParams p = base;
         if (segmented) {
           // Bands of one row (rows, 1x128, MX): one amax call and one encode call, each block a segment. The row is
           // in L1 for the encode, which then prefetches the next band for the amax pass that reads it next (+10-20%
           // at 2 threads).
           amax_row_into(row_begin, band_scales, true, part);
-          p.prefetch_ahead_bytes = static_cast<std::size_t>(x.cols) * sizeof(float);
         } else {
           amax_blocks(band, br, bc, std::span<float>(band_scales, static_cast<std::size_t>(grid_cols)), &part);
         }
         band_scales_from_amax(gr);
         if (segmented) {
-          encode_row(row_begin, band_scales, p);
+          encode_row(row_begin, band_scales, static_cast<std::size_t>(x.cols) * sizeof(float));
           continue;
         }
         for (std::int64_t r = row_begin; r < row_end; ++r) {
@@ -450,8 +445,8 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
             const float* in = in_row + c0;
             std::uint8_t* out = out_row + c0;
             if (c1 - c0 >= kKernelMinRun) {
-              p.options.scale = scale;
-              kernels.encode_f32(in, out, static_cast<std::size_t>(c1 - c0), p);
+              const auto n = static_cast<std::size_t>(c1 - c0);
+              encoder.encode(std::span<const float>(in, n), std::span<std::uint8_t>(out, n), scale);
             } else {
               for (std::int64_t c = 0; c < c1 - c0; ++c) out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
             }
@@ -506,17 +501,18 @@ void dequantize(const ScaledMatrix& q, std::span<float> out) {
     cast_from_fp8(q.data, q.format, out, q.scale_inv[0]);
     return;
   }
-  const auto& kernels = convert_detail::active_kernels();
   const bool parallel = q.rows * q.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
+  const Stores stores = stores_for(out.size_bytes());
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
     const std::int64_t row_end = std::min(q.rows, (gr + 1) * br);
     for (std::int64_t r = gr * br; r < row_end; ++r) {
       if (bc % 16 == 0) {
-        kernels.decode_f32_segments(q.data.data() + r * q.cols, out.data() + r * q.cols,
-                                    static_cast<std::size_t>(q.cols), static_cast<std::size_t>(bc),
-                                    q.scale_inv.data() + gr * grid_cols,
-                                    convert_detail::DecodeParams{q.format, 1.0f, out.size_bytes() >= kStreamingBytes});
+        const auto cols = static_cast<std::size_t>(q.cols);
+        decode_segments(
+            std::span<const std::uint8_t>(q.data.data() + r * q.cols, cols), q.format,
+            std::span<float>(out.data() + r * q.cols, cols), static_cast<std::size_t>(bc),
+            std::span<const float>(q.scale_inv.data() + gr * grid_cols, static_cast<std::size_t>(grid_cols)), stores);
         continue;
       }
       for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
@@ -525,8 +521,9 @@ void dequantize(const ScaledMatrix& q, std::span<float> out) {
         const std::uint8_t* in = q.data.data() + r * q.cols + c0;
         float* dst = out.data() + r * q.cols + c0;
         if (c1 - c0 >= kKernelMinRun) {
-          kernels.decode_f32(in, dst, static_cast<std::size_t>(c1 - c0),
-                             convert_detail::DecodeParams{q.format, scale_inv});
+          // One block through the bulk decode (inside the band loop's threads it stays on this thread).
+          const auto n = static_cast<std::size_t>(c1 - c0);
+          cast_from_fp8(std::span<const std::uint8_t>(in, n), q.format, std::span<float>(dst, n), scale_inv);
         } else {
           for (std::int64_t c = 0; c < c1 - c0; ++c) {
             const float v = decode_to_float(q.format, in[c]);

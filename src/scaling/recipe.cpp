@@ -1,12 +1,12 @@
 // Delayed scaling: the amax history, its update in Transformer Engine's order, and a versioned binary form.
-#include "fp8kit/recipe.hpp"
+#include "fp8kit/scaling/recipe.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 

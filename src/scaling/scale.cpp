@@ -1,5 +1,5 @@
 // The scale formula (see scale.hpp): the only place fp8kit turns an amax into a scale.
-#include "fp8kit/scale.hpp"
+#include "fp8kit/scaling/scale.hpp"
 
 #include <array>
 #include <cfloat>

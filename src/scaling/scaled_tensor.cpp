@@ -1,9 +1,9 @@
 // ScaledTensor: Tensor-level quantize/dequantize on top of the matrix quantizer.
-#include "fp8kit/scaled_tensor.hpp"
+#include "fp8kit/scaling/scaled_tensor.hpp"
 
 #include <cstring>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <span>
 
-#include "fp8kit/convert.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/convert.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 #include "tensor/element.hpp"
 
 namespace fp8kit {

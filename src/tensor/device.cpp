@@ -1,8 +1,8 @@
 // Devices: their names as PyTorch prints them and which ones this build can allocate on (the CPU only until
 // the CUDA backend lands).
-#include "fp8kit/device.hpp"
+#include "fp8kit/tensor/device.hpp"
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 

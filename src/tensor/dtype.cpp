@@ -1,11 +1,11 @@
 // The dtype registry's parsing of names, and the process-wide default dtype with the rule that keeps FP8 (and
 // integers) out of it.
-#include "fp8kit/dtype.hpp"
+#include "fp8kit/tensor/dtype.hpp"
 
 #include <atomic>
 #include <utility>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 namespace {

@@ -9,10 +9,10 @@
 #include <limits>
 #include <type_traits>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/dtype.hpp"
-#include "fp8kit/float8.hpp"
-#include "fp8kit/half.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/float8.hpp"
+#include "fp8kit/format/half.hpp"
+#include "fp8kit/tensor/dtype.hpp"
 
 namespace fp8kit::detail {
 

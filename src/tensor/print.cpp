@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 #include "tensor/element.hpp"
 
 namespace fp8kit {

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <numbers>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 #include "tensor/element.hpp"
 
 namespace fp8kit {

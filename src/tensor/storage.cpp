@@ -5,8 +5,8 @@
 #include <atomic>
 #include <new>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/memory.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit {
 namespace {

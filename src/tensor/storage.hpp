@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "fp8kit/device.hpp"
+#include "fp8kit/tensor/device.hpp"
 
 namespace fp8kit::detail {
 

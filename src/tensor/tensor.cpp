@@ -1,13 +1,13 @@
 // Tensor's shape and storage handling (typed access checks, reshape, clone, element reads) and the factories
 // that allocate and fill: empty, zeros, ones, full, tensor, scalar_tensor.
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <ostream>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "tensor/element.hpp"
 #include "tensor/storage.hpp"
 

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "fp8kit/cpu.hpp"
+#include "fp8kit/common/cpu.hpp"
 
 namespace fp8kit::testing {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/isa_levels.hpp"
-#include "fp8kit/cpu.hpp"
+#include "fp8kit/common/cpu.hpp"
 
 namespace fp8kit {
 namespace {

@@ -11,9 +11,9 @@
 
 #include "common/isa_levels.hpp"
 #include "convert/cpu/convert_kernels.hpp"
-#include "fp8kit/convert.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/convert.hpp"
 
 namespace fp8kit {
 namespace {
@@ -350,6 +350,58 @@ TEST_P(ConvertLevel, PublicEntriesMatchScalar) {
       ASSERT_EQ(std::memcmp(back.data(), ref.data(), x.size() * sizeof(float)), 0) << name(f);
     }
   }
+}
+
+// The kernel-level entries (SegmentEncoder, decode_segments) at each level: one scale per segment, any segment
+// length (multiples of the SIMD width and not), a short last segment; the codec is the reference.
+TEST_P(ConvertLevel, SegmentEntriesMatchCodec) {
+  testing::ScopedIsa cap(GetParam());
+  const auto x = test_floats(4099, 8);
+  for (Format f : kAllFormats) {
+    for (Overflow o : {Overflow::kSaturate, Overflow::kNonSaturating}) {
+      const SegmentEncoder encoder(f, o);
+      const EncodeSpec spec{f, o};
+      for (std::size_t segment : {std::size_t{1}, std::size_t{17}, std::size_t{32}, std::size_t{128}, x.size()}) {
+        const std::size_t count = (x.size() + segment - 1) / segment;
+        std::vector<float> scales(count), scale_invs(count);
+        for (std::size_t k = 0; k < count; ++k) {
+          scales[k] = kScales[k % std::size(kScales)];
+          scale_invs[k] = 1.0f / scales[k];
+        }
+        std::vector<std::uint8_t> got(x.size()), want(x.size());
+        for (std::size_t prefetch : {std::size_t{0}, std::size_t{4096}}) {
+          encoder.encode_segments(x, got, segment, scales, prefetch);
+          for (std::size_t i = 0; i < x.size(); ++i) want[i] = encode(x[i] * scales[i / segment], spec);
+          ASSERT_EQ(got, want) << name(GetParam()) << " " << name(f) << " segment " << segment;
+        }
+        std::vector<float> back(x.size()), ref(x.size());
+        for (Stores stores : {Stores::kCached, Stores::kStreaming}) {
+          decode_segments(got, f, back, segment, scale_invs, stores);
+          for (std::size_t i = 0; i < x.size(); ++i) ref[i] = decode_to_float(f, got[i]) * scale_invs[i / segment];
+          ASSERT_EQ(std::memcmp(back.data(), ref.data(), x.size() * sizeof(float)), 0)
+              << name(GetParam()) << " " << name(f) << " segment " << segment;
+        }
+      }
+      std::vector<std::uint8_t> got(x.size()), want(x.size());
+      encoder.encode(x, got, 0.375f);
+      for (std::size_t i = 0; i < x.size(); ++i) want[i] = encode(x[i] * 0.375f, spec);
+      ASSERT_EQ(got, want) << name(GetParam()) << " " << name(f);
+    }
+  }
+}
+
+TEST(Convert, SegmentEntriesRejectBadSizes) {
+  const SegmentEncoder encoder(Format::e4m3fn, Overflow::kSaturate);
+  std::vector<float> x(100), scales(4), out_f(100);
+  std::vector<std::uint8_t> q(100), short_q(99);
+  EXPECT_NO_THROW(encoder.encode_segments(x, q, 32, scales));  // 32 + 32 + 32 + 4
+  EXPECT_THROW(encoder.encode_segments(x, q, 25, std::span<const float>(scales).first(3)), Error);
+  EXPECT_THROW(encoder.encode_segments(x, q, 0, scales), Error);
+  EXPECT_THROW(encoder.encode_segments(x, short_q, 32, scales), Error);
+  EXPECT_THROW(encoder.encode(x, short_q, 1.0f), Error);
+  EXPECT_THROW(decode_segments(q, Format::e4m3fn, out_f, 50, scales), Error);
+  EXPECT_EQ(stores_for(16u << 20), Stores::kStreaming);
+  EXPECT_EQ(stores_for((16u << 20) - 1), Stores::kCached);
 }
 
 TEST(Convert, PublicEntryAndThreadsAgree) {

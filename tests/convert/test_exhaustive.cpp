@@ -15,7 +15,7 @@
 
 #include "common/isa_levels.hpp"
 #include "convert/cpu/convert_kernels.hpp"
-#include "fp8kit/format.hpp"
+#include "fp8kit/format/format.hpp"
 
 namespace fp8kit {
 namespace {

@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/float8.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/float8.hpp"
 
 namespace fp8kit {
 namespace {

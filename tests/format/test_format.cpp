@@ -5,8 +5,8 @@
 #include <cmath>
 #include <limits>
 
-#include "fp8kit/float8.hpp"
-#include "fp8kit/format.hpp"
+#include "fp8kit/format/float8.hpp"
+#include "fp8kit/format/format.hpp"
 
 namespace fp8kit {
 namespace {

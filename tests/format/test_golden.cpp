@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "fp8kit/codec.hpp"
+#include "fp8kit/format/codec.hpp"
 
 namespace fp8kit {
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/half.hpp"
-#include "fp8kit/parse_number.hpp"
+#include "fp8kit/format/half.hpp"
+#include "fp8kit/format/parse_number.hpp"
 
 namespace fp8kit {
 namespace {

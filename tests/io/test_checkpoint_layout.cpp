@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/checkpoint_layout.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/sharded_checkpoint.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
 #include "io/test_files.hpp"
 
 namespace fp8kit {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit::test_files {
 

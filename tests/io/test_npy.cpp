@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/npy.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/npy.hpp"
 
 namespace fp8kit {
 namespace {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/safetensors.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/safetensors.hpp"
 #include "io/test_files.hpp"
 
 namespace fp8kit {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/atomic_file.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/safetensors.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/atomic_file.hpp"
+#include "fp8kit/io/safetensors.hpp"
 #include "io/test_files.hpp"
 
 namespace fp8kit {

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/sharded_checkpoint.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
 #include "io/test_files.hpp"
 
 namespace fp8kit {

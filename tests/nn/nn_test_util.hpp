@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn::testing {
 

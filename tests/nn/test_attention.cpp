@@ -6,9 +6,9 @@
 #include <limits>
 #include <vector>
 
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/half.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/half.hpp"
 #include "fp8kit/nn/attention.hpp"
 
 #include "nn_test_util.hpp"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/conv2d.hpp"
 #include "fp8kit/nn/optim.hpp"

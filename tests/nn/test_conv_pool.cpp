@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/conv_utils.hpp"
 #include "fp8kit/nn/pooling.hpp"
 

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "fp8kit/memory.hpp"
 #include "fp8kit/nn/linear.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 #include "nn_test_util.hpp"
 

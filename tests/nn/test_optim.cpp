@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/optim.hpp"
 
 namespace fp8kit::nn {

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <set>
 
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/gpt.hpp"
 #include "fp8kit/nn/train.hpp"

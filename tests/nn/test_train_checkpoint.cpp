@@ -14,12 +14,12 @@
 #include <map>
 #include <string>
 
-#include "fp8kit/checkpoint_layout.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
+#include "fp8kit/io/safetensors.hpp"
 #include "fp8kit/nn/fp8_export.hpp"
 #include "fp8kit/nn/train.hpp"
 #include "fp8kit/nn/train_checkpoint.hpp"
-#include "fp8kit/safetensors.hpp"
 
 namespace fp8kit::nn {
 namespace {

@@ -6,9 +6,9 @@
 #include <random>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/half.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/half.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
 
 namespace fp8kit {
 namespace {

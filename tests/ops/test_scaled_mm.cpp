@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
 
 namespace fp8kit {
 namespace {

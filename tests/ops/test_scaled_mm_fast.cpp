@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "common/isa_levels.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/half.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/half.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <omp.h>

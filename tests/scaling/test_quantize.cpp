@@ -8,9 +8,9 @@
 #include <span>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/memory.hpp"
-#include "fp8kit/quantize.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit {
 namespace {

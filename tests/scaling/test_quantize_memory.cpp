@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "fp8kit/memory.hpp"
-#include "fp8kit/quantize.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit {
 namespace {

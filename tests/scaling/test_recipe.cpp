@@ -7,8 +7,8 @@
 #include <limits>
 #include <vector>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/recipe.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/recipe.hpp"
 
 namespace fp8kit {
 namespace {

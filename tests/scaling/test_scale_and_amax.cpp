@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "common/isa_levels.hpp"
-#include "fp8kit/amax.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/scale.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/scale.hpp"
 #include "scaling/cpu/amax_kernels.hpp"
 
 namespace fp8kit {

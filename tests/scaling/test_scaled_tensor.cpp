@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/scaled_tensor.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/scaled_tensor.hpp"
 
 namespace fp8kit {
 namespace {

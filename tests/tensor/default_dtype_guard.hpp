@@ -2,7 +2,7 @@
 // Header-only; included by the tensor tests that call set_default_dtype.
 #pragma once
 
-#include "fp8kit/dtype.hpp"
+#include "fp8kit/tensor/dtype.hpp"
 
 namespace fp8kit {
 

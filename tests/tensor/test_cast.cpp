@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 namespace {

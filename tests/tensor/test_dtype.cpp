@@ -5,11 +5,11 @@
 #include <string>
 
 #include "default_dtype_guard.hpp"
-#include "fp8kit/device.hpp"
-#include "fp8kit/dtype.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/memory.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/tensor/device.hpp"
+#include "fp8kit/tensor/dtype.hpp"
+#include "fp8kit/tensor/memory.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "default_dtype_guard.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 namespace {

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <string>
 
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 namespace {

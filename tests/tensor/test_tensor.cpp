@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "default_dtype_guard.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/memory.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/tensor/memory.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/convert.hpp"
+#include "fp8kit/convert/convert.hpp"
 
 using namespace fp8kit;
 

@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fp8kit/error.hpp"
-#include "fp8kit/safetensors.hpp"
-#include "fp8kit/sharded_checkpoint.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
 
 using namespace fp8kit;
 using nlohmann::ordered_json;

@@ -18,7 +18,7 @@
 #include <system_error>
 
 #include "cli_common.hpp"
-#include "fp8kit/atomic_file.hpp"
+#include "fp8kit/io/atomic_file.hpp"
 
 namespace fp8kit::cli {
 namespace fs = std::filesystem;

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "cli_common.hpp"
-#include "fp8kit/safetensors.hpp"
-#include "fp8kit/sharded_checkpoint.hpp"
+#include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
 
 namespace fp8kit::cli {
 

@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/format.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/format.hpp"
 
 namespace fp8kit::cli {
 

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "cli_common.hpp"
-#include "fp8kit/codec.hpp"
-#include "fp8kit/format.hpp"
-#include "fp8kit/half.hpp"
-#include "fp8kit/parse_number.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/format/half.hpp"
+#include "fp8kit/format/parse_number.hpp"
 
 namespace fp8kit::cli {
 

@@ -10,7 +10,7 @@
 
 #include "checkpoint_io.hpp"
 #include "cli_common.hpp"
-#include "fp8kit/checkpoint_layout.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
 
 namespace fp8kit::cli {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cli_common.hpp"
-#include "fp8kit/format.hpp"
+#include "fp8kit/format/format.hpp"
 
 namespace fp8kit::cli {
 namespace {

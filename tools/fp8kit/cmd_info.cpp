@@ -9,11 +9,11 @@
 #include <string>
 
 #include "cli_common.hpp"
-#include "fp8kit/amax.hpp"
-#include "fp8kit/convert.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/scaled_mm.hpp"
-#include "fp8kit/version.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/version.hpp"
+#include "fp8kit/convert/convert.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
+#include "fp8kit/scaling/amax.hpp"
 
 namespace fp8kit::cli {
 namespace {

@@ -12,11 +12,11 @@
 #include "checkpoint_io.hpp"
 #include "cli_common.hpp"
 #include "fp8_verdict.hpp"
-#include "fp8kit/checkpoint_layout.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/quantize.hpp"
-#include "fp8kit/safetensors.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
+#include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::cli {
 namespace {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "cli_common.hpp"
-#include "fp8kit/checkpoint_layout.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/nn/fp8_export.hpp"
 #include "fp8kit/nn/train.hpp"
 #include "fp8kit/nn/train_checkpoint.hpp"

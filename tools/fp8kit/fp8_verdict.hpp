@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "fp8kit/quantize.hpp"
+#include "fp8kit/scaling/quantize.hpp"
 
 namespace fp8kit::cli {
 

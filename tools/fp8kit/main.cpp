@@ -7,9 +7,9 @@
 #include <string>
 
 #include "cli_common.hpp"
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/error.hpp"
-#include "fp8kit/version.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/common/version.hpp"
 
 namespace {
 

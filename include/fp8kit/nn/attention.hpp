@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-#include "fp8kit/dtype.hpp"
 #include "fp8kit/nn/context.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/dtype.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn {
 

@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "fp8kit/dtype.hpp"
-#include "fp8kit/profiler.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/common/profiler.hpp"
+#include "fp8kit/tensor/dtype.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn {
 

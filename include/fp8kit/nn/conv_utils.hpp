@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "fp8kit/nn/context.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "fp8kit/checkpoint_layout.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/nn/model.hpp"
 #include "fp8kit/nn/precision.hpp"
 #include "fp8kit/nn/train.hpp"

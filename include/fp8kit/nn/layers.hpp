@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fp8kit/nn/context.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn {
 

@@ -7,9 +7,9 @@
 #include <span>
 #include <string>
 
+#include "fp8kit/common/profiler.hpp"
 #include "fp8kit/nn/context.hpp"
-#include "fp8kit/profiler.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn {
 

@@ -4,7 +4,7 @@
 
 #include "fp8kit/nn/context.hpp"
 #include "fp8kit/nn/conv_utils.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn {
 

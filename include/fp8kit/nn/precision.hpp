@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "fp8kit/nn/context.hpp"
-#include "fp8kit/quantize.hpp"
-#include "fp8kit/recipe.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/scaling/recipe.hpp"
 
 namespace fp8kit::nn {
 

@@ -14,8 +14,8 @@
 #include "fp8kit/nn/precision.hpp"
 
 namespace fp8kit {
-enum class QuantScheme : std::uint8_t;       // fp8kit/checkpoint_layout.hpp
-enum class CheckpointLayout : std::uint8_t;  // fp8kit/checkpoint_layout.hpp
+enum class QuantScheme : std::uint8_t;       // fp8kit/io/checkpoint_layout.hpp
+enum class CheckpointLayout : std::uint8_t;  // fp8kit/io/checkpoint_layout.hpp
 }  // namespace fp8kit
 
 namespace fp8kit::nn {

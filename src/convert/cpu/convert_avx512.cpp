@@ -22,11 +22,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/cpu/fp8_decode_avx512.hpp"
 #include "convert_kernels.hpp"
-#include "fp8_decode_avx512.hpp"
 
 namespace fp8kit::convert_detail {
 namespace {
+
+using namespace fp8_simd;  // NOLINT: the shared FP8 byte-table decode
 
 constexpr int kPrefetchBytes = 2048;
 

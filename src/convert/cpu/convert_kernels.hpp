@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "common/dispatch.hpp"
-#include "fp8kit/convert.hpp"
+#include "fp8kit/convert/convert.hpp"
 
 namespace fp8kit::convert_detail {
 

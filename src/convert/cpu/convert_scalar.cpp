@@ -4,7 +4,7 @@
 #include <bit>
 
 #include "convert_kernels.hpp"
-#include "format/codec_impl.hpp"
+#include "fp8kit/format/codec_inline.hpp"
 
 namespace fp8kit::convert_detail {
 namespace {

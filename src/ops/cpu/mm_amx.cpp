@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "convert/cpu/fp8_decode_avx512.hpp"
-#include "fp8kit/cpu.hpp"
+#include "common/cpu/fp8_decode_avx512.hpp"
+#include "fp8kit/common/cpu.hpp"
 #include "mm_kernels.hpp"
 #include "transpose_avx512.hpp"
 
@@ -123,7 +123,7 @@ void scale_accumulate_amx(const void* left, const void* right, std::int64_t kc_p
 template <int kCols>
 void stream_strip(const Operand& w, std::int64_t j0, std::int64_t rows, const std::uint16_t* x, std::int64_t k_pad,
                   std::int64_t m, float* out, std::int64_t ldo) {
-  const convert_detail::ByteTables& t = convert_detail::byte_tables<bfloat16>(w.format);
+  const fp8_simd::ByteTables& t = fp8_simd::byte_tables<bfloat16>(w.format);
   alignas(64) std::uint16_t buf[2][kTile][32];
   const std::uint8_t* src[kTile];
   for (std::int64_t r = 0; r < kTile; ++r) src[r] = w.codes + std::min(j0 + r, j0 + rows - 1) * w.ld;
@@ -139,7 +139,7 @@ void stream_strip(const Operand& w, std::int64_t j0, std::int64_t rows, const st
     for (std::int64_t r = 0; r < kTile; ++r) {
       __m512i first, second;
       _mm_prefetch(reinterpret_cast<const char*>(src[r] + kk) + 2048, _MM_HINT_T0);
-      convert_detail::decode64_words(_mm512_maskz_loadu_epi8(valid, src[r] + kk), t, first, second);
+      fp8_simd::decode64_words(_mm512_maskz_loadu_epi8(valid, src[r] + kk), t, first, second);
       _mm512_store_si512(buf[0][r], first);
       _mm512_store_si512(buf[1][r], second);
     }

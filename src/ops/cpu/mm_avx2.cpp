@@ -17,7 +17,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "fp8kit/cpu.hpp"
+#include "fp8kit/common/cpu.hpp"
 #include "mm_kernels.hpp"
 
 namespace fp8kit::mm_detail {

@@ -18,8 +18,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "convert/cpu/fp8_decode_avx512.hpp"
-#include "fp8kit/cpu.hpp"
+#include "common/cpu/fp8_decode_avx512.hpp"
+#include "fp8kit/common/cpu.hpp"
 #include "mm_kernels.hpp"
 #include "tile_avx512.hpp"
 #include "transpose_avx512.hpp"
@@ -27,8 +27,8 @@
 namespace fp8kit::mm_detail {
 namespace {
 
-using convert_detail::byte_tables;
-using convert_detail::ByteTables;
+using fp8_simd::byte_tables;
+using fp8_simd::ByteTables;
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) {
   return (x + to - 1) / to * to;
@@ -50,7 +50,7 @@ void decode_codes(const std::uint8_t* codes, Format f, std::int64_t n, std::uint
     const std::int64_t len = std::min<std::int64_t>(64, n - i);
     const __mmask64 valid = len == 64 ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
     __m512i first, second;
-    convert_detail::decode64_words(_mm512_maskz_loadu_epi8(valid, codes + i), t, first, second);
+    fp8_simd::decode64_words(_mm512_maskz_loadu_epi8(valid, codes + i), t, first, second);
     if (len == 64) {
       _mm512_storeu_si512(out + i, first);
       _mm512_storeu_si512(out + i + 32, second);
@@ -222,7 +222,7 @@ void gemv_rows(const ByteTables& t, std::int64_t j, std::int64_t k, std::int64_t
         _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 512, _MM_HINT_T0);
         __m512i first, second;
         const __m512i codes = full ? _mm512_loadu_si512(rows[r] + kk) : _mm512_maskz_loadu_epi8(valid, rows[r] + kk);
-        convert_detail::decode64_words(codes, t, first, second);
+        fp8_simd::decode64_words(codes, t, first, second);
 #pragma GCC unroll 4
         for (int i = 0; i < kM; ++i) {
           acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][0], as_bh(first));

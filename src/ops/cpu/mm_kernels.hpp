@@ -10,9 +10,9 @@
 #include <type_traits>
 
 #include "common/dispatch.hpp"
-#include "fp8kit/format.hpp"
-#include "fp8kit/half.hpp"
-#include "fp8kit/scaled_mm.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/format/half.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
 
 namespace fp8kit::mm_detail {
 

@@ -10,9 +10,9 @@
 #include <new>
 #include <span>
 
-#include "fp8kit/convert.hpp"
+#include "fp8kit/convert/convert.hpp"
 
-#include "fp8kit/codec.hpp"
+#include "fp8kit/format/codec.hpp"
 #include "mm_kernels.hpp"
 
 namespace fp8kit::mm_detail {

@@ -1,7 +1,7 @@
 // The matrix-multiply kernel tables, one per ISA level, composed from each level's kernel objects. This file is
 // compiled for no particular ISA: building the tables runs on every CPU, so it must not live in a file compiled
 // for a level the CPU may lack.
-#include "fp8kit/cpu.hpp"
+#include "fp8kit/common/cpu.hpp"
 #include "mm_kernels.hpp"
 
 namespace fp8kit::mm_detail {

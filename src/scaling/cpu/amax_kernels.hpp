@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "common/dispatch.hpp"
-#include "fp8kit/amax.hpp"
+#include "fp8kit/scaling/amax.hpp"
 
 namespace fp8kit::scaling_detail {
 

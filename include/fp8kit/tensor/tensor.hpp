@@ -13,9 +13,9 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/device.hpp"
-#include "fp8kit/dtype.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/tensor/device.hpp"
+#include "fp8kit/tensor/dtype.hpp"
 
 namespace fp8kit {
 

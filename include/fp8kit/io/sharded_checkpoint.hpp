@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8kit/safetensors.hpp"
+#include "fp8kit/io/safetensors.hpp"
 
 namespace fp8kit {
 

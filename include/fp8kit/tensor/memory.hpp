@@ -8,7 +8,7 @@
 #include <new>
 #include <vector>
 
-#include "fp8kit/device.hpp"
+#include "fp8kit/tensor/device.hpp"
 
 namespace fp8kit {
 

@@ -7,8 +7,8 @@
 #include <span>
 #include <vector>
 
-#include "fp8kit/format.hpp"
-#include "fp8kit/scale.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/scaling/scale.hpp"
 
 namespace fp8kit {
 

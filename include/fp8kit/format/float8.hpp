@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/format.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/format.hpp"
 
 namespace fp8kit {
 

@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8kit/cpu.hpp"
-#include "fp8kit/dtype.hpp"
-#include "fp8kit/quantize.hpp"
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/tensor/dtype.hpp"
 
 namespace fp8kit {
 

@@ -1,4 +1,5 @@
-// Internal, for the AVX-512 kernels of any layer (conversions, GEMM packing, GEMV): FP8 codes decoded exactly to
+// Internal, shared by the AVX-512 kernels of two layers (the conversions, and GEMM packing and GEMV in ops), so it
+// lives beside the dispatch infrastructure every kernel family shares: FP8 codes decoded exactly to
 // bfloat16 or float16 in registers, 64 at a time, through two 128-entry byte tables (the high and low bytes of the
 // result for each magnitude, taken from the scalar codec) looked up with vpermt2b (VBMI), the sign ORed in and the
 // fnuz NaN 0x80 patched. Include it only from files compiled for the avx512 level or above, and call the VBMI parts
@@ -12,10 +13,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "fp8kit/codec.hpp"
-#include "fp8kit/format.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/format.hpp"
 
-namespace fp8kit::convert_detail {
+namespace fp8kit::fp8_simd {
 namespace {
 
 // The 16-bit result (bfloat16 or float16 bits) of every code, from the scalar codec, as byte tables for vpermi2b.
@@ -120,4 +121,4 @@ constexpr __mmask64 kF32Bytes = 0xCCCCCCCCCCCCCCCCull;
 }
 
 }  // namespace
-}  // namespace fp8kit::convert_detail
+}  // namespace fp8kit::fp8_simd

@@ -1,11 +1,12 @@
-// Internal: the body of the generic scalar converter, inline so the scalar kernels can inline it into their
-// loops. codec.cpp exposes it as fp8kit::encode(); nothing else should include this header.
+// The body of the generic scalar converter (codec.hpp's encode()), as inline functions, for element loops that
+// want it inlined with the format a constant: the scalar conversion kernels (and, later, device code). Prefer
+// encode() everywhere else; this header is the spec in code, and the two never differ.
 #pragma once
 
 #include <bit>
 #include <cstdint>
 
-#include "fp8kit/codec.hpp"
+#include "fp8kit/format/codec.hpp"
 
 namespace fp8kit::codec_detail {
 

@@ -4,8 +4,8 @@
 
 #include <optional>
 
-#include "fp8kit/quantize.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "fp8kit/format.hpp"
-#include "fp8kit/half.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/format/half.hpp"
 
 namespace fp8kit {
 

@@ -2,7 +2,7 @@
 // Engine's guards; and its inverse, the dequantization scale (x ~= q * scale_inv) that GEMMs and checkpoints take.
 #pragma once
 
-#include "fp8kit/format.hpp"
+#include "fp8kit/format/format.hpp"
 
 namespace fp8kit {
 

@@ -8,9 +8,9 @@
 #include <optional>
 #include <string_view>
 
-#include "fp8kit/float8.hpp"
-#include "fp8kit/format.hpp"
-#include "fp8kit/half.hpp"
+#include "fp8kit/format/float8.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/format/half.hpp"
 
 namespace fp8kit {
 

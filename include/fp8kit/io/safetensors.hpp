@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8kit/dtype.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/tensor/dtype.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 

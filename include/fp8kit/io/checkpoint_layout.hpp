@@ -11,11 +11,11 @@
 #include <utility>
 #include <vector>
 
-#include "fp8kit/quantize.hpp"
-#include "fp8kit/safetensors.hpp"
-#include "fp8kit/scaled_tensor.hpp"
-#include "fp8kit/sharded_checkpoint.hpp"
-#include "fp8kit/tensor.hpp"
+#include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/scaling/scaled_tensor.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 

@@ -9,11 +9,11 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8kit/amax.hpp"
-#include "fp8kit/codec.hpp"
-#include "fp8kit/format.hpp"
-#include "fp8kit/memory.hpp"
-#include "fp8kit/scale.hpp"
+#include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/scale.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit {
 
