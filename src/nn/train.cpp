@@ -1,5 +1,5 @@
-// The training loop: batches, forward, backward, the non-finite guard (skip or abort, naming the tensor), AdamW,
-// the delayed-scaling update, a warm-up + cosine learning rate, peak memory from the allocation accounting.
+// The training loop: the Trainer's phases (batches, forward, backward, the non-finite guard that skips or aborts
+// naming the tensor, AdamW, the delayed-scaling update), a warm-up + cosine learning rate, the hooks, peak memory.
 #include "fp8kit/nn/train.hpp"
 
 #include <algorithm>
@@ -13,7 +13,6 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/gpt.hpp"
-#include "fp8kit/nn/train_checkpoint.hpp"
 #include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit::nn {
@@ -33,14 +32,6 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-double learning_rate(const TrainConfig& c, std::int64_t step) {
-  if (step < c.warmup_steps) return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
-  const double progress = static_cast<double>(step - c.warmup_steps) /
-                          static_cast<double>(std::max<std::int64_t>(1, c.steps - c.warmup_steps));
-  const double min_lr = c.lr / 10.0;
-  return min_lr + 0.5 * (c.lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * std::min(1.0, progress)));
-}
-
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -49,6 +40,15 @@ double median(std::vector<double> v) {
 }
 
 }  // namespace
+
+double learning_rate(const TrainConfig& c, std::int64_t step) {
+  const double lr = c.adamw.lr;
+  if (step < c.warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  const double progress = static_cast<double>(step - c.warmup_steps) /
+                          static_cast<double>(std::max<std::int64_t>(1, c.steps - c.warmup_steps));
+  const double min_lr = lr / 10.0;
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * std::min(1.0, progress)));
+}
 
 Batch Dataset::eval_batch(std::int64_t /*index*/) const {
   FP8KIT_CHECK(false, "the dataset '", describe(), "' has no held-out data for the evaluation loss ",
@@ -123,93 +123,128 @@ std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
   return nullptr;
 }
 
+// ---------------------------------------------------------------- the trainer's phases
+
+Trainer::Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler)
+    : config_(config),
+      recipe_(recipe),
+      profiler_(profiler),
+      data_(make_dataset(config)),
+      model_(make_model(config, recipe)),
+      params_(model_->parameters()),
+      optimizer_(config.adamw) {
+  report_.log_scales = config.log_scales;
+  ctx_.saved_dtype = recipe_.saved_dtype();
+  ctx_.profiler = profiler;
+  ctx_.recipe = &recipe_;
+  ctx_.report = &report_;
+}
+
+float Trainer::forward(std::int64_t step) {
+  const Batch batch = data_->batch(step);
+  report_.clear();
+  return model_->forward(ctx_, batch);
+}
+
+void Trainer::backward() {
+  model_->backward(ctx_);
+}
+
+std::string Trainer::nonfinite(float loss) const {
+  if (report_.first_nonfinite) {
+    return "non-finite amax in " + report_.first_nonfinite->layer + " (" +
+           std::string(name(report_.first_nonfinite->role)) + ")";
+  }
+  if (std::string p = first_nonfinite_grad(params_); !p.empty()) return "non-finite gradient of " + p;
+  if (!std::isfinite(loss)) return "non-finite loss";
+  return {};
+}
+
+void Trainer::optimizer_step(std::int64_t step) {
+  optimizer_.options().lr = learning_rate(config_, step);
+  optimizer_.step(params_, profiler_);
+}
+
+void Trainer::update_scales() {
+  for (Fp8LayerState* s : model_->fp8_states()) s->update();
+}
+
+void Trainer::discard_scales() {
+  // The delayed-scaling histories must not take a skipped step's NaN either: drop what was recorded.
+  for (Fp8LayerState* s : model_->fp8_states()) s->discard_step();
+}
+
+void Trainer::zero_grad() {
+  AdamW::zero_grad(params_);
+}
+
+StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepLog log;
+  log.step = step;
+  {
+    ScopedEvent event(profiler_, "step", "step");
+    event.arg("step", std::to_string(step));
+    log.loss = forward(step);
+    backward();
+    if (config_.inject_nan_step && *config_.inject_nan_step == step && !params_.empty()) {
+      params_.front()->grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+    if (hooks.reduce_gradients) hooks.reduce_gradients(*this);
+    // The guard: a non-finite amax (seen while quantizing), gradient or loss skips the step or aborts.
+    if (const std::string bad = nonfinite(log.loss); !bad.empty()) {
+      if (config_.on_nonfinite == OnNonfinite::kAbort) {
+        throw NonfiniteAbort("step " + std::to_string(step) + ": " + bad + " (--on-nonfinite abort)");
+      }
+      log.skipped = true;
+      ++progress.skipped_steps;
+      event.arg("skipped", bad);
+      discard_scales();
+    } else {
+      if (hooks.agree_amax) hooks.agree_amax(*this);
+      optimizer_step(step);
+      update_scales();
+    }
+    zero_grad();
+  }
+  log.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  progress.losses.push_back(log.loss);
+  progress.next_step = step + 1;
+  if (hooks.after_step) hooks.after_step(*this, progress);
+  if (config_.log_scales) log.scales = report_.scales;
+  return log;
+}
+
+// ---------------------------------------------------------------- the run
+
 TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
-                  const std::function<void(const StepLog&)>& on_step) {
+                  const TrainHooks& hooks) {
   FP8KIT_CHECK(config.steps >= 1, "train: steps must be at least 1, got ", config.steps);
   FP8KIT_CHECK(config.eval_batches >= 1, "train: eval_batches must be at least 1, got ", config.eval_batches);
-  TrainCheckpointer checkpoints(config, recipe);  // checks the checkpoint fields before any work
-  const std::unique_ptr<Dataset> data = make_dataset(config);
   reset_peak_memory();
   const std::int64_t baseline = memory_stats().current_bytes;
   TrainResult result;
   result.recipe = recipe.name();
-  result.data = data->describe();
+  TrainProgress progress;
   {
-    const std::unique_ptr<Model> model = make_model(config, recipe);
-    const std::vector<Parameter*> params = model->parameters();
-    for (const Parameter* p : params) result.parameters += p->value.numel();
-    AdamWOptions opt;
-    opt.lr = config.lr;
-    opt.weight_decay = 0.1;
-    opt.beta2 = 0.95;
-    opt.decay = DecayPolicy::kMatricesOnly;
-    AdamW adamw(opt);
-    StepReport report;
-    report.log_scales = config.log_scales;
-    Context ctx;
-    ctx.saved_dtype = recipe.saved_dtype();
-    ctx.profiler = profiler;
-    ctx.recipe = &recipe;
-    ctx.report = &report;
+    Trainer trainer(config, recipe, profiler);
+    result.data = trainer.data().describe();
+    for (const Parameter* p : trainer.parameters()) result.parameters += p->value.numel();
+    if (hooks.resume) hooks.resume(trainer, progress);
+    result.start_step = progress.next_step;
     std::vector<double> times;
-    if (checkpoints.resuming()) {
-      TrainProgress resumed = checkpoints.resume(*model, adamw);
-      result.start_step = resumed.next_step;
-      result.losses = std::move(resumed.losses);
-      result.skipped_steps = resumed.skipped_steps;
-    }
-    for (std::int64_t step = result.start_step; step < config.steps; ++step) {
-      const Batch batch = data->batch(step);
-      const auto t0 = std::chrono::steady_clock::now();
-      report.clear();
-      StepLog log;
-      log.step = step;
-      {
-        ScopedEvent event(profiler, "step", "step");
-        event.arg("step", std::to_string(step));
-        log.loss = model->forward(ctx, batch);
-        model->backward(ctx);
-        if (config.inject_nan_step && *config.inject_nan_step == step && !params.empty()) {
-          params.front()->grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-        }
-        // The guard: a non-finite amax (seen while quantizing) or gradient skips the step or aborts.
-        std::string bad;
-        if (report.first_nonfinite) {
-          bad = "non-finite amax in " + report.first_nonfinite->layer + " (" +
-                std::string(name(report.first_nonfinite->role)) + ")";
-        } else if (const std::string p = first_nonfinite_grad(params); !p.empty()) {
-          bad = "non-finite gradient of " + p;
-        } else if (!std::isfinite(log.loss)) {
-          bad = "non-finite loss";
-        }
-        if (!bad.empty()) {
-          if (config.on_nonfinite == OnNonfinite::kAbort) {
-            throw NonfiniteAbort("step " + std::to_string(step) + ": " + bad + " (--on-nonfinite abort)");
-          }
-          log.skipped = true;
-          ++result.skipped_steps;
-          event.arg("skipped", bad);
-          // The delayed-scaling histories must not take this step's NaN either: drop what was recorded.
-          for (Fp8LayerState* s : model->fp8_states()) s->discard_step();
-        } else {
-          adamw.options().lr = learning_rate(config, step);
-          adamw.step(params, profiler);
-          for (Fp8LayerState* s : model->fp8_states()) s->update();
-        }
-        AdamW::zero_grad(params);
-      }
-      log.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (std::int64_t step = progress.next_step; step < config.steps; ++step) {
+      const StepLog log = trainer.run_step(step, hooks, progress);
       times.push_back(log.ms);
-      result.losses.push_back(log.loss);
-      checkpoints.after_step(step, *model, adamw, result.losses, result.skipped_steps);
-      if (config.log_scales) log.scales = report.scales;
-      if (on_step) on_step(log);
+      if (hooks.on_step) hooks.on_step(log);
     }
-    checkpoints.finish(*model, adamw, result.losses, result.skipped_steps);
+    if (hooks.finish) hooks.finish(trainer, progress);
     result.step_ms = median(times);
     result.peak_bytes = memory_stats().peak_bytes - baseline;  // of training: the evaluation is not counted
-    result.final_loss = evaluate(*model, *data, recipe, config.eval_batches);
+    result.final_loss = evaluate(trainer.model(), trainer.data(), recipe, config.eval_batches);
   }
+  result.losses = std::move(progress.losses);
+  result.skipped_steps = progress.skipped_steps;
   const std::int64_t window = std::min<std::int64_t>(config.final_loss_window, config.steps);
   double sum = 0;
   std::int64_t counted = 0;
@@ -221,6 +256,13 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
   }
   result.train_loss = counted ? static_cast<float>(sum / static_cast<double>(counted)) : NAN;
   return result;
+}
+
+TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
+                  const std::function<void(const StepLog&)>& on_step) {
+  TrainHooks hooks;
+  hooks.on_step = on_step;
+  return train(config, recipe, profiler, hooks);
 }
 
 }  // namespace fp8kit::nn

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "fp8kit/common/error.hpp"
@@ -160,6 +161,90 @@ TEST(Train, PeakMemoryOrdersFp8Bf16Fp32) {
   EXPECT_LT(b16.peak_bytes, f32.peak_bytes);
   // parameters, gradients and AdamW's two moments alone: 16 bytes per parameter
   EXPECT_GT(f8.peak_bytes, 16 * f8.parameters);
+}
+
+// The phases, driven by hand in train()'s order, give train()'s losses bit for bit.
+TEST(Trainer, PhasesDrivenByHandGiveTrainsLosses) {
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
+  const TrainConfig c = short_run(3);
+  const TrainResult want = train(c, recipe);
+  Trainer t(c, recipe);
+  for (std::int64_t step = 0; step < c.steps; ++step) {
+    const float loss = t.forward(step);
+    t.backward();
+    ASSERT_EQ(t.nonfinite(loss), "");
+    t.optimizer_step(step);
+    t.update_scales();
+    t.zero_grad();
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(loss), std::bit_cast<std::uint32_t>(want.losses[step])) << step;
+  }
+}
+
+// Every hook runs where the phases say: resume first, then per step reduce_gradients before the guard and
+// agree_amax only for a step that is not skipped, after_step with the progress that includes the step, on_step,
+// and finish at the end.
+TEST(Trainer, HooksRunInTheirPlaces) {
+  TrainConfig c = short_run(3);
+  c.inject_nan_step = 1;
+  std::vector<std::string> calls;
+  TrainHooks hooks;
+  hooks.resume = [&](Trainer& t, TrainProgress& p) {
+    EXPECT_EQ(p.next_step, 0);
+    EXPECT_FALSE(t.parameters().empty());
+    calls.push_back("resume");
+  };
+  hooks.reduce_gradients = [&](Trainer& t) {
+    // after backward and the injection: the gradient is there
+    const bool nan = std::isnan(t.parameters().front()->grad.data<float>()[0]);
+    calls.push_back(nan ? "reduce(nan)" : "reduce");
+  };
+  hooks.agree_amax = [&](Trainer&) { calls.push_back("amax"); };
+  hooks.after_step = [&](Trainer&, const TrainProgress& p) {
+    calls.push_back("after " + std::to_string(p.next_step) + "/" + std::to_string(p.losses.size()) + "/" +
+                    std::to_string(p.skipped_steps));
+  };
+  hooks.on_step = [&](const StepLog& s) { calls.push_back(std::string("log") + (s.skipped ? " skipped" : "")); };
+  hooks.finish = [&](Trainer&, const TrainProgress& p) { calls.push_back("finish " + std::to_string(p.next_step)); };
+  const TrainResult r = train(c, *PrecisionRecipe::parse("fp8-delayed"), nullptr, hooks);
+  const std::vector<std::string> want = {"resume",      "reduce",      "amax",        "after 1/1/0", "log",
+                                         "reduce(nan)", "after 2/2/1", "log skipped", "reduce",      "amax",
+                                         "after 3/3/1", "log",         "finish 3"};
+  EXPECT_EQ(calls, want);
+  EXPECT_EQ(r.skipped_steps, 1);
+}
+
+// What reduce_gradients leaves is what the guard and the optimizer see: a hook that spoils a gradient makes every
+// step skip; one that zeroes them all leaves only the weight decay, which changes the run.
+TEST(Trainer, ReducedGradientsAreTheOnesUsed) {
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp32");
+  const TrainConfig c = short_run(3);
+  TrainHooks spoil;
+  spoil.reduce_gradients = [](Trainer& t) {
+    t.parameters().back()->grad.data<float>()[0] = std::numeric_limits<float>::infinity();
+  };
+  EXPECT_EQ(train(c, recipe, nullptr, spoil).skipped_steps, 3);
+  TrainHooks zero;
+  zero.reduce_gradients = [](Trainer& t) { t.zero_grad(); };
+  const TrainResult plain = train(c, recipe), zeroed = train(c, recipe, nullptr, zero);
+  EXPECT_EQ(plain.losses[0], zeroed.losses[0]);  // the first forward precedes any update
+  EXPECT_GT(std::abs(plain.losses[2] - zeroed.losses[2]), 1e-3f);
+}
+
+// AdamW's settings come from the config: other betas or weight decay change the run, the defaults are kTrainAdamW.
+TEST(Trainer, OptimizerSettingsAreConfiguration) {
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp32");
+  TrainConfig c = short_run(3);
+  EXPECT_EQ(c.adamw.beta2, 0.95);
+  EXPECT_EQ(c.adamw.weight_decay, 0.1);
+  EXPECT_EQ(c.adamw.decay, DecayPolicy::kMatricesOnly);
+  const TrainResult base = train(c, recipe);
+  c.adamw.beta1 = 0.5;
+  const TrainResult other = train(c, recipe);
+  EXPECT_NE(base.losses[2], other.losses[2]);
+  Trainer t(c, recipe);
+  EXPECT_EQ(t.optimizer().options().beta1, 0.5);
+  t.optimizer_step(0);
+  EXPECT_EQ(t.optimizer().options().lr, learning_rate(c, 0));
 }
 
 TEST(Train, CorpusIsDeterministicAndStructured) {

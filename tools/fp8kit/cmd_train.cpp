@@ -18,9 +18,9 @@
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
-#include "fp8kit/nn/fp8_export.hpp"
+#include "fp8kit/io/fp8_export.hpp"
+#include "fp8kit/io/train_checkpoint.hpp"
 #include "fp8kit/nn/train.hpp"
-#include "fp8kit/nn/train_checkpoint.hpp"
 
 namespace fp8kit::cli {
 namespace {
@@ -172,7 +172,7 @@ void check_train_output(const std::string& option, const std::string& path, bool
 
 // The checkpoint options: one run only, pairs that go together, outputs that may be written, and (resuming) the
 // options left out taken from the checkpoint. Returns the checkpoint's description when resuming.
-std::optional<nn::TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
+std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
   const bool any = !a.save_checkpoint.empty() || !a.resume.empty() || !a.export_fp8.empty();
   if (a.checkpoint_every < 0) {
     throw UsageError("--checkpoint-every must be at least 1, got " + std::to_string(a.checkpoint_every));
@@ -189,11 +189,11 @@ std::optional<nn::TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
   if (!a.compare.empty()) {
     throw UsageError("--save-checkpoint, --resume and --export-fp8 take one run: give --recipe R, not --compare");
   }
-  std::optional<nn::TrainCheckpointInfo> info;
+  std::optional<TrainCheckpointInfo> info;
   if (!a.resume.empty()) {
     std::error_code ec;
     if (!fs::exists(a.resume, ec)) throw UsageError("--resume: '" + a.resume + "' does not exist");
-    info = nn::read_train_checkpoint_info(a.resume);
+    info = read_train_checkpoint_info(a.resume);
     if (!a.model_given) a.model = info->model;
     if (!a.seed_given) a.seed = info->seed;
     if (!a.batch_given) a.batch = info->batch;
@@ -225,7 +225,7 @@ std::optional<nn::TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
 }
 
 void run(TrainArgs a) {
-  const std::optional<nn::TrainCheckpointInfo> resumed = prepare_checkpoints(a);
+  const std::optional<TrainCheckpointInfo> resumed = prepare_checkpoints(a);
   if (a.model != "gpt" && a.model != "cnn") {
     throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
   }
@@ -248,7 +248,7 @@ void run(TrainArgs a) {
     recipes.front() = resumed->recipe;
     recipes.front().fp8_conv_max_kernel_area = area;
   }
-  std::optional<nn::Fp8ExportOptions> export_options;
+  std::optional<Fp8ExportOptions> export_options;
   if (!a.export_fp8.empty()) {
     std::optional<QuantScheme> scheme;
     std::optional<CheckpointLayout> layout;
@@ -260,7 +260,7 @@ void run(TrainArgs a) {
       throw UsageError("unknown --export-layout '" + a.export_layout +
                        "' (use native, deepseek, compressed-tensors, autofp8, fbgemm, mxfp8)");
     }
-    export_options = nn::resolve_fp8_export(recipes.front(), scheme, layout, a.export_input_scales);
+    export_options = resolve_fp8_export(recipes.front(), scheme, layout, a.export_input_scales);
   }
   if (a.threads > 0) set_num_threads(a.threads);
   nn::TrainConfig config;
@@ -272,17 +272,18 @@ void run(TrainArgs a) {
   config.on_nonfinite = a.on_nonfinite == "abort" ? nn::OnNonfinite::kAbort : nn::OnNonfinite::kSkip;
   config.log_scales = !a.log_scales.empty();
   if (a.inject_nan >= 0) config.inject_nan_step = a.inject_nan;
-  config.save_checkpoint = a.save_checkpoint;
-  config.checkpoint_every = a.checkpoint_every;
-  config.resume_from = a.resume;
-  config.export_fp8 = a.export_fp8;
+  TrainCheckpointOptions checkpoint_options;
+  checkpoint_options.save_checkpoint = a.save_checkpoint;
+  checkpoint_options.checkpoint_every = a.checkpoint_every;
+  checkpoint_options.resume_from = a.resume;
+  checkpoint_options.export_fp8 = a.export_fp8;
   if (export_options) {
-    config.export_scheme = export_options->scheme;
-    config.export_layout = export_options->layout;
-    config.export_input_scales = export_options->static_input_scales;
+    checkpoint_options.export_scheme = export_options->scheme;
+    checkpoint_options.export_layout = export_options->layout;
+    checkpoint_options.export_input_scales = export_options->static_input_scales;
   }
   if (resumed) {
-    nn::check_resumable(a.resume, *resumed, config, recipes.front());  // before any output is opened
+    check_resumable(a.resume, *resumed, config, recipes.front());  // before any output is opened
     if (a.steps != resumed->steps) {
       std::fprintf(stderr,
                    "note: --steps %lld differs from the checkpoint's run (%lld steps): from step %lld on, the "
@@ -324,7 +325,8 @@ void run(TrainArgs a) {
         }
       }
     };
-    results.push_back(nn::train(config, recipe, profiler ? &*profiler : nullptr, on_step));
+    results.push_back(
+        train_with_checkpoints(config, recipe, checkpoint_options, profiler ? &*profiler : nullptr, on_step));
     if (profiler) {
       summaries.push_back(profiler->summary());
       for (ProfileEvent e : profiler->events()) {

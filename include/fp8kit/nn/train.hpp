@@ -1,11 +1,14 @@
-// The training loop behind `fp8kit train`: one recipe per run (model, data, AdamW with FP32 master weights), the
-// non-finite guard, the per-step scale log, measured peak memory and step times; and the recipe comparison.
+// The training loop behind `fp8kit train`: one recipe per run (model, data, AdamW with FP32 master weights) as a
+// Trainer with explicit phases (forward, backward, gradient reduction, the non-finite guard, amax agreement, optimizer
+// step, scale update, checkpoint) that hooks can replace or wrap; the per-step scale log, measured peak memory and
+// step times. Checkpoints and the FP8 export are io's (fp8kit/io/train_checkpoint.hpp), plugged in as hooks.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,14 +25,20 @@ namespace fp8kit::nn {
 
 enum class OnNonfinite : std::uint8_t { kSkip, kAbort };
 
+// AdamW as `fp8kit train` runs it (GPT-2 / nanoGPT settings): lr is the peak of the schedule (linear warm-up,
+// then cosine decay to lr / 10), weight decay 0.1 on matrices only, beta2 0.95.
+inline constexpr AdamWOptions kTrainAdamW{
+    .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .decay = DecayPolicy::kMatricesOnly};
+
 struct TrainConfig {
   std::string model = "gpt";  // "gpt" or "cnn"
   std::int64_t steps = 400;
   std::uint64_t seed = 1;
   std::string data_path;   // gpt: train on this text file instead of the generated corpus
   std::int64_t batch = 0;  // sequences (gpt) or images (cnn) per step; 0: the model's default (16, 64)
-  double lr = 3e-3;
-  std::int64_t warmup_steps = 10;  // linear warm-up, then cosine decay to lr / 10
+  // The optimizer's settings; adamw.lr is the schedule's peak (each step runs at learning_rate(config, step)).
+  AdamWOptions adamw = kTrainAdamW;
+  std::int64_t warmup_steps = 10;  // linear warm-up, then cosine decay to adamw.lr / 10
   OnNonfinite on_nonfinite = OnNonfinite::kSkip;
   bool log_scales = false;
   std::int64_t final_loss_window = 10;  // train_loss is the mean of the last steps' losses
@@ -37,15 +46,17 @@ struct TrainConfig {
   // Fault injection (tests, and `fp8kit train --inject-nan STEP` to see the guard work): at this step a NaN is
   // written into the first parameter's gradient after backward.
   std::optional<std::int64_t> inject_nan_step;
-  // Checkpoints (docs/nn.md, "Training checkpoints"; fp8kit/nn/train_checkpoint.hpp). Each path is written
-  // crash-safely and replaced when it exists (the CLI refuses that without --force).
-  std::string save_checkpoint;        // a training checkpoint after the last step (and every checkpoint_every)
-  std::int64_t checkpoint_every = 0;  // 0: only after the last step
-  std::string resume_from;            // continue the run of this checkpoint from its step to `steps`
-  std::string export_fp8;             // the final weights as an FP8 inference checkpoint (.safetensors or a directory)
-  std::optional<QuantScheme> export_scheme;       // default: the recipe's (fp8-block, mxfp8; else fp8-tensor)
-  std::optional<CheckpointLayout> export_layout;  // default: native
-  bool export_input_scales = false;               // static input_scale tensors from delayed scaling (Fp8ExportOptions)
+};
+
+// The learning rate of a step: linear warm-up over config.warmup_steps, then cosine decay from config.adamw.lr to a
+// tenth of it at the last step.
+double learning_rate(const TrainConfig& config, std::int64_t step);
+
+// A run between two steps, beyond the model and the optimizer: what a checkpoint keeps and a resume restores.
+struct TrainProgress {
+  std::int64_t next_step = 0;
+  std::vector<float> losses;  // one per step done (next_step of them)
+  std::int64_t skipped_steps = 0;
 };
 
 struct StepLog {
@@ -76,7 +87,80 @@ struct NonfiniteAbort : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Trains config.model under `recipe` and reports. `on_step` (optional) sees every step (progress, scale logs).
+class Trainer;
+
+// The phases a run may replace or wrap, called by train() with the trainer (empty: the single-process default).
+// A distributed run all-reduces gradients and agrees on amaxes; a checkpointing run resumes and saves.
+struct TrainHooks {
+  // After backward (and the fault injection), before the guard: make the gradients the global ones (e.g. an
+  // all-reduce of every parameter's gradient, averaged). Default: nothing (one process).
+  std::function<void(Trainer&)> reduce_gradients;
+  // Before update_scales: make every FP8 state's amaxes of this step the global ones (e.g. a MAX all-reduce, as
+  // Transformer Engine does). Default: nothing.
+  std::function<void(Trainer&)> agree_amax;
+  // Right after the trainer is built: restore a run (fills the progress; the model and optimizer are fresh).
+  std::function<void(Trainer&, TrainProgress&)> resume;
+  // After every step's update, with the progress that includes it (e.g. save a checkpoint every N steps).
+  std::function<void(Trainer&, const TrainProgress&)> after_step;
+  // After the last step, before the evaluation (e.g. the last checkpoint, the FP8 export).
+  std::function<void(Trainer&, const TrainProgress&)> finish;
+  // Sees every step's log (progress bars, scale logs).
+  std::function<void(const StepLog&)> on_step;
+};
+
+// One run's model, data and optimizer, and the phases of a step as functions. train() calls, each step:
+//   forward -> backward -> [inject NaN] -> reduce_gradients -> nonfinite (the guard) ->
+//     finite:  agree_amax -> optimizer_step -> update_scales
+//     else:    discard_scales (or throw NonfiniteAbort)
+//   -> zero_grad -> after_step (checkpoint)
+// run_step() is that sequence with the hooks in their places; a caller may also drive the phases itself.
+class Trainer {
+ public:
+  // Builds the dataset and the model (config.model under `recipe`) and the optimizer (config.adamw).
+  Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler = nullptr);
+  Trainer(const Trainer&) = delete;  // the context points into the trainer
+  Trainer& operator=(const Trainer&) = delete;
+
+  const TrainConfig& config() const { return config_; }
+  const PrecisionRecipe& recipe() const { return recipe_; }
+  Model& model() { return *model_; }
+  const Dataset& data() const { return *data_; }
+  AdamW& optimizer() { return optimizer_; }
+  std::span<Parameter* const> parameters() const { return params_; }
+  // What the last forward and backward saw (the non-finite amaxes, the scale log when config.log_scales).
+  const StepReport& report() const { return report_; }
+
+  // The phases of one step.
+  float forward(std::int64_t step);  // the loss of batch `step` (the report is cleared first)
+  void backward();
+  // The guard: what is not finite after backward (an amax seen while quantizing, a parameter's gradient, the
+  // loss), named; empty when everything is finite.
+  std::string nonfinite(float loss) const;
+  void optimizer_step(std::int64_t step);  // AdamW at learning_rate(config, step)
+  void update_scales();                    // every FP8 state takes this step's amaxes and sets its next scales
+  void discard_scales();                   // every FP8 state drops this step's amaxes (a skipped step)
+  void zero_grad();
+
+  // One step, the phases above in order with the hooks in their places; `progress` gets the loss (and the skip).
+  StepLog run_step(std::int64_t step, const TrainHooks& hooks, TrainProgress& progress);
+
+ private:
+  TrainConfig config_;
+  PrecisionRecipe recipe_;
+  Profiler* profiler_;
+  std::unique_ptr<Dataset> data_;
+  std::unique_ptr<Model> model_;
+  std::vector<Parameter*> params_;
+  AdamW optimizer_;
+  StepReport report_;
+  Context ctx_;
+};
+
+// Trains config.model under `recipe` and reports: a Trainer, hooks.resume, run_step() from the resumed step to
+// config.steps, hooks.finish, then the held-out evaluation.
+TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
+                  const TrainHooks& hooks);
+// The same with only a step callback (progress, scale logs).
 TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler = nullptr,
                   const std::function<void(const StepLog&)>& on_step = {});
 

@@ -1,6 +1,6 @@
 // The FP8 inference export: which parameters are quantized (the checkpoint commands' rule), into which layout, and
 // the metadata that says what they were (float32, saturating) and how the model was trained.
-#include "fp8kit/nn/fp8_export.hpp"
+#include "fp8kit/io/fp8_export.hpp"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -10,8 +10,10 @@
 #include "fp8kit/io/atomic_file.hpp"
 #include "fp8kit/io/safetensors.hpp"
 
-namespace fp8kit::nn {
+namespace fp8kit {
 namespace {
+
+using namespace nn;  // NOLINT: this file writes the training layer's models
 
 namespace fs = std::filesystem;
 
@@ -172,4 +174,4 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
   return summary;
 }
 
-}  // namespace fp8kit::nn
+}  // namespace fp8kit

@@ -1,6 +1,6 @@
 // Training checkpoints: the tensors and __metadata__ of a run between two steps, written crash-safely, and the
 // strict reading back (every field and tensor checked before the model is touched), plus the trainer's hooks.
-#include "fp8kit/nn/train_checkpoint.hpp"
+#include "fp8kit/io/train_checkpoint.hpp"
 
 #include <charconv>
 #include <cstdio>
@@ -12,11 +12,13 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
+#include "fp8kit/io/fp8_export.hpp"
 #include "fp8kit/io/safetensors.hpp"
-#include "fp8kit/nn/fp8_export.hpp"
 
-namespace fp8kit::nn {
+namespace fp8kit {
 namespace {
+
+using namespace nn;  // NOLINT: this file saves and restores the training layer's runs
 
 namespace fs = std::filesystem;
 
@@ -66,6 +68,26 @@ std::string recipe_settings(const PrecisionRecipe& r) {
          ";min_fp8_gemm_macs=" + std::to_string(r.min_fp8_gemm_macs);
 }
 
+// AdamW's settings besides the learning rate (which has its own key), as "key=value;...".
+std::string adamw_settings(const AdamWOptions& o) {
+  return "beta1=" + exact(o.beta1) + ";beta2=" + exact(o.beta2) + ";eps=" + exact(o.eps) +
+         ";weight_decay=" + exact(o.weight_decay) + ";decay=" + (o.decay == DecayPolicy::kAll ? "all" : "matrices");
+}
+
+// "key=value;..." as a map.
+std::map<std::string, std::string> settings_fields(const std::string& settings) {
+  std::map<std::string, std::string> fields;
+  std::size_t begin = 0;
+  while (begin <= settings.size()) {
+    const std::size_t end = std::min(settings.find(';', begin), settings.size());
+    const std::string item = settings.substr(begin, end - begin);
+    const std::size_t eq = item.find('=');
+    if (eq != std::string::npos) fields[item.substr(0, eq)] = item.substr(eq + 1);
+    begin = end + 1;
+  }
+  return fields;
+}
+
 template <typename T>
 bool parse_number(std::string_view text, T& out) {
   const char* end = text.data() + text.size();
@@ -99,15 +121,7 @@ class MetadataReader {
                       "' in __metadata__ (written by a newer fp8kit?)");
     PrecisionRecipe r = *parsed;
     const std::string& settings = text("recipe_settings");
-    std::map<std::string, std::string> fields;
-    std::size_t begin = 0;
-    while (begin <= settings.size()) {
-      const std::size_t end = std::min(settings.find(';', begin), settings.size());
-      const std::string item = settings.substr(begin, end - begin);
-      const std::size_t eq = item.find('=');
-      if (eq != std::string::npos) fields[item.substr(0, eq)] = item.substr(eq + 1);
-      begin = end + 1;
-    }
+    const std::map<std::string, std::string> fields = settings_fields(settings);
     auto field = [&](const char* k, auto& out) {
       FP8KIT_CHECK_KIND(fields.count(k) && parse_number(fields.at(k), out), ErrorKind::kParse, quoted(path_),
                         ": __metadata__ '", key("recipe_settings"), "' has no valid ", k, " ('", settings, "')");
@@ -122,6 +136,29 @@ class MetadataReader {
                       "' has no valid amax_compute ('", settings, "')");
     r.amax_compute = compute->second == "max" ? AmaxCompute::kMax : AmaxCompute::kMostRecent;
     return r;
+  }
+  // The optimizer's settings. Checkpoints written before they were configurable have no "adamw" key: they ran
+  // kTrainAdamW's.
+  AdamWOptions adamw() const {
+    AdamWOptions o = nn::kTrainAdamW;
+    o.lr = number<double>("lr");
+    if (metadata_.find(key("adamw")) == metadata_.end()) return o;
+    const std::string& settings = text("adamw");
+    const std::map<std::string, std::string> fields = settings_fields(settings);
+    auto field = [&](const char* k, double& out) {
+      FP8KIT_CHECK_KIND(fields.count(k) && parse_number(fields.at(k), out), ErrorKind::kParse, quoted(path_),
+                        ": __metadata__ '", key("adamw"), "' has no valid ", k, " ('", settings, "')");
+    };
+    field("beta1", o.beta1);
+    field("beta2", o.beta2);
+    field("eps", o.eps);
+    field("weight_decay", o.weight_decay);
+    const auto decay = fields.find("decay");
+    FP8KIT_CHECK_KIND(decay != fields.end() && (decay->second == "all" || decay->second == "matrices"),
+                      ErrorKind::kParse, quoted(path_), ": __metadata__ '", key("adamw"), "' has no valid decay ('",
+                      settings, "')");
+    o.decay = decay->second == "all" ? DecayPolicy::kAll : DecayPolicy::kMatricesOnly;
+    return o;
   }
 
  private:
@@ -156,7 +193,7 @@ TrainCheckpointInfo info_of(const SafetensorsFile& file) {
   info.steps = m.number<std::int64_t>("steps");
   info.model = m.text("model");
   info.seed = m.number<std::uint64_t>("seed");
-  info.lr = m.number<double>("lr");
+  info.adamw = m.adamw();
   info.warmup_steps = m.number<std::int64_t>("warmup_steps");
   info.batch = m.number<std::int64_t>("batch");
   info.data_path = m.text("data");
@@ -253,7 +290,8 @@ void save_train_checkpoint(const fs::path& path, const TrainConfig& config, cons
       {key("steps"), std::to_string(config.steps)},
       {key("model"), config.model},
       {key("seed"), std::to_string(config.seed)},
-      {key("lr"), exact(config.lr)},
+      {key("lr"), exact(config.adamw.lr)},
+      {key("adamw"), adamw_settings(config.adamw)},
       {key("warmup_steps"), std::to_string(config.warmup_steps)},
       {key("batch"), std::to_string(batch_size(config))},
       {key("data"), config.data_path},
@@ -286,9 +324,13 @@ void check_resumable(const fs::path& path, const TrainCheckpointInfo& info, cons
   }
   FP8KIT_CHECK(recipe_settings(info.recipe) == recipe_settings(recipe), ck, " was trained with recipe settings ",
                recipe_settings(info.recipe), ", not ", recipe_settings(recipe), ": resume it with the same settings");
-  FP8KIT_CHECK(info.lr == config.lr && info.warmup_steps == config.warmup_steps, ck, " was trained with lr ",
-               exact(info.lr), " and ", info.warmup_steps, " warm-up steps, not lr ", exact(config.lr), " and ",
-               config.warmup_steps, ": resume it with the same learning rate and warm-up");
+  FP8KIT_CHECK(info.adamw.lr == config.adamw.lr && info.warmup_steps == config.warmup_steps, ck,
+               " was trained with lr ", exact(info.adamw.lr), " and ", info.warmup_steps, " warm-up steps, not lr ",
+               exact(config.adamw.lr), " and ", config.warmup_steps,
+               ": resume it with the same learning rate and warm-up");
+  FP8KIT_CHECK(adamw_settings(info.adamw) == adamw_settings(config.adamw), ck, " was trained with AdamW ",
+               adamw_settings(info.adamw), ", not ", adamw_settings(config.adamw),
+               ": resume it with the same optimizer settings");
   FP8KIT_CHECK(info.batch == batch_size(config), ck, " was trained with batch ", info.batch, ", not ",
                batch_size(config), ": resume it with --batch ", info.batch, " (or without --batch)");
   if (info.data_path.empty() != config.data_path.empty()) {
@@ -392,46 +434,60 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
 
 // ---------------------------------------------------------------- the trainer's hooks
 
-TrainCheckpointer::TrainCheckpointer(const TrainConfig& config, const PrecisionRecipe& recipe)
-    : config_(config), recipe_(recipe) {
-  FP8KIT_CHECK(config.checkpoint_every >= 0, "--checkpoint-every must be at least 1, got ", config.checkpoint_every);
-  FP8KIT_CHECK(config.checkpoint_every == 0 || !config.save_checkpoint.empty(),
+TrainCheckpointer::TrainCheckpointer(const TrainConfig& config, const PrecisionRecipe& recipe,
+                                     TrainCheckpointOptions options)
+    : config_(config), recipe_(recipe), options_(std::move(options)) {
+  const TrainCheckpointOptions& o = options_;
+  FP8KIT_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be at least 1, got ", o.checkpoint_every);
+  FP8KIT_CHECK(o.checkpoint_every == 0 || !o.save_checkpoint.empty(),
                "--checkpoint-every needs --save-checkpoint FILE (where to write)");
-  FP8KIT_CHECK(config.export_fp8.empty() ? !config.export_scheme && !config.export_layout : true,
+  FP8KIT_CHECK(o.export_fp8.empty() ? !o.export_scheme && !o.export_layout : true,
                "--export-scheme and --export-layout need --export-fp8 PATH (where to write)");
-  if (!config.export_fp8.empty()) {
-    export_options_ =
-        resolve_fp8_export(recipe, config.export_scheme, config.export_layout, config.export_input_scales);
+  if (!o.export_fp8.empty()) {
+    export_options_ = resolve_fp8_export(recipe, o.export_scheme, o.export_layout, o.export_input_scales);
   }
-  if (!config.save_checkpoint.empty()) fingerprint_ = data_fingerprint(config);
-  if (resuming()) check_resumable(config.resume_from, read_train_checkpoint_info(config.resume_from), config, recipe);
-}
-
-TrainProgress TrainCheckpointer::resume(Model& model, AdamW& optimizer) {
-  return load_train_checkpoint(config_.resume_from, config_, recipe_, model, optimizer);
-}
-
-void TrainCheckpointer::save(Model& model, const AdamW& optimizer, const std::vector<float>& losses,
-                             std::int64_t skipped_steps) {
-  TrainProgress p{static_cast<std::int64_t>(losses.size()), losses, skipped_steps};
-  save_train_checkpoint(config_.save_checkpoint, config_, recipe_, model, optimizer, p, fingerprint_);
-  saved_at_ = p.next_step;
-}
-
-void TrainCheckpointer::after_step(std::int64_t step, Model& model, const AdamW& optimizer,
-                                   const std::vector<float>& losses, std::int64_t skipped_steps) {
-  if (config_.save_checkpoint.empty()) return;
-  const std::int64_t done = step + 1;
-  if (done == config_.steps || (config_.checkpoint_every > 0 && done % config_.checkpoint_every == 0)) {
-    save(model, optimizer, losses, skipped_steps);
+  if (!o.save_checkpoint.empty()) fingerprint_ = data_fingerprint(config);
+  if (!o.resume_from.empty()) {
+    check_resumable(o.resume_from, read_train_checkpoint_info(o.resume_from), config, recipe);
   }
 }
 
-void TrainCheckpointer::finish(Model& model, const AdamW& optimizer, const std::vector<float>& losses,
-                               std::int64_t skipped_steps) {
-  const auto done = static_cast<std::int64_t>(losses.size());
-  if (!config_.save_checkpoint.empty() && saved_at_ != done) save(model, optimizer, losses, skipped_steps);
-  if (export_options_) export_fp8_checkpoint(config_.export_fp8, model, config_, recipe_, done, *export_options_);
+void TrainCheckpointer::save(Trainer& trainer, const TrainProgress& progress) {
+  save_train_checkpoint(options_.save_checkpoint, config_, recipe_, trainer.model(), trainer.optimizer(), progress,
+                        fingerprint_);
+  saved_at_ = progress.next_step;
 }
 
-}  // namespace fp8kit::nn
+TrainHooks TrainCheckpointer::hooks(TrainHooks base) {
+  if (!options_.resume_from.empty()) {
+    base.resume = [this](Trainer& trainer, TrainProgress& progress) {
+      progress = load_train_checkpoint(options_.resume_from, config_, recipe_, trainer.model(), trainer.optimizer());
+    };
+  }
+  base.after_step = [this](Trainer& trainer, const TrainProgress& progress) {
+    if (options_.save_checkpoint.empty()) return;
+    const std::int64_t done = progress.next_step;
+    if (done == config_.steps || (options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0)) {
+      save(trainer, progress);
+    }
+  };
+  base.finish = [this](Trainer& trainer, const TrainProgress& progress) {
+    if (!options_.save_checkpoint.empty() && saved_at_ != progress.next_step) save(trainer, progress);
+    if (export_options_) {
+      export_fp8_checkpoint(options_.export_fp8, trainer.model(), config_, recipe_, progress.next_step,
+                            *export_options_);
+    }
+  };
+  return base;
+}
+
+TrainResult train_with_checkpoints(const TrainConfig& config, const PrecisionRecipe& recipe,
+                                   const TrainCheckpointOptions& options, Profiler* profiler,
+                                   const std::function<void(const StepLog&)>& on_step) {
+  TrainCheckpointer checkpoints(config, recipe, options);  // checks the options before any work
+  TrainHooks base;
+  base.on_step = on_step;
+  return train(config, recipe, profiler, checkpoints.hooks(std::move(base)));
+}
+
+}  // namespace fp8kit

@@ -16,10 +16,10 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
+#include "fp8kit/io/fp8_export.hpp"
 #include "fp8kit/io/safetensors.hpp"
-#include "fp8kit/nn/fp8_export.hpp"
+#include "fp8kit/io/train_checkpoint.hpp"
 #include "fp8kit/nn/train.hpp"
-#include "fp8kit/nn/train_checkpoint.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -85,21 +85,22 @@ void check_bit_identical_resume(TrainConfig config, const std::string& recipe_na
   const TempDir dir;
   const PrecisionRecipe recipe = *PrecisionRecipe::parse(recipe_name);
   const fs::path at_k = dir / "step_k.safetensors";
-  TrainConfig full = config;
+  TrainCheckpointOptions full;
   full.save_checkpoint = (dir / "full.safetensors").string();
   full.checkpoint_every = k;
-  const TrainResult uninterrupted = train(full, recipe, nullptr, [&](const StepLog& s) {
+  const TrainResult uninterrupted = train_with_checkpoints(config, recipe, full, nullptr, [&](const StepLog& s) {
     if (s.step + 1 == k) fs::copy_file(full.save_checkpoint, at_k);
   });
   const TrainCheckpointInfo info = read_train_checkpoint_info(at_k);
   EXPECT_EQ(info.next_step, k);
   EXPECT_EQ(info.steps, config.steps);
 
-  TrainConfig rest = config;
+  TrainCheckpointOptions rest;
   rest.resume_from = at_k.string();
   rest.save_checkpoint = (dir / "resumed.safetensors").string();
   std::vector<std::int64_t> steps_run;
-  const TrainResult resumed = train(rest, recipe, nullptr, [&](const StepLog& s) { steps_run.push_back(s.step); });
+  const TrainResult resumed =
+      train_with_checkpoints(config, recipe, rest, nullptr, [&](const StepLog& s) { steps_run.push_back(s.step); });
   EXPECT_EQ(resumed.start_step, k);
   ASSERT_FALSE(steps_run.empty());
   EXPECT_EQ(steps_run.front(), k);
@@ -196,7 +197,7 @@ TEST(TrainCheckpoint, EveryStatePieceRoundTrips) {
   EXPECT_EQ(info.model, "gpt");
   EXPECT_EQ(info.seed, config.seed);
   EXPECT_EQ(info.steps, 10);
-  EXPECT_EQ(info.lr, config.lr);
+  EXPECT_EQ(info.adamw.lr, config.adamw.lr);
   EXPECT_EQ(info.warmup_steps, config.warmup_steps);
   EXPECT_EQ(info.recipe.name(), "fp8-delayed");
   EXPECT_EQ(info.recipe.amax_history_length, recipe.amax_history_length);
@@ -212,9 +213,10 @@ class TrainCheckpointRefusal : public ::testing::Test {
     dir_ = new TempDir("refusal_suite");
     TrainConfig c = run_of("gpt", 3);
     c.steps = 1;
-    c.save_checkpoint = good().string();
-    c.export_fp8 = (*dir_ / "export.safetensors").string();
-    train(c, recipe());
+    TrainCheckpointOptions o;
+    o.save_checkpoint = good().string();
+    o.export_fp8 = (*dir_ / "export.safetensors").string();
+    train_with_checkpoints(c, recipe(), o);
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -267,10 +269,11 @@ class TrainCheckpointRefusal : public ::testing::Test {
   static void expect_train_refused(const fs::path& file, TrainConfig c, const PrecisionRecipe& r,
                                    const std::string& needle) {
     SCOPED_TRACE(needle);
-    c.resume_from = file.string();
+    TrainCheckpointOptions o;
+    o.resume_from = file.string();
     bool stepped = false;
     try {
-      train(c, r, nullptr, [&](const StepLog&) { stepped = true; });
+      train_with_checkpoints(c, r, o, nullptr, [&](const StepLog&) { stepped = true; });
       ADD_FAILURE() << "trained";
     } catch (const Error& e) {
       const std::string what = e.what();
@@ -315,6 +318,14 @@ TEST_F(TrainCheckpointRefusal, MetadataVersionAndFields) {
                  "unknown recipe 'fp7'");
   expect_refused(edited("past_end.safetensors", [](auto&, auto& m) { m["fp8kit.train.next_step"] = "9"; }),
                  "cannot be");
+  expect_refused(edited("bad_adamw.safetensors", [](auto&, auto& m) { m["fp8kit.train.adamw"] = "beta1=0.9"; }),
+                 "has no valid beta2");
+  // A checkpoint from before the optimizer's settings were recorded ran kTrainAdamW's: it still resumes.
+  const fs::path legacy = edited("legacy.safetensors", [](auto&, auto& m) { m.erase("fp8kit.train.adamw"); });
+  const TrainCheckpointInfo info = read_train_checkpoint_info(legacy);
+  EXPECT_EQ(info.adamw.beta2, kTrainAdamW.beta2);
+  EXPECT_EQ(info.adamw.weight_decay, kTrainAdamW.weight_decay);
+  EXPECT_NO_THROW(check_resumable(legacy, info, config(), recipe()));
 }
 
 TEST_F(TrainCheckpointRefusal, ARunThatIsNotTheCheckpointsOne) {
@@ -332,8 +343,14 @@ TEST_F(TrainCheckpointRefusal, ARunThatIsNotTheCheckpointsOne) {
   area.fp8_conv_max_kernel_area = 49;
   expect_train_refused(good(), config(), area, "--fp8-conv-max-kernel-area 32");
   TrainConfig lr = config();
-  lr.lr = 1e-3;
+  lr.adamw.lr = 1e-3;
   expect_train_refused(good(), lr, recipe(), "same learning rate");
+  TrainConfig decay = config();
+  decay.adamw.weight_decay = 0.01;
+  expect_train_refused(good(), decay, recipe(), "same optimizer settings");
+  TrainConfig beta2 = config();
+  beta2.adamw.beta2 = 0.999;
+  expect_train_refused(good(), beta2, recipe(), "beta2=0.95");
   TrainConfig batch = config();
   batch.batch = 8;
   expect_train_refused(good(), batch, recipe(), "resume it with --batch 16");
@@ -358,20 +375,21 @@ TEST_F(TrainCheckpointRefusal, DataIsComparedByContent) {
   std::ofstream(dir / "other.txt") << text << "more";
   TrainConfig c = config();
   c.data_path = (dir / "a.txt").string();
-  c.save_checkpoint = (dir / "ck.safetensors").string();
-  train(c, recipe());
+  TrainCheckpointOptions save;
+  save.save_checkpoint = (dir / "ck.safetensors").string();
+  train_with_checkpoints(c, recipe(), save);
   TrainConfig moved = c;
-  moved.save_checkpoint.clear();
   moved.steps = 2;
-  moved.resume_from = c.save_checkpoint;
+  TrainCheckpointOptions resume;
+  resume.resume_from = save.save_checkpoint;
   moved.data_path = (dir / "moved.txt").string();
-  EXPECT_EQ(train(moved, recipe()).start_step, 1);  // the same text under another name resumes
+  EXPECT_EQ(train_with_checkpoints(moved, recipe(), resume).start_step, 1);  // the same text under another name
   TrainConfig other = moved;
   other.data_path = (dir / "other.txt").string();
-  expect_train_refused(c.save_checkpoint, other, recipe(), "has other contents");
+  expect_train_refused(save.save_checkpoint, other, recipe(), "has other contents");
   TrainConfig generated = moved;
   generated.data_path.clear();
-  expect_train_refused(c.save_checkpoint, generated, recipe(), "resume it with --data");
+  expect_train_refused(save.save_checkpoint, generated, recipe(), "resume it with --data");
 }
 
 TEST_F(TrainCheckpointRefusal, TensorsMissingExtraMisshapenOrCorrupted) {
@@ -444,10 +462,11 @@ TEST(Fp8Export, NativeFileRecordsDtypeOverflowAndRecipe) {
   const TempDir dir;
   const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
   TrainConfig c = run_of("gpt", 2);
-  c.export_fp8 = (dir / "model.safetensors").string();
-  c.save_checkpoint = (dir / "ck.safetensors").string();
-  train(c, recipe);
-  const SafetensorsFile f = SafetensorsFile::open(c.export_fp8);
+  TrainCheckpointOptions o;
+  o.export_fp8 = (dir / "model.safetensors").string();
+  o.save_checkpoint = (dir / "ck.safetensors").string();
+  train_with_checkpoints(c, recipe, o);
+  const SafetensorsFile f = SafetensorsFile::open(o.export_fp8);
   const auto& m = f.metadata();
   EXPECT_EQ(m.at("fp8kit.export.original_dtype"), "float32");
   EXPECT_EQ(m.at("fp8kit.export.overflow"), "saturate");
@@ -455,7 +474,7 @@ TEST(Fp8Export, NativeFileRecordsDtypeOverflowAndRecipe) {
   EXPECT_EQ(m.at("fp8kit.export.model"), "gpt");
   EXPECT_EQ(m.at("fp8kit.export.steps"), "2");
   EXPECT_EQ(detect_layout(f).layout, CheckpointLayout::kNative);
-  const SafetensorsFile ck = SafetensorsFile::open(c.save_checkpoint);
+  const SafetensorsFile ck = SafetensorsFile::open(o.save_checkpoint);
   int quantized = 0;
   for (const SafetensorsTensor& t : f.tensors()) {
     if (t.name.ends_with(".scale_inv")) continue;

@@ -14,7 +14,7 @@
 #include "fp8kit/nn/precision.hpp"
 #include "fp8kit/nn/train.hpp"
 
-namespace fp8kit::nn {
+namespace fp8kit {
 
 struct Fp8ExportOptions {
   QuantScheme scheme = QuantScheme::kFp8Tensor;
@@ -34,7 +34,7 @@ struct Fp8ExportOptions {
 // Error(kInvalidArgument) with layout_refusal()'s line for a combination the layout cannot store.
 // static_input_scales is refused (Error(kInvalidArgument), one line) for recipes without delayed scaling and for
 // layouts without static activations.
-Fp8ExportOptions resolve_fp8_export(const PrecisionRecipe& recipe, std::optional<QuantScheme> scheme,
+Fp8ExportOptions resolve_fp8_export(const nn::PrecisionRecipe& recipe, std::optional<QuantScheme> scheme,
                                     std::optional<CheckpointLayout> layout, bool static_input_scales = false);
 
 struct Fp8ExportSummary {
@@ -52,8 +52,8 @@ struct Fp8ExportSummary {
 // steps, scheme, layout, format, original_dtype (float32), overflow (saturate); "fp8kit.export.tensor.<weight>" =
 // "scheme=...;format=...;dtype=float32;overflow=saturate" for each quantized weight; and the native layout's own
 // entries. Crash-safe (write_safetensors, AtomicFile). Throws Error(kInvalidArgument) when no weight is quantized.
-Fp8ExportSummary export_fp8_checkpoint(const std::filesystem::path& path, Model& model, const TrainConfig& config,
-                                       const PrecisionRecipe& recipe, std::int64_t steps_done,
-                                       const Fp8ExportOptions& options);
+Fp8ExportSummary export_fp8_checkpoint(const std::filesystem::path& path, nn::Model& model,
+                                       const nn::TrainConfig& config, const nn::PrecisionRecipe& recipe,
+                                       std::int64_t steps_done, const Fp8ExportOptions& options);
 
-}  // namespace fp8kit::nn
+}  // namespace fp8kit
