@@ -2,10 +2,12 @@
 // strict reading back (every field and tensor checked before the model is touched), plus the trainer's hooks.
 #include "fp8kit/io/train_checkpoint.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <system_error>
@@ -74,26 +76,49 @@ std::string adamw_settings(const AdamWOptions& o) {
          ";weight_decay=" + exact(o.weight_decay) + ";decay=" + (o.decay == DecayPolicy::kAll ? "all" : "matrices");
 }
 
-// "key=value;..." as a map.
-std::map<std::string, std::string> settings_fields(const std::string& settings) {
-  std::map<std::string, std::string> fields;
-  std::size_t begin = 0;
-  while (begin <= settings.size()) {
-    const std::size_t end = std::min(settings.find(';', begin), settings.size());
-    const std::string item = settings.substr(begin, end - begin);
-    const std::size_t eq = item.find('=');
-    if (eq != std::string::npos) fields[item.substr(0, eq)] = item.substr(eq + 1);
-    begin = end + 1;
-  }
-  return fields;
-}
-
 template <typename T>
 bool parse_number(std::string_view text, T& out) {
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, out);
   return ec == std::errc() && ptr == end && !text.empty();
 }
+
+// One "key=value;..." metadata field of a file (recipe_settings, adamw), its items checked as they are read.
+class Settings {
+ public:
+  Settings(const fs::path& path, std::string field, const std::string& text)
+      : path_(path), field_(std::move(field)), text_(text) {
+    std::size_t begin = 0;
+    while (begin <= text.size()) {
+      const std::size_t end = std::min(text.find(';', begin), text.size());
+      const std::string item = text.substr(begin, end - begin);
+      const std::size_t eq = item.find('=');
+      if (eq != std::string::npos) items_[item.substr(0, eq)] = item.substr(eq + 1);
+      begin = end + 1;
+    }
+  }
+  template <typename T>
+  void number(const char* k, T& out) const {
+    const auto it = items_.find(k);
+    check(it != items_.end() && parse_number(it->second, out), k);
+  }
+  // The item's value, which must be one of `choices`.
+  const std::string& choice(const char* k, std::initializer_list<std::string_view> choices) const {
+    const auto it = items_.find(k);
+    check(it != items_.end() && std::find(choices.begin(), choices.end(), it->second) != choices.end(), k);
+    return it->second;
+  }
+
+ private:
+  void check(bool ok, const char* k) const {
+    FP8KIT_CHECK_KIND(ok, ErrorKind::kParse, quoted(path_), ": __metadata__ '", key(field_), "' has no valid ", k,
+                      " ('", text_, "')");
+  }
+  const fs::path& path_;
+  std::string field_;
+  const std::string& text_;
+  std::map<std::string, std::string> items_;
+};
 
 // Reads the checked metadata fields of one file.
 class MetadataReader {
@@ -120,21 +145,13 @@ class MetadataReader {
     FP8KIT_CHECK_KIND(parsed.has_value(), ErrorKind::kParse, quoted(path_), ": unknown recipe '", name,
                       "' in __metadata__ (written by a newer fp8kit?)");
     PrecisionRecipe r = *parsed;
-    const std::string& settings = text("recipe_settings");
-    const std::map<std::string, std::string> fields = settings_fields(settings);
-    auto field = [&](const char* k, auto& out) {
-      FP8KIT_CHECK_KIND(fields.count(k) && parse_number(fields.at(k), out), ErrorKind::kParse, quoted(path_),
-                        ": __metadata__ '", key("recipe_settings"), "' has no valid ", k, " ('", settings, "')");
-    };
-    field("amax_history_length", r.amax_history_length);
-    field("margin", r.margin);
-    field("fp8_conv_max_kernel_area", r.fp8_conv_max_kernel_area);
-    field("min_fp8_gemm_macs", r.min_fp8_gemm_macs);
-    const auto compute = fields.find("amax_compute");
-    FP8KIT_CHECK_KIND(compute != fields.end() && (compute->second == "max" || compute->second == "most_recent"),
-                      ErrorKind::kParse, quoted(path_), ": __metadata__ '", key("recipe_settings"),
-                      "' has no valid amax_compute ('", settings, "')");
-    r.amax_compute = compute->second == "max" ? AmaxCompute::kMax : AmaxCompute::kMostRecent;
+    const Settings settings(path_, "recipe_settings", text("recipe_settings"));
+    settings.number("amax_history_length", r.amax_history_length);
+    settings.number("margin", r.margin);
+    settings.number("fp8_conv_max_kernel_area", r.fp8_conv_max_kernel_area);
+    settings.number("min_fp8_gemm_macs", r.min_fp8_gemm_macs);
+    r.amax_compute =
+        settings.choice("amax_compute", {"max", "most_recent"}) == "max" ? AmaxCompute::kMax : AmaxCompute::kMostRecent;
     return r;
   }
   // The optimizer's settings. Checkpoints written before they were configurable have no "adamw" key: they ran
@@ -143,21 +160,12 @@ class MetadataReader {
     AdamWOptions o = nn::kTrainAdamW;
     o.lr = number<double>("lr");
     if (metadata_.find(key("adamw")) == metadata_.end()) return o;
-    const std::string& settings = text("adamw");
-    const std::map<std::string, std::string> fields = settings_fields(settings);
-    auto field = [&](const char* k, double& out) {
-      FP8KIT_CHECK_KIND(fields.count(k) && parse_number(fields.at(k), out), ErrorKind::kParse, quoted(path_),
-                        ": __metadata__ '", key("adamw"), "' has no valid ", k, " ('", settings, "')");
-    };
-    field("beta1", o.beta1);
-    field("beta2", o.beta2);
-    field("eps", o.eps);
-    field("weight_decay", o.weight_decay);
-    const auto decay = fields.find("decay");
-    FP8KIT_CHECK_KIND(decay != fields.end() && (decay->second == "all" || decay->second == "matrices"),
-                      ErrorKind::kParse, quoted(path_), ": __metadata__ '", key("adamw"), "' has no valid decay ('",
-                      settings, "')");
-    o.decay = decay->second == "all" ? DecayPolicy::kAll : DecayPolicy::kMatricesOnly;
+    const Settings settings(path_, "adamw", text("adamw"));
+    settings.number("beta1", o.beta1);
+    settings.number("beta2", o.beta2);
+    settings.number("eps", o.eps);
+    settings.number("weight_decay", o.weight_decay);
+    o.decay = settings.choice("decay", {"all", "matrices"}) == "all" ? DecayPolicy::kAll : DecayPolicy::kMatricesOnly;
     return o;
   }
 
