@@ -66,102 +66,128 @@ float e8m0_to_float(std::uint8_t code) {
 
 // ---------------------------------------------------------------- names
 
+// ---------------------------------------------------------------- the schemes and layouts, as tables
+
+namespace {
+
+// A weight scheme: the scaling layer's granularity under a checkpoint name, and the layout it is written in when
+// none is named (the one serving stacks read for it).
+struct SchemeRow {
+  QuantScheme scheme;
+  std::string_view name;
+  Granularity granularity;
+  CheckpointLayout default_layout;
+};
+const SchemeRow kSchemes[] = {
+    {QuantScheme::kFp8Tensor, "fp8-tensor", Granularity::tensor(), CheckpointLayout::kCompressedTensors},
+    {QuantScheme::kFp8Channel, "fp8-channel", Granularity::row(), CheckpointLayout::kCompressedTensors},
+    {QuantScheme::kFp8Block, "fp8-block", Granularity::block(128, 128), CheckpointLayout::kDeepSeek},
+    {QuantScheme::kMxfp8, "mxfp8", Granularity::mx(MxScaleMode::kFloor), CheckpointLayout::kMxfp8},
+};
+
+// A layout: the schemes it stores (all of them: native), whether it stores e5m2 weights (else e4m3fn only), and
+// whether it has static activation scales.
+struct LayoutRow {
+  CheckpointLayout layout;
+  std::string_view name;
+  std::vector<QuantScheme> schemes;
+  bool e5m2;
+  bool static_activations;
+};
+const LayoutRow kLayouts[] = {
+    {CheckpointLayout::kDeepSeek, "deepseek", {QuantScheme::kFp8Block}, false, false},
+    {CheckpointLayout::kCompressedTensors,
+     "compressed-tensors",
+     {QuantScheme::kFp8Tensor, QuantScheme::kFp8Channel, QuantScheme::kFp8Block},
+     false,
+     true},
+    {CheckpointLayout::kAutoFp8, "autofp8", {QuantScheme::kFp8Tensor}, false, true},
+    {CheckpointLayout::kFbgemm, "fbgemm", {QuantScheme::kFp8Channel}, false, false},
+    {CheckpointLayout::kMxfp8, "mxfp8", {QuantScheme::kMxfp8}, false, false},
+    {CheckpointLayout::kNative,
+     "native",
+     {QuantScheme::kFp8Tensor, QuantScheme::kFp8Channel, QuantScheme::kFp8Block, QuantScheme::kMxfp8},
+     true,
+     true},
+};
+
+const SchemeRow& row(QuantScheme scheme) {
+  return kSchemes[static_cast<std::size_t>(scheme)];
+}
+const LayoutRow& row(CheckpointLayout layout) {
+  return kLayouts[static_cast<std::size_t>(layout)];
+}
+
+}  // namespace
+
 std::string_view name(CheckpointLayout layout) {
-  switch (layout) {
-    case CheckpointLayout::kDeepSeek:
-      return "deepseek";
-    case CheckpointLayout::kCompressedTensors:
-      return "compressed-tensors";
-    case CheckpointLayout::kAutoFp8:
-      return "autofp8";
-    case CheckpointLayout::kFbgemm:
-      return "fbgemm";
-    case CheckpointLayout::kMxfp8:
-      return "mxfp8";
-    case CheckpointLayout::kNative:
-      return "native";
-  }
-  return "?";
+  return row(layout).name;
 }
 
 std::optional<CheckpointLayout> parse_checkpoint_layout(std::string_view text) {
-  for (CheckpointLayout l : kAllCheckpointLayouts) {
-    if (name(l) == text) return l;
+  for (const LayoutRow& r : kLayouts) {
+    if (r.name == text) return r.layout;
   }
   return std::nullopt;
 }
 
 std::string_view name(QuantScheme scheme) {
-  switch (scheme) {
-    case QuantScheme::kFp8Tensor:
-      return "fp8-tensor";
-    case QuantScheme::kFp8Channel:
-      return "fp8-channel";
-    case QuantScheme::kFp8Block:
-      return "fp8-block";
-    case QuantScheme::kMxfp8:
-      return "mxfp8";
-  }
-  return "?";
+  return row(scheme).name;
 }
 
 std::optional<QuantScheme> parse_quant_scheme(std::string_view text) {
-  for (QuantScheme s : kAllQuantSchemes) {
-    if (name(s) == text) return s;
+  for (const SchemeRow& r : kSchemes) {
+    if (r.name == text) return r.scheme;
   }
   return std::nullopt;
 }
 
 Granularity granularity_of(QuantScheme scheme) {
-  switch (scheme) {
-    case QuantScheme::kFp8Tensor:
-      return Granularity::tensor();
-    case QuantScheme::kFp8Channel:
-      return Granularity::row();
-    case QuantScheme::kFp8Block:
-      return Granularity::block(128, 128);
-    case QuantScheme::kMxfp8:
-      return Granularity::mx(MxScaleMode::kFloor);
+  return row(scheme).granularity;
+}
+
+std::optional<QuantScheme> scheme_of(const Granularity& g) {
+  for (const SchemeRow& r : kSchemes) {
+    const Granularity& s = r.granularity;
+    if (s.kind != g.kind) continue;
+    if (g.kind == Granularity::Kind::kBlock && (s.block_rows != g.block_rows || s.block_cols != g.block_cols)) {
+      continue;
+    }
+    return r.scheme;  // MX: either scale rule (the scheme writes FLOOR scales, as OCP MX specifies)
   }
-  return Granularity::tensor();
+  return std::nullopt;
+}
+
+CheckpointLayout default_layout(QuantScheme scheme) {
+  return row(scheme).default_layout;
+}
+
+std::optional<QuantScheme> implied_scheme(CheckpointLayout layout) {
+  const LayoutRow& r = row(layout);
+  return r.schemes.size() == 1 ? std::optional<QuantScheme>(r.schemes.front()) : std::nullopt;
+}
+
+std::optional<WeightStorage> resolve_storage(std::optional<QuantScheme> scheme, std::optional<CheckpointLayout> layout,
+                                             std::optional<QuantScheme> fallback) {
+  if (!scheme && layout) scheme = implied_scheme(*layout);
+  if (!scheme) scheme = fallback;
+  if (!scheme) return std::nullopt;
+  return WeightStorage{*scheme, layout.value_or(default_layout(*scheme))};
 }
 
 std::optional<std::string> layout_refusal(CheckpointLayout layout, QuantScheme scheme, Format format) {
-  if (layout == CheckpointLayout::kNative) {
-    if (format == Format::e4m3fn || format == Format::e5m2) return std::nullopt;
-    return "the native layout stores e4m3fn or e5m2 weights, not " + std::string(name(format));
-  }
-  std::vector<QuantScheme> ok;
-  switch (layout) {
-    case CheckpointLayout::kDeepSeek:
-      ok = {QuantScheme::kFp8Block};
-      break;
-    case CheckpointLayout::kCompressedTensors:
-      ok = {QuantScheme::kFp8Tensor, QuantScheme::kFp8Channel, QuantScheme::kFp8Block};
-      break;
-    case CheckpointLayout::kAutoFp8:
-      ok = {QuantScheme::kFp8Tensor};
-      break;
-    case CheckpointLayout::kFbgemm:
-      ok = {QuantScheme::kFp8Channel};
-      break;
-    case CheckpointLayout::kMxfp8:
-      ok = {QuantScheme::kMxfp8};
-      break;
-    case CheckpointLayout::kNative:
-      break;
-  }
-  if (std::find(ok.begin(), ok.end(), scheme) == ok.end()) {
+  const LayoutRow& r = row(layout);
+  if (std::find(r.schemes.begin(), r.schemes.end(), scheme) == r.schemes.end()) {
     std::string list;
-    for (QuantScheme s : ok) list += (list.empty() ? "" : ", ") + std::string(name(s));
-    return "the " + std::string(name(layout)) + " layout cannot store " + std::string(name(scheme)) +
-           " weights (it stores " + list + "; --layout native stores every scheme)";
+    for (QuantScheme s : r.schemes) list += (list.empty() ? "" : ", ") + std::string(name(s));
+    return "the " + std::string(r.name) + " layout cannot store " + std::string(name(scheme)) + " weights (it stores " +
+           list + "; --layout native stores every scheme)";
   }
-  if (format != Format::e4m3fn) {
-    return "the " + std::string(name(layout)) + " layout stores e4m3fn (F8_E4M3) weights, not " +
-           std::string(name(format)) + " (--layout native stores e5m2)";
-  }
-  return std::nullopt;
+  if (format == Format::e4m3fn || (format == Format::e5m2 && r.e5m2)) return std::nullopt;
+  if (r.e5m2)
+    return "the " + std::string(r.name) + " layout stores e4m3fn or e5m2 weights, not " + std::string(name(format));
+  return "the " + std::string(r.name) + " layout stores e4m3fn (F8_E4M3) weights, not " + std::string(name(format)) +
+         " (--layout native stores e5m2)";
 }
 
 // ---------------------------------------------------------------- config.json
@@ -570,13 +596,17 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
 }
 
 std::optional<std::string> static_input_scale_refusal(CheckpointLayout layout) {
-  if (layout == CheckpointLayout::kCompressedTensors || layout == CheckpointLayout::kAutoFp8 ||
-      layout == CheckpointLayout::kNative) {
-    return std::nullopt;
+  if (row(layout).static_activations) return std::nullopt;
+  std::vector<std::string_view> with;
+  for (const LayoutRow& r : kLayouts) {
+    if (r.static_activations) with.push_back(r.name);
+  }
+  std::string list;
+  for (std::size_t i = 0; i < with.size(); ++i) {
+    list += (i == 0 ? "" : i + 1 == with.size() ? " or " : ", ") + std::string(with[i]);
   }
   return "the " + std::string(name(layout)) +
-         " layout has no static activation scales (its activations are quantized dynamically); use "
-         "compressed-tensors, autofp8 or native";
+         " layout has no static activation scales (its activations are quantized dynamically); use " + list;
 }
 
 std::string quantization_config_json(CheckpointLayout layout, QuantScheme scheme, Format format,

@@ -17,17 +17,6 @@ using namespace nn;  // NOLINT: this file writes the training layer's models
 
 namespace fs = std::filesystem;
 
-QuantScheme recipe_scheme(const PrecisionRecipe& recipe) {
-  switch (recipe.kind) {
-    case RecipeKind::kFp8Block:
-      return QuantScheme::kFp8Block;
-    case RecipeKind::kMxfp8:
-      return QuantScheme::kMxfp8;
-    default:
-      return QuantScheme::kFp8Tensor;
-  }
-}
-
 bool is_linear_weight(const Parameter& p) {
   constexpr std::string_view kWeight = ".weight";
   return p.value.dim() == 2 && p.name.size() > kWeight.size() &&
@@ -49,30 +38,16 @@ Fp8ExportOptions resolve_fp8_export(const PrecisionRecipe& recipe, std::optional
                                     std::optional<CheckpointLayout> layout, bool static_input_scales) {
   Fp8ExportOptions o;
   o.static_input_scales = static_input_scales;
-  o.layout = layout.value_or(CheckpointLayout::kNative);
-  if (scheme) {
-    o.scheme = *scheme;
-  } else {
-    switch (o.layout) {
-      case CheckpointLayout::kDeepSeek:
-        o.scheme = QuantScheme::kFp8Block;
-        break;
-      case CheckpointLayout::kMxfp8:
-        o.scheme = QuantScheme::kMxfp8;
-        break;
-      case CheckpointLayout::kAutoFp8:
-        o.scheme = QuantScheme::kFp8Tensor;
-        break;
-      case CheckpointLayout::kFbgemm:
-        o.scheme = QuantScheme::kFp8Channel;
-        break;
-      default:
-        o.scheme = recipe_scheme(recipe);
-    }
-  }
+  // The recipe's weight scheme when neither option names one (per-tensor for the recipes without FP8 weights).
+  const QuantScheme recipe_scheme =
+      recipe.is_fp8() ? scheme_of(granularity_of(recipe, TensorRole::kWeight)).value_or(QuantScheme::kFp8Tensor)
+                      : QuantScheme::kFp8Tensor;
+  const WeightStorage storage = *resolve_storage(scheme, layout, recipe_scheme);
+  o.scheme = storage.scheme;
+  o.layout = storage.layout;
   if (auto refusal = layout_refusal(o.layout, o.scheme, o.format)) refuse(*refusal);
   if (static_input_scales) {
-    FP8KIT_CHECK(recipe.kind == RecipeKind::kFp8Delayed, "FP8 export: static input scales come from the amax ",
+    FP8KIT_CHECK(delayed_scaling(recipe), "FP8 export: static input scales come from the amax ",
                  "histories of delayed scaling; ", recipe.name(), " has none (train with --recipe fp8-delayed)");
     if (auto refusal = static_input_scale_refusal(o.layout)) refuse(*refusal + " (--export-layout)");
   }
@@ -97,8 +72,7 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
       {"fp8kit.export.overflow", "saturate"},
   };
   if (options.static_input_scales) {
-    FP8KIT_CHECK(recipe.kind == RecipeKind::kFp8Delayed, "FP8 export: static input scales need delayed scaling, not ",
-                 recipe.name());
+    FP8KIT_CHECK(delayed_scaling(recipe), "FP8 export: static input scales need delayed scaling, not ", recipe.name());
     metadata["fp8kit.export.input_scales"] =
         "static: each layer's delayed-scaling input scale_inv (its amax history, algorithm and margin applied)";
   }

@@ -18,34 +18,55 @@ namespace fp8kit::nn {
 
 namespace {
 
-struct RecipeName {
-  RecipeKind kind;
-  std::string_view name;
-};
-constexpr RecipeName kRecipeNames[] = {{RecipeKind::kFp32, "fp32"},
-                                       {RecipeKind::kBf16, "bf16"},
-                                       {RecipeKind::kFp8Delayed, "fp8-delayed"},
-                                       {RecipeKind::kFp8Current, "fp8-current"},
-                                       {RecipeKind::kFp8Block, "fp8-block"},
-                                       {RecipeKind::kMxfp8, "mxfp8"}};
 constexpr std::string_view kFakeSuffix = "-fake";
 
-// The FP8 format of a role: E5M2 for gradients under the HYBRID recipes (delayed, current), E4M3 otherwise.
-Format format_of(const PrecisionRecipe& r, TensorRole role) {
-  const bool hybrid = r.kind == RecipeKind::kFp8Delayed || r.kind == RecipeKind::kFp8Current;
-  return hybrid && role == TensorRole::kGradOutput ? Format::e5m2 : Format::e4m3fn;
-}
+// Roles in the order of TensorRole, for the per-role columns of the recipe table.
+constexpr std::size_t kRoles = 3;
 
-// The granularity of a role, over an operand whose rows are reduced along their columns (cols = K).
-Granularity granularity_of(const PrecisionRecipe& r, TensorRole role) {
-  switch (r.kind) {
-    case RecipeKind::kFp8Block:
-      return role == TensorRole::kWeight ? Granularity::block(128, 128) : Granularity::block(1, 128);
-    case RecipeKind::kMxfp8:
-      return Granularity::mx(MxScaleMode::kRceil);
-    default:
-      return Granularity::tensor();
-  }
+// A recipe kind as a row over the scaling vocabulary: its name and, for each role (input, weight, grad_output), the
+// FP8 format and the granularity of its scales (over an operand whose rows are reduced along their columns, cols =
+// K); delayed: the per-tensor scales come from amax histories. The non-FP8 kinds leave the columns unused.
+struct RecipeRow {
+  RecipeKind kind;
+  std::string_view name;
+  bool fp8;
+  bool delayed;
+  std::array<Format, kRoles> format;
+  std::array<Granularity, kRoles> granularity;
+};
+// The HYBRID recipes (Transformer Engine): E4M3 forward, E5M2 gradients; DeepSeek-V3 and MX: E4M3 everywhere.
+const RecipeRow kRecipes[] = {
+    {RecipeKind::kFp32, "fp32", false, false, {}, {}},
+    {RecipeKind::kBf16, "bf16", false, false, {}, {}},
+    {RecipeKind::kFp8Delayed,
+     "fp8-delayed",
+     true,
+     true,
+     {Format::e4m3fn, Format::e4m3fn, Format::e5m2},
+     {Granularity::tensor(), Granularity::tensor(), Granularity::tensor()}},
+    {RecipeKind::kFp8Current,
+     "fp8-current",
+     true,
+     false,
+     {Format::e4m3fn, Format::e4m3fn, Format::e5m2},
+     {Granularity::tensor(), Granularity::tensor(), Granularity::tensor()}},
+    {RecipeKind::kFp8Block,
+     "fp8-block",
+     true,
+     false,
+     {Format::e4m3fn, Format::e4m3fn, Format::e4m3fn},
+     {Granularity::block(1, 128), Granularity::block(128, 128), Granularity::block(1, 128)}},
+    {RecipeKind::kMxfp8,
+     "mxfp8",
+     true,
+     false,
+     {Format::e4m3fn, Format::e4m3fn, Format::e4m3fn},
+     {Granularity::mx(MxScaleMode::kRceil), Granularity::mx(MxScaleMode::kRceil),
+      Granularity::mx(MxScaleMode::kRceil)}},
+};
+
+const RecipeRow& row_of(RecipeKind kind) {
+  return kRecipes[static_cast<std::size_t>(kind)];
 }
 
 MatrixView matrix_of(const Tensor& x) {
@@ -139,11 +160,24 @@ ActivationView view_of(const Tensor& t, std::int64_t rows, std::int64_t cols) {
 
 }  // namespace
 
+bool PrecisionRecipe::is_fp8() const {
+  return row_of(kind).fp8;
+}
+
 std::string PrecisionRecipe::name() const {
-  for (const RecipeName& r : kRecipeNames) {
-    if (r.kind == kind) return std::string(r.name) + (is_fp8() && mode == Fp8Mode::kFakeQuant ? "-fake" : "");
-  }
-  return "?";
+  return std::string(row_of(kind).name) + (is_fp8() && mode == Fp8Mode::kFakeQuant ? "-fake" : "");
+}
+
+Format format_of(const PrecisionRecipe& r, TensorRole role) {
+  return row_of(r.kind).format[static_cast<std::size_t>(role)];
+}
+
+Granularity granularity_of(const PrecisionRecipe& r, TensorRole role) {
+  return row_of(r.kind).granularity[static_cast<std::size_t>(role)];
+}
+
+bool delayed_scaling(const PrecisionRecipe& r) {
+  return row_of(r.kind).delayed;
 }
 
 std::optional<PrecisionRecipe> PrecisionRecipe::parse(std::string_view text) {
@@ -152,7 +186,7 @@ std::optional<PrecisionRecipe> PrecisionRecipe::parse(std::string_view text) {
     recipe.mode = Fp8Mode::kFakeQuant;
     text.remove_suffix(kFakeSuffix.size());
   }
-  for (const RecipeName& r : kRecipeNames) {
+  for (const RecipeRow& r : kRecipes) {
     if (r.name == text) {
       recipe.kind = r.kind;
       if (recipe.mode == Fp8Mode::kFakeQuant && !recipe.is_fp8()) return std::nullopt;
@@ -219,7 +253,7 @@ namespace {
 
 // The scales a recipe quantizes a role with lie in blocks (fp8-block, mxfp8), not one per tensor.
 bool blocked_scales(const PrecisionRecipe& r, TensorRole role) {
-  return r.is_fp8() && r.kind != RecipeKind::kFp8Delayed && granularity_of(r, role).kind != Granularity::Kind::kTensor;
+  return r.is_fp8() && !delayed_scaling(r) && granularity_of(r, role).kind != Granularity::Kind::kTensor;
 }
 
 }  // namespace
@@ -260,7 +294,7 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
   ScaledMatrix q;
   float amax_value = 0.0f, scale = 1.0f;
   bool nonfinite = false;
-  if (r.kind == RecipeKind::kFp8Delayed) {
+  if (delayed_scaling(r)) {
     FP8KIT_CHECK(call.state != nullptr, "prepare_operand: delayed scaling needs the layer's state (", call.op, ")");
     const AmaxResult a = amax(std::span<const float>(m.data, static_cast<std::size_t>(m.rows * m.cols)));
     DelayedScaling& s = call.state->of(role);

@@ -80,6 +80,47 @@ TEST(CheckpointLayout, NamesRoundTrip) {
 
 // Every layout x scheme x format x input dtype x awkward shape: either refused with the layout's reason, or
 // stored in the layout's names/shapes/dtypes and read back bit-exactly as fp8kit::dequantize of the same matrix.
+// The defaults come from the two tables: every scheme's default layout stores it; a layout that stores one scheme
+// implies it, the two that store several imply nothing; resolve_storage applies the rules in order; scheme_of
+// inverts granularity_of.
+TEST(CheckpointLayout, DefaultsFromTheTables) {
+  for (QuantScheme s : kAllQuantSchemes) {
+    EXPECT_FALSE(layout_refusal(default_layout(s), s, Format::e4m3fn)) << name(s);
+    EXPECT_EQ(scheme_of(granularity_of(s)), s) << name(s);
+    const auto r = resolve_storage(s, std::nullopt);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->scheme, s);
+    EXPECT_EQ(r->layout, default_layout(s));
+  }
+  EXPECT_EQ(default_layout(QuantScheme::kFp8Tensor), CheckpointLayout::kCompressedTensors);
+  EXPECT_EQ(default_layout(QuantScheme::kFp8Channel), CheckpointLayout::kCompressedTensors);
+  EXPECT_EQ(default_layout(QuantScheme::kFp8Block), CheckpointLayout::kDeepSeek);
+  EXPECT_EQ(default_layout(QuantScheme::kMxfp8), CheckpointLayout::kMxfp8);
+  EXPECT_EQ(implied_scheme(CheckpointLayout::kDeepSeek), QuantScheme::kFp8Block);
+  EXPECT_EQ(implied_scheme(CheckpointLayout::kAutoFp8), QuantScheme::kFp8Tensor);
+  EXPECT_EQ(implied_scheme(CheckpointLayout::kFbgemm), QuantScheme::kFp8Channel);
+  EXPECT_EQ(implied_scheme(CheckpointLayout::kMxfp8), QuantScheme::kMxfp8);
+  EXPECT_FALSE(implied_scheme(CheckpointLayout::kCompressedTensors));
+  EXPECT_FALSE(implied_scheme(CheckpointLayout::kNative));
+  for (CheckpointLayout l : kAllCheckpointLayouts) {
+    if (const auto s = implied_scheme(l)) EXPECT_FALSE(layout_refusal(l, *s, Format::e4m3fn)) << name(l);
+  }
+  // given > implied > fallback; the layout given > the scheme's default
+  EXPECT_EQ(resolve_storage(std::nullopt, CheckpointLayout::kFbgemm)->scheme, QuantScheme::kFp8Channel);
+  EXPECT_EQ(resolve_storage(std::nullopt, CheckpointLayout::kFbgemm, QuantScheme::kFp8Block)->scheme,
+            QuantScheme::kFp8Channel);
+  EXPECT_EQ(resolve_storage(std::nullopt, CheckpointLayout::kNative, QuantScheme::kMxfp8)->scheme, QuantScheme::kMxfp8);
+  EXPECT_EQ(resolve_storage(QuantScheme::kFp8Tensor, CheckpointLayout::kNative)->layout, CheckpointLayout::kNative);
+  EXPECT_FALSE(resolve_storage(std::nullopt, CheckpointLayout::kCompressedTensors));
+  EXPECT_FALSE(resolve_storage(std::nullopt, std::nullopt));
+  EXPECT_EQ(scheme_of(Granularity::mx(MxScaleMode::kRceil)), QuantScheme::kMxfp8);
+  EXPECT_FALSE(scheme_of(Granularity::block(1, 128)));
+  EXPECT_FALSE(scheme_of(Granularity::column()));
+  EXPECT_EQ(*static_input_scale_refusal(CheckpointLayout::kDeepSeek),
+            "the deepseek layout has no static activation scales (its activations are quantized dynamically); use "
+            "compressed-tensors, autofp8 or native");
+}
+
 TEST(CheckpointLayout, RoundTripEveryLayoutAndScheme) {
   int supported = 0, refused = 0;
   for (CheckpointLayout layout : kAllCheckpointLayouts) {

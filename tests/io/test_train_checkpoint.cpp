@@ -450,7 +450,17 @@ TEST(Fp8Export, OptionsFollowTheRecipeAndTheLayout) {
   EXPECT_EQ(resolve_fp8_export(r("fp8-block"), {}, {}).scheme, QuantScheme::kFp8Block);
   EXPECT_EQ(resolve_fp8_export(r("mxfp8"), {}, {}).scheme, QuantScheme::kMxfp8);
   EXPECT_EQ(resolve_fp8_export(r("fp8-delayed"), {}, {}).scheme, QuantScheme::kFp8Tensor);
-  EXPECT_EQ(resolve_fp8_export(r("fp32"), {}, {}).layout, CheckpointLayout::kNative);
+  // The layout defaults are `fp8kit quantize`'s (default_layout: the one serving stacks read for the scheme).
+  for (const char* n : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"}) {
+    const Fp8ExportOptions o = resolve_fp8_export(r(n), {}, {});
+    EXPECT_EQ(o.layout, default_layout(o.scheme)) << n;
+  }
+  EXPECT_EQ(resolve_fp8_export(r("fp32"), {}, {}).layout, CheckpointLayout::kCompressedTensors);
+  EXPECT_EQ(resolve_fp8_export(r("fp8-block"), {}, {}).layout, CheckpointLayout::kDeepSeek);
+  EXPECT_EQ(resolve_fp8_export(r("mxfp8"), {}, {}).layout, CheckpointLayout::kMxfp8);
+  EXPECT_EQ(resolve_fp8_export(r("fp8-delayed"), QuantScheme::kFp8Channel, {}).layout,
+            CheckpointLayout::kCompressedTensors);
+  EXPECT_EQ(resolve_fp8_export(r("fp32"), {}, CheckpointLayout::kNative).scheme, QuantScheme::kFp8Tensor);
   EXPECT_EQ(resolve_fp8_export(r("fp32"), {}, CheckpointLayout::kDeepSeek).scheme, QuantScheme::kFp8Block);
   EXPECT_EQ(resolve_fp8_export(r("fp32"), {}, CheckpointLayout::kFbgemm).scheme, QuantScheme::kFp8Channel);
   EXPECT_EQ(resolve_fp8_export(r("fp8-block"), {}, CheckpointLayout::kCompressedTensors).scheme,
@@ -464,6 +474,7 @@ TEST(Fp8Export, NativeFileRecordsDtypeOverflowAndRecipe) {
   TrainConfig c = run_of("gpt", 2);
   TrainCheckpointOptions o;
   o.export_fp8 = (dir / "model.safetensors").string();
+  o.export_layout = CheckpointLayout::kNative;
   o.save_checkpoint = (dir / "ck.safetensors").string();
   train_with_checkpoints(c, recipe, o);
   const SafetensorsFile f = SafetensorsFile::open(o.export_fp8);
@@ -573,8 +584,8 @@ TEST(Fp8Export, CnnQuantizesItsLinearHeadAndKeepsConvolutions) {
   const PrecisionRecipe recipe = *PrecisionRecipe::parse("mxfp8");
   const TrainConfig c = run_of("cnn", 1);
   const auto model = make_model(c, recipe);
-  const Fp8ExportSummary s =
-      export_fp8_checkpoint(dir / "cnn.safetensors", *model, c, recipe, 0, resolve_fp8_export(recipe, {}, {}));
+  const Fp8ExportSummary s = export_fp8_checkpoint(dir / "cnn.safetensors", *model, c, recipe, 0,
+                                                   resolve_fp8_export(recipe, {}, CheckpointLayout::kNative));
   EXPECT_EQ(s.quantized, std::vector<std::string>{"head.weight"});
   const SafetensorsFile f = SafetensorsFile::open(dir / "cnn.safetensors");
   EXPECT_EQ(f.at("stem.weight").dtype, SafetensorsDType::F32);

@@ -81,6 +81,36 @@ RunResult run(const PrecisionRecipe& recipe, const Tensor& x, const Tensor& dy, 
   return r;
 }
 
+// The recipe table, row by row: formats, granularities and delayed scaling per role.
+TEST(Recipe, TableRows) {
+  const auto r = [](const char* n) { return *PrecisionRecipe::parse(n); };
+  for (const char* hybrid : {"fp8-delayed", "fp8-current"}) {
+    EXPECT_EQ(format_of(r(hybrid), TensorRole::kInput), Format::e4m3fn);
+    EXPECT_EQ(format_of(r(hybrid), TensorRole::kWeight), Format::e4m3fn);
+    EXPECT_EQ(format_of(r(hybrid), TensorRole::kGradOutput), Format::e5m2);
+    EXPECT_EQ(granularity_of(r(hybrid), TensorRole::kWeight).kind, Granularity::Kind::kTensor);
+  }
+  EXPECT_TRUE(delayed_scaling(r("fp8-delayed")));
+  EXPECT_FALSE(delayed_scaling(r("fp8-current")));
+  EXPECT_FALSE(delayed_scaling(r("fp8-block")));
+  EXPECT_EQ(granularity_of(r("fp8-block"), TensorRole::kWeight).name(), "block:128x128");
+  EXPECT_EQ(granularity_of(r("fp8-block"), TensorRole::kInput).name(), "block:1x128");
+  EXPECT_EQ(granularity_of(r("fp8-block"), TensorRole::kGradOutput).name(), "block:1x128");
+  EXPECT_EQ(format_of(r("fp8-block"), TensorRole::kGradOutput), Format::e4m3fn);
+  for (TensorRole role : {TensorRole::kInput, TensorRole::kWeight, TensorRole::kGradOutput}) {
+    const Granularity g = granularity_of(r("mxfp8"), role);
+    EXPECT_EQ(g.kind, Granularity::Kind::kMx);
+    EXPECT_EQ(g.mx_mode, MxScaleMode::kRceil);
+  }
+  for (const char* n : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-block-fake"}) {
+    EXPECT_EQ(r(n).name(), n);
+  }
+  EXPECT_FALSE(r("fp32").is_fp8());
+  EXPECT_FALSE(r("bf16").is_fp8());
+  EXPECT_TRUE(r("mxfp8").is_fp8());
+  EXPECT_FALSE(PrecisionRecipe::parse("bf16-fake"));
+}
+
 TEST(Linear, Fp32ExactToFp64Rounding) {
   const std::int64_t rows = 37, in = 200, out = 130;
   const Tensor x = random({rows, in}, 1), dy = random({rows, out}, 2);

@@ -417,12 +417,21 @@ def main():
               c["model.layers.0.pos_ids"].dtype == np.int64 and
               json.load(open(os.path.join(cd, "config.json")))["torch_dtype"] == "float32", r.stderr)
 
+        # a layout that stores one scheme implies it: --layout deepseek without --scheme is fp8-block
+        implied = os.path.join(root, "q-implied")
+        r = run(exe, "quantize", src, implied, "--layout", "deepseek")
+        check("quantize --layout deepseek implies fp8-block", r.returncode == 0 and
+              "(fp8-block e4m3fn, deepseek layout" in r.stdout, r.stdout + r.stderr)
+
         # errors: one line, exit 2
         pickle = os.path.join(root, "pytorch_model.bin")
         with open(pickle, "wb") as f:
             f.write(b"\x80\x02}q\x00.")
         bad = [
             (["quantize", src, os.path.join(root, "x1"), "--scheme", "fp8"], "quantize", "unknown --scheme"),
+            (["quantize", src, os.path.join(root, "x1")], "quantize", "--scheme is needed"),
+            (["quantize", src, os.path.join(root, "x1"), "--layout", "compressed-tensors"], "quantize",
+             "stores more than one scheme"),
             (["quantize", src, os.path.join(root, "x2"), "--scheme", "fp8-tensor", "--layout", "deepseek"], "quantize",
              "cannot store fp8-tensor"),
             (["quantize", src, os.path.join(root, "x3"), "--scheme", "fp8-block", "--format", "e5m2"], "quantize",

@@ -142,9 +142,17 @@ def outputs_are_replaced_only_with_force():
 def fp8_export_is_read_by_inspect_and_dequantize():
     with tempfile.TemporaryDirectory() as d:
         ck, ex, back = (os.path.join(d, n) for n in ("ck.safetensors", "ex.safetensors", "back.safetensors"))
-        run_ok("train", "--recipe", "fp8-block", "--steps", "2", "--save-checkpoint", ck, "--export-fp8", ex)
+        run_ok("train", "--recipe", "fp8-block", "--steps", "2", "--save-checkpoint", ck, "--export-fp8", ex,
+               "--export-layout", "native")
         info = json.loads(run_ok("inspect", "--json", "--no-analysis", ex)[0])
         assert info["layout"] == "native", info
+        # Without --export-layout, the export picks the layout `fp8kit quantize` picks for the scheme (deepseek for
+        # fp8-block, compressed-tensors for fp8-tensor): the same one default.
+        for recipe, layout in (("fp8-block", "deepseek"), ("fp8-delayed", "compressed-tensors")):
+            dflt = os.path.join(d, recipe + ".safetensors")
+            out, _ = run_ok("train", "--recipe", recipe, "--steps", "1", "--export-fp8", dflt)
+            assert ", %s layout)" % layout in out, out
+            assert json.loads(run_ok("inspect", "--json", "--no-analysis", dflt)[0])["layout"] == layout
         q = {w["weight"]: w["granularity"] for w in info["quantized"]}
         assert len(q) == 8 and "transformer.h.0.mlp.c_fc.weight" in q, q
         assert set(q.values()) == {"block:128x128"}, q

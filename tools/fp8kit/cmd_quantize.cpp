@@ -30,18 +30,6 @@ struct QuantizeArgs {
   std::string scale_fmt = "float";
 };
 
-// The default layout of each scheme: the one the serving stacks read for it.
-CheckpointLayout default_layout(QuantScheme scheme) {
-  switch (scheme) {
-    case QuantScheme::kFp8Block:
-      return CheckpointLayout::kDeepSeek;
-    case QuantScheme::kMxfp8:
-      return CheckpointLayout::kMxfp8;
-    default:
-      return CheckpointLayout::kCompressedTensors;
-  }
-}
-
 // Scales of quantized weights, kept from whichever of the weight's or the scale's fill ran first (the writer lays
 // tensors out by dtype, so either may come first); the FP8 codes are never kept, so memory stays at one tensor.
 struct ScaleCache {
@@ -51,22 +39,27 @@ struct ScaleCache {
 
 void run_quantize(const QuantizeArgs& args) {
   const auto start = std::chrono::steady_clock::now();
-  const auto scheme = parse_quant_scheme(args.scheme);
-  if (!scheme)
+  std::optional<QuantScheme> scheme;
+  if (!args.scheme.empty() && !(scheme = parse_quant_scheme(args.scheme))) {
     throw UsageError("unknown --scheme '" + args.scheme + "' (use fp8-tensor, fp8-channel, fp8-block, mxfp8)");
+  }
   const auto format = parse_format(args.format);
   if (!format || !(*format == Format::e4m3fn || *format == Format::e5m2)) {
     throw UsageError("--format must be e4m3fn or e5m2, not '" + args.format + "'");
   }
-  CheckpointLayout layout = default_layout(*scheme);
-  if (!args.layout.empty()) {
-    const auto l = parse_checkpoint_layout(args.layout);
-    if (!l) {
-      throw UsageError("unknown --layout '" + args.layout +
-                       "' (use deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native)");
-    }
-    layout = *l;
+  std::optional<CheckpointLayout> named_layout;
+  if (!args.layout.empty() && !(named_layout = parse_checkpoint_layout(args.layout))) {
+    throw UsageError("unknown --layout '" + args.layout +
+                     "' (use deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native)");
   }
+  const std::optional<WeightStorage> storage = resolve_storage(scheme, named_layout);
+  if (!storage) {
+    throw UsageError(named_layout ? "--scheme is needed: the " + args.layout + " layout stores more than one scheme"
+                                  : "--scheme is needed (fp8-tensor, fp8-channel, fp8-block, mxfp8), or a --layout "
+                                    "that stores one scheme (deepseek, autofp8, fbgemm, mxfp8)");
+  }
+  scheme = storage->scheme;
+  const CheckpointLayout layout = storage->layout;
   if (auto refusal = layout_refusal(layout, *scheme, *format)) throw UsageError(*refusal);
   if (args.scale_fmt != "float" && args.scale_fmt != "ue8m0") {
     throw UsageError("--scale-fmt must be float or ue8m0, not '" + args.scale_fmt + "'");
@@ -180,8 +173,8 @@ void add_quantize_command(CLI::App& app) {
       "quantize", "Quantize a checkpoint's linear weights to FP8 in a layout vLLM / Hugging Face load, or native");
   cmd->add_option("IN", args->in, "A .safetensors file or a checkpoint directory (bf16/f16/f32 weights)")->required();
   cmd->add_option("OUT", args->out, "The output file (.safetensors) or directory")->required();
-  cmd->add_option("--scheme", args->scheme, "fp8-tensor, fp8-channel, fp8-block (128x128), mxfp8 (1x32, E8M0)")
-      ->required();
+  cmd->add_option("--scheme", args->scheme,
+                  "fp8-tensor, fp8-channel, fp8-block (128x128), mxfp8 (1x32, E8M0); default: the one --layout stores");
   cmd->add_option("--format", args->format, "e4m3fn (default) or e5m2 (native layout only)");
   cmd->add_option("--layout", args->layout,
                   "deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native (default: deepseek for fp8-block, "

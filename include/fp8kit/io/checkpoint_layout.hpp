@@ -53,8 +53,29 @@ inline constexpr QuantScheme kAllQuantSchemes[] = {QuantScheme::kFp8Tensor, Quan
 // "fp8-tensor", "fp8-channel", "fp8-block", "mxfp8".
 std::string_view name(QuantScheme scheme);
 std::optional<QuantScheme> parse_quant_scheme(std::string_view text);
-// The granularity a scheme quantizes with.
+// The granularity a scheme quantizes with (the scaling layer's vocabulary: the schemes are rows of a table over it,
+// as the layouts are rows over the schemes), and the scheme of a granularity (MX of either scale rule: mxfp8;
+// nothing for a granularity no scheme has, such as 1x128 blocks).
 Granularity granularity_of(QuantScheme scheme);
+std::optional<QuantScheme> scheme_of(const Granularity& granularity);
+
+// The one place defaults are picked, for `fp8kit quantize` and `fp8kit train --export-fp8` alike. The layout a
+// scheme is written in when none is named: the one serving stacks read for it (fp8-tensor and fp8-channel:
+// compressed-tensors, fp8-block: deepseek, mxfp8: mxfp8). And the scheme a layout implies when only the layout is
+// named: its only one (deepseek: fp8-block, autofp8: fp8-tensor, fbgemm: fp8-channel, mxfp8: mxfp8), nothing for
+// the layouts that store several (compressed-tensors, native).
+CheckpointLayout default_layout(QuantScheme scheme);
+std::optional<QuantScheme> implied_scheme(CheckpointLayout layout);
+// A request with the defaults filled in by the two rules above: the scheme given, else the one the layout implies,
+// else `fallback` (an export: the recipe's weight scheme); the layout given, else the scheme's default. Nothing when
+// no scheme follows (no scheme, a layout that stores several, no fallback). Whether the layout can store the result
+// is layout_refusal()'s to say.
+struct WeightStorage {
+  QuantScheme scheme;
+  CheckpointLayout layout;
+};
+std::optional<WeightStorage> resolve_storage(std::optional<QuantScheme> scheme, std::optional<CheckpointLayout> layout,
+                                             std::optional<QuantScheme> fallback = std::nullopt);
 
 // Whether `layout` can store weights of `scheme` in `format`; when not, the reason (one line), else nothing.
 // deepseek: fp8-block; compressed-tensors: fp8-tensor, fp8-channel, fp8-block; autofp8: fp8-tensor; fbgemm:

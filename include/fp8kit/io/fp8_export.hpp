@@ -30,7 +30,8 @@ struct Fp8ExportOptions {
 
 // The options for a recipe and what the user chose. The scheme, when not given: the one the layout needs (deepseek:
 // fp8-block, mxfp8: mxfp8, autofp8: fp8-tensor, fbgemm: fp8-channel), else the recipe's weight granularity
-// (fp8-block for fp8-block, mxfp8 for mxfp8, fp8-tensor otherwise). The layout, when not given: native. Throws
+// (fp8-block for fp8-block, mxfp8 for mxfp8, fp8-tensor otherwise). The layout, when not given: default_layout()
+// of the scheme, the one `fp8kit quantize` picks (resolve_storage() applies both rules). Throws
 // Error(kInvalidArgument) with layout_refusal()'s line for a combination the layout cannot store.
 // static_input_scales is refused (Error(kInvalidArgument), one line) for recipes without delayed scaling and for
 // layouts without static activations.

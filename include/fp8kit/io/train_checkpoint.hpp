@@ -81,7 +81,7 @@ struct TrainCheckpointOptions {
   std::string resume_from;            // continue the run of this checkpoint from its step to config.steps
   std::string export_fp8;             // the final weights as an FP8 inference checkpoint (.safetensors or a directory)
   std::optional<QuantScheme> export_scheme;       // default: resolve_fp8_export's
-  std::optional<CheckpointLayout> export_layout;  // default: native
+  std::optional<CheckpointLayout> export_layout;  // default: default_layout() of the scheme
   bool export_input_scales = false;               // static input_scale tensors from delayed scaling (Fp8ExportOptions)
 };
 

@@ -41,7 +41,7 @@ struct PrecisionRecipe {
   int fp8_conv_max_kernel_area = 32;
   std::int64_t min_fp8_gemm_macs = 0;
 
-  bool is_fp8() const { return kind != RecipeKind::kFp32 && kind != RecipeKind::kBf16; }
+  bool is_fp8() const;
   // "fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8" (+ "-fake" in fake-quant mode).
   std::string name() const;
   // Parses the names above (with or without "-fake"); nullopt for anything else.
@@ -53,6 +53,14 @@ struct PrecisionRecipe {
 // The three tensors of a GEMM-based layer, each with its own scaling state (Transformer Engine's meta per role).
 enum class TensorRole : std::uint8_t { kInput, kWeight, kGradOutput };
 std::string_view name(TensorRole role);
+
+// The recipes are rows of one table over the scaling layer's vocabulary (precision.cpp): for an FP8 recipe, the
+// format and the granularity each role is quantized with, and whether its per-tensor scales are delayed (amax
+// histories) or current. HYBRID (fp8-delayed, fp8-current): E4M3 input and weight, E5M2 gradients, per tensor;
+// fp8-block: E4M3, 1x128 input and gradient blocks, 128x128 weight blocks; mxfp8: E4M3, 1x32 MX blocks (RCEIL).
+Format format_of(const PrecisionRecipe& recipe, TensorRole role);
+Granularity granularity_of(const PrecisionRecipe& recipe, TensorRole role);
+bool delayed_scaling(const PrecisionRecipe& recipe);
 
 // What a quantization of one tensor role looked like this step (for --log-scales and the non-finite guard).
 struct ScaleRecord {
