@@ -37,10 +37,6 @@ std::string_view name(MmPath path) {
   return "?";
 }
 
-std::string_view name(MmContract contract) {
-  return contract == MmContract::kBitIdentical ? "bit-identical" : "fp32-bound";
-}
-
 double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, double max_scale) {
   constexpr double u = 0x1p-24;
   const double kd = static_cast<double>(std::max<std::int64_t>(k, 1));

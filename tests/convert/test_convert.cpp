@@ -39,7 +39,11 @@ void PrintTo(const TableCase& c, std::ostream* os) {
 
 class ConvertKernel : public ::testing::TestWithParam<TableCase> {
  protected:
-  void SetUp() override { FP8KIT_SKIP_UNLESS_RUNS(GetParam().isa, GetParam().needs_vbmi); }
+  void SetUp() override {
+    FP8KIT_SKIP_UNLESS_RUNS(GetParam().isa, GetParam().needs_vbmi);
+    // The contract every conversion table must declare, and the one the tests below check: the scalar table's bits.
+    ASSERT_EQ(kernels()->contract, KernelContract::kBitIdentical) << kernels()->name;
+  }
   static const KernelTable* kernels() { return &GetParam().table(); }
 };
 INSTANTIATE_TEST_SUITE_P(Tables, ConvertKernel, ::testing::ValuesIn(kTableCases),

@@ -344,7 +344,7 @@ void expect_gemm_contract(const ScaledMatrix& a, const ScaledMatrix& b, const Sc
                            (options.out_dtype == DType::bfloat16 ? " bf16" : "") + " [" +
                            std::string(got.dispatch.kernel) + "]";
   EXPECT_EQ(got.path, MmPath::kGemm) << what;
-  if (got.dispatch.contract == MmContract::kBitIdentical) {
+  if (got.dispatch.contract == KernelContract::kBitIdentical) {
     const ScaledMmResult want = scaled_mm_reference(a, b, options);
     EXPECT_EQ(got.m, want.m) << what;
     EXPECT_EQ(got.n, want.n) << what;
@@ -899,7 +899,7 @@ TEST_P(ScaledMmFast, NanAndInfCodesPropagateOnBothPaths) {
                 EXPECT_EQ(got, want.value[o]) << what << " at " << i << "," << j;
               }
             }
-          if (r.dispatch.contract == MmContract::kBitIdentical) {
+          if (r.dispatch.contract == KernelContract::kBitIdentical) {
             EXPECT_TRUE(same_bits(r.out, ref.out)) << what;
           }
           EXPECT_EQ(r.amax, ref.amax) << what;
@@ -946,7 +946,7 @@ TEST_P(WeightMm, NanAndInfCodesPropagateOnBothPaths) {
               EXPECT_EQ(out[o], want.value[o]) << what << " at " << i << "," << j;
             }
           }
-        if (dispatch.contract == MmContract::kBitIdentical) {
+        if (dispatch.contract == KernelContract::kBitIdentical) {
           EXPECT_TRUE(same_bits(out, ref)) << what;
         }
       }
@@ -986,7 +986,7 @@ TEST_P(ScaledMmFast, ThreadCountDoesNotChangeResults) {
       EXPECT_EQ(two.path, one.path) << what;
       EXPECT_TRUE(same_bits(two.out, one.out)) << what;
       EXPECT_EQ(two.amax, one.amax) << what;
-      if (one.dispatch.contract == MmContract::kBitIdentical) {
+      if (one.dispatch.contract == KernelContract::kBitIdentical) {
         EXPECT_TRUE(same_bits(one.out, scaled_mm_reference(a, b, options).out)) << what;
       } else {
         EXPECT_TRUE(within_bound(one.out, exact_scaled_mm(a, b, c.layout, bias))) << what;
@@ -1046,8 +1046,8 @@ TEST_P(WeightMm, GemmKeepsItsContract) {
                                      std::string(name(f)) + " " + g.name() + " " + std::string(name(dtype)) +
                                      (with_bias ? " +bias" : "");
             EXPECT_EQ(dispatch.path, MmPath::kGemm) << what;
-            if (dtype == DType::float32) EXPECT_EQ(dispatch.contract, MmContract::kBitIdentical) << what;
-            if (dispatch.contract == MmContract::kBitIdentical) {
+            if (dtype == DType::float32) EXPECT_EQ(dispatch.contract, KernelContract::kBitIdentical) << what;
+            if (dispatch.contract == KernelContract::kBitIdentical) {
               EXPECT_TRUE(same_bits(out, ref)) << what << " [" << dispatch.kernel << "]";
             } else {
               EXPECT_TRUE(within_bound(out, exact_weight_mm(x, w, bias))) << what << " [" << dispatch.kernel << "]";
@@ -1074,7 +1074,7 @@ TEST_P(WeightMm, GemmKeepsItsContractLargeManyPanels) {
     fp8_weight_mm(x.view(), w, out, bias, &dispatch);
     fp8_weight_mm_reference(x.view(), w, ref, bias);
     EXPECT_EQ(dispatch.path, MmPath::kGemm);
-    if (dispatch.contract == MmContract::kBitIdentical) {
+    if (dispatch.contract == KernelContract::kBitIdentical) {
       EXPECT_TRUE(same_bits(out, ref)) << name(dtype) << " [" << dispatch.kernel << "]";
     } else {
       EXPECT_TRUE(within_bound(out, exact_weight_mm(x, w, bias))) << name(dtype) << " [" << dispatch.kernel << "]";

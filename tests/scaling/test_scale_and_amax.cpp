@@ -102,6 +102,8 @@ class AmaxKernel : public ::testing::TestWithParam<Isa> {
     FP8KIT_SKIP_UNLESS_RUNS(GetParam());
     table_ = scaling_detail::amax_tables().written_for(GetParam());
     ASSERT_NE(table_, nullptr) << name(GetParam()) << " should have amax kernels of its own";
+    // The contract every amax table must declare, and the one the tests below check: the scalar loops' bits.
+    ASSERT_EQ(table_->contract, KernelContract::kBitIdentical) << table_->name;
   }
   const scaling_detail::AmaxTable* table_ = nullptr;
 };

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/kernel_contract.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/tensor/dtype.hpp"
 
@@ -33,18 +34,6 @@ enum class MmPath : std::uint8_t {
 };
 std::string_view name(MmPath path);
 
-// What a kernel promises about its results.
-enum class MmContract : std::uint8_t {
-  // The reference's FP32 sums, in the reference's order (one rounding per product-add, increasing k): the same
-  // bits as scaled_mm_reference / fp8_weight_mm_reference / matmul_reference.
-  kBitIdentical,
-  // FP32 sums in another order (vector lanes, bfloat16 pairs, AMX tiles of 32): within mm_error_bound() of the
-  // exact value. The AVX512-BF16 and AMX kernels also read bfloat16 subnormals as zero and flush subnormal
-  // products and sums (the instructions' fixed DAZ/FTZ); with FP8 operands on both sides that never happens.
-  kFp32Bound,
-};
-std::string_view name(MmContract contract);  // "bit-identical", "fp32-bound"
-
 // The kFp32Bound contract for one output (docs/gemm.md derives it): with `k` the K length, `abs_products` the exact
 // sum over k of |a_k * b_k * scale_a * scale_b| (scales of the k's block), `abs_exact` the exact |result| (bias
 // included) and `max_scale` the largest |scale_a * scale_b| of its blocks,
@@ -59,7 +48,7 @@ double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, dou
 struct MmDispatch {
   MmPath path = MmPath::kReference;
   std::string_view kernel;  // e.g. "amx-bf16 32x32", "avx2-fma 6x16", "avx512bf16-gemv"
-  MmContract contract = MmContract::kBitIdentical;
+  KernelContract contract = KernelContract::kBitIdentical;
   Isa isa = Isa::kScalar;
 };
 
@@ -68,7 +57,7 @@ struct MmKernels {
   Isa isa;
   std::string_view gemm, gemv;          // scaled_mm; fp8_weight_mm with bfloat16 activations
   std::string_view gemm_f32, gemv_f32;  // matmul; fp8_weight_mm with float32 activations
-  MmContract gemm_contract, gemv_contract, gemm_f32_contract, gemv_f32_contract;
+  KernelContract gemm_contract, gemv_contract, gemm_f32_contract, gemv_f32_contract;
   std::string_view gemm_small_m;  // the GEMM for kGemvMaxM < M <= small_m_max with N x K weights, or empty
   std::int64_t small_m_max = 0;
 };

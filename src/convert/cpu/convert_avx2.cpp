@@ -534,6 +534,7 @@ const KernelTable& avx2_kernels() {
   static const KernelTable table{
       "avx2",
       Isa::kAvx2,
+      KernelContract::kBitIdentical,
       &encode_avx2<float>,
       &encode_segments_avx2,
       &encode_avx2<bfloat16>,

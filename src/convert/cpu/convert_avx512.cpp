@@ -705,15 +705,11 @@ void decode_segments_avx512(const std::uint8_t* in, float* out, std::size_t n, s
 template <bool kVbmi>
 const KernelTable& table() {
   static const KernelTable t{
-      kVbmi ? "avx512-vbmi" : "avx512",
-      Isa::kAvx512,
-      &encode_avx512<float>,
-      &encode_segments_avx512,
-      &encode_avx512<bfloat16>,
-      &encode_avx512<float16>,
-      &decode_avx512<float, kVbmi>,
-      &decode_segments_avx512<kVbmi>,
-      &decode_avx512<bfloat16, kVbmi>,
+      kVbmi ? "avx512-vbmi" : "avx512", Isa::kAvx512,
+      KernelContract::kBitIdentical,    &encode_avx512<float>,
+      &encode_segments_avx512,          &encode_avx512<bfloat16>,
+      &encode_avx512<float16>,          &decode_avx512<float, kVbmi>,
+      &decode_segments_avx512<kVbmi>,   &decode_avx512<bfloat16, kVbmi>,
       &decode_avx512<float16, kVbmi>,
   };
   return t;

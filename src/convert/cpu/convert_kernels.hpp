@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "common/dispatch.hpp"
+#include "fp8kit/common/kernel_contract.hpp"
 #include "fp8kit/convert/convert.hpp"
 
 namespace fp8kit::convert_detail {
@@ -56,10 +57,12 @@ using EncodeSegmentsFn = void (*)(const float* in, std::uint8_t* out, std::size_
 using DecodeSegmentsFn = void (*)(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,
                                   const float* scale_invs, const DecodeParams& p);
 
-// Every kernel of a table is bit-identical to the scalar table's on every input (stochastic rounding included).
+// A level's conversion kernels. Their contract is always kBitIdentical: the scalar table's results (the codec's) on
+// every input, stochastic rounding included; the tests compare every table with the scalar one bit for bit.
 struct KernelTable {
-  std::string_view name;  // "scalar", "avx2", "avx512-vbmi", ...
-  Isa isa;                // the level it needs
+  std::string_view name;    // "scalar", "avx2", "avx512-vbmi", ...
+  Isa isa;                  // the level it needs
+  KernelContract contract;  // what the tests check it against
   EncodeFn<float> encode_f32;
   EncodeSegmentsFn encode_f32_segments;
   EncodeFn<bfloat16> encode_bf16;

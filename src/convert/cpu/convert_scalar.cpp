@@ -114,6 +114,7 @@ const KernelTable& scalar_kernels() {
   static const KernelTable table{
       "scalar",
       Isa::kScalar,
+      KernelContract::kBitIdentical,
       &encode_loop<float>,
       &encode_segments_tail,
       &encode_loop<bfloat16>,

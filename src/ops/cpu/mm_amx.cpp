@@ -222,7 +222,7 @@ bool stream_weights_amx(const Operand& w, std::int64_t j0, std::int64_t j1, cons
 }  // namespace
 
 constinit const GemmKernel kAmxGemm{.name = "amx-bf16 32x32",
-                                    .contract = MmContract::kFp32Bound,
+                                    .contract = KernelContract::kFp32Bound,
                                     .bf16_operands = true,
                                     .mr = kMr,
                                     .nr = kNr,

@@ -304,7 +304,7 @@ bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::
 }  // namespace
 
 constinit const GemmKernel kAvx2Gemm{.name = "avx2-fma 6x16",
-                                     .contract = MmContract::kBitIdentical,
+                                     .contract = KernelContract::kBitIdentical,
                                      .bf16_operands = false,
                                      .mr = kMr,
                                      .nr = kNr,
@@ -318,6 +318,6 @@ constinit const GemmKernel kAvx2Gemm{.name = "avx2-fma 6x16",
                                      .pack_right = &pack_f32,
                                      .accumulate = &accumulate_avx2,
                                      .scale_accumulate = &scale_accumulate_avx2};
-constinit const GemvKernel kAvx2Gemv{"avx2-gemv", MmContract::kFp32Bound, false, &gemv_avx2};
+constinit const GemvKernel kAvx2Gemv{"avx2-gemv", KernelContract::kFp32Bound, false, &gemv_avx2};
 
 }  // namespace fp8kit::mm_detail

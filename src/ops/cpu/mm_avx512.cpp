@@ -246,7 +246,7 @@ bool gemv_avx512(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
 }  // namespace
 
 constinit const GemmKernel kAvx512Gemm{.name = "avx512-fma 12x32",
-                                       .contract = MmContract::kBitIdentical,
+                                       .contract = KernelContract::kBitIdentical,
                                        .bf16_operands = false,
                                        .mr = kMr,
                                        .nr = kNr,
@@ -260,6 +260,6 @@ constinit const GemmKernel kAvx512Gemm{.name = "avx512-fma 12x32",
                                        .pack_right = &pack_f32,
                                        .accumulate = &accumulate_avx512,
                                        .scale_accumulate = &scale_accumulate_avx512};
-constinit const GemvKernel kAvx512Gemv{"avx512-gemv", MmContract::kFp32Bound, false, &gemv_avx512};
+constinit const GemvKernel kAvx512Gemv{"avx512-gemv", KernelContract::kFp32Bound, false, &gemv_avx512};
 
 }  // namespace fp8kit::mm_detail

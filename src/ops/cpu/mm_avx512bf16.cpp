@@ -285,7 +285,7 @@ bool gemv_dpbf16(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
 }  // namespace
 
 constinit const GemmKernel kAvx512Bf16Gemm{.name = "avx512bf16-dpbf16 12x32",
-                                           .contract = MmContract::kFp32Bound,
+                                           .contract = KernelContract::kFp32Bound,
                                            .bf16_operands = true,
                                            .mr = kMr,
                                            .nr = kNr,
@@ -299,6 +299,6 @@ constinit const GemmKernel kAvx512Bf16Gemm{.name = "avx512bf16-dpbf16 12x32",
                                            .pack_right = &pack_bf16_vnni,
                                            .accumulate = &accumulate_dpbf16,
                                            .scale_accumulate = &scale_accumulate_dpbf16};
-constinit const GemvKernel kAvx512Bf16Gemv{"avx512bf16-gemv", MmContract::kFp32Bound, true, &gemv_dpbf16};
+constinit const GemvKernel kAvx512Bf16Gemv{"avx512bf16-gemv", KernelContract::kFp32Bound, true, &gemv_dpbf16};
 
 }  // namespace fp8kit::mm_detail

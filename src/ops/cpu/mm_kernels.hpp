@@ -69,7 +69,7 @@ using ScaleAccumulateFn = void (*)(const void* left, const void* right, std::int
 
 struct GemmKernel {
   std::string_view name;
-  MmContract contract;
+  KernelContract contract;
   bool bf16_operands;       // takes only operands exact in bfloat16 (FP8 codes, bfloat16); float32 ones go elsewhere
   std::int64_t mr, nr;      // the output tile: mr left rows x nr right rows
   std::int64_t kc, mc, nc;  // K per panel (a multiple of k_align), left rows per panel, right rows per panel
@@ -151,7 +151,7 @@ RegisterDecodeRule register_decode_rule(Format f);
 
 struct GemvKernel {
   std::string_view name;
-  MmContract contract;
+  KernelContract contract;
   bool bf16_input;  // reads x_bf16 (and declines when it is null)
   GemvFn run;
 };

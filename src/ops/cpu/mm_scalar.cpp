@@ -173,7 +173,7 @@ bool gemv_scalar(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
 }  // namespace
 
 constinit const GemmKernel kScalarGemm{.name = "scalar-fma 6x16",
-                                       .contract = MmContract::kBitIdentical,
+                                       .contract = KernelContract::kBitIdentical,
                                        .bf16_operands = false,
                                        .mr = kMr,
                                        .nr = kNr,
@@ -187,7 +187,7 @@ constinit const GemmKernel kScalarGemm{.name = "scalar-fma 6x16",
                                        .pack_right = &pack_f32,
                                        .accumulate = &accumulate_scalar,
                                        .scale_accumulate = &scale_accumulate_scalar};
-constinit const GemvKernel kScalarGemv{"scalar-gemv", MmContract::kBitIdentical, false, &gemv_scalar};
+constinit const GemvKernel kScalarGemv{"scalar-gemv", KernelContract::kBitIdentical, false, &gemv_scalar};
 
 void* thread_scratch(std::size_t bytes) {
   thread_local std::unique_ptr<std::byte[], void (*)(std::byte*)> buffer{nullptr, [](std::byte* p) { std::free(p); }};

@@ -103,7 +103,7 @@ void amax_segments_avx2(const float* x, std::size_t n, std::size_t segment, floa
 }  // namespace
 
 const AmaxTable& avx2_amax_kernels() {
-  static const AmaxTable table{"avx2", Isa::kAvx2, &amax_avx2, &amax_segments_avx2};
+  static const AmaxTable table{"avx2", Isa::kAvx2, KernelContract::kBitIdentical, &amax_avx2, &amax_segments_avx2};
   return table;
 }
 

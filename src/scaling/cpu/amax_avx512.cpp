@@ -139,7 +139,8 @@ void amax_segments_avx512(const float* x, std::size_t n, std::size_t segment, fl
 }  // namespace
 
 const AmaxTable& avx512_amax_kernels() {
-  static const AmaxTable table{"avx512", Isa::kAvx512, &amax_avx512, &amax_segments_avx512};
+  static const AmaxTable table{"avx512", Isa::kAvx512, KernelContract::kBitIdentical, &amax_avx512,
+                               &amax_segments_avx512};
   return table;
 }
 

@@ -1,5 +1,5 @@
 // Internal: the scaling layer's kernels (amax over a contiguous span, and per segment), one table per ISA level
-// (src/scaling/cpu/amax_<isa>.cpp). Every table gives the same results as the scalar one.
+// (src/scaling/cpu/amax_<isa>.cpp).
 #pragma once
 
 #include <cstddef>
@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "common/dispatch.hpp"
+#include "fp8kit/common/kernel_contract.hpp"
 #include "fp8kit/scaling/amax.hpp"
 
 namespace fp8kit::scaling_detail {
@@ -18,9 +19,12 @@ using AmaxFn = void (*)(const float* x, std::size_t n, AmaxResult& acc);
 // into `acc` as for AmaxFn.
 using AmaxSegmentsFn = void (*)(const float* x, std::size_t n, std::size_t segment, float* out, AmaxResult& acc);
 
+// A level's amax kernels; their contract is always kBitIdentical (a maximum and counts are exact): the scalar
+// table's results, which the tests compare every table with.
 struct AmaxTable {
   std::string_view name;
   Isa isa;
+  KernelContract contract;
   AmaxFn amax;
   AmaxSegmentsFn amax_segments;
 };

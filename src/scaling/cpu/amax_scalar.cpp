@@ -39,7 +39,8 @@ void split_nonfinite(const float* x, std::size_t n, std::uint64_t nonfinite, Ama
 }
 
 const AmaxTable& scalar_amax_kernels() {
-  static const AmaxTable table{"scalar", Isa::kScalar, &amax_scalar, &amax_segments_scalar};
+  static const AmaxTable table{"scalar", Isa::kScalar, KernelContract::kBitIdentical, &amax_scalar,
+                               &amax_segments_scalar};
   return table;
 }
 
