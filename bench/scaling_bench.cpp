@@ -28,7 +28,7 @@ std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
     auto v = x.as<float>();
     for (std::size_t i = 0; i < n; ++i) v[i] = normal(rng) * (i % 97 == 0 ? 50.0f : 1.0f);
   }
-  const MatrixView view{x.as<const float>().data(), rows, kCols};
+  const MatrixRef view{x.as<const float>().data(), rows, kCols};
   const Granularity granularities[] = {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128),
                                        Granularity::block(128, 128), Granularity::mx()};
   const int total = static_cast<int>(options.threads.size() * (2 + std::size(granularities) + 2));

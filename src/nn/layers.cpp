@@ -105,7 +105,7 @@ Tensor LayerNorm::forward(const Context& ctx, const Tensor& x, Saved& saved) con
   check_float32(x, "layernorm", "x");
   FP8KIT_CHECK(x.dim() >= 1 && x.size(-1) == channels, "layernorm: x has shape ", shape_string(x.shape()),
                ", expected (..., ", channels, ")");
-  const std::int64_t rows = x.view2d().rows;
+  const std::int64_t rows = x.matrix().rows;
   Tensor y = empty(x.shape(), DType::float32);
   Tensor x_hat = empty(x.shape(), DType::float32);
   Tensor rstd = empty({rows}, DType::float32);
@@ -147,7 +147,7 @@ Tensor LayerNorm::backward(const Context& ctx, const Tensor& dy, const Saved& sa
   check_float32(dy, "layernorm", "dy");
   check_same_shape(dy, saved.x_hat.shape(), "layernorm", "dy");
   const Tensor x_hat = load_activation(saved.x_hat);
-  const std::int64_t rows = x_hat.view2d().rows;
+  const std::int64_t rows = x_hat.matrix().rows;
   Tensor dx = empty(dy.shape(), DType::float32);
   const float* g = dy.data<float>();
   const float* xh = x_hat.data<float>();
@@ -443,7 +443,7 @@ float CrossEntropy::forward(const Context& ctx, const Tensor& logits, const Tens
   const Shape leading(logits.shape().begin(), logits.shape().end() - 1);
   check_same_shape(targets, leading, "cross_entropy", "targets");
   const std::int64_t vocab = logits.size(-1);
-  const std::int64_t rows = logits.view2d().rows;
+  const std::int64_t rows = logits.matrix().rows;
   FP8KIT_CHECK(rows > 0, "cross_entropy: no rows to average over");
   check_ids(targets, vocab, "cross_entropy", "target");
 
@@ -474,7 +474,7 @@ Tensor CrossEntropy::backward(const Context& ctx, float dloss, const Saved& save
   ScopedEvent event(ctx.profiler, "cross_entropy.backward");
   const Tensor logits = load_activation(saved.logits);
   const std::int64_t vocab = logits.size(-1);
-  const std::int64_t rows = logits.view2d().rows;
+  const std::int64_t rows = logits.matrix().rows;
   const float scale = static_cast<float>(static_cast<double>(dloss) / static_cast<double>(rows));
   Tensor dlogits = empty(logits.shape(), DType::float32);
   const float* in = logits.data<float>();

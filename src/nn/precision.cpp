@@ -69,16 +69,18 @@ const RecipeRow& row_of(RecipeKind kind) {
   return kRecipes[static_cast<std::size_t>(kind)];
 }
 
-MatrixView matrix_of(const Tensor& x) {
-  const View2d v = x.view2d();
-  return MatrixView{x.data<float>(), v.rows, v.cols};
+// x as a float32 matrix, checked.
+MatrixRef matrix_of(const Tensor& x) {
+  const MatrixRef m = x.matrix();
+  m.element<float>("prepare_operand");
+  return m;
 }
 
 // quantize(transpose(x)) without the float32 transpose: x^T in bands of whole blocks (about 64 of its rows), each
 // band transposed into a small buffer and quantized on its own. Blocks never straddle bands, so codes and scales are
 // bit for bit those of quantizing the whole transpose. Diagnostics: the fields the step report reads (amax and the
 // counts) are summed over the bands; the error statistics are left unset.
-ScaledMatrix quantize_transposed(const MatrixView& x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
+ScaledMatrix quantize_transposed(const MatrixRef& x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
   ScaledMatrix out;
   out.format = options.format;
   out.overflow = options.overflow;
@@ -97,9 +99,9 @@ ScaledMatrix quantize_transposed(const MatrixView& x, const QuantizeOptions& opt
   for (std::int64_t b0 = 0; b0 < rows; b0 += band) {
     const std::int64_t n = std::min(band, rows - b0);
     buffer.resize(static_cast<std::size_t>(n * cols));
-    detail::transpose_into(x.data + b0, x.cols, buffer.data(), x.rows, n);  // columns b0 .. b0+n of x
+    detail::transpose_into(x.row<float>(0) + b0, x.stride(), buffer.data(), x.rows, n);  // columns b0 .. b0+n of x
     QuantDiagnostics d;
-    quantize_into(MatrixView{buffer.data(), n, cols}, options, q, diagnostics ? &d : nullptr);
+    quantize_into(MatrixRef{buffer.data(), n, cols}, options, q, diagnostics ? &d : nullptr);
     std::copy(q.data.begin(), q.data.end(), out.data.begin() + b0 * cols);
     const std::int64_t first = (b0 / block_rows) * grid_cols;
     std::copy(q.scale_inv.begin(), q.scale_inv.end(), out.scale_inv.begin() + first);
@@ -154,8 +156,8 @@ Tensor float_values(const GemmCall& call, const RecipeOperand& x) {
   return dequantized(*x.fp8).to(DType::bfloat16);
 }
 
-ActivationView view_of(const Tensor& t, std::int64_t rows, std::int64_t cols) {
-  return ActivationView{t.raw(), t.dtype(), rows, cols};
+MatrixRef view_of(const Tensor& t, std::int64_t rows, std::int64_t cols) {
+  return MatrixRef{t.raw(), t.dtype(), rows, cols};
 }
 
 }  // namespace
@@ -274,7 +276,7 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
   const PrecisionRecipe& r = *call.recipe;
   FP8KIT_CHECK(!transposed || blocked_scales(r, role), "prepare_operand: the transposed path is for block scales");
   RecipeOperand out;
-  const View2d v = x.view2d();
+  const MatrixRef v = x.matrix();
   out.rows = transposed ? v.cols : v.rows;
   out.cols = transposed ? v.rows : v.cols;
   if (r.kind == RecipeKind::kFp32) {
@@ -288,7 +290,7 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
   ScopedEvent event(call.profiler, "quantize " + std::string(name(role)), "cast");
   const Format format = format_of(r, role);
   event.arg("to", std::string(fp8kit::name(format)));
-  const MatrixView m = matrix_of(x);
+  const MatrixRef m = matrix_of(x);
   const bool log = call.report != nullptr && call.report->log_scales;
   QuantDiagnostics diag;
   ScaledMatrix q;
@@ -296,7 +298,7 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
   bool nonfinite = false;
   if (delayed_scaling(r)) {
     FP8KIT_CHECK(call.state != nullptr, "prepare_operand: delayed scaling needs the layer's state (", call.op, ")");
-    const AmaxResult a = amax(std::span<const float>(m.data, static_cast<std::size_t>(m.rows * m.cols)));
+    const AmaxResult a = amax(std::span<const float>(m.row<float>(0), static_cast<std::size_t>(m.numel())));
     DelayedScaling& s = call.state->of(role);
     scale = s.scale();
     amax_value = a.amax;
@@ -309,7 +311,7 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
     q = transposed ? quantize_transposed(m, options, log ? &diag : nullptr)
                    : quantize(m, options, log ? &diag : nullptr);
     if (!log) {
-      const AmaxResult a = amax(std::span<const float>(m.data, static_cast<std::size_t>(m.rows * m.cols)));
+      const AmaxResult a = amax(std::span<const float>(m.row<float>(0), static_cast<std::size_t>(m.numel())));
       amax_value = a.amax;
       nonfinite = a.has_nonfinite();
     } else {
@@ -385,7 +387,7 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
 }
 
 Tensor transpose(const Tensor& x) {
-  const View2d v = x.view2d();
+  const MatrixRef v = x.matrix();
   Tensor t = empty({v.cols, v.rows}, DType::float32);
   detail::transpose_into(x.data<float>(), v.cols, t.data<float>(), v.rows, v.cols);
   return t;

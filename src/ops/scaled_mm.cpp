@@ -417,7 +417,7 @@ Operand fp8_operand(const ScaledMatrix& x, std::int64_t rows, std::int64_t k, bo
   return o;
 }
 
-Operand float_operand(const ActivationView& x, std::int64_t rows, std::int64_t k, bool k_contiguous) {
+Operand float_operand(const MatrixRef& x, std::int64_t rows, std::int64_t k, bool k_contiguous) {
   Operand o;
   if (x.dtype == DType::float32) {
     o.f32 = static_cast<const float*>(x.data);
@@ -426,7 +426,7 @@ Operand float_operand(const ActivationView& x, std::int64_t rows, std::int64_t k
   }
   o.rows = rows;
   o.k = k;
-  o.ld = k_contiguous ? k : rows;
+  o.ld = x.stride();  // x is rows x K (k_contiguous) or K x rows
   o.k_contiguous = k_contiguous;
   return o;
 }
@@ -458,15 +458,14 @@ ScaledMmResult scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const Sca
 }
 
 namespace {
-void check_float_operand(const char* what, const ActivationView& x) {
+void check_float_operand(const char* what, const MatrixRef& x) {
   FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16, "matmul: ", what,
                " must be float32 or bfloat16, not ", name(x.dtype));
-  FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0 && (x.data != nullptr || x.rows * x.cols == 0), "matmul: ", what, " ", x.rows,
-               "x", x.cols, " without data");
+  x.check(std::string("matmul: ") + what, x.dtype);
 }
 }  // namespace
 
-void matmul(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out, std::span<const float> bias) {
+void matmul(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<float> out, std::span<const float> bias) {
   check_float_operand("A", a);
   check_float_operand("B", b);
   const bool nk = b_layout == BLayout::kNK;
@@ -478,8 +477,7 @@ void matmul(ActivationView a, ActivationView b, BLayout b_layout, std::span<floa
   mm_detail::epilogue(out.data(), {&p, true, bias, DType::float32});
 }
 
-void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,
-                      std::span<const float> bias) {
+void matmul_reference(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<float> out, std::span<const float> bias) {
   check_float_operand("A", a);
   check_float_operand("B", b);
   const bool nk = b_layout == BLayout::kNK;
@@ -497,7 +495,7 @@ void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std:
   }
 }
 
-void fp8_weight_mm(ActivationView x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias,
+void fp8_weight_mm(MatrixRef x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias,
                    MmDispatch* dispatch) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
   const MmDispatch taken = mm_detail::run(p, mm_detail::float_operand(x, p.m, p.k, true),
@@ -506,8 +504,7 @@ void fp8_weight_mm(ActivationView x, const ScaledMatrix& w, std::span<float> out
   mm_detail::epilogue(out.data(), {&p, taken.path == MmPath::kGemm && !p.blocked, bias, DType::float32});
 }
 
-void fp8_weight_mm_reference(ActivationView x, const ScaledMatrix& w, std::span<float> out,
-                             std::span<const float> bias) {
+void fp8_weight_mm_reference(MatrixRef x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
   const mm_detail::Operand left = mm_detail::float_operand(x, p.m, p.k, true);
   for (std::int64_t i = 0; i < p.m; ++i) {

@@ -116,12 +116,10 @@ MmPlan plan_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const Scaled
   return p;
 }
 
-MmPlan plan_weight_mm(const ActivationView& x, const ScaledMatrix& w, std::span<const float> bias,
-                      std::size_t out_size) {
+MmPlan plan_weight_mm(const MatrixRef& x, const ScaledMatrix& w, std::span<const float> bias, std::size_t out_size) {
   FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16,
                "fp8_weight_mm: activations must be float32 or bfloat16, not ", name(x.dtype));
-  FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0 && (x.data != nullptr || x.rows * x.cols == 0), "fp8_weight_mm: activations ",
-               x.rows, "x", x.cols, " without data");
+  x.check("fp8_weight_mm: activations", x.dtype);
   check_element_format("fp8_weight_mm: the weights", w);
   check_b_granularity("fp8_weight_mm: the weights", w, true);
   MmPlan p = plan_shapes("fp8_weight_mm", x.rows, x.cols, w.rows, w.cols, true, bias);

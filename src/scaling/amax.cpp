@@ -59,9 +59,9 @@ AmaxResult amax(std::span<const float> x) {
   return total;
 }
 
-void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
+void amax_blocks(MatrixRef x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
                  AmaxResult* total) {
-  FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0, "amax_blocks: negative shape ", x.rows, "x", x.cols);
+  x.element<float>("amax_blocks");
   FP8KIT_CHECK(block_rows >= 1 && block_cols >= 1, "amax_blocks: block shape must be positive, got ", block_rows, "x",
                block_cols);
   const std::int64_t grid_rows = ceil_div(x.rows, block_rows);
@@ -80,7 +80,7 @@ void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols,
     std::fill(block_amax, block_amax + grid_cols, 0.0f);
     const std::int64_t row_end = std::min(x.rows, (gr + 1) * block_rows);
     for (std::int64_t r = gr * block_rows; r < row_end; ++r) {
-      const float* row = x.data + r * x.cols;
+      const float* row = x.row<float>(r);
       for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
         const std::int64_t c0 = gc * block_cols;
         const std::int64_t c1 = std::min(x.cols, c0 + block_cols);

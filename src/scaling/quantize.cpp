@@ -156,9 +156,8 @@ float e8m0_value(std::uint8_t code) {
 // Narrow blocks (single columns, tiny blocks) go element by element; wider ones through the SIMD kernels.
 constexpr std::int64_t kKernelMinRun = 16;
 
-void check_shape(MatrixView x, const Granularity& g) {
-  FP8KIT_CHECK(x.rows >= 0 && x.cols >= 0, "quantize: negative shape ", x.rows, "x", x.cols);
-  FP8KIT_CHECK(x.data != nullptr || x.rows * x.cols == 0, "quantize: null data for a ", x.rows, "x", x.cols, " matrix");
+void check_shape(MatrixRef x, const Granularity& g) {
+  x.element<float>("quantize");
   if (g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) {
     FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ", g.block_rows,
                  "x", g.block_cols);
@@ -278,7 +277,7 @@ namespace {
 
 // What quantizing x into q lost: q dequantized and compared with x element by element. `multiplier` holds each
 // block's quantization multiplier (row-major over q's block grid), `total` the amax and non-finite counts of x.
-QuantDiagnostics measure(MatrixView x, const ScaledMatrix& q, const std::vector<float>& multiplier,
+QuantDiagnostics measure(MatrixRef x, const ScaledMatrix& q, const std::vector<float>& multiplier,
                          const AmaxResult& total) {
   const std::int64_t br = q.block_rows(), bc = q.block_cols(), grid_cols = q.grid_cols();
   std::vector<float> back(q.data.size());
@@ -292,12 +291,13 @@ QuantDiagnostics measure(MatrixView x, const ScaledMatrix& q, const std::vector<
   const float threshold = overflow_threshold(q.format);
   double signal = 0.0, noise = 0.0;
   for (std::int64_t r = 0; r < x.rows; ++r) {
+    const float* row = x.row<float>(r);
     for (std::int64_t c = 0; c < x.cols; ++c) {
       const std::size_t i = static_cast<std::size_t>(r * x.cols + c);
-      const double xi = x.data[i];
+      const double xi = row[c];
       if (!std::isfinite(xi)) continue;
       const float scale = multiplier[static_cast<std::size_t>((r / br) * grid_cols + c / bc)];
-      if (std::fabs(x.data[i] * scale) >= threshold) ++d.saturated_count;
+      if (std::fabs(row[c] * scale) >= threshold) ++d.saturated_count;
       const double dq = back[i];
       if (xi != 0.0) {
         ++d.nonzero_finite;
@@ -318,13 +318,40 @@ QuantDiagnostics measure(MatrixView x, const ScaledMatrix& q, const std::vector<
 
 }  // namespace
 
-ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
+namespace {
+
+// The amax of all of x: one threaded pass when its rows are contiguous, else block by block over the rows.
+AmaxResult amax_of(MatrixRef x) {
+  if (x.contiguous()) return amax(std::span<const float>(x.row<float>(0), static_cast<std::size_t>(x.numel())));
+  float all = 0.0f;
+  AmaxResult total;
+  amax_blocks(x, std::max<std::int64_t>(x.rows, 1), std::max<std::int64_t>(x.cols, 1), std::span<float>(&all, 1),
+              &total);
+  return total;
+}
+
+// q.data = encode(x * options.scale) for all of x: one threaded encode when its rows are contiguous, else row by row.
+void cast_rows(MatrixRef x, ScaledMatrix& q, const CastOptions& options) {
+  if (x.contiguous()) {
+    cast_to_fp8(std::span<const float>(x.row<float>(0), q.data.size()), q.data, options);
+    return;
+  }
+  const auto cols = static_cast<std::size_t>(x.cols);
+  for (std::int64_t r = 0; r < x.rows; ++r) {
+    cast_to_fp8(std::span<const float>(x.row<float>(r), cols),
+                std::span<std::uint8_t>(q.data.data() + r * x.cols, cols), options);
+  }
+}
+
+}  // namespace
+
+ScaledMatrix quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
   ScaledMatrix q;
   quantize_into(x, options, q, diagnostics);
   return q;
 }
 
-void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q, QuantDiagnostics* diagnostics) {
+void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledMatrix& q, QuantDiagnostics* diagnostics) {
   check_shape(x, options.granularity);
   q.format = options.format;
   q.overflow = options.overflow;
@@ -343,10 +370,9 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
 
   if (blocks == 1) {
     // One scale for everything: a threaded amax pass, then one threaded scaled encode (two passes over x).
-    const std::span<const float> all(x.data, q.data.size());
-    total = amax(all);
+    total = amax_of(x);
     block_scale(total.amax, options, q, multiplier, 0);
-    cast_to_fp8(all, q.data, CastOptions{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]});
+    cast_rows(x, q, CastOptions{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]});
   } else {
     // Fused, block row by block row: the amax of its blocks, their scales, then the encode while the block
     // row is still in cache. Threads split the block rows.
@@ -364,7 +390,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
     // Segmented blocks (a multiple of 32 columns): row r's block maxima into its band's amax slots (the band's
     // first row writes them).
     auto amax_row_into = [&](std::int64_t r, float* band_scales, bool first_row, AmaxResult& part) {
-      const float* row = x.data + r * x.cols;
+      const float* row = x.row<float>(r);
       if (first_row) {
         amax_segments(row, static_cast<std::size_t>(x.cols), static_cast<std::size_t>(bc), band_scales, part);
         return;
@@ -383,7 +409,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
     };
     auto encode_row = [&](std::int64_t r, const float* band_scales, std::size_t prefetch_ahead_bytes) {
       const auto cols = static_cast<std::size_t>(x.cols);
-      encoder.encode_segments(std::span<const float>(x.data + r * x.cols, cols),
+      encoder.encode_segments(std::span<const float>(x.row<float>(r), cols),
                               std::span<std::uint8_t>(q.data.data() + r * x.cols, cols), static_cast<std::size_t>(bc),
                               std::span<const float>(band_scales, static_cast<std::size_t>(grid_cols)),
                               prefetch_ahead_bytes);
@@ -399,7 +425,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         const std::int64_t first = grid_rows * thread / threads, last = grid_rows * (thread + 1) / threads;
         auto rows_of = [&](std::int64_t gr) { return std::min(x.rows, (gr + 1) * br) - gr * br; };
         // The encode of row r prefetches row r of the next band, which the amax pass reads right after it.
-        const std::size_t prefetch = static_cast<std::size_t>(br * x.cols) * sizeof(float);
+        const std::size_t prefetch = static_cast<std::size_t>(br * x.stride()) * sizeof(float);
         if (first < last) {
           for (std::int64_t r = 0; r < rows_of(first); ++r)
             amax_row_into(first * br + r, scales_of(first), r == 0, parts[static_cast<std::size_t>(first)]);
@@ -420,7 +446,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
 #pragma omp parallel for schedule(static) if (parallel)
       for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
         const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
-        const MatrixView band{x.data + row_begin * x.cols, row_end - row_begin, x.cols};
+        const MatrixRef band(x.row<float>(row_begin), row_end - row_begin, x.cols, x.stride());
         float* band_scales = scales_of(gr);
         AmaxResult& part = parts[static_cast<std::size_t>(gr)];
         if (segmented) {
@@ -433,11 +459,11 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
         }
         band_scales_from_amax(gr);
         if (segmented) {
-          encode_row(row_begin, band_scales, static_cast<std::size_t>(x.cols) * sizeof(float));
+          encode_row(row_begin, band_scales, static_cast<std::size_t>(x.stride()) * sizeof(float));
           continue;
         }
         for (std::int64_t r = row_begin; r < row_end; ++r) {
-          const float* in_row = x.data + r * x.cols;
+          const float* in_row = x.row<float>(r);
           std::uint8_t* out_row = q.data.data() + r * x.cols;
           for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
             const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
@@ -467,7 +493,7 @@ void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& q
   }
 }
 
-ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale, Overflow overflow,
+ScaledMatrix quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow,
                                  QuantDiagnostics* diagnostics) {
   check_shape(x, Granularity::tensor());
   ScaledMatrix q;
@@ -478,10 +504,9 @@ ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale, Overf
   q.cols = x.cols;
   q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
   q.scale_inv.assign(static_cast<std::size_t>(q.grid_rows() * q.grid_cols()), dequantization_scale(scale));  // 0 or 1
-  const std::span<const float> all(x.data, q.data.size());
-  cast_to_fp8(all, q.data, CastOptions{format, overflow, Rounding::kNearestEven, scale});
+  cast_rows(x, q, CastOptions{format, overflow, Rounding::kNearestEven, scale});
   if (diagnostics != nullptr) {
-    *diagnostics = measure(x, q, std::vector<float>{scale}, amax(all));
+    *diagnostics = measure(x, q, std::vector<float>{scale}, amax_of(x));
     diagnostics->scale = scale;
   }
   return q;

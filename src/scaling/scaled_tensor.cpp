@@ -23,11 +23,11 @@ ScaledTensor quantize(const Tensor& x, const QuantizeOptions& options, QuantDiag
   FP8KIT_CHECK(is_floating(x.dtype()) && !is_fp8(x.dtype()), "quantize: the input is ", name(x.dtype()),
                "; quantize a float32, bfloat16, float16 or float64 tensor (convert with .to(float32) first)");
   const Tensor f32 = x.to(DType::float32);  // shares storage when x is already float32
-  const View2d v = x.view2d();
+  const MatrixRef v = x.matrix();
   ScaledTensor q;
   q.shape = x.shape();
   q.original_dtype = x.dtype();
-  const MatrixView view{f32.data<float>(), x.numel() == 0 ? 0 : v.rows, x.numel() == 0 ? 0 : v.cols};
+  const MatrixRef view{f32.data<float>(), x.numel() == 0 ? 0 : v.rows, x.numel() == 0 ? 0 : v.cols};
   quantize_into(view, options, q.matrix, diagnostics);
   return q;
 }

@@ -115,11 +115,13 @@ Tensor Tensor::reshape(Shape shape) const {
   return out;
 }
 
-View2d Tensor::view2d() const noexcept {
-  if (shape_.empty()) return {1, 1};
-  std::int64_t rows = 1;
-  for (std::size_t i = 0; i + 1 < shape_.size(); ++i) rows *= shape_[i];
-  return {rows, shape_.back()};
+MatrixRef Tensor::matrix() const noexcept {
+  std::int64_t rows = 1, cols = 1;
+  if (!shape_.empty()) {
+    for (std::size_t i = 0; i + 1 < shape_.size(); ++i) rows *= shape_[i];
+    cols = shape_.back();
+  }
+  return MatrixRef(raw(), dtype_, rows, cols, 0, device_);
 }
 
 Tensor Tensor::clone() const {

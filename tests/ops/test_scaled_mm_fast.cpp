@@ -91,7 +91,7 @@ std::vector<float> random_values(std::int64_t rows, std::int64_t cols, std::uint
 
 ScaledMatrix random_quantized(std::int64_t rows, std::int64_t cols, std::uint32_t seed, Format f, Granularity g) {
   const auto v = random_values(rows, cols, seed);
-  return quantize(MatrixView{v.data(), rows, cols}, {f, Overflow::kSaturate, g, {}});
+  return quantize(MatrixRef{v.data(), rows, cols}, {f, Overflow::kSaturate, g, {}});
 }
 
 // A ScaledMatrix built from codes, with random power-of-two scales 2^lo .. 2^hi times 2^offset.
@@ -222,7 +222,7 @@ struct Activations {
   DType dtype = DType::float32;
   std::vector<float> f32;
   std::vector<bfloat16> bf16;
-  ActivationView view() const {
+  MatrixRef view() const {
     return {dtype == DType::float32 ? static_cast<const void*>(f32.data()) : static_cast<const void*>(bf16.data()),
             dtype, rows, cols};
   }
@@ -1173,7 +1173,7 @@ TEST_P(ScaledMmFast, RefusesWhatDoesNotFit) {
   for (std::int64_t m : {2, 8}) {  // both paths check
     auto q = [&](std::int64_t rows, std::int64_t cols, Format f, Granularity g) {
       const auto v = random_values(rows, cols, 8);
-      return quantize(MatrixView{v.data(), rows, cols}, {f, Overflow::kSaturate, g, {}});
+      return quantize(MatrixRef{v.data(), rows, cols}, {f, Overflow::kSaturate, g, {}});
     };
     const ScaledMatrix a = q(m, 256, Format::e4m3fn, Granularity::tensor());
     const ScaledMatrix a5 = q(m, 256, Format::e5m2, Granularity::tensor());
@@ -1232,7 +1232,7 @@ TEST_P(WeightMm, RefusesWhatDoesNotFit) {
     const Activations x = make_activations(xv, m, k, DType::float32);
     const auto wv = random_values(n, k, 2);
     const ScaledMatrix w =
-        quantize(MatrixView{wv.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::row(), {}});
+        quantize(MatrixRef{wv.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::row(), {}});
     std::vector<float> out(static_cast<std::size_t>(m * n));
     EXPECT_NO_THROW(fp8_weight_mm(x.view(), w, out));
     // activations of another dtype
@@ -1242,12 +1242,12 @@ TEST_P(WeightMm, RefusesWhatDoesNotFit) {
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference({h.data(), DType::float16, m, k}, w, out); }, {"float16"}));
     // weights with per-column scales
     const ScaledMatrix wcol =
-        quantize(MatrixView{wv.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::column(), {}});
+        quantize(MatrixRef{wv.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::column(), {}});
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), wcol, out); }, {"col"}));
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference(x.view(), wcol, out); }, {"col"}));
     // K mismatch
     const auto wv2 = random_values(n, 128, 3);
-    const ScaledMatrix w128 = quantize(MatrixView{wv2.data(), n, 128}, {});
+    const ScaledMatrix w128 = quantize(MatrixRef{wv2.data(), n, 128}, {});
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), w128, out); }, {"256", "128"}));
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference(x.view(), w128, out); }, {"256", "128"}));
     // output size

@@ -90,7 +90,7 @@ TEST(Quantize, MatchesReferenceBitForBit) {
       for (Format f : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz}) {
         for (Overflow o : {Overflow::kSaturate, Overflow::kNonSaturating}) {
           const QuantizeOptions options{f, o, g};
-          const ScaledMatrix got = quantize(MatrixView{x.data(), rows, cols}, options);
+          const ScaledMatrix got = quantize(MatrixRef{x.data(), rows, cols}, options);
           const ScaledMatrix want = reference_quantize(x, rows, cols, options);
           SCOPED_TRACE(g.name() + " " + std::string(name(f)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
           ASSERT_EQ(got.scale_inv.size(), want.scale_inv.size());
@@ -114,6 +114,35 @@ TEST(Quantize, MatchesReferenceBitForBit) {
   }
 }
 
+// A matrix with rows further apart than its columns (a column slice of a wider one) quantizes as its contiguous
+// copy does, codes, scales and diagnostics, at every granularity; amax_blocks too.
+TEST(Quantize, StridedRowsMatchTheContiguousCopy) {
+  const std::int64_t rows = 131, cols = 257, ld = 300;
+  const auto wide = gaussian(static_cast<std::size_t>(rows * ld), 41);
+  std::vector<float> packed(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::copy(wide.begin() + r * ld, wide.begin() + r * ld + cols, packed.begin() + r * cols);
+  const MatrixRef strided(wide.data(), rows, cols, ld), contiguous(packed.data(), rows, cols);
+  for (const Granularity& g : kGranularities) {
+    const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g};
+    QuantDiagnostics ds, dc;
+    const ScaledMatrix a = quantize(strided, o, &ds), b = quantize(contiguous, o, &dc);
+    EXPECT_EQ(a.data, b.data) << g.name();
+    EXPECT_EQ(a.scale_inv, b.scale_inv) << g.name();
+    EXPECT_EQ(ds.amax, dc.amax) << g.name();
+    EXPECT_EQ(ds.sqnr_db, dc.sqnr_db) << g.name();
+    EXPECT_EQ(ds.saturated_count, dc.saturated_count) << g.name();
+  }
+  const ScaledMatrix given = quantize_with_scale(strided, Format::e5m2, 3.0f);
+  EXPECT_EQ(given.data, quantize_with_scale(contiguous, Format::e5m2, 3.0f).data);
+  std::vector<float> sa(9), sc(9);  // a 3 x 3 grid of 64 x 128 blocks
+  AmaxResult ta, tc;
+  amax_blocks(strided, 64, 128, sa, &ta);
+  amax_blocks(contiguous, 64, 128, sc, &tc);
+  EXPECT_EQ(sa, sc);
+  EXPECT_EQ(ta.amax, tc.amax);
+}
+
 TEST(Quantize, RoundTripErrorWithinHalfAnUlp) {
   // Gaussian data, no outliers: every element within range; relative error <= 2^-(m+1) above the normal range.
   const std::int64_t rows = 64, cols = 256;
@@ -121,7 +150,7 @@ TEST(Quantize, RoundTripErrorWithinHalfAnUlp) {
   for (const Granularity& g : kGranularities) {
     for (Format f : {Format::e4m3fn, Format::e5m2}) {
       QuantDiagnostics d;
-      const ScaledMatrix q = quantize(MatrixView{x.data(), rows, cols}, QuantizeOptions{f, Overflow::kSaturate, g}, &d);
+      const ScaledMatrix q = quantize(MatrixRef{x.data(), rows, cols}, QuantizeOptions{f, Overflow::kSaturate, g}, &d);
       std::vector<float> back(x.size());
       dequantize(q, back);
       const double half_ulp = std::ldexp(1.0, -(descriptor(f).mantissa_bits + 1));
@@ -153,10 +182,10 @@ TEST(Quantize, MxFloorClipsWhereRceilDoesNot) {
   x[7] = 500.0f;
   QuantDiagnostics floor_d, rceil_d;
   const ScaledMatrix floor_q =
-      quantize(MatrixView{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kFloor)},
+      quantize(MatrixRef{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kFloor)},
                &floor_d);
   const ScaledMatrix rceil_q =
-      quantize(MatrixView{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kRceil)},
+      quantize(MatrixRef{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kRceil)},
                &rceil_d);
   ASSERT_EQ(floor_q.scale_e8m0.size(), 1u);
   EXPECT_EQ(floor_q.scale_e8m0[0], 127);
@@ -204,7 +233,7 @@ TEST(Quantize, MxScalesAtTheExponentEdges) {
       for (Format f : {Format::e4m3fn, Format::e5m2}) {
         for (MxScaleMode mode : {MxScaleMode::kFloor, MxScaleMode::kRceil}) {
           const QuantizeOptions o{f, Overflow::kSaturate, Granularity::mx(mode)};
-          const ScaledMatrix q = quantize(MatrixView{x.data(), 1, cols}, o);
+          const ScaledMatrix q = quantize(MatrixRef{x.data(), 1, cols}, o);
           const ScaledMatrix want = reference_quantize(std::vector<float>(x.begin(), x.begin() + cols), 1, cols, o);
           SCOPED_TRACE(std::string(name(f)) + (mode == MxScaleMode::kRceil ? " rceil" : " floor") +
                        (with_zero_block ? " with a zero block" : "") + (blocks == 5 ? " (tiny)" : " (normal)"));
@@ -244,7 +273,7 @@ TEST(Quantize, BlockScalesFollowTheFormulaForEveryOption) {
       }
       for (const Granularity& g : {Granularity::block(1, 128), Granularity::block(2, 128)}) {
         const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g, scale};
-        const ScaledMatrix got = quantize(MatrixView{input.data(), rows, cols}, o);
+        const ScaledMatrix got = quantize(MatrixRef{input.data(), rows, cols}, o);
         const ScaledMatrix want = reference_quantize(input, rows, cols, o);
         SCOPED_TRACE(g.name() + " margin " + std::to_string(scale.margin) + " epsilon " +
                      std::to_string(scale.epsilon) + (without_specials ? "" : " with special blocks"));
@@ -280,11 +309,11 @@ TEST(Quantize, WithAGivenScaleMeasuresAsQuantizeDoes) {
   x[10] = std::numeric_limits<float>::quiet_NaN();
   x[11] = 1e-9f;  // underflows
   QuantDiagnostics computed, given;
-  const ScaledMatrix q = quantize(MatrixView{x.data(), rows, cols}, {Format::e4m3fn, Overflow::kSaturate}, &computed);
+  const ScaledMatrix q = quantize(MatrixRef{x.data(), rows, cols}, {Format::e4m3fn, Overflow::kSaturate}, &computed);
   ASSERT_TRUE(computed.scale.has_value());
   const float scale = *computed.scale;
   const ScaledMatrix g =
-      quantize_with_scale(MatrixView{x.data(), rows, cols}, Format::e4m3fn, scale, Overflow::kSaturate, &given);
+      quantize_with_scale(MatrixRef{x.data(), rows, cols}, Format::e4m3fn, scale, Overflow::kSaturate, &given);
   EXPECT_EQ(g.data, q.data);
   EXPECT_EQ(g.scale_inv, q.scale_inv);
   EXPECT_EQ(given.scale, computed.scale);
@@ -295,22 +324,23 @@ TEST(Quantize, WithAGivenScaleMeasuresAsQuantizeDoes) {
   EXPECT_EQ(given.saturated_count, 0u);
   EXPECT_EQ(given.sqnr_db, computed.sqnr_db);
   QuantDiagnostics doubled;
-  const ScaledMatrix h = quantize_with_scale(MatrixView{x.data(), rows, cols}, Format::e4m3fn, 2.0f * scale,
-                                             Overflow::kSaturate, &doubled);
+  const ScaledMatrix h =
+      quantize_with_scale(MatrixRef{x.data(), rows, cols}, Format::e4m3fn, 2.0f * scale, Overflow::kSaturate, &doubled);
   std::size_t past = 0;
   for (float v : x) past += std::isfinite(v) && std::fabs(v * 2.0f * scale) >= 464.0f ? 1 : 0;
   EXPECT_GT(past, 0u);
   EXPECT_EQ(doubled.saturated_count, past);
   EXPECT_EQ(h.scale_inv[0], 1.0f / (2.0f * scale));
   // An empty matrix has an empty block grid: no scale (as quantize gives it).
-  EXPECT_TRUE(quantize_with_scale(MatrixView{nullptr, 0, 5}, Format::e4m3fn, scale).scale_inv.empty());
+  EXPECT_TRUE(quantize_with_scale(MatrixRef(static_cast<const float*>(nullptr), 0, 5), Format::e4m3fn, scale)
+                  .scale_inv.empty());
 }
 
 TEST(Quantize, Diagnostics) {
   // Per tensor with one outlier: small values underflow, nothing saturates, the scale is reported.
   std::vector<float> x = {1e4f, 1e-3f, -1e-3f, 0.0f, 1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, -5e-4f};
   QuantDiagnostics d;
-  quantize(MatrixView{x.data(), 1, 8}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()}, &d);
+  quantize(MatrixRef{x.data(), 1, 8}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()}, &d);
   EXPECT_EQ(d.amax, 1e4f);
   ASSERT_TRUE(d.scale.has_value());
   EXPECT_EQ(*d.scale, 448.0f / 1e4f);
@@ -323,18 +353,18 @@ TEST(Quantize, Diagnostics) {
   EXPECT_GT(d.max_rel_error, 0.99);  // the flushed ones lost everything
   // Per row of the same data with a per-row scale: no scale for the whole tensor.
   QuantDiagnostics dr;
-  quantize(MatrixView{x.data(), 2, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::row()}, &dr);
+  quantize(MatrixRef{x.data(), 2, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::row()}, &dr);
   EXPECT_FALSE(dr.scale.has_value());
   // Exactly representable data comes back exactly; SQNR is then undefined (no noise): none.
   std::vector<float> exact = {1.0f, 2.0f, 448.0f, -0.5f};
   QuantDiagnostics de;
-  quantize(MatrixView{exact.data(), 1, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()}, &de);
+  quantize(MatrixRef{exact.data(), 1, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()}, &de);
   EXPECT_TRUE(de.exact);
   EXPECT_FALSE(de.sqnr_db.has_value());
   EXPECT_EQ(de.max_abs_error, 0.0);
   // Saturation counted with a margin that pushes values out of range (scale 2x too large).
   QuantDiagnostics ds;
-  quantize(MatrixView{exact.data(), 1, 4},
+  quantize(MatrixRef{exact.data(), 1, 4},
            {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(), ScaleOptions{-1}}, &ds);
   EXPECT_EQ(ds.saturated_count, 1u);  // 448 * 2 > 448
 }
@@ -354,10 +384,10 @@ TEST(Quantize, GranularityNames) {
 
 TEST(Quantize, RejectsBadArguments) {
   std::vector<float> x(6);
-  EXPECT_THROW(quantize(MatrixView{x.data(), 2, 3}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(0, 2)}),
+  EXPECT_THROW(quantize(MatrixRef{x.data(), 2, 3}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(0, 2)}),
                Error);
-  EXPECT_THROW(quantize(MatrixView{x.data(), -1, 3}, {}), Error);
-  const ScaledMatrix q = quantize(MatrixView{x.data(), 2, 3}, {});
+  EXPECT_THROW(quantize(MatrixRef{x.data(), -1, 3}, {}), Error);
+  const ScaledMatrix q = quantize(MatrixRef{x.data(), 2, 3}, {});
   std::vector<float> wrong(5);
   EXPECT_THROW(dequantize(q, wrong), Error);
 }
@@ -379,7 +409,7 @@ TEST(Quantize, LargeParallelMatchesSerial) {
         Granularity::block(64, 256), Granularity::mx(), Granularity::mx(MxScaleMode::kRceil)}) {
     for (Overflow overflow : {Overflow::kSaturate, Overflow::kNonSaturating}) {
       const QuantizeOptions o{Format::e4m3fn, overflow, g};
-      const ScaledMatrix got = quantize(MatrixView{x.data(), rows, cols}, o);
+      const ScaledMatrix got = quantize(MatrixRef{x.data(), rows, cols}, o);
       const ScaledMatrix want = reference_quantize(x, rows, cols, o);
       EXPECT_EQ(got.data, want.data) << g.name();
       EXPECT_EQ(got.scale_inv, want.scale_inv) << g.name();
@@ -397,7 +427,7 @@ TEST(Quantize, StreamingSizesMatchReference) {
   ASSERT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % 64, 0u);
   for (const Granularity& g : {Granularity::block(128, 128), Granularity::mx()}) {
     const QuantizeOptions o{Format::e5m2, Overflow::kSaturate, g};
-    const ScaledMatrix got = quantize(MatrixView{x.data(), rows, cols}, o);
+    const ScaledMatrix got = quantize(MatrixRef{x.data(), rows, cols}, o);
     ASSERT_EQ(reinterpret_cast<std::uintptr_t>(got.data.data()) % 64, 0u);
     const ScaledMatrix want = reference_quantize(x, rows, cols, o);
     ASSERT_EQ(got.data, want.data) << g.name();

@@ -14,7 +14,7 @@ TEST(QuantizeMemory, ScaledMatrixBuffersAreCounted) {
   const std::int64_t before = memory_stats().current_bytes;
   {
     const ScaledMatrix q =
-        quantize(MatrixView{x.data(), 256, 512}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 128), {}});
+        quantize(MatrixRef{x.data(), 256, 512}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 128), {}});
     const std::int64_t held = memory_stats().current_bytes - before;
     // the codes (one byte each) and 256 x 4 float scales, no more than the vectors' capacities
     EXPECT_GE(held, 256 * 512 + 256 * 4 * 4);

@@ -181,7 +181,7 @@ TEST(Amax, BlocksAgainstReference) {
     const std::int64_t gr = ceil_div(c.rows, c.br), gc = ceil_div(c.cols, c.bc);
     std::vector<float> got(static_cast<std::size_t>(gr * gc), -1.0f);
     AmaxResult total;
-    amax_blocks(MatrixView{x.data(), c.rows, c.cols}, c.br, c.bc, got, &total);
+    amax_blocks(MatrixRef{x.data(), c.rows, c.cols}, c.br, c.bc, got, &total);
     for (std::int64_t i = 0; i < gr; ++i) {
       for (std::int64_t j = 0; j < gc; ++j) {
         float want = 0.0f;
@@ -201,8 +201,8 @@ TEST(Amax, BlocksAgainstReference) {
     EXPECT_EQ(total.inf_count, all.inf_count);
   }
   std::vector<float> x(6), out(1);
-  EXPECT_THROW(amax_blocks(MatrixView{x.data(), 2, 3}, 1, 1, out), Error);  // needs 6 entries
-  EXPECT_THROW(amax_blocks(MatrixView{x.data(), 2, 3}, 0, 1, out), Error);
+  EXPECT_THROW(amax_blocks(MatrixRef{x.data(), 2, 3}, 1, 1, out), Error);  // needs 6 entries
+  EXPECT_THROW(amax_blocks(MatrixRef{x.data(), 2, 3}, 0, 1, out), Error);
 }
 
 }  // namespace

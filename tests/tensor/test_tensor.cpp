@@ -172,8 +172,8 @@ TEST(Tensor, ReshapeSharesStorage) {
   EXPECT_THROW(none.reshape({-1, 0}), Error);  // cannot infer from zero
 }
 
-TEST(Tensor, View2d) {
-  auto v = [](Shape s) { return empty(std::move(s), DType::float8_e4m3fn).view2d(); };
+TEST(Tensor, Matrix) {
+  auto v = [](Shape s) { return empty(std::move(s), DType::float8_e4m3fn).matrix(); };
   EXPECT_EQ(v({2, 3, 4}).rows, 6);
   EXPECT_EQ(v({2, 3, 4}).cols, 4);
   EXPECT_EQ(v({5}).rows, 1);
@@ -184,9 +184,39 @@ TEST(Tensor, View2d) {
   EXPECT_EQ(v({3, 0}).cols, 0);
   EXPECT_EQ(v({0, 128}).rows, 0);
   EXPECT_EQ(v({0, 128}).cols, 128);
-  const auto [rows, cols] = v({7, 1, 33});
-  EXPECT_EQ(rows, 7);
-  EXPECT_EQ(cols, 33);
+  const Tensor t = empty({7, 1, 33}, DType::bfloat16);
+  const MatrixRef m = t.matrix();
+  EXPECT_EQ(m.rows, 7);
+  EXPECT_EQ(m.cols, 33);
+  EXPECT_EQ(m.dtype, DType::bfloat16);
+  EXPECT_EQ(m.data, static_cast<const void*>(t.raw()));
+  EXPECT_EQ(m.stride(), 33);
+  EXPECT_TRUE(m.contiguous());
+  EXPECT_NO_THROW(m.element<bfloat16>("test"));
+  // The checks name the operation and what does not fit.
+  auto message = [](const MatrixRef& x, auto element) {
+    try {
+      element(x);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto as_float = [](const MatrixRef& x) { x.element<float>("quantize"); };
+  EXPECT_NE(message(m, as_float).find("quantize: the matrix is bfloat16, it takes float32"), std::string::npos);
+  MatrixRef gpu = m;
+  gpu.dtype = DType::float32;
+  gpu.device = Device::cuda(0);
+  EXPECT_NE(message(gpu, as_float).find("on cuda:0"), std::string::npos);
+  const std::vector<float> x(12);
+  EXPECT_NE(message(MatrixRef(x.data(), 3, 4, 2), as_float).find("row stride 2 is below the 4 columns"),
+            std::string::npos);
+  EXPECT_NE(message(MatrixRef(static_cast<const float*>(nullptr), 3, 4), as_float).find("null data"),
+            std::string::npos);
+  EXPECT_NO_THROW(MatrixRef(static_cast<const float*>(nullptr), 0, 4).element<float>("quantize"));
+  const MatrixRef strided(x.data(), 2, 4, 6);
+  EXPECT_FALSE(strided.contiguous());
+  EXPECT_EQ(strided.row<float>(1), x.data() + 6);
 }
 
 TEST(Tensor, TypedAccessIsChecked) {

@@ -140,7 +140,7 @@ void run_analyze(const AnalyzeArgs& args) {
   const auto numel = static_cast<std::int64_t>(values.size());
   const std::int64_t cols = shape.empty() ? 1 : std::max<std::int64_t>(shape.back(), 1);
   const std::int64_t rows = numel == 0 ? 0 : numel / cols;
-  const MatrixView view{values.data(), rows, numel == 0 ? 0 : cols};
+  const MatrixRef view{values.data(), rows, numel == 0 ? 0 : cols};
 
   std::vector<Row> results;
   for (Format f : formats) {

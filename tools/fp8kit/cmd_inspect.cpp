@@ -42,8 +42,8 @@ std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
   }
   const Tensor x = to_tensor(t).to(DType::float32);
   if (x.numel() == 0) return std::nullopt;
-  const View2d v = x.view2d();
-  const MatrixView m{x.data<float>(), v.rows, v.cols};
+  const MatrixRef v = x.matrix();
+  const MatrixRef m{x.data<float>(), v.rows, v.cols};
   std::vector<VerdictRow> rows;
   for (const Granularity& g :
        {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128), Granularity::mx()}) {

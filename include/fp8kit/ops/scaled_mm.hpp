@@ -14,6 +14,7 @@
 #include "fp8kit/common/kernel_contract.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/tensor/dtype.hpp"
+#include "fp8kit/tensor/matrix_ref.hpp"
 
 namespace fp8kit {
 
@@ -92,33 +93,27 @@ float scaled_mm_into(const ScaledMatrix& a, const ScaledMatrix& b, std::span<flo
 // The largest M the dispatcher sends to the GEMV path.
 inline constexpr std::int64_t kGemvMaxM = 4;
 
-// A float32 or bfloat16 matrix (activations of weight-only FP8 products, operands of matmul): rows x cols,
-// row-major.
-struct ActivationView {
-  const void* data = nullptr;
-  DType dtype = DType::float32;  // float32 or bfloat16
-  std::int64_t rows = 0, cols = 0;
-};
-
+// The float operands below (activations of weight-only FP8 products, operands of matmul) are MatrixRefs of float32
+// or bfloat16 on the CPU, any row stride.
+//
 // Weight-only FP8 (inference): out (M x N, float32) = x (M x K, float32 or bfloat16) times dequant(w)^T + bias,
 // w the N x K weights with scales per tensor, per output channel (row) or blocks (128 x 128). Per K block,
 // sum_k x[i][k] * decode(w[j][k]) is accumulated in FP32, then multiplied by the block's scale. Small M streams
 // the weights once (GEMV path); larger M decodes weight panels into the packed GEMM. float32 activations run the
 // FP32 FMA GEMM kernels (bit-identical to fp8_weight_mm_reference); bfloat16 ones, exact in bfloat16, the
 // level's bfloat16 kernels where it has them (kFp32Bound). Throws fp8kit::Error naming what does not fit.
-void fp8_weight_mm(ActivationView x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias = {},
+void fp8_weight_mm(MatrixRef x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias = {},
                    MmDispatch* dispatch = nullptr);
 // Plain float GEMM on the FP32 FMA kernels (what the fp32 and bf16 training recipes use): out (M x N) = a (M x K)
 // times b (N x K for kNK, K x N for kKN), float32 or bfloat16 operands (bfloat16 widened exactly), FP32
 // accumulation with one fused multiply-add per product in increasing k, + bias. Bit-identical to matmul_reference
 // at every ISA level.
-void matmul(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,
-            std::span<const float> bias = {});
-void matmul_reference(ActivationView a, ActivationView b, BLayout b_layout, std::span<float> out,
+void matmul(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<float> out, std::span<const float> bias = {});
+void matmul_reference(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<float> out,
                       std::span<const float> bias = {});
 
 // The plain loops fp8_weight_mm is tested against (FMA products in increasing k per K block).
-void fp8_weight_mm_reference(ActivationView x, const ScaledMatrix& w, std::span<float> out,
+void fp8_weight_mm_reference(MatrixRef x, const ScaledMatrix& w, std::span<float> out,
                              std::span<const float> bias = {});
 
 }  // namespace fp8kit

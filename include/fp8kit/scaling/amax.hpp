@@ -6,6 +6,8 @@
 #include <span>
 #include <string_view>
 
+#include "fp8kit/tensor/matrix_ref.hpp"
+
 namespace fp8kit {
 
 struct AmaxResult {
@@ -15,21 +17,14 @@ struct AmaxResult {
   bool has_nonfinite() const { return nan_count + inf_count != 0; }
 };
 
-// A row-major matrix: rows x cols floats, consecutive rows `cols` apart. A tensor of any shape is viewed this way
-// with its last dimension as the row.
-struct MatrixView {
-  const float* data = nullptr;
-  std::int64_t rows = 0;
-  std::int64_t cols = 0;
-};
-
 // Over all elements (SIMD, and threads for large inputs).
 AmaxResult amax(std::span<const float> x);
 
 // Over every block of block_rows x block_cols (edge blocks are what remains), written row-major over the block grid
 // into `out` (ceil(rows / block_rows) * ceil(cols / block_cols) entries). Per row: block 1 x cols; per column:
 // rows x 1; per tensor: rows x cols. `total`, when given, receives the whole matrix's amax and non-finite counts.
-void amax_blocks(MatrixView x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
+// x: float32 on the CPU, any row stride (a tensor of any shape is Tensor::matrix(), its last dimension the row).
+void amax_blocks(MatrixRef x, std::int64_t block_rows, std::int64_t block_cols, std::span<float> out,
                  AmaxResult* total = nullptr);
 
 // The amax kernels in force (their ISA level's table name: "avx512", "avx2", "scalar").

@@ -88,15 +88,16 @@ struct QuantDiagnostics {
   }
 };
 
-// Quantizes x; when `diagnostics` is given, also measures what was lost (a dequantization and a pass over x).
-ScaledMatrix quantize(MatrixView x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
+// Quantizes x (float32 on the CPU, any row stride; the codes are written contiguous); when `diagnostics` is given,
+// also measures what was lost (a dequantization and a pass over x).
+ScaledMatrix quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
 // The same into an existing ScaledMatrix, reusing its buffers when they are large enough (no allocation then).
-void quantize_into(MatrixView x, const QuantizeOptions& options, ScaledMatrix& out,
+void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledMatrix& out,
                    QuantDiagnostics* diagnostics = nullptr);
 // Per-tensor quantization with a scale given rather than computed (delayed scaling's, or one from a checkpoint):
 // codes = the cast of x * scale to `format` under `overflow`, scale_inv = 1 / scale. With `diagnostics`, what was
 // lost, measured exactly as quantize() measures it (amax and non-finite counts included; d.scale = scale).
-ScaledMatrix quantize_with_scale(MatrixView x, Format format, float scale, Overflow overflow = Overflow::kSaturate,
+ScaledMatrix quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow = Overflow::kSaturate,
                                  QuantDiagnostics* diagnostics = nullptr);
 
 // out has rows * cols elements: decode(code) * scale_inv of its block, in float32.

@@ -16,6 +16,7 @@
 #include "fp8kit/format/codec.hpp"
 #include "fp8kit/tensor/device.hpp"
 #include "fp8kit/tensor/dtype.hpp"
+#include "fp8kit/tensor/matrix_ref.hpp"
 
 namespace fp8kit {
 
@@ -24,12 +25,6 @@ using Shape = std::vector<std::int64_t>;
 
 // "[2, 3, 4]" ("[]" for a 0-d shape): the one way fp8kit writes a shape, in messages and output.
 std::string shape_string(std::span<const std::int64_t> shape);
-
-// A tensor seen as a matrix with its last dimension as the row: rows * cols == numel().
-struct View2d {
-  std::int64_t rows = 1;  // product of all dimensions but the last (1 for 0-d and 1-d tensors)
-  std::int64_t cols = 1;  // the last dimension (1 for a 0-d tensor)
-};
 
 namespace detail {
 class Storage;
@@ -85,8 +80,9 @@ class Tensor {
   // The same elements with another shape of the same numel, sharing storage. One dimension may be -1: it is
   // inferred from the others.
   Tensor reshape(Shape shape) const;
-  // rows = numel / last dimension, cols = last dimension (rows 1 for 0-d and 1-d tensors).
-  View2d view2d() const noexcept;
+  // The tensor as a matrix with its last dimension as the row (contiguous, its dtype and device): cols = the last
+  // dimension, rows = numel / cols (rows 1 for 0-d and 1-d tensors, cols 1 for a 0-d one).
+  MatrixRef matrix() const noexcept;
   // A deep copy: new storage, same dtype, shape and values.
   Tensor clone() const;
 
