@@ -209,8 +209,8 @@ void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, s
   Buffer a(mk * 4), b(nk * 4), c_f32(mn * 4), c_fp8(mn * 4), c_bf16(mn * 4);
   fill_normal(a.as<float>(), 11);
   fill_normal(b.as<float>(), 12);
-  const ScaledMatrix qa = quantize(MatrixRef{a.as<const float>().data(), s.m, s.k}, e4m3fn(Granularity::tensor()));
-  const ScaledMatrix qb = quantize(MatrixRef{b.as<const float>().data(), s.n, s.k}, e4m3fn(Granularity::tensor()));
+  const ScaledTensor qa = quantize(MatrixRef{a.as<const float>().data(), s.m, s.k}, e4m3fn(Granularity::tensor()));
+  const ScaledTensor qb = quantize(MatrixRef{b.as<const float>().data(), s.n, s.k}, e4m3fn(Granularity::tensor()));
   bool with_bf16 = options.bf16_baseline && bf16_library().available;
   std::vector<std::uint16_t> a16, b16;
   std::unique_ptr<Bf16Gemm> bf16;
@@ -277,7 +277,7 @@ void bench_gemv(const GemmShape& s, const GemmBenchOptions& options, int reps, s
   Buffer w(nk * 4), x(k * 4), y_f32(n * 4), y_fp8(n * 4), probe(nk);
   fill_normal(w.as<float>(), 21);
   fill_normal(x.as<float>(), 22);
-  const ScaledMatrix qw = quantize(MatrixRef{w.as<const float>().data(), s.n, s.k}, e4m3fn(Granularity::row()));
+  const ScaledTensor qw = quantize(MatrixRef{w.as<const float>().data(), s.n, s.k}, e4m3fn(Granularity::row()));
   // The probe reads as many bytes as the FP8 weights, from a buffer of its own (a copy of the codes).
   std::memcpy(probe.data(), qw.data.data(), nk);
   const MatrixRef xv{x.data(), DType::float32, 1, s.k};

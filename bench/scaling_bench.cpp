@@ -59,7 +59,7 @@ std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
     volatile float amax_sink = 0;
     add(
         "amax", "", "read-bandwidth", bytes, [&] { amax_sink = amax(x.as<const float>()).amax; }, read_probe, bytes);
-    ScaledMatrix q;
+    ScaledTensor q;
     for (const Granularity& g : granularities) {
       const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g, ScaleOptions{}};
       quantize_into(view, o, q);  // allocate once, outside the timing

@@ -430,9 +430,9 @@ ScaledTensor load_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTe
                                     const std::map<std::string, std::string>& native_metadata) {
   const PairInfo p = inspect_pair(layout, weight, scale, config, native_metadata);
   ScaledTensor q;
-  q.shape = weight.shape;
+  q.original_shape = weight.shape;
   q.original_dtype = p.original_dtype;
-  ScaledMatrix& m = q.matrix;
+  ScaledTensor& m = q;
   m.format = p.format;
   m.overflow = p.overflow;
   m.granularity = p.granularity;
@@ -502,7 +502,7 @@ DType scale_dtype_for(CheckpointLayout layout, QuantScheme scheme, DType weight_
 }
 
 // Re-encodes x with the (rounded) scales in q, so that the codes go with the scales that are stored.
-void reencode(const Tensor& x32, ScaledMatrix& q) {
+void reencode(const Tensor& x32, ScaledTensor& q) {
   const float* x = x32.data<float>();
   const std::int64_t br = q.block_rows(), bc = q.block_cols(), gc_n = q.grid_cols();
   for (std::int64_t r = 0; r < q.rows; ++r) {
@@ -562,7 +562,7 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
   scale_options.rounding = scale_rounding;
   const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(scheme), scale_options};
   out.scaled = quantize(tensor, options);
-  ScaledMatrix& m = out.scaled.matrix;
+  ScaledTensor& m = out.scaled;
   const DType sdtype = plan[1].dtype;
 
   // Scales the layout's dtype rounds (compressed-tensors in BF16/F16): round them, then re-encode the codes.
@@ -589,7 +589,7 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
     std::copy(m.scale_inv.begin(), m.scale_inv.end(), s32.data<float>());
     scale = s32.to(sdtype);  // exact: the values were rounded to sdtype above
   }
-  out.tensors.push_back({plan[0].name, out.scaled.data()});
+  out.tensors.push_back({plan[0].name, out.scaled.codes()});
   out.tensors.push_back({plan[1].name, scale});
   out.metadata = layout_metadata(name, tensor.dtype(), scheme, format, layout);
   return out;

@@ -80,8 +80,8 @@ MatrixRef matrix_of(const Tensor& x) {
 // band transposed into a small buffer and quantized on its own. Blocks never straddle bands, so codes and scales are
 // bit for bit those of quantizing the whole transpose. Diagnostics: the fields the step report reads (amax and the
 // counts) are summed over the bands; the error statistics are left unset.
-ScaledMatrix quantize_transposed(const MatrixRef& x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
-  ScaledMatrix out;
+ScaledTensor quantize_transposed(const MatrixRef& x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
+  ScaledTensor out;
   out.format = options.format;
   out.overflow = options.overflow;
   out.granularity = options.granularity;
@@ -95,7 +95,7 @@ ScaledMatrix quantize_transposed(const MatrixRef& x, const QuantizeOptions& opti
   const bool mx = options.granularity.kind == Granularity::Kind::kMx;
   if (mx) out.scale_e8m0.resize(out.scale_inv.size());
   std::vector<float> buffer;
-  ScaledMatrix q;
+  ScaledTensor q;
   for (std::int64_t b0 = 0; b0 < rows; b0 += band) {
     const std::int64_t n = std::min(band, rows - b0);
     buffer.resize(static_cast<std::size_t>(n * cols));
@@ -136,7 +136,7 @@ void report_scale(const GemmCall& call, TensorRole role, float amax, float scale
   if (call.report->log_scales) call.report->scales.push_back(std::move(rec));
 }
 
-Tensor dequantized(const ScaledMatrix& q) {
+Tensor dequantized(const ScaledTensor& q) {
   Tensor t = empty({q.rows, q.cols}, DType::float32);
   dequantize(q, t.span<float>());
   return t;
@@ -293,7 +293,7 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
   const MatrixRef m = matrix_of(x);
   const bool log = call.report != nullptr && call.report->log_scales;
   QuantDiagnostics diag;
-  ScaledMatrix q;
+  ScaledTensor q;
   float amax_value = 0.0f, scale = 1.0f;
   bool nonfinite = false;
   if (delayed_scaling(r)) {
@@ -373,7 +373,7 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
     }
     return t;
   }
-  ScaledMatrix q;
+  ScaledTensor q;
   q.format = x.fp8->format;
   q.overflow = x.fp8->overflow;
   q.granularity = x.fp8->granularity;

@@ -26,9 +26,9 @@ MmPlan plan_shapes(const char* op, std::int64_t a_rows, std::int64_t a_cols, std
 void check_output(const char* op, const MmPlan& p, std::size_t out_size);
 
 // Validates scaled_mm operands and options; throws fp8kit::Error (kInvalidArgument) naming what does not fit.
-MmPlan plan_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options);
+MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options);
 // Validates a weight-only product (x M x K float32/bfloat16, w N x K, bias, out of M x N floats).
-MmPlan plan_weight_mm(const MatrixRef& x, const ScaledMatrix& w, std::span<const float> bias, std::size_t out_size);
+MmPlan plan_weight_mm(const MatrixRef& x, const ScaledTensor& w, std::span<const float> bias, std::size_t out_size);
 
 // The scale every plan without A scales uses (weight-only products).
 inline constexpr float kUnitScale = 1.0f;

@@ -171,7 +171,7 @@ void check_shape(MatrixRef x, const Granularity& g) {
 namespace {
 
 // The quantization multiplier and dequantization scale of one block from its amax.
-void block_scale(float amax, const QuantizeOptions& options, ScaledMatrix& q, std::vector<float>& multiplier,
+void block_scale(float amax, const QuantizeOptions& options, ScaledTensor& q, std::vector<float>& multiplier,
                  std::size_t b) {
   if (options.granularity.kind == Granularity::Kind::kMx) {
     const std::uint8_t code = mx_scale_code(amax, options.format, options.granularity.mx_mode);
@@ -188,7 +188,7 @@ void block_scale(float amax, const QuantizeOptions& options, ScaledMatrix& q, st
 // multiplier), as block_scale gives them. When every amax is a normal float (and, for RCEIL, amax / fp8_max too)
 // the code is integer arithmetic on the exponent field, a loop the compiler vectorizes; otherwise (zero,
 // subnormal, Inf or NaN blocks) block_scale block by block.
-void mx_block_scales(std::size_t b0, std::size_t n, const QuantizeOptions& options, ScaledMatrix& q,
+void mx_block_scales(std::size_t b0, std::size_t n, const QuantizeOptions& options, ScaledTensor& q,
                      std::vector<float>& multiplier) {
   const MxConstants& k = kMxConstants[static_cast<std::size_t>(options.format)];
   const bool rceil = options.granularity.mx_mode == MxScaleMode::kRceil;
@@ -239,7 +239,7 @@ void mx_block_scales(std::size_t b0, std::size_t n, const QuantizeOptions& optio
 // finite and, after epsilon, positive and finite, compute_scale is one correctly rounded division, capped at FLT_MAX
 // (and never 0: the smallest fp8_max over the largest float is a normal float): a loop the compiler vectorizes
 // (divisions included, as correctly rounded as the scalar ones); otherwise block_scale block by block.
-void formula_block_scales(std::size_t b0, std::size_t n, const QuantizeOptions& options, ScaledMatrix& q,
+void formula_block_scales(std::size_t b0, std::size_t n, const QuantizeOptions& options, ScaledTensor& q,
                           std::vector<float>& multiplier) {
   const float epsilon = options.scale.epsilon;
   float* amax_and_multiplier = multiplier.data() + b0;
@@ -277,7 +277,7 @@ namespace {
 
 // What quantizing x into q lost: q dequantized and compared with x element by element. `multiplier` holds each
 // block's quantization multiplier (row-major over q's block grid), `total` the amax and non-finite counts of x.
-QuantDiagnostics measure(MatrixRef x, const ScaledMatrix& q, const std::vector<float>& multiplier,
+QuantDiagnostics measure(MatrixRef x, const ScaledTensor& q, const std::vector<float>& multiplier,
                          const AmaxResult& total) {
   const std::int64_t br = q.block_rows(), bc = q.block_cols(), grid_cols = q.grid_cols();
   std::vector<float> back(q.data.size());
@@ -331,7 +331,7 @@ AmaxResult amax_of(MatrixRef x) {
 }
 
 // q.data = encode(x * options.scale) for all of x: one threaded encode when its rows are contiguous, else row by row.
-void cast_rows(MatrixRef x, ScaledMatrix& q, const CastOptions& options) {
+void cast_rows(MatrixRef x, ScaledTensor& q, const CastOptions& options) {
   if (x.contiguous()) {
     cast_to_fp8(std::span<const float>(x.row<float>(0), q.data.size()), q.data, options);
     return;
@@ -345,14 +345,16 @@ void cast_rows(MatrixRef x, ScaledMatrix& q, const CastOptions& options) {
 
 }  // namespace
 
-ScaledMatrix quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
-  ScaledMatrix q;
+ScaledTensor quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
+  ScaledTensor q;
   quantize_into(x, options, q, diagnostics);
   return q;
 }
 
-void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledMatrix& q, QuantDiagnostics* diagnostics) {
+void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, QuantDiagnostics* diagnostics) {
   check_shape(x, options.granularity);
+  q.original_shape.reset();
+  q.original_dtype = DType::float32;
   q.format = options.format;
   q.overflow = options.overflow;
   q.granularity = options.granularity;
@@ -382,7 +384,7 @@ void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledMatrix& q,
     const auto amax_segments = scaling_detail::active_amax_kernels().amax_segments;
     const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
     // The encodes below keep plain stores for the codes, whatever their size: with streaming stores
-    // (once ScaledMatrix's buffer was
+    // (once ScaledTensor's buffer was
     // 64-byte aligned and they could run) the fused quantize measured slower on the AMX Xeon, 2 threads: per row
     // 0.82x -> 0.73x memcpy, 1x128 0.80x -> 0.72x, 128x128 0.68x -> 0.67x, MX 0.70x -> 0.67x (as for the bulk
     // AVX-512 encoder, which writes a quarter of what it reads; the decoders stream).
@@ -493,10 +495,10 @@ void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledMatrix& q,
   }
 }
 
-ScaledMatrix quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow,
+ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow,
                                  QuantDiagnostics* diagnostics) {
   check_shape(x, Granularity::tensor());
-  ScaledMatrix q;
+  ScaledTensor q;
   q.format = format;
   q.overflow = overflow;
   q.granularity = Granularity::tensor();
@@ -512,7 +514,7 @@ ScaledMatrix quantize_with_scale(MatrixRef x, Format format, float scale, Overfl
   return q;
 }
 
-void dequantize(const ScaledMatrix& q, std::span<float> out) {
+void dequantize(const ScaledTensor& q, std::span<float> out) {
   FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == q.rows * q.cols, "dequantize: output has ", out.size(),
                " elements, the ", q.rows, "x", q.cols, " matrix needs ", q.rows * q.cols);
   FP8KIT_CHECK(static_cast<std::int64_t>(q.data.size()) == q.rows * q.cols, "dequantize: data has ", q.data.size(),

@@ -1,4 +1,4 @@
-// ScaledTensor: Tensor-level quantize/dequantize on top of the matrix quantizer.
+// ScaledTensor's tensor copies, and the Tensor-level quantize/dequantize on top of the matrix quantizer.
 #include "fp8kit/scaling/scaled_tensor.hpp"
 
 #include <cstring>
@@ -7,15 +7,19 @@
 
 namespace fp8kit {
 
-Tensor ScaledTensor::data() const {
-  Tensor t = empty(shape, dtype_of(matrix.format));
-  if (!matrix.data.empty()) std::memcpy(t.raw(), matrix.data.data(), matrix.data.size());
+Tensor ScaledTensor::codes() const {
+  Tensor t = empty(shape(), dtype_of(format));
+  FP8KIT_CHECK(static_cast<std::size_t>(t.numel()) == data.size(), "ScaledTensor::codes: ", data.size(),
+               " codes for the shape ", shape_string(shape()));
+  if (!data.empty()) std::memcpy(t.raw(), data.data(), data.size());
   return t;
 }
 
-Tensor ScaledTensor::scale_inv() const {
-  Tensor t = empty(Shape{matrix.grid_rows(), matrix.grid_cols()}, DType::float32);
-  if (!matrix.scale_inv.empty()) std::memcpy(t.raw(), matrix.scale_inv.data(), matrix.scale_inv.size() * sizeof(float));
+Tensor ScaledTensor::scales() const {
+  Tensor t = empty(Shape{grid_rows(), grid_cols()}, DType::float32);
+  FP8KIT_CHECK(static_cast<std::size_t>(t.numel()) == scale_inv.size(), "ScaledTensor::scales: ", scale_inv.size(),
+               " scales for a ", grid_rows(), "x", grid_cols(), " block grid");
+  if (!scale_inv.empty()) std::memcpy(t.raw(), scale_inv.data(), scale_inv.size() * sizeof(float));
   return t;
 }
 
@@ -25,10 +29,10 @@ ScaledTensor quantize(const Tensor& x, const QuantizeOptions& options, QuantDiag
   const Tensor f32 = x.to(DType::float32);  // shares storage when x is already float32
   const MatrixRef v = x.matrix();
   ScaledTensor q;
-  q.shape = x.shape();
-  q.original_dtype = x.dtype();
   const MatrixRef view{f32.data<float>(), x.numel() == 0 ? 0 : v.rows, x.numel() == 0 ? 0 : v.cols};
-  quantize_into(view, options, q.matrix, diagnostics);
+  quantize_into(view, options, q, diagnostics);
+  q.original_shape = x.shape();
+  q.original_dtype = x.dtype();
   return q;
 }
 
@@ -36,8 +40,8 @@ Tensor dequantize(const ScaledTensor& q, std::optional<DType> dtype) {
   const DType target = dtype.value_or(q.original_dtype);
   FP8KIT_CHECK(is_floating(target) && !is_fp8(target), "dequantize: the target dtype is ", name(target),
                "; dequantize to float32, bfloat16, float16 or float64");
-  Tensor out = empty(q.shape, DType::float32);
-  dequantize(q.matrix, out.span<float>());
+  Tensor out = empty(q.shape(), DType::float32);
+  dequantize(q, out.span<float>());
   return out.to(target);
 }
 

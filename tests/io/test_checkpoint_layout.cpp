@@ -243,7 +243,7 @@ TEST(CheckpointLayout, ScaleNamesShapesAndDtypes) {
   const ScaledTensor loaded = load_checkpoint_tensor(CheckpointLayout::kNative, native.at("m.weight"),
                                                      native.at("m.weight.scale_inv"), {}, native.metadata);
   EXPECT_EQ(loaded.original_dtype, DType::bfloat16);
-  EXPECT_EQ(loaded.format(), Format::e5m2);
+  EXPECT_EQ(loaded.format, Format::e5m2);
 }
 
 TEST(CheckpointLayout, NativeStoresAnyRank) {

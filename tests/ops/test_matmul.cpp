@@ -68,7 +68,7 @@ TEST(Matmul, StridedOperandsMatchContiguousCopies) {
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
   matmul_reference(MatrixRef(aw.data(), m, k, k + pad), MatrixRef(bkn_wide.data(), k, n, n + pad), BLayout::kKN, got);
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
-  const ScaledMatrix w = quantize(MatrixRef(bp.data(), n, k), {});
+  const ScaledTensor w = quantize(MatrixRef(bp.data(), n, k), {});
   for (std::int64_t rows : {std::int64_t{2}, m}) {  // the GEMV path and the GEMM path
     std::vector<float> a(static_cast<std::size_t>(rows * n)), b(a.size());
     fp8_weight_mm(MatrixRef(ap.data(), rows, k), w, a);

@@ -30,7 +30,7 @@ std::vector<float> transpose(const std::vector<float>& x, std::int64_t rows, std
 }
 
 // FP64 product of the dequantized operands (what the FP8 values and scales represent).
-std::vector<double> reference64(const ScaledMatrix& a, const ScaledMatrix& b_nk) {
+std::vector<double> reference64(const ScaledTensor& a, const ScaledTensor& b_nk) {
   std::vector<float> da(a.data.size()), db(b_nk.data.size());
   dequantize(a, da);
   dequantize(b_nk, db);
@@ -50,10 +50,10 @@ TEST(ScaledMm, IntegerInputsAreExact) {
   // Small integers are exact in e4m3fn; per-tensor scales of powers of two keep everything exact in FP32.
   for (auto [m, k, n] : {std::tuple{1, 1, 1}, std::tuple{3, 17, 5}, std::tuple{17, 129, 3}, std::tuple{8, 256, 16}}) {
     const auto x = random_matrix(m, k, 1, true), w = random_matrix(n, k, 2, true);
-    const ScaledMatrix a =
+    const ScaledTensor a =
         quantize(MatrixRef{x.data(), m, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(),
                                              ScaleOptions{0, 0.0f, ScaleRounding::kPowerOfTwoDown}});
-    const ScaledMatrix b =
+    const ScaledTensor b =
         quantize(MatrixRef{w.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(),
                                              ScaleOptions{0, 0.0f, ScaleRounding::kPowerOfTwoDown}});
     const ScaledMmResult r = scaled_mm_reference(a, b);
@@ -80,8 +80,8 @@ TEST(ScaledMm, EveryGranularityAndLayoutWithinBound) {
     for (const Granularity& gb : b_grans) {
       for (Format fa : {Format::e4m3fn, Format::e5m2}) {
         const Format fb = Format::e4m3fn;
-        const ScaledMatrix a = quantize(MatrixRef{x.data(), m, k}, {fa, Overflow::kSaturate, ga, {}});
-        const ScaledMatrix b = quantize(MatrixRef{w.data(), n, k}, {fb, Overflow::kSaturate, gb, {}});
+        const ScaledTensor a = quantize(MatrixRef{x.data(), m, k}, {fa, Overflow::kSaturate, ga, {}});
+        const ScaledTensor b = quantize(MatrixRef{w.data(), n, k}, {fb, Overflow::kSaturate, gb, {}});
         const ScaledMmResult r = scaled_mm_reference(a, b);
         const auto want = reference64(a, b);
         // FP32 accumulation of k exact products: |error| <= k * 2^-24 * sum |a b| (plus the scale products' rounding)
@@ -99,7 +99,7 @@ TEST(ScaledMm, EveryGranularityAndLayoutWithinBound) {
         const Granularity gb_kn = gb.kind == Granularity::Kind::kRow     ? Granularity::column()
                                   : gb.kind == Granularity::Kind::kBlock ? Granularity::block(128, 128)
                                                                          : gb;
-        const ScaledMatrix bt = quantize(MatrixRef{wt.data(), k, n}, {fb, Overflow::kSaturate, gb_kn, {}});
+        const ScaledTensor bt = quantize(MatrixRef{wt.data(), k, n}, {fb, Overflow::kSaturate, gb_kn, {}});
         const ScaledMmResult rt = scaled_mm_reference(a, bt, {BLayout::kKN});
         ASSERT_EQ(rt.out, r.out) << ga.name() << " x " << gb.name();
       }
@@ -110,8 +110,8 @@ TEST(ScaledMm, EveryGranularityAndLayoutWithinBound) {
 TEST(ScaledMm, BiasBfloat16OutputAndAmax) {
   const std::int64_t m = 3, k = 64, n = 5;
   const auto x = random_matrix(m, k, 5, false), w = random_matrix(n, k, 6, false);
-  const ScaledMatrix a = quantize(MatrixRef{x.data(), m, k}, {});
-  const ScaledMatrix b = quantize(MatrixRef{w.data(), n, k}, {});
+  const ScaledTensor a = quantize(MatrixRef{x.data(), m, k}, {});
+  const ScaledTensor b = quantize(MatrixRef{w.data(), n, k}, {});
   const std::vector<float> bias = {1.0f, -2.0f, 0.5f, 100.0f, 0.0f};
   const ScaledMmResult f32 = scaled_mm_reference(a, b, {BLayout::kNK, DType::float32, bias});
   const ScaledMmResult plain = scaled_mm_reference(a, b);
@@ -132,9 +132,9 @@ TEST(ScaledMm, MxOperandsWithinBound) {
   const std::int64_t m = 5, k = 96, n = 7;
   const auto x = random_matrix(m, k, 11, false), w = random_matrix(n, k, 12, false);
   for (MxScaleMode mode : {MxScaleMode::kFloor, MxScaleMode::kRceil}) {
-    const ScaledMatrix a =
+    const ScaledTensor a =
         quantize(MatrixRef{x.data(), m, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(mode), {}});
-    const ScaledMatrix b =
+    const ScaledTensor b =
         quantize(MatrixRef{w.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(mode), {}});
     const ScaledMmResult r = scaled_mm_reference(a, b);
     const auto want = reference64(a, b);
@@ -147,29 +147,29 @@ TEST(ScaledMm, MxOperandsWithinBound) {
 
 TEST(ScaledMm, RefusesWhatDoesNotFit) {
   const auto x = random_matrix(4, 256, 7, false);
-  const ScaledMatrix e4 =
+  const ScaledTensor e4 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::tensor(), {}});
-  const ScaledMatrix e5 =
+  const ScaledTensor e5 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e5m2, Overflow::kSaturate, Granularity::tensor(), {}});
   EXPECT_THROW(scaled_mm_reference(e5, e5), Error);  // e5m2 x e5m2
   EXPECT_NO_THROW(scaled_mm_reference(e4, e5));
-  const ScaledMatrix k128 = quantize(MatrixRef{x.data(), 2, 128}, {});
+  const ScaledTensor k128 = quantize(MatrixRef{x.data(), 2, 128}, {});
   EXPECT_THROW(scaled_mm_reference(e4, k128), Error);  // K 256 vs 128
-  const ScaledMatrix col =
+  const ScaledTensor col =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::column(), {}});
   EXPECT_THROW(scaled_mm_reference(col, e4), Error);  // A per column
-  const ScaledMatrix mx =
+  const ScaledTensor mx =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(), {}});
   EXPECT_NO_THROW(scaled_mm_reference(mx, e4));  // MX: 1 x 32 blocks along K with E8M0 scales
-  const ScaledMatrix b128x4 =
+  const ScaledTensor b128x4 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(128, 128), {}});
   EXPECT_THROW(scaled_mm_reference(mx, b128x4), Error);  // K blocks 32 vs 128
-  const ScaledMatrix e8 =
+  const ScaledTensor e8 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e8m0fnu, Overflow::kSaturate, Granularity::tensor(), {}});
   EXPECT_THROW(scaled_mm_reference(e8, e4), Error);  // e8m0fnu is a scale format
-  const ScaledMatrix a64 =
+  const ScaledTensor a64 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 64), {}});
-  const ScaledMatrix b128 =
+  const ScaledTensor b128 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(128, 128), {}});
   EXPECT_THROW(scaled_mm_reference(a64, b128), Error);  // K blocks differ
   EXPECT_THROW(scaled_mm_reference(e4, e4, {BLayout::kNK, DType::float16}), Error);

@@ -69,7 +69,7 @@ std::vector<GranularityPair> granularity_pairs(BLayout layout) {
   return pairs;
 }
 
-std::string describe(const ScaledMatrix& a, const ScaledMatrix& b, BLayout layout) {
+std::string describe(const ScaledTensor& a, const ScaledTensor& b, BLayout layout) {
   std::ostringstream s;
   s << "A " << a.rows << "x" << a.cols << " " << name(a.format) << " " << a.granularity.name() << ", B "
     << (layout == BLayout::kNK ? "NxK " : "KxN ") << b.rows << "x" << b.cols << " " << name(b.format) << " "
@@ -89,15 +89,15 @@ std::vector<float> random_values(std::int64_t rows, std::int64_t cols, std::uint
   return v;
 }
 
-ScaledMatrix random_quantized(std::int64_t rows, std::int64_t cols, std::uint32_t seed, Format f, Granularity g) {
+ScaledTensor random_quantized(std::int64_t rows, std::int64_t cols, std::uint32_t seed, Format f, Granularity g) {
   const auto v = random_values(rows, cols, seed);
   return quantize(MatrixRef{v.data(), rows, cols}, {f, Overflow::kSaturate, g, {}});
 }
 
-// A ScaledMatrix built from codes, with random power-of-two scales 2^lo .. 2^hi times 2^offset.
-ScaledMatrix from_codes(Format f, Granularity g, std::int64_t rows, std::int64_t cols, std::vector<std::uint8_t> codes,
+// A ScaledTensor built from codes, with random power-of-two scales 2^lo .. 2^hi times 2^offset.
+ScaledTensor from_codes(Format f, Granularity g, std::int64_t rows, std::int64_t cols, std::vector<std::uint8_t> codes,
                         std::uint32_t seed, int lo = -2, int hi = 2, int offset = 0) {
-  ScaledMatrix s;
+  ScaledTensor s;
   s.format = f;
   s.overflow = Overflow::kSaturate;
   s.granularity = g;
@@ -163,7 +163,7 @@ std::vector<std::uint8_t> subnormal_codes(Format f, std::int64_t count, std::uin
 }
 
 // Each value decoded exactly and multiplied by its scale, in FP64.
-std::vector<double> dequantize64(const ScaledMatrix& s) {
+std::vector<double> dequantize64(const ScaledTensor& s) {
   std::vector<double> v(s.data.size());
   for (std::int64_t r = 0; r < s.rows; ++r)
     for (std::int64_t c = 0; c < s.cols; ++c) {
@@ -208,7 +208,7 @@ std::vector<double> transpose64(const std::vector<double>& x, std::int64_t rows,
   return t;
 }
 
-Exact exact_scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, BLayout layout, std::span<const float> bias = {}) {
+Exact exact_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, BLayout layout, std::span<const float> bias = {}) {
   const bool nk = layout == BLayout::kNK;
   const std::int64_t n = nk ? b.rows : b.cols;
   auto db = dequantize64(b);
@@ -242,7 +242,7 @@ Activations make_activations(std::vector<float> values, std::int64_t rows, std::
   return x;
 }
 
-Exact exact_weight_mm(const Activations& x, const ScaledMatrix& w, std::span<const float> bias = {}) {
+Exact exact_weight_mm(const Activations& x, const ScaledTensor& w, std::span<const float> bias = {}) {
   return exact_product(x.values64(), dequantize64(w), x.rows, w.rows, x.cols, bias);
 }
 
@@ -338,7 +338,7 @@ class ThreadCount {
 
 // The fast product checked against its kernel's contract: the reference bit for bit (amax too), or within the FP32
 // bound of the FP64 value; with the path the dispatcher must take.
-void expect_gemm_contract(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options) {
+void expect_gemm_contract(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options) {
   const ScaledMmResult got = scaled_mm(a, b, options);
   const std::string what = describe(a, b, options.b_layout) + (options.bias.empty() ? "" : " +bias") +
                            (options.out_dtype == DType::bfloat16 ? " bf16" : "") + " [" +
@@ -392,8 +392,8 @@ TEST_P(ScaledMmFast, GemmContractEveryGranularityFormatAndLayout) {
   for (BLayout layout : {BLayout::kNK, BLayout::kKN}) {
     for (const GranularityPair& g : granularity_pairs(layout)) {
       for (const FormatPair& f : kFormatPairs) {
-        const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, g.a);
-        const ScaledMatrix b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, g.b)
+        const ScaledTensor a = random_quantized(m, k, ++seed, f.a, g.a);
+        const ScaledTensor b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, g.b)
                                                       : random_quantized(k, n, ++seed, f.b, g.b);
         expect_gemm_contract(a, b, {layout});
       }
@@ -418,8 +418,8 @@ TEST_P(ScaledMmFast, GemmContractOddAndTinyShapes) {
           const GranularityPair& g = pairs[case_index % pairs.size()];
           const FormatPair& f = kFormatPairs[case_index % std::size(kFormatPairs)];
           ++case_index;
-          const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, g.a);
-          const ScaledMatrix b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, g.b)
+          const ScaledTensor a = random_quantized(m, k, ++seed, f.a, g.a);
+          const ScaledTensor b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, g.b)
                                                         : random_quantized(k, n, ++seed, f.b, g.b);
           expect_gemm_contract(a, b, {layout});
         }
@@ -431,12 +431,12 @@ TEST_P(ScaledMmFast, GemmContractLargeManyPanels) {
   // Several cache panels along M, N and K (the K panels are a few hundred deep), with K = 520 not a multiple of 128.
   const std::int64_t m = 200, n = 300, k = 520;
   const std::vector<float> bias = random_bias(n, 7);
-  const ScaledMatrix a_blk = random_quantized(m, k, 1, Format::e4m3fn, Granularity::block(1, 128));
-  const ScaledMatrix a_row = random_quantized(m, k, 2, Format::e4m3fn, Granularity::row());
-  const ScaledMatrix b_nk = random_quantized(n, k, 3, Format::e4m3fn, Granularity::block(128, 128));
-  const ScaledMatrix b_kn = random_quantized(k, n, 4, Format::e5m2, Granularity::block(128, 128));
-  const ScaledMatrix b_nk_row = random_quantized(n, k, 5, Format::e4m3fn, Granularity::row());
-  const ScaledMatrix b_kn_col = random_quantized(k, n, 6, Format::e4m3fn, Granularity::column());
+  const ScaledTensor a_blk = random_quantized(m, k, 1, Format::e4m3fn, Granularity::block(1, 128));
+  const ScaledTensor a_row = random_quantized(m, k, 2, Format::e4m3fn, Granularity::row());
+  const ScaledTensor b_nk = random_quantized(n, k, 3, Format::e4m3fn, Granularity::block(128, 128));
+  const ScaledTensor b_kn = random_quantized(k, n, 4, Format::e5m2, Granularity::block(128, 128));
+  const ScaledTensor b_nk_row = random_quantized(n, k, 5, Format::e4m3fn, Granularity::row());
+  const ScaledTensor b_kn_col = random_quantized(k, n, 6, Format::e4m3fn, Granularity::column());
   expect_gemm_contract(a_blk, b_nk, {BLayout::kNK});
   expect_gemm_contract(a_blk, b_kn, {BLayout::kKN, DType::bfloat16, bias});
   expect_gemm_contract(a_row, b_nk_row, {BLayout::kNK, DType::float32, bias});
@@ -450,8 +450,8 @@ TEST_P(ScaledMmFast, GemmBiasAndBfloat16Output) {
     for (std::size_t p = 0; p < pairs.size(); p += 2) {
       for (auto [m, n, k] : {std::tuple{7, 33, 129}, std::tuple{13, 16, 300}}) {
         const FormatPair& f = kFormatPairs[seed % std::size(kFormatPairs)];
-        const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, pairs[p].a);
-        const ScaledMatrix b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, pairs[p].b)
+        const ScaledTensor a = random_quantized(m, k, ++seed, f.a, pairs[p].a);
+        const ScaledTensor b = layout == BLayout::kNK ? random_quantized(n, k, ++seed, f.b, pairs[p].b)
                                                       : random_quantized(k, n, ++seed, f.b, pairs[p].b);
         const std::vector<float> bias = random_bias(n, ++seed);
         expect_gemm_contract(a, b, {layout, DType::float32, bias});
@@ -464,16 +464,16 @@ TEST_P(ScaledMmFast, GemmBiasAndBfloat16Output) {
 
 // Each level dispatches its own table's kernels (or the nearest level's below it) and says so.
 TEST_P(ScaledMmFast, DispatchReportsTheLevelsKernels) {
-  const ScaledMatrix a = random_quantized(40, 96, 1, Format::e4m3fn, Granularity::tensor());
-  const ScaledMatrix b = random_quantized(50, 96, 2, Format::e4m3fn, Granularity::tensor());
-  const ScaledMatrix a1 = random_quantized(1, 96, 3, Format::e4m3fn, Granularity::tensor());
+  const ScaledTensor a = random_quantized(40, 96, 1, Format::e4m3fn, Granularity::tensor());
+  const ScaledTensor b = random_quantized(50, 96, 2, Format::e4m3fn, Granularity::tensor());
+  const ScaledTensor a1 = random_quantized(1, 96, 3, Format::e4m3fn, Granularity::tensor());
   const MmKernels kernels = mm_kernels();
   EXPECT_EQ(kernels.isa, GetParam());           // every level has a matrix-multiply table of its own
   const ScaledMmResult gemm = scaled_mm(a, b);  // M = 40: the small-M kernel where the level has one
   EXPECT_EQ(gemm.dispatch.isa, GetParam());
   EXPECT_EQ(gemm.dispatch.contract, kernels.gemm_contract);
   EXPECT_EQ(gemm.dispatch.kernel, kernels.gemm_small_m.empty() ? kernels.gemm : kernels.gemm_small_m);
-  const ScaledMatrix a200 = random_quantized(200, 96, 8, Format::e4m3fn, Granularity::tensor());
+  const ScaledTensor a200 = random_quantized(200, 96, 8, Format::e4m3fn, Granularity::tensor());
   EXPECT_EQ(scaled_mm(a200, b).dispatch.kernel, kernels.gemm);
   const ScaledMmResult gemv = scaled_mm(a1, b);
   EXPECT_EQ(gemv.dispatch.path, MmPath::kGemv);
@@ -501,8 +501,8 @@ TEST_P(ScaledMmFast, SmallAndMidMKeepTheirContract) {
       for (const GranularityPair& g : {GranularityPair{Granularity::tensor(), Granularity::tensor()},
                                        GranularityPair{Granularity::row(), Granularity::row()},
                                        GranularityPair{Granularity::block(1, 128), Granularity::block(128, 128)}}) {
-        const ScaledMatrix a = random_quantized(m, k, ++seed, Format::e4m3fn, g.a);
-        const ScaledMatrix b = random_quantized(n, k, ++seed, seed % 2 ? Format::e5m2 : Format::e4m3fn, g.b);
+        const ScaledTensor a = random_quantized(m, k, ++seed, Format::e4m3fn, g.a);
+        const ScaledTensor b = random_quantized(n, k, ++seed, seed % 2 ? Format::e5m2 : Format::e4m3fn, g.b);
         const std::vector<float> bias = random_bias(n, ++seed);
         expect_gemm_contract(a, b, {BLayout::kNK, seed % 3 == 0 ? DType::bfloat16 : DType::float32, bias});
       }
@@ -514,7 +514,7 @@ TEST_P(ScaledMmFast, EmptyKWritesTheBias) {
   for (std::int64_t m : {1, 4, 5, 40, 100, 200})
     for (std::int64_t n : {3, 27})
       for (const Granularity& g : {Granularity::tensor(), Granularity::row()}) {
-        ScaledMatrix a, b;
+        ScaledTensor a, b;
         a.format = Format::e4m3fn;
         b.format = Format::e5m2;
         a.rows = m;
@@ -547,8 +547,8 @@ TEST_P(ScaledMmFast, EmptyKWritesTheBias) {
 TEST_P(ScaledMmFast, IntoMatchesScaledMmAndOverwritesTheBuffer) {
   for (auto [m, layout] : {std::tuple{3, BLayout::kNK}, std::tuple{3, BLayout::kKN}, std::tuple{9, BLayout::kNK}}) {
     const std::int64_t n = 21, k = 200;
-    const ScaledMatrix a = random_quantized(m, k, 11, Format::e4m3fn, Granularity::row());
-    const ScaledMatrix b = layout == BLayout::kNK ? random_quantized(n, k, 12, Format::e4m3fn, Granularity::row())
+    const ScaledTensor a = random_quantized(m, k, 11, Format::e4m3fn, Granularity::row());
+    const ScaledTensor b = layout == BLayout::kNK ? random_quantized(n, k, 12, Format::e4m3fn, Granularity::row())
                                                   : random_quantized(k, n, 12, Format::e4m3fn, Granularity::column());
     const std::vector<float> bias = random_bias(n, 13);
     const ScaledMmOptions options{layout, DType::bfloat16, bias};
@@ -575,8 +575,8 @@ TEST_P(ScaledMmFast, GemvWithinFp32BoundEveryGranularityAndFormat) {
   std::uint32_t seed = 3000;
   for (const GranularityPair& g : granularity_pairs(BLayout::kNK))
     for (const FormatPair& f : kFormatPairs) {
-      const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, g.a);
-      const ScaledMatrix b = random_quantized(n, k, ++seed, f.b, g.b);
+      const ScaledTensor a = random_quantized(m, k, ++seed, f.a, g.a);
+      const ScaledTensor b = random_quantized(n, k, ++seed, f.b, g.b);
       const ScaledMmResult r = scaled_mm(a, b);
       EXPECT_EQ(r.path, MmPath::kGemv) << describe(a, b, BLayout::kNK);
       EXPECT_EQ(r.m, m);
@@ -599,8 +599,8 @@ TEST_P(ScaledMmFast, GemvWithinFp32BoundOddShapesBiasAndBfloat16) {
         const FormatPair& f = kFormatPairs[case_index % std::size(kFormatPairs)];
         const bool with_bias = case_index % 2 == 1, bf16 = case_index % 3 == 2;
         ++case_index;
-        const ScaledMatrix a = random_quantized(m, k, ++seed, f.a, g.a);
-        const ScaledMatrix b = random_quantized(n, k, ++seed, f.b, g.b);
+        const ScaledTensor a = random_quantized(m, k, ++seed, f.a, g.a);
+        const ScaledTensor b = random_quantized(n, k, ++seed, f.b, g.b);
         const std::vector<float> bias = with_bias ? random_bias(n, ++seed) : std::vector<float>{};
         const ScaledMmOptions options{BLayout::kNK, bf16 ? DType::bfloat16 : DType::float32, bias};
         const ScaledMmResult r = scaled_mm(a, b, options);
@@ -621,8 +621,8 @@ TEST_P(ScaledMmFast, IntegerInputsExactOnBothPaths) {
         for (std::int64_t m : {3, 9}) {
           const std::int64_t n = 19, k = 300;
           seed += 6;
-          const ScaledMatrix a = from_codes(f.a, g.a, m, k, integer_codes(f.a, m * k, seed + 1), seed + 2);
-          const ScaledMatrix b = layout == BLayout::kNK
+          const ScaledTensor a = from_codes(f.a, g.a, m, k, integer_codes(f.a, m * k, seed + 1), seed + 2);
+          const ScaledTensor b = layout == BLayout::kNK
                                      ? from_codes(f.b, g.b, n, k, integer_codes(f.b, n * k, seed + 3), seed + 4)
                                      : from_codes(f.b, g.b, k, n, integer_codes(f.b, k * n, seed + 5), seed + 6);
           const ScaledMmResult r = scaled_mm(a, b, {layout});
@@ -645,8 +645,8 @@ TEST_P(ScaledMmFast, SubnormalWeightCodesExactOnBothPaths) {
         for (std::int64_t m : {2, 7}) {
           const std::int64_t n = 23, k = 300;
           seed += 6;
-          const ScaledMatrix a = from_codes(f.a, g.a, m, k, power_of_two_codes(f.a, m * k, seed + 1), seed + 2, -1, 1);
-          const ScaledMatrix b =
+          const ScaledTensor a = from_codes(f.a, g.a, m, k, power_of_two_codes(f.a, m * k, seed + 1), seed + 2, -1, 1);
+          const ScaledTensor b =
               layout == BLayout::kNK
                   ? from_codes(f.b, g.b, n, k, subnormal_codes(f.b, n * k, seed + 3), seed + 4, -1, 1)
                   : from_codes(f.b, g.b, k, n, subnormal_codes(f.b, k * n, seed + 5), seed + 6, -1, 1);
@@ -661,9 +661,9 @@ TEST_P(ScaledMmFast, SubnormalWeightCodesExactOnBothPaths) {
     for (int c = 0x01; c <= 0x07; ++c) w.push_back(static_cast<std::uint8_t>(c));
     for (int c = 0x81; c <= 0x87; ++c) w.push_back(static_cast<std::uint8_t>(c));
     const std::int64_t n = static_cast<std::int64_t>(w.size()), k = 1;
-    const ScaledMatrix a = from_codes(Format::e4m3fn, Granularity::tensor(), m, k,
+    const ScaledTensor a = from_codes(Format::e4m3fn, Granularity::tensor(), m, k,
                                       std::vector<std::uint8_t>(static_cast<std::size_t>(m), 0x38), 1, 0, 0);  // 1.0
-    const ScaledMatrix b = from_codes(Format::e4m3fn, Granularity::tensor(), n, k, w, 1, 0, 0);
+    const ScaledTensor b = from_codes(Format::e4m3fn, Granularity::tensor(), n, k, w, 1, 0, 0);
     const ScaledMmResult r = scaled_mm(a, b);
     for (std::int64_t i = 0; i < m; ++i)
       for (std::int64_t j = 0; j < n; ++j) {
@@ -682,9 +682,9 @@ TEST_P(ScaledMmFast, SubnormalFloat32OutputsExactOnBothPaths) {
       for (std::int64_t m : {3, 8}) {
         const std::int64_t n = 18, k = 140;
         seed += 6;
-        const ScaledMatrix a =
+        const ScaledTensor a =
             from_codes(Format::e4m3fn, g.a, m, k, integer_codes(Format::e4m3fn, m * k, seed + 1), seed + 2, -1, 1, -70);
-        const ScaledMatrix b = layout == BLayout::kNK
+        const ScaledTensor b = layout == BLayout::kNK
                                    ? from_codes(Format::e4m3fn, g.b, n, k,
                                                 integer_codes(Format::e4m3fn, n * k, seed + 3), seed + 4, -1, 1, -70)
                                    : from_codes(Format::e4m3fn, g.b, k, n,
@@ -727,11 +727,11 @@ TEST_P(ScaledMmFast, SubnormalCodesExactWithDenormalsAreZero) {
         const Granularity ga = Granularity::block(1, 128), gb = Granularity::block(128, 128);
         const std::int64_t brows = c.layout == BLayout::kNK ? c.n : c.k, bcols = c.layout == BLayout::kNK ? c.k : c.n;
         seed += 6;
-        const ScaledMatrix a = from_codes(
+        const ScaledTensor a = from_codes(
             f.a, ga, c.m, c.k,
             subnormal_a ? subnormal_codes(f.a, c.m * c.k, seed + 1) : power_of_two_codes(f.a, c.m * c.k, seed + 2),
             seed + 3, -1, 1);
-        const ScaledMatrix b = from_codes(f.b, gb, brows, bcols,
+        const ScaledTensor b = from_codes(f.b, gb, brows, bcols,
                                           subnormal_a ? power_of_two_codes(f.b, brows * bcols, seed + 4)
                                                       : subnormal_codes(f.b, brows * bcols, seed + 5),
                                           seed + 6, -1, 1);
@@ -754,7 +754,7 @@ TEST_P(ScaledMmFast, SubnormalCodesExactWithDenormalsAreZero) {
       for (float& v : xv) v = (sign(rng) ? -1.0f : 1.0f) * std::ldexp(1.0f, p(rng));
       const Activations x = make_activations(xv, m, k, DType::float32);
       seed += 2;
-      const ScaledMatrix w =
+      const ScaledTensor w =
           from_codes(f, Granularity::block(128, 128), n, k, subnormal_codes(f, n * k, seed + 1), seed + 2, -1, 1);
       std::vector<float> out(static_cast<std::size_t>(m * n));
       MmDispatch dispatch;
@@ -780,7 +780,7 @@ TEST_P(WeightMm, GemvExactForLargeAndTinyActivations) {
       std::vector<float> xv(static_cast<std::size_t>(m * k));
       for (float& v : xv) v = (sign(rng) ? -1.0f : 1.0f) * std::ldexp(1.0f, p(rng));
       const Activations x = make_activations(xv, m, k, DType::float32);
-      const ScaledMatrix w = from_codes(f, Granularity::row(), n, k, power_of_two_codes(f, n * k, seed + 1), seed + 2);
+      const ScaledTensor w = from_codes(f, Granularity::row(), n, k, power_of_two_codes(f, n * k, seed + 1), seed + 2);
       std::vector<float> out(static_cast<std::size_t>(m * n));
       MmDispatch dispatch;
       fp8_weight_mm(x.view(), w, out, {}, &dispatch);
@@ -797,7 +797,7 @@ TEST_P(WeightMm, DenormalsAreZeroOnWorkerThreadsOnly) {
   const std::int64_t m = 2, n = 4096, k = 512;
   std::vector<float> xv(static_cast<std::size_t>(m * k), 0.5f);
   const Activations x = make_activations(xv, m, k, DType::float32);
-  const ScaledMatrix w =
+  const ScaledTensor w =
       from_codes(Format::e4m3fn, Granularity::row(), n, k, subnormal_codes(Format::e4m3fn, n * k, 77), 78, -1, 1);
   std::vector<float> out(static_cast<std::size_t>(m * n));
 #pragma omp parallel num_threads(2)
@@ -827,7 +827,7 @@ TEST_P(WeightMm, SubnormalWeightCodesExactOnBothPaths) {
           for (float& v : xv) v = (sign(rng) ? -1.0f : 1.0f) * std::ldexp(1.0f, p(rng));
           const Activations x = make_activations(xv, m, k, dtype);
           seed += 2;
-          const ScaledMatrix w = from_codes(f, g, n, k, subnormal_codes(f, n * k, seed + 1), seed + 2, -1, 1);
+          const ScaledTensor w = from_codes(f, g, n, k, subnormal_codes(f, n * k, seed + 1), seed + 2, -1, 1);
           std::vector<float> out(static_cast<std::size_t>(m * n), std::nanf(""));
           MmDispatch dispatch;
           fp8_weight_mm(x.view(), w, out, {}, &dispatch);
@@ -860,8 +860,8 @@ TEST_P(ScaledMmFast, NanAndInfCodesPropagateOnBothPaths) {
       for (std::int64_t m : {3, 9}) {
         for (const Granularity& gb : {Granularity::tensor(), Granularity::block(128, 128)}) {
           seed += 6;
-          ScaledMatrix a = from_codes(c.a, Granularity::row(), m, k, integer_codes(c.a, m * k, seed + 1), seed + 2);
-          ScaledMatrix b = layout == BLayout::kNK
+          ScaledTensor a = from_codes(c.a, Granularity::row(), m, k, integer_codes(c.a, m * k, seed + 1), seed + 2);
+          ScaledTensor b = layout == BLayout::kNK
                                ? from_codes(c.b, gb, n, k, integer_codes(c.b, n * k, seed + 3), seed + 4)
                                : from_codes(c.b, gb, k, n, integer_codes(c.b, k * n, seed + 5), seed + 6);
           auto b_at = [&](std::int64_t kk, std::int64_t j) -> std::uint8_t& {
@@ -921,7 +921,7 @@ TEST_P(WeightMm, NanAndInfCodesPropagateOnBothPaths) {
         xv[static_cast<std::size_t>(1 * k + 290)] = 0.0f;  // 0 * Inf = NaN in row 1, column 33
         const Activations x = make_activations(xv, m, k, DType::float32);
         seed += 2;
-        ScaledMatrix w = from_codes(c.b, g, n, k, integer_codes(c.b, n * k, seed + 1), seed + 2);
+        ScaledTensor w = from_codes(c.b, g, n, k, integer_codes(c.b, n * k, seed + 1), seed + 2);
         w.data[static_cast<std::size_t>(5 * k + 7)] = c.special;
         w.data[static_cast<std::size_t>(33 * k + 290)] = c.special;
         std::vector<float> out(static_cast<std::size_t>(m * n)), ref(out.size());
@@ -965,8 +965,8 @@ TEST_P(ScaledMmFast, ThreadCountDoesNotChangeResults) {
     for (bool blocked : {true, false}) {
       const Granularity ga = blocked ? Granularity::block(1, 128) : Granularity::tensor();
       const Granularity gb = blocked ? Granularity::block(128, 128) : Granularity::tensor();
-      const ScaledMatrix a = random_quantized(c.m, c.k, 1, Format::e4m3fn, ga);
-      const ScaledMatrix b = c.layout == BLayout::kNK ? random_quantized(c.n, c.k, 2, Format::e4m3fn, gb)
+      const ScaledTensor a = random_quantized(c.m, c.k, 1, Format::e4m3fn, ga);
+      const ScaledTensor b = c.layout == BLayout::kNK ? random_quantized(c.n, c.k, 2, Format::e4m3fn, gb)
                                                       : random_quantized(c.k, c.n, 2, Format::e4m3fn, gb);
       const std::vector<float> bias = random_bias(c.n, 3);
       const ScaledMmOptions options{c.layout, DType::float32, bias};
@@ -998,7 +998,7 @@ TEST_P(WeightMm, ThreadCountDoesNotChangeResults) {
   for (auto [m, n, k] :
        {std::tuple{150, 300, 520}, std::tuple{3, 4099, 300}, std::tuple{40, 2050, 300}, std::tuple{100, 1030, 300}}) {
     const Activations x = make_activations(random_values(m, k, 1), m, k, DType::bfloat16);
-    const ScaledMatrix w = random_quantized(n, k, 2, Format::e4m3fn, Granularity::block(128, 128));
+    const ScaledTensor w = random_quantized(n, k, 2, Format::e4m3fn, Granularity::block(128, 128));
     const std::vector<float> bias = random_bias(n, 3);
     std::vector<float> one(static_cast<std::size_t>(m * n)), two(one.size());
     MmDispatch p1, p2;
@@ -1036,7 +1036,7 @@ TEST_P(WeightMm, GemmKeepsItsContract) {
             const bool with_bias = case_index % 3 == 0;
             ++case_index;
             const Activations x = make_activations(random_values(m, k, ++seed), m, k, dtype);
-            const ScaledMatrix w = random_quantized(n, k, ++seed, f, g);
+            const ScaledTensor w = random_quantized(n, k, ++seed, f, g);
             const std::vector<float> bias = with_bias ? random_bias(n, ++seed) : std::vector<float>{};
             std::vector<float> out(static_cast<std::size_t>(m * n), std::nanf("")), ref(out.size(), std::nanf(""));
             MmDispatch dispatch;
@@ -1056,7 +1056,7 @@ TEST_P(WeightMm, GemmKeepsItsContract) {
           }
   // And the reference itself within the FP32 bound of FP64 (it is the specification of both paths).
   const Activations x = make_activations(random_values(6, 300, 1), 6, 300, DType::bfloat16);
-  const ScaledMatrix w = random_quantized(33, 300, 2, Format::e4m3fn, Granularity::block(128, 128));
+  const ScaledTensor w = random_quantized(33, 300, 2, Format::e4m3fn, Granularity::block(128, 128));
   std::vector<float> ref(6 * 33);
   fp8_weight_mm_reference(x.view(), w, ref);
   EXPECT_TRUE(within_bound(ref, exact_weight_mm(x, w)));
@@ -1067,7 +1067,7 @@ TEST_P(WeightMm, GemmKeepsItsContractLargeManyPanels) {
   const std::vector<float> bias = random_bias(n, 5);
   for (DType dtype : {DType::float32, DType::bfloat16}) {
     const Activations x = make_activations(random_values(m, k, 1), m, k, dtype);
-    const ScaledMatrix w = random_quantized(
+    const ScaledTensor w = random_quantized(
         n, k, 2, Format::e4m3fn, dtype == DType::float32 ? Granularity::block(128, 128) : Granularity::row());
     std::vector<float> out(static_cast<std::size_t>(m * n)), ref(out.size());
     MmDispatch dispatch;
@@ -1097,7 +1097,7 @@ TEST_P(WeightMm, GemvWithinFp32Bound) {
           const bool with_bias = case_index % 2 == 0;
           ++case_index;
           const Activations x = make_activations(random_values(m, k, ++seed), m, k, dtype);
-          const ScaledMatrix w = random_quantized(n, k, ++seed, f, g);
+          const ScaledTensor w = random_quantized(n, k, ++seed, f, g);
           const std::vector<float> bias = with_bias ? random_bias(n, ++seed) : std::vector<float>{};
           std::vector<float> out(static_cast<std::size_t>(m * n), std::nanf(""));
           MmDispatch dispatch;
@@ -1122,7 +1122,7 @@ TEST_P(WeightMm, IntegerInputsExactOnBothPaths) {
           for (float& v : xv) v = static_cast<float>(small(rng));
           const Activations x = make_activations(xv, m, k, dtype);
           seed += 2;
-          const ScaledMatrix w = from_codes(f, g, n, k, integer_codes(f, n * k, seed + 1), seed + 2);
+          const ScaledTensor w = from_codes(f, g, n, k, integer_codes(f, n * k, seed + 1), seed + 2);
           std::vector<float> out(static_cast<std::size_t>(m * n));
           MmDispatch dispatch;
           fp8_weight_mm(x.view(), w, out, {}, &dispatch);
@@ -1159,9 +1159,9 @@ TEST_P(ScaledMmFast, GemvScalesTheBlockSumNotItsLanes) {
     for (int t = 0; t < 4; ++t) b_codes.push_back(0x7E);  // +448
     for (int t = 0; t < 4; ++t) b_codes.push_back(0xFE);  // -448
   }
-  ScaledMatrix a = from_codes(Format::e4m3fn, Granularity::tensor(), 1, k, std::vector<std::uint8_t>(k, 0x38), 1);
+  ScaledTensor a = from_codes(Format::e4m3fn, Granularity::tensor(), 1, k, std::vector<std::uint8_t>(k, 0x38), 1);
   a.scale_inv = {std::ldexp(1.0f, 120)};
-  ScaledMatrix b = from_codes(Format::e4m3fn, Granularity::tensor(), 1, k, b_codes, 2);
+  ScaledTensor b = from_codes(Format::e4m3fn, Granularity::tensor(), 1, k, b_codes, 2);
   b.scale_inv = {1.0f};
   const ScaledMmResult r = scaled_mm(a, b);
   EXPECT_EQ(r.path, MmPath::kGemv);
@@ -1175,24 +1175,24 @@ TEST_P(ScaledMmFast, RefusesWhatDoesNotFit) {
       const auto v = random_values(rows, cols, 8);
       return quantize(MatrixRef{v.data(), rows, cols}, {f, Overflow::kSaturate, g, {}});
     };
-    const ScaledMatrix a = q(m, 256, Format::e4m3fn, Granularity::tensor());
-    const ScaledMatrix a5 = q(m, 256, Format::e5m2, Granularity::tensor());
-    const ScaledMatrix a5z = q(m, 256, Format::e5m2fnuz, Granularity::tensor());
-    const ScaledMatrix b = q(6, 256, Format::e4m3fn, Granularity::tensor());
-    const ScaledMatrix b5 = q(6, 256, Format::e5m2, Granularity::tensor());
+    const ScaledTensor a = q(m, 256, Format::e4m3fn, Granularity::tensor());
+    const ScaledTensor a5 = q(m, 256, Format::e5m2, Granularity::tensor());
+    const ScaledTensor a5z = q(m, 256, Format::e5m2fnuz, Granularity::tensor());
+    const ScaledTensor b = q(6, 256, Format::e4m3fn, Granularity::tensor());
+    const ScaledTensor b5 = q(6, 256, Format::e5m2, Granularity::tensor());
     EXPECT_TRUE(throws_error([&] { scaled_mm(a5, b5); }, {"e5m2"}));
     EXPECT_TRUE(throws_error([&] { scaled_mm(a5z, b5); }, {"e5m2"}));
     EXPECT_NO_THROW(scaled_mm(a, b5));
-    const ScaledMatrix b128 = q(6, 128, Format::e4m3fn, Granularity::tensor());
+    const ScaledTensor b128 = q(6, 128, Format::e4m3fn, Granularity::tensor());
     EXPECT_TRUE(throws_error([&] { scaled_mm(a, b128); }, {"256", "128"}));             // K 256 vs 128
     EXPECT_TRUE(throws_error([&] { scaled_mm(a, b, {BLayout::kKN}); }, {"256", "6"}));  // B is 6 x 256, not K x N
-    const ScaledMatrix col = q(m, 256, Format::e4m3fn, Granularity::column());
+    const ScaledTensor col = q(m, 256, Format::e4m3fn, Granularity::column());
     EXPECT_TRUE(throws_error([&] { scaled_mm(col, b); }, {"col"}));  // A per column
     EXPECT_TRUE(throws_error([&] { scaled_mm(a, q(6, 256, Format::e4m3fn, Granularity::column())); }, {"col"}));
     // MX operands: the fast entry decides as the reference does (refused, or the same product).
-    const ScaledMatrix mx = q(m, 256, Format::e4m3fn, Granularity::mx());
-    const ScaledMatrix b_mx = q(6, 256, Format::e4m3fn, Granularity::mx());
-    for (const ScaledMatrix* bb : {&b, &b_mx}) {
+    const ScaledTensor mx = q(m, 256, Format::e4m3fn, Granularity::mx());
+    const ScaledTensor b_mx = q(6, 256, Format::e4m3fn, Granularity::mx());
+    for (const ScaledTensor* bb : {&b, &b_mx}) {
       bool reference_refuses = false;
       try {
         scaled_mm_reference(mx, *bb);
@@ -1208,8 +1208,8 @@ TEST_P(ScaledMmFast, RefusesWhatDoesNotFit) {
             << bb->granularity.name();
       }
     }
-    const ScaledMatrix a64 = q(m, 256, Format::e4m3fn, Granularity::block(1, 64));
-    const ScaledMatrix blk = q(6, 256, Format::e4m3fn, Granularity::block(128, 128));
+    const ScaledTensor a64 = q(m, 256, Format::e4m3fn, Granularity::block(1, 64));
+    const ScaledTensor blk = q(6, 256, Format::e4m3fn, Granularity::block(128, 128));
     EXPECT_TRUE(throws_error([&] { scaled_mm(a64, blk); }, {"64", "128"}));  // K blocks differ
     EXPECT_TRUE(throws_error([&] { scaled_mm(a, b, {BLayout::kNK, DType::float16}); }, {"float16"}));
     const std::vector<float> bias(5);
@@ -1231,7 +1231,7 @@ TEST_P(WeightMm, RefusesWhatDoesNotFit) {
     const auto xv = random_values(m, k, 1);
     const Activations x = make_activations(xv, m, k, DType::float32);
     const auto wv = random_values(n, k, 2);
-    const ScaledMatrix w =
+    const ScaledTensor w =
         quantize(MatrixRef{wv.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::row(), {}});
     std::vector<float> out(static_cast<std::size_t>(m * n));
     EXPECT_NO_THROW(fp8_weight_mm(x.view(), w, out));
@@ -1241,13 +1241,13 @@ TEST_P(WeightMm, RefusesWhatDoesNotFit) {
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm({h.data(), DType::float16, m, k}, w, out); }, {"float16"}));
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference({h.data(), DType::float16, m, k}, w, out); }, {"float16"}));
     // weights with per-column scales
-    const ScaledMatrix wcol =
+    const ScaledTensor wcol =
         quantize(MatrixRef{wv.data(), n, k}, {Format::e4m3fn, Overflow::kSaturate, Granularity::column(), {}});
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), wcol, out); }, {"col"}));
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference(x.view(), wcol, out); }, {"col"}));
     // K mismatch
     const auto wv2 = random_values(n, 128, 3);
-    const ScaledMatrix w128 = quantize(MatrixRef{wv2.data(), n, 128}, {});
+    const ScaledTensor w128 = quantize(MatrixRef{wv2.data(), n, 128}, {});
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm(x.view(), w128, out); }, {"256", "128"}));
     EXPECT_TRUE(throws_error([&] { fp8_weight_mm_reference(x.view(), w128, out); }, {"256", "128"}));
     // output size

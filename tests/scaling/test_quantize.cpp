@@ -24,9 +24,9 @@ std::vector<float> gaussian(std::size_t n, std::uint32_t seed, float sigma = 1.0
 }
 
 // The reference: for each element, the amax of its block by brute force, the scale formula, then the codec.
-ScaledMatrix reference_quantize(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
+ScaledTensor reference_quantize(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
                                 const QuantizeOptions& o) {
-  ScaledMatrix q;
+  ScaledTensor q;
   q.format = o.format;
   q.overflow = o.overflow;
   q.granularity = o.granularity;
@@ -90,8 +90,8 @@ TEST(Quantize, MatchesReferenceBitForBit) {
       for (Format f : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz}) {
         for (Overflow o : {Overflow::kSaturate, Overflow::kNonSaturating}) {
           const QuantizeOptions options{f, o, g};
-          const ScaledMatrix got = quantize(MatrixRef{x.data(), rows, cols}, options);
-          const ScaledMatrix want = reference_quantize(x, rows, cols, options);
+          const ScaledTensor got = quantize(MatrixRef{x.data(), rows, cols}, options);
+          const ScaledTensor want = reference_quantize(x, rows, cols, options);
           SCOPED_TRACE(g.name() + " " + std::string(name(f)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
           ASSERT_EQ(got.scale_inv.size(), want.scale_inv.size());
           for (std::size_t b = 0; b < got.scale_inv.size(); ++b) ASSERT_EQ(got.scale_inv[b], want.scale_inv[b]) << b;
@@ -126,14 +126,14 @@ TEST(Quantize, StridedRowsMatchTheContiguousCopy) {
   for (const Granularity& g : kGranularities) {
     const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g};
     QuantDiagnostics ds, dc;
-    const ScaledMatrix a = quantize(strided, o, &ds), b = quantize(contiguous, o, &dc);
+    const ScaledTensor a = quantize(strided, o, &ds), b = quantize(contiguous, o, &dc);
     EXPECT_EQ(a.data, b.data) << g.name();
     EXPECT_EQ(a.scale_inv, b.scale_inv) << g.name();
     EXPECT_EQ(ds.amax, dc.amax) << g.name();
     EXPECT_EQ(ds.sqnr_db, dc.sqnr_db) << g.name();
     EXPECT_EQ(ds.saturated_count, dc.saturated_count) << g.name();
   }
-  const ScaledMatrix given = quantize_with_scale(strided, Format::e5m2, 3.0f);
+  const ScaledTensor given = quantize_with_scale(strided, Format::e5m2, 3.0f);
   EXPECT_EQ(given.data, quantize_with_scale(contiguous, Format::e5m2, 3.0f).data);
   std::vector<float> sa(9), sc(9);  // a 3 x 3 grid of 64 x 128 blocks
   AmaxResult ta, tc;
@@ -150,7 +150,7 @@ TEST(Quantize, RoundTripErrorWithinHalfAnUlp) {
   for (const Granularity& g : kGranularities) {
     for (Format f : {Format::e4m3fn, Format::e5m2}) {
       QuantDiagnostics d;
-      const ScaledMatrix q = quantize(MatrixRef{x.data(), rows, cols}, QuantizeOptions{f, Overflow::kSaturate, g}, &d);
+      const ScaledTensor q = quantize(MatrixRef{x.data(), rows, cols}, QuantizeOptions{f, Overflow::kSaturate, g}, &d);
       std::vector<float> back(x.size());
       dequantize(q, back);
       const double half_ulp = std::ldexp(1.0, -(descriptor(f).mantissa_bits + 1));
@@ -181,10 +181,10 @@ TEST(Quantize, MxFloorClipsWhereRceilDoesNot) {
   std::vector<float> x(32, 1.0f);
   x[7] = 500.0f;
   QuantDiagnostics floor_d, rceil_d;
-  const ScaledMatrix floor_q =
+  const ScaledTensor floor_q =
       quantize(MatrixRef{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kFloor)},
                &floor_d);
-  const ScaledMatrix rceil_q =
+  const ScaledTensor rceil_q =
       quantize(MatrixRef{x.data(), 1, 32}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(MxScaleMode::kRceil)},
                &rceil_d);
   ASSERT_EQ(floor_q.scale_e8m0.size(), 1u);
@@ -233,8 +233,8 @@ TEST(Quantize, MxScalesAtTheExponentEdges) {
       for (Format f : {Format::e4m3fn, Format::e5m2}) {
         for (MxScaleMode mode : {MxScaleMode::kFloor, MxScaleMode::kRceil}) {
           const QuantizeOptions o{f, Overflow::kSaturate, Granularity::mx(mode)};
-          const ScaledMatrix q = quantize(MatrixRef{x.data(), 1, cols}, o);
-          const ScaledMatrix want = reference_quantize(std::vector<float>(x.begin(), x.begin() + cols), 1, cols, o);
+          const ScaledTensor q = quantize(MatrixRef{x.data(), 1, cols}, o);
+          const ScaledTensor want = reference_quantize(std::vector<float>(x.begin(), x.begin() + cols), 1, cols, o);
           SCOPED_TRACE(std::string(name(f)) + (mode == MxScaleMode::kRceil ? " rceil" : " floor") +
                        (with_zero_block ? " with a zero block" : "") + (blocks == 5 ? " (tiny)" : " (normal)"));
           for (std::int64_t b = 0; b < blocks; ++b) {
@@ -273,8 +273,8 @@ TEST(Quantize, BlockScalesFollowTheFormulaForEveryOption) {
       }
       for (const Granularity& g : {Granularity::block(1, 128), Granularity::block(2, 128)}) {
         const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g, scale};
-        const ScaledMatrix got = quantize(MatrixRef{input.data(), rows, cols}, o);
-        const ScaledMatrix want = reference_quantize(input, rows, cols, o);
+        const ScaledTensor got = quantize(MatrixRef{input.data(), rows, cols}, o);
+        const ScaledTensor want = reference_quantize(input, rows, cols, o);
         SCOPED_TRACE(g.name() + " margin " + std::to_string(scale.margin) + " epsilon " +
                      std::to_string(scale.epsilon) + (without_specials ? "" : " with special blocks"));
         EXPECT_EQ(got.scale_inv, want.scale_inv);
@@ -309,10 +309,10 @@ TEST(Quantize, WithAGivenScaleMeasuresAsQuantizeDoes) {
   x[10] = std::numeric_limits<float>::quiet_NaN();
   x[11] = 1e-9f;  // underflows
   QuantDiagnostics computed, given;
-  const ScaledMatrix q = quantize(MatrixRef{x.data(), rows, cols}, {Format::e4m3fn, Overflow::kSaturate}, &computed);
+  const ScaledTensor q = quantize(MatrixRef{x.data(), rows, cols}, {Format::e4m3fn, Overflow::kSaturate}, &computed);
   ASSERT_TRUE(computed.scale.has_value());
   const float scale = *computed.scale;
-  const ScaledMatrix g =
+  const ScaledTensor g =
       quantize_with_scale(MatrixRef{x.data(), rows, cols}, Format::e4m3fn, scale, Overflow::kSaturate, &given);
   EXPECT_EQ(g.data, q.data);
   EXPECT_EQ(g.scale_inv, q.scale_inv);
@@ -324,7 +324,7 @@ TEST(Quantize, WithAGivenScaleMeasuresAsQuantizeDoes) {
   EXPECT_EQ(given.saturated_count, 0u);
   EXPECT_EQ(given.sqnr_db, computed.sqnr_db);
   QuantDiagnostics doubled;
-  const ScaledMatrix h =
+  const ScaledTensor h =
       quantize_with_scale(MatrixRef{x.data(), rows, cols}, Format::e4m3fn, 2.0f * scale, Overflow::kSaturate, &doubled);
   std::size_t past = 0;
   for (float v : x) past += std::isfinite(v) && std::fabs(v * 2.0f * scale) >= 464.0f ? 1 : 0;
@@ -387,7 +387,7 @@ TEST(Quantize, RejectsBadArguments) {
   EXPECT_THROW(quantize(MatrixRef{x.data(), 2, 3}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(0, 2)}),
                Error);
   EXPECT_THROW(quantize(MatrixRef{x.data(), -1, 3}, {}), Error);
-  const ScaledMatrix q = quantize(MatrixRef{x.data(), 2, 3}, {});
+  const ScaledTensor q = quantize(MatrixRef{x.data(), 2, 3}, {});
   std::vector<float> wrong(5);
   EXPECT_THROW(dequantize(q, wrong), Error);
 }
@@ -409,8 +409,8 @@ TEST(Quantize, LargeParallelMatchesSerial) {
         Granularity::block(64, 256), Granularity::mx(), Granularity::mx(MxScaleMode::kRceil)}) {
     for (Overflow overflow : {Overflow::kSaturate, Overflow::kNonSaturating}) {
       const QuantizeOptions o{Format::e4m3fn, overflow, g};
-      const ScaledMatrix got = quantize(MatrixRef{x.data(), rows, cols}, o);
-      const ScaledMatrix want = reference_quantize(x, rows, cols, o);
+      const ScaledTensor got = quantize(MatrixRef{x.data(), rows, cols}, o);
+      const ScaledTensor want = reference_quantize(x, rows, cols, o);
       EXPECT_EQ(got.data, want.data) << g.name();
       EXPECT_EQ(got.scale_inv, want.scale_inv) << g.name();
     }
@@ -419,7 +419,7 @@ TEST(Quantize, LargeParallelMatchesSerial) {
 
 TEST(Quantize, StreamingSizesMatchReference) {
   // 64 MiB of float32: the fused encode and the segmented decode write with non-temporal stores from 16 MiB up,
-  // where the output is 64-byte aligned. The codes are in ScaledMatrix's aligned buffer (streamed); the decode
+  // where the output is 64-byte aligned. The codes are in ScaledTensor's aligned buffer (streamed); the decode
   // output once aligned (streamed) and once 4 bytes past it (plain stores).
   const std::int64_t rows = 4096, cols = 4096;
   const auto x = gaussian(static_cast<std::size_t>(rows * cols), 11, 3.0f);
@@ -427,9 +427,9 @@ TEST(Quantize, StreamingSizesMatchReference) {
   ASSERT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % 64, 0u);
   for (const Granularity& g : {Granularity::block(128, 128), Granularity::mx()}) {
     const QuantizeOptions o{Format::e5m2, Overflow::kSaturate, g};
-    const ScaledMatrix got = quantize(MatrixRef{x.data(), rows, cols}, o);
+    const ScaledTensor got = quantize(MatrixRef{x.data(), rows, cols}, o);
     ASSERT_EQ(reinterpret_cast<std::uintptr_t>(got.data.data()) % 64, 0u);
-    const ScaledMatrix want = reference_quantize(x, rows, cols, o);
+    const ScaledTensor want = reference_quantize(x, rows, cols, o);
     ASSERT_EQ(got.data, want.data) << g.name();
     ASSERT_EQ(got.scale_inv, want.scale_inv) << g.name();
     for (std::size_t offset : {0, 1}) {

@@ -1,4 +1,4 @@
-// ScaledMatrix buffers count in memory_stats() like Tensor storages: FP8 data saved for backward is measured.
+// ScaledTensor buffers count in memory_stats() like Tensor storages: FP8 data saved for backward is measured.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -9,11 +9,11 @@
 namespace fp8kit {
 namespace {
 
-TEST(QuantizeMemory, ScaledMatrixBuffersAreCounted) {
+TEST(QuantizeMemory, ScaledTensorBuffersAreCounted) {
   std::vector<float> x(256 * 512, 1.5f);
   const std::int64_t before = memory_stats().current_bytes;
   {
-    const ScaledMatrix q =
+    const ScaledTensor q =
         quantize(MatrixRef{x.data(), 256, 512}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 128), {}});
     const std::int64_t held = memory_stats().current_bytes - before;
     // the codes (one byte each) and 256 x 4 float scales, no more than the vectors' capacities

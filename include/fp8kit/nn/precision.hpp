@@ -110,10 +110,11 @@ struct GemmCall {
 };
 
 // A GEMM operand quantized (or rounded) once under a recipe, reusable by several GEMMs (e.g. a layer input saved in
-// FP8 for the weight-gradient GEMM). `fp8` holds codes and scales for FP8 recipes in real mode; `values` holds the
-// float32 (fp32 recipe, or fake-quant: dequantized) or bfloat16 values otherwise.
+// FP8 for the weight-gradient GEMM). Not a quantized type of its own: `fp8` is fp8kit's one quantized-tensor type
+// (ScaledTensor, what scaled_mm multiplies), set for FP8 recipes in real mode; `values` holds the float32 (fp32
+// recipe, or fake-quant: dequantized) or bfloat16 values otherwise.
 struct RecipeOperand {
-  std::optional<ScaledMatrix> fp8;
+  std::optional<ScaledTensor> fp8;
   Tensor values;
   std::int64_t rows = 0, cols = 0;
   bool blocked = false;  // FP8 scales per block (real or fake): the transpose must be quantized anew

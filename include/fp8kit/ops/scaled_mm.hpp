@@ -18,7 +18,7 @@
 
 namespace fp8kit {
 
-// How B's ScaledMatrix is laid out: as weights (rows = N output channels, cols = K) or as K x N.
+// How B's ScaledTensor is laid out: as weights (rows = N output channels, cols = K) or as K x N.
 enum class BLayout : std::uint8_t { kNK, kKN };
 
 struct ScaledMmOptions {
@@ -77,7 +77,7 @@ struct ScaledMmResult {
 // B per tensor, per output channel (a row of N x K) or Kb x Nb blocks (128 x 128 as DeepSeek-V3), with the same
 // K block size on both sides when both are blocked. e5m2 x e5m2 is refused, as cuBLAS and PyTorch refuse it.
 // Throws fp8kit::Error (kInvalidArgument) naming what does not fit.
-ScaledMmResult scaled_mm_reference(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options = {});
+ScaledMmResult scaled_mm_reference(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options = {});
 
 // The fast entry, same semantics and checks as the reference. The dispatcher takes the GEMV path when M is at
 // most kGemvMaxM and B is N x K (the weight layout), the packed GEMM otherwise, with the kernels of the level in
@@ -85,9 +85,9 @@ ScaledMmResult scaled_mm_reference(const ScaledMatrix& a, const ScaledMatrix& b,
 // scaled_mm_reference; the AVX512-BF16 and AMX kernels and every GEMV sum in another order and keep the
 // kFp32Bound contract (exact when the sums are). Results never depend on the thread count (OpenMP,
 // set_num_threads).
-ScaledMmResult scaled_mm(const ScaledMatrix& a, const ScaledMatrix& b, const ScaledMmOptions& options = {});
+ScaledMmResult scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options = {});
 // The same into a caller's buffer of m x n floats (no allocation for the output); returns the output amax.
-float scaled_mm_into(const ScaledMatrix& a, const ScaledMatrix& b, std::span<float> out,
+float scaled_mm_into(const ScaledTensor& a, const ScaledTensor& b, std::span<float> out,
                      const ScaledMmOptions& options = {}, MmDispatch* dispatch = nullptr);
 
 // The largest M the dispatcher sends to the GEMV path.
@@ -102,7 +102,7 @@ inline constexpr std::int64_t kGemvMaxM = 4;
 // the weights once (GEMV path); larger M decodes weight panels into the packed GEMM. float32 activations run the
 // FP32 FMA GEMM kernels (bit-identical to fp8_weight_mm_reference); bfloat16 ones, exact in bfloat16, the
 // level's bfloat16 kernels where it has them (kFp32Bound). Throws fp8kit::Error naming what does not fit.
-void fp8_weight_mm(MatrixRef x, const ScaledMatrix& w, std::span<float> out, std::span<const float> bias = {},
+void fp8_weight_mm(MatrixRef x, const ScaledTensor& w, std::span<float> out, std::span<const float> bias = {},
                    MmDispatch* dispatch = nullptr);
 // Plain float GEMM on the FP32 FMA kernels (what the fp32 and bf16 training recipes use): out (M x N) = a (M x K)
 // times b (N x K for kNK, K x N for kKN), float32 or bfloat16 operands (bfloat16 widened exactly), FP32
@@ -113,7 +113,7 @@ void matmul_reference(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<floa
                       std::span<const float> bias = {});
 
 // The plain loops fp8_weight_mm is tested against (FMA products in increasing k per K block).
-void fp8_weight_mm_reference(MatrixRef x, const ScaledMatrix& w, std::span<float> out,
+void fp8_weight_mm_reference(MatrixRef x, const ScaledTensor& w, std::span<float> out,
                              std::span<const float> bias = {});
 
 }  // namespace fp8kit

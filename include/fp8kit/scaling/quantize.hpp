@@ -1,5 +1,6 @@
-// Scaled quantization of a matrix (any tensor viewed with its last dimension as the row): FP8 codes plus one
-// dequantization scale per block, at every granularity the field uses, with diagnostics of what was lost.
+// Scaled quantization of a matrix (any tensor viewed with its last dimension as the row) into a ScaledTensor: FP8
+// codes plus one dequantization scale per block, at every granularity the field uses, with diagnostics of what was
+// lost.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "fp8kit/scaling/amax.hpp"
 #include "fp8kit/scaling/scale.hpp"
 #include "fp8kit/tensor/memory.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 
@@ -52,8 +54,12 @@ struct QuantizeOptions {
   ScaleOptions scale;  // margin, epsilon, power-of-two rounding (not used by MX, whose scales are E8M0)
 };
 
-// FP8 data and its dequantization scales: x ~= decode(data[r][c]) * scale_inv[block of (r, c)].
-struct ScaledMatrix {
+// The one quantized-tensor type of fp8kit: FP8 codes and their dequantization scales,
+// x ~= decode(data[r][c]) * scale_inv[block of (r, c)], over the tensor's 2-D view (its last dimension the row),
+// with the format, overflow policy, granularity, and the shape and dtype of what was quantized. quantize() makes it
+// from a matrix or a Tensor (scaled_tensor.hpp), scaled_mm multiplies it, the checkpoint layouts read and write it,
+// and nn's recipes hand it to their GEMMs (RecipeOperand::fp8).
+struct ScaledTensor {
   Format format = Format::e4m3fn;
   Overflow overflow = Overflow::kSaturate;
   Granularity granularity;
@@ -62,11 +68,19 @@ struct ScaledMatrix {
   tracked_vector<std::uint8_t> data;        // rows * cols codes, row-major
   tracked_vector<float> scale_inv;          // one per block, row-major over the block grid
   tracked_vector<std::uint8_t> scale_e8m0;  // MX only: the same scales as E8M0 codes
+  // What was quantized: its shape (nothing: rows x cols, a matrix) and dtype (dequantize's default target).
+  std::optional<Shape> original_shape;
+  DType original_dtype = DType::float32;
 
   std::int64_t block_rows() const { return granularity.rows_per_block(rows); }
   std::int64_t block_cols() const { return granularity.cols_per_block(cols); }
   std::int64_t grid_rows() const { return ceil_div(rows, block_rows()); }
   std::int64_t grid_cols() const { return ceil_div(cols, block_cols()); }
+  Shape shape() const { return original_shape.value_or(Shape{rows, cols}); }
+  // Copies as tensors: the codes (the format's FP8 dtype, of shape()) and the dequantization scales (float32,
+  // grid_rows x grid_cols).
+  Tensor codes() const;
+  Tensor scales() const;
 };
 
 // What a quantization did to the data.
@@ -90,18 +104,18 @@ struct QuantDiagnostics {
 
 // Quantizes x (float32 on the CPU, any row stride; the codes are written contiguous); when `diagnostics` is given,
 // also measures what was lost (a dequantization and a pass over x).
-ScaledMatrix quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
-// The same into an existing ScaledMatrix, reusing its buffers when they are large enough (no allocation then).
-void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledMatrix& out,
+ScaledTensor quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
+// The same into an existing ScaledTensor, reusing its buffers when they are large enough (no allocation then).
+void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& out,
                    QuantDiagnostics* diagnostics = nullptr);
 // Per-tensor quantization with a scale given rather than computed (delayed scaling's, or one from a checkpoint):
 // codes = the cast of x * scale to `format` under `overflow`, scale_inv = 1 / scale. With `diagnostics`, what was
 // lost, measured exactly as quantize() measures it (amax and non-finite counts included; d.scale = scale).
-ScaledMatrix quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow = Overflow::kSaturate,
+ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow = Overflow::kSaturate,
                                  QuantDiagnostics* diagnostics = nullptr);
 
 // out has rows * cols elements: decode(code) * scale_inv of its block, in float32.
-void dequantize(const ScaledMatrix& q, std::span<float> out);
+void dequantize(const ScaledTensor& q, std::span<float> out);
 
 // The E8M0 scale code of an MX block from its amax (NaN -> 0xFF, +Inf -> 0xFE, 0 -> 0x00).
 std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode);

@@ -30,7 +30,7 @@ void track_cpu_bytes(std::int64_t bytes);
 }  // namespace detail
 
 // An allocator whose allocations count in memory_stats() like Tensor storages (by the bytes requested): the buffers
-// of ScaledMatrix (FP8 codes and scales) use it, so FP8 data saved for backward is measured, not estimated. Its
+// of ScaledTensor (FP8 codes and scales) use it, so FP8 data saved for backward is measured, not estimated. Its
 // buffers are 64-byte aligned, as Tensor storages are, so the kernels' streaming (non-temporal) stores can write
 // them (a plain std::vector's large buffers sit 16 bytes past a 64-byte boundary with glibc).
 template <typename T>
