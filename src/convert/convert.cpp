@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "common/parallel.hpp"
 #include "cpu/convert_kernels.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
@@ -29,8 +30,7 @@ namespace {
 
 using convert_detail::active_kernels;
 
-// Below this many elements one thread is faster than waking the others.
-constexpr std::size_t kParallelThreshold = std::size_t{1} << 18;
+constexpr auto kParallelThreshold = static_cast<std::size_t>(detail::kParallelStreamElements);
 // Chunk boundaries are multiples of this, so SIMD bodies stay full-width.
 constexpr std::size_t kChunkAlign = 64;
 using convert_detail::kStreamingBytes;

@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "common/parallel.hpp"
 #include "fp8kit/common/error.hpp"
 #include "nn_util.hpp"
 
@@ -18,7 +19,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   const float *x = a.data<float>(), *z = b.data<float>();
   float* o = y.data<float>();
   const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+#pragma omp parallel for schedule(static) if (n >= fp8kit::detail::kParallelLoopElements)
   for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] + z[i];
   return y;
 }

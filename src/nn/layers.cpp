@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/parallel.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "nn_util.hpp"
@@ -22,14 +23,12 @@ inline float widen(bfloat16 v) {
   return v.to_float();
 }
 
-// Below this many elements one thread is faster than waking the others.
-constexpr std::int64_t kParallelElements = std::int64_t{1} << 15;
 // Parameter-gradient reductions over rows are split by column into chunks this wide: each chunk sums its rows in
 // order (one thread per chunk), so the summation order of every element is fixed.
 constexpr std::int64_t kColumnChunk = 32;
 
 bool go_parallel(std::int64_t elements) {
-  return elements >= kParallelElements && num_threads() > 1;
+  return fp8kit::detail::worth_threads(elements, fp8kit::detail::kParallelMathElements);
 }
 
 void check_float32(const Tensor& t, std::string_view layer, std::string_view what) {

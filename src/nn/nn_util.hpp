@@ -7,14 +7,15 @@
 #include <cstdint>
 #include <string>
 
+#include "common/parallel.hpp"
 #include "fp8kit/format/codec.hpp"
 #include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::nn::detail {
 
-// Below this many multiply-adds or element visits a parallel region costs more than it saves (and an oversubscribed
-// machine makes waiting threads expensive): smaller calls run on the calling thread. The result is the same either way.
-inline constexpr double kParallelWork = 16384;
+// Below this many multiply-adds or element visits a parallel region costs more than it saves: smaller calls run on
+// the calling thread (common/parallel.hpp). The result is the same either way.
+using fp8kit::detail::kParallelWork;
 
 // e^x in float32 from arithmetic alone, so that a loop over it vectorizes (libm's expf is a call per element) and
 // its scalar remainder computes bit for bit the same function (no FMA contraction in the portable build):

@@ -6,17 +6,15 @@
 #include <cmath>
 #include <set>
 
+#include "common/parallel.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 
 namespace fp8kit::nn {
 namespace {
 
-// Below this many elements one thread is faster than waking the others.
-constexpr std::int64_t kParallelElements = std::int64_t{1} << 15;
-
 bool go_parallel(std::int64_t elements) {
-  return elements >= kParallelElements && num_threads() > 1;
+  return fp8kit::detail::worth_threads(elements, fp8kit::detail::kParallelMathElements);
 }
 
 void check_parameter(const Parameter& p) {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/parallel.hpp"
 #include "cpu/mm_kernels.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
@@ -350,7 +351,7 @@ void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Opera
   const GemvInput plain{x.data(), p.k};
   const GemvKernel& exact = *scalar_mm_kernels().gemv_f32;  // for rows the fast kernel declines
   const std::int64_t chunks = ceil_div(p.n, kGemvChunk);
-  const bool parallel = static_cast<double>(p.n) * static_cast<double>(p.k) >= 1.0e6;
+  const bool parallel = static_cast<double>(p.n) * static_cast<double>(p.k) >= detail::kParallelMmElements;
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t j0 = c * kGemvChunk, j1 = std::min(p.n, j0 + kGemvChunk);
@@ -373,7 +374,7 @@ float epilogue(float* out, const Finish& f) {
   const MmPlan& p = *f.plan;
   const FinishRowFn finish_row = active_mm_kernels().finish_row;
   float amax = 0.0f;
-  const bool parallel = static_cast<double>(p.m) * static_cast<double>(p.n) >= 1.0e6;
+  const bool parallel = static_cast<double>(p.m) * static_cast<double>(p.n) >= detail::kParallelMmElements;
   const bool scale = f.scale && p.k > 0;  // (K = 0: no K block, nothing to scale; the scales may be empty)
 #pragma omp parallel for schedule(static) reduction(max : amax) if (parallel)
   for (std::int64_t i = 0; i < p.m; ++i) {

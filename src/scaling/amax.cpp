@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/parallel.hpp"
 #include "cpu/amax_kernels.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
@@ -29,7 +30,7 @@ std::string_view amax_kernel() {
 
 namespace {
 
-constexpr std::size_t kParallelThreshold = std::size_t{1} << 18;
+constexpr auto kParallelThreshold = static_cast<std::size_t>(detail::kParallelStreamElements);
 
 void merge(AmaxResult& into, const AmaxResult& part) {
   into.amax = std::max(into.amax, part.amax);

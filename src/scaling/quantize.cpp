@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "common/parallel.hpp"
 #include "cpu/amax_kernels.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
@@ -382,7 +383,7 @@ void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q,
     std::vector<AmaxResult> parts(static_cast<std::size_t>(grid_rows));
     const bool segmented = bc % 32 == 0;
     const auto amax_segments = scaling_detail::active_amax_kernels().amax_segments;
-    const bool parallel = x.rows * x.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
+    const bool parallel = x.numel() >= detail::kParallelStreamElements && grid_rows > 1;
     // The encodes below keep plain stores for the codes, whatever their size: with streaming stores
     // (once ScaledTensor's buffer was
     // 64-byte aligned and they could run) the fused quantize measured slower on the AMX Xeon, 2 threads: per row
@@ -528,7 +529,7 @@ void dequantize(const ScaledTensor& q, std::span<float> out) {
     cast_from_fp8(q.data, q.format, out, q.scale_inv[0]);
     return;
   }
-  const bool parallel = q.rows * q.cols >= (std::int64_t{1} << 18) && grid_rows > 1;
+  const bool parallel = q.rows * q.cols >= detail::kParallelStreamElements && grid_rows > 1;
   const Stores stores = stores_for(out.size_bytes());
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t gr = 0; gr < grid_rows; ++gr) {

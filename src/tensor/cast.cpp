@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 
+#include "common/parallel.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/tensor/tensor.hpp"
@@ -14,7 +15,7 @@ namespace fp8kit {
 namespace {
 
 // Arrays at least this long are split over threads in the element-wise path.
-constexpr std::int64_t kParallelThreshold = std::int64_t{1} << 16;
+constexpr std::int64_t kParallelThreshold = detail::kParallelLoopElements;
 
 template <typename T>
 constexpr bool kHasBulkKernel = std::same_as<T, float> || std::same_as<T, bfloat16> || std::same_as<T, float16>;

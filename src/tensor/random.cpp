@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <numbers>
 
+#include "common/parallel.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/codec.hpp"
 #include "fp8kit/tensor/tensor.hpp"
@@ -12,7 +13,7 @@
 namespace fp8kit {
 namespace {
 
-constexpr std::int64_t kParallelThreshold = std::int64_t{1} << 14;
+constexpr std::int64_t kParallelThreshold = detail::kParallelRandomElements;
 
 // 64 random bits for counter pair (2c, 2c + 1).
 std::uint64_t bits64(std::uint64_t seed, std::uint64_t c) {
