@@ -49,14 +49,6 @@ void reset_peak_memory(const Device& device) {
 
 namespace detail {
 
-void track_cpu_bytes(std::int64_t bytes) {
-  if (bytes >= 0) {
-    cpu_counters().add(bytes);
-  } else {
-    cpu_counters().remove(-bytes);
-  }
-}
-
 Storage::Storage(std::int64_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
   Counters& counters = counters_for(device);
   FP8KIT_CHECK(nbytes >= 0, "negative storage size ", nbytes);

@@ -423,7 +423,8 @@ TEST(Quantize, StreamingSizesMatchReference) {
   // output once aligned (streamed) and once 4 bytes past it (plain stores).
   const std::int64_t rows = 4096, cols = 4096;
   const auto x = gaussian(static_cast<std::size_t>(rows * cols), 11, 3.0f);
-  tracked_vector<float> buffer(x.size() + 1);
+  TensorBuffer<float> buffer;  // on tensor storage: 64-byte aligned
+  buffer.resize(x.size() + 1);
   ASSERT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % 64, 0u);
   for (const Granularity& g : {Granularity::block(128, 128), Granularity::mx()}) {
     const QuantizeOptions o{Format::e5m2, Overflow::kSaturate, g};

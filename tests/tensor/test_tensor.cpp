@@ -1,5 +1,5 @@
 // Tensor basics: factories over every dtype, shapes (0-d, zero-size), shared storage and reshape, typed
-// access checks, view2d, clone, and allocation accounting (current and peak bytes, alignment, threads).
+// access checks, the matrix view, clone, and allocation accounting (current and peak bytes, alignment, threads).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/tensor/memory.hpp"
 #include "fp8kit/tensor/tensor.hpp"
+#include "fp8kit/tensor/tensor_buffer.hpp"
 
 namespace fp8kit {
 namespace {
@@ -217,6 +218,45 @@ TEST(Tensor, Matrix) {
   const MatrixRef strided(x.data(), 2, 4, 6);
   EXPECT_FALSE(strided.contiguous());
   EXPECT_EQ(strided.row<float>(1), x.data() + 6);
+}
+
+// TensorBuffer (ScaledTensor's codes and scales): on tensor storage and counted, copies deep, resize keeps the
+// contents and zero-fills, capacity is reused when shrinking and growing back.
+TEST(TensorBuffer, VectorSemanticsOnTensorStorage) {
+  const std::int64_t before = memory_stats().current_bytes;
+  {
+    TensorBuffer<float> a;
+    EXPECT_TRUE(a.empty());
+    EXPECT_EQ(a.data(), nullptr);
+    a.resize(100, 2.5f);
+    EXPECT_EQ(memory_stats().current_bytes - before, 448);  // 400 bytes in a 64-byte padded storage
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data()) % 64, 0u);
+    EXPECT_EQ(a.storage().dtype(), DType::float32);
+    a[7] = -1.0f;
+    TensorBuffer<float> b = a;  // deep
+    b[7] = 3.0f;
+    EXPECT_EQ(a[7], -1.0f);
+    EXPECT_FALSE(a == b);
+    b[7] = -1.0f;
+    EXPECT_TRUE(a == b);
+    const float* storage = a.data();
+    a.resize(10);
+    a.resize(100);  // back within capacity: the same storage, the regrown elements zero
+    EXPECT_EQ(a.data(), storage);
+    EXPECT_EQ(a[7], -1.0f);
+    EXPECT_EQ(a[50], 0.0f);
+    a.resize(1000);  // grows: a new storage, contents kept
+    EXPECT_EQ(a[7], -1.0f);
+    EXPECT_EQ(a.size(), 1000u);
+    TensorBuffer<std::uint8_t> c = {1, 2, 3};
+    c.push_back(4);
+    EXPECT_EQ(c.size(), 4u);
+    EXPECT_EQ(c[3], 4);
+    TensorBuffer<std::uint8_t> d = std::move(c);
+    EXPECT_EQ(d.size(), 4u);
+    EXPECT_TRUE(c.empty());
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before);  // everything released
 }
 
 TEST(Tensor, TypedAccessIsChecked) {

@@ -14,8 +14,8 @@
 #include "fp8kit/format/format.hpp"
 #include "fp8kit/scaling/amax.hpp"
 #include "fp8kit/scaling/scale.hpp"
-#include "fp8kit/tensor/memory.hpp"
 #include "fp8kit/tensor/tensor.hpp"
+#include "fp8kit/tensor/tensor_buffer.hpp"
 
 namespace fp8kit {
 
@@ -64,10 +64,10 @@ struct ScaledTensor {
   Overflow overflow = Overflow::kSaturate;
   Granularity granularity;
   std::int64_t rows = 0, cols = 0;
-  // Buffers count in memory_stats() (TrackedAllocator), as Tensor storages do.
-  tracked_vector<std::uint8_t> data;        // rows * cols codes, row-major
-  tracked_vector<float> scale_inv;          // one per block, row-major over the block grid
-  tracked_vector<std::uint8_t> scale_e8m0;  // MX only: the same scales as E8M0 codes
+  // On tensor storage (TensorBuffer): counted by memory_stats() as every Tensor is.
+  TensorBuffer<std::uint8_t> data;        // rows * cols codes, row-major
+  TensorBuffer<float> scale_inv;          // one per block, row-major over the block grid
+  TensorBuffer<std::uint8_t> scale_e8m0;  // MX only: the same scales as E8M0 codes
   // What was quantized: its shape (nothing: rows x cols, a matrix) and dtype (dequantize's default target).
   std::optional<Shape> original_shape;
   DType original_dtype = DType::float32;

@@ -4,9 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
-#include <new>
-#include <vector>
 
 #include "fp8kit/tensor/device.hpp"
 
@@ -23,40 +20,5 @@ struct MemoryStats {
 MemoryStats memory_stats(const Device& device = Device::cpu());
 // Sets the peak to the current value.
 void reset_peak_memory(const Device& device = Device::cpu());
-
-namespace detail {
-// Adds (or removes) bytes held outside Tensor storages to the CPU counters.
-void track_cpu_bytes(std::int64_t bytes);
-}  // namespace detail
-
-// An allocator whose allocations count in memory_stats() like Tensor storages (by the bytes requested): the buffers
-// of ScaledTensor (FP8 codes and scales) use it, so FP8 data saved for backward is measured, not estimated. Its
-// buffers are 64-byte aligned, as Tensor storages are, so the kernels' streaming (non-temporal) stores can write
-// them (a plain std::vector's large buffers sit 16 bytes past a 64-byte boundary with glibc).
-template <typename T>
-struct TrackedAllocator {
-  using value_type = T;
-  static constexpr std::align_val_t kAlignment{64};
-  TrackedAllocator() noexcept = default;
-  template <typename U>
-  TrackedAllocator(const TrackedAllocator<U>&) noexcept {}
-  T* allocate(std::size_t n) {
-    if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();
-    T* p = static_cast<T*>(::operator new(n * sizeof(T), kAlignment));
-    detail::track_cpu_bytes(static_cast<std::int64_t>(n * sizeof(T)));
-    return p;
-  }
-  void deallocate(T* p, std::size_t n) noexcept {
-    detail::track_cpu_bytes(-static_cast<std::int64_t>(n * sizeof(T)));
-    ::operator delete(p, n * sizeof(T), kAlignment);
-  }
-  template <typename U>
-  bool operator==(const TrackedAllocator<U>&) const noexcept {
-    return true;
-  }
-};
-
-template <typename T>
-using tracked_vector = std::vector<T, TrackedAllocator<T>>;
 
 }  // namespace fp8kit
