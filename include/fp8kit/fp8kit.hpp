@@ -1,9 +1,11 @@
-// Everything public in fp8kit below the training layer, in one include, layer by layer (the order of DESIGN.md);
-// the layers' own headers are include/fp8kit/<layer>/*.hpp, and the training layer's fp8kit/nn/*.hpp.
+// fp8kit's public headers in one include, layer by layer (the order of DESIGN.md), except the training layer
+// (fp8kit/nn/*.hpp), what io builds on it (io/train_checkpoint.hpp, io/fp8_export.hpp) and the codec's inline body
+// (format/codec_inline.hpp, for kernels).
 #pragma once
 
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/common/kernel_contract.hpp"
 #include "fp8kit/common/profiler.hpp"
 #include "fp8kit/common/version.hpp"
 
@@ -17,8 +19,10 @@
 
 #include "fp8kit/tensor/device.hpp"
 #include "fp8kit/tensor/dtype.hpp"
+#include "fp8kit/tensor/matrix_ref.hpp"
 #include "fp8kit/tensor/memory.hpp"
 #include "fp8kit/tensor/tensor.hpp"
+#include "fp8kit/tensor/tensor_buffer.hpp"
 
 #include "fp8kit/scaling/amax.hpp"
 #include "fp8kit/scaling/quantize.hpp"

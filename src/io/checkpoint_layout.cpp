@@ -429,10 +429,9 @@ ScaledTensor load_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTe
                                     const SafetensorsTensor& scale, const QuantizationConfig& config,
                                     const std::map<std::string, std::string>& native_metadata) {
   const PairInfo p = inspect_pair(layout, weight, scale, config, native_metadata);
-  ScaledTensor q;
-  q.original_shape = weight.shape;
-  q.original_dtype = p.original_dtype;
-  ScaledTensor& m = q;
+  ScaledTensor m;
+  m.original_shape = weight.shape;
+  m.original_dtype = p.original_dtype;
   m.format = p.format;
   m.overflow = p.overflow;
   m.granularity = p.granularity;
@@ -453,7 +452,7 @@ ScaledTensor load_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTe
     const std::vector<float> v = scale_values(scale);
     std::copy(v.begin(), v.end(), m.scale_inv.begin());
   }
-  return q;
+  return m;
 }
 
 Tensor dequantize_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTensor& weight,

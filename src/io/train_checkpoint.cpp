@@ -86,12 +86,12 @@ bool parse_number(std::string_view text, T& out) {
 // One "key=value;..." metadata field of a file (recipe_settings, adamw), its items checked as they are read.
 class Settings {
  public:
-  Settings(const fs::path& path, std::string field, const std::string& text)
-      : path_(path), field_(std::move(field)), text_(text) {
+  Settings(fs::path path, std::string field, std::string text)
+      : path_(std::move(path)), field_(std::move(field)), text_(std::move(text)) {
     std::size_t begin = 0;
-    while (begin <= text.size()) {
-      const std::size_t end = std::min(text.find(';', begin), text.size());
-      const std::string item = text.substr(begin, end - begin);
+    while (begin <= text_.size()) {
+      const std::size_t end = std::min(text_.find(';', begin), text_.size());
+      const std::string item = text_.substr(begin, end - begin);
       const std::size_t eq = item.find('=');
       if (eq != std::string::npos) items_[item.substr(0, eq)] = item.substr(eq + 1);
       begin = end + 1;
@@ -114,9 +114,9 @@ class Settings {
     FP8KIT_CHECK_KIND(ok, ErrorKind::kParse, quoted(path_), ": __metadata__ '", key(field_), "' has no valid ", k,
                       " ('", text_, "')");
   }
-  const fs::path& path_;
+  fs::path path_;
   std::string field_;
-  const std::string& text_;
+  std::string text_;
   std::map<std::string, std::string> items_;
 };
 
@@ -468,23 +468,26 @@ void TrainCheckpointer::save(Trainer& trainer, const TrainProgress& progress) {
 
 TrainHooks TrainCheckpointer::hooks(TrainHooks base) {
   if (!options_.resume_from.empty()) {
-    base.resume = [this](Trainer& trainer, TrainProgress& progress) {
+    base.resume = [this, then = std::move(base.resume)](Trainer& trainer, TrainProgress& progress) {
       progress = load_train_checkpoint(options_.resume_from, config_, recipe_, trainer.model(), trainer.optimizer());
+      if (then) then(trainer, progress);
     };
   }
-  base.after_step = [this](Trainer& trainer, const TrainProgress& progress) {
-    if (options_.save_checkpoint.empty()) return;
+  base.after_step = [this, then = std::move(base.after_step)](Trainer& trainer, const TrainProgress& progress) {
     const std::int64_t done = progress.next_step;
-    if (done == config_.steps || (options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0)) {
+    if (!options_.save_checkpoint.empty() &&
+        (done == config_.steps || (options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0))) {
       save(trainer, progress);
     }
+    if (then) then(trainer, progress);
   };
-  base.finish = [this](Trainer& trainer, const TrainProgress& progress) {
+  base.finish = [this, then = std::move(base.finish)](Trainer& trainer, const TrainProgress& progress) {
     if (!options_.save_checkpoint.empty() && saved_at_ != progress.next_step) save(trainer, progress);
     if (export_options_) {
       export_fp8_checkpoint(options_.export_fp8, trainer.model(), config_, recipe_, progress.next_step,
                             *export_options_);
     }
+    if (then) then(trainer, progress);
   };
   return base;
 }
@@ -492,7 +495,8 @@ TrainHooks TrainCheckpointer::hooks(TrainHooks base) {
 TrainResult train_with_checkpoints(const TrainConfig& config, const PrecisionRecipe& recipe,
                                    const TrainCheckpointOptions& options, Profiler* profiler,
                                    const std::function<void(const StepLog&)>& on_step) {
-  TrainCheckpointer checkpoints(config, recipe, options);  // checks the options before any work
+  check_train_config(config);                              // the config's own refusals come first
+  TrainCheckpointer checkpoints(config, recipe, options);  // then the options', before any work
   TrainHooks base;
   base.on_step = on_step;
   return train(config, recipe, profiler, checkpoints.hooks(std::move(base)));

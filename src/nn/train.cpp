@@ -140,8 +140,7 @@ Trainer::Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profi
   ctx_.report = &report_;
 }
 
-float Trainer::forward(std::int64_t step) {
-  const Batch batch = data_->batch(step);
+float Trainer::forward(const Batch& batch) {
   report_.clear();
   return model_->forward(ctx_, batch);
 }
@@ -179,20 +178,24 @@ void Trainer::zero_grad() {
 }
 
 StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgress& progress) {
+  const Batch batch = data_->batch(step);
   const auto t0 = std::chrono::steady_clock::now();
   StepLog log;
   log.step = step;
   {
     ScopedEvent event(profiler_, "step", "step");
     event.arg("step", std::to_string(step));
-    log.loss = forward(step);
+    log.loss = forward(batch);
     backward();
     if (config_.inject_nan_step && *config_.inject_nan_step == step && !params_.empty()) {
       params_.front()->grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
     }
     if (hooks.reduce_gradients) hooks.reduce_gradients(*this);
-    // The guard: a non-finite amax (seen while quantizing), gradient or loss skips the step or aborts.
-    if (const std::string bad = nonfinite(log.loss); !bad.empty()) {
+    // The guard: a non-finite amax (seen while quantizing), gradient or loss skips the step or aborts, on every rank
+    // alike once agree_nonfinite has made the verdict the run's.
+    std::string bad = nonfinite(log.loss);
+    if (hooks.agree_nonfinite) bad = hooks.agree_nonfinite(*this, bad);
+    if (!bad.empty()) {
       if (config_.on_nonfinite == OnNonfinite::kAbort) {
         throw NonfiniteAbort("step " + std::to_string(step) + ": " + bad + " (--on-nonfinite abort)");
       }
@@ -217,10 +220,14 @@ StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgr
 
 // ---------------------------------------------------------------- the run
 
-TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
-                  const TrainHooks& hooks) {
+void check_train_config(const TrainConfig& config) {
   FP8KIT_CHECK(config.steps >= 1, "train: steps must be at least 1, got ", config.steps);
   FP8KIT_CHECK(config.eval_batches >= 1, "train: eval_batches must be at least 1, got ", config.eval_batches);
+}
+
+TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
+                  const TrainHooks& hooks) {
+  check_train_config(config);
   reset_peak_memory();
   const std::int64_t baseline = memory_stats().current_bytes;
   TrainResult result;
@@ -230,7 +237,15 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
     Trainer trainer(config, recipe, profiler);
     result.data = trainer.data().describe();
     for (const Parameter* p : trainer.parameters()) result.parameters += p->value.numel();
-    if (hooks.resume) hooks.resume(trainer, progress);
+    if (hooks.resume) {
+      hooks.resume(trainer, progress);
+      FP8KIT_CHECK(progress.next_step >= 0 && progress.next_step <= config.steps &&
+                       static_cast<std::int64_t>(progress.losses.size()) == progress.next_step &&
+                       progress.skipped_steps >= 0 && progress.skipped_steps <= progress.next_step,
+                   "train: the resumed progress (step ", progress.next_step, ", ", progress.losses.size(), " losses, ",
+                   progress.skipped_steps, " skipped) does not fit a run of ", config.steps,
+                   " steps (the resume hook must give one loss per step done)");
+    }
     result.start_step = progress.next_step;
     std::vector<double> times;
     for (std::int64_t step = progress.next_step; step < config.steps; ++step) {

@@ -10,7 +10,8 @@ namespace fp8kit {
 Tensor ScaledTensor::codes() const {
   Tensor t = empty(shape(), dtype_of(format));
   FP8KIT_CHECK(static_cast<std::size_t>(t.numel()) == data.size(), "ScaledTensor::codes: ", data.size(),
-               " codes for the shape ", shape_string(shape()));
+               " codes for the shape ", shape_string(shape()),
+               " (data must hold rows x cols codes: make it with quantize)");
   if (!data.empty()) std::memcpy(t.raw(), data.data(), data.size());
   return t;
 }
@@ -18,7 +19,8 @@ Tensor ScaledTensor::codes() const {
 Tensor ScaledTensor::scales() const {
   Tensor t = empty(Shape{grid_rows(), grid_cols()}, DType::float32);
   FP8KIT_CHECK(static_cast<std::size_t>(t.numel()) == scale_inv.size(), "ScaledTensor::scales: ", scale_inv.size(),
-               " scales for a ", grid_rows(), "x", grid_cols(), " block grid");
+               " scales for a ", grid_rows(), "x", grid_cols(),
+               " block grid (scale_inv must hold one per block: make it with quantize)");
   if (!scale_inv.empty()) std::memcpy(t.raw(), scale_inv.data(), scale_inv.size() * sizeof(float));
   return t;
 }

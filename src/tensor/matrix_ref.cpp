@@ -11,7 +11,8 @@ void MatrixRef::check(std::string_view op, DType expected) const {
                " (convert it first)");
   FP8KIT_CHECK(device.is_cpu(), op, ": the matrix is on ", to_string(device),
                "; this operation runs on the CPU only (copy it to the host first)");
-  FP8KIT_CHECK(ld == 0 || ld >= cols, op, ": row stride ", ld, " is below the ", cols, " columns");
+  FP8KIT_CHECK(ld == 0 || ld >= cols, op, ": row stride ", ld, " is below the ", cols,
+               " columns (give the distance between row starts, or 0 for contiguous rows)");
   FP8KIT_CHECK(data != nullptr || rows * cols == 0, op, ": null data for a ", rows, "x", cols, " matrix");
 }
 

@@ -204,6 +204,38 @@ TEST(TrainCheckpoint, EveryStatePieceRoundTrips) {
   EXPECT_EQ(info.recipe.fp8_conv_max_kernel_area, recipe.fp8_conv_max_kernel_area);
 }
 
+// The checkpointer's hooks keep the caller's: each of resume, after_step and finish runs the checkpoint work first
+// (the file is there when the caller's hook runs), then the caller's.
+TEST(TrainCheckpoint, HooksKeepTheCallersOwn) {
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp32");
+  TrainConfig c = run_of("gpt", 3);
+  c.steps = 2;
+  TrainCheckpointOptions o;
+  o.save_checkpoint = (dir / "ck.safetensors").string();
+  std::vector<std::string> calls;
+  {
+    TrainCheckpointer checkpoints(c, recipe, o);
+    TrainHooks base;
+    base.after_step = [&](Trainer&, const TrainProgress& p) {
+      calls.push_back("after " + std::to_string(p.next_step) + (fs::exists(o.save_checkpoint) ? " saved" : ""));
+    };
+    base.finish = [&](Trainer&, const TrainProgress&) { calls.push_back("finish"); };
+    train(c, recipe, nullptr, checkpoints.hooks(std::move(base)));
+  }
+  EXPECT_EQ(calls, (std::vector<std::string>{"after 1", "after 2 saved", "finish"}));
+  TrainConfig longer = c;
+  longer.steps = 3;
+  TrainCheckpointOptions resume;
+  resume.resume_from = o.save_checkpoint;
+  TrainCheckpointer checkpoints(longer, recipe, resume);
+  TrainHooks base;
+  std::int64_t resumed_at = -1;
+  base.resume = [&](Trainer&, TrainProgress& p) { resumed_at = p.next_step; };
+  EXPECT_EQ(train(longer, recipe, nullptr, checkpoints.hooks(std::move(base))).start_step, 2);
+  EXPECT_EQ(resumed_at, 2);  // the caller's resume saw the restored progress
+}
+
 // ---------------------------------------------------------------- refusals
 
 // One checkpoint of a 1-step gpt run under fp8-delayed, shared by the refusal tests.

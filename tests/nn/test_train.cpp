@@ -170,7 +170,7 @@ TEST(Trainer, PhasesDrivenByHandGiveTrainsLosses) {
   const TrainResult want = train(c, recipe);
   Trainer t(c, recipe);
   for (std::int64_t step = 0; step < c.steps; ++step) {
-    const float loss = t.forward(step);
+    const float loss = t.forward(t.data().batch(step));
     t.backward();
     ASSERT_EQ(t.nonfinite(loss), "");
     t.optimizer_step(step);
@@ -198,6 +198,10 @@ TEST(Trainer, HooksRunInTheirPlaces) {
     const bool nan = std::isnan(t.parameters().front()->grad.data<float>()[0]);
     calls.push_back(nan ? "reduce(nan)" : "reduce");
   };
+  hooks.agree_nonfinite = [&](Trainer&, const std::string& bad) {
+    calls.push_back(bad.empty() ? "agree" : "agree(" + bad + ")");
+    return bad;
+  };
   hooks.agree_amax = [&](Trainer&) { calls.push_back("amax"); };
   hooks.after_step = [&](Trainer&, const TrainProgress& p) {
     calls.push_back("after " + std::to_string(p.next_step) + "/" + std::to_string(p.losses.size()) + "/" +
@@ -206,9 +210,11 @@ TEST(Trainer, HooksRunInTheirPlaces) {
   hooks.on_step = [&](const StepLog& s) { calls.push_back(std::string("log") + (s.skipped ? " skipped" : "")); };
   hooks.finish = [&](Trainer&, const TrainProgress& p) { calls.push_back("finish " + std::to_string(p.next_step)); };
   const TrainResult r = train(c, *PrecisionRecipe::parse("fp8-delayed"), nullptr, hooks);
-  const std::vector<std::string> want = {"resume",      "reduce",      "amax",        "after 1/1/0", "log",
-                                         "reduce(nan)", "after 2/2/1", "log skipped", "reduce",      "amax",
-                                         "after 3/3/1", "log",         "finish 3"};
+  const std::vector<std::string> want = {
+      "resume",      "reduce",      "agree",       "amax",
+      "after 1/1/0", "log",         "reduce(nan)", "agree(non-finite gradient of transformer.wte.weight)",
+      "after 2/2/1", "log skipped", "reduce",      "agree",
+      "amax",        "after 3/3/1", "log",         "finish 3"};
   EXPECT_EQ(calls, want);
   EXPECT_EQ(r.skipped_steps, 1);
 }
@@ -228,6 +234,33 @@ TEST(Trainer, ReducedGradientsAreTheOnesUsed) {
   const TrainResult plain = train(c, recipe), zeroed = train(c, recipe, nullptr, zero);
   EXPECT_EQ(plain.losses[0], zeroed.losses[0]);  // the first forward precedes any update
   EXPECT_GT(std::abs(plain.losses[2] - zeroed.losses[2]), 1e-3f);
+}
+
+// The run's verdict decides: another rank's non-finite amax (agree_nonfinite says so) skips this rank's finite step
+// too, and a resume hook whose progress does not fit the run is refused before any step.
+TEST(Trainer, AgreedVerdictAndCheckedResume) {
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
+  const TrainConfig c = short_run(3);
+  TrainHooks other_rank;
+  other_rank.agree_nonfinite = [](Trainer&, const std::string& bad) {
+    return bad.empty() ? std::string("non-finite amax on rank 1") : bad;
+  };
+  int amax_calls = 0;
+  other_rank.agree_amax = [&](Trainer&) { ++amax_calls; };
+  const TrainResult r = train(c, recipe, nullptr, other_rank);
+  EXPECT_EQ(r.skipped_steps, 3);
+  EXPECT_EQ(amax_calls, 0);
+  TrainHooks bad_resume;
+  bool stepped = false;
+  bad_resume.resume = [](Trainer&, TrainProgress& p) { p.next_step = 2; };  // no losses for the steps it claims
+  bad_resume.on_step = [&](const StepLog&) { stepped = true; };
+  try {
+    train(c, recipe, nullptr, bad_resume);
+    ADD_FAILURE() << "trained";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one loss per step done"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(stepped);
 }
 
 // AdamW's settings come from the config: other betas or weight decay change the run, the defaults are kTrainAdamW.

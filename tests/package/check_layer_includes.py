@@ -3,7 +3,9 @@
 1. no private header of another layer (src/<other>/...), except src/common/ (the dispatch infrastructure and the SIMD
    pieces every kernel family shares);
 2. public headers only of its own layer or one above it (fp8kit/<other>/...: each layer uses only the ones above it,
-   in the order of LAYERS).
+   in the order of LAYERS);
+3. a public header (include/fp8kit/...) includes no private header at all (src/..., common/ included): an installed
+   fp8kit has none.
 Fails on an include that breaks a rule and is not listed, with its reason, in layer_includes_allowed.txt, and on a
 listed one that no longer exists (so the list only shrinks). Usage: check_layer_includes.py SOURCE_DIR."""
 import os
@@ -45,7 +47,9 @@ def main():
                             if not m:
                                 continue
                             parts = m.group(1).split("/")
-                            if parts[0] in LAYERS and parts[0] not in (layer, "common"):
+                            if prefix and parts[0] != "fp8kit":
+                                found.add((rel, m.group(1)))  # rule 3
+                            elif parts[0] in LAYERS and parts[0] not in (layer, "common"):
                                 found.add((rel, m.group(1)))  # rule 1
                             elif (parts[0] == "fp8kit" and len(parts) > 2 and parts[1] in LAYERS
                                   and RANK.index(parts[1]) > rank):
@@ -65,9 +69,13 @@ def main():
     stale = sorted(allowed.keys() - found)
     for file, include in bad:
         shown = file if file.startswith("include/") else "src/" + file
-        why = ("a private header of another layer: use that layer's public header (include/fp8kit/)"
-               if not include.startswith("fp8kit/") else "a header of a layer below this one: move the code to the "
-               "layer that may use both, or pass what it needs in from above")
+        if file.startswith("include/") and not include.startswith("fp8kit/"):
+            why = "a private header, from a public one: an installed fp8kit has no src/"
+        elif not include.startswith("fp8kit/"):
+            why = "a private header of another layer: use that layer's public header (include/fp8kit/)"
+        else:
+            why = ("a header of a layer below this one: move the code to the layer that may use both, or pass what "
+                   "it needs in from above")
         print(f"FAIL {shown} includes \"{include}\", {why}; or list the pair with its reason in "
               f"layer_includes_allowed.txt")
     for file, include in stale:

@@ -42,8 +42,7 @@ std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
   }
   const Tensor x = to_tensor(t).to(DType::float32);
   if (x.numel() == 0) return std::nullopt;
-  const MatrixRef v = x.matrix();
-  const MatrixRef m{x.data<float>(), v.rows, v.cols};
+  const MatrixRef m = x.matrix();  // float32
   std::vector<VerdictRow> rows;
   for (const Granularity& g :
        {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128), Granularity::mx()}) {

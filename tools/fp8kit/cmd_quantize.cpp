@@ -54,9 +54,18 @@ void run_quantize(const QuantizeArgs& args) {
   }
   const std::optional<WeightStorage> storage = resolve_storage(scheme, named_layout);
   if (!storage) {
-    throw UsageError(named_layout ? "--scheme is needed: the " + args.layout + " layout stores more than one scheme"
-                                  : "--scheme is needed (fp8-tensor, fp8-channel, fp8-block, mxfp8), or a --layout "
-                                    "that stores one scheme (deepseek, autofp8, fbgemm, mxfp8)");
+    if (!named_layout) {
+      throw UsageError(
+          "--scheme is needed (fp8-tensor, fp8-channel, fp8-block, mxfp8), or a --layout that stores one "
+          "scheme (deepseek, autofp8, fbgemm, mxfp8)");
+    }
+    std::string stored;
+    for (QuantScheme s : kAllQuantSchemes) {
+      if (!layout_refusal(*named_layout, s, Format::e4m3fn))
+        stored += (stored.empty() ? "" : ", ") + std::string(name(s));
+    }
+    throw UsageError("--scheme is needed: the " + args.layout + " layout stores more than one scheme (give --scheme " +
+                     stored + ")");
   }
   scheme = storage->scheme;
   const CheckpointLayout layout = storage->layout;

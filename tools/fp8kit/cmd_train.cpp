@@ -272,6 +272,11 @@ void run(TrainArgs a) {
   config.on_nonfinite = a.on_nonfinite == "abort" ? nn::OnNonfinite::kAbort : nn::OnNonfinite::kSkip;
   config.log_scales = !a.log_scales.empty();
   if (a.inject_nan >= 0) config.inject_nan_step = a.inject_nan;
+  if (resumed) {
+    // No option sets these: a resumed run continues with its checkpoint's (a run of the library may have others).
+    config.adamw = resumed->adamw;
+    config.warmup_steps = resumed->warmup_steps;
+  }
   TrainCheckpointOptions checkpoint_options;
   checkpoint_options.save_checkpoint = a.save_checkpoint;
   checkpoint_options.checkpoint_every = a.checkpoint_every;
@@ -445,9 +450,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--export-fp8", args->export_fp8,
                   "Write the final weights as an FP8 inference checkpoint (.safetensors file, or a directory)");
   cmd->add_option("--export-scheme", args->export_scheme,
-                  "fp8-tensor, fp8-channel, fp8-block, mxfp8 (default: the recipe's; fp8-tensor for non-block ones)");
+                  "fp8-tensor, fp8-channel, fp8-block, mxfp8 (default: the one --export-layout stores, else the "
+                  "recipe's: fp8-block, mxfp8, or fp8-tensor)");
   cmd->add_option("--export-layout", args->export_layout,
-                  "native (default), deepseek, compressed-tensors, autofp8, fbgemm, mxfp8");
+                  "deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native (default: the scheme's, as fp8kit "
+                  "quantize picks it)");
   cmd->add_flag("--export-input-scales", args->export_input_scales,
                 "Static activation scales in the export (input_scale per weight, from fp8-delayed's amax histories)");
   cmd->add_flag("--force", args->force, "Replace existing --save-checkpoint / --export-fp8 outputs");

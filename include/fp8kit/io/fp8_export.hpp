@@ -1,6 +1,6 @@
 // The FP8 inference export of a trained model (`fp8kit train --export-fp8`): its 2-D linear weights quantized into
-// a checkpoint layout (fp8kit's native one unless told otherwise), the rest FP32, and in __metadata__ the original
-// dtype and overflow policy of every quantized weight and the recipe the model was trained with.
+// a checkpoint layout (by default the one `fp8kit quantize` writes for the scheme), the rest FP32, and in __metadata__
+// the original dtype and overflow policy of every quantized weight and the recipe the model was trained with.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +16,10 @@
 
 namespace fp8kit {
 
+// What resolve_fp8_export() decides (its defaults are the ones to use; these members' are only initial values).
 struct Fp8ExportOptions {
   QuantScheme scheme = QuantScheme::kFp8Tensor;
-  CheckpointLayout layout = CheckpointLayout::kNative;
+  CheckpointLayout layout = CheckpointLayout::kCompressedTensors;
   Format format = Format::e4m3fn;
   // Static activation scales calibrated by training: each quantized weight's `<module>.input_scale` (F32 [1]) is
   // the dequantization scale its layer's delayed scaling holds for the input (scale_inv(): from the amax history

@@ -92,8 +92,11 @@ struct TrainCheckpointOptions {
 class TrainCheckpointer {
  public:
   TrainCheckpointer(const nn::TrainConfig& config, const nn::PrecisionRecipe& recipe, TrainCheckpointOptions options);
-  // `base` with this checkpointer's resume, after_step and finish (base's other hooks are kept). The checkpointer
-  // must outlive the run.
+  TrainCheckpointer(const TrainCheckpointer&) = delete;  // the hooks point at this object
+  TrainCheckpointer& operator=(const TrainCheckpointer&) = delete;
+  // `base` with this checkpointer's resume, after_step and finish: each runs first, then base's own hook of that
+  // name when it has one (a distributed run's, say); base's other hooks are kept. The checkpointer must outlive
+  // the run.
   nn::TrainHooks hooks(nn::TrainHooks base = {});
 
  private:

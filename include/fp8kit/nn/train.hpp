@@ -16,11 +16,6 @@
 #include "fp8kit/nn/optim.hpp"
 #include "fp8kit/nn/precision.hpp"
 
-namespace fp8kit {
-enum class QuantScheme : std::uint8_t;       // fp8kit/io/checkpoint_layout.hpp
-enum class CheckpointLayout : std::uint8_t;  // fp8kit/io/checkpoint_layout.hpp
-}  // namespace fp8kit
-
 namespace fp8kit::nn {
 
 enum class OnNonfinite : std::uint8_t { kSkip, kAbort };
@@ -95,6 +90,10 @@ struct TrainHooks {
   // After backward (and the fault injection), before the guard: make the gradients the global ones (e.g. an
   // all-reduce of every parameter's gradient, averaged). Default: nothing (one process).
   std::function<void(Trainer&)> reduce_gradients;
+  // The guard's verdict made the same on every rank: given this rank's (what is not finite, empty when all is),
+  // return the run's (e.g. any rank's non-empty one), so that all ranks skip a step or none does. The amaxes a
+  // rank saw while quantizing are its own until agree_amax, hence this separate agreement. Default: this rank's.
+  std::function<std::string(Trainer&, const std::string&)> agree_nonfinite;
   // Before update_scales: make every FP8 state's amaxes of this step the global ones (e.g. a MAX all-reduce, as
   // Transformer Engine does). Default: nothing.
   std::function<void(Trainer&)> agree_amax;
@@ -109,7 +108,7 @@ struct TrainHooks {
 };
 
 // One run's model, data and optimizer, and the phases of a step as functions. train() calls, each step:
-//   forward -> backward -> [inject NaN] -> reduce_gradients -> nonfinite (the guard) ->
+//   batch -> forward -> backward -> [inject NaN] -> reduce_gradients -> nonfinite (the guard) -> agree_nonfinite ->
 //     finite:  agree_amax -> optimizer_step -> update_scales
 //     else:    discard_scales (or throw NonfiniteAbort)
 //   -> zero_grad -> after_step (checkpoint)
@@ -131,7 +130,7 @@ class Trainer {
   const StepReport& report() const { return report_; }
 
   // The phases of one step.
-  float forward(std::int64_t step);  // the loss of batch `step` (the report is cleared first)
+  float forward(const Batch& batch);  // the loss (the report is cleared first); data().batch(step) is step's batch
   void backward();
   // The guard: what is not finite after backward (an amax seen while quantizing, a parameter's gradient, the
   // loss), named; empty when everything is finite.
@@ -142,6 +141,7 @@ class Trainer {
   void zero_grad();
 
   // One step, the phases above in order with the hooks in their places; `progress` gets the loss (and the skip).
+  // StepLog::ms times the phases from forward to the checkpoint (the batch is read before).
   StepLog run_step(std::int64_t step, const TrainHooks& hooks, TrainProgress& progress);
 
  private:
@@ -156,8 +156,13 @@ class Trainer {
   Context ctx_;
 };
 
-// Trains config.model under `recipe` and reports: a Trainer, hooks.resume, run_step() from the resumed step to
-// config.steps, hooks.finish, then the held-out evaluation.
+// Throws Error(kInvalidArgument), one line, for a config train() cannot run (steps or eval_batches below 1); train()
+// checks it first, and so should a caller that does work of its own before (checkpoint hooks read files).
+void check_train_config(const TrainConfig& config);
+
+// Trains config.model under `recipe` and reports: a Trainer, hooks.resume (whose progress is checked: as many
+// losses as steps done, no more steps done than config.steps), run_step() from the resumed step to config.steps,
+// hooks.finish, then the held-out evaluation.
 TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,
                   const TrainHooks& hooks);
 // The same with only a step callback (progress, scale logs).
