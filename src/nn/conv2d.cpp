@@ -88,8 +88,8 @@ Tensor Conv2d::forward(const Context& ctx, const Tensor& x, Saved& saved) {
 Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
   const ConvGeometry& g = saved.g;
   const std::int64_t oc = out_channels(), k = g.cols(), rows = g.rows();
-  FP8KIT_CHECK(saved.cols_t.rows == k && saved.cols_t.cols == rows && g.channels == in_channels(), "conv2d ", name(),
-               ": backward without a matching forward (no saved state)");
+  FP8KIT_CHECK(saved.cols_t.rows() == k && saved.cols_t.cols() == rows && g.channels == in_channels(), "conv2d ",
+               name(), ": backward without a matching forward (no saved state)");
   FP8KIT_CHECK(dy.dtype() == DType::float32 && dy.shape() == g.output_shape(oc), "conv2d ", name(),
                ": gradient must be float32 ", shape_string(g.output_shape(oc)), ", got ", fp8kit::name(dy.dtype()), " ",
                shape_string(dy.shape()));

@@ -56,8 +56,8 @@ Tensor Linear::backward(const Context& ctx, const Tensor& dy, const Saved& saved
   ScopedEvent event(ctx.profiler, "linear." + name() + ".backward");
   const Tensor dy2 = dy.reshape({-1, out});
   const std::int64_t rows = dy2.size(0);
-  FP8KIT_CHECK(saved.input_t.cols == rows, "linear ", name(), ": backward with ", rows, " rows, forward had ",
-               saved.input_t.cols);
+  FP8KIT_CHECK(saved.input_t.cols() == rows, "linear ", name(), ": backward with ", rows, " rows, forward had ",
+               saved.input_t.cols());
   // dx = dy W: A = dy (R, out), B = W^T (in, out) as N x K.
   GemmCall dgrad = gemm_call(ctx, *this, "dgrad");
   const RecipeOperand dyq = prepare_operand(dgrad, TensorRole::kGradOutput, dy2);

@@ -276,9 +276,6 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
   const PrecisionRecipe& r = *call.recipe;
   FP8KIT_CHECK(!transposed || blocked_scales(r, role), "prepare_operand: the transposed path is for block scales");
   RecipeOperand out;
-  const MatrixRef v = x.matrix();
-  out.rows = transposed ? v.cols : v.rows;
-  out.cols = transposed ? v.rows : v.cols;
   if (r.kind == RecipeKind::kFp32) {
     out.values = x;
     return out;
@@ -331,13 +328,13 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
 }
 
 Tensor recipe_gemm(const GemmCall& call, const RecipeOperand& a, const RecipeOperand& b, std::span<const float> bias) {
-  FP8KIT_CHECK(a.cols == b.cols, "recipe_gemm (", call.op, "): A is ", a.rows, "x", a.cols, ", B is ", b.rows, "x",
-               b.cols, " (N x K): K differs");
+  FP8KIT_CHECK(a.cols() == b.cols(), "recipe_gemm (", call.op, "): A is ", a.rows(), "x", a.cols(), ", B is ", b.rows(),
+               "x", b.cols(), " (N x K): K differs");
   ScopedEvent event(call.profiler, call.op, "gemm");
   event.arg("dtypes", dtype_name(a) + "," + dtype_name(b));
-  event.arg("shape", std::to_string(a.rows) + "x" + std::to_string(b.rows) + "x" + std::to_string(a.cols));
-  Tensor out = empty({a.rows, b.rows}, DType::float32);
-  const double macs = static_cast<double>(a.rows) * static_cast<double>(b.rows) * static_cast<double>(a.cols);
+  event.arg("shape", std::to_string(a.rows()) + "x" + std::to_string(b.rows()) + "x" + std::to_string(a.cols()));
+  Tensor out = empty({a.rows(), b.rows()}, DType::float32);
+  const double macs = static_cast<double>(a.rows()) * static_cast<double>(b.rows()) * static_cast<double>(a.cols());
   std::string fallback = call.fallback_reason;
   if (fallback.empty() && a.fp8 && b.fp8 && macs < static_cast<double>(call.recipe->min_fp8_gemm_macs)) {
     fallback = "GEMM of " + std::to_string(static_cast<std::int64_t>(macs)) + " multiply-adds < " +
@@ -355,21 +352,20 @@ Tensor recipe_gemm(const GemmCall& call, const RecipeOperand& a, const RecipeOpe
     event.arg("path", call.recipe->is_fp8() ? "fake-quant" : std::string(call.recipe->name()));
   }
   const Tensor av = float_values(call, a), bv = float_values(call, b);
-  matmul(view_of(av, a.rows, a.cols), view_of(bv, b.rows, b.cols), BLayout::kNK, out.span<float>(), bias);
+  matmul(view_of(av, a.rows(), a.cols()), view_of(bv, b.rows(), b.cols()), BLayout::kNK, out.span<float>(), bias);
   return out;
 }
 
 std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
   if (x.blocked) return std::nullopt;
   RecipeOperand t;
-  t.rows = x.cols;
-  t.cols = x.rows;
+  const std::int64_t rows = x.rows(), cols = x.cols();
   if (!x.fp8) {
-    t.values = empty({x.cols, x.rows}, x.values.dtype());
+    t.values = empty({cols, rows}, x.values.dtype());
     if (x.values.dtype() == DType::float32) {
-      detail::transpose_into(x.values.data<float>(), x.cols, t.values.data<float>(), x.rows, x.cols);
+      detail::transpose_into(x.values.data<float>(), cols, t.values.data<float>(), rows, cols);
     } else {  // bfloat16: the 16-bit patterns move as they are
-      detail::transpose_into(x.values.data<bfloat16>(), x.cols, t.values.data<bfloat16>(), x.rows, x.cols);
+      detail::transpose_into(x.values.data<bfloat16>(), cols, t.values.data<bfloat16>(), rows, cols);
     }
     return t;
   }
@@ -377,11 +373,11 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
   q.format = x.fp8->format;
   q.overflow = x.fp8->overflow;
   q.granularity = x.fp8->granularity;
-  q.rows = x.cols;
-  q.cols = x.rows;
+  q.rows = cols;
+  q.cols = rows;
   q.scale_inv = x.fp8->scale_inv;
   q.data.resize(x.fp8->data.size());
-  detail::transpose_into(x.fp8->data.data(), x.cols, q.data.data(), x.rows, x.cols);
+  detail::transpose_into(x.fp8->data.data(), cols, q.data.data(), rows, cols);
   t.fp8 = std::move(q);
   return t;
 }

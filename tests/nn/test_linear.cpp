@@ -245,8 +245,8 @@ TEST(Linear, TransposedOperandWithoutTheFloatTransposeIsBitIdentical) {
         const RecipeOperand want = prepare_operand(a, role, transpose(x));
         const RecipeOperand got = prepare_operand_transposed(b, role, x);
         const std::string what = std::string(name) + " " + std::to_string(rows) + "x" + std::to_string(cols);
-        ASSERT_EQ(got.rows, cols) << what;
-        ASSERT_EQ(got.cols, rows) << what;
+        ASSERT_EQ(got.rows(), cols) << what;
+        ASSERT_EQ(got.cols(), rows) << what;
         ASSERT_EQ(got.fp8.has_value(), want.fp8.has_value()) << what;
         if (want.fp8) {
           EXPECT_TRUE(std::equal(got.fp8->data.begin(), got.fp8->data.end(), want.fp8->data.begin())) << what;

@@ -116,8 +116,10 @@ struct GemmCall {
 struct RecipeOperand {
   std::optional<ScaledTensor> fp8;
   Tensor values;
-  std::int64_t rows = 0, cols = 0;
   bool blocked = false;  // FP8 scales per block (real or fake): the transpose must be quantized anew
+  // The operand's matrix shape (rows x K), from whichever of the two it holds.
+  std::int64_t rows() const { return fp8 ? fp8->rows : values.matrix().rows; }
+  std::int64_t cols() const { return fp8 ? fp8->cols : values.matrix().cols; }
   std::int64_t nbytes() const;
 };
 
