@@ -9,6 +9,7 @@ FP8KIT_DEBIAN_PACKAGES=(
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libopenblas0-pthread  # the sgemm/sgemv baselines of `fp8kit bench gemm` (loaded at run time, never linked)
   libdnnl-dev           # oneDNN: the BF16 GEMM baseline of `fp8kit bench gemm` (linked into the benchmark only)
+  libopenmpi-dev openmpi-bin  # the dist layer's MPI backend, and mpirun for its tests
   python3
 )
 FP8KIT_PYTHON_PACKAGES=(numpy ml_dtypes safetensors)

@@ -37,3 +37,6 @@
 #include "fp8kit/io/npy.hpp"
 #include "fp8kit/io/safetensors.hpp"
 #include "fp8kit/io/sharded_checkpoint.hpp"
+
+#include "fp8kit/dist/communicator.hpp"
+#include "fp8kit/dist/fp8_collectives.hpp"

@@ -16,7 +16,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 # DESIGN.md's layers, top (used by all) to bottom; common holds what every layer shares (errors, CPU features, the
 # profiler, dispatch), and common/cpu the SIMD pieces the kernels of several layers share, which are built from the
 # format layer's codec (so they rank below it).
-LAYERS = ["common", "format", "convert", "tensor", "scaling", "ops", "nn", "io"]
+LAYERS = ["common", "format", "convert", "tensor", "scaling", "ops", "nn", "io", "dist"]
 RANK = ["common", "format", "common/cpu"] + LAYERS[2:]
 
 

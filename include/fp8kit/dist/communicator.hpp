@@ -1,0 +1,90 @@
+// Communicator: the ranks of a job and the collectives fp8kit runs over them (barrier, all-gather, broadcast, and
+// reductions that are fp8kit's own: contributions exchanged as bytes, summed in FP32 in rank order, so every rank
+// gets the same bits). Backends: local (one process) and MPI (OpenMPI); NCCL joins with the CUDA backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace fp8kit {
+
+enum class ReduceOp : std::uint8_t { kSum, kMax };
+std::string_view name(ReduceOp op);  // "sum", "max"
+
+// Bytes this rank handed to the backend, by collective, since construction or reset_stats().
+struct CommStats {
+  std::uint64_t all_gather_bytes = 0;
+  std::uint64_t reduce_scatter_bytes = 0;
+  std::uint64_t all_reduce_bytes = 0;
+  std::uint64_t broadcast_bytes = 0;
+  std::uint64_t calls = 0;
+  std::uint64_t total_bytes() const {
+    return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes;
+  }
+};
+
+// One job's ranks. Not copyable; the MPI backend finalizes MPI when the last communicator it made goes away (RAII).
+// Every collective is called by every rank in the same order. Errors (sizes that do not fit, a backend failure)
+// throw fp8kit::Error naming the collective and this rank.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;  // "local", "mpi"
+  virtual void barrier() = 0;
+
+  // recv = every rank's `send`, concatenated in rank order; counts[r] is rank r's byte count (counts.size() ==
+  // size(), counts[rank()] == send.size(), their sum == recv.size()). Counts `send.size()` bytes.
+  void all_gather(std::span<const std::byte> send, std::span<std::byte> recv, std::span<const std::size_t> counts);
+  // `data` of rank `root` to every rank (the same size on every rank). Counts data.size() bytes on the root.
+  void broadcast(std::span<std::byte> data, int root);
+  // Element-wise over ranks, in place; sums in FP32 in rank order (the same bits on every rank and for every
+  // backend), max exact. A reduce-scatter then an all-gather: counts 2 x data.size() x 4 bytes x (size-1)/size.
+  void all_reduce(std::span<float> data, ReduceOp op);
+  // recv = the reduction over ranks of this rank's part of `send`: send holds size() parts, part r of counts[r]
+  // floats (counts.size() == size(), their sum == send.size(), counts[rank()] == recv.size()). Counts the bytes of
+  // the parts sent to other ranks.
+  void reduce_scatter(std::span<const float> send, std::span<float> recv, std::span<const std::size_t> counts,
+                      ReduceOp op);
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  Communicator() = default;
+  // The backend's primitives, called with checked sizes. all_gather_bytes: as all_gather. all_to_all_bytes: the
+  // bytes send[send_offsets[r], + send_counts[r]) go to rank r, which receives them at recv_offsets[rank()] (every
+  // rank passes its own view of the exchange).
+  virtual void all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv,
+                                std::span<const std::size_t> counts) = 0;
+  virtual void all_to_all_bytes(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
+                                std::span<std::byte> recv, std::span<const std::size_t> recv_counts) = 0;
+  virtual void broadcast_bytes(std::span<std::byte> data, int root) = 0;
+  // "all_gather on rank 1 of 3: ...": the prefix of every error a collective throws.
+  std::string where(std::string_view collective) const;
+
+ private:
+  CommStats stats_;
+};
+
+// A job of one rank: every collective is a copy (or nothing). What fp8kit uses without mpirun.
+std::unique_ptr<Communicator> local_communicator();
+// Whether this build has the MPI backend (found at configure time: FP8KIT_MPI=AUTO|ON|OFF).
+bool mpi_available();
+// Whether this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
+bool launched_by_mpi();
+// MPI_COMM_WORLD (MPI initialized on first use, with thread support for OpenMP regions that call no MPI, and
+// finalized when the last MPI communicator is destroyed). Throws Error(kUnsupported) in a build without MPI.
+std::unique_ptr<Communicator> mpi_communicator();
+// The MPI communicator when launched by MPI, else the local one.
+std::unique_ptr<Communicator> world_communicator();
+
+}  // namespace fp8kit

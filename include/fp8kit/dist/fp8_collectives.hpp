@@ -1,0 +1,42 @@
+// FP8 over a communicator: shards cut on scale-block boundaries, the amax agreement every rank's scale needs (one
+// batched MAX all-reduce, NaN as +Inf), and the all-gather of FP8 shards with their scales that gives, bit for bit,
+// the quantization of the whole matrix. FP8 travels as bytes with its scales; nothing is summed in FP8.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "fp8kit/dist/communicator.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/tensor/matrix_ref.hpp"
+
+namespace fp8kit {
+
+// Rows [begin, end) of a `rows`-row matrix that rank `rank` of `ranks` holds: whole blocks of `block_rows` rows
+// (the granularity's; the last block may be short), spread as evenly as whole blocks allow, in rank order. Shards
+// may be empty (more ranks than blocks).
+struct RowShard {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t rows() const { return end - begin; }
+};
+RowShard shard_rows(std::int64_t rows, std::int64_t block_rows, int rank, int ranks);
+// The block rows of a granularity over a matrix of `rows` rows (what shards are cut on): 1 per tensor (one scale)
+// and per row, the block's rows for blocks, 1 for MX; per column, all rows (one shard holds the matrix).
+std::int64_t shard_block_rows(const Granularity& granularity, std::int64_t rows);
+
+// Every rank's amaxes, maximum per element, with NaN counted as +Inf (MPI's and NCCL's MAX drop NaN, and ranks
+// would then disagree about skipping a step): one all-reduce for all of them, so batch every layer's into one span.
+void all_reduce_amax(Communicator& comm, std::span<float> amaxes);
+
+// This rank's shard of a matrix quantized so that the shards gather into the whole matrix's quantization: per tensor
+// with the scale of the all-reduced amax (every rank calls this: it is a collective then), otherwise block by block
+// locally. `shard` is rows shard_rows(rows, shard_block_rows(...), rank, size) of the matrix.
+ScaledTensor quantize_shard(Communicator& comm, MatrixRef shard, const QuantizeOptions& options);
+
+// The whole matrix from every rank's shard (quantize_shard's, or any shards of the same format, overflow policy,
+// granularity and columns, cut as shard_rows says, per tensor with one scale): the codes and the scales of every
+// block gathered in rank order, bit-identical to quantizing the whole matrix at once. A shard that does not fit the
+// others is refused on every rank, one line naming the rank and what differs.
+ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std::int64_t rows);
+
+}  // namespace fp8kit

@@ -1,0 +1,156 @@
+// The collectives every backend shares: size checks, byte counts, and the reductions (contributions exchanged as
+// bytes through the backend's all-to-all and all-gather, then reduced here in FP32 in rank order); and the local
+// backend of a one-rank job.
+#include "fp8kit/dist/communicator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "fp8kit/common/error.hpp"
+
+namespace fp8kit {
+
+std::string_view name(ReduceOp op) {
+  return op == ReduceOp::kSum ? "sum" : "max";
+}
+
+std::string Communicator::where(std::string_view collective) const {
+  return std::string(collective) + " on rank " + std::to_string(rank()) + " of " + std::to_string(size());
+}
+
+namespace {
+
+std::size_t sum_of(std::span<const std::size_t> counts) {
+  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+}
+
+void check_counts(const Communicator& c, std::string_view what, std::string_view prefix,
+                  std::span<const std::size_t> counts, std::size_t total, std::size_t own) {
+  FP8KIT_CHECK(static_cast<int>(counts.size()) == c.size(), prefix, ": ", counts.size(), " counts for ", c.size(),
+               " ranks (give one per rank)");
+  FP8KIT_CHECK(sum_of(counts) == total, prefix, ": the counts add up to ", sum_of(counts), " ", what, ", the buffer ",
+               "holds ", total);
+  FP8KIT_CHECK(counts[static_cast<std::size_t>(c.rank())] == own, prefix, ": this rank's count is ",
+               counts[static_cast<std::size_t>(c.rank())], " ", what, " but it passes ", own);
+}
+
+float combine(float a, float b, ReduceOp op) {
+  if (op == ReduceOp::kSum) return a + b;
+  // max, with NaN winning (a NaN anywhere must not vanish in the reduction)
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
+  return std::max(a, b);
+}
+
+}  // namespace
+
+void Communicator::all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
+                              std::span<const std::size_t> counts) {
+  check_counts(*this, "bytes", where("all_gather"), counts, recv.size(), send.size());
+  ++stats_.calls;
+  stats_.all_gather_bytes += send.size();
+  all_gather_bytes(send, recv, counts);
+}
+
+void Communicator::broadcast(std::span<std::byte> data, int root) {
+  FP8KIT_CHECK(root >= 0 && root < size(), where("broadcast"), ": root ", root, " is not a rank (0 to ", size() - 1,
+               ")");
+  ++stats_.calls;
+  if (rank() == root) stats_.broadcast_bytes += data.size();
+  broadcast_bytes(data, root);
+}
+
+void Communicator::reduce_scatter(std::span<const float> send, std::span<float> recv,
+                                  std::span<const std::size_t> counts, ReduceOp op) {
+  check_counts(*this, "floats", where("reduce_scatter"), counts, send.size(), recv.size());
+  const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
+  // Part r of every rank's send goes to rank r: this rank receives its part from every rank, in rank order.
+  std::vector<std::size_t> send_bytes(n), recv_bytes(n, recv.size() * sizeof(float));
+  for (std::size_t r = 0; r < n; ++r) send_bytes[r] = counts[r] * sizeof(float);
+  std::vector<std::byte> gathered(n * recv.size() * sizeof(float));
+  ++stats_.calls;
+  stats_.reduce_scatter_bytes += (send.size() - counts[me]) * sizeof(float);
+  all_to_all_bytes(std::as_bytes(send), send_bytes, gathered, recv_bytes);
+  const auto* parts = reinterpret_cast<const float*>(gathered.data());
+  for (std::size_t i = 0; i < recv.size(); ++i) {
+    float acc = parts[i];
+    for (std::size_t r = 1; r < n; ++r) acc = combine(acc, parts[r * recv.size() + i], op);
+    recv[i] = acc;
+  }
+}
+
+void Communicator::all_reduce(std::span<float> data, ReduceOp op) {
+  const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
+  // Equal parts (the first ones one longer), reduced by their owner, then gathered back.
+  std::vector<std::size_t> counts(n), bytes(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    counts[r] = data.size() / n + (r < data.size() % n ? 1 : 0);
+    bytes[r] = counts[r] * sizeof(float);
+  }
+  std::vector<float> mine(counts[me]);
+  const CommStats before = stats_;
+  reduce_scatter(data, mine, counts, op);
+  all_gather(std::as_bytes(std::span<const float>(mine)), std::as_writable_bytes(data), bytes);
+  const std::uint64_t moved =
+      (stats_.reduce_scatter_bytes - before.reduce_scatter_bytes) + (stats_.all_gather_bytes - before.all_gather_bytes);
+  stats_ = before;
+  ++stats_.calls;
+  stats_.all_reduce_bytes += moved;
+}
+
+// ---------------------------------------------------------------- the local backend
+
+namespace {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string_view backend() const override { return "local"; }
+  void barrier() override {}
+
+ protected:
+  void all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv,
+                        std::span<const std::size_t>) override {
+    if (!send.empty() && send.data() != recv.data()) std::memmove(recv.data(), send.data(), send.size());
+  }
+  void all_to_all_bytes(std::span<const std::byte> send, std::span<const std::size_t>, std::span<std::byte> recv,
+                        std::span<const std::size_t>) override {
+    if (!send.empty() && send.data() != recv.data()) std::memmove(recv.data(), send.data(), send.size());
+  }
+  void broadcast_bytes(std::span<std::byte>, int) override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> local_communicator() {
+  return std::make_unique<LocalCommunicator>();
+}
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<Communicator> world_communicator() {
+  return launched_by_mpi() ? mpi_communicator() : local_communicator();
+}
+
+#ifndef FP8KIT_HAVE_MPI
+bool mpi_available() {
+  return false;
+}
+
+std::unique_ptr<Communicator> mpi_communicator() {
+  FP8KIT_THROW(ErrorKind::kUnsupported,
+               "this fp8kit was built without MPI (install libopenmpi-dev and "
+               "openmpi-bin, then reconfigure: FP8KIT_MPI=ON)");
+}
+#endif
+
+}  // namespace fp8kit

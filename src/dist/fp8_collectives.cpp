@@ -1,0 +1,147 @@
+// FP8 collectives: row shards on block boundaries, the batched amax agreement, and the all-gather of FP8 shards
+// with their scales (a header exchange first, so that every rank refuses the same mismatch).
+#include "fp8kit/dist/fp8_collectives.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/scale.hpp"
+
+namespace fp8kit {
+
+std::int64_t shard_block_rows(const Granularity& granularity, std::int64_t rows) {
+  if (granularity.kind == Granularity::Kind::kTensor) return 1;  // one agreed scale: any rows
+  return std::max<std::int64_t>(1, granularity.rows_per_block(std::max<std::int64_t>(rows, 1)));
+}
+
+RowShard shard_rows(std::int64_t rows, std::int64_t block_rows, int rank, int ranks) {
+  FP8KIT_CHECK(rows >= 0 && block_rows >= 1 && ranks >= 1 && rank >= 0 && rank < ranks, "shard_rows: ", rows,
+               " rows in blocks of ", block_rows, " for rank ", rank, " of ", ranks, " (rows >= 0, blocks >= 1, ",
+               "0 <= rank < ranks)");
+  const std::int64_t blocks = ceil_div(rows, block_rows);
+  const std::int64_t b0 = blocks * rank / ranks, b1 = blocks * (rank + 1) / ranks;
+  return {std::min(rows, b0 * block_rows), std::min(rows, b1 * block_rows)};
+}
+
+void all_reduce_amax(Communicator& comm, std::span<float> amaxes) {
+  for (float& a : amaxes) {
+    if (std::isnan(a)) a = std::numeric_limits<float>::infinity();
+  }
+  comm.all_reduce(amaxes, ReduceOp::kMax);
+}
+
+ScaledTensor quantize_shard(Communicator& comm, MatrixRef shard, const QuantizeOptions& options) {
+  if (options.granularity.kind != Granularity::Kind::kTensor) return quantize(shard, options);
+  float all = 0.0f;
+  AmaxResult local;
+  if (shard.numel() > 0) amax_blocks(shard, shard.rows, shard.cols, std::span<float>(&all, 1), &local);
+  // The finite maximum, as quantize() takes it for the whole matrix (its NaN and Inf elements encode as they do
+  // there).
+  float amax = local.amax;
+  all_reduce_amax(comm, std::span<float>(&amax, 1));
+  return quantize_with_scale(shard, options.format, compute_scale(amax, options.format, options.scale),
+                             options.overflow);
+}
+
+namespace {
+
+// What every rank says of its shard before the data moves.
+struct ShardHeader {
+  std::int64_t rows, cols, block_rows, block_cols;
+  std::uint32_t scale_bits;  // per tensor: the one scale
+  std::uint8_t format, overflow, kind, mx_mode;
+};
+
+std::string describe(const ShardHeader& h) {
+  return std::to_string(h.rows) + "x" + std::to_string(h.cols) + " " +
+         std::string(name(static_cast<Format>(h.format))) + " blocks " + std::to_string(h.block_rows) + "x" +
+         std::to_string(h.block_cols);
+}
+
+}  // namespace
+
+ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std::int64_t rows) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  const std::string where =
+      "all_gather_rows on rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
+  const bool per_tensor = shard.granularity.kind == Granularity::Kind::kTensor;
+  const std::int64_t br = shard_block_rows(shard.granularity, rows);
+  ShardHeader mine;
+  std::memset(&mine, 0, sizeof mine);  // padding included: the bytes travel
+  mine.rows = shard.rows;
+  mine.cols = shard.cols;
+  mine.block_rows = br;
+  mine.block_cols = shard.granularity.cols_per_block(std::max<std::int64_t>(shard.cols, 1));
+  mine.scale_bits = per_tensor && !shard.scale_inv.empty() ? std::bit_cast<std::uint32_t>(shard.scale_inv[0]) : 0u;
+  mine.format = static_cast<std::uint8_t>(shard.format);
+  mine.overflow = static_cast<std::uint8_t>(shard.overflow);
+  mine.kind = static_cast<std::uint8_t>(shard.granularity.kind);
+  mine.mx_mode = static_cast<std::uint8_t>(shard.granularity.mx_mode);
+  std::vector<ShardHeader> all(n);
+  const std::vector<std::size_t> header_bytes(n, sizeof(ShardHeader));
+  comm.all_gather(std::as_bytes(std::span<const ShardHeader>(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                  header_bytes);
+  // The same checks on every rank, on the same data: all refuse together or none does.
+  std::size_t first = 0;  // the first non-empty shard (per tensor, its scale is the one)
+  while (first + 1 < n && all[first].rows == 0) ++first;
+  for (std::size_t r = 0; r < n; ++r) {
+    const ShardHeader& h = all[r];
+    const RowShard want = shard_rows(rows, br, static_cast<int>(r), comm.size());
+    FP8KIT_CHECK(h.rows == want.rows(), where, ": rank ", r, "'s shard has ", h.rows, " rows, shard_rows gives it ",
+                 want.rows(), " (rows ", want.begin, " to ", want.end, " of ", rows, ")");
+    FP8KIT_CHECK(h.cols == all[0].cols && h.block_rows == all[0].block_rows && h.block_cols == all[0].block_cols &&
+                     h.format == all[0].format && h.overflow == all[0].overflow && h.kind == all[0].kind &&
+                     h.mx_mode == all[0].mx_mode,
+                 where, ": rank ", r, "'s shard (", describe(h), ") differs from rank 0's (", describe(all[0]),
+                 "): quantize every shard with the same options");
+    FP8KIT_CHECK(!per_tensor || h.rows == 0 || h.scale_bits == all[first].scale_bits, where,
+                 ": per-tensor shards with different scales (rank ", r, " and rank ", first,
+                 "): agree on one with all_reduce_amax (quantize_shard does)");
+  }
+  ScaledTensor out;
+  out.format = shard.format;
+  out.overflow = shard.overflow;
+  out.granularity = shard.granularity;
+  out.rows = rows;
+  out.cols = shard.cols;
+  const std::int64_t cols = shard.cols;
+  // The codes, every shard's rows in rank order.
+  std::vector<std::size_t> code_bytes(n);
+  for (std::size_t r = 0; r < n; ++r) code_bytes[r] = static_cast<std::size_t>(all[r].rows * cols);
+  out.data.resize(static_cast<std::size_t>(rows * cols));
+  comm.all_gather(std::span<const std::byte>(reinterpret_cast<const std::byte*>(shard.data.data()), shard.data.size()),
+                  std::span<std::byte>(reinterpret_cast<std::byte*>(out.data.data()), out.data.size()), code_bytes);
+  const std::int64_t grid_cols = out.grid_cols();
+  if (per_tensor) {
+    // One scale, already agreed: the first non-empty shard's (every rank has it in the header).
+    const float scale_inv = all[first].rows > 0 ? std::bit_cast<float>(all[first].scale_bits) : 1.0f;
+    out.scale_inv.assign(static_cast<std::size_t>(out.grid_rows() * grid_cols), scale_inv);
+    return out;
+  }
+  // The scales of every block row, in rank order (a shard's block rows are its own: it starts on a block boundary).
+  std::vector<std::size_t> scale_bytes(n), e8m0_bytes(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto blocks = static_cast<std::size_t>(ceil_div(all[r].rows, br) * grid_cols);
+    scale_bytes[r] = blocks * sizeof(float);
+    e8m0_bytes[r] = blocks;
+  }
+  out.scale_inv.resize(static_cast<std::size_t>(out.grid_rows() * grid_cols));
+  comm.all_gather(std::as_bytes(std::span<const float>(shard.scale_inv.data(), shard.scale_inv.size())),
+                  std::as_writable_bytes(std::span<float>(out.scale_inv.data(), out.scale_inv.size())), scale_bytes);
+  if (shard.granularity.kind == Granularity::Kind::kMx) {
+    out.scale_e8m0.resize(out.scale_inv.size());
+    comm.all_gather(std::span<const std::byte>(reinterpret_cast<const std::byte*>(shard.scale_e8m0.data()),
+                                               shard.scale_e8m0.size()),
+                    std::span<std::byte>(reinterpret_cast<std::byte*>(out.scale_e8m0.data()), out.scale_e8m0.size()),
+                    e8m0_bytes);
+  }
+  return out;
+}
+
+}  // namespace fp8kit

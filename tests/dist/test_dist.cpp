@@ -1,0 +1,227 @@
+// The dist layer, run as one process and under mpirun with 2 and 3 ranks (ctest runs all three): every collective
+// with odd sizes (not divisible by the rank count, empty parts) against a reference each rank computes alone from
+// every rank's deterministic data; the byte counts; the amax agreement with NaN; FP8 all-gathers of row shards
+// bit-identical to quantizing the whole matrix at every granularity; the refusals, one line on every rank.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/dist/communicator.hpp"
+#include "fp8kit/dist/fp8_collectives.hpp"
+
+namespace fp8kit {
+namespace {
+
+// One communicator for the whole test run (MPI starts once per process).
+Communicator* g_comm = nullptr;
+Communicator& comm() {
+  return *g_comm;
+}
+
+// Rank r's deterministic floats: every rank can compute every other rank's.
+std::vector<float> values_of(int r, std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed * 7919u + static_cast<std::uint32_t>(r));
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(Communicator, RankSizeAndBackend) {
+  EXPECT_GE(comm().size(), 1);
+  EXPECT_GE(comm().rank(), 0);
+  EXPECT_LT(comm().rank(), comm().size());
+  EXPECT_EQ(comm().backend(), launched_by_mpi() ? "mpi" : "local");
+  comm().barrier();
+  std::printf("rank %d of %d, backend %s\n", comm().rank(), comm().size(), std::string(comm().backend()).c_str());
+}
+
+TEST(Communicator, AllGatherUnevenCounts) {
+  const int n = comm().size(), me = comm().rank();
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+  std::size_t total = 0;
+  for (int r = 0; r < n; ++r) total += counts[static_cast<std::size_t>(r)] = static_cast<std::size_t>(2 * r + 1);
+  std::vector<std::byte> send(counts[static_cast<std::size_t>(me)]);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<std::byte>(me * 16 + static_cast<int>(i));
+  std::vector<std::byte> recv(total);
+  comm().reset_stats();
+  comm().all_gather(send, recv, counts);
+  EXPECT_EQ(comm().stats().all_gather_bytes, send.size());
+  std::size_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i, ++at) {
+      ASSERT_EQ(recv[at], static_cast<std::byte>(r * 16 + static_cast<int>(i))) << "rank " << r << " byte " << i;
+    }
+  }
+}
+
+TEST(Communicator, AllReduceSumAndMaxInRankOrder) {
+  const int n = comm().size(), me = comm().rank();
+  for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1001}}) {
+    std::vector<float> want_sum(len, 0.0f), want_max(len, -std::numeric_limits<float>::infinity());
+    for (int r = 0; r < n; ++r) {
+      const auto v = values_of(r, len, 3);
+      for (std::size_t i = 0; i < len; ++i) {
+        want_sum[i] = r == 0 ? v[i] : want_sum[i] + v[i];  // FP32, rank order
+        want_max[i] = std::max(want_max[i], v[i]);
+      }
+    }
+    std::vector<float> sum = values_of(me, len, 3), max = sum;
+    comm().reset_stats();
+    comm().all_reduce(sum, ReduceOp::kSum);
+    comm().all_reduce(max, ReduceOp::kMax);
+    ASSERT_EQ(std::memcmp(sum.data(), want_sum.data(), len * sizeof(float)), 0) << len;
+    ASSERT_EQ(std::memcmp(max.data(), want_max.data(), len * sizeof(float)), 0) << len;
+    // Each all-reduce sends every part but its own (reduce-scatter) and its own part (all-gather).
+    EXPECT_EQ(comm().stats().all_reduce_bytes, 2 * len * sizeof(float)) << len;
+    EXPECT_EQ(comm().stats().calls, 2u);
+  }
+}
+
+TEST(Communicator, ReduceScatterUnevenParts) {
+  const int n = comm().size(), me = comm().rank();
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+  std::size_t total = 0;
+  for (int r = 0; r < n; ++r)
+    total += counts[static_cast<std::size_t>(r)] = static_cast<std::size_t>(r == 1 ? 0 : 5 + r);
+  std::size_t offset = 0;
+  for (int r = 0; r < me; ++r) offset += counts[static_cast<std::size_t>(r)];
+  std::vector<float> want(counts[static_cast<std::size_t>(me)]);
+  for (int r = 0; r < n; ++r) {
+    const auto v = values_of(r, total, 5);
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] = r == 0 ? v[offset + i] : want[i] + v[offset + i];
+  }
+  std::vector<float> got(want.size());
+  comm().reset_stats();
+  comm().reduce_scatter(values_of(me, total, 5), got, counts, ReduceOp::kSum);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  EXPECT_EQ(comm().stats().reduce_scatter_bytes, (total - want.size()) * sizeof(float));
+}
+
+TEST(Communicator, BroadcastAndRefusals) {
+  std::vector<std::byte> data(13, std::byte{0});
+  const int root = comm().size() - 1;
+  if (comm().rank() == root) std::fill(data.begin(), data.end(), std::byte{0x5A});
+  comm().broadcast(data, root);
+  for (std::byte b : data) ASSERT_EQ(b, std::byte{0x5A});
+  auto one_line = [](auto&& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  };
+  // Checked before any data moves, on every rank alike: no rank is left waiting in the backend.
+  one_line([&] { comm().broadcast(data, comm().size()); }, "is not a rank");
+  std::vector<std::byte> out(3);
+  const std::vector<std::size_t> wrong(static_cast<std::size_t>(comm().size()) + 1, 1);
+  one_line([&] { comm().all_gather(std::span<const std::byte>(out).first(1), out, wrong); }, "counts for");
+  comm().barrier();
+}
+
+TEST(Fp8Collectives, AmaxAgreementTakesNaNAsInfinity) {
+  const int n = comm().size(), me = comm().rank();
+  std::vector<float> amax = {static_cast<float>(me), 1.0f,
+                             me == n - 1 ? std::numeric_limits<float>::quiet_NaN() : 2.0f};
+  all_reduce_amax(comm(), amax);
+  EXPECT_EQ(amax[0], static_cast<float>(n - 1));
+  EXPECT_EQ(amax[1], 1.0f);
+  EXPECT_EQ(amax[2], std::numeric_limits<float>::infinity());  // the NaN of the last rank, everywhere
+}
+
+TEST(Fp8Collectives, ShardsCoverTheRowsOnBlockBoundaries) {
+  for (int ranks : {1, 2, 3, 5}) {
+    for (std::int64_t rows : {0, 1, 127, 128, 300, 1000}) {
+      std::int64_t next = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const RowShard s = shard_rows(rows, 128, r, ranks);
+        EXPECT_EQ(s.begin, next);
+        EXPECT_TRUE(s.begin % 128 == 0 || s.rows() == 0);
+        next = s.end;
+      }
+      EXPECT_EQ(next, rows);
+    }
+  }
+}
+
+// Every rank quantizes its shard of the same matrix; the gathered result is the whole matrix's quantization.
+TEST(Fp8Collectives, AllGatherOfShardsIsTheWholeQuantization) {
+  const Granularity granularities[] = {Granularity::tensor(),
+                                       Granularity::row(),
+                                       Granularity::block(1, 128),
+                                       Granularity::block(128, 128),
+                                       Granularity::mx(MxScaleMode::kFloor),
+                                       Granularity::mx(MxScaleMode::kRceil)};
+  for (std::int64_t rows : {1, 131, 300}) {
+    const std::int64_t cols = 257;
+    std::vector<float> x = values_of(0, static_cast<std::size_t>(rows * cols), 9);  // the same on every rank
+    x[5] = std::numeric_limits<float>::quiet_NaN();
+    for (const Granularity& g : granularities) {
+      for (Format f : {Format::e4m3fn, Format::e5m2}) {
+        SCOPED_TRACE(g.name() + " " + std::string(name(f)) + " rows " + std::to_string(rows));
+        const QuantizeOptions o{f, Overflow::kSaturate, g};
+        const RowShard s = shard_rows(rows, shard_block_rows(g, rows), comm().rank(), comm().size());
+        const ScaledTensor mine = quantize_shard(comm(), MatrixRef(x.data() + s.begin * cols, s.rows(), cols), o);
+        comm().reset_stats();
+        const ScaledTensor got = all_gather_rows(comm(), mine, rows);
+        const ScaledTensor want = quantize(MatrixRef(x.data(), rows, cols), o);
+        ASSERT_EQ(got.rows, want.rows);
+        ASSERT_EQ(got.data, want.data);
+        ASSERT_EQ(got.scale_inv, want.scale_inv);
+        ASSERT_EQ(got.scale_e8m0, want.scale_e8m0);
+        // The codes and scales this rank handed over, and one small header.
+        const std::uint64_t payload =
+            mine.data.size() +
+            (g.kind == Granularity::Kind::kTensor ? 0 : mine.scale_inv.size() * sizeof(float) + mine.scale_e8m0.size());
+        EXPECT_GE(comm().stats().all_gather_bytes, payload);
+        EXPECT_LE(comm().stats().all_gather_bytes, payload + 64);
+      }
+    }
+  }
+}
+
+TEST(Fp8Collectives, MismatchedShardsAreRefusedOnEveryRank) {
+  const std::int64_t rows = 256, cols = 64;
+  const std::vector<float> x = values_of(0, static_cast<std::size_t>(rows * cols), 4);
+  const Granularity g = Granularity::block(128, 128);
+  const RowShard s = shard_rows(rows, 128, comm().rank(), comm().size());
+  // The last rank quantizes in another format: every rank refuses, naming it.
+  const Format f = comm().rank() == comm().size() - 1 && comm().size() > 1 ? Format::e5m2 : Format::e4m3fn;
+  const ScaledTensor mine =
+      quantize(MatrixRef(x.data() + s.begin * cols, s.rows(), cols), QuantizeOptions{f, Overflow::kSaturate, g});
+  if (comm().size() == 1) {
+    EXPECT_THROW(all_gather_rows(comm(), mine, rows + 1), Error);  // rows that are not the shard's
+    return;
+  }
+  try {
+    all_gather_rows(comm(), mine, rows);
+    ADD_FAILURE() << "gathered mismatched shards";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differs from rank 0's"), std::string::npos) << e.what();
+  }
+  comm().barrier();  // nobody was left inside a collective
+}
+
+}  // namespace
+}  // namespace fp8kit
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  std::unique_ptr<fp8kit::Communicator> world = fp8kit::world_communicator();
+  fp8kit::g_comm = world.get();
+  // Every rank prints its own results (a failure on any rank fails the job: mpirun exits nonzero).
+  const int rc = RUN_ALL_TESTS();
+  world.reset();
+  return rc;
+}
