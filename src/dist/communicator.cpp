@@ -50,6 +50,8 @@ float combine(float a, float b, ReduceOp op) {
 void Communicator::all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
                               std::span<const std::size_t> counts) {
   check_counts(*this, "bytes", where("all_gather"), counts, recv.size(), send.size());
+  FP8KIT_CHECK(recv.size() <= kMaxCollectiveBytes, where("all_gather"), ": ", recv.size(), " bytes pass the ",
+               kMaxCollectiveBytes, " bytes one collective moves (split the payload)");
   ++stats_.calls;
   stats_.all_gather_bytes += send.size();
   all_gather_bytes(send, recv, counts);
@@ -58,6 +60,8 @@ void Communicator::all_gather(std::span<const std::byte> send, std::span<std::by
 void Communicator::broadcast(std::span<std::byte> data, int root) {
   FP8KIT_CHECK(root >= 0 && root < size(), where("broadcast"), ": root ", root, " is not a rank (0 to ", size() - 1,
                ")");
+  FP8KIT_CHECK(data.size() <= kMaxCollectiveBytes, where("broadcast"), ": ", data.size(), " bytes pass the ",
+               kMaxCollectiveBytes, " bytes one collective moves (split the payload)");
   ++stats_.calls;
   if (rank() == root) stats_.broadcast_bytes += data.size();
   broadcast_bytes(data, root);
@@ -67,6 +71,11 @@ void Communicator::reduce_scatter(std::span<const float> send, std::span<float> 
                                   std::span<const std::size_t> counts, ReduceOp op) {
   check_counts(*this, "floats", where("reduce_scatter"), counts, send.size(), recv.size());
   const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
+  // From the counts alone, the same on every rank: every rank refuses together, none is left in the backend.
+  const std::size_t largest = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  FP8KIT_CHECK(std::max(send.size(), n * largest) <= kMaxCollectiveBytes / sizeof(float), where("reduce_scatter"), ": ",
+               send.size(), " floats in parts of up to ", largest, " pass the ", kMaxCollectiveBytes,
+               " bytes one collective moves (split the payload)");
   // Part r of every rank's send goes to rank r: this rank receives its part from every rank, in rank order.
   std::vector<std::size_t> send_bytes(n), recv_bytes(n, recv.size() * sizeof(float));
   for (std::size_t r = 0; r < n; ++r) send_bytes[r] = counts[r] * sizeof(float);

@@ -53,15 +53,31 @@ namespace {
 
 // What every rank says of its shard before the data moves.
 struct ShardHeader {
-  std::int64_t rows, cols, block_rows, block_cols;
+  std::int64_t total_rows, rows, cols, block_rows, block_cols;
   std::uint32_t scale_bits;  // per tensor: the one scale
   std::uint8_t format, overflow, kind, mx_mode;
+  std::uint8_t valid;  // the shard's buffers hold what its shape and granularity need
+  std::uint8_t padding[7];
 };
 
 std::string describe(const ShardHeader& h) {
+  Granularity g;
+  g.kind = static_cast<Granularity::Kind>(h.kind);
+  g.block_rows = h.block_rows;
+  g.block_cols = h.block_cols;
+  g.mx_mode = static_cast<MxScaleMode>(h.mx_mode);
   return std::to_string(h.rows) + "x" + std::to_string(h.cols) + " " +
-         std::string(name(static_cast<Format>(h.format))) + " blocks " + std::to_string(h.block_rows) + "x" +
-         std::to_string(h.block_cols);
+         std::string(name(static_cast<Format>(h.format))) + " " + g.name() + " blocks " + std::to_string(h.block_rows) +
+         "x" + std::to_string(h.block_cols) +
+         (static_cast<Overflow>(h.overflow) == Overflow::kSaturate ? " saturating" : " non-saturating");
+}
+
+// Whether a shard's buffers hold what its shape and granularity need (a hand-made one may not).
+bool buffers_fit(const ScaledTensor& s) {
+  const auto blocks = static_cast<std::size_t>(s.grid_rows() * s.grid_cols());
+  return s.rows >= 0 && s.cols >= 0 && s.data.size() == static_cast<std::size_t>(s.rows * s.cols) &&
+         s.scale_inv.size() == blocks &&
+         (s.granularity.kind != Granularity::Kind::kMx || s.scale_e8m0.size() == blocks);
 }
 
 }  // namespace
@@ -74,6 +90,7 @@ ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std:
   const std::int64_t br = shard_block_rows(shard.granularity, rows);
   ShardHeader mine;
   std::memset(&mine, 0, sizeof mine);  // padding included: the bytes travel
+  mine.total_rows = rows;
   mine.rows = shard.rows;
   mine.cols = shard.cols;
   mine.block_rows = br;
@@ -83,6 +100,7 @@ ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std:
   mine.overflow = static_cast<std::uint8_t>(shard.overflow);
   mine.kind = static_cast<std::uint8_t>(shard.granularity.kind);
   mine.mx_mode = static_cast<std::uint8_t>(shard.granularity.mx_mode);
+  mine.valid = buffers_fit(shard) ? 1 : 0;
   std::vector<ShardHeader> all(n);
   const std::vector<std::size_t> header_bytes(n, sizeof(ShardHeader));
   comm.all_gather(std::as_bytes(std::span<const ShardHeader>(&mine, 1)), std::as_writable_bytes(std::span(all)),
@@ -90,11 +108,16 @@ ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std:
   // The same checks on every rank, on the same data: all refuse together or none does.
   std::size_t first = 0;  // the first non-empty shard (per tensor, its scale is the one)
   while (first + 1 < n && all[first].rows == 0) ++first;
+  // First what does not depend on this rank's own arguments, so that every rank fails the same check.
   for (std::size_t r = 0; r < n; ++r) {
     const ShardHeader& h = all[r];
-    const RowShard want = shard_rows(rows, br, static_cast<int>(r), comm.size());
-    FP8KIT_CHECK(h.rows == want.rows(), where, ": rank ", r, "'s shard has ", h.rows, " rows, shard_rows gives it ",
-                 want.rows(), " (rows ", want.begin, " to ", want.end, " of ", rows, ")");
+    FP8KIT_CHECK(h.total_rows == all[0].total_rows, where, ": rank ", r, " gathers ", h.total_rows, " rows, rank 0 ",
+                 all[0].total_rows, " (every rank passes the whole matrix's row count)");
+    FP8KIT_CHECK(h.valid == 1, where, ": rank ", r, "'s shard holds buffers of other sizes than its ", h.rows, "x",
+                 h.cols, " shape and granularity need (make shards with quantize_shard or quantize)");
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    const ShardHeader& h = all[r];
     FP8KIT_CHECK(h.cols == all[0].cols && h.block_rows == all[0].block_rows && h.block_cols == all[0].block_cols &&
                      h.format == all[0].format && h.overflow == all[0].overflow && h.kind == all[0].kind &&
                      h.mx_mode == all[0].mx_mode,
@@ -103,6 +126,13 @@ ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std:
     FP8KIT_CHECK(!per_tensor || h.rows == 0 || h.scale_bits == all[first].scale_bits, where,
                  ": per-tensor shards with different scales (rank ", r, " and rank ", first,
                  "): agree on one with all_reduce_amax (quantize_shard does)");
+  }
+  // Now the options (so the block rows) are every rank's: the row counts are checked alike everywhere.
+  for (std::size_t r = 0; r < n; ++r) {
+    const RowShard want = shard_rows(rows, br, static_cast<int>(r), comm.size());
+    FP8KIT_CHECK(all[r].rows == want.rows(), where, ": rank ", r, "'s shard has ", all[r].rows,
+                 " rows, shard_rows gives it ", want.rows(), " (rows ", want.begin, " to ", want.end, " of ", rows,
+                 ")");
   }
   ScaledTensor out;
   out.format = shard.format;

@@ -17,10 +17,16 @@ class MpiRuntime {
  public:
   static void acquire() {
     std::lock_guard lock(mutex());
-    if (users()++ > 0) return;
+    if (users() > 0) {
+      ++users();
+      return;
+    }
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (initialized) return;
+    if (initialized) {
+      ++users();  // the application started MPI: it finalizes it too
+      return;
+    }
     int finalized = 0;
     MPI_Finalized(&finalized);
     FP8KIT_CHECK_KIND(!finalized, ErrorKind::kUnsupported,
@@ -30,7 +36,13 @@ class MpiRuntime {
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
     FP8KIT_CHECK_KIND(rc == MPI_SUCCESS, ErrorKind::kIo, "MPI_Init_thread failed (code ", rc,
                       "): start the job with mpirun, or run without it for one process");
+    if (provided < MPI_THREAD_FUNNELED) {
+      MPI_Finalize();
+      FP8KIT_THROW(ErrorKind::kUnsupported, "this MPI gives thread level ", provided, ", fp8kit needs FUNNELED (",
+                   MPI_THREAD_FUNNELED, "): use an MPI built with thread support");
+    }
     owns_init() = true;
+    ++users();  // only once MPI is up: a failed start leaves no user behind
   }
   static void release() {
     std::lock_guard lock(mutex());
@@ -78,7 +90,9 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   }
   ~MpiCommunicator() override {
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);  // an application that started MPI may have ended it already
+    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return rank_; }

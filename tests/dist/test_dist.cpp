@@ -204,13 +204,29 @@ TEST(Fp8Collectives, MismatchedShardsAreRefusedOnEveryRank) {
     EXPECT_THROW(all_gather_rows(comm(), mine, rows + 1), Error);  // rows that are not the shard's
     return;
   }
-  try {
-    all_gather_rows(comm(), mine, rows);
-    ADD_FAILURE() << "gathered mismatched shards";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("differs from rank 0's"), std::string::npos) << e.what();
-  }
-  comm().barrier();  // nobody was left inside a collective
+  auto refused = [&](const ScaledTensor& shard, std::int64_t total, const std::string& needle) {
+    try {
+      all_gather_rows(comm(), shard, total);
+      ADD_FAILURE() << "gathered mismatched shards: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    comm().barrier();  // nobody was left inside a collective
+  };
+  refused(mine, rows, "differs from rank 0's");
+  // The last rank's whole-matrix row count, or a damaged shard of it: every rank refuses before the data moves.
+  const ScaledTensor good = quantize(MatrixRef(x.data() + s.begin * cols, s.rows(), cols),
+                                     QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, g});
+  const bool last = comm().rank() == comm().size() - 1;
+  refused(good, last ? rows - 1 : rows, "gathers");
+  ScaledTensor damaged = good;
+  if (last) damaged.scale_inv.pop_back();
+  refused(damaged, rows, "holds buffers of other sizes");
+  // Another granularity (other block rows, so another expected cut): still the same refusal on every rank.
+  const ScaledTensor other_blocks =
+      quantize(MatrixRef(x.data() + s.begin * cols, s.rows(), cols),
+               QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, last ? Granularity::block(1, 128) : g});
+  refused(other_blocks, rows, "differs from rank 0's");
 }
 
 }  // namespace

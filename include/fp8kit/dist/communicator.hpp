@@ -13,6 +13,10 @@
 namespace fp8kit {
 
 enum class ReduceOp : std::uint8_t { kSum, kMax };
+
+// The most bytes one collective moves (all of an all-gather's result, a broadcast, every part of a reduce-scatter):
+// what one MPI call's int counts reach. Checked from sizes every rank passes alike, so all ranks refuse together.
+inline constexpr std::size_t kMaxCollectiveBytes = 2147483647;
 std::string_view name(ReduceOp op);  // "sum", "max"
 
 // Bytes this rank handed to the backend, by collective, since construction or reset_stats().
@@ -47,7 +51,8 @@ class Communicator {
   // `data` of rank `root` to every rank (the same size on every rank). Counts data.size() bytes on the root.
   void broadcast(std::span<std::byte> data, int root);
   // Element-wise over ranks, in place; sums in FP32 in rank order (the same bits on every rank and for every
-  // backend), max exact. A reduce-scatter then an all-gather: counts 2 x data.size() x 4 bytes x (size-1)/size.
+  // backend), max exact (NaN wins). A reduce-scatter then an all-gather of equal parts: counts what both hand to
+  // the backend, data.size() x 4 bytes (the other ranks' parts, then its own).
   void all_reduce(std::span<float> data, ReduceOp op);
   // recv = the reduction over ranks of this rank's part of `send`: send holds size() parts, part r of counts[r]
   // floats (counts.size() == size(), their sum == send.size(), counts[rank()] == recv.size()). Counts the bytes of
