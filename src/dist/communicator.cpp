@@ -67,6 +67,30 @@ void Communicator::broadcast(std::span<std::byte> data, int root) {
   broadcast_bytes(data, root);
 }
 
+void Communicator::all_to_all(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
+                              std::span<std::byte> recv, std::span<const std::size_t> recv_counts) {
+  const std::string at = where("all_to_all");
+  FP8KIT_CHECK(static_cast<int>(send_counts.size()) == size() && static_cast<int>(recv_counts.size()) == size(), at,
+               ": ", send_counts.size(), " send and ", recv_counts.size(), " receive counts for ", size(),
+               " ranks (give one per rank)");
+  FP8KIT_CHECK(sum_of(send_counts) == send.size() && sum_of(recv_counts) == recv.size(), at, ": the counts add up to ",
+               sum_of(send_counts), " and ", sum_of(recv_counts), " bytes, the buffers hold ", send.size(), " and ",
+               recv.size());
+  const auto me = static_cast<std::size_t>(rank());
+  FP8KIT_CHECK(send_counts[me] == recv_counts[me], at, ": this rank sends itself ", send_counts[me],
+               " bytes but expects ", recv_counts[me]);
+  ++stats_.calls;
+  stats_.all_to_all_bytes += send.size() - send_counts[me];
+  all_to_all_bytes(send, send_counts, recv, recv_counts);
+}
+
+void Communicator::count_as(const CommStats& before, std::uint64_t CommStats::*into) {
+  const std::uint64_t moved = stats_.total_bytes() - before.total_bytes();
+  stats_ = before;
+  ++stats_.calls;
+  stats_.*into += moved;
+}
+
 void Communicator::reduce_scatter(std::span<const float> send, std::span<float> recv,
                                   std::span<const std::size_t> counts, ReduceOp op) {
   check_counts(*this, "floats", where("reduce_scatter"), counts, send.size(), recv.size());
@@ -103,11 +127,7 @@ void Communicator::all_reduce(std::span<float> data, ReduceOp op) {
   const CommStats before = stats_;
   reduce_scatter(data, mine, counts, op);
   all_gather(std::as_bytes(std::span<const float>(mine)), std::as_writable_bytes(data), bytes);
-  const std::uint64_t moved =
-      (stats_.reduce_scatter_bytes - before.reduce_scatter_bytes) + (stats_.all_gather_bytes - before.all_gather_bytes);
-  stats_ = before;
-  ++stats_.calls;
-  stats_.all_reduce_bytes += moved;
+  count_as(before, &CommStats::all_reduce_bytes);
 }
 
 // ---------------------------------------------------------------- the local backend

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/convert.hpp"
+#include "fp8kit/format/half.hpp"
 #include "fp8kit/scaling/amax.hpp"
 #include "fp8kit/scaling/scale.hpp"
 
@@ -172,6 +174,151 @@ ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std:
                     e8m0_bytes);
   }
   return out;
+}
+
+// ---------------------------------------------------------------- sums in a payload
+
+std::string_view name(ReducePayload payload) {
+  switch (payload) {
+    case ReducePayload::kFloat32:
+      return "fp32";
+    case ReducePayload::kBfloat16:
+      return "bf16";
+    case ReducePayload::kE4m3:
+      return "e4m3";
+    case ReducePayload::kE5m2:
+      return "e5m2";
+  }
+  return "?";
+}
+
+std::optional<ReducePayload> parse_reduce_payload(std::string_view text) {
+  if (text == "fp8") return ReducePayload::kE5m2;
+  for (ReducePayload p :
+       {ReducePayload::kFloat32, ReducePayload::kBfloat16, ReducePayload::kE4m3, ReducePayload::kE5m2}) {
+    if (name(p) == text) return p;
+  }
+  return std::nullopt;
+}
+
+std::size_t payload_bytes(ReducePayload payload) {
+  switch (payload) {
+    case ReducePayload::kFloat32:
+      return 4;
+    case ReducePayload::kBfloat16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+namespace {
+
+bool is_fp8(ReducePayload p) {
+  return p == ReducePayload::kE4m3 || p == ReducePayload::kE5m2;
+}
+Format format_of(ReducePayload p) {
+  return p == ReducePayload::kE4m3 ? Format::e4m3fn : Format::e5m2;
+}
+
+// The payload's pre-scale (1 except FP8: a power of two from every rank's amax of `values`; a collective then).
+float agreed_scale(Communicator& comm, std::span<const float> values, ReducePayload payload) {
+  if (!is_fp8(payload)) return 1.0f;
+  float all = 0.0f;
+  AmaxResult local;
+  if (!values.empty()) {
+    amax_blocks(MatrixRef(values.data(), 1, static_cast<std::int64_t>(values.size())), 1,
+                static_cast<std::int64_t>(values.size()), std::span<float>(&all, 1), &local);
+  }
+  float amax = local.amax;  // finite: a NaN or Inf element travels as NaN, and must not move the scale
+  all_reduce_amax(comm, std::span<float>(&amax, 1));
+  return compute_scale(amax, format_of(payload), ScaleOptions{0, 0.0f, ScaleRounding::kPowerOfTwoDown});
+}
+
+// values * scale in the payload, as bytes.
+std::vector<std::byte> encode(std::span<const float> values, ReducePayload payload, float scale) {
+  std::vector<std::byte> out(values.size() * payload_bytes(payload));
+  if (values.empty()) return out;
+  switch (payload) {
+    case ReducePayload::kFloat32:
+      std::memcpy(out.data(), values.data(), out.size());
+      break;
+    case ReducePayload::kBfloat16: {
+      auto* b = reinterpret_cast<bfloat16*>(out.data());
+      for (std::size_t i = 0; i < values.size(); ++i) b[i] = bfloat16::from_float(values[i]);
+      break;
+    }
+    default:
+      cast_to_fp8(values, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.data()), values.size()),
+                  CastOptions{format_of(payload), Overflow::kNonSaturating, Rounding::kNearestEven, scale});
+  }
+  return out;
+}
+
+// n values of the payload at `bytes`, times scale_inv, into out (added when `add`, in that order).
+void decode_into(const std::byte* bytes, std::size_t n, ReducePayload payload, float scale_inv, float* out, bool add) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float v;
+    switch (payload) {
+      case ReducePayload::kFloat32:
+        std::memcpy(&v, bytes + 4 * i, 4);
+        break;
+      case ReducePayload::kBfloat16: {
+        bfloat16 b;
+        std::memcpy(&b, bytes + 2 * i, 2);
+        v = b.to_float();
+        break;
+      }
+      default:
+        v = decode_to_float(format_of(payload), static_cast<std::uint8_t>(bytes[i])) * scale_inv;
+    }
+    out[i] = add ? out[i] + v : v;
+  }
+}
+
+}  // namespace
+
+void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::span<float> recv,
+                        std::span<const std::size_t> counts, ReducePayload payload) {
+  const auto n = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
+  const std::string where = "reduce_scatter_sum on rank " + std::to_string(me) + " of " + std::to_string(n);
+  FP8KIT_CHECK(counts.size() == n, where, ": ", counts.size(), " counts for ", n, " ranks (give one per rank)");
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  FP8KIT_CHECK(total == send.size() && counts[me] == recv.size(), where, ": the counts add up to ", total,
+               " floats with ", counts[me], " for this rank; the buffers hold ", send.size(), " and ", recv.size());
+  const CommStats before = comm.stats();
+  const float scale = agreed_scale(comm, send, payload);
+  const float scale_inv = 1.0f / scale;  // exact: a power of two
+  const std::size_t width = payload_bytes(payload);
+  const std::vector<std::byte> bytes = encode(send, payload, scale);
+  std::vector<std::size_t> send_bytes(n), recv_bytes(n, recv.size() * width);
+  for (std::size_t r = 0; r < n; ++r) send_bytes[r] = counts[r] * width;
+  std::vector<std::byte> parts(n * recv.size() * width);
+  comm.all_to_all(bytes, send_bytes, parts, recv_bytes);
+  for (std::size_t r = 0; r < n; ++r) {
+    decode_into(parts.data() + r * recv.size() * width, recv.size(), payload, scale_inv, recv.data(), r > 0);
+  }
+  comm.count_as(before, &CommStats::reduce_scatter_bytes);
+}
+
+void all_reduce_sum(Communicator& comm, std::span<float> data, ReducePayload payload) {
+  const auto n = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
+  std::vector<std::size_t> counts(n);
+  for (std::size_t r = 0; r < n; ++r) counts[r] = data.size() / n + (r < data.size() % n ? 1 : 0);
+  const CommStats before = comm.stats();
+  std::vector<float> mine(counts[me]);
+  reduce_scatter_sum(comm, data, mine, counts, payload);
+  // The reduced parts, gathered in the payload: FP8 with the scale of the sums' amax, agreed again.
+  const float scale = agreed_scale(comm, mine, payload);
+  const std::size_t width = payload_bytes(payload);
+  const std::vector<std::byte> bytes = encode(mine, payload, scale);
+  std::vector<std::size_t> part_bytes(n);
+  for (std::size_t r = 0; r < n; ++r) part_bytes[r] = counts[r] * width;
+  std::vector<std::byte> all(data.size() * width);
+  comm.all_gather(bytes, all, part_bytes);
+  decode_into(all.data(), data.size(), payload, 1.0f / scale, data.data(), false);
+  comm.count_as(before, &CommStats::all_reduce_bytes);
 }
 
 }  // namespace fp8kit

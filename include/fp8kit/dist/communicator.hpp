@@ -25,9 +25,10 @@ struct CommStats {
   std::uint64_t reduce_scatter_bytes = 0;
   std::uint64_t all_reduce_bytes = 0;
   std::uint64_t broadcast_bytes = 0;
+  std::uint64_t all_to_all_bytes = 0;
   std::uint64_t calls = 0;
   std::uint64_t total_bytes() const {
-    return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes;
+    return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes + all_to_all_bytes;
   }
 };
 
@@ -60,8 +61,16 @@ class Communicator {
   void reduce_scatter(std::span<const float> send, std::span<float> recv, std::span<const std::size_t> counts,
                       ReduceOp op);
 
+  // Part r of `send` (send_counts[r] bytes, parts in rank order) to rank r; recv = every rank's part for this rank,
+  // in rank order (recv_counts[r] bytes from rank r). Counts the bytes sent to other ranks.
+  void all_to_all(std::span<const std::byte> send, std::span<const std::size_t> send_counts, std::span<std::byte> recv,
+                  std::span<const std::size_t> recv_counts);
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
+  // For a collective built from others (an FP8 reduction: an amax all-reduce, an all-to-all, an all-gather): what was
+  // counted since `before` becomes one call of the counter `into`.
+  void count_as(const CommStats& before, std::uint64_t CommStats::*into);
 
  protected:
   Communicator() = default;

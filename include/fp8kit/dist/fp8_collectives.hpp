@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 
 #include "fp8kit/dist/communicator.hpp"
 #include "fp8kit/scaling/quantize.hpp"
@@ -38,5 +40,27 @@ ScaledTensor quantize_shard(Communicator& comm, MatrixRef shard, const QuantizeO
 // block gathered in rank order, bit-identical to quantizing the whole matrix at once. A shard that does not fit the
 // others is refused on every rank, one line naming the rank and what differs.
 ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std::int64_t rows);
+
+// What a sum over ranks (gradients) travels as: float32 as it is; bfloat16, each contribution rounded once to
+// nearest even; or FP8 (MS-AMP's FP8 gradients) with a power-of-two pre-scale from the all-reduced amax of every
+// contribution, so that none saturates (non-saturating casts: NaN and Inf travel as NaN, and the guard sees them).
+// Every rank decodes what it receives and sums in FP32 in rank order: the same bits on every rank.
+enum class ReducePayload : std::uint8_t { kFloat32, kBfloat16, kE4m3, kE5m2 };
+std::string_view name(ReducePayload payload);  // "fp32", "bf16", "e4m3", "e5m2"
+// The names above, and "fp8" for e5m2 (the gradient format of the HYBRID recipes).
+std::optional<ReducePayload> parse_reduce_payload(std::string_view text);
+// Bytes per element of a payload.
+std::size_t payload_bytes(ReducePayload payload);
+
+// recv = the sum over ranks of part rank() of every rank's send (parts as Communicator::reduce_scatter), the
+// contributions carried as `payload`. What is exact: float32 contributions (only the FP32 sums round); bfloat16 and
+// FP8 round each contribution once (FP8 after the exact power-of-two pre-scale; unscaling is exact), then the sums
+// round. Counted as one reduce-scatter: the payload bytes sent to other ranks (plus, for FP8, the amax all-reduce).
+void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::span<float> recv,
+                        std::span<const std::size_t> counts, ReducePayload payload);
+// data = the sum over ranks, in place: reduce_scatter_sum, then every rank's reduced part all-gathered in the same
+// payload (FP8 re-quantized with the all-reduced amax of the sums: a second rounding). Every rank ends with the same
+// bits. Counted as one all-reduce.
+void all_reduce_sum(Communicator& comm, std::span<float> data, ReducePayload payload);
 
 }  // namespace fp8kit
