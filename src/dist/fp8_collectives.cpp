@@ -178,38 +178,35 @@ ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std:
 
 // ---------------------------------------------------------------- sums in a payload
 
+namespace {
+
+// The payloads, in enum order: name and bytes per element.
+struct PayloadRow {
+  ReducePayload payload;
+  std::string_view name;
+  std::size_t bytes;
+};
+constexpr PayloadRow kPayloads[] = {{ReducePayload::kFloat32, "fp32", 4},
+                                    {ReducePayload::kBfloat16, "bf16", 2},
+                                    {ReducePayload::kE4m3, "e4m3", 1},
+                                    {ReducePayload::kE5m2, "e5m2", 1}};
+
+}  // namespace
+
 std::string_view name(ReducePayload payload) {
-  switch (payload) {
-    case ReducePayload::kFloat32:
-      return "fp32";
-    case ReducePayload::kBfloat16:
-      return "bf16";
-    case ReducePayload::kE4m3:
-      return "e4m3";
-    case ReducePayload::kE5m2:
-      return "e5m2";
-  }
-  return "?";
+  return kPayloads[static_cast<std::size_t>(payload)].name;
 }
 
 std::optional<ReducePayload> parse_reduce_payload(std::string_view text) {
   if (text == "fp8") return ReducePayload::kE5m2;
-  for (ReducePayload p :
-       {ReducePayload::kFloat32, ReducePayload::kBfloat16, ReducePayload::kE4m3, ReducePayload::kE5m2}) {
-    if (name(p) == text) return p;
+  for (const PayloadRow& r : kPayloads) {
+    if (r.name == text) return r.payload;
   }
   return std::nullopt;
 }
 
 std::size_t payload_bytes(ReducePayload payload) {
-  switch (payload) {
-    case ReducePayload::kFloat32:
-      return 4;
-    case ReducePayload::kBfloat16:
-      return 2;
-    default:
-      return 1;
-  }
+  return kPayloads[static_cast<std::size_t>(payload)].bytes;
 }
 
 namespace {
