@@ -252,24 +252,40 @@ std::vector<std::byte> encode(std::span<const float> values, ReducePayload paylo
   return out;
 }
 
-// n values of the payload at `bytes`, times scale_inv, into out (added when `add`, in that order).
+// n values of the payload at `bytes`, times scale_inv, into out (added when `add`: out[i] + v, in that order).
 void decode_into(const std::byte* bytes, std::size_t n, ReducePayload payload, float scale_inv, float* out, bool add) {
-  for (std::size_t i = 0; i < n; ++i) {
-    float v;
-    switch (payload) {
-      case ReducePayload::kFloat32:
-        std::memcpy(&v, bytes + 4 * i, 4);
-        break;
-      case ReducePayload::kBfloat16: {
-        bfloat16 b;
-        std::memcpy(&b, bytes + 2 * i, 2);
-        v = b.to_float();
-        break;
+  if (n == 0) return;
+  thread_local std::vector<float> decoded;
+  const float* v = nullptr;
+  switch (payload) {
+    case ReducePayload::kFloat32:
+      if (!add) {
+        std::memcpy(out, bytes, n * sizeof(float));
+        return;
       }
-      default:
-        v = decode_to_float(format_of(payload), static_cast<std::uint8_t>(bytes[i])) * scale_inv;
+      decoded.resize(n);
+      std::memcpy(decoded.data(), bytes, n * sizeof(float));
+      v = decoded.data();
+      break;
+    case ReducePayload::kBfloat16: {
+      decoded.resize(n);
+      std::vector<bfloat16> b(n);
+      std::memcpy(b.data(), bytes, n * sizeof(bfloat16));
+      for (std::size_t i = 0; i < n; ++i) decoded[i] = b[i].to_float();
+      v = decoded.data();
+      break;
     }
-    out[i] = add ? out[i] + v : v;
+    default:
+      // decode * scale_inv in float32: exact (scale_inv is a power of two), as the scalar codec's product
+      decoded.resize(n);
+      cast_from_fp8(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes), n), format_of(payload),
+                    std::span<float>(decoded), scale_inv);
+      v = decoded.data();
+  }
+  if (add) {
+    for (std::size_t i = 0; i < n; ++i) out[i] += v[i];
+  } else {
+    std::memcpy(out, v, n * sizeof(float));
   }
 }
 

@@ -14,9 +14,11 @@
 
 #include "bf16_baseline.hpp"
 #include "cli_common.hpp"
+#include "comm_bench.hpp"
 #include "convert_bench.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/convert/convert.hpp"
+#include "fp8kit/dist/communicator.hpp"
 #include "gemm_bench.hpp"
 #include "peak_bench.hpp"
 #include "scaling_bench.hpp"
@@ -446,6 +448,62 @@ void run_bench_peak(bool json, int reps) {
   }
 }
 
+void run_bench_comm(bool json, const std::string& sizes_text, int reps) {
+  if (reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(reps));
+  std::vector<std::size_t> sizes;
+  std::size_t begin = 0;
+  while (begin <= sizes_text.size()) {
+    const std::size_t end = std::min(sizes_text.find(',', begin), sizes_text.size());
+    const std::string item = sizes_text.substr(begin, end - begin);
+    const std::uint64_t bytes = parse_byte_size(item, "--sizes");
+    if (bytes < 1024 || bytes > (1ull << 30)) throw UsageError("--sizes: " + item + " is outside 1KiB..1GiB");
+    sizes.push_back(static_cast<std::size_t>(bytes));
+    begin = end + 1;
+  }
+  std::size_t largest = 0;
+  for (std::size_t s : sizes) largest = std::max(largest, s);
+  check_memory(4 * largest, sizes_text);  // the payload, the work copy and the gathered FP8 and bf16 buffers
+  std::unique_ptr<Communicator> comm = world_communicator();
+  const std::vector<bench::CommResult> results = bench::run_comm_bench(*comm, sizes, reps);
+  if (comm->rank() != 0) return;  // one report, from rank 0 (every rank has the same results)
+  const std::string cpu = cpu_features().brand;
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      out.push_back({{"op", r.op},
+                     {"dtype", r.dtype},
+                     {"ranks", r.ranks},
+                     {"backend", std::string(comm->backend())},
+                     {"elements", r.elements},
+                     {"bytes", r.bytes},
+                     {"seconds", r.seconds},
+                     {"gbps", r.gbps},
+                     {"elements_per_second", r.elements_per_second},
+                     {"baseline", "fp32"},
+                     {"ratio", r.ratio},
+                     {"threads", num_threads()},
+                     {"reps", reps},
+                     {"cpu", cpu}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  fmt::print(
+      "collectives on {} rank{} ({} backend, {} thread{} per rank; {} repetitions, medians of the slowest "
+      "rank; CPU: {})\n",
+      comm->size(), comm->size() == 1 ? "" : "s", comm->backend(), num_threads(), num_threads() == 1 ? "" : "s", reps,
+      cpu.empty() ? "unknown" : cpu);
+  fmt::print(
+      "size: an fp32 payload of that many bytes (every dtype moves the same elements); bytes: what one rank "
+      "hands to the backend per call; ratio: elements/s over the fp32 row's\n\n");
+  fmt::print("{:<15} {:<7} {:>12} {:>13} {:>10} {:>9} {:>10} {:>7}\n", "op", "dtype", "elements", "bytes/rank", "ms",
+             "GB/s", "Melem/s", "ratio");
+  for (const auto& r : results) {
+    fmt::print("{:<15} {:<7} {:>12} {:>13} {:>10.3f} {:>9.2f} {:>10.1f} {:>6.2f}x\n", r.op, r.dtype, r.elements,
+               r.bytes, r.seconds * 1e3, r.gbps, r.elements_per_second / 1e6, r.ratio);
+  }
+}
+
 }  // namespace
 
 constexpr const char* kIsaHelp =
@@ -489,6 +547,16 @@ void add_bench_command(CLI::App& app) {
   peak->add_flag("--json", *peak_json, "Print a JSON array instead of the table");
   peak->add_option("--reps", *peak_reps, "Repetitions per instruction (default 5)");
   peak->callback([peak_json, peak_reps] { run_bench_peak(*peak_json, *peak_reps); });
+  auto comm_json = std::make_shared<bool>(false);
+  auto comm_sizes = std::make_shared<std::string>("1MiB,4MiB,16MiB,64MiB,256MiB");
+  auto comm_reps = std::make_shared<int>(5);
+  CLI::App* comm = bench->add_subcommand(
+      "comm", "Collectives (all-gather, reduce-scatter, all-reduce) in fp32, bf16 and FP8; run under mpirun -np N");
+  comm->add_flag("--json", *comm_json, "Print a JSON array instead of the table (rank 0 prints)");
+  comm->add_option("--sizes", *comm_sizes,
+                   "Comma list of payload sizes (bytes of the fp32 payload; default 1MiB,4MiB,16MiB,64MiB,256MiB)");
+  comm->add_option("--reps", *comm_reps, "Repetitions per measurement (default 5)");
+  comm->callback([comm_json, comm_sizes, comm_reps] { run_bench_comm(*comm_json, *comm_sizes, *comm_reps); });
   gemm->callback([args, shapes, reps] {
     args->shapes_given = shapes->count() > 0;
     args->reps_given = reps->count() > 0;
