@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -177,8 +178,32 @@ void Trainer::zero_grad() {
   AdamW::zero_grad(params_);
 }
 
+std::pair<std::int64_t, std::int64_t> batch_rows(std::int64_t rows, int index, int count) {
+  FP8KIT_CHECK(count >= 1 && index >= 0 && index < count, "batch_rows: shard ", index, " of ", count,
+               " (0 <= index < count)");
+  return {rows * index / count, rows * (index + 1) / count};
+}
+
+Batch slice_batch(const Batch& batch, std::int64_t begin, std::int64_t end) {
+  auto rows_of = [&](const Tensor& t) {
+    FP8KIT_CHECK(t.dim() >= 1 && begin >= 0 && begin <= end && end <= t.size(0), "slice_batch: rows ", begin, " to ",
+                 end, " of a ", shape_string(t.shape()), " tensor");
+    Shape shape = t.shape();
+    shape[0] = end - begin;
+    Tensor out = empty(shape, t.dtype());
+    const std::int64_t row_bytes = t.size(0) == 0 ? 0 : t.nbytes() / t.size(0);
+    if (out.nbytes() > 0) std::memcpy(out.raw(), t.raw() + begin * row_bytes, static_cast<std::size_t>(out.nbytes()));
+    return out;
+  };
+  return Batch{rows_of(batch.inputs), rows_of(batch.targets)};
+}
+
 StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgress& progress) {
-  const Batch batch = data_->batch(step);
+  Batch batch = data_->batch(step);
+  if (config_.batch_shard.count > 1) {
+    const auto [begin, end] = batch_rows(batch.inputs.size(0), config_.batch_shard.index, config_.batch_shard.count);
+    batch = slice_batch(batch, begin, end);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   StepLog log;
   log.step = step;
@@ -186,6 +211,7 @@ StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgr
     ScopedEvent event(profiler_, "step", "step");
     event.arg("step", std::to_string(step));
     log.loss = forward(batch);
+    if (hooks.agree_loss) log.loss = hooks.agree_loss(*this, log.loss);
     backward();
     if (config_.inject_nan_step && *config_.inject_nan_step == step && !params_.empty()) {
       params_.front()->grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();

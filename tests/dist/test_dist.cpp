@@ -15,6 +15,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/dist/communicator.hpp"
+#include "fp8kit/dist/data_parallel.hpp"
 #include "fp8kit/dist/fp8_collectives.hpp"
 #include "fp8kit/format/codec.hpp"
 #include "fp8kit/format/half.hpp"
@@ -333,6 +334,48 @@ TEST(Fp8Collectives, PayloadBytes) {
   EXPECT_EQ(parse_reduce_payload("fp8"), ReducePayload::kE5m2);
   EXPECT_EQ(parse_reduce_payload("bf16"), ReducePayload::kBfloat16);
   EXPECT_FALSE(parse_reduce_payload("fp16"));
+}
+
+// The data-parallel hooks give every rank the global batch's loss and gradients: each rank's half (third) of the
+// batch, weighted by its rows and summed, against one process's whole batch (FP32 rounding apart: the sums over
+// rows are split). AdamW hides a gradient scale almost entirely, so this is checked on the gradients themselves.
+TEST(DataParallel, LossAndGradientsAreTheGlobalBatchs) {
+  nn::TrainConfig c;
+  c.steps = 1;
+  c.seed = 3;
+  c.batch = 6;
+  c.eval_batches = 1;
+  const nn::PrecisionRecipe recipe = *nn::PrecisionRecipe::parse("fp32");
+  nn::Trainer whole(c, recipe);
+  const nn::Batch batch = whole.data().batch(0);
+  const float want_loss = whole.forward(batch);
+  whole.backward();
+  const nn::TrainConfig shard_config = data_parallel_config(comm(), c);
+  nn::Trainer mine(shard_config, recipe);
+  const nn::TrainHooks hooks = data_parallel_hooks(comm(), ReducePayload::kFloat32, 6);
+  const auto [begin, end] = nn::batch_rows(6, comm().rank(), comm().size());
+  const float loss = hooks.agree_loss(mine, mine.forward(nn::slice_batch(batch, begin, end)));
+  mine.backward();
+  hooks.reduce_gradients(mine);
+  EXPECT_NEAR(loss, want_loss, 1e-5f * want_loss);
+  const auto a = whole.parameters(), b = mine.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const float* ga = a[i]->grad.data<float>();
+    const float* gb = b[i]->grad.data<float>();
+    float scale = 0.0f;
+    for (std::int64_t j = 0; j < a[i]->grad.numel(); ++j) scale = std::max(scale, std::fabs(ga[j]));
+    for (std::int64_t j = 0; j < a[i]->grad.numel(); ++j) {
+      ASSERT_NEAR(gb[j], ga[j], 1e-4f * scale + 1e-12f) << a[i]->name << " " << j;
+    }
+  }
+  EXPECT_TRUE(replicas_identical(comm(), mine.model()));
+  EXPECT_EQ(hooks.agree_nonfinite(mine, comm().rank() == comm().size() - 1 ? "non-finite loss" : ""),
+            comm().size() == 1
+                ? "non-finite loss"
+                : (comm().rank() == comm().size() - 1
+                       ? "non-finite loss"
+                       : "non-finite values on rank " + std::to_string(comm().size() - 1) + " (its guard's verdict)"));
 }
 
 }  // namespace

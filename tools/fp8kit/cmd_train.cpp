@@ -17,6 +17,7 @@
 #include "cli_common.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/dist/data_parallel.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/io/fp8_export.hpp"
 #include "fp8kit/io/train_checkpoint.hpp"
@@ -42,6 +43,7 @@ struct TrainArgs {
   bool export_input_scales = false;
   std::int64_t checkpoint_every = 0;
   bool force = false;
+  std::string parallel = "none", grad_reduce = "fp32";
   // Which options were given: a resumed run takes the others from its checkpoint.
   bool model_given = false, seed_given = false, batch_given = false, steps_given = false, data_given = false,
        conv_area_given = false;
@@ -263,6 +265,17 @@ void run(TrainArgs a) {
     export_options = resolve_fp8_export(recipes.front(), scheme, layout, a.export_input_scales);
   }
   if (a.threads > 0) set_num_threads(a.threads);
+  if (a.parallel != "none" && a.parallel != "ddp") {
+    throw UsageError("--parallel: '" + a.parallel + "' (use none or ddp; fsdp is not built yet)");
+  }
+  const std::optional<ReducePayload> grad_payload = parse_reduce_payload(a.grad_reduce);
+  if (!grad_payload) throw UsageError("--grad-reduce: '" + a.grad_reduce + "' (use fp32, bf16, fp8, e4m3, e5m2)");
+  const bool ddp = a.parallel == "ddp";
+  if (!ddp && a.grad_reduce != "fp32") throw UsageError("--grad-reduce needs --parallel ddp");
+  if (ddp && (!a.save_checkpoint.empty() || !a.resume.empty() || !a.export_fp8.empty())) {
+    throw UsageError("--parallel ddp does not save, resume or export checkpoints yet (run those without it)");
+  }
+  std::unique_ptr<Communicator> comm = ddp ? world_communicator() : nullptr;
   nn::TrainConfig config;
   config.model = a.model;
   config.steps = a.steps;
@@ -297,6 +310,9 @@ void run(TrainArgs a) {
                    static_cast<long long>(resumed->next_step), static_cast<long long>(a.steps));
     }
   }
+  if (comm) config = data_parallel_config(*comm, config);
+  const bool quiet = comm && comm->rank() != 0;  // one report, from rank 0
+  if (quiet) config.log_scales = false;
   std::optional<std::ofstream> scale_log;
   if (config.log_scales) {
     scale_log.emplace(a.log_scales, std::ios::binary | std::ios::trunc);
@@ -306,6 +322,8 @@ void run(TrainArgs a) {
   if (!a.profile.empty()) profiler.emplace();
 
   std::vector<nn::TrainResult> results;
+  std::vector<bool> identical;        // --parallel ddp: every rank's weights the same after each run
+  std::vector<CommStats> comm_bytes;  // --parallel ddp: what this rank handed to MPI over each run
   std::vector<std::vector<Profiler::Summary>> summaries;
   std::vector<ProfileEvent> trace;
   for (std::size_t ri = 0; ri < recipes.size(); ++ri) {
@@ -330,8 +348,20 @@ void run(TrainArgs a) {
         }
       }
     };
-    results.push_back(
-        train_with_checkpoints(config, recipe, checkpoint_options, profiler ? &*profiler : nullptr, on_step));
+    if (comm) {
+      nn::TrainHooks base;
+      if (!quiet) base.on_step = on_step;
+      base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+        identical.push_back(replicas_identical(*comm, t.model()));
+      };
+      comm->reset_stats();
+      results.push_back(nn::train(config, recipe, profiler ? &*profiler : nullptr,
+                                  data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config), std::move(base))));
+      comm_bytes.push_back(comm->stats());
+    } else {
+      results.push_back(
+          train_with_checkpoints(config, recipe, checkpoint_options, profiler ? &*profiler : nullptr, on_step));
+    }
     if (profiler) {
       summaries.push_back(profiler->summary());
       for (ProfileEvent e : profiler->events()) {
@@ -341,6 +371,7 @@ void run(TrainArgs a) {
       }
     }
   }
+  if (quiet) return;
   if (profiler) {
     Profiler combined;
     for (ProfileEvent& e : trace) combined.record(std::move(e));
@@ -362,6 +393,19 @@ void run(TrainArgs a) {
                           {"start_step", r.start_step}, {"losses", r.losses}};
       if (!std::isfinite(r.final_loss)) o["final_loss"] = nullptr;
       o["train_loss"] = std::isfinite(r.train_loss) ? nlohmann::json(r.train_loss) : nlohmann::json(nullptr);
+      if (comm) {
+        const std::size_t i = static_cast<std::size_t>(&r - results.data());
+        const auto per_step = [&](std::uint64_t bytes) {
+          return static_cast<double>(bytes) / static_cast<double>(a.steps);
+        };
+        o["ranks"] = comm->size();
+        o["parallel"] = a.parallel;
+        o["grad_reduce"] = std::string(name(*grad_payload));
+        o["comm_bytes_per_step"] = {{"all_gather", per_step(comm_bytes[i].all_gather_bytes)},
+                                    {"reduce_scatter", per_step(comm_bytes[i].reduce_scatter_bytes)},
+                                    {"all_reduce", per_step(comm_bytes[i].all_reduce_bytes)}};
+        o["replicas_identical"] = static_cast<bool>(identical[i]);
+      }
       if (!a.save_checkpoint.empty()) o["checkpoint"] = a.save_checkpoint;
       if (!a.export_fp8.empty()) o["export_fp8"] = a.export_fp8;
       if (fp32 != nullptr) {
@@ -379,6 +423,11 @@ void run(TrainArgs a) {
   std::printf("model %s, %lld parameters; data: %s; %lld steps, seed %llu, %d threads\n", a.model.c_str(),
               static_cast<long long>(results.front().parameters), results.front().data.c_str(),
               static_cast<long long>(a.steps), static_cast<unsigned long long>(a.seed), num_threads());
+  if (comm) {
+    std::printf("data parallel: %d ranks (%s), gradients summed in %s; replicas identical: %s\n", comm->size(),
+                std::string(comm->backend()).c_str(), std::string(name(*grad_payload)).c_str(),
+                std::all_of(identical.begin(), identical.end(), [](bool b) { return b; }) ? "yes" : "NO");
+  }
   std::printf("%-18s %12s %8s %12s %8s %11s %9s %8s\n", "recipe", "peak memory", "vs fp32", "step time", "vs fp32",
               "eval loss", "vs fp32", "skipped");
   for (const auto& r : results) {
@@ -457,6 +506,11 @@ void add_train_command(CLI::App& app) {
                   "quantize picks it)");
   cmd->add_flag("--export-input-scales", args->export_input_scales,
                 "Static activation scales in the export (input_scale per weight, from fp8-delayed's amax histories)");
+  cmd->add_option("--parallel", args->parallel,
+                  "none (default) or ddp: data parallel over the ranks of mpirun (each trains on its rows of the "
+                  "global --batch)");
+  cmd->add_option("--grad-reduce", args->grad_reduce,
+                  "Gradient payload of --parallel ddp: fp32 (default), bf16, fp8 (e5m2), e4m3, e5m2");
   cmd->add_flag("--force", args->force, "Replace existing --save-checkpoint / --export-fp8 outputs");
   cmd->callback([args, cmd] {
     TrainArgs a = *args;

@@ -41,7 +41,17 @@ struct TrainConfig {
   // Fault injection (tests, and `fp8kit train --inject-nan STEP` to see the guard work): at this step a NaN is
   // written into the first parameter's gradient after backward.
   std::optional<std::int64_t> inject_nan_step;
+  // Data parallelism: this process trains on shard `index` of `count` of every global batch (its rows
+  // batch_rows(global rows, index, count)); the held-out evaluation uses whole batches on every process.
+  struct BatchShard {
+    int index = 0, count = 1;
+  } batch_shard;
 };
+
+// Rows [begin, end) of a global batch of `rows` that shard `index` of `count` trains on: as even as rows allow.
+std::pair<std::int64_t, std::int64_t> batch_rows(std::int64_t rows, int index, int count);
+// Rows [begin, end) of a batch (inputs and targets along their first dimension), copied.
+Batch slice_batch(const Batch& batch, std::int64_t begin, std::int64_t end);
 
 // The learning rate of a step: linear warm-up over config.warmup_steps, then cosine decay from config.adamw.lr to a
 // tenth of it at the last step.
@@ -90,6 +100,9 @@ struct TrainHooks {
   // After backward (and the fault injection), before the guard: make the gradients the global ones (e.g. an
   // all-reduce of every parameter's gradient, averaged). Default: nothing (one process).
   std::function<void(Trainer&)> reduce_gradients;
+  // Right after forward: this rank's loss (the mean over its rows of the batch) made the run's (e.g. the mean over
+  // ranks weighted by their rows). Default: this rank's.
+  std::function<float(Trainer&, float)> agree_loss;
   // The guard's verdict made the same on every rank: given this rank's (what is not finite, empty when all is),
   // return the run's (e.g. any rank's non-empty one), so that all ranks skip a step or none does. The amaxes a
   // rank saw while quantizing are its own until agree_amax, hence this separate agreement. Default: this rank's.
@@ -108,7 +121,8 @@ struct TrainHooks {
 };
 
 // One run's model, data and optimizer, and the phases of a step as functions. train() calls, each step:
-//   batch -> forward -> backward -> [inject NaN] -> reduce_gradients -> nonfinite (the guard) -> agree_nonfinite ->
+//   batch (this shard's rows) -> forward -> agree_loss -> backward -> [inject NaN] -> reduce_gradients ->
+//   nonfinite (the guard) -> agree_nonfinite ->
 //     finite:  agree_amax -> optimizer_step -> update_scales
 //     else:    discard_scales (or throw NonfiniteAbort)
 //   -> zero_grad -> after_step (checkpoint)

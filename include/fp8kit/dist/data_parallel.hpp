@@ -1,0 +1,33 @@
+// Data-parallel training over a communicator (`fp8kit train --parallel ddp`): every rank holds the whole model and
+// trains on its rows of each global batch; the trainer's hooks make the loss, the gradients, the guard's verdict and
+// the delayed-scaling amaxes the run's, so every rank takes the same step and the replicas stay identical.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fp8kit/dist/communicator.hpp"
+#include "fp8kit/dist/fp8_collectives.hpp"
+#include "fp8kit/nn/train.hpp"
+
+namespace fp8kit {
+
+// config with its batch shard set for this rank of `comm` (the global batch is config's; batch_rows splits it).
+nn::TrainConfig data_parallel_config(const Communicator& comm, nn::TrainConfig config);
+
+// `base` with the data-parallel hooks (base's own reduce_gradients, agree_loss, agree_nonfinite and agree_amax are
+// replaced; the others kept):
+//   agree_loss        the mean over ranks weighted by their rows (an FP32 all-reduce);
+//   reduce_gradients  every parameter's gradient times this rank's share of the rows, then summed over ranks in
+//                     `payload` (all_reduce_sum, one per parameter: FP8 payloads get a scale per tensor);
+//   agree_nonfinite   any rank's verdict skips the step on every rank ("non-finite ... on rank r");
+//   agree_amax        every FP8 state's amaxes of this step, MAX over ranks (one batched all_reduce_amax).
+// `global_rows` is the rows of a global batch (batch_size(config)). The communicator must outlive the run.
+nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, std::int64_t global_rows,
+                                   nn::TrainHooks base = {});
+
+// A fingerprint of every parameter's bytes (16 hex digits, FNV-1a 64), and whether every rank has the same one.
+std::string parameter_fingerprint(nn::Model& model);
+bool replicas_identical(Communicator& comm, nn::Model& model);
+
+}  // namespace fp8kit

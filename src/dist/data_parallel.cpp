@@ -1,0 +1,93 @@
+// The data-parallel hooks of the trainer: the loss and the gradients summed over ranks (weighted by each rank's
+// rows), the guard's verdict and the delayed-scaling amaxes agreed, and the replica check.
+#include "fp8kit/dist/data_parallel.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "fp8kit/common/error.hpp"
+
+namespace fp8kit {
+
+nn::TrainConfig data_parallel_config(const Communicator& comm, nn::TrainConfig config) {
+  config.batch_shard = {comm.rank(), comm.size()};
+  return config;
+}
+
+nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, std::int64_t global_rows,
+                                   nn::TrainHooks base) {
+  const auto [begin, end] = nn::batch_rows(global_rows, comm.rank(), comm.size());
+  FP8KIT_CHECK(end > begin, "data parallel: a global batch of ", global_rows, " rows leaves rank ", comm.rank(), " of ",
+               comm.size(), " none (give --batch of at least ", comm.size(), ")");
+  // This rank's share of every global mean: its rows over all rows (exact where the rows split evenly in powers of
+  // two; otherwise one rounding).
+  const float share = static_cast<float>(end - begin) / static_cast<float>(global_rows);
+  Communicator* c = &comm;
+  base.agree_loss = [c, share](nn::Trainer&, float loss) {
+    float weighted = loss * share;
+    c->all_reduce(std::span<float>(&weighted, 1), ReduceOp::kSum);
+    return weighted;
+  };
+  base.reduce_gradients = [c, share, payload](nn::Trainer& t) {
+    for (nn::Parameter* p : t.parameters()) {
+      float* g = p->grad.data<float>();
+      const auto n = static_cast<std::size_t>(p->grad.numel());
+      if (share != 1.0f) {
+        for (std::size_t i = 0; i < n; ++i) g[i] *= share;
+      }
+      all_reduce_sum(*c, std::span<float>(g, n), payload);
+    }
+  };
+  base.agree_nonfinite = [c](nn::Trainer&, const std::string& bad) {
+    // The lowest rank with a verdict: size - rank for it, 0 for none; the MAX over ranks picks it.
+    float mine = bad.empty() ? 0.0f : static_cast<float>(c->size() - c->rank());
+    c->all_reduce(std::span<float>(&mine, 1), ReduceOp::kMax);
+    if (mine == 0.0f) return std::string();
+    const int rank = c->size() - static_cast<int>(mine);
+    return rank == c->rank() ? bad : "non-finite values on rank " + std::to_string(rank) + " (its guard's verdict)";
+  };
+  base.agree_amax = [c](nn::Trainer& t) {
+    std::vector<DelayedScaling*> states;
+    for (nn::Fp8LayerState* s : t.model().fp8_states()) {
+      for (DelayedScaling* d : {&s->input, &s->weight, &s->grad_output}) {
+        if (!d->history().empty()) states.push_back(d);
+      }
+    }
+    std::vector<float> amaxes;
+    for (DelayedScaling* d : states) amaxes.push_back(d->history()[0]);
+    all_reduce_amax(*c, amaxes);
+    // record() keeps the larger: every rank's slot becomes the run's maximum.
+    for (std::size_t i = 0; i < states.size(); ++i) states[i]->record(amaxes[i]);
+  };
+  return base;
+}
+
+std::string parameter_fingerprint(nn::Model& model) {
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (const nn::Parameter* p : model.parameters()) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(p->value.raw());
+    for (std::int64_t i = 0; i < p->value.nbytes(); ++i) {
+      h ^= bytes[i];
+      h *= 0x100000001b3ull;
+    }
+  }
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+
+bool replicas_identical(Communicator& comm, nn::Model& model) {
+  const std::string mine = parameter_fingerprint(model);
+  std::vector<char> all(mine.size() * static_cast<std::size_t>(comm.size()));
+  const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), mine.size());
+  comm.all_gather(std::as_bytes(std::span<const char>(mine.data(), mine.size())),
+                  std::as_writable_bytes(std::span<char>(all)), counts);
+  for (int r = 0; r < comm.size(); ++r) {
+    if (std::memcmp(all.data() + static_cast<std::size_t>(r) * mine.size(), mine.data(), mine.size()) != 0)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace fp8kit
