@@ -30,6 +30,17 @@ def require(*modules):
     sys.exit(SKIP)
 failed = 0
 
+# What OpenMPI needs to run the tests' jobs: as root (CI), on 2 cores with more ranks than cores, one OpenMP
+# thread per rank.
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+
+
+def under_mpirun(mpirun, ranks, cmd):
+    """cmd launched on `ranks` ranks by `mpirun` (oversubscribed, unbound); cmd itself for ranks 0."""
+    if ranks == 0:
+        return list(cmd)
+    return [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(ranks), *cmd]
+
 
 def check(name, ok, detail=""):
     global passed, failed

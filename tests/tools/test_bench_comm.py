@@ -7,12 +7,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import run_test_functions  # noqa: E402
+from checks import MPI_ENV, run_test_functions, under_mpirun  # noqa: E402
 
 BINARY = None
 MPIRUN = None
 TESTS = []
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 
 
 def test(fn):
@@ -21,10 +20,8 @@ def test(fn):
 
 
 def bench(ranks, *args):
-    cmd = [BINARY, "bench", "comm", *args]
-    if ranks > 1:
-        cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(ranks), *cmd]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=ENV)
+    cmd = under_mpirun(MPIRUN, ranks if ranks > 1 else 0, [BINARY, "bench", "comm", *args])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=MPI_ENV)
     return p.returncode, p.stdout, p.stderr
 
 

@@ -9,12 +9,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import run_test_functions  # noqa: E402
+from checks import MPI_ENV, run_test_functions, under_mpirun  # noqa: E402
 
 BINARY = None
 MPIRUN = None
 TESTS = []
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 
 
 def test(fn):
@@ -23,10 +22,8 @@ def test(fn):
 
 
 def train(ranks, *args):
-    cmd = [BINARY, "train", "--json", *args]
-    if ranks > 0:
-        cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(ranks), *cmd, "--parallel", "ddp"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    cmd = [BINARY, "train", "--json", *args] + (["--parallel", "ddp"] if ranks > 0 else [])
+    p = subprocess.run(under_mpirun(MPIRUN, ranks, cmd), capture_output=True, text=True, timeout=300, env=MPI_ENV)
     assert p.returncode == 0, (cmd, p.stderr)
     return json.loads(p.stdout)  # one JSON document: only rank 0 printed
 
@@ -61,7 +58,7 @@ def refusals_are_one_line_with_status_2():
     for args, needle in ((["--parallel", "fsdp"], "--parallel"), (["--grad-reduce", "fp8"], "needs --parallel ddp"),
                          (["--grad-reduce", "fp16", "--parallel", "ddp"], "--grad-reduce")):
         p = subprocess.run([BINARY, "train", "--steps", "1", *args], capture_output=True, text=True, timeout=60,
-                           env=ENV)
+                           env=MPI_ENV)
         assert p.returncode == 2 and needle in p.stderr and p.stderr.count("\n") == 1, (args, p.returncode, p.stderr)
 
 
