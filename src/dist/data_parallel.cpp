@@ -17,11 +17,12 @@ nn::TrainConfig data_parallel_config(const Communicator& comm, nn::TrainConfig c
 
 nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, std::int64_t global_rows,
                                    nn::TrainHooks base) {
+  // The same on every rank (all refuse together): every rank needs rows.
+  FP8KIT_CHECK(global_rows >= comm.size(), "data parallel: a global batch of ", global_rows, " rows leaves some of ",
+               comm.size(), " ranks none (give --batch of at least ", comm.size(), ")");
   const auto [begin, end] = nn::batch_rows(global_rows, comm.rank(), comm.size());
-  FP8KIT_CHECK(end > begin, "data parallel: a global batch of ", global_rows, " rows leaves rank ", comm.rank(), " of ",
-               comm.size(), " none (give --batch of at least ", comm.size(), ")");
-  // This rank's share of every global mean: its rows over all rows (exact where the rows split evenly in powers of
-  // two; otherwise one rounding).
+  // This rank's share of every global mean: its rows over all rows, rounded once to float (exact when the share is
+  // a power of two). The weighted sum of the ranks' means still rounds otherwise than one mean over all rows.
   const float share = static_cast<float>(end - begin) / static_cast<float>(global_rows);
   Communicator* c = &comm;
   base.agree_loss = [c, share](nn::Trainer&, float loss) {

@@ -32,7 +32,6 @@ def train(ranks, *args):
 def fp32_data_parallel_is_the_single_process_run():
     single = train(0, "--recipe", "fp32", "--steps", "4", "--batch", "8")[0]
     ddp = train(2, "--recipe", "fp32", "--steps", "4", "--batch", "8")[0]
-    assert ddp["losses"][0] == single["losses"][0], (ddp["losses"], single["losses"])  # before any update: exact
     for a, b in zip(ddp["losses"], single["losses"]):
         assert abs(a - b) <= 1e-5 * abs(b), (ddp["losses"], single["losses"])
     assert abs(ddp["final_loss"] - single["final_loss"]) <= 1e-4 * single["final_loss"]
@@ -56,6 +55,7 @@ def fp8_delayed_replicas_stay_identical_and_close():
 @test
 def refusals_are_one_line_with_status_2():
     for args, needle in ((["--parallel", "fsdp"], "--parallel"), (["--grad-reduce", "fp8"], "needs --parallel ddp"),
+                         (["--grad-reduce", "fp32"], "needs --parallel ddp"),
                          (["--grad-reduce", "fp16", "--parallel", "ddp"], "--grad-reduce")):
         p = subprocess.run([BINARY, "train", "--steps", "1", *args], capture_output=True, text=True, timeout=60,
                            env=MPI_ENV)

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -56,13 +57,13 @@ std::uint64_t available_memory() {
 }
 
 // Refuses a --bytes whose buffers would not fit in memory (the kernel would kill the process part-way instead).
-void check_memory(std::size_t needed, const std::string& bytes_text) {
+void check_memory(std::size_t needed, const std::string& bytes_text, const char* option = "--bytes") {
   const std::uint64_t available = available_memory();
   if (available != 0 && needed > available) {
     throw UsageError(
-        fmt::format("--bytes {} needs {:.1f} GB of memory for its buffers and {:.1f} GB is available; "
+        fmt::format("{} {} needs {:.1f} GB of memory for its buffers and {:.1f} GB is available; "
                     "use a smaller size",
-                    bytes_text, static_cast<double>(needed) / 1e9, static_cast<double>(available) / 1e9));
+                    option, bytes_text, static_cast<double>(needed) / 1e9, static_cast<double>(available) / 1e9));
   }
 }
 
@@ -462,7 +463,11 @@ void run_bench_comm(bool json, const std::string& sizes_text, int reps) {
   }
   std::size_t largest = 0;
   for (std::size_t s : sizes) largest = std::max(largest, s);
-  check_memory(4 * largest, sizes_text);  // the payload, the work copy and the gathered FP8 and bf16 buffers
+  // Per rank about 6 payloads at the largest size (the values, the work copy, the encoded copy, the exchanged parts,
+  // the decode buffer, the gathered codes), for every rank on this machine (they share its memory).
+  std::size_t local_ranks = 1;
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(v));
+  check_memory(6 * largest * local_ranks, sizes_text, "--sizes");
   std::unique_ptr<Communicator> comm = world_communicator();
   const std::vector<bench::CommResult> results = bench::run_comm_bench(*comm, sizes, reps);
   if (comm->rank() != 0) return;  // one report, from rank 0 (every rank has the same results)

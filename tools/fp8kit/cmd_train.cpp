@@ -43,7 +43,7 @@ struct TrainArgs {
   bool export_input_scales = false;
   std::int64_t checkpoint_every = 0;
   bool force = false;
-  std::string parallel = "none", grad_reduce = "fp32";
+  std::string parallel = "none", grad_reduce;  // grad_reduce empty: fp32 (and not given)
   // Which options were given: a resumed run takes the others from its checkpoint.
   bool model_given = false, seed_given = false, batch_given = false, steps_given = false, data_given = false,
        conv_area_given = false;
@@ -268,14 +268,22 @@ void run(TrainArgs a) {
   if (a.parallel != "none" && a.parallel != "ddp") {
     throw UsageError("--parallel: '" + a.parallel + "' (use none or ddp; fsdp is not built yet)");
   }
-  const std::optional<ReducePayload> grad_payload = parse_reduce_payload(a.grad_reduce);
+  const std::optional<ReducePayload> grad_payload =
+      parse_reduce_payload(a.grad_reduce.empty() ? "fp32" : a.grad_reduce);
   if (!grad_payload) throw UsageError("--grad-reduce: '" + a.grad_reduce + "' (use fp32, bf16, fp8, e4m3, e5m2)");
   const bool ddp = a.parallel == "ddp";
-  if (!ddp && a.grad_reduce != "fp32") throw UsageError("--grad-reduce needs --parallel ddp");
+  if (!ddp && !a.grad_reduce.empty()) throw UsageError("--grad-reduce needs --parallel ddp");
   if (ddp && (!a.save_checkpoint.empty() || !a.resume.empty() || !a.export_fp8.empty())) {
     throw UsageError("--parallel ddp does not save, resume or export checkpoints yet (run those without it)");
   }
   std::unique_ptr<Communicator> comm = ddp ? world_communicator() : nullptr;
+  if (comm && (a.batch_given ? a.batch : nn::batch_size(nn::TrainConfig{.model = a.model})) < comm->size()) {
+    // The same on every rank: all refuse together.
+    throw UsageError("--parallel ddp over " + std::to_string(comm->size()) +
+                     " ranks needs a global --batch of at "
+                     "least " +
+                     std::to_string(comm->size()) + " (each rank trains on its rows of it)");
+  }
   nn::TrainConfig config;
   config.model = a.model;
   config.steps = a.steps;
@@ -316,7 +324,17 @@ void run(TrainArgs a) {
   std::optional<std::ofstream> scale_log;
   if (config.log_scales) {
     scale_log.emplace(a.log_scales, std::ios::binary | std::ios::trunc);
-    if (!*scale_log) throw UsageError("--log-scales: cannot write '" + a.log_scales + "'");
+    bool opened = static_cast<bool>(*scale_log);
+    if (comm) {
+      float failed = opened ? 0.0f : 1.0f;  // only rank 0 opens it: every rank refuses together
+      comm->all_reduce(std::span<float>(&failed, 1), ReduceOp::kMax);
+      opened = failed == 0.0f;
+    }
+    if (!opened) throw UsageError("--log-scales: cannot write '" + a.log_scales + "'");
+  } else if (comm && !a.log_scales.empty()) {
+    float failed = 0.0f;
+    comm->all_reduce(std::span<float>(&failed, 1), ReduceOp::kMax);
+    if (failed != 0.0f) throw UsageError("--log-scales: rank 0 cannot write '" + a.log_scales + "'");
   }
   std::optional<Profiler> profiler;
   if (!a.profile.empty()) profiler.emplace();
@@ -352,12 +370,12 @@ void run(TrainArgs a) {
       nn::TrainHooks base;
       if (!quiet) base.on_step = on_step;
       base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+        comm_bytes.push_back(comm->stats());  // the run's, before the replica check's own all-gather
         identical.push_back(replicas_identical(*comm, t.model()));
       };
       comm->reset_stats();
       results.push_back(nn::train(config, recipe, profiler ? &*profiler : nullptr,
                                   data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config), std::move(base))));
-      comm_bytes.push_back(comm->stats());
     } else {
       results.push_back(
           train_with_checkpoints(config, recipe, checkpoint_options, profiler ? &*profiler : nullptr, on_step));
