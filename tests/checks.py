@@ -31,8 +31,9 @@ def require(*modules):
 failed = 0
 
 # What OpenMPI needs to run the tests' jobs: as root (CI), on 2 cores with more ranks than cores, one OpenMP
-# thread per rank.
-MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+# thread per rank, and no single-copy shared memory (containers without ptrace rights refuse it mid-message).
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none")
 
 
 def under_mpirun(mpirun, ranks, cmd):
