@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/fingerprint.hpp"
 #include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
@@ -65,17 +66,11 @@ nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, st
 }
 
 std::string parameter_fingerprint(nn::Model& model) {
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  detail::Fingerprint f;
   for (const nn::Parameter* p : model.parameters()) {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(p->value.raw());
-    for (std::int64_t i = 0; i < p->value.nbytes(); ++i) {
-      h ^= bytes[i];
-      h *= 0x100000001b3ull;
-    }
+    f.add(std::span<const std::byte>(p->value.raw(), static_cast<std::size_t>(p->value.nbytes())));
   }
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
-  return text;
+  return f.hex();
 }
 
 bool replicas_identical(Communicator& comm, nn::Model& model) {

@@ -12,6 +12,7 @@
 #include <set>
 #include <system_error>
 
+#include "common/fingerprint.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
 #include "fp8kit/io/fp8_export.hpp"
@@ -239,17 +240,12 @@ std::string data_fingerprint(const TrainConfig& config) {
   if (config.data_path.empty()) return {};
   std::ifstream in(config.data_path, std::ios::binary);
   FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", config.data_path, "' (check the path)");
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  detail::Fingerprint f;
   char buf[1 << 16];
   while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) {
-      h ^= static_cast<unsigned char>(buf[i]);
-      h *= 0x100000001b3ull;
-    }
+    f.add(std::as_bytes(std::span<const char>(buf, static_cast<std::size_t>(in.gcount()))));
   }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-  return hex;
+  return f.hex();
 }
 
 void save_train_checkpoint(const fs::path& path, const TrainConfig& config, const PrecisionRecipe& recipe, Model& model,
