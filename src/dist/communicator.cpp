@@ -117,10 +117,10 @@ void Communicator::reduce_scatter(std::span<const float> send, std::span<float> 
 
 void Communicator::all_reduce(std::span<float> data, ReduceOp op) {
   const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
-  // Equal parts (the first ones one longer), reduced by their owner, then gathered back.
+  // even_split's parts, each reduced by its owner, then gathered back.
   std::vector<std::size_t> counts(n), bytes(n);
   for (std::size_t r = 0; r < n; ++r) {
-    counts[r] = data.size() / n + (r < data.size() % n ? 1 : 0);
+    counts[r] = even_part(data.size(), static_cast<int>(r), size());
     bytes[r] = counts[r] * sizeof(float);
   }
   std::vector<float> mine(counts[me]);

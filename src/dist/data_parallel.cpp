@@ -21,7 +21,7 @@ nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, st
   // The same on every rank (all refuse together): every rank needs rows.
   FP8KIT_CHECK(global_rows >= comm.size(), "data parallel: a global batch of ", global_rows, " rows leaves some of ",
                comm.size(), " ranks none (give --batch of at least ", comm.size(), ")");
-  const auto [begin, end] = nn::batch_rows(global_rows, comm.rank(), comm.size());
+  const auto [begin, end] = even_split(global_rows, comm.rank(), comm.size());
   // This rank's share of every global mean: its rows over all rows, rounded once to float (exact when the share is
   // a power of two). The weighted sum of the ranks' means still rounds otherwise than one mean over all rows.
   const float share = static_cast<float>(end - begin) / static_cast<float>(global_rows);

@@ -23,11 +23,9 @@ std::int64_t shard_block_rows(const Granularity& granularity, std::int64_t rows)
 }
 
 RowShard shard_rows(std::int64_t rows, std::int64_t block_rows, int rank, int ranks) {
-  FP8KIT_CHECK(rows >= 0 && block_rows >= 1 && ranks >= 1 && rank >= 0 && rank < ranks, "shard_rows: ", rows,
-               " rows in blocks of ", block_rows, " for rank ", rank, " of ", ranks, " (rows >= 0, blocks >= 1, ",
-               "0 <= rank < ranks)");
-  const std::int64_t blocks = ceil_div(rows, block_rows);
-  const std::int64_t b0 = blocks * rank / ranks, b1 = blocks * (rank + 1) / ranks;
+  FP8KIT_CHECK(rows >= 0 && block_rows >= 1, "shard_rows: ", rows, " rows in blocks of ", block_rows,
+               " (rows >= 0, blocks >= 1)");
+  const auto [b0, b1] = even_split(ceil_div(rows, block_rows), rank, ranks);  // whole blocks
   return {std::min(rows, b0 * block_rows), std::min(rows, b1 * block_rows)};
 }
 
@@ -318,7 +316,7 @@ void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::sp
 void all_reduce_sum(Communicator& comm, std::span<float> data, ReducePayload payload) {
   const auto n = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
   std::vector<std::size_t> counts(n);
-  for (std::size_t r = 0; r < n; ++r) counts[r] = data.size() / n + (r < data.size() % n ? 1 : 0);
+  for (std::size_t r = 0; r < n; ++r) counts[r] = even_part(data.size(), static_cast<int>(r), comm.size());
   const CommStats before = comm.stats();
   std::vector<float> mine(counts[me]);
   reduce_scatter_sum(comm, data, mine, counts, payload);

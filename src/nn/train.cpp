@@ -178,12 +178,6 @@ void Trainer::zero_grad() {
   AdamW::zero_grad(params_);
 }
 
-std::pair<std::int64_t, std::int64_t> batch_rows(std::int64_t rows, int index, int count) {
-  FP8KIT_CHECK(count >= 1 && index >= 0 && index < count, "batch_rows: shard ", index, " of ", count,
-               " (0 <= index < count)");
-  return {rows * index / count, rows * (index + 1) / count};
-}
-
 Batch slice_batch(const Batch& batch, std::int64_t begin, std::int64_t end) {
   auto rows_of = [&](const Tensor& t) {
     FP8KIT_CHECK(t.dim() >= 1 && begin >= 0 && begin <= end && end <= t.size(0), "slice_batch: rows ", begin, " to ",
@@ -201,7 +195,7 @@ Batch slice_batch(const Batch& batch, std::int64_t begin, std::int64_t end) {
 StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgress& progress) {
   Batch batch = data_->batch(step);
   if (config_.batch_shard.count > 1) {
-    const auto [begin, end] = batch_rows(batch.inputs.size(0), config_.batch_shard.index, config_.batch_shard.count);
+    const auto [begin, end] = even_split(batch.inputs.size(0), config_.batch_shard.index, config_.batch_shard.count);
     batch = slice_batch(batch, begin, end);
   }
   const auto t0 = std::chrono::steady_clock::now();

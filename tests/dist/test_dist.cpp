@@ -353,7 +353,7 @@ TEST(DataParallel, LossAndGradientsAreTheGlobalBatchs) {
   const nn::TrainConfig shard_config = data_parallel_config(comm(), c);
   nn::Trainer mine(shard_config, recipe);
   const nn::TrainHooks hooks = data_parallel_hooks(comm(), ReducePayload::kFloat32, 6);
-  const auto [begin, end] = nn::batch_rows(6, comm().rank(), comm().size());
+  const auto [begin, end] = even_split(6, comm().rank(), comm().size());
   const float loss = hooks.agree_loss(mine, mine.forward(nn::slice_batch(batch, begin, end)));
   mine.backward();
   hooks.reduce_gradients(mine);

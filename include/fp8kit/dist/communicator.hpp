@@ -10,7 +10,15 @@
 #include <string>
 #include <string_view>
 
+#include "fp8kit/common/even_split.hpp"
+
 namespace fp8kit {
+
+// The size of part `index` of `count` of n elements (even_split's): how all_reduce splits its data.
+inline std::size_t even_part(std::size_t n, int index, int count) {
+  const auto [begin, end] = even_split(static_cast<std::int64_t>(n), index, count);
+  return static_cast<std::size_t>(end - begin);
+}
 
 enum class ReduceOp : std::uint8_t { kSum, kMax };
 
@@ -52,7 +60,7 @@ class Communicator {
   // `data` of rank `root` to every rank (the same size on every rank). Counts data.size() bytes on the root.
   void broadcast(std::span<std::byte> data, int root);
   // Element-wise over ranks, in place; sums in FP32 in rank order (the same bits on every rank and for every
-  // backend), max exact (NaN wins). A reduce-scatter then an all-gather of equal parts: counts what both hand to
+  // backend), max exact (NaN wins). A reduce-scatter then an all-gather of even_split parts: counts what both hand to
   // the backend, data.size() x 4 bytes (the other ranks' parts, then its own).
   void all_reduce(std::span<float> data, ReduceOp op);
   // recv = the reduction over ranks of this rank's part of `send`: send holds size() parts, part r of counts[r]

@@ -12,7 +12,7 @@
 
 namespace fp8kit {
 
-// config with its batch shard set for this rank of `comm` (the global batch is config's; batch_rows splits it).
+// config with its batch shard set for this rank of `comm` (the global batch is config's; even_split splits it).
 nn::TrainConfig data_parallel_config(const Communicator& comm, nn::TrainConfig config);
 
 // `base` with the data-parallel hooks (base's own reduce_gradients, agree_loss, agree_nonfinite and agree_amax are

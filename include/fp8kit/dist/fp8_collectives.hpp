@@ -15,8 +15,8 @@
 namespace fp8kit {
 
 // Rows [begin, end) of a `rows`-row matrix that rank `rank` of `ranks` holds: whole blocks of `block_rows` rows
-// (the granularity's; the last block may be short), spread as evenly as whole blocks allow, in rank order. Shards
-// may be empty (more ranks than blocks).
+// (the granularity's; the last block may be short), the blocks split by even_split, in rank order. Shards may be
+// empty (more ranks than blocks).
 struct RowShard {
   std::int64_t begin = 0, end = 0;
   std::int64_t rows() const { return end - begin; }

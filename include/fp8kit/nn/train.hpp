@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8kit/common/even_split.hpp"
 #include "fp8kit/nn/model.hpp"
 #include "fp8kit/nn/optim.hpp"
 #include "fp8kit/nn/precision.hpp"
@@ -42,14 +43,12 @@ struct TrainConfig {
   // written into the first parameter's gradient after backward.
   std::optional<std::int64_t> inject_nan_step;
   // Data parallelism: this process trains on shard `index` of `count` of every global batch (its rows
-  // batch_rows(global rows, index, count)); the held-out evaluation uses whole batches on every process.
+  // even_split(global rows, index, count)); the held-out evaluation uses whole batches on every process.
   struct BatchShard {
     int index = 0, count = 1;
   } batch_shard;
 };
 
-// Rows [begin, end) of a global batch of `rows` that shard `index` of `count` trains on: as even as rows allow.
-std::pair<std::int64_t, std::int64_t> batch_rows(std::int64_t rows, int index, int count);
 // Rows [begin, end) of a batch (inputs and targets along their first dimension), copied.
 Batch slice_batch(const Batch& batch, std::int64_t begin, std::int64_t end);
 
