@@ -28,13 +28,15 @@ std::size_t sum_of(std::span<const std::size_t> counts) {
   return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
 }
 
-void check_counts(const Communicator& c, std::string_view what, std::string_view prefix,
-                  std::span<const std::size_t> counts, std::size_t total, std::size_t own) {
-  FP8KIT_CHECK(static_cast<int>(counts.size()) == c.size(), prefix, ": ", counts.size(), " counts for ", c.size(),
+// `where` builds the message prefix only when a check fails (these run on every collective).
+template <typename Where>
+void check_counts(const Communicator& c, std::string_view what, const Where& where, std::span<const std::size_t> counts,
+                  std::size_t total, std::size_t own) {
+  FP8KIT_CHECK(static_cast<int>(counts.size()) == c.size(), where(), ": ", counts.size(), " counts for ", c.size(),
                " ranks (give one per rank)");
-  FP8KIT_CHECK(sum_of(counts) == total, prefix, ": the counts add up to ", sum_of(counts), " ", what, ", the buffer ",
-               "holds ", total);
-  FP8KIT_CHECK(counts[static_cast<std::size_t>(c.rank())] == own, prefix, ": this rank's count is ",
+  FP8KIT_CHECK(sum_of(counts) == total, where(), ": the counts add up to ", sum_of(counts), " ", what,
+               ", the buffer holds ", total);
+  FP8KIT_CHECK(counts[static_cast<std::size_t>(c.rank())] == own, where(), ": this rank's count is ",
                counts[static_cast<std::size_t>(c.rank())], " ", what, " but it passes ", own);
 }
 
@@ -49,7 +51,8 @@ float combine(float a, float b, ReduceOp op) {
 
 void Communicator::all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
                               std::span<const std::size_t> counts) {
-  check_counts(*this, "bytes", where("all_gather"), counts, recv.size(), send.size());
+  check_counts(
+      *this, "bytes", [this] { return where("all_gather"); }, counts, recv.size(), send.size());
   FP8KIT_CHECK(recv.size() <= kMaxCollectiveBytes, where("all_gather"), ": ", recv.size(), " bytes pass the ",
                kMaxCollectiveBytes, " bytes one collective moves (split the payload)");
   ++stats_.calls;
@@ -69,15 +72,14 @@ void Communicator::broadcast(std::span<std::byte> data, int root) {
 
 void Communicator::all_to_all(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
                               std::span<std::byte> recv, std::span<const std::size_t> recv_counts) {
-  const std::string at = where("all_to_all");
-  FP8KIT_CHECK(static_cast<int>(send_counts.size()) == size() && static_cast<int>(recv_counts.size()) == size(), at,
-               ": ", send_counts.size(), " send and ", recv_counts.size(), " receive counts for ", size(),
-               " ranks (give one per rank)");
-  FP8KIT_CHECK(sum_of(send_counts) == send.size() && sum_of(recv_counts) == recv.size(), at, ": the counts add up to ",
-               sum_of(send_counts), " and ", sum_of(recv_counts), " bytes, the buffers hold ", send.size(), " and ",
-               recv.size());
+  FP8KIT_CHECK(static_cast<int>(send_counts.size()) == size() && static_cast<int>(recv_counts.size()) == size(),
+               where("all_to_all"), ": ", send_counts.size(), " send and ", recv_counts.size(), " receive counts for ",
+               size(), " ranks (give one per rank)");
+  FP8KIT_CHECK(sum_of(send_counts) == send.size() && sum_of(recv_counts) == recv.size(), where("all_to_all"),
+               ": the counts add up to ", sum_of(send_counts), " and ", sum_of(recv_counts),
+               " bytes, the buffers hold ", send.size(), " and ", recv.size());
   const auto me = static_cast<std::size_t>(rank());
-  FP8KIT_CHECK(send_counts[me] == recv_counts[me], at, ": this rank sends itself ", send_counts[me],
+  FP8KIT_CHECK(send_counts[me] == recv_counts[me], where("all_to_all"), ": this rank sends itself ", send_counts[me],
                " bytes but expects ", recv_counts[me]);
   ++stats_.calls;
   stats_.all_to_all_bytes += send.size() - send_counts[me];
@@ -93,7 +95,8 @@ void Communicator::count_as(const CommStats& before, std::uint64_t CommStats::*i
 
 void Communicator::reduce_scatter(std::span<const float> send, std::span<float> recv,
                                   std::span<const std::size_t> counts, ReduceOp op) {
-  check_counts(*this, "floats", where("reduce_scatter"), counts, send.size(), recv.size());
+  check_counts(
+      *this, "floats", [this] { return where("reduce_scatter"); }, counts, send.size(), recv.size());
   const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
   // From the counts alone, the same on every rank: every rank refuses together, none is left in the backend.
   const std::size_t largest = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());

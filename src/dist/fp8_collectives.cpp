@@ -230,22 +230,16 @@ float agreed_scale(Communicator& comm, std::span<const float> values, ReducePayl
   return compute_scale(amax, format_of(payload), ScaleOptions{0, 0.0f, ScaleRounding::kPowerOfTwoDown});
 }
 
-// values * scale in the payload, as bytes.
+// values * scale in the payload (bf16 or FP8: fp32 sums are the communicator's own), as bytes.
 std::vector<std::byte> encode(std::span<const float> values, ReducePayload payload, float scale) {
   std::vector<std::byte> out(values.size() * payload_bytes(payload));
   if (values.empty()) return out;
-  switch (payload) {
-    case ReducePayload::kFloat32:
-      std::memcpy(out.data(), values.data(), out.size());
-      break;
-    case ReducePayload::kBfloat16: {
-      auto* b = reinterpret_cast<bfloat16*>(out.data());
-      for (std::size_t i = 0; i < values.size(); ++i) b[i] = bfloat16::from_float(values[i]);
-      break;
-    }
-    default:
-      cast_to_fp8(values, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.data()), values.size()),
-                  CastOptions{format_of(payload), Overflow::kNonSaturating, Rounding::kNearestEven, scale});
+  if (payload == ReducePayload::kBfloat16) {
+    auto* b = reinterpret_cast<bfloat16*>(out.data());
+    for (std::size_t i = 0; i < values.size(); ++i) b[i] = bfloat16::from_float(values[i]);
+  } else {
+    cast_to_fp8(values, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out.data()), values.size()),
+                CastOptions{format_of(payload), Overflow::kNonSaturating, Rounding::kNearestEven, scale});
   }
   return out;
 }
@@ -253,37 +247,25 @@ std::vector<std::byte> encode(std::span<const float> values, ReducePayload paylo
 // n values of the payload at `bytes`, times scale_inv, into out (added when `add`: out[i] + v, in that order).
 void decode_into(const std::byte* bytes, std::size_t n, ReducePayload payload, float scale_inv, float* out, bool add) {
   if (n == 0) return;
-  thread_local std::vector<float> decoded;
-  const float* v = nullptr;
-  switch (payload) {
-    case ReducePayload::kFloat32:
-      if (!add) {
-        std::memcpy(out, bytes, n * sizeof(float));
-        return;
-      }
-      decoded.resize(n);
-      std::memcpy(decoded.data(), bytes, n * sizeof(float));
-      v = decoded.data();
-      break;
-    case ReducePayload::kBfloat16: {
-      decoded.resize(n);
-      std::vector<bfloat16> b(n);
-      std::memcpy(b.data(), bytes, n * sizeof(bfloat16));
-      for (std::size_t i = 0; i < n; ++i) decoded[i] = b[i].to_float();
-      v = decoded.data();
-      break;
+  float* into = out;
+  thread_local std::vector<float> decoded;  // where an added part is decoded first
+  if (add) {
+    decoded.resize(n);
+    into = decoded.data();
+  }
+  if (payload == ReducePayload::kBfloat16) {
+    for (std::size_t i = 0; i < n; ++i) {
+      bfloat16 b;
+      std::memcpy(&b, bytes + 2 * i, 2);
+      into[i] = b.to_float();
     }
-    default:
-      // decode * scale_inv in float32: exact (scale_inv is a power of two), as the scalar codec's product
-      decoded.resize(n);
-      cast_from_fp8(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes), n), format_of(payload),
-                    std::span<float>(decoded), scale_inv);
-      v = decoded.data();
+  } else {
+    // decode * scale_inv in float32: exact (scale_inv is a power of two), as the scalar codec's product
+    cast_from_fp8(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes), n), format_of(payload),
+                  std::span<float>(into, n), scale_inv);
   }
   if (add) {
-    for (std::size_t i = 0; i < n; ++i) out[i] += v[i];
-  } else {
-    std::memcpy(out, v, n * sizeof(float));
+    for (std::size_t i = 0; i < n; ++i) out[i] += into[i];
   }
 }
 
@@ -298,6 +280,7 @@ void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::sp
   for (std::size_t c : counts) total += c;
   FP8KIT_CHECK(total == send.size() && counts[me] == recv.size(), where, ": the counts add up to ", total,
                " floats with ", counts[me], " for this rank; the buffers hold ", send.size(), " and ", recv.size());
+  if (payload == ReducePayload::kFloat32) return comm.reduce_scatter(send, recv, counts, ReduceOp::kSum);
   const CommStats before = comm.stats();
   const float scale = agreed_scale(comm, send, payload);
   const float scale_inv = 1.0f / scale;  // exact: a power of two
@@ -314,6 +297,7 @@ void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::sp
 }
 
 void all_reduce_sum(Communicator& comm, std::span<float> data, ReducePayload payload) {
+  if (payload == ReducePayload::kFloat32) return comm.all_reduce(data, ReduceOp::kSum);
   const auto n = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
   std::vector<std::size_t> counts(n);
   for (std::size_t r = 0; r < n; ++r) counts[r] = even_part(data.size(), static_cast<int>(r), comm.size());
