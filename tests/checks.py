@@ -36,6 +36,21 @@ MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CO
                OMPI_MCA_btl_vader_single_copy_mechanism="none")
 
 
+def mpi_script_arguments(argv):
+    """(binary, mpirun) from a CLI test script's arguments: the fp8kit binary, then mpirun (empty or absent where the
+    build has no MPI backend: None)."""
+    return argv[1], (argv[2] if len(argv) > 2 and argv[2] else None)
+
+
+class TestList(list):
+    """The test functions of a script, in order: decorate each with an instance (@test), run them with
+    run_test_functions(test)."""
+
+    def __call__(self, fn):
+        self.append(fn)
+        return fn
+
+
 def under_mpirun(mpirun, ranks, cmd):
     """cmd launched on `ranks` ranks by `mpirun` (oversubscribed, unbound); cmd itself for ranks 0."""
     if ranks == 0:

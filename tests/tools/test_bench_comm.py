@@ -7,16 +7,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import MPI_ENV, run_test_functions, under_mpirun  # noqa: E402
+from checks import MPI_ENV, TestList, mpi_script_arguments, run_test_functions, under_mpirun  # noqa: E402
 
 BINARY = None
 MPIRUN = None
-TESTS = []
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
+test = TestList()
 
 
 def bench(ranks, *args):
@@ -73,6 +68,5 @@ def refusals_are_one_line_with_status_2():
 
 
 if __name__ == "__main__":
-    BINARY = sys.argv[1]
-    MPIRUN = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
-    sys.exit(run_test_functions(TESTS))
+    BINARY, MPIRUN = mpi_script_arguments(sys.argv)
+    sys.exit(run_test_functions(test))

@@ -9,16 +9,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from checks import MPI_ENV, run_test_functions, under_mpirun  # noqa: E402
+from checks import MPI_ENV, TestList, mpi_script_arguments, run_test_functions, under_mpirun  # noqa: E402
 
 BINARY = None
 MPIRUN = None
-TESTS = []
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
+test = TestList()
 
 
 def train(ranks, *args):
@@ -63,9 +58,8 @@ def refusals_are_one_line_with_status_2():
 
 
 if __name__ == "__main__":
-    BINARY = sys.argv[1]
-    MPIRUN = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
+    BINARY, MPIRUN = mpi_script_arguments(sys.argv)
     if MPIRUN is None:
         print("skip: this build has no MPI backend (install libopenmpi-dev openmpi-bin and reconfigure)")
         sys.exit(77 if os.environ.get("CI") != "true" else 1)
-    sys.exit(run_test_functions(TESTS))
+    sys.exit(run_test_functions(test))
