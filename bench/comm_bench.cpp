@@ -87,7 +87,9 @@ std::vector<CommResult> run_comm_bench(Communicator& comm, const std::vector<std
             };
           } else {
             const QuantizeOptions q{d.payload == ReducePayload::kE4m3 ? Format::e4m3fn : Format::e5m2,
-                                    Overflow::kSaturate, Granularity::tensor()};
+                                    Overflow::kSaturate,
+                                    Granularity::tensor(),
+                                    {}};
             fn = [&, q] {
               const ScaledTensor mine = quantize_shard(
                   comm, MatrixRef(x.data(), static_cast<std::int64_t>(shard / cols), static_cast<std::int64_t>(cols)),

@@ -143,6 +143,7 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return 1; }
   std::string_view backend() const override { return "local"; }
   void barrier() override {}
+  [[noreturn]] void abort(int status) override { std::_Exit(status); }
 
  protected:
   void all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv,
@@ -167,6 +168,13 @@ bool launched_by_mpi() {
     if (std::getenv(v) != nullptr) return true;
   }
   return false;
+}
+
+int launcher_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* r = std::getenv(v)) return std::atoi(r);
+  }
+  return 0;
 }
 
 std::unique_ptr<Communicator> world_communicator() {

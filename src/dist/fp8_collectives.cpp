@@ -17,11 +17,6 @@
 
 namespace fp8kit {
 
-std::int64_t shard_block_rows(const Granularity& granularity, std::int64_t rows) {
-  if (granularity.kind == Granularity::Kind::kTensor) return 1;  // one agreed scale: any rows
-  return std::max<std::int64_t>(1, granularity.rows_per_block(std::max<std::int64_t>(rows, 1)));
-}
-
 RowShard shard_rows(std::int64_t rows, std::int64_t block_rows, int rank, int ranks) {
   FP8KIT_CHECK(rows >= 0 && block_rows >= 1, "shard_rows: ", rows, " rows in blocks of ", block_rows,
                " (rows >= 0, blocks >= 1)");
@@ -51,10 +46,14 @@ ScaledTensor quantize_shard(Communicator& comm, MatrixRef shard, const QuantizeO
 
 namespace {
 
+// Which way shards are cut: rank r holds rows (or columns) shard_rows(total, block, r, size) of the matrix.
+enum class Axis : std::uint8_t { kRows, kCols };
+
 // What every rank says of its shard before the data moves.
 struct ShardHeader {
-  std::int64_t total_rows, rows, cols, block_rows, block_cols;
-  std::uint32_t scale_bits;  // per tensor: the one scale
+  std::int64_t total, rows, cols, block_rows, block_cols;  // total: the whole matrix's rows (kRows) or columns
+  std::int64_t cut;                                        // shards are whole multiples of it along the axis
+  std::uint32_t scale_bits;                                // per tensor: the one scale
   std::uint8_t format, overflow, kind, mx_mode;
   std::uint8_t valid;  // the shard's buffers hold what its shape and granularity need
   std::uint8_t padding[7];
@@ -80,98 +79,216 @@ bool buffers_fit(const ScaledTensor& s) {
          (s.granularity.kind != Granularity::Kind::kMx || s.scale_e8m0.size() == blocks);
 }
 
-}  // namespace
+// Rank r's slab of `rows` rows of widths[r] bytes each, slabs back to back in rank order, as `rows` rows of all the
+// slabs side by side (the column shards of a matrix, gathered, put together).
+void interleave(const std::byte* slabs, std::span<const std::size_t> widths, std::size_t rows, std::byte* out) {
+  std::size_t stride = 0;
+  for (std::size_t w : widths) stride += w;
+  std::size_t at = 0;
+  for (std::size_t r = 0, offset = 0; r < widths.size(); offset += widths[r], ++r) {
+    if (widths[r] == 0) continue;
+    for (std::size_t i = 0; i < rows; ++i, at += widths[r])
+      std::memcpy(out + i * stride + offset, slabs + at, widths[r]);
+  }
+}
 
-ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std::int64_t rows) {
+// Every rank's `mine` (bytes_of(header r) bytes from rank r), in rank order; along kCols, the slabs of `slab_rows`
+// rows put side by side.
+template <class T, class BytesOf>
+void gather(Communicator& comm, std::span<const T> mine, std::span<T> out, std::span<const ShardHeader> all,
+            BytesOf bytes_of, Axis axis, std::size_t slab_rows) {
+  std::vector<std::size_t> counts(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r) counts[r] = bytes_of(all[r]) * sizeof(T);
+  if (axis == Axis::kRows) return comm.all_gather(std::as_bytes(mine), std::as_writable_bytes(out), counts);
+  std::vector<std::byte> slabs(out.size_bytes());
+  comm.all_gather(std::as_bytes(mine), slabs, counts);
+  for (std::size_t& c : counts) c /= std::max<std::size_t>(slab_rows, 1);  // bytes per row of each slab
+  if (slab_rows > 0) interleave(slabs.data(), counts, slab_rows, reinterpret_cast<std::byte*>(out.data()));
+}
+
+// The block extent shards are cut on along `axis` of a matrix with `total` rows (columns): 1 per tensor (one agreed
+// scale), the block's extent otherwise (per column along rows, per row along columns: everything, one shard).
+std::int64_t block_along(const Granularity& g, Axis axis, std::int64_t total) {
+  if (g.kind == Granularity::Kind::kTensor) return 1;
+  const std::int64_t t = std::max<std::int64_t>(total, 1);
+  return std::max<std::int64_t>(1, axis == Axis::kRows ? g.rows_per_block(t) : g.cols_per_block(t));
+}
+
+ScaledTensor gather_shards(Communicator& comm, const ScaledTensor& shard, std::int64_t total, std::int64_t cut,
+                           Axis axis, std::string_view collective) {
   const auto n = static_cast<std::size_t>(comm.size());
   const std::string where =
-      "all_gather_rows on rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
+      std::string(collective) + " on rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
+  const bool rows_axis = axis == Axis::kRows;
   const bool per_tensor = shard.granularity.kind == Granularity::Kind::kTensor;
-  const std::int64_t br = shard_block_rows(shard.granularity, rows);
   ShardHeader mine;
   std::memset(&mine, 0, sizeof mine);  // padding included: the bytes travel
-  mine.total_rows = rows;
+  mine.total = total;
   mine.rows = shard.rows;
   mine.cols = shard.cols;
-  mine.block_rows = br;
-  mine.block_cols = shard.granularity.cols_per_block(std::max<std::int64_t>(shard.cols, 1));
+  // The block along the cut from the whole matrix; across it, from the shard (the same extent on every rank).
+  mine.block_rows = rows_axis ? block_along(shard.granularity, axis, total)
+                              : shard.granularity.rows_per_block(std::max<std::int64_t>(shard.rows, 1));
+  mine.block_cols = rows_axis ? shard.granularity.cols_per_block(std::max<std::int64_t>(shard.cols, 1))
+                              : block_along(shard.granularity, axis, total);
+  const std::int64_t block_of_cut = rows_axis ? mine.block_rows : mine.block_cols;
+  mine.cut = cut > 0 ? cut : block_of_cut;
   mine.scale_bits = per_tensor && !shard.scale_inv.empty() ? std::bit_cast<std::uint32_t>(shard.scale_inv[0]) : 0u;
   mine.format = static_cast<std::uint8_t>(shard.format);
   mine.overflow = static_cast<std::uint8_t>(shard.overflow);
   mine.kind = static_cast<std::uint8_t>(shard.granularity.kind);
   mine.mx_mode = static_cast<std::uint8_t>(shard.granularity.mx_mode);
-  mine.valid = buffers_fit(shard) ? 1 : 0;
+  // A cut across blocks would split a block's scale between ranks.
+  mine.valid = buffers_fit(shard) && mine.cut % block_of_cut == 0 ? 1 : 0;
   std::vector<ShardHeader> all(n);
   const std::vector<std::size_t> header_bytes(n, sizeof(ShardHeader));
   comm.all_gather(std::as_bytes(std::span<const ShardHeader>(&mine, 1)), std::as_writable_bytes(std::span(all)),
                   header_bytes);
+  const auto extent = [&](const ShardHeader& h) { return rows_axis ? h.rows : h.cols; };  // along the cut
+  const auto across = [&](const ShardHeader& h) { return rows_axis ? h.cols : h.rows; };
+  const char* along = rows_axis ? "rows" : "columns";
   // The same checks on every rank, on the same data: all refuse together or none does.
   std::size_t first = 0;  // the first non-empty shard (per tensor, its scale is the one)
-  while (first + 1 < n && all[first].rows == 0) ++first;
+  while (first + 1 < n && extent(all[first]) == 0) ++first;
   // First what does not depend on this rank's own arguments, so that every rank fails the same check.
   for (std::size_t r = 0; r < n; ++r) {
     const ShardHeader& h = all[r];
-    FP8KIT_CHECK(h.total_rows == all[0].total_rows, where, ": rank ", r, " gathers ", h.total_rows, " rows, rank 0 ",
-                 all[0].total_rows, " (every rank passes the whole matrix's row count)");
-    FP8KIT_CHECK(h.valid == 1, where, ": rank ", r, "'s shard holds buffers of other sizes than its ", h.rows, "x",
-                 h.cols, " shape and granularity need (make shards with quantize_shard or quantize)");
+    FP8KIT_CHECK(h.total == all[0].total, where, ": rank ", r, " gathers ", h.total, " ", along, ", rank 0 ",
+                 all[0].total, " (every rank passes the whole matrix's ", along, ")");
+    FP8KIT_CHECK(h.valid == 1, where, ": rank ", r, "'s ", h.rows, "x", h.cols,
+                 " shard holds buffers of other sizes than its shape and granularity need, or is cut in multiples of ",
+                 h.cut, " across blocks of ", rows_axis ? h.block_rows : h.block_cols, " ", along,
+                 " (make shards with quantize_shard or quantize, cut on whole blocks)");
   }
   for (std::size_t r = 0; r < n; ++r) {
     const ShardHeader& h = all[r];
-    FP8KIT_CHECK(h.cols == all[0].cols && h.block_rows == all[0].block_rows && h.block_cols == all[0].block_cols &&
-                     h.format == all[0].format && h.overflow == all[0].overflow && h.kind == all[0].kind &&
-                     h.mx_mode == all[0].mx_mode,
+    FP8KIT_CHECK(across(h) == across(all[0]) && h.block_rows == all[0].block_rows &&
+                     h.block_cols == all[0].block_cols && h.format == all[0].format && h.overflow == all[0].overflow &&
+                     h.kind == all[0].kind && h.mx_mode == all[0].mx_mode,
                  where, ": rank ", r, "'s shard (", describe(h), ") differs from rank 0's (", describe(all[0]),
                  "): quantize every shard with the same options");
-    FP8KIT_CHECK(!per_tensor || h.rows == 0 || h.scale_bits == all[first].scale_bits, where,
+    FP8KIT_CHECK(h.cut == all[0].cut, where, ": rank ", r, " cuts shards in multiples of ", h.cut, " ", along,
+                 ", rank 0 of ", all[0].cut, " (every rank passes the same cut)");
+    FP8KIT_CHECK(!per_tensor || extent(h) == 0 || h.scale_bits == all[first].scale_bits, where,
                  ": per-tensor shards with different scales (rank ", r, " and rank ", first,
                  "): agree on one with all_reduce_amax (quantize_shard does)");
   }
-  // Now the options (so the block rows) are every rank's: the row counts are checked alike everywhere.
+  // Now the options (so the blocks) are every rank's: the extents are checked alike everywhere.
   for (std::size_t r = 0; r < n; ++r) {
-    const RowShard want = shard_rows(rows, br, static_cast<int>(r), comm.size());
-    FP8KIT_CHECK(all[r].rows == want.rows(), where, ": rank ", r, "'s shard has ", all[r].rows,
-                 " rows, shard_rows gives it ", want.rows(), " (rows ", want.begin, " to ", want.end, " of ", rows,
+    const RowShard want = shard_rows(total, all[0].cut, static_cast<int>(r), comm.size());
+    FP8KIT_CHECK(extent(all[r]) == want.rows(), where, ": rank ", r, "'s shard has ", extent(all[r]), " ", along,
+                 ", the split gives it ", want.rows(), " (", along, " ", want.begin, " to ", want.end, " of ", total,
                  ")");
   }
   ScaledTensor out;
   out.format = shard.format;
   out.overflow = shard.overflow;
   out.granularity = shard.granularity;
-  out.rows = rows;
-  out.cols = shard.cols;
-  const std::int64_t cols = shard.cols;
-  // The codes, every shard's rows in rank order.
-  std::vector<std::size_t> code_bytes(n);
-  for (std::size_t r = 0; r < n; ++r) code_bytes[r] = static_cast<std::size_t>(all[r].rows * cols);
-  out.data.resize(static_cast<std::size_t>(rows * cols));
-  comm.all_gather(std::span<const std::byte>(reinterpret_cast<const std::byte*>(shard.data.data()), shard.data.size()),
-                  std::span<std::byte>(reinterpret_cast<std::byte*>(out.data.data()), out.data.size()), code_bytes);
-  const std::int64_t grid_cols = out.grid_cols();
+  out.rows = rows_axis ? total : shard.rows;
+  out.cols = rows_axis ? shard.cols : total;
+  // The codes, every shard's in rank order.
+  out.data.resize(static_cast<std::size_t>(out.rows * out.cols));
+  const auto codes_of = [](const ShardHeader& h) { return static_cast<std::size_t>(h.rows * h.cols); };
+  gather(comm, std::span<const std::uint8_t>(shard.data.data(), shard.data.size()),
+         std::span<std::uint8_t>(out.data.data(), out.data.size()), all, codes_of, axis,
+         static_cast<std::size_t>(out.rows));
   if (per_tensor) {
     // One scale, already agreed: the first non-empty shard's (every rank has it in the header).
-    const float scale_inv = all[first].rows > 0 ? std::bit_cast<float>(all[first].scale_bits) : 1.0f;
-    out.scale_inv.assign(static_cast<std::size_t>(out.grid_rows() * grid_cols), scale_inv);
+    const float scale_inv = extent(all[first]) > 0 ? std::bit_cast<float>(all[first].scale_bits) : 1.0f;
+    out.scale_inv.assign(static_cast<std::size_t>(out.grid_rows() * out.grid_cols()), scale_inv);
     return out;
   }
-  // The scales of every block row, in rank order (a shard's block rows are its own: it starts on a block boundary).
-  std::vector<std::size_t> scale_bytes(n), e8m0_bytes(n);
-  for (std::size_t r = 0; r < n; ++r) {
-    const auto blocks = static_cast<std::size_t>(ceil_div(all[r].rows, br) * grid_cols);
-    scale_bytes[r] = blocks * sizeof(float);
-    e8m0_bytes[r] = blocks;
-  }
-  out.scale_inv.resize(static_cast<std::size_t>(out.grid_rows() * grid_cols));
-  comm.all_gather(std::as_bytes(std::span<const float>(shard.scale_inv.data(), shard.scale_inv.size())),
-                  std::as_writable_bytes(std::span<float>(out.scale_inv.data(), out.scale_inv.size())), scale_bytes);
+  // The scales of every block, shards in rank order (a shard's blocks are its own: it starts on a block boundary).
+  // MX scales travel as their E8M0 codes only: the float scales are 2^(code - 127), exactly.
+  const auto blocks_of = [&](const ShardHeader& h) {
+    return static_cast<std::size_t>(ceil_div(h.rows, all[0].block_rows) * ceil_div(h.cols, all[0].block_cols));
+  };
+  const auto grid_rows = static_cast<std::size_t>(out.grid_rows());
+  out.scale_inv.resize(static_cast<std::size_t>(out.grid_rows() * out.grid_cols()));
   if (shard.granularity.kind == Granularity::Kind::kMx) {
     out.scale_e8m0.resize(out.scale_inv.size());
-    comm.all_gather(std::span<const std::byte>(reinterpret_cast<const std::byte*>(shard.scale_e8m0.data()),
-                                               shard.scale_e8m0.size()),
-                    std::span<std::byte>(reinterpret_cast<std::byte*>(out.scale_e8m0.data()), out.scale_e8m0.size()),
-                    e8m0_bytes);
+    gather(comm, std::span<const std::uint8_t>(shard.scale_e8m0.data(), shard.scale_e8m0.size()),
+           std::span<std::uint8_t>(out.scale_e8m0.data(), out.scale_e8m0.size()), all, blocks_of, axis, grid_rows);
+    for (std::size_t b = 0; b < out.scale_inv.size(); ++b) out.scale_inv[b] = mx_scale_value(out.scale_e8m0[b]);
+  } else {
+    gather(comm, std::span<const float>(shard.scale_inv.data(), shard.scale_inv.size()),
+           std::span<float>(out.scale_inv.data(), out.scale_inv.size()), all, blocks_of, axis, grid_rows);
   }
   return out;
+}
+
+// A float matrix (any dtype, moved as bytes) from its shards along `axis`: the extents exchanged first and checked
+// against the split on every rank alike.
+Tensor gather_matrix(Communicator& comm, const Tensor& shard, std::int64_t total, std::int64_t block, Axis axis,
+                     std::string_view collective) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  const std::string where =
+      std::string(collective) + " on rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
+  const MatrixRef m = shard.matrix();
+  ShardHeader mine;
+  std::memset(&mine, 0, sizeof mine);
+  mine.total = total;
+  mine.rows = m.rows;
+  mine.cols = m.cols;
+  mine.block_rows = block;
+  mine.format = static_cast<std::uint8_t>(shard.dtype());
+  mine.valid = shard.dim() == 2 ? 1 : 0;
+  std::vector<ShardHeader> all(n);
+  const std::vector<std::size_t> header_bytes(n, sizeof(ShardHeader));
+  comm.all_gather(std::as_bytes(std::span<const ShardHeader>(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                  header_bytes);
+  const bool rows_axis = axis == Axis::kRows;
+  const auto extent = [&](const ShardHeader& h) { return rows_axis ? h.rows : h.cols; };
+  const auto across = [&](const ShardHeader& h) { return rows_axis ? h.cols : h.rows; };
+  for (std::size_t r = 0; r < n; ++r) {
+    const ShardHeader& h = all[r];
+    FP8KIT_CHECK(h.valid == 1 && h.total == all[0].total && h.block_rows == all[0].block_rows &&
+                     h.format == all[0].format && across(h) == across(all[0]),
+                 where, ": rank ", r, "'s ", h.rows, "x", h.cols, " shard of ", h.total, " (blocks of ", h.block_rows,
+                 ", dtype ", name(static_cast<DType>(h.format)), ") does not fit rank 0's ", all[0].rows, "x",
+                 all[0].cols, " of ", all[0].total, " (blocks of ", all[0].block_rows, ", dtype ",
+                 name(static_cast<DType>(all[0].format)), "): every rank gathers 2-D shards of one matrix");
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    const RowShard want = shard_rows(total, all[0].block_rows, static_cast<int>(r), comm.size());
+    FP8KIT_CHECK(extent(all[r]) == want.rows(), where, ": rank ", r, "'s shard has ", extent(all[r]),
+                 rows_axis ? " rows" : " columns", ", the split gives it ", want.rows(), " of ", total);
+  }
+  const std::int64_t rows = rows_axis ? total : m.rows, cols = rows_axis ? m.cols : total;
+  Tensor out = empty({rows, cols}, shard.dtype());
+  const auto bytes_of = [&](const ShardHeader& h) {
+    return static_cast<std::size_t>(h.rows * h.cols * element_size(shard.dtype()));
+  };
+  gather(comm, std::span<const std::byte>(shard.raw(), static_cast<std::size_t>(shard.nbytes())),
+         std::span<std::byte>(out.raw(), static_cast<std::size_t>(out.nbytes())), all, bytes_of, axis,
+         static_cast<std::size_t>(rows));
+  return out;
+}
+
+}  // namespace
+
+std::int64_t shard_block_rows(const Granularity& granularity, std::int64_t rows) {
+  return block_along(granularity, Axis::kRows, rows);
+}
+
+std::int64_t shard_block_cols(const Granularity& granularity, std::int64_t cols) {
+  return block_along(granularity, Axis::kCols, cols);
+}
+
+ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std::int64_t rows, std::int64_t cut) {
+  return gather_shards(comm, shard, rows, cut, Axis::kRows, "all_gather_rows");
+}
+
+ScaledTensor all_gather_cols(Communicator& comm, const ScaledTensor& shard, std::int64_t cols, std::int64_t cut) {
+  return gather_shards(comm, shard, cols, cut, Axis::kCols, "all_gather_cols");
+}
+
+Tensor all_gather_rows(Communicator& comm, const Tensor& shard, std::int64_t rows, std::int64_t block_rows) {
+  return gather_matrix(comm, shard, rows, block_rows, Axis::kRows, "all_gather_rows");
+}
+
+Tensor all_gather_cols(Communicator& comm, const Tensor& shard, std::int64_t cols, std::int64_t block_cols) {
+  return gather_matrix(comm, shard, cols, block_cols, Axis::kCols, "all_gather_cols");
 }
 
 // ---------------------------------------------------------------- sums in a payload

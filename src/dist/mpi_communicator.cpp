@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -99,6 +100,10 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string_view backend() const override { return "mpi"; }
   void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  [[noreturn]] void abort(int status) override {
+    MPI_Abort(MPI_COMM_WORLD, status);
+    std::_Exit(status);  // MPI_Abort does not return; should it, end this process at least
+  }
 
  protected:
   void all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv,

@@ -57,7 +57,10 @@ Conv2d::Conv2d(std::string name, std::int64_t in_channels, std::int64_t out_chan
     : weight(make_parameter(name + ".weight", weight_shape(name, in_channels, out_channels, window_),
                             init_std > 0 ? init_std : he_std(in_channels * window_.kernel_h * window_.kernel_w), seed)),
       window(window_),
-      fp8(name, recipe != nullptr ? *recipe : PrecisionRecipe{}) {
+      fp8(name, recipe != nullptr ? *recipe : PrecisionRecipe{}),
+      in_channels_(in_channels),
+      out_channels_(out_channels) {
+  weight.gemm_weight = true;
   if (with_bias) bias = make_parameter(name + ".bias", {out_channels}, 0.0, seed + 1);
 }
 
@@ -73,7 +76,7 @@ Tensor Conv2d::forward(const Context& ctx, const Tensor& x, Saved& saved) {
   const Tensor cols = im2col(ctx, x, g);  // (N*OH*OW, C*kh*kw)
   const GemmCall call = conv_call(ctx, *this, "forward");
   const RecipeOperand colsq = prepare_operand(call, TensorRole::kInput, cols);
-  const RecipeOperand wq = prepare_operand(call, TensorRole::kWeight, weight.value.reshape({oc, g.cols()}));
+  const RecipeOperand wq = detail::weight_operand(ctx, call, weight, oc, g.cols());
   const Tensor rows = recipe_gemm(call, colsq, wq, bias ? bias->value.span<float>() : std::span<const float>{});
   // cols^T (C*kh*kw, N*OH*OW) for wgrad. FP8: the codes transposed (per-tensor scales) or quantized anew (blocks).
   // fp32 and bf16: cols^T rounded directly, the same values as the rounded cols transposed without a float round
@@ -97,19 +100,15 @@ Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved
   event.arg("shape", shape_string(dy.shape()));
   event.arg("kernel", window_string(window));
   const Tensor dy_rows = nchw_to_rows(ctx, dy);  // (N*OH*OW, OC)
-  const Tensor w2 = weight.value.reshape({oc, k});
   // dcols = dy W: A = dy_rows (R, OC), B = W^T (K, OC) as N x K.
   const GemmCall dgrad = conv_call(ctx, *this, "dgrad");
   const RecipeOperand dyq = prepare_operand(dgrad, TensorRole::kGradOutput, dy_rows);
-  const RecipeOperand wt = prepare_transposed(dgrad, TensorRole::kWeight, w2, nullptr);
+  const RecipeOperand wt = detail::weight_operand_transposed(ctx, dgrad, weight, oc, k);
   const Tensor dcols = recipe_gemm(dgrad, dyq, wt);  // (R, K)
   // dW = dy^T cols: A = dy_rows^T (OC, R), B = cols^T (K, R) as N x K.
   const GemmCall wgrad = conv_call(ctx, *this, "wgrad");
   const RecipeOperand dyt = prepare_transposed(wgrad, TensorRole::kGradOutput, dy_rows, &dyq);
-  const Tensor dw = recipe_gemm(wgrad, dyt, saved.cols_t);  // (OC, K)
-  float* gw = weight.grad.data<float>();
-  const float* d = dw.data<float>();
-  for (std::int64_t i = 0; i < oc * k; ++i) gw[i] += d[i];
+  detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.cols_t));  // (OC, K)
   if (bias) {
     // db[o] = sum over (n, oy, ox) of dy[n, o, oy, ox], in double, in a fixed order.
     float* gb = bias->grad.data<float>();

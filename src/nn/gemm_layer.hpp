@@ -37,4 +37,27 @@ inline RecipeOperand prepare_transposed(const GemmCall& call, TensorRole role, c
   return prepare_operand_transposed(call, role, x);
 }
 
+// A layer's weight (seen as rows x cols) as its forward GEMM's B operand: from the context's weight source when it
+// has one (a sharded run), else prepared from weight.value.
+inline RecipeOperand weight_operand(const Context& ctx, const GemmCall& call, Parameter& weight, std::int64_t rows,
+                                    std::int64_t cols) {
+  if (ctx.weights != nullptr) return ctx.weights->forward_operand(call, weight);
+  return prepare_operand(call, TensorRole::kWeight, weight.value.reshape({rows, cols}));
+}
+
+// Its transpose, the input gradient's B operand.
+inline RecipeOperand weight_operand_transposed(const Context& ctx, const GemmCall& call, Parameter& weight,
+                                               std::int64_t rows, std::int64_t cols) {
+  if (ctx.weights != nullptr) return ctx.weights->backward_operand(call, weight);
+  return prepare_transposed(call, TensorRole::kWeight, weight.value.reshape({rows, cols}), nullptr);
+}
+
+// dw (the weight matrix's shape) into the weight's gradient: the context's weight source's, or weight.grad +=.
+inline void add_weight_gradient(const Context& ctx, Parameter& weight, Tensor dw) {
+  if (ctx.weights != nullptr) return ctx.weights->add_gradient(weight, std::move(dw));
+  float* g = weight.grad.data<float>();
+  const float* d = dw.data<float>();
+  for (std::int64_t i = 0, n = dw.numel(); i < n; ++i) g[i] += d[i];
+}
+
 }  // namespace fp8kit::nn::detail

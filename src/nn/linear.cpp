@@ -21,7 +21,10 @@ GemmCall gemm_call(const Context& ctx, Linear& layer, const char* what) {
 Linear::Linear(std::string name, std::int64_t in_features, std::int64_t out_features, bool with_bias,
                std::uint64_t seed, double init_std, const PrecisionRecipe* recipe)
     : weight(make_parameter(name + ".weight", {out_features, in_features}, init_std, seed)),
-      fp8(name, recipe != nullptr ? *recipe : PrecisionRecipe{}) {
+      fp8(name, recipe != nullptr ? *recipe : PrecisionRecipe{}),
+      in_features_(in_features),
+      out_features_(out_features) {
+  weight.gemm_weight = true;
   if (with_bias) bias = make_parameter(name + ".bias", {out_features}, 0.0, seed + 1);
 }
 
@@ -32,7 +35,7 @@ Tensor Linear::forward(const Context& ctx, const Tensor& x, Saved& saved) {
 // The operands are prepared (and x^T saved) before the GEMM, so that an input handed over with std::move is freed
 // before the output is allocated: the float32 input of an FP8 or bf16 GEMM is dead once quantized or rounded.
 Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
-  const std::int64_t in = weight.value.size(1), out = weight.value.size(0);
+  const std::int64_t in = in_features_, out = out_features_;
   FP8KIT_CHECK(x.dim() >= 1 && x.size(-1) == in, "linear ", name(), ": input's last dimension is ",
                x.dim() ? x.size(-1) : 0, ", the layer takes ", in);
   ScopedEvent event(ctx.profiler, "linear." + name() + ".forward");
@@ -42,7 +45,7 @@ Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   x = Tensor();
   const GemmCall call = gemm_call(ctx, *this, "forward");
   const RecipeOperand xq = prepare_operand(call, TensorRole::kInput, x2);
-  const RecipeOperand wq = prepare_operand(call, TensorRole::kWeight, weight.value);
+  const RecipeOperand wq = detail::weight_operand(ctx, call, weight, out, in);
   saved.input_t = prepare_transposed(call, TensorRole::kInput, x2, &xq);
   x2 = Tensor();  // under fp32, xq still shares it
   Tensor y = recipe_gemm(call, xq, wq, bias ? bias->value.span<float>() : std::span<const float>{});
@@ -50,7 +53,7 @@ Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
 }
 
 Tensor Linear::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
-  const std::int64_t in = weight.value.size(1), out = weight.value.size(0);
+  const std::int64_t in = in_features_, out = out_features_;
   FP8KIT_CHECK(dy.dim() >= 1 && dy.size(-1) == out, "linear ", name(), ": gradient's last dimension is ",
                dy.dim() ? dy.size(-1) : 0, ", the layer outputs ", out);
   ScopedEvent event(ctx.profiler, "linear." + name() + ".backward");
@@ -61,15 +64,12 @@ Tensor Linear::backward(const Context& ctx, const Tensor& dy, const Saved& saved
   // dx = dy W: A = dy (R, out), B = W^T (in, out) as N x K.
   GemmCall dgrad = gemm_call(ctx, *this, "dgrad");
   const RecipeOperand dyq = prepare_operand(dgrad, TensorRole::kGradOutput, dy2);
-  const RecipeOperand wt = prepare_transposed(dgrad, TensorRole::kWeight, weight.value, nullptr);
+  const RecipeOperand wt = detail::weight_operand_transposed(ctx, dgrad, weight, out, in);
   Tensor dx = recipe_gemm(dgrad, dyq, wt);
   // dW = dy^T x: A = dy^T (out, R), B = x^T (in, R) as N x K.
   GemmCall wgrad = gemm_call(ctx, *this, "wgrad");
   const RecipeOperand dyt = prepare_transposed(wgrad, TensorRole::kGradOutput, dy2, &dyq);
-  const Tensor dw = recipe_gemm(wgrad, dyt, saved.input_t);
-  float* g = weight.grad.data<float>();
-  const float* d = dw.data<float>();
-  for (std::int64_t i = 0; i < out * in; ++i) g[i] += d[i];
+  detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.input_t));
   if (bias) {
     float* gb = bias->grad.data<float>();
     const float* src = dy2.data<float>();

@@ -12,6 +12,7 @@
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/scale.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {
@@ -302,6 +303,13 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
     nonfinite = a.has_nonfinite();
     s.record(nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.amax);
     // With --log-scales, the loss this scale caused, measured on the codes just written as quantize() measures it.
+    q = quantize_with_scale(m, format, scale, Overflow::kSaturate, log ? &diag : nullptr);
+  } else if (call.agree_amax && granularity_of(r, role).kind == Granularity::Kind::kTensor) {
+    // A part of a tensor: the scale of the whole one's finite amax, as quantize() takes it for a whole tensor.
+    const AmaxResult a = amax(std::span<const float>(m.row<float>(0), static_cast<std::size_t>(m.numel())));
+    amax_value = call.agree_amax(a.amax);
+    nonfinite = a.has_nonfinite();
+    scale = compute_scale(amax_value, format, ScaleOptions{r.margin, 0.0f, {}});
     q = quantize_with_scale(m, format, scale, Overflow::kSaturate, log ? &diag : nullptr);
   } else {
     const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(r, role), {r.margin, 0.0f, {}}};

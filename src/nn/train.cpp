@@ -133,6 +133,7 @@ Trainer::Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profi
       data_(make_dataset(config)),
       model_(make_model(config, recipe)),
       params_(model_->parameters()),
+      trained_(params_),
       optimizer_(config.adamw) {
   report_.log_scales = config.log_scales;
   ctx_.saved_dtype = recipe_.saved_dtype();
@@ -155,14 +156,14 @@ std::string Trainer::nonfinite(float loss) const {
     return "non-finite amax in " + report_.first_nonfinite->layer + " (" +
            std::string(name(report_.first_nonfinite->role)) + ")";
   }
-  if (std::string p = first_nonfinite_grad(params_); !p.empty()) return "non-finite gradient of " + p;
+  if (std::string p = first_nonfinite_grad(trained_); !p.empty()) return "non-finite gradient of " + p;
   if (!std::isfinite(loss)) return "non-finite loss";
   return {};
 }
 
 void Trainer::optimizer_step(std::int64_t step) {
   optimizer_.options().lr = learning_rate(config_, step);
-  optimizer_.step(params_, profiler_);
+  optimizer_.step(trained_, profiler_);
 }
 
 void Trainer::update_scales() {
@@ -175,7 +176,7 @@ void Trainer::discard_scales() {
 }
 
 void Trainer::zero_grad() {
-  AdamW::zero_grad(params_);
+  AdamW::zero_grad(trained_);
 }
 
 Batch slice_batch(const Batch& batch, std::int64_t begin, std::int64_t end) {
@@ -204,11 +205,13 @@ StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgr
   {
     ScopedEvent event(profiler_, "step", "step");
     event.arg("step", std::to_string(step));
+    if (hooks.begin_step) hooks.begin_step(*this);
     log.loss = forward(batch);
     if (hooks.agree_loss) log.loss = hooks.agree_loss(*this, log.loss);
     backward();
-    if (config_.inject_nan_step && *config_.inject_nan_step == step && !params_.empty()) {
-      params_.front()->grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    if (config_.inject_nan_step && *config_.inject_nan_step == step && !trained_.empty() &&
+        trained_.front()->grad.numel() > 0) {
+      trained_.front()->grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
     }
     if (hooks.reduce_gradients) hooks.reduce_gradients(*this);
     // The guard: a non-finite amax (seen while quantizing), gradient or loss skips the step or aborts, on every rank
@@ -266,6 +269,7 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
                    progress.skipped_steps, " skipped) does not fit a run of ", config.steps,
                    " steps (the resume hook must give one loss per step done)");
     }
+    if (hooks.prepare) hooks.prepare(trainer);
     result.start_step = progress.next_step;
     std::vector<double> times;
     for (std::int64_t step = progress.next_step; step < config.steps; ++step) {

@@ -150,9 +150,13 @@ float pow2f(int e) {
                    : std::bit_cast<float>(0x00400000u);
 }
 
-float e8m0_value(std::uint8_t code) {
+}  // namespace
+
+float mx_scale_value(std::uint8_t code) {
   return code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : pow2f(code - 127);
 }
+
+namespace {
 
 // Narrow blocks (single columns, tiny blocks) go element by element; wider ones through the SIMD kernels.
 constexpr std::int64_t kKernelMinRun = 16;
@@ -177,7 +181,7 @@ void block_scale(float amax, const QuantizeOptions& options, ScaledTensor& q, st
   if (options.granularity.kind == Granularity::Kind::kMx) {
     const std::uint8_t code = mx_scale_code(amax, options.format, options.granularity.mx_mode);
     q.scale_e8m0[b] = code;
-    q.scale_inv[b] = e8m0_value(code);
+    q.scale_inv[b] = mx_scale_value(code);
     multiplier[b] = code == 0xFF ? q.scale_inv[b] : pow2f(127 - code);
   } else {
     multiplier[b] = compute_scale(amax, options.format, options.scale);

@@ -17,6 +17,7 @@
 #include "fp8kit/dist/communicator.hpp"
 #include "fp8kit/dist/data_parallel.hpp"
 #include "fp8kit/dist/fp8_collectives.hpp"
+#include "fp8kit/dist/fsdp.hpp"
 #include "fp8kit/format/codec.hpp"
 #include "fp8kit/format/half.hpp"
 #include "fp8kit/scaling/scale.hpp"
@@ -184,14 +185,109 @@ TEST(Fp8Collectives, AllGatherOfShardsIsTheWholeQuantization) {
         ASSERT_EQ(got.data, want.data);
         ASSERT_EQ(got.scale_inv, want.scale_inv);
         ASSERT_EQ(got.scale_e8m0, want.scale_e8m0);
-        // The codes and scales this rank handed over, and one small header.
+        // The codes and scales this rank handed over (MX: the E8M0 codes only), and one small header.
         const std::uint64_t payload =
-            mine.data.size() +
-            (g.kind == Granularity::Kind::kTensor ? 0 : mine.scale_inv.size() * sizeof(float) + mine.scale_e8m0.size());
+            mine.data.size() + (g.kind == Granularity::Kind::kTensor ? 0
+                                : g.kind == Granularity::Kind::kMx   ? mine.scale_e8m0.size()
+                                                                     : mine.scale_inv.size() * sizeof(float));
         EXPECT_GE(comm().stats().all_gather_bytes, payload);
         EXPECT_LE(comm().stats().all_gather_bytes, payload + 64);
       }
     }
+  }
+}
+
+// The transpose of a row-major matrix (rows x cols -> cols x rows).
+std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t cols) {
+  std::vector<float> t(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) t[static_cast<std::size_t>(c * rows + r)] = x[r * cols + c];
+  return t;
+}
+
+// FSDP's two gathers of a weight W (rows x cols) sharded by rows on a cut that suits both orientations: the row
+// shards quantized and gathered by rows give quantize(W); each rank's shard transposed (cols x its rows), quantized
+// and gathered by columns gives quantize(W^T) — bit for bit, per tensor, 128x128 blocks and MX.
+TEST(Fp8Collectives, ColumnShardsGatherIntoTheTransposesQuantization) {
+  const Granularity granularities[] = {Granularity::tensor(), Granularity::block(128, 128),
+                                       Granularity::mx(MxScaleMode::kFloor), Granularity::mx(MxScaleMode::kRceil)};
+  for (std::int64_t rows : {1, 131, 300}) {
+    const std::int64_t cols = 97;
+    std::vector<float> w = values_of(0, static_cast<std::size_t>(rows * cols), 13);
+    w[7] = std::numeric_limits<float>::infinity();
+    const std::vector<float> wt = transposed(w.data(), rows, cols);
+    for (const Granularity& g : granularities) {
+      SCOPED_TRACE(g.name() + " rows " + std::to_string(rows));
+      const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g};
+      const std::int64_t cut = std::max(shard_block_rows(g, rows), shard_block_cols(g, rows));
+      const RowShard s = shard_rows(rows, cut, comm().rank(), comm().size());
+      const ScaledTensor rows_part = quantize_shard(comm(), MatrixRef(w.data() + s.begin * cols, s.rows(), cols), o);
+      const ScaledTensor got_rows = all_gather_rows(comm(), rows_part, rows, cut);
+      const ScaledTensor want_rows = quantize(MatrixRef(w.data(), rows, cols), o);
+      ASSERT_EQ(got_rows.data, want_rows.data);
+      ASSERT_EQ(got_rows.scale_inv, want_rows.scale_inv);
+      ASSERT_EQ(got_rows.scale_e8m0, want_rows.scale_e8m0);
+      const std::vector<float> part_t = transposed(w.data() + s.begin * cols, s.rows(), cols);
+      const ScaledTensor cols_part = quantize_shard(comm(), MatrixRef(part_t.data(), cols, s.rows()), o);
+      comm().reset_stats();
+      const ScaledTensor got = all_gather_cols(comm(), cols_part, rows, cut);
+      const ScaledTensor want = quantize(MatrixRef(wt.data(), cols, rows), o);
+      ASSERT_EQ(got.rows, cols);
+      ASSERT_EQ(got.cols, rows);
+      ASSERT_EQ(got.data, want.data);
+      ASSERT_EQ(got.scale_inv, want.scale_inv);
+      ASSERT_EQ(got.scale_e8m0, want.scale_e8m0);
+      const std::uint64_t payload =
+          cols_part.data.size() + (g.kind == Granularity::Kind::kTensor ? 0
+                                   : g.kind == Granularity::Kind::kMx   ? cols_part.scale_e8m0.size()
+                                                                        : cols_part.scale_inv.size() * sizeof(float));
+      EXPECT_GE(comm().stats().all_gather_bytes, payload);
+      EXPECT_LE(comm().stats().all_gather_bytes, payload + 64);
+    }
+  }
+}
+
+// Float matrices of any dtype gather by rows and by columns, moved as their bytes.
+TEST(Fp8Collectives, TensorShardsGatherByRowsAndColumns) {
+  const std::int64_t rows = 37, cols = 5;
+  const std::vector<float> x = values_of(0, static_cast<std::size_t>(rows * cols), 17);
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(std::string(name(dtype)));
+    Tensor whole = empty({rows, cols}, DType::float32);
+    std::memcpy(whole.raw(), x.data(), x.size() * sizeof(float));
+    whole = whole.to(dtype);
+    const std::size_t es = static_cast<std::size_t>(element_size(dtype));
+    const RowShard s = shard_rows(rows, 4, comm().rank(), comm().size());  // cut in fours: uneven, maybe empty
+    Tensor part = empty({s.rows(), cols}, dtype);
+    if (part.nbytes() > 0)
+      std::memcpy(part.raw(), whole.raw() + s.begin * cols * es, static_cast<std::size_t>(part.nbytes()));
+    const Tensor got = all_gather_rows(comm(), part, rows, 4);
+    ASSERT_EQ(got.shape(), whole.shape());
+    EXPECT_EQ(std::memcmp(got.raw(), whole.raw(), static_cast<std::size_t>(whole.nbytes())), 0);
+    // Columns: the transpose's column shards.
+    Tensor whole_t = empty({cols, rows}, dtype), part_t = empty({cols, s.rows()}, dtype);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        std::memcpy(whole_t.raw() + (c * rows + r) * es, whole.raw() + (r * cols + c) * es, es);
+        if (r >= s.begin && r < s.end)
+          std::memcpy(part_t.raw() + (c * s.rows() + r - s.begin) * es, whole.raw() + (r * cols + c) * es, es);
+      }
+    const Tensor got_t = all_gather_cols(comm(), part_t, rows, 4);
+    ASSERT_EQ(got_t.shape(), whole_t.shape());
+    EXPECT_EQ(std::memcmp(got_t.raw(), whole_t.raw(), static_cast<std::size_t>(whole_t.nbytes())), 0);
+  }
+  if (comm().size() > 1) {
+    // A rank cutting otherwise is refused on every rank.
+    const bool last = comm().rank() == comm().size() - 1;
+    const RowShard s = shard_rows(rows, last ? 1 : 4, comm().rank(), comm().size());
+    const Tensor part = zeros({s.rows(), cols}, DType::float32);
+    try {
+      all_gather_rows(comm(), part, rows, last ? 1 : 4);
+      ADD_FAILURE() << "gathered shards cut two ways";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("does not fit rank 0's"), std::string::npos) << e.what();
+    }
+    comm().barrier();
   }
 }
 
@@ -231,6 +327,21 @@ TEST(Fp8Collectives, MismatchedShardsAreRefusedOnEveryRank) {
       quantize(MatrixRef(x.data() + s.begin * cols, s.rows(), cols),
                QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, last ? Granularity::block(1, 128) : g});
   refused(other_blocks, rows, "differs from rank 0's");
+  // A cut that is not the others', and one across blocks.
+  try {
+    all_gather_rows(comm(), good, rows, last ? 256 : 128);
+    ADD_FAILURE() << "gathered shards cut two ways";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuts shards in multiples of"), std::string::npos) << e.what();
+  }
+  comm().barrier();
+  try {
+    all_gather_rows(comm(), good, rows, 64);  // every rank: 64 splits the 128-row blocks
+    ADD_FAILURE() << "gathered shards cut across blocks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("across blocks of 128"), std::string::npos) << e.what();
+  }
+  comm().barrier();
 }
 
 // The payload sums against a reference each rank computes alone with the scalar codec: every rank's contribution
@@ -376,6 +487,61 @@ TEST(DataParallel, LossAndGradientsAreTheGlobalBatchs) {
                 : (comm().rank() == comm().size() - 1
                        ? "non-finite loss"
                        : "non-finite values on rank " + std::to_string(comm().size() - 1) + " (its guard's verdict)"));
+}
+
+// FSDP against DDP, the same global batch: the gathered weights are bit for bit the whole ones and the gradients'
+// fp32 sums run in the same rank order, so the losses and the final weights agree bit for bit, for every recipe and
+// both models; between steps no rank holds a full parameter, and the shards add up to the model.
+TEST(Fsdp, TrainsBitForBitAsDataParallel) {
+  struct Case {
+    const char* model;
+    const char* recipe;
+  };
+  const Case cases[] = {{"gpt", "fp32"},        {"gpt", "bf16"},        {"gpt", "fp8-delayed"},
+                        {"gpt", "fp8-current"}, {"gpt", "fp8-block"},   {"gpt", "mxfp8"},
+                        {"gpt", "mxfp8-fake"},  {"cnn", "fp8-delayed"}, {"cnn", "fp8-block"}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::string(k.model) + " " + k.recipe);
+    nn::TrainConfig c;
+    c.model = k.model;
+    c.steps = 3;
+    c.seed = 5;
+    c.batch = 6;
+    c.eval_batches = 1;
+    c.warmup_steps = 1;
+    const nn::TrainConfig config = data_parallel_config(comm(), c);
+    const nn::PrecisionRecipe recipe = *nn::PrecisionRecipe::parse(k.recipe);
+    std::string ddp_print, fsdp_print;
+    nn::TrainHooks ddp_base;
+    ddp_base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) { ddp_print = parameter_fingerprint(t.model()); };
+    const nn::TrainResult ddp =
+        nn::train(config, recipe, nullptr, data_parallel_hooks(comm(), ReducePayload::kFloat32, 6, ddp_base));
+
+    Fsdp fsdp(comm(), ReducePayload::kFloat32, 6);
+    nn::TrainHooks base;
+    bool between_steps = false;
+    base.after_step = [&](nn::Trainer& t, const nn::TrainProgress& p) {
+      if (p.next_step != 1) return;
+      between_steps = true;
+      for (const nn::Parameter* q : t.parameters()) EXPECT_EQ(q->value.numel(), 0) << q->name;
+      ASSERT_EQ(t.trained_parameters().size(), t.parameters().size());
+    };
+    base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) { fsdp_print = parameter_fingerprint(t.model()); };
+    const nn::TrainResult sharded = nn::train(config, recipe, nullptr, fsdp.hooks(base));
+    EXPECT_TRUE(between_steps);
+    EXPECT_EQ(sharded.losses, ddp.losses);
+    EXPECT_EQ(sharded.final_loss, ddp.final_loss);
+    EXPECT_EQ(fsdp_print, ddp_print);
+    float held = 0.0f;  // exact: fewer than 2^24 parameters
+    for (const nn::Parameter* q : fsdp.shards()) held += static_cast<float>(q->value.numel());
+    comm().all_reduce(std::span<float>(&held, 1), ReduceOp::kSum);
+    EXPECT_EQ(static_cast<std::int64_t>(held), ddp.parameters);
+    // The weights travelled in their GEMM's form.
+    const char* form = recipe.is_fp8() ? "e4m3fn" : recipe.kind == nn::RecipeKind::kFp32 ? "float32" : "bfloat16";
+    EXPECT_EQ(fsdp.gathered().gemm_weights.count(form), 1u);
+    // The GPT's weights, gradients and moments are a good part of its memory (the CNN's are a few kB).
+    if (comm().size() > 1 && c.model == "gpt") EXPECT_LT(sharded.peak_bytes, ddp.peak_bytes);
+  }
 }
 
 }  // namespace

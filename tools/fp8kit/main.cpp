@@ -10,6 +10,7 @@
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
+#include "fp8kit/dist/communicator.hpp"
 
 namespace {
 
@@ -23,8 +24,10 @@ std::string command_name(const CLI::App& app) {
   return "fp8kit";
 }
 
+// Under mpirun every rank reaches the same verdict on its arguments and settings: rank 0 says it, once. (A rank that
+// fails on its own in the middle of a run says so itself, naming its rank, and ends the job: fp8kit train.)
 int fail(const std::string& who, const std::string& message, int status) {
-  std::fprintf(stderr, "%s: %s\n", who.c_str(), message.c_str());
+  if (fp8kit::launcher_rank() == 0) std::fprintf(stderr, "%s: %s\n", who.c_str(), message.c_str());
   return status;
 }
 

@@ -53,6 +53,9 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string_view backend() const = 0;  // "local", "mpi"
   virtual void barrier() = 0;
+  // Ends the whole job now with `status` (MPI_Abort: the launcher kills every rank, also those waiting inside a
+  // collective for this one). What a rank that cannot go on calls, so that no other rank is left hanging.
+  [[noreturn]] virtual void abort(int status) = 0;
 
   // recv = every rank's `send`, concatenated in rank order; counts[r] is rank r's byte count (counts.size() ==
   // size(), counts[rank()] == send.size(), their sum == recv.size()). Counts `send.size()` bytes.
@@ -103,6 +106,9 @@ std::unique_ptr<Communicator> local_communicator();
 bool mpi_available();
 // Whether this process was started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
 bool launched_by_mpi();
+// This process's rank as the launcher set it (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK), before and without MPI;
+// 0 when not launched by MPI.
+int launcher_rank();
 // MPI_COMM_WORLD (MPI initialized on first use, with thread support for OpenMP regions that call no MPI, and
 // finalized when the last MPI communicator is destroyed). Throws Error(kUnsupported) in a build without MPI.
 std::unique_ptr<Communicator> mpi_communicator();

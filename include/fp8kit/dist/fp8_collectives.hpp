@@ -11,6 +11,7 @@
 #include "fp8kit/dist/communicator.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/tensor/matrix_ref.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 
@@ -25,6 +26,9 @@ RowShard shard_rows(std::int64_t rows, std::int64_t block_rows, int rank, int ra
 // The block rows of a granularity over a matrix of `rows` rows (what shards are cut on): 1 per tensor (one scale)
 // and per row, the block's rows for blocks, 1 for MX; per column, all rows (one shard holds the matrix).
 std::int64_t shard_block_rows(const Granularity& granularity, std::int64_t rows);
+// The same across columns (column shards, all_gather_cols): 1 per tensor and per column, the block's columns for
+// blocks, 32 for MX; per row, all columns.
+std::int64_t shard_block_cols(const Granularity& granularity, std::int64_t cols);
 
 // Every rank's amaxes, maximum per element, with NaN counted as +Inf (MPI's and NCCL's MAX drop NaN, and ranks
 // would then disagree about skipping a step): one all-reduce for all of them, so batch every layer's into one span.
@@ -36,10 +40,20 @@ void all_reduce_amax(Communicator& comm, std::span<float> amaxes);
 ScaledTensor quantize_shard(Communicator& comm, MatrixRef shard, const QuantizeOptions& options);
 
 // The whole matrix from every rank's shard (quantize_shard's, or any shards of the same format, overflow policy,
-// granularity and columns, cut as shard_rows says, per tensor with one scale): the codes and the scales of every
-// block gathered in rank order, bit-identical to quantizing the whole matrix at once. A shard that does not fit the
-// others is refused on every rank, one line naming the rank and what differs.
-ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std::int64_t rows);
+// granularity and columns, cut as shard_rows(rows, cut, rank, size) says, per tensor with one scale): the codes and
+// the scales of every block gathered in rank order, bit-identical to quantizing the whole matrix at once. `cut` is
+// shard_block_rows (0), or a multiple of it (a cut that also suits another granularity). A shard that does not fit
+// the others is refused on every rank, one line naming the rank and what differs.
+// MX scales travel as their E8M0 codes only (one byte per 32 elements); the float scales are rebuilt from them.
+ScaledTensor all_gather_rows(Communicator& comm, const ScaledTensor& shard, std::int64_t rows, std::int64_t cut = 0);
+// The same from column shards: rank r holds columns shard_rows(cols, cut or shard_block_cols(...), r, size) of every
+// row (e.g. each rank's quantization of the transpose of its row shard of a weight: the gather is the transpose of the
+// whole weight quantized, bit for bit, with per-tensor, block or MX scales).
+ScaledTensor all_gather_cols(Communicator& comm, const ScaledTensor& shard, std::int64_t cols, std::int64_t cut = 0);
+// A 2-D tensor of any dtype (float32, bfloat16: moved as its bytes) from its row (column) shards cut in blocks of
+// `block` rows (columns) as shard_rows says; refused on every rank alike when a shard does not fit.
+Tensor all_gather_rows(Communicator& comm, const Tensor& shard, std::int64_t rows, std::int64_t block_rows = 1);
+Tensor all_gather_cols(Communicator& comm, const Tensor& shard, std::int64_t cols, std::int64_t block_cols = 1);
 
 // What a sum over ranks (gradients) travels as: float32 as it is; bfloat16, each contribution rounded once to
 // nearest even; or FP8 (MS-AMP's FP8 gradients) with a power-of-two pre-scale from the all-reduced amax of every

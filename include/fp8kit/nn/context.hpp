@@ -12,6 +12,7 @@ namespace fp8kit::nn {
 
 struct PrecisionRecipe;
 struct StepReport;
+class WeightSource;
 
 // Conventions of every layer in fp8kit::nn:
 //  - Inputs, outputs and gradients are float32 tensors, row-major; shapes are in comments: `x (R, C) -> y (R, C)`.
@@ -28,6 +29,10 @@ struct Context {
   Profiler* profiler = nullptr;
   const PrecisionRecipe* recipe = nullptr;  // GEMM-based layers (Linear, Conv2d): fp32 when null
   StepReport* report = nullptr;             // optional: scales and non-finite amaxes of this step
+  // Where Linear and Conv2d get their weights' GEMM operands and send their weight gradients: null, the layer's own
+  // weight.value and weight.grad; a sharded run (FSDP) gathers the operands from every rank's shard and
+  // reduce-scatters the gradients (precision.hpp).
+  WeightSource* weights = nullptr;
 };
 
 // A trainable parameter: the FP32 master value and its gradient, same shape.
@@ -35,6 +40,9 @@ struct Parameter {
   std::string name;
   Tensor value;  // float32
   Tensor grad;   // float32, zeros at creation
+  // The weight of a Linear or Conv2d: read only as GEMM operands, through Context::weights when one is set (a sharded
+  // run then holds no full value or gradient of it between uses).
+  bool gemm_weight = false;
 };
 
 // A float32 parameter of `shape` initialized from normal(0, stddev) with a seed (stddev 0: zeros; use fill for ones).

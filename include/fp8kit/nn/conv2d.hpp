@@ -57,8 +57,11 @@ struct Conv2d {
 
   std::vector<Parameter*> parameters();
   const std::string& name() const { return fp8.layer; }
-  std::int64_t in_channels() const { return weight.value.size(1); }
-  std::int64_t out_channels() const { return weight.value.size(0); }
+  std::int64_t in_channels() const { return in_channels_; }
+  std::int64_t out_channels() const { return out_channels_; }
+
+ private:
+  std::int64_t in_channels_, out_channels_;  // weight's shape, also while a sharded run holds no full value
 };
 
 }  // namespace fp8kit::nn

@@ -35,6 +35,11 @@ struct Linear {
 
   std::vector<Parameter*> parameters();
   const std::string& name() const { return fp8.layer; }
+  std::int64_t in_features() const { return in_features_; }
+  std::int64_t out_features() const { return out_features_; }
+
+ private:
+  std::int64_t in_features_, out_features_;  // weight's shape, also while a sharded run holds no full value
 };
 
 }  // namespace fp8kit::nn

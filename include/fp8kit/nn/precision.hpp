@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -107,6 +108,9 @@ struct GemmCall {
   // Set by a layer whose support rule excludes FP8 (e.g. "kernel area 49 > 32"): the GEMM casts its FP8 operands
   // to bfloat16 (recorded cast events) and runs the bf16 GEMM.
   std::string fallback_reason;
+  // Set when the operand is one rank's part of a tensor (a sharded weight): given the part's finite amax, the whole
+  // tensor's (a MAX over ranks). Per-tensor current scaling then quantizes the part with the whole tensor's scale.
+  std::function<float(float)> agree_amax;
 };
 
 // A GEMM operand quantized (or rounded) once under a recipe, reusable by several GEMMs (e.g. a layer input saved in
@@ -145,5 +149,21 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x);
 
 // The transpose of a float32 matrix (rows x cols -> cols x rows), threaded; the GEMM operands of gradients.
 Tensor transpose(const Tensor& x);
+
+// Where a GEMM layer's weight operands come from and its weight gradient goes (Context::weights): a sharded run's
+// (fp8kit/dist/fsdp.hpp) gathers them from every rank's shard. A weight is seen as a matrix of its first dimension's
+// rows (Linear (out, in); Conv2d (OC, C*kh*kw)). Without one, the layers prepare weight.value themselves and add to
+// weight.grad; a source must give the same operands bit for bit.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // The forward GEMM's B operand: prepare_operand(call, TensorRole::kWeight, the weight matrix).
+  virtual RecipeOperand forward_operand(const GemmCall& call, Parameter& weight) = 0;
+  // The input gradient's B operand, the transpose: prepare_operand_transposed(call, TensorRole::kWeight, matrix).
+  virtual RecipeOperand backward_operand(const GemmCall& call, Parameter& weight) = 0;
+  // This process's contribution dw (the weight matrix's shape, float32) to the weight's gradient; dw is the
+  // source's (it may scale it in place).
+  virtual void add_gradient(Parameter& weight, Tensor dw) = 0;
+};
 
 }  // namespace fp8kit::nn

@@ -40,7 +40,7 @@ struct TrainConfig {
   std::int64_t final_loss_window = 10;  // train_loss is the mean of the last steps' losses
   std::int64_t eval_batches = 16;       // final_loss: the mean loss over this many held-out batches
   // Fault injection (tests, and `fp8kit train --inject-nan STEP` to see the guard work): at this step a NaN is
-  // written into the first parameter's gradient after backward.
+  // written into the first trained parameter's gradient after backward (a sharded run: the rank that holds any).
   std::optional<std::int64_t> inject_nan_step;
   // Data parallelism: this process trains on shard `index` of `count` of every global batch (its rows
   // even_split(global rows, index, count)); the held-out evaluation uses whole batches on every process.
@@ -111,6 +111,11 @@ struct TrainHooks {
   std::function<void(Trainer&)> agree_amax;
   // Right after the trainer is built: restore a run (fills the progress; the model and optimizer are fresh).
   std::function<void(Trainer&, TrainProgress&)> resume;
+  // After resume, before the first step: e.g. shard the model over ranks (FSDP: set_trained_parameters and
+  // set_weight_source).
+  std::function<void(Trainer&)> prepare;
+  // Before every step's forward: e.g. gather the parameters layers read directly (FSDP).
+  std::function<void(Trainer&)> begin_step;
   // After every step's update, with the progress that includes it (e.g. save a checkpoint every N steps).
   std::function<void(Trainer&, const TrainProgress&)> after_step;
   // After the last step, before the evaluation (e.g. the last checkpoint, the FP8 export).
@@ -120,7 +125,7 @@ struct TrainHooks {
 };
 
 // One run's model, data and optimizer, and the phases of a step as functions. train() calls, each step:
-//   batch (this shard's rows) -> forward -> agree_loss -> backward -> [inject NaN] -> reduce_gradients ->
+//   batch (this shard's rows) -> begin_step -> forward -> agree_loss -> backward -> [inject NaN] -> reduce_gradients ->
 //   nonfinite (the guard) -> agree_nonfinite ->
 //     finite:  agree_amax -> optimizer_step -> update_scales
 //     else:    discard_scales (or throw NonfiniteAbort)
@@ -139,6 +144,12 @@ class Trainer {
   const Dataset& data() const { return *data_; }
   AdamW& optimizer() { return optimizer_; }
   std::span<Parameter* const> parameters() const { return params_; }
+  // What the optimizer steps, the guard checks and zero_grad clears: the model's parameters, or what a sharded run
+  // put in their place (each rank's shards, set_trained_parameters; they must outlive the trainer's use of them).
+  std::span<Parameter* const> trained_parameters() const { return trained_; }
+  void set_trained_parameters(std::vector<Parameter*> params) { trained_ = std::move(params); }
+  // Where the GEMM layers' weights come from (Context::weights; null: the model's own). Must outlive its use.
+  void set_weight_source(WeightSource* weights) { ctx_.weights = weights; }
   // What the last forward and backward saw (the non-finite amaxes, the scale log when config.log_scales).
   const StepReport& report() const { return report_; }
 
@@ -164,6 +175,7 @@ class Trainer {
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Model> model_;
   std::vector<Parameter*> params_;
+  std::vector<Parameter*> trained_;
   AdamW optimizer_;
   StepReport report_;
   Context ctx_;

@@ -119,5 +119,7 @@ void dequantize(const ScaledTensor& q, std::span<float> out);
 
 // The E8M0 scale code of an MX block from its amax (NaN -> 0xFF, +Inf -> 0xFE, 0 -> 0x00).
 std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode);
+// The dequantization scale an E8M0 code stands for: 2^(code - 127), exactly; NaN for 0xFF.
+float mx_scale_value(std::uint8_t code);
 
 }  // namespace fp8kit

@@ -1,0 +1,209 @@
+// FSDP: parameters sharded by rows over the ranks, GEMM weights gathered in their GEMM's form (FP8 with scales,
+// bfloat16, float32) for each use and their gradients reduce-scattered as the layers produce them.
+#include "fp8kit/dist/fsdp.hpp"
+
+#include <cstring>
+#include <numeric>
+
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/dist/data_parallel.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/scaling/scaled_tensor.hpp"
+
+namespace fp8kit {
+namespace {
+
+// Rows [begin, end) of a tensor along its first dimension, copied (a shape of `end - begin` rows).
+Tensor rows_of(const Tensor& t, std::int64_t rows, std::int64_t begin, std::int64_t end) {
+  Shape shape = t.shape();
+  shape[0] = end - begin;
+  Tensor out = empty(shape, t.dtype());
+  const std::int64_t row_bytes = rows == 0 ? 0 : t.nbytes() / rows;
+  if (out.nbytes() > 0) std::memcpy(out.raw(), t.raw() + begin * row_bytes, static_cast<std::size_t>(out.nbytes()));
+  return out;
+}
+
+// What a gathered operand carried, for GatherCounts.
+std::string carried(const nn::RecipeOperand& op) {
+  return op.fp8 ? std::string(name(op.fp8->format)) : std::string(name(op.values.dtype()));
+}
+
+}  // namespace
+
+Fsdp::Fsdp(Communicator& comm, ReducePayload grad_payload, std::int64_t global_rows)
+    : comm_(comm), payload_(grad_payload), global_rows_(global_rows) {
+  FP8KIT_CHECK(global_rows >= comm.size(), "fsdp: a global batch of ", global_rows, " rows leaves some of ",
+               comm.size(), " ranks none (give --batch of at least ", comm.size(), ")");
+  const auto [begin, end] = even_split(global_rows, comm.rank(), comm.size());
+  share_ = static_cast<float>(end - begin) / static_cast<float>(global_rows);  // as data_parallel_hooks weighs
+}
+
+Fsdp::Shard& Fsdp::shard_of(const nn::Parameter& p) {
+  const auto it = index_.find(&p);
+  FP8KIT_CHECK(it != index_.end(), "fsdp on rank ", comm_.rank(), ": parameter '", p.name,
+               "' is not one of the sharded model's (shard the trainer's model first)");
+  return shards_[it->second];
+}
+
+void Fsdp::shard(nn::Trainer& trainer) {
+  FP8KIT_CHECK(trainer_ == nullptr, "fsdp: shard() once per run (a new Fsdp for another trainer)");
+  trainer_ = &trainer;
+  // GEMM weights are cut on the run's weight blocks, along both orientations: the forward quantizes rows of W (the
+  // granularity's block rows), the input gradient the transpose, whose columns are W's rows (its block columns).
+  const nn::PrecisionRecipe& recipe = trainer.recipe();
+  const Granularity weight_blocks =
+      recipe.is_fp8() ? nn::granularity_of(recipe, nn::TensorRole::kWeight) : Granularity::tensor();
+  std::map<std::string, nn::AdamW::State>& moments = trainer.optimizer().state();
+  shards_.reserve(trainer.parameters().size());
+  for (nn::Parameter* p : trainer.parameters()) {
+    Shard s;
+    s.full = p;
+    s.shape = p->value.shape();
+    s.rows = s.shape.empty() ? 1 : s.shape[0];
+    s.cols = s.rows == 0 ? 0 : p->value.numel() / s.rows;
+    if (p->gemm_weight) {
+      s.cut = std::lcm(shard_block_rows(weight_blocks, s.rows), shard_block_cols(weight_blocks, s.rows));
+    }
+    s.mine = shard_rows(s.rows, s.cut, comm_.rank(), comm_.size());
+    s.part.name = p->name;
+    const Tensor value = s.shape.empty() ? p->value.reshape({1}) : p->value;
+    s.part.value = rows_of(value, s.rows, s.mine.begin, s.mine.end);
+    s.part.grad = zeros(s.part.value.shape(), DType::float32);
+    if (const auto m = moments.find(p->name); m != moments.end()) {
+      m->second.m = rows_of(m->second.m.reshape(value.shape()), s.rows, s.mine.begin, s.mine.end);
+      m->second.v = rows_of(m->second.v.reshape(value.shape()), s.rows, s.mine.begin, s.mine.end);
+    }
+    p->value = Tensor();
+    p->grad = Tensor();
+    index_[p] = shards_.size();
+    shards_.push_back(std::move(s));
+  }
+  for (Shard& s : shards_) shard_ptrs_.push_back(&s.part);
+  trainer.set_trained_parameters(shard_ptrs_);
+  trainer.set_weight_source(this);
+}
+
+Tensor Fsdp::part_matrix(const Shard& s) const {
+  return s.part.value.reshape({s.mine.rows(), s.cols});
+}
+
+Tensor Fsdp::gather_value(const Shard& s, GatherCounts* counts) {
+  const std::uint64_t before = comm_.stats().all_gather_bytes;
+  Tensor full = all_gather_rows(comm_, part_matrix(s), s.rows, s.cut).reshape(s.shape);
+  if (counts != nullptr) {
+    GatherCount& c = counts->other_parameters[std::string(name(DType::float32))];
+    c.elements += static_cast<std::uint64_t>(full.numel());
+    c.bytes += comm_.stats().all_gather_bytes - before;
+  }
+  return full;
+}
+
+void Fsdp::gather_direct() {
+  for (Shard& s : shards_) {
+    if (s.full->gemm_weight) continue;
+    s.full->value = gather_value(s, &gathered_);
+    s.full->grad = zeros(s.shape, DType::float32);
+  }
+}
+
+void Fsdp::reduce_into(Shard& s, Tensor full_grad) {
+  float* g = full_grad.data<float>();
+  const std::int64_t n = full_grad.numel();
+  if (share_ != 1.0f) {
+    for (std::int64_t i = 0; i < n; ++i) g[i] *= share_;
+  }
+  std::vector<std::size_t> counts(static_cast<std::size_t>(comm_.size()));
+  for (int r = 0; r < comm_.size(); ++r) {
+    counts[static_cast<std::size_t>(r)] =
+        static_cast<std::size_t>(shard_rows(s.rows, s.cut, r, comm_.size()).rows() * s.cols);
+  }
+  std::vector<float> mine(counts[static_cast<std::size_t>(comm_.rank())]);
+  reduce_scatter_sum(comm_, std::span<const float>(g, static_cast<std::size_t>(n)), mine, counts, payload_);
+  if (mine.empty()) return;
+  float* into = s.part.grad.data<float>();
+  for (std::size_t i = 0; i < mine.size(); ++i) into[i] += mine[i];
+}
+
+void Fsdp::reduce_direct() {
+  for (Shard& s : shards_) {
+    if (s.full->gemm_weight) continue;
+    reduce_into(s, std::move(s.full->grad));
+    s.full->grad = Tensor();
+    s.full->value = Tensor();
+  }
+}
+
+void Fsdp::gather_full() {
+  for (Shard& s : shards_) {
+    s.full->value = gather_value(s, nullptr);
+    s.full->grad = zeros(s.shape, DType::float32);
+  }
+  if (trainer_ != nullptr) trainer_->set_weight_source(nullptr);
+}
+
+nn::RecipeOperand Fsdp::gather_operand(const nn::GemmCall& call, nn::Parameter& weight, bool transposed) {
+  Shard& s = shard_of(weight);
+  FP8KIT_CHECK(call.recipe != nullptr, "fsdp: a GEMM call without a recipe (", call.op, ")");
+  // FP8 travels as FP8 also under fake quantization: the shard quantized for real, the gathered codes dequantized
+  // (bit for bit the fake-quantized whole weight).
+  nn::PrecisionRecipe real = *call.recipe;
+  const bool fake = real.is_fp8() && real.mode == nn::Fp8Mode::kFakeQuant;
+  real.mode = nn::Fp8Mode::kReal;
+  nn::GemmCall local = call;
+  local.recipe = &real;
+  Communicator* comm = &comm_;
+  local.agree_amax = [comm](float amax) {
+    all_reduce_amax(*comm, std::span<float>(&amax, 1));
+    return amax;
+  };
+  const Tensor part = part_matrix(s);
+  const nn::RecipeOperand mine = transposed ? nn::prepare_operand_transposed(local, nn::TensorRole::kWeight, part)
+                                            : nn::prepare_operand(local, nn::TensorRole::kWeight, part);
+  const std::uint64_t before = comm_.stats().all_gather_bytes;
+  nn::RecipeOperand out;
+  out.blocked = mine.blocked;
+  if (mine.fp8) {
+    out.fp8 = transposed ? all_gather_cols(comm_, *mine.fp8, s.rows, s.cut)
+                         : all_gather_rows(comm_, *mine.fp8, s.rows, s.cut);
+  } else {
+    out.values = transposed ? all_gather_cols(comm_, mine.values, s.rows, s.cut)
+                            : all_gather_rows(comm_, mine.values, s.rows, s.cut);
+  }
+  GatherCount& c = gathered_.gemm_weights[carried(out)];
+  c.elements += static_cast<std::uint64_t>(s.rows * s.cols);
+  c.bytes += comm_.stats().all_gather_bytes - before;
+  if (fake) {
+    out.values = dequantize(*out.fp8, DType::float32);
+    out.fp8.reset();
+  }
+  return out;
+}
+
+nn::RecipeOperand Fsdp::forward_operand(const nn::GemmCall& call, nn::Parameter& weight) {
+  return gather_operand(call, weight, false);
+}
+
+nn::RecipeOperand Fsdp::backward_operand(const nn::GemmCall& call, nn::Parameter& weight) {
+  return gather_operand(call, weight, true);
+}
+
+void Fsdp::add_gradient(nn::Parameter& weight, Tensor dw) {
+  Shard& s = shard_of(weight);
+  FP8KIT_CHECK(dw.numel() == s.rows * s.cols, "fsdp: a gradient of ", dw.numel(), " elements for '", weight.name,
+               "' of ", s.rows * s.cols);
+  reduce_into(s, std::move(dw));
+}
+
+nn::TrainHooks Fsdp::hooks(nn::TrainHooks base) {
+  nn::TrainHooks h = data_parallel_hooks(comm_, payload_, global_rows_, std::move(base));
+  h.prepare = [this](nn::Trainer& t) { shard(t); };
+  h.begin_step = [this](nn::Trainer&) { gather_direct(); };
+  h.reduce_gradients = [this](nn::Trainer&) { reduce_direct(); };
+  h.finish = [this, finish = std::move(h.finish)](nn::Trainer& t, const nn::TrainProgress& p) {
+    gather_full();
+    if (finish) finish(t, p);
+  };
+  return h;
+}
+
+}  // namespace fp8kit

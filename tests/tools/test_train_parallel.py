@@ -1,0 +1,136 @@
+# `fp8kit train --parallel ddp|fsdp` end to end under mpirun -np 2 (argv[2] is mpirun; without it the checks skip
+# with exit 77): fp32 data parallel follows the single-process run to FP32 rounding (each rank's half of the global
+# batch, gradients weighted by 1/2 and summed in rank order: only the order of the sums over rows differs),
+# fp8-delayed keeps its replicas identical and its losses close, the gradient payload's bytes drop (fp8 a quarter of
+# fp32); fsdp trains bit for bit as ddp with less memory, its FP8 weight gathers move a quarter of fp32's bytes per
+# element; a rank that throws or dies ends the job in bounded time with one line naming it and the step; ranks given
+# other settings are refused at start; one report from rank 0, and the refusals. Exits 1 on any failure.
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checks import MPI_ENV, TestList, mpi_script_arguments, run_test_functions, under_mpirun  # noqa: E402
+
+BINARY = None
+MPIRUN = None
+test = TestList()
+
+
+def train(ranks, *args, parallel="ddp"):
+    cmd = [BINARY, "train", "--json", *args] + (["--parallel", parallel] if ranks > 0 else [])
+    p = subprocess.run(under_mpirun(MPIRUN, ranks, cmd), capture_output=True, text=True, timeout=300, env=MPI_ENV)
+    assert p.returncode == 0, (cmd, p.stderr)
+    return json.loads(p.stdout)  # one JSON document: only rank 0 printed
+
+
+def fp8kit_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("fp8kit")]
+
+
+@test
+def fp32_data_parallel_is_the_single_process_run():
+    single = train(0, "--recipe", "fp32", "--steps", "4", "--batch", "8")[0]
+    ddp = train(2, "--recipe", "fp32", "--steps", "4", "--batch", "8")[0]
+    for a, b in zip(ddp["losses"], single["losses"]):
+        assert abs(a - b) <= 1e-5 * abs(b), (ddp["losses"], single["losses"])
+    assert abs(ddp["final_loss"] - single["final_loss"]) <= 1e-4 * single["final_loss"]
+    assert ddp["ranks"] == 2 and ddp["parallel"] == "ddp" and ddp["replicas_identical"] is True, ddp
+
+
+@test
+def fp8_delayed_replicas_stay_identical_and_close():
+    single = train(0, "--recipe", "fp8-delayed", "--steps", "4", "--batch", "8")[0]
+    runs = {p: train(2, "--recipe", "fp8-delayed", "--steps", "4", "--batch", "8", "--grad-reduce", p)[0]
+            for p in ("fp32", "bf16", "fp8")}
+    for payload, r in runs.items():
+        assert r["replicas_identical"] is True, (payload, r)
+        assert r["grad_reduce"] == {"fp32": "fp32", "bf16": "bf16", "fp8": "e5m2"}[payload], r
+        gap = abs(r["final_loss"] - single["final_loss"]) / single["final_loss"]
+        assert gap < 0.01, (payload, r["final_loss"], single["final_loss"])
+    b = {p: r["comm_bytes_per_step"]["all_reduce"] for p, r in runs.items()}
+    assert b["bf16"] <= 0.52 * b["fp32"] and b["fp8"] <= 0.27 * b["fp32"], b
+
+
+@test
+def fsdp_is_ddp_bit_for_bit_with_less_memory():
+    for recipe in ("fp32", "fp8-delayed"):
+        ddp = train(2, "--recipe", recipe, "--steps", "3")[0]
+        fsdp = train(2, "--recipe", recipe, "--steps", "3", parallel="fsdp")[0]
+        assert fsdp["losses"] == ddp["losses"] and fsdp["final_loss"] == ddp["final_loss"], (ddp, fsdp)
+        assert fsdp["parallel"] == "fsdp" and fsdp["replicas_identical"] is True, fsdp
+        assert fsdp["peak_bytes"] < 0.85 * ddp["peak_bytes"], (fsdp["peak_bytes"], ddp["peak_bytes"])
+        # Gradients are reduce-scattered (half an all-reduce's bytes), weights gathered.
+        c = fsdp["comm_bytes_per_step"]
+        assert c["all_gather"] > 0 and c["reduce_scatter"] > 0 and c["all_reduce"] < 1024, c
+
+
+@test
+def fsdp_fp8_weight_gathers_move_a_quarter_of_fp32s_bytes():
+    def per_element(run, payload):
+        g = run["fsdp_all_gather_per_step"]["gemm_weights"][payload]
+        return g["bytes"] / g["elements"]
+    runs = {r: train(2, "--recipe", r, "--steps", "2", parallel="fsdp")[0]
+            for r in ("fp32", "bf16", "fp8-delayed", "mxfp8")}
+    fp32, bf16 = per_element(runs["fp32"], "float32"), per_element(runs["bf16"], "bfloat16")
+    assert 4.0 <= fp32 < 4.02 and 2.0 <= bf16 < 2.02, (fp32, bf16)
+    for recipe in ("fp8-delayed", "mxfp8"):  # mxfp8: one E8M0 scale per 32 codes travels too
+        fp8 = per_element(runs[recipe], "e4m3fn")
+        assert fp8 <= 0.27 * fp32 and fp8 <= 0.52 * bf16, (recipe, fp8, fp32, bf16)
+        assert "bfloat16" in runs[recipe]["fsdp_all_gather_per_step"]["gemm_weights"], recipe  # the bf16 head
+    assert list(runs["fp32"]["fsdp_all_gather_per_step"]["other_parameters"]) == ["float32"], runs["fp32"]
+
+
+@test
+def a_rank_that_fails_ends_the_job_with_one_line():
+    for spec, rank, step in (("1:2", 1, 2), ("0:1", 0, 1), ("1:2:kill", 1, 2)):
+        for parallel in ("ddp", "fsdp"):
+            cmd = [BINARY, "train", "--recipe", "fp8-delayed", "--steps", "6", "--parallel", parallel,
+                   "--inject-rank-failure", spec]
+            start = time.monotonic()
+            p = subprocess.run(under_mpirun(MPIRUN, 2, cmd), capture_output=True, text=True, timeout=120, env=MPI_ENV)
+            took = time.monotonic() - start
+            assert p.returncode != 0 and took < 60, (spec, parallel, p.returncode, took)
+            if spec.endswith("kill"):
+                continue  # the launcher names the killed rank; fp8kit had no chance to
+            lines = fp8kit_lines(p.stderr)
+            assert len(lines) == 1 and f"rank {rank} of 2 failed at step {step}" in lines[0], (spec, p.stderr)
+
+
+@test
+def ranks_given_other_settings_are_refused_at_start():
+    # Rank 1 alone gets another seed (as a launcher script could): one line, status 2, no training.
+    script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then s=2; else s=1; fi; '
+              f'exec "{BINARY}" train --steps 3 --parallel ddp --seed $s')
+    p = subprocess.run(under_mpirun(MPIRUN, 2, ["sh", "-c", script]), capture_output=True, text=True, timeout=120,
+                       env=MPI_ENV)
+    lines = fp8kit_lines(p.stderr)
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr)
+    assert "rank 1 was given --seed '2', rank 0 '1'" in lines[0] and p.stdout == "", p.stderr
+    # A usage error every rank sees alike is said once, by rank 0.
+    p = subprocess.run(under_mpirun(MPIRUN, 2, [BINARY, "train", "--parallel", "fsdp", "--recipe", "nope"]),
+                       capture_output=True, text=True, timeout=120, env=MPI_ENV)
+    assert p.returncode == 2 and len(fp8kit_lines(p.stderr)) == 1, p.stderr
+
+
+@test
+def refusals_are_one_line_with_status_2():
+    for args, needle in ((["--parallel", "zero3"], "--parallel"), (["--grad-reduce", "fp8"], "needs --parallel ddp"),
+                         (["--grad-reduce", "fp32"], "needs --parallel ddp"),
+                         (["--grad-reduce", "fp16", "--parallel", "ddp"], "--grad-reduce"),
+                         (["--inject-rank-failure", "1:2"], "needs --parallel"),
+                         (["--inject-rank-failure", "1", "--parallel", "ddp"], "RANK:STEP"),
+                         (["--parallel", "fsdp", "--recipe", "fp32", "--save-checkpoint", "x.safetensors"], "does not save")):
+        p = subprocess.run([BINARY, "train", "--steps", "1", *args], capture_output=True, text=True, timeout=60,
+                           env=MPI_ENV)
+        assert p.returncode == 2 and needle in p.stderr and p.stderr.count("\n") == 1, (args, p.returncode, p.stderr)
+
+
+if __name__ == "__main__":
+    BINARY, MPIRUN = mpi_script_arguments(sys.argv)
+    if MPIRUN is None:
+        print("skip: this build has no MPI backend (install libopenmpi-dev openmpi-bin and reconfigure)")
+        sys.exit(77 if os.environ.get("CI") != "true" else 1)
+    sys.exit(run_test_functions(test))
