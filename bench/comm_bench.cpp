@@ -10,6 +10,7 @@
 
 #include "fp8kit/dist/fp8_collectives.hpp"
 #include "fp8kit/format/half.hpp"
+#include "fp8kit/scaling/scale.hpp"
 #include "harness.hpp"
 
 namespace fp8kit::bench {
@@ -18,11 +19,11 @@ namespace {
 struct Dtype {
   const char* name;
   ReducePayload payload;
+  bool known_scale = false;  // an FP8 all-gather whose scale is known before (delayed scaling): no amax pass
 };
-constexpr Dtype kDtypes[] = {{"fp32", ReducePayload::kFloat32},
-                             {"bf16", ReducePayload::kBfloat16},
-                             {"e4m3fn", ReducePayload::kE4m3},
-                             {"e5m2", ReducePayload::kE5m2}};
+constexpr Dtype kDtypes[] = {{"fp32", ReducePayload::kFloat32},      {"bf16", ReducePayload::kBfloat16},
+                             {"e4m3fn", ReducePayload::kE4m3},       {"e5m2", ReducePayload::kE5m2},
+                             {"e4m3fn", ReducePayload::kE4m3, true}, {"e5m2", ReducePayload::kE5m2, true}};
 
 // Median over reps of the slowest rank's seconds for fn (each repetition starts from a barrier).
 double time_collective(Communicator& comm, const std::function<void()>& fn, int reps) {
@@ -64,8 +65,9 @@ std::vector<CommResult> run_comm_bench(Communicator& comm, const std::vector<std
     for (const char* op : {"all_gather", "reduce_scatter", "all_reduce"}) {
       double fp32_rate = 0;
       for (const Dtype& d : kDtypes) {
-        std::function<void()> fn;
         const std::string o = op;
+        if (d.known_scale && o != "all_gather") continue;  // the reductions' pre-scale is always agreed
+        std::function<void()> fn;
         std::vector<std::byte> gathered;
         std::vector<bfloat16> half;
         if (o == "all_gather") {
@@ -90,12 +92,17 @@ std::vector<CommResult> run_comm_bench(Communicator& comm, const std::vector<std
                                     Overflow::kSaturate,
                                     Granularity::tensor(),
                                     {}};
-            fn = [&, q] {
-              const ScaledTensor mine = quantize_shard(
-                  comm, MatrixRef(x.data(), static_cast<std::int64_t>(shard / cols), static_cast<std::int64_t>(cols)),
-                  q);
-              (void)all_gather_rows(comm, mine, rows);
-            };
+            const MatrixRef mine_rows(x.data(), static_cast<std::int64_t>(shard / cols),
+                                      static_cast<std::int64_t>(cols));
+            if (d.known_scale) {
+              // The scale every rank already holds (a delayed-scaling history's): one cast pass, then the gather.
+              const float scale = compute_scale(4.0f, q.format);  // |x| of a unit normal stays below 4 or saturates
+              fn = [&, q, mine_rows, scale] {
+                (void)all_gather_rows(comm, quantize_with_scale(mine_rows, q.format, scale, q.overflow), rows);
+              };
+            } else {
+              fn = [&, q, mine_rows] { (void)all_gather_rows(comm, quantize_shard(comm, mine_rows, q), rows); };
+            }
           }
         } else if (o == "reduce_scatter") {
           fn = [&] { reduce_scatter_sum(comm, x, part, counts, d.payload); };
@@ -112,6 +119,9 @@ std::vector<CommResult> run_comm_bench(Communicator& comm, const std::vector<std
         CommResult r;
         r.op = op;
         r.dtype = d.name;
+        if (o == "all_gather" && (d.payload == ReducePayload::kE4m3 || d.payload == ReducePayload::kE5m2)) {
+          r.scaling = d.known_scale ? "delayed" : "current";
+        }
         r.ranks = ranks;
         r.elements = elements;
         // The payload: what this rank handed to the backend in one call, the amax and header exchanges included.

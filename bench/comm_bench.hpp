@@ -14,6 +14,10 @@ namespace fp8kit::bench {
 struct CommResult {
   std::string op;     // "all_gather" (shards of elements / ranks each, gathered), "reduce_scatter", "all_reduce"
   std::string dtype;  // "fp32", "bf16", "e4m3fn", "e5m2"
+  // FP8 all-gathers: "current" (each rank's amax pass, the amax all-reduce, the cast, the gather: torchao's
+  // per-tensor current scaling) or "delayed" (the scale known, as under delayed scaling: the cast and the gather);
+  // empty for the other rows.
+  std::string scaling;
   int ranks = 1;
   std::size_t elements = 0;  // of the whole payload (an fp32 payload of this many elements is the size asked for)
   std::size_t bytes = 0;     // payload bytes this rank handed to the backend per call (CommStats)

@@ -49,8 +49,21 @@ float combine(float a, float b, ReduceOp op) {
 
 }  // namespace
 
+CommEvent::CommEvent(Communicator& comm, std::string_view collective, std::string payload)
+    : comm_(comm), before_(comm.stats().total_bytes()) {
+  if (comm.profiler() == nullptr) return;
+  event_.emplace(comm.profiler(), "comm." + std::string(collective), "comm");
+  event_->arg("ranks", std::to_string(comm.size()));
+  if (!payload.empty()) event_->arg("payload", std::move(payload));
+}
+
+CommEvent::~CommEvent() {
+  if (event_) event_->arg("bytes", std::to_string(comm_.stats().total_bytes() - before_));
+}
+
 void Communicator::all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
                               std::span<const std::size_t> counts) {
+  const CommEvent event(*this, "all_gather");
   check_counts(
       *this, "bytes", [this] { return where("all_gather"); }, counts, recv.size(), send.size());
   FP8KIT_CHECK(recv.size() <= kMaxCollectiveBytes, where("all_gather"), ": ", recv.size(), " bytes pass the ",
@@ -61,6 +74,7 @@ void Communicator::all_gather(std::span<const std::byte> send, std::span<std::by
 }
 
 void Communicator::broadcast(std::span<std::byte> data, int root) {
+  const CommEvent event(*this, "broadcast");
   FP8KIT_CHECK(root >= 0 && root < size(), where("broadcast"), ": root ", root, " is not a rank (0 to ", size() - 1,
                ")");
   FP8KIT_CHECK(data.size() <= kMaxCollectiveBytes, where("broadcast"), ": ", data.size(), " bytes pass the ",
@@ -72,6 +86,7 @@ void Communicator::broadcast(std::span<std::byte> data, int root) {
 
 void Communicator::all_to_all(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
                               std::span<std::byte> recv, std::span<const std::size_t> recv_counts) {
+  const CommEvent event(*this, "all_to_all");
   FP8KIT_CHECK(static_cast<int>(send_counts.size()) == size() && static_cast<int>(recv_counts.size()) == size(),
                where("all_to_all"), ": ", send_counts.size(), " send and ", recv_counts.size(), " receive counts for ",
                size(), " ranks (give one per rank)");
@@ -95,6 +110,7 @@ void Communicator::count_as(const CommStats& before, std::uint64_t CommStats::*i
 
 void Communicator::reduce_scatter(std::span<const float> send, std::span<float> recv,
                                   std::span<const std::size_t> counts, ReduceOp op) {
+  const CommEvent event(*this, "reduce_scatter", std::string(name(op)));
   check_counts(
       *this, "floats", [this] { return where("reduce_scatter"); }, counts, send.size(), recv.size());
   const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
@@ -119,6 +135,7 @@ void Communicator::reduce_scatter(std::span<const float> send, std::span<float> 
 }
 
 void Communicator::all_reduce(std::span<float> data, ReduceOp op) {
+  const CommEvent event(*this, "all_reduce", std::string(name(op)));
   const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
   // even_split's parts, each reduced by its owner, then gathered back.
   std::vector<std::size_t> counts(n), bytes(n);

@@ -65,6 +65,13 @@ nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, st
   return base;
 }
 
+std::function<void(nn::Trainer&, const std::function<void()>&)> rank_zero_writes(Communicator& comm) {
+  const int rank = comm.rank();
+  return [rank](nn::Trainer&, const std::function<void()>& write) {
+    if (rank == 0) write();
+  };
+}
+
 std::string parameter_fingerprint(nn::Model& model) {
   detail::Fingerprint f;
   for (const nn::Parameter* p : model.parameters()) {

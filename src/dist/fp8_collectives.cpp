@@ -25,6 +25,7 @@ RowShard shard_rows(std::int64_t rows, std::int64_t block_rows, int rank, int ra
 }
 
 void all_reduce_amax(Communicator& comm, std::span<float> amaxes) {
+  const CommEvent event(comm, "all_reduce_amax");
   for (float& a : amaxes) {
     if (std::isnan(a)) a = std::numeric_limits<float>::infinity();
   }
@@ -116,6 +117,7 @@ std::int64_t block_along(const Granularity& g, Axis axis, std::int64_t total) {
 
 ScaledTensor gather_shards(Communicator& comm, const ScaledTensor& shard, std::int64_t total, std::int64_t cut,
                            Axis axis, std::string_view collective) {
+  const CommEvent event(comm, collective, std::string(name(shard.format)));
   const auto n = static_cast<std::size_t>(comm.size());
   const std::string where =
       std::string(collective) + " on rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
@@ -221,6 +223,7 @@ ScaledTensor gather_shards(Communicator& comm, const ScaledTensor& shard, std::i
 // against the split on every rank alike.
 Tensor gather_matrix(Communicator& comm, const Tensor& shard, std::int64_t total, std::int64_t block, Axis axis,
                      std::string_view collective) {
+  const CommEvent event(comm, collective, std::string(name(shard.dtype())));
   const auto n = static_cast<std::size_t>(comm.size());
   const std::string where =
       std::string(collective) + " on rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
@@ -390,6 +393,7 @@ void decode_into(const std::byte* bytes, std::size_t n, ReducePayload payload, f
 
 void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::span<float> recv,
                         std::span<const std::size_t> counts, ReducePayload payload) {
+  const CommEvent event(comm, "reduce_scatter_sum", std::string(name(payload)));
   const auto n = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
   const std::string where = "reduce_scatter_sum on rank " + std::to_string(me) + " of " + std::to_string(n);
   FP8KIT_CHECK(counts.size() == n, where, ": ", counts.size(), " counts for ", n, " ranks (give one per rank)");
@@ -414,6 +418,7 @@ void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::sp
 }
 
 void all_reduce_sum(Communicator& comm, std::span<float> data, ReducePayload payload) {
+  const CommEvent event(comm, "all_reduce_sum", std::string(name(payload)));
   if (payload == ReducePayload::kFloat32) return comm.all_reduce(data, ReduceOp::kSum);
   const auto n = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
   std::vector<std::size_t> counts(n);

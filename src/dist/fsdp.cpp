@@ -3,6 +3,7 @@
 #include "fp8kit/dist/fsdp.hpp"
 
 #include <cstring>
+#include <exception>
 #include <numeric>
 
 #include "fp8kit/common/error.hpp"
@@ -192,6 +193,44 @@ void Fsdp::add_gradient(nn::Parameter& weight, Tensor dw) {
   FP8KIT_CHECK(dw.numel() == s.rows * s.cols, "fsdp: a gradient of ", dw.numel(), " elements for '", weight.name,
                "' of ", s.rows * s.cols);
   reduce_into(s, std::move(dw));
+}
+
+void Fsdp::write_whole(nn::Trainer& trainer, const std::function<void()>& write) {
+  // The whole values (those released between steps) and moments, every rank taking part in every gather.
+  std::vector<Shard*> gathered;
+  for (Shard& s : shards_) {
+    if (s.full->value.numel() == 0 && s.rows * s.cols > 0) {
+      s.full->value = gather_value(s, nullptr);
+      gathered.push_back(&s);
+    }
+  }
+  std::map<std::string, nn::AdamW::State>& moments = trainer.optimizer().state();
+  std::vector<std::pair<nn::AdamW::State*, nn::AdamW::State>> parts;  // the shards' moments, to put back
+  for (Shard& s : shards_) {
+    const auto m = moments.find(s.part.name);
+    if (m == moments.end()) continue;
+    parts.emplace_back(&m->second, m->second);
+    const auto whole = [&](const Tensor& t) {
+      return all_gather_rows(comm_, t.reshape({s.mine.rows(), s.cols}), s.rows, s.cut).reshape(s.shape);
+    };
+    m->second.m = whole(m->second.m);
+    m->second.v = whole(m->second.v);
+  }
+  std::exception_ptr failed;
+  if (comm_.rank() == 0) {
+    try {
+      write();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  for (auto& [state, part] : parts) *state = std::move(part);
+  for (Shard* s : gathered) s->full->value = Tensor();
+  if (failed) std::rethrow_exception(failed);
+}
+
+std::function<void(nn::Trainer&, const std::function<void()>&)> Fsdp::around_write() {
+  return [this](nn::Trainer& t, const std::function<void()>& write) { write_whole(t, write); };
 }
 
 nn::TrainHooks Fsdp::hooks(nn::TrainHooks base) {

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -445,6 +447,35 @@ TEST(Fp8Collectives, PayloadBytes) {
   EXPECT_EQ(parse_reduce_payload("fp8"), ReducePayload::kE5m2);
   EXPECT_EQ(parse_reduce_payload("bf16"), ReducePayload::kBfloat16);
   EXPECT_FALSE(parse_reduce_payload("fp16"));
+}
+
+// Every collective is a profiler event with the bytes it handed over; an FP8 reduction's parts nest inside it.
+TEST(Communicator, CollectivesAreProfilerEventsWithTheirBytes) {
+  Profiler profiler;
+  std::vector<float> v = values_of(comm().rank(), 1001, 5);
+  comm().reset_stats();
+  comm().set_profiler(&profiler);
+  all_reduce_sum(comm(), v, ReducePayload::kE5m2);
+  comm().set_profiler(nullptr);
+  std::map<std::string, int> seen;
+  for (const ProfileEvent& e : profiler.events()) {
+    ++seen[e.name];
+    EXPECT_EQ(e.category, "comm") << e.name;
+    EXPECT_EQ(e.args.at("ranks"), std::to_string(comm().size())) << e.name;
+    if (e.name == "comm.all_reduce_sum") {
+      EXPECT_EQ(e.args.at("payload"), "e5m2");
+      EXPECT_EQ(e.args.at("bytes"), std::to_string(comm().stats().all_reduce_bytes));
+    }
+  }
+  EXPECT_EQ(seen["comm.all_reduce_sum"], 1);
+  EXPECT_EQ(seen["comm.reduce_scatter_sum"], 1);
+  EXPECT_EQ(seen["comm.all_reduce_amax"], 2);  // the contributions' scale, then the sums'
+  EXPECT_EQ(seen["comm.all_to_all"], 1);
+  EXPECT_GE(seen["comm.all_gather"], 1);
+  comm().all_reduce(std::span<float>(v.data(), 1), ReduceOp::kSum);  // no profiler: nothing recorded
+  EXPECT_EQ(profiler.events().size(),
+            static_cast<std::size_t>(
+                std::accumulate(seen.begin(), seen.end(), 0, [](int a, const auto& p) { return a + p.second; })));
 }
 
 // The data-parallel hooks give every rank the global batch's loss and gradients: each rank's half (third) of the

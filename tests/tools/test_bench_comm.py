@@ -22,7 +22,8 @@ def bench(ranks, *args):
 
 def check_rows(rows, ranks, sizes):
     ops, dtypes = ["all_gather", "reduce_scatter", "all_reduce"], ["fp32", "bf16", "e4m3fn", "e5m2"]
-    assert len(rows) == len(ops) * len(dtypes) * len(sizes), len(rows)
+    # The FP8 all-gathers twice: with current scaling (the amax agreed) and with a scale known before (delayed).
+    assert len(rows) == (len(ops) * len(dtypes) + 2) * len(sizes), len(rows)
     for r in rows:
         for key in ("op", "dtype", "ranks", "elements", "bytes", "seconds", "gbps", "elements_per_second", "ratio",
                     "baseline", "backend"):
@@ -31,8 +32,18 @@ def check_rows(rows, ranks, sizes):
         assert r["backend"] == ("mpi" if ranks > 1 else "local"), r
     for size in sizes:
         for op in ops:
-            group = {r["dtype"]: r for r in rows if r["op"] == op and r["elements"] == size // 4}
+            group = {r["dtype"]: r for r in rows
+                     if r["op"] == op and r["elements"] == size // 4 and r["scaling"] != "delayed"}
             assert set(group) == set(dtypes), (op, size, group.keys())
+            for r in group.values():
+                fp8_gather = op == "all_gather" and r["dtype"] in ("e4m3fn", "e5m2")
+                assert r["scaling"] == ("current" if fp8_gather else None), r
+            if op == "all_gather":
+                delayed = {r["dtype"]: r for r in rows
+                           if r["op"] == op and r["elements"] == size // 4 and r["scaling"] == "delayed"}
+                assert set(delayed) == {"e4m3fn", "e5m2"}, delayed.keys()
+                for d, r in delayed.items():  # no amax all-reduce: a little fewer bytes than current scaling's
+                    assert r["bytes"] <= group[d]["bytes"] and r["bytes"] <= 0.27 * group["fp32"]["bytes"], r
             assert abs(group["fp32"]["ratio"] - 1.0) < 1e-12, group["fp32"]
             fp32 = group["fp32"]["bytes"]
             if fp32 == 0:  # one rank's reduce-scatter sends nothing to others

@@ -477,6 +477,7 @@ void run_bench_comm(bool json, const std::string& sizes_text, int reps) {
     for (const auto& r : results) {
       out.push_back({{"op", r.op},
                      {"dtype", r.dtype},
+                     {"scaling", r.scaling.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.scaling)},
                      {"ranks", r.ranks},
                      {"backend", std::string(comm->backend())},
                      {"elements", r.elements},
@@ -501,11 +502,12 @@ void run_bench_comm(bool json, const std::string& sizes_text, int reps) {
   fmt::print(
       "size: an fp32 payload of that many bytes (every dtype moves the same elements); bytes: what one rank "
       "hands to the backend per call; ratio: elements/s over the fp32 row's\n\n");
-  fmt::print("{:<15} {:<7} {:>12} {:>13} {:>10} {:>9} {:>10} {:>7}\n", "op", "dtype", "elements", "bytes/rank", "ms",
+  fmt::print("{:<15} {:<15} {:>12} {:>13} {:>10} {:>9} {:>10} {:>7}\n", "op", "dtype", "elements", "bytes/rank", "ms",
              "GB/s", "Melem/s", "ratio");
   for (const auto& r : results) {
-    fmt::print("{:<15} {:<7} {:>12} {:>13} {:>10.3f} {:>9.2f} {:>10.1f} {:>6.2f}x\n", r.op, r.dtype, r.elements,
-               r.bytes, r.seconds * 1e3, r.gbps, r.elements_per_second / 1e6, r.ratio);
+    const std::string dtype = r.scaling.empty() ? r.dtype : r.dtype + "/" + r.scaling;
+    fmt::print("{:<15} {:<15} {:>12} {:>13} {:>10.3f} {:>9.2f} {:>10.1f} {:>6.2f}x\n", r.op, dtype, r.elements, r.bytes,
+               r.seconds * 1e3, r.gbps, r.elements_per_second / 1e6, r.ratio);
   }
 }
 

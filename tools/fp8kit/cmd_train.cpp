@@ -386,10 +386,6 @@ void run(TrainArgs a) {
   if (!grad_payload) throw UsageError("--grad-reduce: '" + a.grad_reduce + "' (use fp32, bf16, fp8, e4m3, e5m2)");
   const bool parallel = a.parallel != "none", fsdp = a.parallel == "fsdp";
   if (!parallel && !a.grad_reduce.empty()) throw UsageError("--grad-reduce needs --parallel ddp or fsdp");
-  if (parallel && (!a.save_checkpoint.empty() || !a.resume.empty() || !a.export_fp8.empty())) {
-    throw UsageError("--parallel " + a.parallel +
-                     " does not save, resume or export checkpoints yet (run those without it)");
-  }
   const RankFailure inject_failure = parse_rank_failure(a.inject_rank_failure);
   if (!parallel && inject_failure.rank >= 0) throw UsageError("--inject-rank-failure needs --parallel ddp or fsdp");
   std::unique_ptr<Communicator> comm = parallel ? world_communicator() : nullptr;
@@ -456,6 +452,7 @@ void run(TrainArgs a) {
   }
   std::optional<Profiler> profiler;
   if (!a.profile.empty()) profiler.emplace();
+  if (comm && profiler) comm->set_profiler(&*profiler);  // the collectives' events, with their bytes
 
   std::vector<nn::TrainResult> results;
   std::vector<bool> identical;         // --parallel: every rank's weights the same after each run
@@ -515,9 +512,14 @@ void run(TrainArgs a) {
         identical.push_back(replicas_identical(*comm, t.model()));
       };
       comm->reset_stats();
-      nn::TrainHooks hooks = sharded
-                                 ? sharded->hooks(std::move(base))
-                                 : data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config), std::move(base));
+      // Checkpoints and the export: gathered whole (fsdp) and written by rank 0; a resume is read by every rank.
+      TrainCheckpointOptions rank_options = checkpoint_options;
+      rank_options.around_write = sharded ? sharded->around_write() : rank_zero_writes(*comm);
+      nn::check_train_config(config);
+      TrainCheckpointer checkpoints(config, recipe, rank_options);
+      nn::TrainHooks hooks = sharded ? sharded->hooks(checkpoints.hooks(std::move(base)))
+                                     : data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config),
+                                                           checkpoints.hooks(std::move(base)));
       if (inject_failure.rank == comm->rank()) {
         // Right after this rank's forward of the step: the others go on into the loss's all-reduce and wait there.
         hooks.agree_loss = [&, agree = std::move(hooks.agree_loss)](nn::Trainer& t, float loss) {

@@ -6,11 +6,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "fp8kit/common/even_split.hpp"
+#include "fp8kit/common/profiler.hpp"
 
 namespace fp8kit {
 
@@ -79,6 +81,9 @@ class Communicator {
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
+  // Where collectives record their events (CommEvent; null: nowhere). The profiler must outlive its use.
+  void set_profiler(Profiler* profiler) { profiler_ = profiler; }
+  Profiler* profiler() const { return profiler_; }
   // For a collective built from others (an FP8 reduction: an amax all-reduce, an all-to-all, an all-gather): what was
   // counted since `before` becomes one call of the counter `into`.
   void count_as(const CommStats& before, std::uint64_t CommStats::*into);
@@ -98,6 +103,23 @@ class Communicator {
 
  private:
   CommStats stats_;
+  Profiler* profiler_ = nullptr;
+};
+
+// One collective as a profiler event on the communicator's profiler (when it has one): name "comm.<collective>",
+// category "comm", args "bytes" (what this rank handed to the backend within it, as CommStats counts), "ranks",
+// and "payload" when given. Collectives built from others (an FP8 reduction's amax all-reduce and exchange) nest.
+class CommEvent {
+ public:
+  CommEvent(Communicator& comm, std::string_view collective, std::string payload = {});
+  ~CommEvent();
+  CommEvent(const CommEvent&) = delete;
+  CommEvent& operator=(const CommEvent&) = delete;
+
+ private:
+  Communicator& comm_;
+  std::uint64_t before_;
+  std::optional<ScopedEvent> event_;
 };
 
 // A job of one rank: every collective is a copy (or nothing). What fp8kit uses without mpirun.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "fp8kit/dist/communicator.hpp"
@@ -25,6 +26,11 @@ nn::TrainConfig data_parallel_config(const Communicator& comm, nn::TrainConfig c
 // `global_rows` is the rows of a global batch (batch_size(config)). The communicator must outlive the run.
 nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, std::int64_t global_rows,
                                    nn::TrainHooks base = {});
+
+// How a data-parallel run writes its checkpoints and FP8 export (TrainCheckpointOptions::around_write): every
+// replica is whole and the same, so rank 0 writes; the others go on. A checkpoint to resume from is read by every
+// rank (it must be where all of them see it).
+std::function<void(nn::Trainer&, const std::function<void()>&)> rank_zero_writes(Communicator& comm);
 
 // A fingerprint of every parameter's bytes (16 hex digits, FNV-1a 64), and whether every rank has the same one.
 std::string parameter_fingerprint(nn::Model& model);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -67,7 +68,12 @@ class Fsdp final : public nn::WeightSource {
   nn::RecipeOperand backward_operand(const nn::GemmCall& call, nn::Parameter& weight) override;
   void add_gradient(nn::Parameter& weight, Tensor dw) override;
 
-  // The weight and direct-parameter gathers of the run so far (not gather_full's).
+  // How an FSDP run writes its checkpoints and FP8 export (TrainCheckpointOptions::around_write): every rank
+  // gathers the whole parameters and AdamW moments (float32), rank 0 writes, and the shards are put back. A
+  // checkpoint so written is an ordinary one: a resumed run loads it whole on every rank and shards it again.
+  std::function<void(nn::Trainer&, const std::function<void()>&)> around_write();
+
+  // The weight and direct-parameter gathers of the run so far (not gather_full's, nor the checkpoints').
   const GatherCounts& gathered() const { return gathered_; }
   // This rank's shards, as the trainer steps them.
   std::span<nn::Parameter* const> shards() const { return shard_ptrs_; }
@@ -85,6 +91,7 @@ class Fsdp final : public nn::WeightSource {
   Tensor gather_value(const Shard& s, GatherCounts* counts);
   void reduce_into(Shard& s, Tensor full_grad);
   nn::RecipeOperand gather_operand(const nn::GemmCall& call, nn::Parameter& weight, bool transposed);
+  void write_whole(nn::Trainer& trainer, const std::function<void()>& write);
 
   Communicator& comm_;
   ReducePayload payload_;
