@@ -187,6 +187,34 @@ bool launched_by_mpi() {
   return false;
 }
 
+void agree_on_error(Communicator& comm, const std::function<void()>& step) {
+  std::string message;
+  std::uint8_t kind = 0xFF;  // none: the step went through
+  try {
+    step();
+  } catch (const Error& e) {
+    message = e.what();
+    kind = static_cast<std::uint8_t>(e.kind());
+  } catch (const std::exception& e) {
+    message = e.what();
+    kind = static_cast<std::uint8_t>(ErrorKind::kInternal);
+  }
+  std::vector<std::uint8_t> kinds(static_cast<std::size_t>(comm.size()));
+  const std::vector<std::size_t> ones(kinds.size(), 1);
+  comm.all_gather(std::as_bytes(std::span<const std::uint8_t>(&kind, 1)), std::as_writable_bytes(std::span(kinds)),
+                  ones);
+  const auto failed = std::find_if(kinds.begin(), kinds.end(), [](std::uint8_t k) { return k != 0xFF; });
+  if (failed == kinds.end()) return;
+  const int root = static_cast<int>(failed - kinds.begin());
+  // The failed rank's message, to every rank.
+  std::uint64_t length = comm.rank() == root ? message.size() : 0;
+  comm.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&length, 1)), root);
+  message.resize(static_cast<std::size_t>(length));
+  comm.broadcast(std::as_writable_bytes(std::span<char>(message.data(), message.size())), root);
+  throw AgreedError(static_cast<ErrorKind>(*failed),
+                    root == 0 ? message : "rank " + std::to_string(root) + ": " + message, root);
+}
+
 int launcher_rank() {
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
     if (const char* r = std::getenv(v)) return std::atoi(r);

@@ -65,10 +65,12 @@ nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, st
   return base;
 }
 
-std::function<void(nn::Trainer&, const std::function<void()>&)> rank_zero_writes(Communicator& comm) {
-  const int rank = comm.rank();
-  return [rank](nn::Trainer&, const std::function<void()>& write) {
-    if (rank == 0) write();
+TrainCheckpointOptions::AroundWrite rank_zero_writes(Communicator& comm) {
+  Communicator* c = &comm;
+  return [c](nn::Trainer&, bool, const std::function<void()>& write) {
+    agree_on_error(*c, [&] {
+      if (c->rank() == 0) write();
+    });
   };
 }
 
@@ -80,8 +82,19 @@ std::string parameter_fingerprint(nn::Model& model) {
   return f.hex();
 }
 
+std::string state_fingerprint(nn::Model& model) {
+  detail::Fingerprint f;
+  for (nn::Fp8LayerState* s : model.fp8_states()) {
+    for (const DelayedScaling* d : {&s->input, &s->weight, &s->grad_output}) {
+      const std::vector<std::uint8_t> bytes = d->serialize();
+      f.add(std::as_bytes(std::span<const std::uint8_t>(bytes)));
+    }
+  }
+  return f.hex();
+}
+
 bool replicas_identical(Communicator& comm, nn::Model& model) {
-  const std::string mine = parameter_fingerprint(model);
+  const std::string mine = parameter_fingerprint(model) + state_fingerprint(model);
   std::vector<char> all(mine.size() * static_cast<std::size_t>(comm.size()));
   const std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), mine.size());
   comm.all_gather(std::as_bytes(std::span<const char>(mine.data(), mine.size())),

@@ -51,6 +51,8 @@ void Fsdp::shard(nn::Trainer& trainer) {
   trainer_ = &trainer;
   // GEMM weights are cut on the run's weight blocks, along both orientations: the forward quantizes rows of W (the
   // granularity's block rows), the input gradient the transpose, whose columns are W's rows (its block columns).
+  // The run's recipe decides for every layer: a layer under another recipe (the bf16 LM head of FP8 recipes) takes
+  // any cut. One whose FP8 blocks did not fit the cut would be refused by the gathers, on every rank alike.
   const nn::PrecisionRecipe& recipe = trainer.recipe();
   const Granularity weight_blocks =
       recipe.is_fp8() ? nn::granularity_of(recipe, nn::TensorRole::kWeight) : Granularity::tensor();
@@ -137,7 +139,7 @@ void Fsdp::reduce_direct() {
 void Fsdp::gather_full() {
   for (Shard& s : shards_) {
     s.full->value = gather_value(s, nullptr);
-    s.full->grad = zeros(s.shape, DType::float32);
+    s.full->grad = Tensor();
   }
   if (trainer_ != nullptr) trainer_->set_weight_source(nullptr);
 }
@@ -195,7 +197,7 @@ void Fsdp::add_gradient(nn::Parameter& weight, Tensor dw) {
   reduce_into(s, std::move(dw));
 }
 
-void Fsdp::write_whole(nn::Trainer& trainer, const std::function<void()>& write) {
+void Fsdp::write_whole(nn::Trainer& trainer, bool optimizer_state, const std::function<void()>& write) {
   // The whole values (those released between steps) and moments, every rank taking part in every gather.
   std::vector<Shard*> gathered;
   for (Shard& s : shards_) {
@@ -207,7 +209,7 @@ void Fsdp::write_whole(nn::Trainer& trainer, const std::function<void()>& write)
   std::map<std::string, nn::AdamW::State>& moments = trainer.optimizer().state();
   std::vector<std::pair<nn::AdamW::State*, nn::AdamW::State>> parts;  // the shards' moments, to put back
   for (Shard& s : shards_) {
-    const auto m = moments.find(s.part.name);
+    const auto m = optimizer_state ? moments.find(s.part.name) : moments.end();
     if (m == moments.end()) continue;
     parts.emplace_back(&m->second, m->second);
     const auto whole = [&](const Tensor& t) {
@@ -216,21 +218,25 @@ void Fsdp::write_whole(nn::Trainer& trainer, const std::function<void()>& write)
     m->second.m = whole(m->second.m);
     m->second.v = whole(m->second.v);
   }
-  std::exception_ptr failed;
-  if (comm_.rank() == 0) {
-    try {
-      write();
-    } catch (...) {
-      failed = std::current_exception();
-    }
+  const auto put_back = [&] {
+    for (auto& [state, part] : parts) *state = std::move(part);
+    for (Shard* s : gathered) s->full->value = Tensor();
+  };
+  try {
+    agree_on_error(comm_, [&] {
+      if (comm_.rank() == 0) write();
+    });
+  } catch (...) {
+    put_back();
+    throw;
   }
-  for (auto& [state, part] : parts) *state = std::move(part);
-  for (Shard* s : gathered) s->full->value = Tensor();
-  if (failed) std::rethrow_exception(failed);
+  put_back();
 }
 
-std::function<void(nn::Trainer&, const std::function<void()>&)> Fsdp::around_write() {
-  return [this](nn::Trainer& t, const std::function<void()>& write) { write_whole(t, write); };
+TrainCheckpointOptions::AroundWrite Fsdp::around_write() {
+  return [this](nn::Trainer& t, bool optimizer_state, const std::function<void()>& write) {
+    write_whole(t, optimizer_state, write);
+  };
 }
 
 nn::TrainHooks Fsdp::hooks(nn::TrainHooks base) {

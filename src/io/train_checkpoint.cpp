@@ -456,13 +456,13 @@ TrainCheckpointer::TrainCheckpointer(const TrainConfig& config, const PrecisionR
   }
 }
 
-void TrainCheckpointer::write(Trainer& trainer, const std::function<void()>& what) {
-  if (options_.around_write) return options_.around_write(trainer, what);
+void TrainCheckpointer::write(Trainer& trainer, bool optimizer_state, const std::function<void()>& what) {
+  if (options_.around_write) return options_.around_write(trainer, optimizer_state, what);
   what();
 }
 
 void TrainCheckpointer::save(Trainer& trainer, const TrainProgress& progress) {
-  write(trainer, [&] {
+  write(trainer, true, [&] {
     save_train_checkpoint(options_.save_checkpoint, config_, recipe_, trainer.model(), trainer.optimizer(), progress,
                           fingerprint_);
   });
@@ -487,7 +487,7 @@ TrainHooks TrainCheckpointer::hooks(TrainHooks base) {
   base.finish = [this, then = std::move(base.finish)](Trainer& trainer, const TrainProgress& progress) {
     if (!options_.save_checkpoint.empty() && saved_at_ != progress.next_step) save(trainer, progress);
     if (export_options_) {
-      write(trainer, [&] {
+      write(trainer, false, [&] {
         export_fp8_checkpoint(options_.export_fp8, trainer.model(), config_, recipe_, progress.next_step,
                               *export_options_);
       });

@@ -449,6 +449,34 @@ TEST(Fp8Collectives, PayloadBytes) {
   EXPECT_FALSE(parse_reduce_payload("fp16"));
 }
 
+// A step that fails on one rank fails on every rank, with that rank's message and kind: none goes on alone.
+TEST(Communicator, AFailureOnOneRankIsEveryRanks) {
+  EXPECT_NO_THROW(agree_on_error(comm(), [] {}));
+  const int last = comm().size() - 1;
+  try {
+    agree_on_error(comm(), [&] {
+      if (comm().rank() == last) FP8KIT_THROW(ErrorKind::kIo, "cannot write 'x' on rank ", last);
+    });
+    ADD_FAILURE() << "no rank threw";
+  } catch (const AgreedError& e) {
+    EXPECT_EQ(e.rank, last);
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    const std::string want =
+        (last == 0 ? "" : "rank " + std::to_string(last) + ": ") + "cannot write 'x' on rank " + std::to_string(last);
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+  // The lowest failing rank is the one named; anything that is not an fp8kit::Error is kInternal.
+  try {
+    agree_on_error(comm(), [] { throw std::runtime_error("boom"); });
+    ADD_FAILURE() << "no rank threw";
+  } catch (const AgreedError& e) {
+    EXPECT_EQ(e.rank, 0);
+    EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+    EXPECT_EQ(std::string(e.what()), "boom");
+  }
+  comm().barrier();  // nobody was left inside a collective
+}
+
 // Every collective is a profiler event with the bytes it handed over; an FP8 reduction's parts nest inside it.
 TEST(Communicator, CollectivesAreProfilerEventsWithTheirBytes) {
   Profiler profiler;
@@ -544,7 +572,10 @@ TEST(Fsdp, TrainsBitForBitAsDataParallel) {
     const nn::PrecisionRecipe recipe = *nn::PrecisionRecipe::parse(k.recipe);
     std::string ddp_print, fsdp_print;
     nn::TrainHooks ddp_base;
-    ddp_base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) { ddp_print = parameter_fingerprint(t.model()); };
+    ddp_base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+      ddp_print = parameter_fingerprint(t.model()) + state_fingerprint(t.model());
+      EXPECT_TRUE(replicas_identical(comm(), t.model()));  // the weights and the delayed-scaling states
+    };
     const nn::TrainResult ddp =
         nn::train(config, recipe, nullptr, data_parallel_hooks(comm(), ReducePayload::kFloat32, 6, ddp_base));
 
@@ -557,7 +588,10 @@ TEST(Fsdp, TrainsBitForBitAsDataParallel) {
       for (const nn::Parameter* q : t.parameters()) EXPECT_EQ(q->value.numel(), 0) << q->name;
       ASSERT_EQ(t.trained_parameters().size(), t.parameters().size());
     };
-    base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) { fsdp_print = parameter_fingerprint(t.model()); };
+    base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+      fsdp_print = parameter_fingerprint(t.model()) + state_fingerprint(t.model());
+      EXPECT_TRUE(replicas_identical(comm(), t.model()));
+    };
     const nn::TrainResult sharded = nn::train(config, recipe, nullptr, fsdp.hooks(base));
     EXPECT_TRUE(between_steps);
     EXPECT_EQ(sharded.losses, ddp.losses);

@@ -143,6 +143,15 @@ def a_crashed_run_resumes_bit_identically():
                 files[parallel] = f.read()
                 assert files[parallel] == g.read(), parallel
         assert files["ddp"] == files["fsdp"]
+        # A finished run resumed with no step left: the export only, and the counts of no step.
+        done = subprocess.run(under_mpirun(MPIRUN, 2, [BINARY, "train", "--json", "--parallel", "fsdp", "--resume",
+                                                       os.path.join(tmp, "fsdp-whole.safetensors"), "--export-fp8",
+                                                       os.path.join(tmp, "late.safetensors")]),
+                              capture_output=True, text=True, timeout=300, env=MPI_ENV)
+        assert done.returncode == 0, done.stderr
+        late = json.loads(done.stdout)[0]
+        assert late["start_step"] == 5 and late["comm_bytes_per_step"]["all_gather"] == 0, late
+        assert os.path.getsize(os.path.join(tmp, "late.safetensors")) > 0
         for name in os.listdir(os.path.join(tmp, "ddp-fp8")):
             with open(os.path.join(tmp, "ddp-fp8", name), "rb") as f, open(os.path.join(tmp, "fsdp-fp8", name), "rb") as g:
                 assert f.read() == g.read(), name

@@ -47,9 +47,6 @@ std::int64_t sum_over_ranks(Communicator& comm, std::int64_t mine) {
   return std::accumulate(all.begin(), all.end(), std::int64_t{0});
 }
 
-struct TrainArgs;
-void check_same_settings(Communicator& comm, const TrainArgs& a);
-
 struct TrainArgs {
   std::string model = "gpt";
   std::string recipe;
@@ -75,8 +72,9 @@ struct TrainArgs {
 };
 
 // Refuses, on every rank alike, a job whose ranks were given different settings (a launcher script that passes
-// another seed or recipe to one rank trains nonsense that looks fine): each setting of every rank all-gathered and
-// compared with rank 0's; the first that differs is named with both values.
+// another seed or recipe to one rank trains nonsense that looks fine): each setting that shapes the run or its
+// files, of every rank, all-gathered and compared with rank 0's; the first that differs is named with both values.
+// (What only rank 0 writes — --json, --plot, --profile, --log-scales — and --threads may differ.)
 void check_same_settings(Communicator& comm, const TrainArgs& a) {
   const std::pair<const char*, std::string> settings[] = {
       {"--model", a.model},
@@ -91,7 +89,13 @@ void check_same_settings(Communicator& comm, const TrainArgs& a) {
       {"--inject-nan", std::to_string(a.inject_nan)},
       {"--parallel", a.parallel},
       {"--grad-reduce", a.grad_reduce},
-      {"--inject-rank-failure", a.inject_rank_failure}};
+      {"--inject-rank-failure", a.inject_rank_failure},
+      {"--resume", a.resume},
+      {"--save-checkpoint", a.save_checkpoint},
+      {"--checkpoint-every", std::to_string(a.checkpoint_every)},
+      {"--export-fp8", a.export_fp8},
+      {"--export-scheme", a.export_scheme},
+      {"--export-layout", a.export_layout}};
   std::string mine;  // every value with its length, so that no two lists read alike
   for (const auto& [option, value] : settings) mine += std::to_string(value.size()) + ":" + value;
   const std::vector<std::int64_t> lengths = every_rank(comm, static_cast<std::int64_t>(mine.size()));
@@ -339,8 +343,26 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
   return info;
 }
 
+// `step` on every rank of a run over ranks, its outcome agreed (agree_on_error: a failure on any rank is every rank's,
+// and rank 0 reports it, naming the rank); without ranks, step() as it is.
+void on_every_rank(Communicator* comm, const std::function<void()>& step) {
+  if (comm == nullptr || comm->size() == 1) return step();
+  agree_on_error(*comm, [&] {
+    try {
+      step();
+    } catch (const UsageError& e) {
+      FP8KIT_THROW(ErrorKind::kInvalidArgument, e.what());  // bad input: status 2, as a UsageError
+    }
+  });
+}
+
 void run(TrainArgs a) {
-  const std::optional<TrainCheckpointInfo> resumed = prepare_checkpoints(a);
+  // A run over ranks: the communicator first, and every rank's settings the same, before anything is read. From
+  // there on every rank checks the same options; what can still differ (the files each rank sees) is agreed.
+  std::unique_ptr<Communicator> comm = a.parallel != "none" ? world_communicator() : nullptr;
+  if (comm) check_same_settings(*comm, a);
+  std::optional<TrainCheckpointInfo> resumed;
+  on_every_rank(comm.get(), [&] { resumed = prepare_checkpoints(a); });
   if (a.model != "gpt" && a.model != "cnn") {
     throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
   }
@@ -388,8 +410,6 @@ void run(TrainArgs a) {
   if (!parallel && !a.grad_reduce.empty()) throw UsageError("--grad-reduce needs --parallel ddp or fsdp");
   const RankFailure inject_failure = parse_rank_failure(a.inject_rank_failure);
   if (!parallel && inject_failure.rank >= 0) throw UsageError("--inject-rank-failure needs --parallel ddp or fsdp");
-  std::unique_ptr<Communicator> comm = parallel ? world_communicator() : nullptr;
-  if (comm) check_same_settings(*comm, a);  // before anything else reads them
   nn::TrainConfig defaults;
   defaults.model = a.model;
   if (comm && (a.batch_given ? a.batch : nn::batch_size(defaults)) < comm->size()) {
@@ -423,7 +443,7 @@ void run(TrainArgs a) {
     checkpoint_options.export_input_scales = export_options->static_input_scales;
   }
   if (resumed) {
-    check_resumable(a.resume, *resumed, config, recipes.front());  // before any output is opened
+    on_every_rank(comm.get(), [&] { check_resumable(a.resume, *resumed, config, recipes.front()); });
     if (a.steps != resumed->steps) {
       std::fprintf(stderr,
                    "note: --steps %lld differs from the checkpoint's run (%lld steps): from step %lld on, the "
@@ -436,20 +456,11 @@ void run(TrainArgs a) {
   const bool quiet = comm && comm->rank() != 0;  // one report, from rank 0
   if (quiet) config.log_scales = false;
   std::optional<std::ofstream> scale_log;
-  if (config.log_scales) {
+  on_every_rank(comm.get(), [&] {  // only rank 0 opens it; every rank refuses together
+    if (!config.log_scales) return;
     scale_log.emplace(a.log_scales, std::ios::binary | std::ios::trunc);
-    bool opened = static_cast<bool>(*scale_log);
-    if (comm) {
-      float failed = opened ? 0.0f : 1.0f;  // only rank 0 opens it: every rank refuses together
-      comm->all_reduce(std::span<float>(&failed, 1), ReduceOp::kMax);
-      opened = failed == 0.0f;
-    }
-    if (!opened) throw UsageError("--log-scales: cannot write '" + a.log_scales + "'");
-  } else if (comm && !a.log_scales.empty()) {
-    float failed = 0.0f;
-    comm->all_reduce(std::span<float>(&failed, 1), ReduceOp::kMax);
-    if (failed != 0.0f) throw UsageError("--log-scales: rank 0 cannot write '" + a.log_scales + "'");
-  }
+    if (!*scale_log) throw UsageError("--log-scales: cannot write '" + a.log_scales + "'");
+  });
   std::optional<Profiler> profiler;
   if (!a.profile.empty()) profiler.emplace();
   if (comm && profiler) comm->set_profiler(&*profiler);  // the collectives' events, with their bytes
@@ -488,11 +499,14 @@ void run(TrainArgs a) {
       nn::TrainHooks base;
       if (!quiet) base.on_step = on_step;
       std::int64_t step = 0;  // the step this rank is in, for a failure's line
-      base.after_step = [&](nn::Trainer&, const nn::TrainProgress& p) {
-        step = p.next_step;
-        if (p.next_step != config.steps) return;
-        // The steps', before FSDP's last gather and the replica check: per rank the largest count (ranks with
-        // uneven shards hand over different bytes); FSDP's gathers summed over ranks.
+      base.resume = [&](nn::Trainer&, nn::TrainProgress& p) { step = p.next_step; };  // after a checkpoint's
+      // The steps' counts, recorded after the last step (before FSDP's last gather and the replica check), or at
+      // the end when no step ran (a resumed run with none left): per rank the largest count (ranks with uneven
+      // shards hand over different bytes); FSDP's gathers summed over ranks.
+      bool recorded = false;
+      const auto record = [&] {
+        if (recorded) return;
+        recorded = true;
         CommStats s = comm->stats();
         for (std::uint64_t CommStats::*c :
              {&CommStats::all_gather_bytes, &CommStats::reduce_scatter_bytes, &CommStats::all_reduce_bytes,
@@ -508,7 +522,12 @@ void run(TrainArgs a) {
         }
         gathered.push_back(std::move(g));
       };
+      base.after_step = [&](nn::Trainer&, const nn::TrainProgress& p) {
+        step = p.next_step;
+        if (p.next_step == config.steps) record();
+      };
       base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+        record();
         identical.push_back(replicas_identical(*comm, t.model()));
       };
       comm->reset_stats();
@@ -516,7 +535,9 @@ void run(TrainArgs a) {
       TrainCheckpointOptions rank_options = checkpoint_options;
       rank_options.around_write = sharded ? sharded->around_write() : rank_zero_writes(*comm);
       nn::check_train_config(config);
-      TrainCheckpointer checkpoints(config, recipe, rank_options);
+      std::optional<TrainCheckpointer> checkpointer;  // reads the checkpoint to resume and the data: agreed
+      on_every_rank(comm.get(), [&] { checkpointer.emplace(config, recipe, rank_options); });
+      TrainCheckpointer& checkpoints = *checkpointer;
       nn::TrainHooks hooks = sharded ? sharded->hooks(checkpoints.hooks(std::move(base)))
                                      : data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config),
                                                            checkpoints.hooks(std::move(base)));
@@ -535,6 +556,8 @@ void run(TrainArgs a) {
         results.back().peak_bytes = max_over_ranks(*comm, results.back().peak_bytes);  // per rank, the largest
       } catch (const nn::NonfiniteAbort&) {
         throw;  // on every rank at the same step (the guard's verdict is agreed): rank 0 reports it
+      } catch (const AgreedError&) {
+        throw;  // a failed checkpoint write, say: every rank knows, rank 0 reports it
       } catch (const std::exception& e) {
         if (comm->size() > 1) end_job(*comm, recipe.name(), step, e.what());
         throw;
@@ -576,8 +599,9 @@ void run(TrainArgs a) {
       o["train_loss"] = std::isfinite(r.train_loss) ? nlohmann::json(r.train_loss) : nlohmann::json(nullptr);
       if (comm) {
         const std::size_t i = static_cast<std::size_t>(&r - results.data());
+        const std::int64_t ran = a.steps - r.start_step;  // this process's steps (a resumed run: from its step)
         const auto per_step = [&](std::uint64_t bytes) {
-          return static_cast<double>(bytes) / static_cast<double>(a.steps);
+          return ran > 0 ? static_cast<double>(bytes) / static_cast<double>(ran) : 0.0;
         };
         o["ranks"] = comm->size();
         o["parallel"] = a.parallel;

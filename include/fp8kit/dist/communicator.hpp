@@ -5,12 +5,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/common/even_split.hpp"
 #include "fp8kit/common/profiler.hpp"
 
@@ -121,6 +123,21 @@ class CommEvent {
   std::uint64_t before_;
   std::optional<ScopedEvent> event_;
 };
+
+// What every rank throws together when a step failed on some rank (agree_on_error): the lowest failing rank's
+// error, its kind kept, the message prefixed "rank r: " when r is not 0.
+class AgreedError : public Error {
+ public:
+  AgreedError(ErrorKind kind, std::string message, int failed_rank)
+      : Error(kind, std::move(message), __FILE__, __LINE__), rank(failed_rank) {}
+  int rank;
+};
+
+// Runs `step` on every rank and agrees on how it ended: when it throws on any rank (an fp8kit::Error keeps its kind;
+// anything else is kInternal), every rank throws AgreedError with the lowest failing rank's message, so that no rank
+// goes on alone into a collective the failed one never reaches. A collective: every rank calls it with its own step
+// (reading a file each rank sees on its own, say), and `step` must run no collective itself.
+void agree_on_error(Communicator& comm, const std::function<void()>& step);
 
 // A job of one rank: every collective is a copy (or nothing). What fp8kit uses without mpirun.
 std::unique_ptr<Communicator> local_communicator();

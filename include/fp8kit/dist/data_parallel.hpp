@@ -9,6 +9,7 @@
 
 #include "fp8kit/dist/communicator.hpp"
 #include "fp8kit/dist/fp8_collectives.hpp"
+#include "fp8kit/io/train_checkpoint.hpp"
 #include "fp8kit/nn/train.hpp"
 
 namespace fp8kit {
@@ -28,12 +29,15 @@ nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, st
                                    nn::TrainHooks base = {});
 
 // How a data-parallel run writes its checkpoints and FP8 export (TrainCheckpointOptions::around_write): every
-// replica is whole and the same, so rank 0 writes; the others go on. A checkpoint to resume from is read by every
-// rank (it must be where all of them see it).
-std::function<void(nn::Trainer&, const std::function<void()>&)> rank_zero_writes(Communicator& comm);
+// replica is whole and the same, so rank 0 writes, and a failed write fails on every rank (agree_on_error). A
+// checkpoint to resume from is read by every rank (it must be where all of them see it).
+TrainCheckpointOptions::AroundWrite rank_zero_writes(Communicator& comm);
 
-// A fingerprint of every parameter's bytes (16 hex digits, FNV-1a 64), and whether every rank has the same one.
+// A fingerprint of every parameter's bytes (16 hex digits, FNV-1a 64); of every FP8 layer state (the delayed-scaling
+// amax histories and scales, serialized); and whether every rank has the same two (under fsdp the weights are the
+// gathered ones, so the states are what can differ).
 std::string parameter_fingerprint(nn::Model& model);
+std::string state_fingerprint(nn::Model& model);
 bool replicas_identical(Communicator& comm, nn::Model& model);
 
 }  // namespace fp8kit

@@ -16,6 +16,7 @@
 
 #include "fp8kit/dist/communicator.hpp"
 #include "fp8kit/dist/fp8_collectives.hpp"
+#include "fp8kit/io/train_checkpoint.hpp"
 #include "fp8kit/nn/train.hpp"
 
 namespace fp8kit {
@@ -57,8 +58,9 @@ class Fsdp final : public nn::WeightSource {
   // Their gradients, weighted by this rank's share, reduce-scattered into the shards' gradients in the payload;
   // the full values and gradients released.
   void reduce_direct();
-  // Every parameter's full value (float32 all-gather) and a zero gradient; the weight source is unset, so that the
-  // model is an ordinary one again (evaluation, export, replica check). Counted apart from the training's gathers.
+  // Every parameter's full value (float32 all-gather; no gradient: nothing trains after it); the weight source is
+  // unset, so that the model can be evaluated, exported and compared as an ordinary one. Counted apart from the
+  // training's gathers.
   void gather_full();
 
   // nn::WeightSource: the weight's shard prepared under the call's recipe (per-tensor current scaling with the
@@ -69,9 +71,10 @@ class Fsdp final : public nn::WeightSource {
   void add_gradient(nn::Parameter& weight, Tensor dw) override;
 
   // How an FSDP run writes its checkpoints and FP8 export (TrainCheckpointOptions::around_write): every rank
-  // gathers the whole parameters and AdamW moments (float32), rank 0 writes, and the shards are put back. A
-  // checkpoint so written is an ordinary one: a resumed run loads it whole on every rank and shards it again.
-  std::function<void(nn::Trainer&, const std::function<void()>&)> around_write();
+  // gathers the whole parameters (and, for a checkpoint, the AdamW moments; float32), rank 0 writes, the shards are
+  // put back, and a failed write fails on every rank. A checkpoint so written is an ordinary one: a resumed run
+  // loads it whole on every rank and shards it again.
+  TrainCheckpointOptions::AroundWrite around_write();
 
   // The weight and direct-parameter gathers of the run so far (not gather_full's, nor the checkpoints').
   const GatherCounts& gathered() const { return gathered_; }
@@ -91,7 +94,7 @@ class Fsdp final : public nn::WeightSource {
   Tensor gather_value(const Shard& s, GatherCounts* counts);
   void reduce_into(Shard& s, Tensor full_grad);
   nn::RecipeOperand gather_operand(const nn::GemmCall& call, nn::Parameter& weight, bool transposed);
-  void write_whole(nn::Trainer& trainer, const std::function<void()>& write);
+  void write_whole(nn::Trainer& trainer, bool optimizer_state, const std::function<void()>& write);
 
   Communicator& comm_;
   ReducePayload payload_;

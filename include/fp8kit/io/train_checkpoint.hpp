@@ -83,11 +83,13 @@ struct TrainCheckpointOptions {
   std::optional<QuantScheme> export_scheme;       // default: resolve_fp8_export's
   std::optional<CheckpointLayout> export_layout;  // default: default_layout() of the scheme
   bool export_input_scales = false;               // static input_scale tensors from delayed scaling (Fp8ExportOptions)
-  // A run over ranks: how the files get written. Called on every process with the trainer and `write` (the save
-  // and/or the export); it must make the model's parameters and the optimizer's state whole where it calls `write`,
-  // call it on the one process that writes, and put back what it changed (fp8kit/dist: gathered on every rank,
-  // written by rank 0). Empty: write() here.
-  std::function<void(nn::Trainer&, const std::function<void()>& write)> around_write;
+  // A run over ranks: how the files get written. Called on every process with the trainer, whether `write` reads
+  // the optimizer's state (a checkpoint does; the FP8 export reads only the model), and `write`; it must make the
+  // model's parameters (and the optimizer's state) whole where it calls `write`, call it on the one process that
+  // writes, put back what it changed, and fail on every process when the write failed (fp8kit/dist: gathered on
+  // every rank, written by rank 0). Empty: write() here.
+  using AroundWrite = std::function<void(nn::Trainer&, bool optimizer_state, const std::function<void()>& write)>;
+  AroundWrite around_write;
 };
 
 // The checkpoint phase of a run: constructed before anything else (validates the options, reads and checks the
@@ -105,7 +107,7 @@ class TrainCheckpointer {
   nn::TrainHooks hooks(nn::TrainHooks base = {});
 
  private:
-  void write(nn::Trainer& trainer, const std::function<void()>& what);  // through options.around_write
+  void write(nn::Trainer& trainer, bool optimizer_state, const std::function<void()>& what);  // options.around_write
   void save(nn::Trainer& trainer, const nn::TrainProgress& progress);
   nn::TrainConfig config_;
   nn::PrecisionRecipe recipe_;

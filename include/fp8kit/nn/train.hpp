@@ -40,7 +40,8 @@ struct TrainConfig {
   std::int64_t final_loss_window = 10;  // train_loss is the mean of the last steps' losses
   std::int64_t eval_batches = 16;       // final_loss: the mean loss over this many held-out batches
   // Fault injection (tests, and `fp8kit train --inject-nan STEP` to see the guard work): at this step a NaN is
-  // written into the first trained parameter's gradient after backward (a sharded run: the rank that holds any).
+  // written into the first trained parameter's gradient after backward (a sharded run: every rank whose shard of
+  // it is not empty, into its first element).
   std::optional<std::int64_t> inject_nan_step;
   // Data parallelism: this process trains on shard `index` of `count` of every global batch (its rows
   // even_split(global rows, index, count)); the held-out evaluation uses whole batches on every process.
