@@ -9,6 +9,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
+#include "io/strict_json.hpp"
 
 namespace fp8kit {
 namespace {
@@ -360,7 +361,7 @@ struct PairInfo {
 
 PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, const SafetensorsTensor& scale,
                       const QuantizationConfig& config, const std::map<std::string, std::string>& native_metadata) {
-  FP8KIT_CHECK(is_fp8_dtype(weight.dtype), "'", weight.name, "' is ", name(weight.dtype),
+  FP8KIT_CHECK(is_fp8_dtype(weight.dtype), detail::quoted(weight.name), " is ", name(weight.dtype),
                ", not an FP8 weight (F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ)");
   PairInfo p;
   p.format = *fp8_format(*tensor_dtype(weight.dtype));
@@ -373,11 +374,12 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
   p.mx_scale = scale.dtype == SafetensorsDType::U8 || scale.dtype == SafetensorsDType::F8_E8M0;
   if (layout == CheckpointLayout::kNative) {
     const auto it = native_metadata.find(std::string(kNativeMetadataPrefix) + weight.name);
-    FP8KIT_CHECK(it != native_metadata.end(), "native weight '", weight.name, "' has no __metadata__ entry '",
-                 kNativeMetadataPrefix, weight.name, "'");
+    FP8KIT_CHECK(it != native_metadata.end(), "native weight ", detail::quoted(weight.name),
+                 " has no __metadata__ entry ", detail::quoted(std::string(kNativeMetadataPrefix) + weight.name));
     const auto fields = parse_fields(it->second);
     const auto g = fields.count("granularity") ? Granularity::parse(fields.at("granularity")) : std::nullopt;
-    FP8KIT_CHECK(g.has_value(), "native weight '", weight.name, "': bad metadata '", it->second, "'");
+    FP8KIT_CHECK(g.has_value(), "native weight ", detail::quoted(weight.name), ": bad metadata ",
+                 detail::quoted(it->second));
     p.granularity = *g;
     if (fields.count("dtype")) {
       if (const auto d = parse_dtype(fields.at("dtype")); d && is_floating(*d) && !is_fp8(*d)) p.original_dtype = *d;
@@ -520,11 +522,11 @@ void reencode(const Tensor& x32, ScaledTensor& q) {
 std::vector<PlannedTensor> planned_checkpoint_tensors(const std::string& name, const Shape& shape, DType dtype,
                                                       QuantScheme scheme, Format format, CheckpointLayout layout) {
   if (auto refusal = layout_refusal(layout, scheme, format)) FP8KIT_THROW(ErrorKind::kInvalidArgument, *refusal);
-  FP8KIT_CHECK(is_floating(dtype) && !is_fp8(dtype), "'", name, "' is ", fp8kit::name(dtype),
+  FP8KIT_CHECK(is_floating(dtype) && !is_fp8(dtype), detail::quoted(name), " is ", fp8kit::name(dtype),
                "; only float32, bfloat16, float16 and float64 tensors are quantized");
-  FP8KIT_CHECK(layout == CheckpointLayout::kNative || shape.size() == 2, "'", name, "' has shape ", shape_string(shape),
-               "; the ", fp8kit::name(layout), " layout quantizes 2-D [out, in] weights");
-  FP8KIT_CHECK(numel_of(shape) > 0, "'", name, "' has shape ", shape_string(shape),
+  FP8KIT_CHECK(layout == CheckpointLayout::kNative || shape.size() == 2, detail::quoted(name), " has shape ",
+               shape_string(shape), "; the ", fp8kit::name(layout), " layout quantizes 2-D [out, in] weights");
+  FP8KIT_CHECK(numel_of(shape) > 0, detail::quoted(name), " has shape ", shape_string(shape),
                "; empty tensors are not quantized");
   const Granularity g = granularity_of(scheme);
   const std::int64_t cols = shape.empty() ? 1 : shape.back();
@@ -571,7 +573,7 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
     const Tensor back = s.to(sdtype).to(DType::float32);
     for (std::size_t i = 0; i < m.scale_inv.size(); ++i) {
       const float v = back.data<float>()[i];
-      FP8KIT_CHECK(std::isfinite(v) && v > 0.0f, "'", name, "': the scale ", m.scale_inv[i],
+      FP8KIT_CHECK(std::isfinite(v) && v > 0.0f, detail::quoted(name), ": the scale ", m.scale_inv[i],
                    " is not representable in ", fp8kit::name(sdtype),
                    " (use --layout native, whose scales are float32)");
       m.scale_inv[i] = v;

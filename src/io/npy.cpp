@@ -12,6 +12,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/half.hpp"
+#include "io/strict_json.hpp"
 
 namespace fp8kit {
 namespace {
@@ -38,7 +39,7 @@ class HeaderParser {
     return false;
   }
   void expect(char c) {
-    if (!consume(c)) NPY_FAIL("expected '", c, "' at position ", pos_, " of the header: ", std::string(text_));
+    if (!consume(c)) NPY_FAIL("expected '", c, "' at position ", pos_, " of the header: ", detail::printable(text_));
   }
   std::string string() {
     skip_space();
@@ -165,7 +166,7 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
     } else if (key == "shape") {
       shape = p.tuple();
     } else {
-      NPY_FAIL("unknown header key '", key, "'");
+      NPY_FAIL("unknown header key ", detail::quoted(key));
     }
     if (!p.consume(',')) {
       p.expect('}');
@@ -183,12 +184,12 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
   const std::string kind = d.size() > 1 ? d.substr(1) : "";
   if (kind == "f2" || kind == "f4" || kind == "f8") {
     if (!little)
-      FP8KIT_THROW(ErrorKind::kParse, "unsupported .npy dtype '", d,
-                   "': big-endian data; save it little-endian (arr.astype('<f4'))");
+      FP8KIT_THROW(ErrorKind::kParse, "unsupported .npy dtype ", detail::quoted(d),
+                   ": big-endian data; save it little-endian (arr.astype('<f4'))");
     a.dtype = kind == "f2" ? NpyDType::kFloat16 : kind == "f4" ? NpyDType::kFloat32 : NpyDType::kFloat64;
   } else {
-    FP8KIT_THROW(ErrorKind::kParse, "unsupported .npy dtype '", d,
-                 "': fp8kit reads float16, float32 and float64 arrays (convert with arr.astype(np.float32))");
+    FP8KIT_THROW(ErrorKind::kParse, "unsupported .npy dtype ", detail::quoted(d),
+                 ": fp8kit reads float16, float32 and float64 arrays (convert with arr.astype(np.float32))");
   }
   // numel * itemsize with overflow checks
   std::uint64_t numel = 1;

@@ -17,6 +17,7 @@
 #include "fp8kit/common/version.hpp"
 #include "fp8kit/io/fp8_export.hpp"
 #include "fp8kit/io/safetensors.hpp"
+#include "io/strict_json.hpp"
 
 namespace fp8kit {
 namespace {
@@ -112,8 +113,8 @@ class Settings {
 
  private:
   void check(bool ok, const char* k) const {
-    FP8KIT_CHECK_KIND(ok, ErrorKind::kParse, quoted(path_), ": __metadata__ '", key(field_), "' has no valid ", k,
-                      " ('", text_, "')");
+    FP8KIT_CHECK_KIND(ok, ErrorKind::kParse, quoted(path_), ": __metadata__ '", key(field_), "' has no valid ", k, " (",
+                      detail::quoted(text_), ")");
   }
   fs::path path_;
   std::string field_;
@@ -137,7 +138,7 @@ class MetadataReader {
   T number(std::string_view field) const {
     T v{};
     FP8KIT_CHECK_KIND(parse_number(text(field), v), ErrorKind::kParse, quoted(path_), ": __metadata__ '", key(field),
-                      "' is '", text(field), "', not a number (the file is damaged)");
+                      "' is ", detail::quoted(text(field)), ", not a number (the file is damaged)");
     return v;
   }
   PrecisionRecipe recipe() const {
@@ -376,14 +377,14 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
     if (!starts_with(t.name, kOptimStep)) continue;
     const std::string name = t.name.substr(kOptimStep.size());
     const auto p = by_name.find(name);
-    FP8KIT_CHECK(p != by_name.end(), ck, " has optimizer state '", t.name, "' for '", name,
-                 "', which is not a parameter of the ", config.model, " model");
+    FP8KIT_CHECK(p != by_name.end(), ck, " has optimizer state ", detail::quoted(t.name), " for ", detail::quoted(name),
+                 ", which is not a parameter of the ", config.model, " model");
     const Shape& shape = p->second->value.shape();
     AdamW::State s;
     const Tensor step = to_tensor(expect(file, t.name, SafetensorsDType::I64, Shape{}, "an AdamW step count"));
     s.step = step.data<std::int64_t>()[0];
-    FP8KIT_CHECK_KIND(s.step >= 1 && s.step <= info.next_step, ErrorKind::kParse, ck, ": '", t.name, "' is ", s.step,
-                      ", not a step count of a run at step ", info.next_step, " (the file is damaged)");
+    FP8KIT_CHECK_KIND(s.step >= 1 && s.step <= info.next_step, ErrorKind::kParse, ck, ": ", detail::quoted(t.name),
+                      " is ", s.step, ", not a step count of a run at step ", info.next_step, " (the file is damaged)");
     s.m = to_tensor(expect(file, std::string(kExpAvg) + name, SafetensorsDType::F32, shape, "AdamW's first moment"));
     s.v = to_tensor(expect(file, std::string(kExpAvgSq) + name, SafetensorsDType::F32, shape, "AdamW's second moment"));
     used.insert({t.name, std::string(kExpAvg) + name, std::string(kExpAvgSq) + name});
@@ -419,8 +420,9 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
       expect(file, std::string(kLosses), SafetensorsDType::F32, Shape{info.next_step}, "the losses so far");
   used.insert(std::string(kLosses));
   for (const SafetensorsTensor& t : file.tensors()) {
-    FP8KIT_CHECK(used.count(t.name) != 0, ck, " has tensor '", t.name, "', which is not part of a ", config.model,
-                 " checkpoint under ", recipe.name(), " (the file is from another model or fp8kit version)");
+    FP8KIT_CHECK(used.count(t.name) != 0, ck, " has tensor ", detail::quoted(t.name), ", which is not part of a ",
+                 config.model, " checkpoint under ", recipe.name(),
+                 " (the file is from another model or fp8kit version)");
   }
 
   TrainProgress progress;

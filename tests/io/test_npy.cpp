@@ -99,5 +99,34 @@ TEST(Npy, RejectsMalformedFiles) {
   EXPECT_THROW(load_npy("/nonexistent/file.npy"), Error);
 }
 
+// What a file says is quoted escaped in messages: an ESC (a terminal escape sequence), other control bytes and
+// invalid UTF-8 come out as \xNN, so a corrupted file cannot write to the terminal through an error.
+TEST(Npy, MessagesEscapeWhatTheFileSays) {
+  const float v[] = {1, 2};
+  for (const std::string& bad : {std::string("\x1b[2Jdescr"),
+                                 std::string("\xe4"
+                                             "escr"),
+                                 std::string("a\rb")}) {
+    const auto file =
+        make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), '" + bad + "': 1}", v, sizeof v);
+    try {
+      parse_npy(file);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      for (unsigned char c : what)
+        EXPECT_TRUE(c >= 0x20 && c < 0x7F) << "raw byte " << static_cast<int>(c) << " in " << what;
+      EXPECT_NE(what.find("\\x"), std::string::npos) << what;
+    }
+  }
+  const auto dtype = make_npy("{'descr': '<\x1b]0;x\x07', 'fortran_order': False, 'shape': (2,), }", v, sizeof v);
+  try {
+    parse_npy(dtype);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'<\\x1b]0;x\\x07'"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace fp8kit
