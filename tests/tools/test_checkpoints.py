@@ -186,6 +186,66 @@ def check_foreign_files(exe, root, rng):
         check(f"foreign {layout}: close to the original", np.all(np.abs(d["m.weight"] - w) <= 0.07 * np.abs(w) + 1e-5))
 
 
+def check_model_directory_files(exe, root, rng):
+    """A sentence-transformers model directory (a fixture of its own): quantize, dequantize and convert write the
+    weights and copy every other file, subfolders included, byte for byte; not pickles, not hidden files."""
+    src = os.path.join(root, "st-model")
+    os.makedirs(os.path.join(src, "1_Pooling"))
+    os.makedirs(os.path.join(src, "2_Dense"))
+    os.makedirs(os.path.join(src, ".cache", "huggingface"))
+    bf = ml_dtypes.bfloat16
+    save_file({"encoder.layer.0.dense.weight": rng.normal(0, 0.05, (64, 32)).astype(bf),
+               "embeddings.word_embeddings.weight": rng.normal(0, 1, (20, 32)).astype(bf)},
+              os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump({"architectures": ["BertModel"], "hidden_size": 32, "torch_dtype": "bfloat16"}, f)
+    companions = {
+        "modules.json": '[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]',
+        "sentence_bert_config.json": '{"max_seq_length": 256}',
+        "1_Pooling/config.json": '{"word_embedding_dimension": 32, "pooling_mode_mean_tokens": true}',
+        "2_Dense/config.json": '{"in_features": 32, "out_features": 16}',
+        "README.md": "# a model\n",
+        "tokenizer.json": '{"version": "1.0"}',
+        "vocab.txt": "[PAD]\n[UNK]\n" * 1000,
+    }
+    for rel, text in companions.items():
+        with open(os.path.join(src, rel), "w") as f:
+            f.write(text)
+    save_file({"linear.weight": rng.normal(0, 0.1, (16, 32)).astype(np.float32)},
+              os.path.join(src, "2_Dense", "model.safetensors"))
+    companions["2_Dense/model.safetensors"] = None  # a sub-module's weights: copied as they are
+    os.symlink("vocab.txt", os.path.join(src, "vocab-link.txt"))
+    companions["vocab-link.txt"] = companions["vocab.txt"]
+    with open(os.path.join(src, "pytorch_model.bin"), "wb") as f:
+        f.write(b"\x80\x02}q\x00.")  # a pickle: never read, never copied
+    with open(os.path.join(src, ".cache", "huggingface", "lock"), "w") as f:
+        f.write("x")
+    before = digest(src)
+    for cmd in (["quantize", "--scheme", "fp8-channel", "--layout", "compressed-tensors"], ["convert", "--to", "f16"]):
+        out = os.path.join(root, "st-" + cmd[0])
+        r = run(exe, cmd[0], src, out, *cmd[1:], "--json")
+        check(f"model directory {cmd[0]}: exit 0", r.returncode == 0, r.stderr)
+        if r.returncode != 0:
+            continue
+        report = json.loads(r.stdout)
+        check(f"model directory {cmd[0]}: files_copied", report.get("files_copied") == len(companions), str(report))
+        got = sorted(os.path.relpath(os.path.join(d, n), out) for d, _, ns in os.walk(out) for n in ns)
+        want = sorted(list(companions) + ["config.json", "model.safetensors"])
+        check(f"model directory {cmd[0]}: the same files, subfolders included", got == want, f"{got} != {want}")
+        for rel in companions:
+            with open(os.path.join(src, rel), "rb") as a, open(os.path.join(out, rel), "rb") as b:
+                check(f"model directory {cmd[0]}: {rel} byte for byte", a.read() == b.read())
+        check(f"model directory {cmd[0]}: the link copied as a file", not os.path.islink(os.path.join(out, "vocab-link.txt")))
+        if cmd[0] == "quantize":
+            r = run(exe, "dequantize", out, out + "-bf16", "--json")
+            check("model directory dequantize: exit 0", r.returncode == 0, r.stderr)
+            if r.returncode == 0:
+                check("model directory dequantize: files_copied", json.loads(r.stdout).get("files_copied") == len(companions))
+                check("model directory dequantize: 1_Pooling kept",
+                      os.path.exists(os.path.join(out + "-bf16", "1_Pooling", "config.json")))
+    check("model directory: the input untouched", digest(src) == before)
+
+
 def check_json_reports(exe, root, src, single):
     """quantize, dequantize and convert --json: one object each, its counts as the checkpoint has them and its byte
     counts those of the files read and written."""
@@ -467,6 +527,7 @@ def main():
         check_json_reports(exe, root, src, single)
         check_bounded_memory(exe, root)
         check_foreign_files(exe, root, rng)
+        check_model_directory_files(exe, root, rng)
         check("no output left by refused commands", not any(os.path.exists(os.path.join(root, f"x{i}")) for i in range(15)))
         check("input directory still untouched", digest(src) == src_digest)
     return summary()

@@ -37,14 +37,38 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
   file.commit();
 }
 
-// Files of a model directory that travel with the weights (tokenizer, generation config, ...).
-bool is_companion_file(const fs::path& path) {
-  const std::string name = path.filename().string();
-  if (name.empty() || name[0] == '.' || name == "config.json" || name == kSafetensorsIndexName) return false;
-  if (path.extension() == ".safetensors" || is_pickle_path(path)) return false;
-  if (name.find(".index.json") != std::string::npos) return false;
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && fs::file_size(path, ec) <= (std::uintmax_t{64} << 20);
+// Files of a model directory that travel with the weights, at `relative` below it: everything but the checkpoint
+// itself (its top-level .safetensors shards and index, config.json, written anew), pickles (fp8kit never reads
+// them; a pytorch_model.bin beside the shards would be the unconverted weights again) and hidden files. Subfolders
+// come along (sentence-transformers' 1_Pooling/, 2_Dense/ with its own weights, onnx/ ...), symlinks to files as
+// their contents.
+bool is_companion_file(const fs::path& relative) {
+  for (const fs::path& part : relative) {
+    const std::string p = part.string();
+    if (p.empty() || p[0] == '.') return false;
+  }
+  const std::string name = relative.filename().string();
+  const bool top = !relative.has_parent_path();
+  if (top && (name == "config.json" || name == kSafetensorsIndexName || relative.extension() == ".safetensors" ||
+              name.find(".index.json") != std::string::npos)) {
+    return false;
+  }
+  return !is_pickle_path(relative);
+}
+
+// `from` copied to `to` crash-safely (AtomicFile: a temporary, fsync, rename), in 8 MiB pieces.
+void copy_file_atomically(const fs::path& from, const fs::path& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in) throw UsageError("cannot read '" + from.string() + "'");
+  AtomicFile file(to);
+  std::vector<char> buffer(std::size_t{8} << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    if (got > 0) file.write(std::as_bytes(std::span<const char>(buffer.data(), got)));
+  }
+  if (in.bad()) throw UsageError("reading '" + from.string() + "' failed");
+  file.commit();
 }
 
 }  // namespace
@@ -137,14 +161,15 @@ std::uint64_t parse_shard_size(const std::string& text) {
   return bytes;
 }
 
-void write_checkpoint_output(const CheckpointInput& in, const std::string& out, std::vector<SafetensorsEntry> entries,
-                             const std::map<std::string, std::string>& metadata,
-                             const std::optional<std::string>& config_json, const std::string& max_shard_size) {
+std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string& out,
+                                    std::vector<SafetensorsEntry> entries,
+                                    const std::map<std::string, std::string>& metadata,
+                                    const std::optional<std::string>& config_json, const std::string& max_shard_size) {
   const fs::path o(out);
   if (!in.is_directory) {
     if (!max_shard_size.empty()) throw UsageError("--max-shard-size applies to directory outputs");
     write_safetensors(o, entries, metadata);
-    return;
+    return 0;
   }
   ShardOptions shards;
   if (!max_shard_size.empty()) shards.max_shard_bytes = parse_shard_size(max_shard_size);
@@ -153,9 +178,28 @@ void write_checkpoint_output(const CheckpointInput& in, const std::string& out, 
   if (ec) throw UsageError("cannot create directory '" + out + "': " + ec.message());
   write_sharded_safetensors(o, entries, metadata, shards);
   if (config_json) write_text_atomically(o / "config.json", *config_json);
-  for (const fs::directory_entry& e : fs::directory_iterator(in.path)) {
-    if (is_companion_file(e.path())) write_text_atomically(o / e.path().filename(), read_text(e.path()));
+  return copy_companion_files(in.path, o);
+}
+
+std::size_t copy_companion_files(const fs::path& from, const fs::path& to) {
+  std::size_t copied = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(from, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const fs::path relative = it->path().lexically_relative(from);
+    if (it->is_directory(ec)) {
+      if (!relative.empty() && relative.filename().string()[0] == '.') it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file(ec) || !is_companion_file(relative)) continue;  // is_regular_file follows symlinks
+    fs::create_directories((to / relative).parent_path(), ec);
+    if (ec)
+      throw UsageError("cannot create directory '" + (to / relative).parent_path().string() + "': " + ec.message());
+    copy_file_atomically(it->path(), to / relative);
+    ++copied;
   }
+  if (ec) throw UsageError("cannot list '" + from.string() + "': " + ec.message());
+  return copied;
 }
 
 }  // namespace fp8kit::cli

@@ -35,12 +35,27 @@ CheckpointInput open_checkpoint_input(const std::string& path);
 void check_output(const CheckpointInput& in, const std::string& out, bool force, const std::string& max_shard_size);
 
 // Writes the entries to OUT: one file (write_safetensors), or a directory (created when missing) of shards with
-// an index (write_sharded_safetensors), plus `config_json` as config.json and the input directory's other small
-// files (tokenizer, generation config; not safetensors, not pickles), each written crash-safely.
+// an index (write_sharded_safetensors), plus `config_json` as config.json and the input directory's other files
+// (copy_companion_files), each written crash-safely.
 // `max_shard_size` ("5GB" when empty) splits a directory's shards; given for a file output, it is a UsageError.
-void write_checkpoint_output(const CheckpointInput& in, const std::string& out, std::vector<SafetensorsEntry> entries,
-                             const std::map<std::string, std::string>& metadata,
-                             const std::optional<std::string>& config_json, const std::string& max_shard_size);
+// Returns the number of other files copied (0 for a file output).
+std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string& out,
+                                    std::vector<SafetensorsEntry> entries,
+                                    const std::map<std::string, std::string>& metadata,
+                                    const std::optional<std::string>& config_json, const std::string& max_shard_size);
+
+// Copies every file of the model directory `from` that is not the checkpoint itself into `to`, subfolders
+// included, at the same relative paths, each crash-safely: tokenizer and generation configs, sentence-transformers'
+// modules.json, 1_Pooling/, 2_Dense/ (its weights as they are), onnx/, README. Not copied: the top-level
+// .safetensors shards, their index and config.json (written anew), pickles (never read) and hidden files and
+// folders. Symlinks to files are copied as their contents. Returns how many files it copied.
+std::size_t copy_companion_files(const std::filesystem::path& from, const std::filesystem::path& to);
+
+// "; 3 other files copied" for a summary line (empty for none).
+inline std::string other_files(std::size_t files) {
+  return files == 0 ? std::string()
+                    : "; " + std::to_string(files) + (files == 1 ? " other file" : " other files") + " copied";
+}
 
 // "5GB", "500MB", "64KB", "1000" (bytes): decimal units, as Hugging Face's max_shard_size. UsageError otherwise.
 std::uint64_t parse_shard_size(const std::string& text);

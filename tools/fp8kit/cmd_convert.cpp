@@ -70,7 +70,8 @@ void run_convert(const ConvertArgs& args) {
     if (j.contains("torch_dtype") && !is_fp8(*to)) j["torch_dtype"] = std::string(name(*to));
     config_out = j.dump(2) + "\n";
   }
-  write_checkpoint_output(in, args.out, std::move(entries), {{"format", "pt"}}, config_out, args.max_shard_size);
+  const std::size_t files_copied =
+      write_checkpoint_output(in, args.out, std::move(entries), {{"format", "pt"}}, config_out, args.max_shard_size);
   progress.reset();
   if (args.json) {
     CheckpointReport r{"convert",
@@ -83,14 +84,15 @@ void run_convert(const ConvertArgs& args) {
                        safetensors_bytes(args.out),
                        seconds_since(start),
                        {{"to", std::string(name(*to))}},
-                       {}};
+                       {{"files_copied", files_copied}}};
     if (is_fp8(*to))
       r.details.emplace_back("overflow", overflow == Overflow::kSaturate ? "saturate" : "non-saturating");
     print_json_report(r);
     return;
   }
-  fmt::print("{} -> {}: cast {} tensors to {}{}; copied {}\n", args.in, args.out, cast, name(*to),
-             is_fp8(*to) ? (overflow == Overflow::kSaturate ? " (saturating)" : " (non-saturating)") : "", copied);
+  fmt::print("{} -> {}: cast {} tensors to {}{}; copied {}{}\n", args.in, args.out, cast, name(*to),
+             is_fp8(*to) ? (overflow == Overflow::kSaturate ? " (saturating)" : " (non-saturating)") : "", copied,
+             other_files(files_copied));
 }
 
 }  // namespace

@@ -150,7 +150,8 @@ void run_quantize(const QuantizeArgs& args) {
         nlohmann::ordered_json::parse(quantization_config_json(layout, *scheme, *format, ignored, rounding));
     config_out = j.dump(2) + "\n";
   }
-  write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
+  const std::size_t files_copied =
+      write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
   progress.reset();
   if (args.json) {
     print_json_report({"quantize",
@@ -166,12 +167,13 @@ void run_quantize(const QuantizeArgs& args) {
                         {"format", std::string(name(*format))},
                         {"layout", std::string(name(layout))},
                         {"scale_fmt", args.scale_fmt}},
-                       {}});
+                       {{"files_copied", files_copied}}});
     return;
   }
-  fmt::print("{} -> {}: quantized {} weights ({} {}, {} layout{}); {} tensors copied as they are\n", args.in, args.out,
-             quantized, name(*scheme), name(*format), name(layout),
-             rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", in.checkpoint.size() - quantized);
+  fmt::print("{} -> {}: quantized {} weights ({} {}, {} layout{}); {} tensors copied as they are{}\n", args.in,
+             args.out, quantized, name(*scheme), name(*format), name(layout),
+             rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", in.checkpoint.size() - quantized,
+             other_files(files_copied));
 }
 
 }  // namespace
