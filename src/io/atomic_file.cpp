@@ -3,6 +3,7 @@
 #include "fp8kit/io/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,14 +29,38 @@ std::filesystem::path directory_of(const std::filesystem::path& file) {
   FP8KIT_THROW(ErrorKind::kIo, what, ": ", std::strerror(err));
 }
 
+// Removes the temporary files of earlier writers of the same destination that died before commit() (killed, out
+// of power): `.<name>.tmp-*` in the directory whose writer's lock is gone. A live writer holds its temporary
+// file's flock until it commits or discards (across hosts too, on NFS), so its file is never touched. Best effort:
+// whatever cannot be opened, locked or removed is left.
+void remove_abandoned(const std::filesystem::path& directory, const std::string& stem) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(directory, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(stem)) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;
+    struct stat opened {
+    }, named{};
+    // Unlinked only while locked and still the file under that name (not one created since by another writer).
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) &&
+        ::lstat(e.path().c_str(), &named) == 0 && opened.st_ino == named.st_ino && opened.st_dev == named.st_dev) {
+      ::unlink(e.path().c_str());
+    }
+    ::close(fd);
+  }
+}
+
 }  // namespace
 
 AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::move(destination)) {
   FP8KIT_CHECK(!destination_.filename().empty(), "cannot write '", destination_.string(), "': not a file name");
   const std::filesystem::path directory = directory_of(destination_);
-  std::string stem(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
-  stem += destination_.filename().string();
-  stem += ".tmp-" + std::to_string(::getpid()) + "-";
+  std::string prefix(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
+  prefix += destination_.filename().string();
+  prefix += ".tmp-";
+  remove_abandoned(directory, prefix);
+  const std::string stem = prefix + std::to_string(::getpid()) + "-";
   for (int attempt = 0; fd_ < 0; ++attempt) {
     temporary_ = directory / (stem + std::to_string(g_sequence.fetch_add(1)));
     fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -45,6 +70,9 @@ AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::mo
            err);
     }
   }
+  // Held until the file is committed or discarded (closing drops it): what tells a later writer that this
+  // temporary file is not abandoned. A file system without locks leaves it unlocked, and so cleanable.
+  (void)::flock(fd_, LOCK_EX | LOCK_NB);
   // A file written over keeps its permission bits (a read-only checkpoint stays read-only).
   struct stat st {};
   if (::stat(destination_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::fchmod(fd_, st.st_mode & 07777) != 0) {

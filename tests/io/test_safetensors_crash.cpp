@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -197,6 +198,40 @@ TEST(SafetensorsCrashSafety, AProcessKilledMidWriteLeavesTheOldFile) {
     EXPECT_TRUE(names[0].starts_with(leftover)) << names[0];
     EXPECT_EQ(names[1], "model.safetensors");
   }
+}
+
+// What a killed writer left behind is removed by the next write of the same destination; a live writer's temporary
+// file (locked) is not, and neither are other destinations' temporaries.
+TEST(SafetensorsCrashSafety, TheNextWriteRemovesWhatAKilledWriterLeft) {
+  TempDir dir;
+  const std::vector<std::byte> old = write_old(dir);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    write_safetensors(dir / "model.safetensors", new_entries([](int i) {
+                        if (i == 1) ::raise(SIGKILL);
+                      }));
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_EQ(list_dir(dir.path()).size(), 2u);  // the old file and the killed writer's temporary file
+  {
+    std::ofstream other(dir / ".other.safetensors.tmp-1-0");  // another destination's: not ours to remove
+  }
+  AtomicFile live(dir / "model.safetensors");  // a writer in progress: its temporary file is locked
+  const std::vector<std::byte> bytes = pattern_bytes(100, 3);
+  {
+    AtomicFile next(dir / "model.safetensors");
+    next.write(bytes);
+    next.commit();
+  }
+  const auto names = list_dir(dir.path());
+  ASSERT_EQ(names.size(), 3u) << names.size();
+  EXPECT_EQ(names[0], live.temporary_path().filename().string());
+  EXPECT_EQ(names[1], ".other.safetensors.tmp-1-0");
+  EXPECT_EQ(names[2], "model.safetensors");
+  EXPECT_EQ(read_file(dir / "model.safetensors"), bytes);
 }
 
 TEST(SafetensorsCrashSafety, WritingOverAMappedFileKeepsTheReadersBytes) {

@@ -13,7 +13,9 @@ namespace fp8kit {
 // destination and fsyncs the directory, so that the new file survives a power loss once commit() returns.
 // Destroyed without commit() (an exception, an early return), it closes and removes the temporary file: the
 // destination is never opened for writing, so an existing file there is untouched and readers that mapped it
-// keep their bytes. A process killed before commit() leaves only its temporary file behind (safe to delete).
+// keep their bytes. A process killed before commit() leaves only its temporary file behind; the next AtomicFile for
+// the same destination removes it (a temporary file is locked with flock(2) while its writer lives, so only those
+// of dead writers go).
 // Every failure throws Error(kIo) naming the path and the OS's reason. Not copyable or movable.
 class AtomicFile {
  public:
