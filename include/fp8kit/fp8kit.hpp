@@ -7,6 +7,7 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/kernel_contract.hpp"
 #include "fp8kit/common/profiler.hpp"
+#include "fp8kit/common/text.hpp"
 #include "fp8kit/common/version.hpp"
 
 #include "fp8kit/format/codec.hpp"

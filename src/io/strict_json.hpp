@@ -10,13 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fp8kit/common/text.hpp"
+
 namespace fp8kit::detail {
 
-// A string from an untrusted file made safe for a one-line message: printable ASCII as is, backslash and other
-// bytes as \\ and \xNN, cut after `limit` bytes with "...".
-std::string printable(std::string_view text, std::size_t limit = 120);
-// printable(name) in single quotes: 'w'.
-std::string quoted(std::string_view name);
+// fp8kit/common/text.hpp's, under the names io has always used.
+using fp8kit::printable;
+using fp8kit::quoted;
 
 // Whether `text` is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, nothing past U+10FFFF).
 bool is_valid_utf8(std::string_view text);

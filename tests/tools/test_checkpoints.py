@@ -246,6 +246,46 @@ def check_model_directory_files(exe, root, rng):
     check("model directory: the input untouched", digest(src) == before)
 
 
+def stderr_on_a_terminal(cmd):
+    """Runs cmd with stderr on a pseudo-terminal (stdout a pipe): its exit status and what it wrote to stderr."""
+    import pty
+    master, slave = pty.openpty()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    p.wait()
+    os.close(master)
+    return p.returncode, b"".join(chunks).decode(errors="replace")
+
+
+def check_progress(exe, root, src):
+    """A progress line with throughput and ETA on a terminal, rewritten in place and cleared; nothing on a pipe
+    or with --quiet."""
+    for cmd in (["quantize", src, os.path.join(root, "p-q"), "--scheme", "fp8-block", "--force"],
+                ["convert", src, os.path.join(root, "p-c"), "--to", "f32", "--force"]):
+        rc, err = stderr_on_a_terminal([exe, *cmd])
+        check(f"{cmd[0]} on a terminal: exit 0", rc == 0, err)
+        check(f"{cmd[0]} on a terminal: a progress line with MB/s and ETA",
+              f"{cmd[0]} [1/" in err and "MB/s" in err and "ETA" in err and "\r" in err, repr(err[:300]))
+        check(f"{cmd[0]} on a terminal: the line is cleared", err.endswith("\r\x1b[K") or "\r\x1b[K" in err[-20:], repr(err[-40:]))
+        rc, err = stderr_on_a_terminal([exe, *cmd, "--quiet"])
+        check(f"{cmd[0]} --quiet on a terminal: nothing on stderr", rc == 0 and err == "", repr(err[:200]))
+        r = run(exe, *cmd)
+        check(f"{cmd[0]} on a pipe: nothing on stderr", r.returncode == 0 and r.stderr == "", r.stderr[:200])
+    rc, err = stderr_on_a_terminal([exe, "train", "--recipe", "fp32", "--steps", "3"])
+    check("train on a terminal: the progress bar", rc == 0 and "fp32" in err and "3/3" in err, repr(err[:300]))
+    rc, err = stderr_on_a_terminal([exe, "train", "--recipe", "fp32", "--steps", "3", "--quiet"])
+    check("train --quiet on a terminal: nothing on stderr", rc == 0 and err == "", repr(err[:200]))
+
+
 def check_json_reports(exe, root, src, single):
     """quantize, dequantize and convert --json: one object each, its counts as the checkpoint has them and its byte
     counts those of the files read and written."""
@@ -528,6 +568,7 @@ def main():
         check_bounded_memory(exe, root)
         check_foreign_files(exe, root, rng)
         check_model_directory_files(exe, root, rng)
+        check_progress(exe, root, src)
         check("no output left by refused commands", not any(os.path.exists(os.path.join(root, f"x{i}")) for i in range(15)))
         check("input directory still untouched", digest(src) == src_digest)
     return summary()

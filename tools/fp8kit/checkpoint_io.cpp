@@ -2,6 +2,8 @@
 // never-touch-the-input rules, and writing a file or a directory (shards, index, config.json) crash-safely.
 #include "checkpoint_io.hpp"
 
+#include "fp8kit/common/text.hpp"
+
 #include <fmt/core.h>
 
 #include <nlohmann/json.hpp>
@@ -110,9 +112,22 @@ std::uint64_t safetensors_bytes(const std::filesystem::path& path) {
   return total;
 }
 
-void Progress::step(const std::string& name) {
+void Progress::step(const std::string& name, std::uint64_t bytes) {
   ++done_;
-  if (line_.on()) line_.show(fmt::format("{} [{}/{}] {:.100}", verb_, done_, total_, name));
+  done_bytes_ += current_bytes_;  // the previous tensor is written by now
+  current_bytes_ = bytes;
+  if (!line_.on()) return;
+  const double seconds = seconds_since(start_);
+  const double rate = seconds > 0 ? static_cast<double>(done_bytes_) / seconds : 0.0;
+  const double percent =
+      total_bytes_ > 0 ? 100.0 * static_cast<double>(done_bytes_) / static_cast<double>(total_bytes_) : 0.0;
+  std::string eta = "--:--";
+  if (rate > 0) {
+    const auto left = static_cast<long long>(static_cast<double>(total_bytes_ - done_bytes_) / rate + 0.5);
+    eta = fmt::format("{}:{:02}", left / 60, left % 60);
+  }
+  line_.show(fmt::format("{} [{}/{}] {:.0f}% {:.1f} MB/s ETA {} {:.80}", verb_, done_, total_, percent, rate / 1e6, eta,
+                         printable(name)));
 }
 
 CheckpointInput open_checkpoint_input(const std::string& path) {

@@ -112,6 +112,18 @@ bool stderr_is_terminal() {
   return isatty(STDERR_FILENO) == 1;
 }
 
+namespace {
+bool g_quiet = false;  // set while parsing: one command runs per process
+}  // namespace
+
+void add_quiet_flag(CLI::App* command) {
+  command->add_flag("--quiet", g_quiet, "No progress line on stderr (there is one only when stderr is a terminal)");
+}
+
+bool progress_silenced() {
+  return g_quiet;
+}
+
 ProgressLine::~ProgressLine() {
   if (shown_) std::fprintf(stderr, "\r\033[K");
 }

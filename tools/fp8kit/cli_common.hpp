@@ -68,11 +68,15 @@ std::uint64_t parse_byte_size(const std::string& text, const std::string& option
 // True when stderr is a terminal (progress output goes there only then).
 bool stderr_is_terminal();
 
+// `--quiet` on a long-running command (quantize, dequantize, convert, train): no progress line even on a terminal.
+void add_quiet_flag(CLI::App* command);
+bool progress_silenced();
+
 // The CLI's one progress reporter: a line on stderr rewritten in place by show() and cleared when the object goes
-// away, only when stderr is a terminal (nothing otherwise, so pipes and logs stay clean).
+// away, only when stderr is a terminal and --quiet was not given (nothing otherwise: pipes and logs stay clean).
 class ProgressLine {
  public:
-  ProgressLine() : on_(stderr_is_terminal()) {}
+  ProgressLine() : on_(stderr_is_terminal() && !progress_silenced()) {}
   ~ProgressLine();
   ProgressLine(const ProgressLine&) = delete;
   ProgressLine& operator=(const ProgressLine&) = delete;

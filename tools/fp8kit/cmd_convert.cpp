@@ -45,7 +45,7 @@ void run_convert(const ConvertArgs& args) {
   }
   std::vector<SafetensorsEntry> entries;
   std::size_t cast = 0, copied = 0;
-  auto progress = std::make_shared<Progress>("convert", 0);  // the total is set once counted
+  auto progress = std::make_shared<Progress>("convert");
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     const auto from = tensor_dtype(t->dtype);
     if (!from || !is_floating(*from) || *from == DType::float8_e8m0fnu || *from == *to) {
@@ -54,15 +54,15 @@ void run_convert(const ConvertArgs& args) {
       continue;
     }
     SafetensorsEntry e{t->name, safetensors_dtype(*to), t->shape, {}, {}};
+    progress->expect(t->bytes.size());
     e.fill = [t, dtype = *to, overflow, progress](std::span<std::byte> out) {
-      progress->step(t->name);
+      progress->step(t->name, t->bytes.size());
       const Tensor c = to_tensor(*t).to(dtype, overflow);
       std::memcpy(out.data(), c.raw(), out.size());
     };
     entries.push_back(std::move(e));
     ++cast;
   }
-  progress->set_total(cast);
   std::optional<std::string> config_out;
   if (in.config) {
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(*in.config, nullptr, false);
@@ -106,6 +106,7 @@ void add_convert_command(CLI::App& app) {
   add_overflow_flags(cmd, args->overflow);
   cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_flag("--force", args->force, "Replace an existing output");
+  add_quiet_flag(cmd);
   cmd->add_flag("--json", args->json,
                 "Print one JSON object (input, output, tensors, bytes, seconds) instead of the line");
   cmd->callback([args] { run_convert(*args); });

@@ -64,14 +64,15 @@ void run_dequantize(const DequantizeArgs& args) {
   }
   std::vector<SafetensorsEntry> entries;
   std::size_t copied = 0, unscaled_fp8 = 0;
-  auto progress = std::make_shared<Progress>("dequantize", weights.size());
+  auto progress = std::make_shared<Progress>("dequantize");
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     if (auto it = by_weight.find(t->name); it != by_weight.end()) {
       const SafetensorsTensor& scale = in.checkpoint.at(it->second->scale);
       scale_granularity(layout, *t, scale, config, in.metadata);  // every pair checked before anything is written
       SafetensorsEntry e{t->name, safetensors_dtype(*to), t->shape, {}, {}};
+      progress->expect(t->bytes.size());
       e.fill = [t, &scale, layout, config, &in, dtype = *to, progress](std::span<std::byte> out) {
-        progress->step(t->name);
+        progress->step(t->name, t->bytes.size());
         const Tensor w = dequantize_checkpoint_tensor(layout, *t, scale, dtype, config, in.metadata);
         std::memcpy(out.data(), w.raw(), out.size());
       };
@@ -130,6 +131,7 @@ void add_dequantize_command(CLI::App& app) {
   cmd->add_option("--to", args->to, "Output dtype: bf16 (default), f16, f32");
   cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_flag("--force", args->force, "Replace an existing output");
+  add_quiet_flag(cmd);
   cmd->add_flag("--json", args->json,
                 "Print one JSON object (input, output, tensors, bytes, seconds) instead of the line");
   cmd->callback([args] { run_dequantize(*args); });

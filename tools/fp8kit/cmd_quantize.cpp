@@ -93,10 +93,7 @@ void run_quantize(const QuantizeArgs& args) {
                      "); dequantize it first");
   }
   auto cache = std::make_shared<ScaleCache>();
-  std::size_t to_quantize = 0;
-  for (const SafetensorsTensor* t : in.checkpoint.tensors())
-    to_quantize += !skip_reason(t->name, t->dtype, t->shape, ignore);
-  auto progress = std::make_shared<Progress>("quantize", to_quantize);
+  auto progress = std::make_shared<Progress>("quantize");
   std::vector<SafetensorsEntry> entries;
   std::map<std::string, std::string> metadata = {{"format", "pt"}};
   std::vector<std::string> ignored;  // 2-D float weights left as they are, for the quantization_config
@@ -120,8 +117,9 @@ void run_quantize(const QuantizeArgs& args) {
       return quantize_checkpoint_tensor(t->name, to_tensor(*t), s, f, layout, rounding);
     };
     SafetensorsEntry weight{plan[0].name, safetensors_dtype(plan[0].dtype), plan[0].shape, {}, {}};
-    weight.fill = [quantize_one, cache, scale_key, progress, name = t->name](std::span<std::byte> out) {
-      progress->step(name);
+    progress->expect(t->bytes.size());
+    weight.fill = [quantize_one, cache, scale_key, progress, t](std::span<std::byte> out) {
+      progress->step(t->name, t->bytes.size());
       QuantizedCheckpointTensor q = quantize_one();
       std::memcpy(out.data(), q.tensors[0].tensor.raw(), out.size());
       if (!cache->written.count(scale_key)) cache->pending[scale_key] = q.tensors[1].tensor;
@@ -196,6 +194,7 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--scale-fmt", args->scale_fmt,
                   "float (default) or ue8m0: power-of-two scales 2^ceil(log2(amax/448)), DeepSeek-V3.1's scale_fmt");
   cmd->add_flag("--force", args->force, "Replace an existing output");
+  add_quiet_flag(cmd);
   cmd->add_flag("--json", args->json,
                 "Print one JSON object (input, output, tensors, bytes, seconds) instead of the line");
   cmd->callback([args] { run_quantize(*args); });

@@ -700,6 +700,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--batch", args->batch, "Sequences (gpt) or images (cnn) per step (default 16 / 64)");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--data", args->data, "Train the GPT on this text file instead of the generated corpus");
+  add_quiet_flag(cmd);
   cmd->add_flag("--json", args->json, "Print a JSON array, one object per recipe");
   cmd->add_option("--plot", args->plot, "Write the loss curves to this SVG file");
   cmd->add_option("--profile", args->profile,
