@@ -62,6 +62,7 @@ def fsdp_is_ddp_bit_for_bit_with_less_memory():
         fsdp = train(2, "--recipe", recipe, "--steps", "3", parallel="fsdp")[0]
         assert fsdp["losses"] == ddp["losses"] and fsdp["final_loss"] == ddp["final_loss"], (ddp, fsdp)
         assert fsdp["parallel"] == "fsdp" and fsdp["replicas_identical"] is True, fsdp
+        assert ddp["comm_bytes_per_step"]["all_gather"] == 0, ddp["comm_bytes_per_step"]  # ddp only all-reduces
         assert fsdp["peak_bytes"] < 0.85 * ddp["peak_bytes"], (fsdp["peak_bytes"], ddp["peak_bytes"])
         # Gradients are reduce-scattered (half an all-reduce's bytes), weights gathered.
         c = fsdp["comm_bytes_per_step"]

@@ -530,7 +530,6 @@ void run(TrainArgs a) {
         record();
         identical.push_back(replicas_identical(*comm, t.model()));
       };
-      comm->reset_stats();
       // Checkpoints and the export: gathered whole (fsdp) and written by rank 0; a resume is read by every rank.
       TrainCheckpointOptions rank_options = checkpoint_options;
       rank_options.around_write = sharded ? sharded->around_write() : rank_zero_writes(*comm);
@@ -538,6 +537,7 @@ void run(TrainArgs a) {
       std::optional<TrainCheckpointer> checkpointer;  // reads the checkpoint to resume and the data: agreed
       on_every_rank(comm.get(), [&] { checkpointer.emplace(config, recipe, rank_options); });
       TrainCheckpointer& checkpoints = *checkpointer;
+      comm->reset_stats();  // the run's collectives from here (not the agreement above)
       nn::TrainHooks hooks = sharded ? sharded->hooks(checkpoints.hooks(std::move(base)))
                                      : data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config),
                                                            checkpoints.hooks(std::move(base)));
