@@ -2,6 +2,7 @@
 // the scalar reference, for every format, policy and input type, odd lengths, unaligned pointers, scales, both
 // roundings; the public entries at every ISA level, threads, and stochastic rounding's reproducibility.
 #include <gtest/gtest.h>
+#include <xmmintrin.h>
 
 #include <bit>
 #include <cmath>
@@ -122,22 +123,25 @@ template <typename In>
 void check_long_encode(const KernelTable* table, convert_detail::EncodeFn<In>(KernelTable::*member)) {
   const std::size_t n = (std::size_t{1} << 20) * 2 + 4 * 64 * 3 + 45;
   const auto input = narrow_all<In>(test_floats(n, 31));
-  for (Format f : {Format::e4m3fn, Format::e5m2fnuz, Format::e8m0fnu}) {
+  for (Format f : {Format::e4m3fn, Format::e5m2, Format::e5m2fnuz, Format::e8m0fnu}) {
     for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
-      auto params = convert_detail::make_encode_params(CastOptions{f, o, Rounding::kNearestEven, 0.75f});
-      params.streaming_stores = true;
-      std::vector<std::uint8_t> want(n), got(n + 1, 0xAB);
-      (convert_detail::scalar_kernels().*member)(input.data(), want.data(), n, params);
-      (table->*member)(input.data(), got.data(), n, params);
-      std::size_t mismatches = 0, first = n;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (got[i] != want[i]) {
-          ++mismatches;
-          first = std::min(first, i);
+      // unscaled (bfloat16 has its own kernels there) and scaled
+      for (float scale : {1.0f, 0.75f}) {
+        auto params = convert_detail::make_encode_params(CastOptions{f, o, Rounding::kNearestEven, scale});
+        params.streaming_stores = true;
+        std::vector<std::uint8_t> want(n), got(n + 1, 0xAB);
+        (convert_detail::scalar_kernels().*member)(input.data(), want.data(), n, params);
+        (table->*member)(input.data(), got.data(), n, params);
+        std::size_t mismatches = 0, first = n;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (got[i] != want[i]) {
+            ++mismatches;
+            first = std::min(first, i);
+          }
         }
+        EXPECT_EQ(mismatches, 0u) << table->name << " " << name(f) << " scale " << scale << ", first at " << first;
+        EXPECT_EQ(got[n], 0xAB) << "wrote past the end";
       }
-      EXPECT_EQ(mismatches, 0u) << table->name << " " << name(f) << ", first at " << first;
-      EXPECT_EQ(got[n], 0xAB) << "wrote past the end";
     }
   }
 }
@@ -241,6 +245,48 @@ TEST_P(ConvertKernel, EveryHalfInput) {
         convert_detail::scalar_kernels().encode_f16(hf.data(), want.data(), 65536, params);
         table->encode_f16(hf.data(), got.data(), 65536, params);
         ASSERT_EQ(want, got) << table->name << " f16 " << name(f);
+      }
+    }
+  }
+}
+
+// A caller's denormals-are-zero / flush-to-zero mode (MXCSR) changes no unscaled encoder's result: the kernels add
+// float32 subnormals in places (the 16-bit input kernels widen float16 subnormals to them), so all 2^16 bfloat16 and
+// float16 inputs and float32 subnormals of both signs run with DAZ and FTZ set, against the scalar table without.
+// A scaled encode multiplies x * scale as float32 under the caller's mode, as the scalar table does: there the
+// scalar table runs under the same mode.
+TEST_P(ConvertKernel, EncodersUnderDenormalsAreZero) {
+  const KernelTable* table = kernels();
+  std::vector<bfloat16> bf(65536);
+  std::vector<float16> hf(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    bf[i] = bfloat16::from_bits(static_cast<std::uint16_t>(i));
+    hf[i] = float16::from_bits(static_cast<std::uint16_t>(i));
+  }
+  std::vector<float> f32;
+  for (std::uint32_t m = 1; m < (1u << 23); m = m * 3 + 1) {
+    f32.push_back(std::bit_cast<float>(m));
+    f32.push_back(std::bit_cast<float>(m | 0x80000000u));
+  }
+  for (Format f : kAllFormats) {
+    for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+      for (float scale : {1.0f, 0.5f}) {
+        const auto params = convert_detail::make_encode_params(CastOptions{f, o, Rounding::kNearestEven, scale});
+        std::vector<std::uint8_t> want_bf(65536), want_hf(65536), want_f(f32.size());
+        std::vector<std::uint8_t> got_bf(65536), got_hf(65536), got_f(f32.size());
+        const unsigned saved = _mm_getcsr();
+        if (scale != 1.0f) _mm_setcsr(saved | 0x8040u);  // FTZ | DAZ
+        convert_detail::scalar_kernels().encode_bf16(bf.data(), want_bf.data(), bf.size(), params);
+        convert_detail::scalar_kernels().encode_f16(hf.data(), want_hf.data(), hf.size(), params);
+        convert_detail::scalar_kernels().encode_f32(f32.data(), want_f.data(), f32.size(), params);
+        _mm_setcsr(saved | 0x8040u);
+        table->encode_bf16(bf.data(), got_bf.data(), bf.size(), params);
+        table->encode_f16(hf.data(), got_hf.data(), hf.size(), params);
+        table->encode_f32(f32.data(), got_f.data(), f32.size(), params);
+        _mm_setcsr(saved);
+        ASSERT_EQ(want_bf, got_bf) << table->name << " bf16 " << name(f) << " scale " << scale;
+        ASSERT_EQ(want_hf, got_hf) << table->name << " f16 " << name(f) << " scale " << scale;
+        ASSERT_EQ(want_f, got_f) << table->name << " f32 subnormals " << name(f) << " scale " << scale;
       }
     }
   }

@@ -1,7 +1,9 @@
 // AVX-512 conversion kernels (F/BW/VL/DQ; VBMI where present), bit-identical to the scalar codec on every input,
 // for round to nearest even and for stochastic rounding. They assume MXCSR's default rounding mode; DAZ/FTZ do not
-// change their results (see the AVX2 kernels: a float32 subnormal rounds to 0 in every FP8 format, and the
-// stochastic path never rounds one up either, since its fraction of an FP8 quantum is below 2^-32).
+// change the results of unscaled encodes (see the AVX2 kernels: a float32 subnormal rounds to 0 in every FP8 format
+// but e8m0fnu, whose encoder reads bits, and the stochastic path never rounds one up either, since its fraction of an
+// FP8 quantum is below 2^-32); a scaled encode's x * scale is a float32 multiply under the caller's mode, as in the
+// scalar table (test EncodersUnderDenormalsAreZero).
 //
 // float32 -> FP8 (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz), 16 lanes of 32 bits, a = |x| as bits, m mantissa bits:
 //   normal     ((a + 2^(22-m) - 1 + lsb) >> (23-m)) - ((127-bias) << m), the carry moving into the exponent
@@ -157,6 +159,139 @@ template <bool kScaled>
   return _mm512_mask_mov_epi32(code, nan, splat(0xFF));
 }
 
+// ---------------------------------------------------------------- bfloat16 and float16 in 16-bit lanes
+
+// Unscaled round-to-nearest-even bfloat16/float16 -> e4m3fn, e5m2, e4m3fnuz or e5m2fnuz without widening to
+// float32 first: 32 lanes of 16 bits, half the instructions per element of encode16 (which the widening made compute
+// bound at about 0.64x memcpy on one Zen 4 thread). The normal path is encode16's integer rounding on the 16-bit
+// magnitude: shift 7 - m (bfloat16) or 10 - m (float16), the exponent re-biased from the input's bias, a carry
+// moving into the exponent. The subnormal path is encode16's float adder on the lanes widened exactly to float32
+// (bfloat16: unpack with zero, and packus_epi32 restores the lane order; float16: vcvtph2ps and a qword permute).
+// It takes every lane whose rounded magnitude is below the FP8 format's smallest normal and, for float16, every
+// float16 subnormal: e5m2fnuz's first binade, [2^-15, 2^-14), is float16-subnormal, where the integer path's fixed
+// shift does not hold; there the float adder's quantum count is the code, as in every format's first normal
+// binade. Overflow: the code is clamped after rounding rather than |x| before (the same result: the rounding is
+// monotone, and every magnitude past the largest finite one rounds to a code at or past its code).
+template <typename In>
+struct Half16 {
+  static constexpr bool kBf16 = std::is_same_v<In, bfloat16>;
+  static constexpr int kMantissa = kBf16 ? 7 : 10;
+  static constexpr int kBias = kBf16 ? 127 : 15;
+  static constexpr std::uint32_t kInfBits = kBf16 ? 0x7F80u : 0x7C00u;
+  // 16-bit bits of a power of two 2^e (float16 subnormals included; e within the type's range)
+  static std::uint32_t pow2_bits(int e) {
+    if (e + kBias >= 1) return static_cast<std::uint32_t>(e + kBias) << kMantissa;
+    return 1u << (kMantissa + e + kBias - 1);
+  }
+};
+
+// How the subnormal path widens its lanes to float32:
+//   kUnpack  bfloat16: the bits in the top half of a zeroed 32-bit lane
+//   kShift   float16 -> e4m3fn/e4m3fnuz: the bits << 13 are the value times 2^-112 (float16 subnormals as float32
+//            subnormals, which encode to 0 in both formats with or without denormals-are-zero), the adder's
+//            constant scaled by 2^-112 too: cheaper than vcvtph2ps, which is slow on Zen 4
+//   kCvt     float16 -> e5m2fnuz: vcvtph2ps (float16 subnormals encode to nonzero codes there)
+//   kNone    float16 -> e5m2: none needed; e5m2 is float16 rounded at bit 8, subnormals included
+enum class Widen { kUnpack, kShift, kCvt, kNone };
+template <typename In, int kM, bool kSignOnZero>
+constexpr Widen kWiden = std::is_same_v<In, bfloat16> ? Widen::kUnpack
+                         : kM == 3                    ? Widen::kShift
+                         : kSignOnZero                ? Widen::kNone
+                                                      : Widen::kCvt;
+
+template <typename In>
+struct HalfEncodeConsts {
+  using H = Half16<In>;
+  HalfEncodeConsts(const EncodeParams& p, Widen widen)
+      : subnormal_magic(_mm512_castsi512_ps(magic_bits_for(p, widen))),
+        magic_bits(magic_bits_for(p, widen)),
+        round_base(splat16((1u << (H::kMantissa - 1 - p.mantissa_bits)) - 1u)),
+        // (input bias - FP8 bias) << m, modulo 2^16 (negative for float16 -> e5m2fnuz)
+        rebias(splat16(p.rebias - (static_cast<std::uint32_t>(127 - H::kBias) << p.mantissa_bits))),
+        subnormal_below(
+            splat16(H::pow2_bits(static_cast<int>(p.min_normal_bits >> 23) - 127) >> (H::kMantissa - p.mantissa_bits))),
+        fold_code(splat16(p.options.overflow == Overflow::kSaturate ? descriptor(p.options.format).max_code()
+                                                                    : p.overflow_code)),
+        max_code(splat16(descriptor(p.options.format).max_code())),
+        overflow_code(splat16(p.overflow_code)),
+        nan_code(splat16(p.nan_code)) {}
+  static __m512i splat16(std::uint32_t v) { return _mm512_set1_epi16(static_cast<short>(v)); }
+  static __m512i magic_bits_for(const EncodeParams& p, Widen widen) {
+    return splat(widen == Widen::kShift ? p.subnormal_magic_bits - (112u << 23) : p.subnormal_magic_bits);
+  }
+  __m512 subnormal_magic;
+  __m512i magic_bits, round_base, rebias, subnormal_below, fold_code, max_code, overflow_code, nan_code;
+};
+
+// The float adder's quantum counts of 32 magnitudes (16-bit bits), in 16-bit lanes in order (only those of lanes
+// in the subnormal path are used; the others may be anything).
+template <typename In, Widen kHow>
+[[gnu::always_inline]] inline __m512i quantum_counts(__m512i a, const HalfEncodeConsts<In>& c) {
+  const auto count = [&c](__m512i x) {
+    return _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(x), c.subnormal_magic)),
+                            c.magic_bits);
+  };
+  if constexpr (kHow == Widen::kUnpack || kHow == Widen::kShift) {
+    constexpr int kDown = kHow == Widen::kShift ? 3 : 0;
+    const __m512i lo = _mm512_srli_epi32(_mm512_unpacklo_epi16(_mm512_setzero_si512(), a), kDown);
+    const __m512i hi = _mm512_srli_epi32(_mm512_unpackhi_epi16(_mm512_setzero_si512(), a), kDown);
+    return _mm512_packus_epi32(count(lo), count(hi));
+  } else {
+    const auto cvt = [](__m256i h) { return _mm512_castps_si512(_mm512_cvtph_ps(h)); };
+    const __m512i lo = cvt(_mm512_castsi512_si256(a)), hi = cvt(_mm512_extracti64x4_epi64(a, 1));
+    // 128-bit lane L of the pack: counts 4L..4L+3 of lo, then of hi
+    return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+                                    _mm512_packus_epi32(count(lo), count(hi)));
+  }
+}
+
+// 32 inputs (bits) -> 32 codes in 16-bit lanes.
+template <typename In, int kM, bool kSignOnZero, int kFold>
+[[gnu::always_inline]] inline __m512i encode32_half(__m512i u, const HalfEncodeConsts<In>& c) {
+  constexpr int kShift = Half16<In>::kMantissa - kM;
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi16(0x7FFF));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(a, kShift), _mm512_set1_epi16(1));
+  const __m512i rounded = _mm512_srli_epi16(_mm512_add_epi16(a, _mm512_add_epi16(c.round_base, lsb)), kShift);
+  __m512i code = _mm512_sub_epi16(rounded, c.rebias);
+  constexpr Widen kHow = kWiden<In, kM, kSignOnZero>;
+  if constexpr (kHow != Widen::kNone) {
+    __mmask32 below = _mm512_cmplt_epu16_mask(rounded, c.subnormal_below);
+    if constexpr (kHow == Widen::kCvt) below |= _mm512_cmplt_epu16_mask(a, _mm512_set1_epi16(0x0400));
+    code = _mm512_mask_mov_epi16(code, below, quantum_counts<In, kHow>(a, c));
+  }
+  const __mmask32 nan = _mm512_cmpgt_epu16_mask(a, _mm512_set1_epi16(Half16<In>::kInfBits));
+  if constexpr (kFold == kFoldNone) {
+    code = _mm512_mask_mov_epi16(code, _mm512_cmpgt_epu16_mask(code, c.max_code), c.overflow_code);
+    code = _mm512_mask_mov_epi16(code, nan, c.nan_code);
+  } else {
+    // Saturating: everything past the largest finite code becomes it, NaN aside; otherwise (the overflow code is
+    // the NaN code) everything past it becomes that code.
+    code = _mm512_min_epu16(code, c.fold_code);
+    if constexpr (kFold == kFoldClamp) code = _mm512_mask_mov_epi16(code, nan, c.nan_code);
+  }
+  __mmask32 neg = _mm512_movepi16_mask(u);
+  if constexpr (!kSignOnZero) neg = _mm512_mask_test_epi16_mask(neg, code, code);
+  return _mm512_or_si512(code, _mm512_maskz_mov_epi16(neg, _mm512_set1_epi16(0x80)));
+}
+
+// Up to 64 inputs -> codes; a partial chunk loads and stores under masks.
+template <typename In, int kM, bool kSignOnZero, int kFold>
+[[gnu::always_inline]] inline void encode_chunk_half(const In* in, std::uint8_t* out, std::size_t count,
+                                                     const HalfEncodeConsts<In>& c) {
+  const __m512i u0 = count >= 64 ? _mm512_loadu_si512(in) : _mm512_maskz_loadu_epi16(mask32(count), in);
+  const __m512i u1 = count >= 64 ? _mm512_loadu_si512(in + 32)
+                                 : _mm512_maskz_loadu_epi16(mask32(count > 32 ? count - 32 : 0), in + 32);
+  const __m512i packed = _mm512_packus_epi16(encode32_half<In, kM, kSignOnZero, kFold>(u0, c),
+                                             encode32_half<In, kM, kSignOnZero, kFold>(u1, c));
+  // 128-bit lane L of packed: codes 8L..8L+7 of u0, then of u1.
+  const __m512i bytes = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed);
+  if (count >= 64) {
+    _mm512_storeu_si512(out, bytes);
+  } else {
+    _mm512_mask_storeu_epi8(out, mask64(count), bytes);
+  }
+}
+
 // ---------------------------------------------------------------- stochastic rounding
 
 // stochastic_bits(seed, index) for 16 consecutive indices: SplitMix64's finalizer in 64-bit lanes.
@@ -259,15 +394,21 @@ template <typename In, typename Enc16, bool kStream = false>
   }
 }
 
-// Runs enc16 over [0, n): 64-element chunks, then one masked chunk.
-template <typename In, typename Enc16>
-[[gnu::always_inline]] inline void encode_loop(const In* in, std::uint8_t* out, std::size_t n, const Enc16& enc16) {
+// Runs chunk(in + i, out + i, count) over [0, n): 64-element chunks, then one masked chunk.
+template <typename In, typename Chunk>
+[[gnu::always_inline]] inline void chunk_loop(const In* in, std::uint8_t* out, std::size_t n, const Chunk& chunk) {
   std::size_t i = 0;
   for (; i + 64 <= n; i += 64) {
     prefetch_chunk(in + i);
-    encode_chunk(in + i, out + i, 64, enc16);
+    chunk(in + i, out + i, 64);
   }
-  if (i < n) encode_chunk(in + i, out + i, n - i, enc16);
+  if (i < n) chunk(in + i, out + i, n - i);
+}
+
+template <typename In, typename Enc16>
+[[gnu::always_inline]] inline void encode_loop(const In* in, std::uint8_t* out, std::size_t n, const Enc16& enc16) {
+  chunk_loop(in, out, n,
+             [&enc16](const In* i, std::uint8_t* o, std::size_t count) { encode_chunk(i, o, count, enc16); });
 }
 
 // Long arrays (round to nearest even): four equal parts encoded side by side, a chunk of each in turn, so that one
@@ -278,19 +419,19 @@ template <typename In, typename Enc16>
 constexpr std::size_t kInterleaveStreams = 4;
 constexpr std::size_t kInterleaveMin = std::size_t{1} << 20;  // elements
 
-template <typename In, typename Enc16>
-[[gnu::always_inline]] inline void encode_loop_interleaved(const In* in, std::uint8_t* out, std::size_t n,
-                                                           const Enc16& enc16) {
-  if (n < kInterleaveMin) return encode_loop(in, out, n, enc16);
+template <typename In, typename Chunk>
+[[gnu::always_inline]] inline void chunk_loop_interleaved(const In* in, std::uint8_t* out, std::size_t n,
+                                                          const Chunk& chunk) {
+  if (n < kInterleaveMin) return chunk_loop(in, out, n, chunk);
   const std::size_t part = n / kInterleaveStreams / 64 * 64;
   for (std::size_t i = 0; i < part; i += 64) {
     for (std::size_t s = 0; s < kInterleaveStreams; ++s) {
       prefetch_chunk(in + s * part + i);
-      encode_chunk(in + s * part + i, out + s * part + i, 64, enc16);
+      chunk(in + s * part + i, out + s * part + i, 64);
     }
   }
   const std::size_t done = kInterleaveStreams * part;
-  encode_loop(in + done, out + done, n - done, enc16);
+  chunk_loop(in + done, out + done, n - done, chunk);
 }
 
 // Elements to convert one by one before `out` reaches a 64-byte boundary (for streaming stores).
@@ -325,7 +466,16 @@ void encode_body(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
       return encode16<kM, kScaled, kSignOnZero, kFold>(x, c, c.scale);
     }
   };
-  encode_loop_interleaved(in, out, n, enc16);
+  chunk_loop_interleaved(
+      in, out, n, [&enc16](const In* i, std::uint8_t* o, std::size_t count) { encode_chunk(i, o, count, enc16); });
+}
+
+template <typename In, int kM, bool kSignOnZero, int kFold>
+void encode_half_body(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  const HalfEncodeConsts<In> c(p, kWiden<In, kM, kSignOnZero>);
+  chunk_loop_interleaved(in, out, n, [&c](const In* i, std::uint8_t* o, std::size_t count) {
+    encode_chunk_half<In, kM, kSignOnZero, kFold>(i, o, count, c);
+  });
 }
 
 // Calls run.template operator()<kE8M0, kM, kSignOnZero>() for the format.
@@ -361,6 +511,18 @@ void encode_avx512(const In* in, std::uint8_t* out, std::size_t n, const EncodeP
   // what they read, need them (1.05x with, 0.47x without).
   const int fold = fold_mode(p);
   with_format(p.options.format, [&]<bool kE8M0, int kM, bool kSign>() {
+    if constexpr (!std::is_same_v<In, float> && !kE8M0) {
+      if (!scaled) {
+        switch (fold) {
+          case kFoldClamp:
+            return encode_half_body<In, kM, kSign, kFoldClamp>(in, out, n, p);
+          case kFoldMin:
+            return encode_half_body<In, kM, kSign, kFoldMin>(in, out, n, p);
+          default:
+            return encode_half_body<In, kM, kSign, kFoldNone>(in, out, n, p);
+        }
+      }
+    }
     auto by_fold = [&]<bool kScaled>() {
       switch (fold) {
         case kFoldClamp:
