@@ -225,15 +225,19 @@ TEST_P(ConvertKernel, DecodeSegmentsMatchesScalar) {
   }
 }
 
+// All 2^16 values of a 16-bit type, in bit order.
+template <typename T>
+std::vector<T> every_half() {
+  std::vector<T> all(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) all[i] = T::from_bits(static_cast<std::uint16_t>(i));
+  return all;
+}
+
 // All 2^16 bfloat16 and float16 inputs, every format and policy.
 TEST_P(ConvertKernel, EveryHalfInput) {
   const KernelTable* table = kernels();
-  std::vector<bfloat16> bf(65536);
-  std::vector<float16> hf(65536);
-  for (std::uint32_t i = 0; i < 65536; ++i) {
-    bf[i] = bfloat16::from_bits(static_cast<std::uint16_t>(i));
-    hf[i] = float16::from_bits(static_cast<std::uint16_t>(i));
-  }
+  const auto bf = every_half<bfloat16>();
+  const auto hf = every_half<float16>();
   {
     for (Format f : kAllFormats) {
       for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) {
@@ -257,12 +261,8 @@ TEST_P(ConvertKernel, EveryHalfInput) {
 // scalar table runs under the same mode.
 TEST_P(ConvertKernel, EncodersUnderDenormalsAreZero) {
   const KernelTable* table = kernels();
-  std::vector<bfloat16> bf(65536);
-  std::vector<float16> hf(65536);
-  for (std::uint32_t i = 0; i < 65536; ++i) {
-    bf[i] = bfloat16::from_bits(static_cast<std::uint16_t>(i));
-    hf[i] = float16::from_bits(static_cast<std::uint16_t>(i));
-  }
+  const auto bf = every_half<bfloat16>();
+  const auto hf = every_half<float16>();
   std::vector<float> f32;
   for (std::uint32_t m = 1; m < (1u << 23); m = m * 3 + 1) {
     f32.push_back(std::bit_cast<float>(m));

@@ -495,6 +495,22 @@ void with_format(Format f, const Run& run) {
   }
 }
 
+// Calls run.template operator()<kE8M0, kM, kSignOnZero, kFold>() for the format and the overflow policy's fold.
+template <typename Run>
+void with_format_and_fold(const EncodeParams& p, const Run& run) {
+  const int fold = fold_mode(p);
+  with_format(p.options.format, [&]<bool kE8M0, int kM, bool kSign>() {
+    switch (fold) {
+      case kFoldClamp:
+        return run.template operator()<kE8M0, kM, kSign, kFoldClamp>();
+      case kFoldMin:
+        return run.template operator()<kE8M0, kM, kSign, kFoldMin>();
+      default:
+        return run.template operator()<kE8M0, kM, kSign, kFoldNone>();
+    }
+  });
+}
+
 template <typename In>
 void encode_avx512(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
   const bool scaled = p.options.scale != 1.0f;
@@ -509,32 +525,12 @@ void encode_avx512(const In* in, std::uint8_t* out, std::size_t n, const EncodeP
   // made the single-stream encode slower (256 MiB of float32: 0.49x -> 0.51x memcpy on 1 thread, 0.78x -> 0.88x on
   // 2) and the four-part one no faster (0.69x either way on 1 thread), while the decoders, which write four times
   // what they read, need them (1.05x with, 0.47x without).
-  const int fold = fold_mode(p);
-  with_format(p.options.format, [&]<bool kE8M0, int kM, bool kSign>() {
+  with_format_and_fold(p, [&]<bool kE8M0, int kM, bool kSign, int kFold>() {
     if constexpr (!std::is_same_v<In, float> && !kE8M0) {
-      if (!scaled) {
-        switch (fold) {
-          case kFoldClamp:
-            return encode_half_body<In, kM, kSign, kFoldClamp>(in, out, n, p);
-          case kFoldMin:
-            return encode_half_body<In, kM, kSign, kFoldMin>(in, out, n, p);
-          default:
-            return encode_half_body<In, kM, kSign, kFoldNone>(in, out, n, p);
-        }
-      }
+      if (!scaled) return encode_half_body<In, kM, kSign, kFold>(in, out, n, p);
     }
-    auto by_fold = [&]<bool kScaled>() {
-      switch (fold) {
-        case kFoldClamp:
-          return encode_body<In, kE8M0, kM, kScaled, kSign, kFoldClamp>(in, out, n, p);
-        case kFoldMin:
-          return encode_body<In, kE8M0, kM, kScaled, kSign, kFoldMin>(in, out, n, p);
-        default:
-          return encode_body<In, kE8M0, kM, kScaled, kSign, kFoldNone>(in, out, n, p);
-      }
-    };
-    if (scaled) return by_fold.template operator()<true>();
-    by_fold.template operator()<false>();
+    if (scaled) return encode_body<In, kE8M0, kM, true, kSign, kFold>(in, out, n, p);
+    encode_body<In, kE8M0, kM, false, kSign, kFold>(in, out, n, p);
   });
 }
 
@@ -593,16 +589,8 @@ void encode_segments_avx512(const float* in, std::uint8_t* out, std::size_t n, s
     encode_segments_tail(in, out, n, segment, scales, p);
     return;
   }
-  const int fold = fold_mode(p);
-  with_format(p.options.format, [&]<bool kE8M0, int kM, bool kSign>() {
-    switch (fold) {
-      case kFoldClamp:
-        return encode_segments_body<kE8M0, kM, kSign, kFoldClamp>(in, out, n, segment, scales, p);
-      case kFoldMin:
-        return encode_segments_body<kE8M0, kM, kSign, kFoldMin>(in, out, n, segment, scales, p);
-      default:
-        return encode_segments_body<kE8M0, kM, kSign, kFoldNone>(in, out, n, segment, scales, p);
-    }
+  with_format_and_fold(p, [&]<bool kE8M0, int kM, bool kSign, int kFold>() {
+    encode_segments_body<kE8M0, kM, kSign, kFold>(in, out, n, segment, scales, p);
   });
 }
 
