@@ -9,7 +9,35 @@
 #include <cmath>
 #include <cstdio>
 
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/dist/communicator.hpp"
+
 namespace fp8kit::cli {
+
+int report_error(const std::string& command, const std::exception_ptr& error) {
+  std::string message;
+  int status = 1;
+  try {
+    std::rethrow_exception(error);
+  } catch (const ReportedError& e) {
+    return e.status;
+  } catch (const UsageError& e) {
+    message = e.what();
+    status = 2;
+  } catch (const Error& e) {
+    message = e.what();
+    status = e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kParse ? 2 : 1;
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  // Under mpirun every rank reaches the same verdict on its arguments and settings: rank 0 says it, once. (A rank
+  // that fails on its own in the middle of a run says so itself, naming its rank, and ends the job: fp8kit train.)
+  if (launcher_rank() == 0) {
+    std::fprintf(stderr, "%s: %s\n", command.c_str(), message.c_str());
+    std::fflush(stderr);
+  }
+  return status;
+}
 
 std::string known_format_names() {
   std::string names;

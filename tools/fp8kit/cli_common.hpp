@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -19,6 +20,20 @@ namespace fp8kit::cli {
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Says what `error` was, in one line "<command>: <message>" on stderr (under mpirun only launcher rank 0 says it),
+// and returns the exit status it deserves: 2 for bad usage or bad input (UsageError, Error kInvalidArgument or
+// kParse), 1 for any other failure. An error already said (ReportedError) is not said again: its status.
+int report_error(const std::string& command, const std::exception_ptr& error);
+
+// An error report_error has said already: main() exits with `status` and prints nothing more. (A run over ranks
+// says its error while the other ranks wait, so that none of them ends the job before rank 0 has said why.)
+class ReportedError : public std::exception {
+ public:
+  explicit ReportedError(int exit_status) : status(exit_status) {}
+  const char* what() const noexcept override { return "reported"; }
+  int status;
 };
 
 // Each command adds its subcommand (options + callback) to the app.

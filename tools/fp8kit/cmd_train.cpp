@@ -356,13 +356,13 @@ void on_every_rank(Communicator* comm, const std::function<void()>& step) {
   });
 }
 
-void run(TrainArgs a) {
-  // A run over ranks: the communicator first, and every rank's settings the same, before anything is read. From
-  // there on every rank checks the same options; what can still differ (the files each rank sees) is agreed.
-  std::unique_ptr<Communicator> comm = a.parallel != "none" ? world_communicator() : nullptr;
+// The run, on each rank of a run over ranks (`comm`; nullptr without --parallel).
+void train_run(TrainArgs a, Communicator* comm) {
+  // Every rank's settings the same, before anything is read. From there on every rank checks the same options;
+  // what can still differ (the files each rank sees) is agreed.
   if (comm) check_same_settings(*comm, a);
   std::optional<TrainCheckpointInfo> resumed;
-  on_every_rank(comm.get(), [&] { resumed = prepare_checkpoints(a); });
+  on_every_rank(comm, [&] { resumed = prepare_checkpoints(a); });
   if (a.model != "gpt" && a.model != "cnn") {
     throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
   }
@@ -443,7 +443,7 @@ void run(TrainArgs a) {
     checkpoint_options.export_input_scales = export_options->static_input_scales;
   }
   if (resumed) {
-    on_every_rank(comm.get(), [&] { check_resumable(a.resume, *resumed, config, recipes.front()); });
+    on_every_rank(comm, [&] { check_resumable(a.resume, *resumed, config, recipes.front()); });
     if (a.steps != resumed->steps) {
       std::fprintf(stderr,
                    "note: --steps %lld differs from the checkpoint's run (%lld steps): from step %lld on, the "
@@ -456,7 +456,7 @@ void run(TrainArgs a) {
   const bool quiet = comm && comm->rank() != 0;  // one report, from rank 0
   if (quiet) config.log_scales = false;
   std::optional<std::ofstream> scale_log;
-  on_every_rank(comm.get(), [&] {  // only rank 0 opens it; every rank refuses together
+  on_every_rank(comm, [&] {  // only rank 0 opens it; every rank refuses together
     if (!config.log_scales) return;
     scale_log.emplace(a.log_scales, std::ios::binary | std::ios::trunc);
     if (!*scale_log) throw UsageError("--log-scales: cannot write '" + a.log_scales + "'");
@@ -535,7 +535,7 @@ void run(TrainArgs a) {
       rank_options.around_write = sharded ? sharded->around_write() : rank_zero_writes(*comm);
       nn::check_train_config(config);
       std::optional<TrainCheckpointer> checkpointer;  // reads the checkpoint to resume and the data: agreed
-      on_every_rank(comm.get(), [&] { checkpointer.emplace(config, recipe, rank_options); });
+      on_every_rank(comm, [&] { checkpointer.emplace(config, recipe, rank_options); });
       TrainCheckpointer& checkpoints = *checkpointer;
       comm->reset_stats();  // the run's collectives from here (not the agreement above)
       nn::TrainHooks hooks = sharded ? sharded->hooks(checkpoints.hooks(std::move(base)))
@@ -686,6 +686,27 @@ void run(TrainArgs a) {
     std::printf("\ntrace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", a.profile.c_str());
 }
 
+// A run over ranks ends at one barrier, whichever way it ends. An error every rank throws together (the settings'
+// check, an agreed failure, a usage error every rank sees alike) is said by rank 0 before it: a rank that exited
+// first with the status would have mpirun kill rank 0 before it said why. (A rank failing on its own in the middle
+// of the run ends the job itself: end_job.)
+void run(const TrainArgs& a) {
+  if (a.parallel == "none") return train_run(a, nullptr);
+  const std::unique_ptr<Communicator> comm = world_communicator();
+  int status = 0;
+  try {
+    train_run(a, comm.get());
+  } catch (const UsageError&) {
+    status = report_error("fp8kit train", std::current_exception());
+  } catch (const AgreedError&) {
+    status = report_error("fp8kit train", std::current_exception());
+  } catch (const nn::NonfiniteAbort&) {
+    status = report_error("fp8kit train", std::current_exception());
+  }
+  comm->barrier();
+  if (status != 0) throw ReportedError(status);
+}
+
 }  // namespace
 
 void add_train_command(CLI::App& app) {
@@ -742,7 +763,7 @@ void add_train_command(CLI::App& app) {
     a.steps_given = cmd->count("--steps") > 0;
     a.data_given = cmd->count("--data") > 0;
     a.conv_area_given = cmd->count("--fp8-conv-max-kernel-area") > 0;
-    run(std::move(a));
+    run(a);
   });
 }
 

@@ -8,9 +8,7 @@
 
 #include "cli_common.hpp"
 #include "fp8kit/common/cpu.hpp"
-#include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
-#include "fp8kit/dist/communicator.hpp"
 
 namespace {
 
@@ -24,11 +22,8 @@ std::string command_name(const CLI::App& app) {
   return "fp8kit";
 }
 
-// Under mpirun every rank reaches the same verdict on its arguments and settings: rank 0 says it, once. (A rank that
-// fails on its own in the middle of a run says so itself, naming its rank, and ends the job: fp8kit train.)
-int fail(const std::string& who, const std::string& message, int status) {
-  if (fp8kit::launcher_rank() == 0) std::fprintf(stderr, "%s: %s\n", who.c_str(), message.c_str());
-  return status;
+int fail(const std::string& who, const std::string& message) {
+  return fp8kit::cli::report_error(who, std::make_exception_ptr(fp8kit::cli::UsageError(message)));
 }
 
 }  // namespace
@@ -60,16 +55,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // CLI11 reports a missing command before an unknown one; name the token the user typed instead.
     if (app.get_subcommands().empty() && !app.remaining().empty()) {
-      return fail("fp8kit", "unknown command or option '" + app.remaining().front() + "' (see --help)", 2);
+      return fail("fp8kit", "unknown command or option '" + app.remaining().front() + "' (see --help)");
     }
-    return fail(command_name(app), std::string(e.what()) + " (see --help)", 2);
-  } catch (const fp8kit::cli::UsageError& e) {
-    return fail(command_name(app), e.what(), 2);
-  } catch (const fp8kit::Error& e) {
-    const bool bad_input = e.kind() == fp8kit::ErrorKind::kInvalidArgument || e.kind() == fp8kit::ErrorKind::kParse;
-    return fail(command_name(app), e.what(), bad_input ? 2 : 1);
-  } catch (const std::exception& e) {
-    return fail(command_name(app), e.what(), 1);
+    return fail(command_name(app), std::string(e.what()) + " (see --help)");
+  } catch (const std::exception&) {
+    return fp8kit::cli::report_error(command_name(app), std::current_exception());
   }
   return 0;
 }
