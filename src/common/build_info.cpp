@@ -17,8 +17,13 @@ BuildInfo build_info() {
 #else
   static const std::string compiler = "unknown compiler";
 #endif
-  // No CUDA or MPI backend exists yet: the CUDA and communication issues add them behind these flags.
-  return {kVersion, FP8KIT_BUILD_TYPE, compiler, false, false};
+#ifdef FP8KIT_HAVE_MPI
+  constexpr bool mpi = true;  // src/dist/mpi_communicator.cpp is built in (FP8KIT_MPI=AUTO found MPI, or ON)
+#else
+  constexpr bool mpi = false;
+#endif
+  // No CUDA backend exists yet: the CUDA issue adds it behind this flag.
+  return {kVersion, FP8KIT_BUILD_TYPE, compiler, false, mpi};
 }
 
 }  // namespace fp8kit

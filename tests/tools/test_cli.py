@@ -562,7 +562,9 @@ def info_text_and_json():
     assert j["contracts"]["gemm_f32"] == "bit-identical", j["contracts"]
     assert set(j["contracts"].values()) <= {"bit-identical", "fp32-bound"}, j["contracts"]
     assert ("avx2" in j["features"]) == ("avx2" in j["levels"]), j
-    assert j["cuda"] is False and j["mpi"] is False, j
+    # What the build has, as CMake found it (FP8KIT_MPI=AUTO finds MPI where libopenmpi-dev is installed).
+    assert j["cuda"] is False and j["mpi"] is (os.environ["FP8KIT_TEST_MPI_BUILT"] == "ON"), j
+    assert ("MPI built" in out) == j["mpi"], out
 
 
 @test
