@@ -15,6 +15,21 @@
 namespace fp8kit::nn {
 namespace {
 
+// The sum of term(0) .. term(n - 1) in an order the source fixes, whatever the compiler: eight running sums (lane l
+// takes terms l, l + 8, ...), added pairwise at the end. (Left to `omp simd reduction`, the order was the compiler's:
+// GCC's and Clang's builds trained to different losses.) Compilers vectorize the eight lanes as they stand.
+template <class Term>
+float sum_in_lanes(std::int64_t n, Term term) {
+  constexpr int kLanes = 8;
+  float lane[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] += term(i + l);
+  }
+  for (int l = 0; i < n; ++i, ++l) lane[l] += term(i);
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
 using detail::kParallelWork;
 using detail::shape_string;
 
@@ -105,19 +120,13 @@ Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved
       float maxval = -std::numeric_limits<float>::infinity();
       for (std::int64_t t2 = 0; t2 <= t; ++t2) {
         const float* kt = k.data() + t2 * hs;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (std::int64_t i = 0; i < hs; ++i) s += qt[i] * kt[i];
+        const float s = sum_in_lanes(hs, [&](std::int64_t i) { return qt[i] * kt[i]; });
         row[t2] = s * scale;
         maxval = std::max(maxval, row[t2]);
       }
       // Softmax, shifted by the maximum so that exp never overflows.
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        row[t2] = detail::exp_approx(row[t2] - maxval);
-        sum += row[t2];
-      }
+      const float sum =
+          sum_in_lanes(t + 1, [&](std::int64_t t2) { return row[t2] = detail::exp_approx(row[t2] - maxval); });
       for (std::int64_t t2 = 0; t2 <= t; ++t2) row[t2] /= sum;
       std::fill(row + t + 1, row + T, 0.0f);
       // out_t = sum_t2 p[t2] v_t2.
@@ -180,18 +189,13 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
       // dp[t2] = dout_t . v_t2 and dv_t2 += p[t, t2] dout_t.
       for (std::int64_t t2 = 0; t2 <= t; ++t2) {
         const float* vt = v.data() + t2 * hs;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (std::int64_t i = 0; i < hs; ++i) s += got[i] * vt[i];
-        dp[t2] = s;
+        dp[t2] = sum_in_lanes(hs, [&](std::int64_t i) { return got[i] * vt[i]; });
         const float pr = round_if(bf16, prow[t2]);
         float* dvt = dv.data() + t2 * hs;
         for (std::int64_t i = 0; i < hs; ++i) dvt[i] += pr * got[i];
       }
       // Softmax backward in FP32: ds = p * (dp - sum p dp).
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) dot += prow[t2] * dp[t2];
+      const float dot = sum_in_lanes(t + 1, [&](std::int64_t t2) { return prow[t2] * dp[t2]; });
       for (std::int64_t t2 = 0; t2 <= t; ++t2) ds[t2] = round_if(bf16, prow[t2] * (dp[t2] - dot));
       // dq_t += ds k (scaled below) and dk_t2 += ds[t2] q_t.
       const float* qt = q.data() + t * hs;
