@@ -439,11 +439,9 @@ TEST_F(TrainCheckpointRefusal, TensorsMissingExtraMisshapenOrCorrupted) {
   expect_refused(edited("extra.safetensors",
                         [&](auto& e, auto&) { e.push_back(safetensors_entry("transformer.extra.weight", small)); }),
                  "has tensor 'transformer.extra.weight'");
+  const Tensor one = zeros(Shape{}, DType::int64);  // alive until written (an entry views its bytes)
   expect_refused(edited("stranger.safetensors",
-                        [&](auto& e, auto&) {
-                          const Tensor one = zeros(Shape{}, DType::int64);
-                          e.push_back(safetensors_entry("optim.step.stranger", one));
-                        }),
+                        [&](auto& e, auto&) { e.push_back(safetensors_entry("optim.step.stranger", one)); }),
                  "'stranger', which is not a parameter");
   expect_refused(edited("shape.safetensors",
                         [&](std::vector<SafetensorsEntry>& e, auto&) {

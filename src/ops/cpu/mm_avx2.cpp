@@ -120,7 +120,9 @@ float finish_row_avx2(float* row, std::int64_t n, const float* sa, ScaleIndex sb
   _mm256_store_ps(lanes, amax);
   float m = *std::max_element(lanes, lanes + 8);
   if (j < n) {
-    const ScaleIndex rest{sb.data + (sb.r_stride == 0 ? 0 : j), sb.r_div, sb.r_stride, sb.kb_stride};
+    // (No scales: sb.data is null, and stays so: no offset is applied to a null pointer.)
+    const float* rest_data = sb.data == nullptr || sb.r_stride == 0 ? sb.data : sb.data + j;
+    const ScaleIndex rest{rest_data, sb.r_div, sb.r_stride, sb.kb_stride};
     m = std::max(m, finish_row_scalar(row + j, n - j, sa, rest, bias != nullptr ? bias + j : nullptr, bf16_out));
   }
   return m;
