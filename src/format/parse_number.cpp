@@ -79,8 +79,29 @@ bool equals_ignoring_case(std::string_view a, std::string_view lower) {
   return true;
 }
 
-// Sign, then nan | inf | infinity (any case) | 0x/0X hex-float body | decimal body. The body is only checked
-// to start like a number here; from_chars decides the rest.
+// Whether a body is DIGITS [. DIGITS] [MARK [SIGN] DECIMAL-DIGITS] with at least one digit before the mark, MARK
+// 'e' or 'E' (decimal) or 'p' or 'P' (hex, whose DIGITS are hex digits). Checked here, not left to from_chars:
+// libstdc++ 12's hex from_chars reads "0x1p+-3" as 0x1p-3 (found by fuzz/fuzz_parse_number against strtod).
+bool well_formed_body(std::string_view body, bool hex) {
+  std::size_t i = 0;
+  std::size_t digits = 0;
+  const auto digit = [&](char c) { return hex ? is_hex_digit(c) : is_digit(c); };
+  for (; i < body.size() && digit(body[i]); ++i) ++digits;
+  if (i < body.size() && body[i] == '.') {
+    for (++i; i < body.size() && digit(body[i]); ++i) ++digits;
+  }
+  if (digits == 0) return false;
+  if (i == body.size()) return true;
+  if ((body[i] | 0x20) != (hex ? 'p' : 'e')) return false;
+  ++i;
+  if (i < body.size() && (body[i] == '+' || body[i] == '-')) ++i;
+  const std::size_t exponent_start = i;
+  for (; i < body.size() && is_digit(body[i]); ++i) {
+  }
+  return i == body.size() && i > exponent_start;
+}
+
+// Sign, then nan | inf | infinity (any case) | 0x/0X hex-float body | decimal body, the body well formed.
 std::optional<NumberText> split_number(std::string_view text) {
   NumberText n;
   if (!text.empty() && (text.front() == '+' || text.front() == '-')) {
@@ -98,11 +119,11 @@ std::optional<NumberText> split_number(std::string_view text) {
   if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
     n.kind = NumberText::Kind::kHex;
     n.body = text.substr(2);
-    if (!is_hex_digit(n.body.front()) && n.body.front() != '.') return std::nullopt;
+    if (!well_formed_body(n.body, true)) return std::nullopt;
     return n;
   }
   n.body = text;
-  if (text.empty() || (!is_digit(text.front()) && text.front() != '.')) return std::nullopt;
+  if (!well_formed_body(n.body, false)) return std::nullopt;
   return n;
 }
 
