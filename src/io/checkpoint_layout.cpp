@@ -198,7 +198,7 @@ std::optional<QuantizationConfig> parse_quantization_config(std::string_view con
   try {
     j = nlohmann::json::parse(config_json);
   } catch (const nlohmann::json::exception& e) {
-    FP8KIT_THROW(ErrorKind::kParse, "config.json is not valid JSON: ", e.what());
+    FP8KIT_THROW(ErrorKind::kParse, "config.json is not valid JSON: ", detail::nlohmann_reason(e.what()));
   }
   if (!j.is_object() || !j.contains("quantization_config") || !j["quantization_config"].is_object()) {
     return std::nullopt;

@@ -2,6 +2,7 @@
 // 'shape': (...)}), then the data; Fortran-ordered arrays are reordered to C order.
 #include "fp8kit/io/npy.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <fstream>
@@ -104,8 +105,10 @@ std::uint32_t read_le(std::span<const std::byte> b, std::size_t at, int n) {
 }  // namespace
 
 std::int64_t NpyArray::numel() const {
+  // A zero anywhere first: (10^8, 10^11, 0) holds no elements, though the product of its first two overflows.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::int64_t d : shape) n *= d;  // no overflow: parse_npy checked numel x itemsize against the file
   return n;
 }
 
@@ -208,7 +211,7 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
   }
   const std::byte* src = bytes.data() + data_start;
   a.data.resize(static_cast<std::size_t>(numel * size));
-  if (!*fortran || a.shape.size() < 2) {
+  if (!*fortran || a.shape.size() < 2 || numel == 0) {  // (no strides for an empty array: they could overflow)
     if (!a.data.empty()) std::memcpy(a.data.data(), src, a.data.size());  // memcpy from nullptr is UB even for 0
     return a;
   }

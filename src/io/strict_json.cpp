@@ -47,10 +47,6 @@ std::size_t first_invalid_utf8(std::string_view s) {
 }
 
 // nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 4: ..." without the bracketed tag.
-std::string nlohmann_reason(const std::string& what) {
-  const std::size_t close = what.find("] ");
-  return printable(close == std::string::npos ? what : what.substr(close + 2), 240);
-}
 
 struct OpenObject {
   std::set<std::string> keys;
@@ -58,6 +54,11 @@ struct OpenObject {
 };
 
 }  // namespace
+
+std::string nlohmann_reason(const std::string& what) {
+  const std::size_t close = what.find("] ");
+  return printable(close == std::string::npos ? what : what.substr(close + 2), 240);
+}
 
 bool is_valid_utf8(std::string_view text) {
   return first_invalid_utf8(text) == std::string_view::npos;

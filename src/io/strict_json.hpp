@@ -28,6 +28,10 @@ std::string json_kind(const nlohmann::json& value);
 // (empty for the top-level object).
 using DuplicateKeyMessage = std::function<std::string(std::span<const std::string> parents, const std::string& key)>;
 
+// The reason in one of nlohmann's exception messages, without its "[json.exception...] " prefix, made printable
+// (nlohmann quotes the input it stopped at: raw bytes of an untrusted file).
+std::string nlohmann_reason(const std::string& what);
+
 // Parses `text` (which must be valid UTF-8, with no byte-order mark) into a JSON value. Containers nested
 // deeper than `max_depth` (the top-level value is depth 0) are refused while parsing, before they are built.
 // Throws Error(kParse) with messages starting with `what` ("the header", "the index"): not UTF-8, a BOM, empty,

@@ -2,6 +2,8 @@
 // fp8kit::dequantize, close to the original), names and shapes of the stored scales, detection, ignore rules, refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -280,6 +282,11 @@ TEST(CheckpointLayout, DetectionFromConfig) {
       R"({"quantization_config":{"quant_method":"compressed-tensors","config_groups":{"FP8_BLOCK":{"weights":{"block_structure":[64,64]}}}}})");
   EXPECT_EQ(ct->block_rows, 64);
   EXPECT_EQ(error_of([] { parse_quantization_config("{not json"); }).kind(), ErrorKind::kParse);
+  // nlohmann quotes the bytes it stopped at; from an untrusted config.json they come out escaped (found by
+  // fuzz/fuzz_layout: a 0xFF byte reached the message raw).
+  const std::string bad = error_of([] { parse_quantization_config("{\"a\": 1,\xff\x1b[2J}"); }).what();
+  EXPECT_NE(bad.find("\\xff"), std::string::npos) << bad;
+  EXPECT_TRUE(std::all_of(bad.begin(), bad.end(), [](char c) { return c >= 0x20 && c < 0x7F; })) << bad;
   // Every layout's own quantization_config is detected as that layout.
   for (CheckpointLayout l : kAllCheckpointLayouts) {
     for (QuantScheme s : kAllQuantSchemes) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -89,6 +90,20 @@ inline std::vector<std::byte> pattern_bytes(std::size_t n, std::uint32_t seed) {
     b = static_cast<std::byte>(x);
   }
   return out;
+}
+
+// Where FP8KIT_FUZZ_CORPUS_OUT names a directory (fuzz/make_corpus.py sets it), a crafted input is also written
+// there as <harness>/crafted-<hash of its bytes>: the tests' malformed files become the fuzzers' seeds.
+inline void save_for_fuzzing(const std::string& harness, std::span<const std::byte> bytes) {
+  const char* out = std::getenv("FP8KIT_FUZZ_CORPUS_OUT");
+  if (out == nullptr || *out == '\0') return;
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (const std::byte b : bytes) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001b3ull;
+  const std::filesystem::path dir = std::filesystem::path(out) / harness;
+  std::filesystem::create_directories(dir);
+  char name[32];
+  std::snprintf(name, sizeof name, "crafted-%016llx", static_cast<unsigned long long>(h));
+  write_file(dir / name, bytes);
 }
 
 // The fp8kit::Error f throws (a test failure, and an empty error, when it throws none).

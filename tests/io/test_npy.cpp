@@ -7,6 +7,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/npy.hpp"
+#include "io/test_files.hpp"
 
 namespace fp8kit {
 namespace {
@@ -58,6 +59,7 @@ TEST(Npy, ReadsFloat16Float64ScalarsAndEmpty) {
 }
 
 void expect_parse_error(const std::vector<std::byte>& bytes, const std::string& needle) {
+  test_files::save_for_fuzzing("npy", bytes);
   try {
     parse_npy(bytes);
     ADD_FAILURE() << "accepted; expected an error mentioning '" << needle << "'";
@@ -97,6 +99,18 @@ TEST(Npy, RejectsMalformedFiles) {
                sizeof v),
       "too large");
   EXPECT_THROW(load_npy("/nonexistent/file.npy"), Error);
+}
+
+// An empty array may have dimensions whose product overflows, in either order (found by fuzz/fuzz_npy: numel() and
+// the Fortran strides multiplied them as int64 before reaching the zero).
+TEST(Npy, EmptyArraysWithHugeDimensions) {
+  for (const char* order : {"False", "True"}) {
+    const NpyArray a = parse_npy(make_npy(std::string("{'descr': '<f4', 'fortran_order': ") + order +
+                                              ", 'shape': (100000000, 99999999999, 0, 999), }",
+                                          nullptr, 0));
+    EXPECT_EQ(a.numel(), 0) << order;
+    EXPECT_TRUE(a.data.empty() && a.to_float32().empty()) << order;
+  }
 }
 
 // What a file says is quoted escaped in messages: an ESC (a terminal escape sequence), other control bytes and

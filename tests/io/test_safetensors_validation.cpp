@@ -22,6 +22,7 @@ std::string tensor(const std::string& name, const std::string& dtype, const std:
 
 // The message of the kParse error parsing `image` throws ("" and a test failure when it is accepted).
 std::string rejection(const std::vector<std::byte>& image) {
+  test_files::save_for_fuzzing("safetensors", image);
   try {
     (void)parse_safetensors(image);
   } catch (const Error& e) {
