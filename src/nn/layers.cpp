@@ -16,13 +16,6 @@
 namespace fp8kit::nn {
 namespace {
 
-inline float widen(float v) {
-  return v;
-}
-inline float widen(bfloat16 v) {
-  return v.to_float();
-}
-
 // Parameter-gradient reductions over rows are split by column into chunks this wide: each chunk sums its rows in
 // order (one thread per chunk), so the summation order of every element is fixed.
 constexpr std::int64_t kColumnChunk = 32;
