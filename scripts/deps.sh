@@ -11,6 +11,7 @@ FP8KIT_DEBIAN_PACKAGES=(
   libdnnl-dev           # oneDNN: the BF16 GEMM baseline of `fp8kit bench gemm` (linked into the benchmark only)
   libopenmpi-dev openmpi-bin  # the dist layer's MPI backend, and mpirun for its tests
   python3
+  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14  # the sanitizer build and the fuzzers (scripts/sanitize.sh)
 )
 FP8KIT_PYTHON_PACKAGES=(numpy ml_dtypes safetensors)
 
