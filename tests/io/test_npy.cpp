@@ -105,9 +105,9 @@ TEST(Npy, RejectsMalformedFiles) {
 // the Fortran strides multiplied them as int64 before reaching the zero).
 TEST(Npy, EmptyArraysWithHugeDimensions) {
   for (const char* order : {"False", "True"}) {
-    const NpyArray a = parse_npy(make_npy(std::string("{'descr': '<f4', 'fortran_order': ") + order +
-                                              ", 'shape': (100000000, 99999999999, 0, 999), }",
-                                          nullptr, 0));
+    const NpyArray a = parse_npy(make_npy(
+        std::string("{'descr': '<f4', 'fortran_order': ") + order + ", 'shape': (100000000, 99999999999, 0, 999), }",
+        nullptr, 0));
     EXPECT_EQ(a.numel(), 0) << order;
     EXPECT_TRUE(a.data.empty() && a.to_float32().empty()) << order;
   }

@@ -2,7 +2,6 @@
 // stderr and an exit status (0 success, 2 bad usage or bad input, 1 any other failure). Never prints a stack trace.
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
 #include <exception>
 #include <string>
 
