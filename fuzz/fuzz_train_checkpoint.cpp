@@ -33,47 +33,43 @@ nn::PrecisionRecipe run_recipe() {
   return *nn::PrecisionRecipe::parse("fp8-delayed");
 }
 
-// The data section of the checkpoint (everything after its header).
-const std::vector<std::uint8_t>& data_section() {
-  static const std::vector<std::uint8_t> data = [] {
+// The checkpoint the run saves, split at the end of its header: the header's text, and the data section after it.
+struct Saved {
+  std::string header;
+  std::vector<std::uint8_t> data;
+};
+const Saved& saved() {
+  static const Saved s = [] {
     const std::filesystem::path path = fuzz::scratch() / "saved.safetensors";
     TrainCheckpointOptions options;
     options.save_checkpoint = path.string();
     train_with_checkpoints(run_config(), run_recipe(), options);
-    const std::vector<std::uint8_t> file = [&] {
-      std::ifstream in(path, std::ios::binary);
-      return std::vector<std::uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    }();
-    std::uint64_t header = 0;
-    std::memcpy(&header, file.data(), sizeof header);
-    return std::vector<std::uint8_t>(file.begin() + 8 + static_cast<std::ptrdiff_t>(header), file.end());
+    std::ifstream in(path, std::ios::binary);
+    const std::vector<std::uint8_t> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::uint64_t n = 0;
+    std::memcpy(&n, file.data(), sizeof n);
+    const auto end = file.begin() + 8 + static_cast<std::ptrdiff_t>(n);
+    return Saved{std::string(file.begin() + 8, end), std::vector<std::uint8_t>(end, file.end())};
   }();
-  return data;
+  return s;
 }
 
 }  // namespace
 
-// `-print_seed_header=1` (a harness flag, not libFuzzer's): prints the saved checkpoint's header, the seed.
+// The run trains here, before the first input (its seconds are not an input's time). `-print_seed_header=1` (a
+// harness flag, not libFuzzer's): prints the saved checkpoint's header, the seed, and exits.
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  const Saved& s = saved();
   for (int i = 1; i < *argc; ++i) {
     if (std::string((*argv)[i]) != "-print_seed_header=1") continue;
-    const std::filesystem::path path = fuzz::scratch() / "seed.safetensors";
-    TrainCheckpointOptions options;
-    options.save_checkpoint = path.string();
-    train_with_checkpoints(run_config(), run_recipe(), options);
-    std::ifstream in(path, std::ios::binary);
-    std::uint64_t header = 0;
-    in.read(reinterpret_cast<char*>(&header), sizeof header);
-    std::string text(header, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(header));
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fwrite(s.header.data(), 1, s.header.size(), stdout);
     std::exit(0);
   }
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::vector<std::uint8_t>& tensors = data_section();
+  const std::vector<std::uint8_t>& tensors = saved().data;
   std::vector<std::uint8_t> file(8 + size + tensors.size());
   const std::uint64_t header = size;
   std::memcpy(file.data(), &header, sizeof header);
