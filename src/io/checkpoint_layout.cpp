@@ -463,6 +463,63 @@ Tensor dequantize_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTe
   return dequantize(load_checkpoint_tensor(layout, weight, scale, config, native_metadata), dtype);
 }
 
+void dequantize_checkpoint_tensor_into(CheckpointLayout layout, const SafetensorsTensor& weight,
+                                       const SafetensorsTensor& scale, DType dtype, std::span<std::byte> out,
+                                       const QuantizationConfig& config,
+                                       const std::map<std::string, std::string>& native_metadata) {
+  const PairInfo p = inspect_pair(layout, weight, scale, config, native_metadata);
+  const auto n = static_cast<std::size_t>(p.rows * p.cols);
+  FP8KIT_CHECK(is_floating(dtype) && !is_fp8(dtype), "dequantize: the target dtype is ", fp8kit::name(dtype),
+               "; dequantize to float32, bfloat16, float16 or float64");
+  const auto esize = static_cast<std::size_t>(element_size(dtype));
+  FP8KIT_CHECK(out.size() == n * esize, detail::quoted(weight.name), ": the output holds ", out.size(), " bytes, ", n,
+               " elements of ", fp8kit::name(dtype), " need ", n * esize);
+  FP8KIT_CHECK(reinterpret_cast<std::uintptr_t>(out.data()) % esize == 0, detail::quoted(weight.name),
+               ": the output is not aligned to its ", esize, "-byte elements");
+  if (dtype != DType::float32 && dtype != DType::bfloat16 && dtype != DType::float16) {
+    const Tensor w = dequantize_checkpoint_tensor(layout, weight, scale, dtype, config, native_metadata);
+    if (n > 0) std::memcpy(out.data(), w.raw(), out.size());
+    return;
+  }
+  if (n == 0) return;
+  std::vector<float> scale_inv;
+  if (p.mx_scale) {
+    scale_inv.resize(static_cast<std::size_t>(p.grid));
+    for (std::size_t i = 0; i < scale_inv.size(); ++i)
+      scale_inv[i] = e8m0_to_float(static_cast<std::uint8_t>(scale.bytes[i]));
+  } else {
+    scale_inv = scale_values(scale);
+  }
+  const auto* codes = reinterpret_cast<const std::uint8_t*>(weight.bytes.data());
+  // Elements [offset, offset + count) with one scale, through the conversion kernels (decode, times scale_inv in
+  // float32, rounded to nearest even into the output type: what dequantize and Tensor::to do in two steps).
+  const auto decode = [&](std::size_t offset, std::size_t count, float s) {
+    const std::span<const std::uint8_t> in(codes + offset, count);
+    if (dtype == DType::float32) {
+      cast_from_fp8(in, p.format, std::span<float>(reinterpret_cast<float*>(out.data()) + offset, count), s);
+    } else if (dtype == DType::bfloat16) {
+      cast_from_fp8(in, p.format, std::span<bfloat16>(reinterpret_cast<bfloat16*>(out.data()) + offset, count), s);
+    } else {
+      cast_from_fp8(in, p.format, std::span<float16>(reinterpret_cast<float16*>(out.data()) + offset, count), s);
+    }
+  };
+  if (p.grid == 1) {
+    decode(0, n, scale_inv[0]);  // the threaded bulk decode
+    return;
+  }
+  const std::int64_t br = p.granularity.rows_per_block(p.rows), bc = p.granularity.cols_per_block(p.cols);
+  const std::int64_t grid_cols = ceil_div(p.cols, bc);
+  // Rows split among threads; each block's run stays on its thread (the decode's own threads are nested, inactive).
+#pragma omp parallel for schedule(static) if (n >= (std::size_t{1} << 20) && p.rows > 1)
+  for (std::int64_t r = 0; r < p.rows; ++r) {
+    for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+      const std::int64_t c0 = gc * bc, c1 = std::min(p.cols, c0 + bc);
+      decode(static_cast<std::size_t>(r * p.cols + c0), static_cast<std::size_t>(c1 - c0),
+             scale_inv[static_cast<std::size_t>((r / br) * grid_cols + gc)]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- which tensors are quantized
 
 std::optional<std::string> skip_reason(std::string_view name_view, SafetensorsDType dtype, const Shape& shape,

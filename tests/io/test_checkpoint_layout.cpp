@@ -170,6 +170,15 @@ TEST(CheckpointLayout, RoundTripEveryLayoutAndScheme) {
             const Tensor back16 =
                 dequantize_checkpoint_tensor(layout, sw, ss, DType::bfloat16, QuantizationConfig{}, image.metadata);
             EXPECT_TRUE(same_bits(back16, dequantize(q.scaled, DType::bfloat16)));
+            // Straight into a buffer, as fp8kit dequantize writes: the same bits for every output dtype.
+            for (DType to : {DType::float32, DType::bfloat16, DType::float16, DType::float64}) {
+              const Tensor want = dequantize(q.scaled, to);
+              Tensor got = empty(w.shape(), to);
+              dequantize_checkpoint_tensor_into(layout, sw, ss, to,
+                                                std::span<std::byte>(got.raw(), static_cast<std::size_t>(got.nbytes())),
+                                                QuantizationConfig{}, image.metadata);
+              EXPECT_TRUE(same_bits(got, want)) << name(to);
+            }
             const Tensor orig = w.to(DType::float32);
             double amax = 0.0;
             for (float v : orig.span<float>()) amax = std::max(amax, std::fabs(static_cast<double>(v)));
@@ -451,6 +460,40 @@ TEST(CheckpointLayout, DeepSeekHandWrittenEdgeBlocks) {
                            static_cast<float>(sv[static_cast<std::size_t>((r / 128) * 2 + c / 128)]);
       ASSERT_EQ(out.data<float>()[r * cols + c], expect) << r << "," << c;
     }
+  }
+}
+
+// dequantize_checkpoint_tensor_into on a weight large enough for its threaded path, every code of every FP8 format
+// (NaN, Inf, subnormals, both zeros) and scales of all sizes: bit for bit what the Tensor path gives, and the checks.
+TEST(CheckpointLayout, DequantizeIntoMatchesTheTensorPath) {
+  const std::int64_t rows = 1030, cols = 1100;  // 9 x 9 blocks of 128 x 128, the last ones partial
+  for (DType fp8 : {DType::float8_e4m3fn, DType::float8_e5m2, DType::float8_e4m3fnuz, DType::float8_e5m2fnuz}) {
+    Tensor codes = empty({rows, cols}, fp8);
+    for (std::int64_t i = 0; i < rows * cols; ++i)
+      codes.data<std::uint8_t>()[i] = static_cast<std::uint8_t>((i * 37 + i / 251) % 256);
+    std::vector<double> sv(81);
+    for (std::size_t i = 0; i < sv.size(); ++i)
+      sv[i] = std::ldexp(1.0 + 0.1 * static_cast<double>(i % 7), int(i % 61) - 30);
+    const Tensor scale = tensor(sv, Shape{9, 9}, DType::float32);
+    const std::vector<SafetensorsEntry> entries = {safetensors_entry("x.weight", codes),
+                                                   safetensors_entry("x.weight_scale_inv", scale)};
+    const std::vector<std::byte> bytes = serialize_safetensors(entries);
+    const SafetensorsView v = parse_safetensors(std::span<const std::byte>(bytes));
+    const SafetensorsTensor& w = v.tensors[1].name == "x.weight" ? v.tensors[1] : v.tensors[0];
+    const SafetensorsTensor& s = v.tensors[1].name == "x.weight" ? v.tensors[0] : v.tensors[1];
+    for (DType to : {DType::float32, DType::bfloat16, DType::float16}) {
+      const Tensor want = dequantize_checkpoint_tensor(CheckpointLayout::kDeepSeek, w, s, to);
+      Tensor got = empty({rows, cols}, to);
+      dequantize_checkpoint_tensor_into(CheckpointLayout::kDeepSeek, w, s, to,
+                                        std::span<std::byte>(got.raw(), static_cast<std::size_t>(got.nbytes())));
+      EXPECT_TRUE(same_bits(got, want)) << name(fp8) << " -> " << name(to);
+    }
+    Tensor small = empty({rows, cols - 1}, DType::bfloat16);
+    const Error e = error_of([&] {
+      dequantize_checkpoint_tensor_into(CheckpointLayout::kDeepSeek, w, s, DType::bfloat16,
+                                        std::span<std::byte>(small.raw(), static_cast<std::size_t>(small.nbytes())));
+    });
+    EXPECT_NE(std::string(e.what()).find("need"), std::string::npos) << e.what();
   }
 }
 

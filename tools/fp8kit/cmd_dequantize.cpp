@@ -73,8 +73,7 @@ void run_dequantize(const DequantizeArgs& args) {
       progress->expect(t->bytes.size());
       e.fill = [t, &scale, layout, config, &in, dtype = *to, progress](std::span<std::byte> out) {
         progress->step(t->name, t->bytes.size());
-        const Tensor w = dequantize_checkpoint_tensor(layout, *t, scale, dtype, config, in.metadata);
-        std::memcpy(out.data(), w.raw(), out.size());
+        dequantize_checkpoint_tensor_into(layout, *t, scale, dtype, out, config, in.metadata);
       };
       entries.push_back(std::move(e));
       continue;

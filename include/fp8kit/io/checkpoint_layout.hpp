@@ -136,6 +136,13 @@ Granularity scale_granularity(CheckpointLayout layout, const SafetensorsTensor& 
 Tensor dequantize_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTensor& weight,
                                     const SafetensorsTensor& scale, DType dtype, const QuantizationConfig& config = {},
                                     const std::map<std::string, std::string>& native_metadata = {});
+// The same values written straight into `out` (rows x cols elements of `dtype`, aligned to its element size),
+// decoded from the mapped codes block by block with no copy of the codes and no float32 tensor in between (bit-exact
+// with dequantize_checkpoint_tensor; float64 goes through it). Threads split the rows of large weights.
+void dequantize_checkpoint_tensor_into(CheckpointLayout layout, const SafetensorsTensor& weight,
+                                       const SafetensorsTensor& scale, DType dtype, std::span<std::byte> out,
+                                       const QuantizationConfig& config = {},
+                                       const std::map<std::string, std::string>& native_metadata = {});
 
 // Which tensors `fp8kit quantize` turns into FP8: 2-D floating (F32, BF16, F16, F64) tensors named `*.weight`,
 // except embeddings (a name with "embed", "wte", "wpe"), norms ("norm", "ln_"), lm_head, MoE routers (last
