@@ -419,6 +419,14 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
   return p;
 }
 
+// The pair's dequantization scales as float32, one per block: MX codes as 2^(code-127), others widened exactly.
+std::vector<float> dequantization_scales(const PairInfo& p, const SafetensorsTensor& scale) {
+  if (!p.mx_scale) return scale_values(scale);
+  std::vector<float> out(static_cast<std::size_t>(p.grid));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = e8m0_to_float(static_cast<std::uint8_t>(scale.bytes[i]));
+  return out;
+}
+
 }  // namespace
 
 Granularity scale_granularity(CheckpointLayout layout, const SafetensorsTensor& weight, const SafetensorsTensor& scale,
@@ -442,17 +450,12 @@ ScaledTensor load_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTe
   const auto n = static_cast<std::size_t>(p.rows * p.cols);
   m.data.resize(n);
   if (n > 0) std::memcpy(m.data.data(), weight.bytes.data(), n);
-  m.scale_inv.resize(static_cast<std::size_t>(p.grid));
+  const std::vector<float> scale_inv = dequantization_scales(p, scale);
+  m.scale_inv.resize(scale_inv.size());
+  std::copy(scale_inv.begin(), scale_inv.end(), m.scale_inv.begin());
   if (p.mx_scale) {
-    m.scale_e8m0.resize(static_cast<std::size_t>(p.grid));
-    for (std::size_t i = 0; i < m.scale_e8m0.size(); ++i) {
-      const auto code = static_cast<std::uint8_t>(scale.bytes[i]);
-      m.scale_e8m0[i] = code;
-      m.scale_inv[i] = e8m0_to_float(code);
-    }
-  } else {
-    const std::vector<float> v = scale_values(scale);
-    std::copy(v.begin(), v.end(), m.scale_inv.begin());
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(scale.bytes.data());
+    m.scale_e8m0.assign(codes, codes + p.grid);
   }
   return m;
 }
@@ -482,14 +485,7 @@ void dequantize_checkpoint_tensor_into(CheckpointLayout layout, const Safetensor
     return;
   }
   if (n == 0) return;
-  std::vector<float> scale_inv;
-  if (p.mx_scale) {
-    scale_inv.resize(static_cast<std::size_t>(p.grid));
-    for (std::size_t i = 0; i < scale_inv.size(); ++i)
-      scale_inv[i] = e8m0_to_float(static_cast<std::uint8_t>(scale.bytes[i]));
-  } else {
-    scale_inv = scale_values(scale);
-  }
+  const std::vector<float> scale_inv = dequantization_scales(p, scale);
   const auto* codes = reinterpret_cast<const std::uint8_t*>(weight.bytes.data());
   // Elements [offset, offset + count) with one scale, through the conversion kernels (decode, times scale_inv in
   // float32, rounded to nearest even into the output type: what dequantize and Tensor::to do in two steps).
