@@ -111,13 +111,45 @@ const Interleave& interleave() {
 }
 constexpr __mmask64 kF32Bytes = 0xCCCCCCCCCCCCCCCCull;
 
-// 64 codes -> 64 bfloat16 (or, with float16 tables, float16) bit patterns in two vectors (codes 0-31, 32-63).
-[[gnu::always_inline]] inline void decode64_words(__m512i code, const ByteTables& t, __m512i& first, __m512i& second) {
-  __m512i hi, lo;
-  lookup64(code, t, hi, lo);
-  const Interleave& il = interleave();
-  first = permute2_bytes(lo, il.half[0], hi);
-  second = permute2_bytes(lo, il.half[1], hi);
+// The tables of one format and the interleave, as values for a loop: made once before the loop, a WordDecoder's
+// vectors stay in zmm registers. (Reached through a reference to the shared tables and the function-local static
+// interleave(), they are reloaded on every step, and the static's guard check makes the compiler spill the loop's
+// accumulators around each decode: that halved the GEMV's speed.) kNanAt0x80: the format is fnuz (0x80 is NaN).
+template <bool kNanAt0x80>
+struct WordDecoder {
+  explicit WordDecoder(const ByteTables& t)
+      : hi0(t.hi0),
+        hi1(t.hi1),
+        lo0(t.lo0),
+        lo1(t.lo1),
+        nan_hi(t.nan_hi),
+        nan_lo(t.nan_lo),
+        half0(interleave().half[0]),
+        half1(interleave().half[1]) {}
+
+  // 64 codes -> 64 bfloat16 (or, with float16 tables, float16) bit patterns in two vectors (codes 0-31, 32-63).
+  [[gnu::always_inline]] void words(__m512i code, __m512i& first, __m512i& second) const {
+    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512i hi = permute2_bytes(hi0, code, hi1);
+    __m512i lo = permute2_bytes(lo0, code, lo1);
+    hi = _mm512_ternarylogic_epi32(hi, code, sign, 0xF8);  // hi | (code & 0x80)
+    if constexpr (kNanAt0x80) {
+      const __mmask64 nan = _mm512_cmpeq_epi8_mask(code, sign);
+      hi = _mm512_mask_mov_epi8(hi, nan, nan_hi);
+      lo = _mm512_mask_mov_epi8(lo, nan, nan_lo);
+    }
+    first = permute2_bytes(lo, half0, hi);
+    second = permute2_bytes(lo, half1, hi);
+  }
+
+  __m512i hi0, hi1, lo0, lo1, nan_hi, nan_lo, half0, half1;
+};
+
+// run(decoder) with the WordDecoder of these tables (fnuz or not as a compile-time choice).
+template <class Run>
+[[gnu::always_inline]] inline decltype(auto) with_word_decoder(const ByteTables& t, Run&& run) {
+  if (t.nan_at_0x80) return run(WordDecoder<true>(t));
+  return run(WordDecoder<false>(t));
 }
 
 }  // namespace

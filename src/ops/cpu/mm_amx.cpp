@@ -120,10 +120,9 @@ void scale_accumulate_amx(const void* left, const void* right, std::int64_t kc_p
 // 16 weight rows (out^T rows j0..j0+15) times kCols groups of 16 activation rows, all of K: per 64 K the 16 x 64
 // codes are decoded (VBMI tables) into a 2 KiB buffer that two left-tile loads read back, while the tiles of the
 // previous step compute; C: tiles 0..kCols-1 (16 x 16 FP32 each), weights: tile 4, activations: tiles 5-7 in turn.
-template <int kCols>
-void stream_strip(const Operand& w, std::int64_t j0, std::int64_t rows, const std::uint16_t* x, std::int64_t k_pad,
-                  std::int64_t m, float* out, std::int64_t ldo) {
-  const fp8_simd::ByteTables& t = fp8_simd::byte_tables<bfloat16>(w.format);
+template <int kCols, class Decoder>
+void stream_strip(const Decoder& d, const Operand& w, std::int64_t j0, std::int64_t rows, const std::uint16_t* x,
+                  std::int64_t k_pad, std::int64_t m, float* out, std::int64_t ldo) {
   alignas(64) std::uint16_t buf[2][kTile][32];
   const std::uint8_t* src[kTile];
   for (std::int64_t r = 0; r < kTile; ++r) src[r] = w.codes + std::min(j0 + r, j0 + rows - 1) * w.ld;
@@ -139,7 +138,7 @@ void stream_strip(const Operand& w, std::int64_t j0, std::int64_t rows, const st
     for (std::int64_t r = 0; r < kTile; ++r) {
       __m512i first, second;
       _mm_prefetch(reinterpret_cast<const char*>(src[r] + kk) + 2048, _MM_HINT_T0);
-      fp8_simd::decode64_words(_mm512_maskz_loadu_epi8(valid, src[r] + kk), t, first, second);
+      d.words(_mm512_maskz_loadu_epi8(valid, src[r] + kk), first, second);
       _mm512_store_si512(buf[0][r], first);
       _mm512_store_si512(buf[1][r], second);
     }
@@ -196,22 +195,24 @@ bool stream_weights_amx(const Operand& w, std::int64_t j0, std::int64_t j1, cons
   configure_tiles();
   const auto* xs = static_cast<const std::uint16_t*>(x);
   const std::int64_t cols = (m + 15) / 16;
-  for (std::int64_t j = j0; j < j1; j += kTile) {
-    const std::int64_t rows = std::min(kTile, j1 - j);
-    switch (cols) {
-      case 1:
-        stream_strip<1>(w, j, rows, xs, k_pad, m, out, ldo);
-        break;
-      case 2:
-        stream_strip<2>(w, j, rows, xs, k_pad, m, out, ldo);
-        break;
-      case 3:
-        stream_strip<3>(w, j, rows, xs, k_pad, m, out, ldo);
-        break;
-      default:
-        stream_strip<4>(w, j, rows, xs, k_pad, m, out, ldo);
+  fp8_simd::with_word_decoder(fp8_simd::byte_tables<bfloat16>(w.format), [&](const auto& d) {
+    for (std::int64_t j = j0; j < j1; j += kTile) {
+      const std::int64_t rows = std::min(kTile, j1 - j);
+      switch (cols) {
+        case 1:
+          stream_strip<1>(d, w, j, rows, xs, k_pad, m, out, ldo);
+          break;
+        case 2:
+          stream_strip<2>(d, w, j, rows, xs, k_pad, m, out, ldo);
+          break;
+        case 3:
+          stream_strip<3>(d, w, j, rows, xs, k_pad, m, out, ldo);
+          break;
+        default:
+          stream_strip<4>(d, w, j, rows, xs, k_pad, m, out, ldo);
+      }
     }
-  }
+  });
   release_tiles();
   return true;
 }

@@ -137,7 +137,6 @@ struct Decode {
   __m256i fields;  // sign | magnitude bits after the shift
   __m256 rebias;   // 2^(127 - bias)
   __m256i special_mask, special_value;
-  bool special_is_eq;  // special: (c & mask) == value (NaN code); else (c & mask) > value (Inf/NaN exponent)
 };
 
 Decode make_decode(Format f) {
@@ -145,7 +144,7 @@ Decode make_decode(Format f) {
   return {_mm256_set1_epi32(static_cast<int>(rule.fields)),
           _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(rule.rebias_bits))),
           _mm256_set1_epi8(static_cast<char>(rule.special_mask)),
-          _mm256_set1_epi8(static_cast<char>(rule.special_value)), rule.special_is_eq};
+          _mm256_set1_epi8(static_cast<char>(rule.special_value))};
 }
 
 // kShift = 23 - mantissa bits (an immediate: the shift-by-register form is slower on Zen).
@@ -160,7 +159,7 @@ template <int kShift, bool kRebiased>
 
 [[gnu::always_inline]] inline __m256i special32(__m256i codes, const Decode& d) {
   const __m256i masked = _mm256_and_si256(codes, d.special_mask);
-  return d.special_is_eq ? _mm256_cmpeq_epi8(masked, d.special_value) : _mm256_cmpgt_epi8(masked, d.special_value);
+  return _mm256_cmpeq_epi8(masked, d.special_value);
 }
 
 [[gnu::always_inline]] inline __m128i load8_bytes(const std::uint8_t* p) {
@@ -203,7 +202,7 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
     for (; kk + 32 <= k1; kk += 32) {
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 512, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + kGemvPrefetchBytes, _MM_HINT_T1);
         special =
             _mm256_or_si256(special, special32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + kk)), d));
       }

@@ -103,7 +103,6 @@ struct Decode {
   __m512i fields;  // sign | magnitude bits after the shift
   __m512 rebias;   // 2^(127 - bias)
   __m512i special_mask, special_value;
-  bool special_is_eq;  // special: (c & mask) == value (NaN code); else (c & mask) > value (Inf/NaN exponent)
 };
 
 Decode make_decode(Format f) {
@@ -111,7 +110,7 @@ Decode make_decode(Format f) {
   return {_mm512_set1_epi32(static_cast<int>(rule.fields)),
           _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(rule.rebias_bits))),
           _mm512_set1_epi8(static_cast<char>(rule.special_mask)),
-          _mm512_set1_epi8(static_cast<char>(rule.special_value)), rule.special_is_eq};
+          _mm512_set1_epi8(static_cast<char>(rule.special_value))};
 }
 
 template <int kShift, bool kRebiased>
@@ -124,8 +123,7 @@ template <int kShift, bool kRebiased>
 
 [[gnu::always_inline]] inline __mmask64 special64(__m512i codes, const Decode& d) {
   const __m512i masked = _mm512_and_si512(codes, d.special_mask);
-  return d.special_is_eq ? _mm512_cmpeq_epi8_mask(masked, d.special_value)
-                         : _mm512_cmpgt_epi8_mask(masked, d.special_value);
+  return _mm512_cmpeq_epi8_mask(masked, d.special_value);
 }
 
 // kM activation rows times kR weight rows starting at row j, all of K. Returns false on a special code.
@@ -151,7 +149,7 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
     for (; kk + 64 <= k1; kk += 64) {
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + 512, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + kGemvPrefetchBytes, _MM_HINT_T1);
         special |= special64(_mm512_loadu_si512(rows[r] + kk), d);
       }
 #pragma GCC unroll 4

@@ -40,17 +40,14 @@ RegisterDecodeRule register_decode_rule(Format f) {
     case NanEncoding::kAllOnes:  // e4m3fn: 0x7F / 0xFF are NaN
       r.special_mask = 0x7F;
       r.special_value = 0x7F;
-      r.special_is_eq = true;
       break;
-    case NanEncoding::kIeee:  // e5m2: magnitudes from the all-ones exponent up are Inf and NaN
-      r.special_mask = 0x7F;
-      r.special_value = static_cast<std::uint8_t>((d.max_exponent_field() << d.mantissa_bits) - 1);
-      r.special_is_eq = false;
+    case NanEncoding::kIeee:  // e5m2: the all-ones exponent (Inf and NaN)
+      r.special_mask = static_cast<std::uint8_t>(d.max_exponent_field() << d.mantissa_bits);
+      r.special_value = r.special_mask;
       break;
     default:  // fnuz: 0x80 is NaN
       r.special_mask = 0xFF;
       r.special_value = 0x80;
-      r.special_is_eq = true;
   }
   return r;
 }
