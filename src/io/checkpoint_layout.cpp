@@ -556,18 +556,87 @@ DType scale_dtype_for(CheckpointLayout layout, QuantScheme scheme, DType weight_
 }
 
 // Re-encodes x with the (rounded) scales in q, so that the codes go with the scales that are stored.
-void reencode(const Tensor& x32, ScaledTensor& q) {
-  const float* x = x32.data<float>();
+// The codes of x (float32, bfloat16 or float16 rows) encoded again with q's scales (after they were rounded).
+void reencode(MatrixRef x, const ScaledTensor& q, std::uint8_t* codes) {
   const std::int64_t br = q.block_rows(), bc = q.block_cols(), gc_n = q.grid_cols();
+  std::vector<float> row(static_cast<std::size_t>(x.cols));
   for (std::int64_t r = 0; r < q.rows; ++r) {
+    const float* in = row.data();
+    if (x.dtype == DType::float32) {
+      in = x.row<float>(r);
+    } else if (x.dtype == DType::bfloat16) {
+      for (std::int64_t c = 0; c < x.cols; ++c) row[static_cast<std::size_t>(c)] = x.row<bfloat16>(r)[c].to_float();
+    } else {
+      for (std::int64_t c = 0; c < x.cols; ++c) row[static_cast<std::size_t>(c)] = x.row<float16>(r)[c].to_float();
+    }
     for (std::int64_t gc = 0; gc < gc_n; ++gc) {
       const std::int64_t c0 = gc * bc, c1 = std::min(q.cols, c0 + bc);
       const float multiplier = 1.0f / q.scale_inv[static_cast<std::size_t>((r / br) * gc_n + gc)];
-      cast_to_fp8(std::span<const float>(x + r * q.cols + c0, static_cast<std::size_t>(c1 - c0)),
-                  std::span<std::uint8_t>(q.data.data() + r * q.cols + c0, static_cast<std::size_t>(c1 - c0)),
+      cast_to_fp8(std::span<const float>(in + c0, static_cast<std::size_t>(c1 - c0)),
+                  std::span<std::uint8_t>(codes + r * q.cols + c0, static_cast<std::size_t>(c1 - c0)),
                   CastOptions{q.format, q.overflow, Rounding::kNearestEven, multiplier});
     }
   }
+}
+
+// Where quantize_planned puts the codes: into the ScaledTensor, into the caller's buffer, or nowhere (the scales
+// alone: an amax pass, no encode).
+enum class CodesTo { kScaledTensor, kBuffer, kNowhere };
+
+// What quantize_checkpoint_tensor, quantize_checkpoint_tensor_into and quantize_checkpoint_scale share: x quantized
+// into m (its codes as `to` says; `codes` is the buffer), the scales the layout's dtype rounds rounded and the codes
+// re-encoded with them, and the scale tensor of the plan.
+Tensor quantize_planned(const std::string& name, MatrixRef x, const std::vector<PlannedTensor>& plan,
+                        QuantScheme scheme, Format format, ScaleRounding scale_rounding, ScaledTensor& m, CodesTo to,
+                        std::span<std::uint8_t> codes = {}) {
+  FP8KIT_CHECK(scale_rounding == ScaleRounding::kExact || scheme != QuantScheme::kMxfp8, "'", name,
+               "': power-of-two (ue8m0) scale rounding is for FP8 scales; MX scales are E8M0 already");
+  ScaleOptions scale_options;
+  scale_options.rounding = scale_rounding;
+  const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(scheme), scale_options};
+  switch (to) {
+    case CodesTo::kScaledTensor:
+      quantize_into(x, options, m);
+      codes = std::span<std::uint8_t>(m.data.data(), m.data.size());
+      break;
+    case CodesTo::kBuffer:
+      quantize_codes_into(x, options, codes, m);
+      break;
+    case CodesTo::kNowhere:
+      quantize_scales_into(x, options, m);
+  }
+  const DType sdtype = plan[1].dtype;
+
+  // Scales the layout's dtype rounds (compressed-tensors in BF16/F16): round them, then re-encode the codes.
+  if (sdtype == DType::bfloat16 || sdtype == DType::float16) {
+    Tensor s = empty({static_cast<std::int64_t>(m.scale_inv.size())}, DType::float32);
+    std::copy(m.scale_inv.begin(), m.scale_inv.end(), s.data<float>());
+    const Tensor back = s.to(sdtype).to(DType::float32);
+    for (std::size_t i = 0; i < m.scale_inv.size(); ++i) {
+      const float v = back.data<float>()[i];
+      FP8KIT_CHECK(std::isfinite(v) && v > 0.0f, detail::quoted(name), ": the scale ", m.scale_inv[i],
+                   " is not representable in ", fp8kit::name(sdtype),
+                   " (use --layout native, whose scales are float32)");
+      m.scale_inv[i] = v;
+    }
+    if (to != CodesTo::kNowhere) reencode(x, m, codes.data());
+  }
+
+  if (sdtype == DType::uint8 || sdtype == DType::float8_e8m0fnu) {
+    Tensor scale = empty(plan[1].shape, sdtype);
+    std::copy(m.scale_e8m0.begin(), m.scale_e8m0.end(), scale.data<std::uint8_t>());
+    return scale;
+  }
+  Tensor s32 = empty(plan[1].shape, DType::float32);
+  std::copy(m.scale_inv.begin(), m.scale_inv.end(), s32.data<float>());
+  return s32.to(sdtype);  // exact: the values were rounded to sdtype above
+}
+
+// The 2-D view quantize takes of a tensor of this shape (its last dimension the row).
+MatrixRef matrix_of(const void* data, DType dtype, const Shape& shape) {
+  const std::int64_t numel = numel_of(shape);
+  const std::int64_t cols = shape.empty() ? 1 : shape.back();
+  return MatrixRef(data, dtype, numel == 0 ? 0 : numel / cols, numel == 0 ? 0 : cols);
 }
 
 }  // namespace
@@ -607,46 +676,58 @@ std::map<std::string, std::string> layout_metadata(const std::string& name, DTyp
 QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, const Tensor& tensor, QuantScheme scheme,
                                                      Format format, CheckpointLayout layout,
                                                      ScaleRounding scale_rounding) {
-  FP8KIT_CHECK(scale_rounding == ScaleRounding::kExact || scheme != QuantScheme::kMxfp8, "'", name,
-               "': power-of-two (ue8m0) scale rounding is for FP8 scales; MX scales are E8M0 already");
   const std::vector<PlannedTensor> plan =
       planned_checkpoint_tensors(name, tensor.shape(), tensor.dtype(), scheme, format, layout);
+  const Tensor in = tensor.dtype() == DType::float64 ? tensor.to(DType::float32) : tensor;
   QuantizedCheckpointTensor out;
-  ScaleOptions scale_options;
-  scale_options.rounding = scale_rounding;
-  const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(scheme), scale_options};
-  out.scaled = quantize(tensor, options);
-  ScaledTensor& m = out.scaled;
-  const DType sdtype = plan[1].dtype;
-
-  // Scales the layout's dtype rounds (compressed-tensors in BF16/F16): round them, then re-encode the codes.
-  if (sdtype == DType::bfloat16 || sdtype == DType::float16) {
-    Tensor s = empty({static_cast<std::int64_t>(m.scale_inv.size())}, DType::float32);
-    std::copy(m.scale_inv.begin(), m.scale_inv.end(), s.data<float>());
-    const Tensor back = s.to(sdtype).to(DType::float32);
-    for (std::size_t i = 0; i < m.scale_inv.size(); ++i) {
-      const float v = back.data<float>()[i];
-      FP8KIT_CHECK(std::isfinite(v) && v > 0.0f, detail::quoted(name), ": the scale ", m.scale_inv[i],
-                   " is not representable in ", fp8kit::name(sdtype),
-                   " (use --layout native, whose scales are float32)");
-      m.scale_inv[i] = v;
-    }
-    reencode(tensor.to(DType::float32), m);
-  }
-
-  Tensor scale;
-  if (sdtype == DType::uint8 || sdtype == DType::float8_e8m0fnu) {
-    scale = empty(plan[1].shape, sdtype);
-    std::copy(m.scale_e8m0.begin(), m.scale_e8m0.end(), scale.data<std::uint8_t>());
-  } else {
-    Tensor s32 = empty(plan[1].shape, DType::float32);
-    std::copy(m.scale_inv.begin(), m.scale_inv.end(), s32.data<float>());
-    scale = s32.to(sdtype);  // exact: the values were rounded to sdtype above
-  }
+  const Tensor scale = quantize_planned(name, matrix_of(in.raw(), in.dtype(), tensor.shape()), plan, scheme, format,
+                                        scale_rounding, out.scaled, CodesTo::kScaledTensor);
+  out.scaled.original_shape = tensor.shape();
+  out.scaled.original_dtype = tensor.dtype();
   out.tensors.push_back({plan[0].name, out.scaled.codes()});
   out.tensors.push_back({plan[1].name, scale});
   out.metadata = layout_metadata(name, tensor.dtype(), scheme, format, layout);
   return out;
+}
+
+namespace {
+
+// The weight's quantization from the mapped file: its rows in place (a copy for float64, or for rows the mapping
+// does not align to their element size: a header whose length is not a multiple of 8).
+Tensor quantize_mapped(const SafetensorsTensor& weight, QuantScheme scheme, Format format, CheckpointLayout layout,
+                       ScaleRounding scale_rounding, CodesTo to, std::span<std::byte> codes) {
+  const std::optional<DType> dtype = tensor_dtype(weight.dtype);
+  FP8KIT_CHECK(dtype.has_value(), detail::quoted(weight.name), " is ", name(weight.dtype),
+               "; only float32, bfloat16, float16 and float64 tensors are quantized");
+  const std::vector<PlannedTensor> plan =
+      planned_checkpoint_tensors(weight.name, weight.shape, *dtype, scheme, format, layout);
+  FP8KIT_CHECK(to != CodesTo::kBuffer || codes.size() == static_cast<std::size_t>(numel_of(weight.shape)),
+               detail::quoted(weight.name), ": ", codes.size(), " bytes given for ", numel_of(weight.shape), " codes");
+  const auto* data = weight.bytes.data();
+  DType read_as = *dtype;
+  Tensor copy;
+  if (*dtype == DType::float64 || reinterpret_cast<std::uintptr_t>(data) % element_size(*dtype) != 0) {
+    copy = to_tensor(weight);
+    if (*dtype == DType::float64) copy = copy.to(DType::float32);
+    data = copy.raw();
+    read_as = copy.dtype();
+  }
+  ScaledTensor m;
+  return quantize_planned(weight.name, matrix_of(data, read_as, weight.shape), plan, scheme, format, scale_rounding, m,
+                          to, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(codes.data()), codes.size()));
+}
+
+}  // namespace
+
+Tensor quantize_checkpoint_tensor_into(const SafetensorsTensor& weight, QuantScheme scheme, Format format,
+                                       CheckpointLayout layout, ScaleRounding scale_rounding,
+                                       std::span<std::byte> codes) {
+  return quantize_mapped(weight, scheme, format, layout, scale_rounding, CodesTo::kBuffer, codes);
+}
+
+Tensor quantize_checkpoint_scale(const SafetensorsTensor& weight, QuantScheme scheme, Format format,
+                                 CheckpointLayout layout, ScaleRounding scale_rounding) {
+  return quantize_mapped(weight, scheme, format, layout, scale_rounding, CodesTo::kNowhere, {});
 }
 
 std::optional<std::string> static_input_scale_refusal(CheckpointLayout layout) {

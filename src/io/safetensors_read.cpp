@@ -282,10 +282,33 @@ const SafetensorsTensor& SafetensorsFile::at(std::string_view name) const {
   return *t;
 }
 
-Tensor to_tensor(const SafetensorsTensor& t) {
+namespace {
+
+// The tensor's Tensor dtype, or Error(kUnsupported).
+DType tensor_dtype_of(const SafetensorsTensor& t) {
   const auto dtype = tensor_dtype(t.dtype);
   FP8KIT_CHECK_KIND(dtype.has_value(), ErrorKind::kUnsupported, "tensor ", detail::quoted(t.name), ": ", name(t.dtype),
                     " has no fp8kit Tensor dtype (its bytes are in SafetensorsTensor::bytes)");
+  return *dtype;
+}
+
+}  // namespace
+
+void convert_tensor_into(const SafetensorsTensor& t, DType to, Overflow overflow, std::span<std::byte> out) {
+  const DType from = tensor_dtype_of(t);
+  const std::int64_t n = t.numel();
+  FP8KIT_CHECK(out.size() == static_cast<std::size_t>(n) * element_size(to), "tensor ", detail::quoted(t.name), ": ",
+               out.size(), " bytes for ", n, " elements of ", name(to));
+  if (from == DType::bool_ || reinterpret_cast<std::uintptr_t>(t.bytes.data()) % element_size(from) != 0) {
+    const Tensor c = to_tensor(t).to(to, overflow);  // checked BOOL bytes, or rows the file does not align
+    if (!out.empty()) std::memcpy(out.data(), c.raw(), out.size());
+    return;
+  }
+  convert(t.bytes.data(), from, out.data(), to, n, overflow);
+}
+
+Tensor to_tensor(const SafetensorsTensor& t) {
+  const auto dtype = std::optional<DType>(tensor_dtype_of(t));
   if (*dtype == DType::bool_) {
     const auto bad = std::find_if(t.bytes.begin(), t.bytes.end(), [](std::byte b) { return b > std::byte{1}; });
     if (bad != t.bytes.end()) {

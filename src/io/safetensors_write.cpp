@@ -1,11 +1,18 @@
 // The safetensors writer: entries validated and laid out as the reference writer does (dtype alignment, then
-// name; header padded to 8 bytes), then streamed to memory or to an AtomicFile through a small coalescing buffer.
+// name; header padded to 8 bytes), then streamed to memory, or to an AtomicFile by a writer thread while the next
+// tensor is filled.
 #include "fp8kit/io/safetensors.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "fp8kit/common/error.hpp"
@@ -78,31 +85,179 @@ Layout plan(std::span<const SafetensorsEntry> entries, const std::map<std::strin
   return layout;
 }
 
-// Streams the layout into `sink` (a callable taking a span of bytes), coalescing small tensors into 1 MiB writes.
-template <typename Sink>
-void emit(const Layout& layout, Sink&& sink) {
-  constexpr std::size_t kChunk = std::size_t{1} << 20;
-  std::vector<std::byte> staged(layout.prefix);
-  std::vector<std::byte> filled;
-  const auto flush = [&] {
-    if (!staged.empty()) sink(std::span<const std::byte>(staged));
-    staged.clear();
-  };
-  for (const Placed& p : layout.order) {
-    std::span<const std::byte> bytes = p.entry->bytes;
-    if (p.entry->fill) {
-      filled.assign(static_cast<std::size_t>(p.bytes), std::byte{0});
-      p.entry->fill(std::span<std::byte>(filled));
-      bytes = filled;
+// A byte buffer that grows without initializing what it adds (a filled tensor overwrites all of it).
+class ByteBuffer {
+ public:
+  std::byte* reserve(std::size_t n) {
+    if (n > capacity_) {
+      data_.reset(new std::byte[n]);  // default-initialized: no clearing pass, no page touched before the fill
+      capacity_ = n;
     }
-    if (staged.size() + bytes.size() <= kChunk) {
-      staged.insert(staged.end(), bytes.begin(), bytes.end());
-    } else {
-      flush();
-      sink(bytes);
+    return data_.get();
+  }
+  std::byte* data() const { return data_.get(); }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t capacity_ = 0;
+};
+
+// Where emit() writes. write() hands over bytes that stay valid until the buffer `slot` they live in is reused
+// (slot -1: bytes that live until the end, the input's or the header's); free(slot) returns once that buffer's
+// bytes are written, so it may be filled again; finish() once everything is written; abandon() drops what is not
+// written yet and returns once nothing is being written (an error on emit's side, before its buffers go).
+struct Sink {
+  virtual ~Sink() = default;
+  virtual void write(std::span<const std::byte> bytes, int slot) = 0;
+  virtual void free(int slot) = 0;
+  virtual void finish() = 0;
+  virtual void abandon() noexcept = 0;
+};
+
+// Appends to a vector as it is given the bytes.
+class MemorySink final : public Sink {
+ public:
+  explicit MemorySink(std::vector<std::byte>& out) : out_(out) {}
+  void write(std::span<const std::byte> bytes, int) override { out_.insert(out_.end(), bytes.begin(), bytes.end()); }
+  void free(int) override {}
+  void finish() override {}
+  void abandon() noexcept override {}
+
+ private:
+  std::vector<std::byte>& out_;
+};
+
+// Writes to an AtomicFile on a thread of its own, in order, so that the next tensor is computed while this one goes
+// to the kernel (and, when the page cache pushes back, to the disk). Its errors come back from the next write(),
+// free() or finish(); destroyed before finish() (an error on the other side), it stops and joins.
+class WriteBehindSink final : public Sink {
+ public:
+  explicit WriteBehindSink(AtomicFile& file) : file_(file), thread_([this] { run(); }) {}
+  ~WriteBehindSink() override {
+    abandon();
+    thread_.join();
+  }
+  void write(std::span<const std::byte> bytes, int slot) override {
+    std::unique_lock lock(mutex_);
+    rethrow();
+    queue_.push_back({bytes, slot});
+    if (slot >= 0) pending_[slot] = true;
+    changed_.notify_all();
+  }
+  void free(int slot) override {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !pending_[slot] || error_; });
+    rethrow();
+  }
+  void finish() override {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return (queue_.empty() && !writing_) || error_; });
+    rethrow();
+  }
+  void abandon() noexcept override {
+    std::unique_lock lock(mutex_);
+    stop_ = true;
+    queue_.clear();
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return !writing_; });
+  }
+
+ private:
+  struct Item {
+    std::span<const std::byte> bytes;
+    int slot;
+  };
+  void rethrow() {
+    if (error_) std::rethrow_exception(error_);
+  }
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_ || error_) return;
+      const Item item = queue_.front();
+      queue_.pop_front();
+      writing_ = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        file_.write(item.bytes);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      writing_ = false;
+      if (item.slot >= 0) pending_[item.slot] = false;
+      if (error) error_ = error;
+      changed_.notify_all();
+      if (error_) return;
     }
   }
+
+  AtomicFile& file_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Item> queue_;
+  bool pending_[2] = {false, false};
+  bool writing_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts once the rest is ready
+};
+
+// Streams the layout into `sink` through two buffers: each holds either one filled tensor or small tensors
+// coalesced up to 1 MiB, and is filled while the other is being written. Tensors given as bytes (an input file's
+// mapping) that do not fit the 1 MiB go to the sink as they are, without a copy.
+void emit(const Layout& layout, Sink& sink) {
+  constexpr std::size_t kChunk = std::size_t{1} << 20;
+  ByteBuffer buffers[2];
+  // Leaving by an exception (a fill's, or the sink's), nothing may still be writing from the buffers.
+  struct Abandon {
+    Sink& sink;
+    ~Abandon() { sink.abandon(); }
+  } abandon{sink};
+  int slot = 0;
+  std::size_t staged = 0;  // bytes coalesced in buffers[slot]
+  const auto next_slot = [&] {
+    slot ^= 1;
+    sink.free(slot);
+    staged = 0;
+  };
+  const auto flush = [&] {
+    if (staged == 0) return;
+    sink.write(std::span<const std::byte>(buffers[slot].data(), staged), slot);
+    next_slot();
+  };
+  const auto stage = [&](std::span<const std::byte> bytes) {
+    if (staged + bytes.size() > kChunk) flush();
+    if (bytes.size() > kChunk) {
+      sink.write(bytes, -1);
+      return;
+    }
+    std::byte* at = buffers[slot].reserve(kChunk);
+    std::memcpy(at + staged, bytes.data(), bytes.size());
+    staged += bytes.size();
+  };
+  stage(layout.prefix);
+  for (const Placed& p : layout.order) {
+    if (!p.entry->fill) {
+      stage(p.entry->bytes);
+      continue;
+    }
+    flush();
+    const auto n = static_cast<std::size_t>(p.bytes);
+    std::byte* at = buffers[slot].reserve(std::max(n, kChunk));
+    p.entry->fill(std::span<std::byte>(at, n));
+    sink.write(std::span<const std::byte>(at, n), slot);
+    next_slot();
+  }
   flush();
+  sink.finish();
+}
+
+// The file image into an open AtomicFile, written behind the fills.
+void emit_to(AtomicFile& file, const Layout& layout) {
+  WriteBehindSink sink(file);
+  emit(layout, sink);
 }
 
 }  // namespace
@@ -126,21 +281,21 @@ std::vector<std::byte> serialize_safetensors(std::span<const SafetensorsEntry> e
                                              const std::map<std::string, std::string>& metadata) {
   const Layout layout = plan(entries, metadata);
   std::vector<std::byte> out;
-  emit(layout, [&](std::span<const std::byte> bytes) { out.insert(out.end(), bytes.begin(), bytes.end()); });
+  MemorySink sink(out);
+  emit(layout, sink);
   return out;
 }
 
 void detail::write_safetensors_to(AtomicFile& file, std::span<const SafetensorsEntry> entries,
                                   const std::map<std::string, std::string>& metadata) {
-  const Layout layout = plan(entries, metadata);
-  emit(layout, [&](std::span<const std::byte> bytes) { file.write(bytes); });
+  emit_to(file, plan(entries, metadata));
 }
 
 void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> entries,
                        const std::map<std::string, std::string>& metadata) {
   const Layout layout = plan(entries, metadata);  // every check before anything is created
   AtomicFile file(path);
-  emit(layout, [&](std::span<const std::byte> bytes) { file.write(bytes); });
+  emit_to(file, layout);
   file.commit();
 }
 

@@ -335,16 +335,17 @@ AmaxResult amax_of(MatrixRef x) {
   return total;
 }
 
-// q.data = encode(x * options.scale) for all of x: one threaded encode when its rows are contiguous, else row by row.
-void cast_rows(MatrixRef x, ScaledTensor& q, const CastOptions& options) {
+// codes = encode(x * options.scale) for all of x: one threaded encode when its rows are contiguous, else row by row.
+void cast_rows(MatrixRef x, std::uint8_t* codes, const CastOptions& options) {
+  const auto n = static_cast<std::size_t>(x.numel());
   if (x.contiguous()) {
-    cast_to_fp8(std::span<const float>(x.row<float>(0), q.data.size()), q.data, options);
+    cast_to_fp8(std::span<const float>(x.row<float>(0), n), std::span<std::uint8_t>(codes, n), options);
     return;
   }
   const auto cols = static_cast<std::size_t>(x.cols);
   for (std::int64_t r = 0; r < x.rows; ++r) {
-    cast_to_fp8(std::span<const float>(x.row<float>(r), cols),
-                std::span<std::uint8_t>(q.data.data() + r * x.cols, cols), options);
+    cast_to_fp8(std::span<const float>(x.row<float>(r), cols), std::span<std::uint8_t>(codes + r * x.cols, cols),
+                options);
   }
 }
 
@@ -356,22 +357,30 @@ ScaledTensor quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnost
   return q;
 }
 
-void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, QuantDiagnostics* diagnostics) {
-  check_shape(x, options.granularity);
+namespace {
+
+// q's description of a quantization of x, and its scale buffers sized (not its codes).
+void describe(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q) {
   q.original_shape.reset();
-  q.original_dtype = DType::float32;
+  q.original_dtype = x.dtype;
   q.format = options.format;
   q.overflow = options.overflow;
   q.granularity = options.granularity;
   q.rows = x.rows;
   q.cols = x.cols;
-  q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
+  const auto blocks = static_cast<std::size_t>(q.grid_rows() * q.grid_cols());
+  q.scale_inv.resize(blocks);
+  q.scale_e8m0.resize(options.granularity.kind == Granularity::Kind::kMx ? blocks : 0);
+}
+
+// The float32 quantization: q described (describe()), the codes written to `codes` (rows x cols, row-major; none
+// when it is null: the scales alone). With `diagnostics`, q.data must be the codes.
+void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, std::uint8_t* codes,
+                    QuantDiagnostics* diagnostics) {
   const std::int64_t br = q.block_rows(), bc = q.block_cols();
   const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
   const auto blocks = static_cast<std::size_t>(grid_rows * grid_cols);
   std::vector<float> multiplier(blocks);
-  q.scale_inv.resize(blocks);
-  q.scale_e8m0.resize(options.granularity.kind == Granularity::Kind::kMx ? blocks : 0);
   const SegmentEncoder encoder(options.format, options.overflow);
   AmaxResult total;
 
@@ -379,7 +388,8 @@ void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q,
     // One scale for everything: a threaded amax pass, then one threaded scaled encode (two passes over x).
     total = amax_of(x);
     block_scale(total.amax, options, q, multiplier, 0);
-    cast_rows(x, q, CastOptions{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]});
+    if (codes != nullptr)
+      cast_rows(x, codes, CastOptions{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]});
   } else {
     // Fused, block row by block row: the amax of its blocks, their scales, then the encode while the block
     // row is still in cache. Threads split the block rows.
@@ -415,9 +425,10 @@ void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q,
           b0, static_cast<std::size_t>(grid_cols), options, q, multiplier);
     };
     auto encode_row = [&](std::int64_t r, const float* band_scales, std::size_t prefetch_ahead_bytes) {
+      if (codes == nullptr) return;
       const auto cols = static_cast<std::size_t>(x.cols);
       encoder.encode_segments(std::span<const float>(x.row<float>(r), cols),
-                              std::span<std::uint8_t>(q.data.data() + r * x.cols, cols), static_cast<std::size_t>(bc),
+                              std::span<std::uint8_t>(codes + r * x.cols, cols), static_cast<std::size_t>(bc),
                               std::span<const float>(band_scales, static_cast<std::size_t>(grid_cols)),
                               prefetch_ahead_bytes);
     };
@@ -469,9 +480,9 @@ void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q,
           encode_row(row_begin, band_scales, static_cast<std::size_t>(x.stride()) * sizeof(float));
           continue;
         }
-        for (std::int64_t r = row_begin; r < row_end; ++r) {
+        for (std::int64_t r = row_begin; r < row_end && codes != nullptr; ++r) {
           const float* in_row = x.row<float>(r);
-          std::uint8_t* out_row = q.data.data() + r * x.cols;
+          std::uint8_t* out_row = codes + r * x.cols;
           for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
             const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
             const float scale = band_scales[gc];
@@ -500,6 +511,124 @@ void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q,
   }
 }
 
+// Rows [r0, r0 + rows) of a bfloat16 or float16 matrix as float32 (exact), contiguous, into `out`.
+void widen_rows(MatrixRef x, std::int64_t r0, std::int64_t rows, float* out) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* o = out + r * x.cols;
+    if (x.dtype == DType::bfloat16) {
+      const auto* in = reinterpret_cast<const std::uint16_t*>(x.row<bfloat16>(r0 + r));
+      for (std::int64_t c = 0; c < x.cols; ++c) o[c] = std::bit_cast<float>(static_cast<std::uint32_t>(in[c]) << 16);
+    } else {
+      const float16* in = x.row<float16>(r0 + r);
+      for (std::int64_t c = 0; c < x.cols; ++c) o[c] = in[c].to_float();
+    }
+  }
+}
+
+// bfloat16 / float16 matrices without a float32 copy of the whole: per tensor, an amax pass over rows widened a
+// chunk at a time, then the bulk 16-bit scaled encode; per row, block and MX, chunks of whole block rows (about
+// kChunkElements) widened into a per-thread buffer and quantized by quantize_float, the chunks split over threads.
+// The blocks never cross a chunk, so the result is quantize_float's on the widened matrix, bit for bit. Per column
+// (one block row of all the rows) widens the whole matrix.
+void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, std::uint8_t* codes) {
+  constexpr std::int64_t kChunkElements = std::int64_t{1} << 18;  // 1 MiB of float32
+  const std::int64_t br = q.block_rows(), grid_cols = q.grid_cols();
+  const bool parallel = x.numel() >= detail::kParallelStreamElements;
+  if (options.granularity.kind == Granularity::Kind::kColumn || x.cols == 0 || x.rows == 0) {
+    std::vector<float> all(static_cast<std::size_t>(x.numel()));
+    widen_rows(x, 0, x.rows, all.data());
+    quantize_float(MatrixRef{all.data(), x.rows, x.cols}, options, q, codes, nullptr);
+    return;
+  }
+  const std::int64_t band_rows =
+      options.granularity.kind == Granularity::Kind::kTensor ? 1 : br;  // rows that share a block
+  const std::int64_t chunk_rows = band_rows * std::max<std::int64_t>(1, kChunkElements / (band_rows * x.cols));
+  const std::int64_t chunks = ceil_div(x.rows, chunk_rows);
+  auto rows_of = [&](std::int64_t c) { return std::min(x.rows, (c + 1) * chunk_rows) - c * chunk_rows; };
+  if (options.granularity.kind == Granularity::Kind::kTensor) {
+    float amax_all = 0.0f;  // over the finite elements, as amax_of gives it
+#pragma omp parallel for schedule(static) reduction(max : amax_all) if (parallel && chunks > 1)
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      thread_local std::vector<float> rows;
+      rows.resize(static_cast<std::size_t>(rows_of(c) * x.cols));
+      widen_rows(x, c * chunk_rows, rows_of(c), rows.data());
+      amax_all = std::max(amax_all, amax(rows).amax);
+    }
+    std::vector<float> multiplier(1);
+    block_scale(amax_all, options, q, multiplier, 0);
+    if (codes == nullptr) return;
+    const CastOptions cast{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]};
+    const auto n = static_cast<std::size_t>(x.numel());
+    const auto cols = static_cast<std::size_t>(x.cols);
+    for (std::int64_t r = 0; r < (x.contiguous() ? 1 : x.rows); ++r) {
+      const std::size_t len = x.contiguous() ? n : cols;
+      std::uint8_t* out = codes + r * x.cols;
+      if (x.dtype == DType::bfloat16) {
+        cast_to_fp8(std::span<const bfloat16>(x.row<bfloat16>(r), len), std::span<std::uint8_t>(out, len), cast);
+      } else {
+        cast_to_fp8(std::span<const float16>(x.row<float16>(r), len), std::span<std::uint8_t>(out, len), cast);
+      }
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (parallel && chunks > 1)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    thread_local std::vector<float> rows;
+    thread_local ScaledTensor part;
+    const std::int64_t r0 = c * chunk_rows, n = rows_of(c);
+    rows.resize(static_cast<std::size_t>(n * x.cols));
+    widen_rows(x, r0, n, rows.data());
+    const MatrixRef chunk{rows.data(), n, x.cols};
+    describe(chunk, options, part);
+    quantize_float(chunk, options, part, codes == nullptr ? nullptr : codes + r0 * x.cols, nullptr);
+    const auto b0 = static_cast<std::size_t>((r0 / br) * grid_cols);
+    std::copy(part.scale_inv.begin(), part.scale_inv.end(), q.scale_inv.begin() + b0);
+    std::copy(part.scale_e8m0.begin(), part.scale_e8m0.end(), q.scale_e8m0.begin() + b0);
+  }
+}
+
+void check_input(MatrixRef x, const Granularity& g) {
+  FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16 || x.dtype == DType::float16,
+               "quantize: the input is ", name(x.dtype), "; quantize float32, bfloat16 or float16 matrices");
+  x.check("quantize", x.dtype);
+  if (g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) {
+    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ", g.block_rows,
+                 "x", g.block_cols);
+  }
+}
+
+}  // namespace
+
+void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, QuantDiagnostics* diagnostics) {
+  check_input(x, options.granularity);
+  describe(x, options, q);
+  q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
+  if (x.dtype == DType::float32) return quantize_float(x, options, q, q.data.data(), diagnostics);
+  if (diagnostics == nullptr) return quantize_narrow(x, options, q, q.data.data());
+  // Diagnostics compare with the input: measured on the widened matrix.
+  std::vector<float> all(static_cast<std::size_t>(x.numel()));
+  widen_rows(x, 0, x.rows, all.data());
+  quantize_float(MatrixRef{all.data(), x.rows, x.cols}, options, q, q.data.data(), diagnostics);
+}
+
+void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q) {
+  check_input(x, options.granularity);
+  describe(x, options, q);
+  q.data.clear();
+  if (x.dtype == DType::float32) return quantize_float(x, options, q, nullptr, nullptr);
+  quantize_narrow(x, options, q, nullptr);
+}
+
+void quantize_codes_into(MatrixRef x, const QuantizeOptions& options, std::span<std::uint8_t> codes, ScaledTensor& q) {
+  check_input(x, options.granularity);
+  FP8KIT_CHECK(codes.size() == static_cast<std::size_t>(x.numel()), "quantize_codes_into: ", codes.size(),
+               " bytes for the codes of a ", x.rows, "x", x.cols, " matrix");
+  describe(x, options, q);
+  q.data.clear();
+  if (x.dtype == DType::float32) return quantize_float(x, options, q, codes.data(), nullptr);
+  quantize_narrow(x, options, q, codes.data());
+}
+
 ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow,
                                  QuantDiagnostics* diagnostics) {
   check_shape(x, Granularity::tensor());
@@ -511,7 +640,7 @@ ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overfl
   q.cols = x.cols;
   q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
   q.scale_inv.assign(static_cast<std::size_t>(q.grid_rows() * q.grid_cols()), dequantization_scale(scale));  // 0 or 1
-  cast_rows(x, q, CastOptions{format, overflow, Rounding::kNearestEven, scale});
+  cast_rows(x, q.data.data(), CastOptions{format, overflow, Rounding::kNearestEven, scale});
   if (diagnostics != nullptr) {
     *diagnostics = measure(x, q, std::vector<float>{scale}, amax_of(x));
     diagnostics->scale = scale;

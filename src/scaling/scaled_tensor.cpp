@@ -28,10 +28,12 @@ Tensor ScaledTensor::scales() const {
 ScaledTensor quantize(const Tensor& x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
   FP8KIT_CHECK(is_floating(x.dtype()) && !is_fp8(x.dtype()), "quantize: the input is ", name(x.dtype()),
                "; quantize a float32, bfloat16, float16 or float64 tensor (convert with .to(float32) first)");
-  const Tensor f32 = x.to(DType::float32);  // shares storage when x is already float32
+  // float32, bfloat16 and float16 as they are (quantize widens 16-bit rows a chunk at a time); float64 rounded to
+  // float32 first.
+  const Tensor in = x.dtype() == DType::float64 ? x.to(DType::float32) : x;
   const MatrixRef v = x.matrix();
   ScaledTensor q;
-  const MatrixRef view{f32.data<float>(), x.numel() == 0 ? 0 : v.rows, x.numel() == 0 ? 0 : v.cols};
+  const MatrixRef view{in.raw(), in.dtype(), x.numel() == 0 ? 0 : v.rows, x.numel() == 0 ? 0 : v.cols};
   quantize_into(view, options, q, diagnostics);
   q.original_shape = x.shape();
   q.original_dtype = x.dtype();

@@ -3,6 +3,7 @@
 // convert_element.
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "common/parallel.hpp"
@@ -41,10 +42,10 @@ void convert_elements(const float* in, bfloat16* out, std::int64_t n, Overflow /
 }
 
 template <typename S, typename D>
-void convert(const Tensor& src, Tensor& dst, Overflow overflow) {
-  const auto n = static_cast<std::size_t>(src.numel());
-  const S* in = reinterpret_cast<const S*>(src.raw());
-  D* out = reinterpret_cast<D*>(dst.raw());
+void convert(const void* src, void* dst, std::int64_t count, Overflow overflow) {
+  const auto n = static_cast<std::size_t>(count);
+  const S* in = static_cast<const S*>(src);
+  D* out = static_cast<D*>(dst);
   if constexpr (kHasBulkKernel<S> && detail::Fp8Element<D>) {
     cast_to_fp8(std::span<const S>(in, n), std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(out), n),
                 CastOptions{D::format, overflow});
@@ -52,23 +53,35 @@ void convert(const Tensor& src, Tensor& dst, Overflow overflow) {
     cast_from_fp8(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(in), n), S::format,
                   std::span<D>(out, n));
   } else {
-    convert_elements(in, out, src.numel(), overflow);
+    convert_elements(in, out, count, overflow);
   }
 }
 
 }  // namespace
 
+void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Overflow overflow) {
+  FP8KIT_CHECK(n >= 0, "convert: negative element count ", n);
+  if (n == 0) return;
+  FP8KIT_CHECK(reinterpret_cast<std::uintptr_t>(in) % element_size(from) == 0 &&
+                   reinterpret_cast<std::uintptr_t>(out) % element_size(to) == 0,
+               "convert: the elements are not aligned to their size (", name(from), " -> ", name(to), ")");
+  if (from == to) {
+    std::memcpy(out, in, static_cast<std::size_t>(n) * element_size(from));
+    return;
+  }
+  detail::visit_dtype(from, [&](auto src_tag) {
+    detail::visit_dtype(to, [&](auto dst_tag) {
+      using S = typename decltype(src_tag)::type;
+      using D = typename decltype(dst_tag)::type;
+      convert<S, D>(in, out, n, overflow);
+    });
+  });
+}
+
 Tensor Tensor::to(DType dtype, Overflow overflow) const {
   if (dtype == dtype_) return *this;
   Tensor out = empty(shape_, dtype, device_);
-  if (numel_ == 0) return out;
-  detail::visit_dtype(dtype_, [&](auto src_tag) {
-    detail::visit_dtype(dtype, [&](auto dst_tag) {
-      using S = typename decltype(src_tag)::type;
-      using D = typename decltype(dst_tag)::type;
-      convert<S, D>(*this, out, overflow);
-    });
-  });
+  convert(raw(), dtype_, out.raw(), dtype, numel_, overflow);
   return out;
 }
 

@@ -156,6 +156,19 @@ TEST(CheckpointLayout, RoundTripEveryLayoutAndScheme) {
               EXPECT_EQ(plan[i].shape, q.tensors[i].tensor.shape());
             }
             EXPECT_EQ(layout_metadata("m.weight", dtype, scheme, format, layout), q.metadata);
+            // As fp8kit quantize writes: from the weight in a file image straight into the writer's buffer.
+            {
+              std::vector<SafetensorsEntry> entries = {safetensors_entry("m.weight", w)};
+              const std::vector<std::byte> input = serialize_safetensors(entries);
+              const SafetensorsView view = parse_safetensors(std::span<const std::byte>(input));
+              std::vector<std::byte> codes(static_cast<std::size_t>(w.numel()), std::byte{0xAB});
+              const Tensor scale = quantize_checkpoint_tensor_into(view.tensors[0], scheme, format, layout,
+                                                                   ScaleRounding::kExact, codes);
+              EXPECT_EQ(std::memcmp(codes.data(), q.tensors[0].tensor.raw(), codes.size()), 0);
+              EXPECT_TRUE(same_bits(scale, q.tensors[1].tensor));
+              EXPECT_TRUE(
+                  same_bits(quantize_checkpoint_scale(view.tensors[0], scheme, format, layout), q.tensors[1].tensor));
+            }
             const Granularity g = granularity_of(scheme);
             const Image image = serialize(q);
             const SafetensorsTensor& sw = image.at("m.weight");
@@ -460,6 +473,41 @@ TEST(CheckpointLayout, DeepSeekHandWrittenEdgeBlocks) {
                            static_cast<float>(sv[static_cast<std::size_t>((r / 128) * 2 + c / 128)]);
       ASSERT_EQ(out.data<float>()[r * cols + c], expect) << r << "," << c;
     }
+  }
+}
+
+// quantize_checkpoint_tensor_into reads float64 weights and weights the file does not align to their element size
+// (a header whose length is not a multiple of 8) through a copy, with the same result; a wrong buffer is refused.
+TEST(CheckpointLayout, QuantizeIntoFloat64AndMisalignedWeights) {
+  const std::int64_t rows = 300, cols = 260;
+  for (DType dtype : {DType::float64, DType::bfloat16, DType::float16, DType::float32}) {
+    SCOPED_TRACE(std::string(name(dtype)));
+    const Tensor w = make_weight(rows, cols, dtype, 11);
+    const QuantizedCheckpointTensor want =
+        quantize_checkpoint_tensor("m.weight", w, QuantScheme::kFp8Block, Format::e4m3fn, CheckpointLayout::kDeepSeek);
+    // The file image by hand: a header of odd length puts the data at an odd offset.
+    std::string header = "{\"m.weight\":{\"dtype\":\"" + std::string(name(safetensors_dtype(dtype))) +
+                         "\",\"shape\":[" + std::to_string(rows) + "," + std::to_string(cols) +
+                         "],\"data_offsets\":[0," + std::to_string(w.nbytes()) + "]}}";
+    if (header.size() % 2 == 0) header += ' ';
+    std::vector<std::byte> image(8 + header.size() + static_cast<std::size_t>(w.nbytes()));
+    for (int i = 0; i < 8; ++i) image[static_cast<std::size_t>(i)] = static_cast<std::byte>(header.size() >> (8 * i));
+    std::memcpy(image.data() + 8, header.data(), header.size());
+    std::memcpy(image.data() + 8 + header.size(), w.raw(), static_cast<std::size_t>(w.nbytes()));
+    const SafetensorsView view = parse_safetensors(std::span<const std::byte>(image));
+    ASSERT_NE(reinterpret_cast<std::uintptr_t>(view.tensors[0].bytes.data()) % 2, 0u);
+    std::vector<std::byte> codes(static_cast<std::size_t>(w.numel()));
+    const Tensor scale = quantize_checkpoint_tensor_into(view.tensors[0], QuantScheme::kFp8Block, Format::e4m3fn,
+                                                         CheckpointLayout::kDeepSeek, ScaleRounding::kExact, codes);
+    EXPECT_EQ(std::memcmp(codes.data(), want.tensors[0].tensor.raw(), codes.size()), 0);
+    EXPECT_TRUE(same_bits(scale, want.tensors[1].tensor));
+    EXPECT_TRUE(same_bits(
+        quantize_checkpoint_scale(view.tensors[0], QuantScheme::kFp8Block, Format::e4m3fn, CheckpointLayout::kDeepSeek),
+        want.tensors[1].tensor));
+    std::vector<std::byte> short_buffer(codes.size() - 1);
+    EXPECT_THROW(quantize_checkpoint_tensor_into(view.tensors[0], QuantScheme::kFp8Block, Format::e4m3fn,
+                                                 CheckpointLayout::kDeepSeek, ScaleRounding::kExact, short_buffer),
+                 Error);
   }
 }
 

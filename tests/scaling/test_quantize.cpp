@@ -2,6 +2,7 @@
 // against RCEIL on crafted blocks, round-trip error bounds, and the diagnostics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -380,6 +381,60 @@ TEST(Quantize, GranularityNames) {
   EXPECT_FALSE(Granularity::parse("block:1x").has_value());
   EXPECT_FALSE(Granularity::parse("blocks").has_value());
   EXPECT_FALSE(Granularity::parse("mx16").has_value());
+}
+
+// bfloat16 and float16 matrices quantize as their float32 widening does, bit for bit, at every granularity, with rows
+// further apart than their columns, over several of the 1 MiB chunks they are widened in (a short last one, 128-row
+// bands) and threads; quantize_codes_into writes the same codes where it is told and the same scales.
+TEST(Quantize, SixteenBitInputsMatchTheirFloat32Widening) {
+  const std::int64_t rows = 300, cols = 1100, ld = 1111;  // 330 k elements: two chunks of 238 or 256 rows
+  auto values = gaussian(static_cast<std::size_t>(rows * ld), 77, 30.0f);
+  values[5] = std::numeric_limits<float>::quiet_NaN();
+  values[2000] = std::numeric_limits<float>::infinity();
+  values[3000] = 1e-30f;
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    std::vector<std::uint16_t> narrow(values.size());
+    std::vector<float> widened(static_cast<std::size_t>(rows * cols));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      narrow[i] = dtype == DType::bfloat16 ? bfloat16::from_float(values[i]).bits : float16::from_float(values[i]).bits;
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const std::uint16_t b = narrow[static_cast<std::size_t>(r * ld + c)];
+        widened[static_cast<std::size_t>(r * cols + c)] =
+            dtype == DType::bfloat16 ? bfloat16{b}.to_float() : float16{b}.to_float();
+      }
+    }
+    for (const Granularity& g : kGranularities) {
+      for (Overflow o : {Overflow::kSaturate, Overflow::kNonSaturating}) {
+        const QuantizeOptions options{Format::e4m3fn, o, g};
+        SCOPED_TRACE(g.name() + " " + std::string(name(dtype)));
+        const MatrixRef x(narrow.data(), dtype, rows, cols, ld);
+        const ScaledTensor got = quantize(x, options);
+        const ScaledTensor want = quantize(MatrixRef{widened.data(), rows, cols}, options);
+        ASSERT_EQ(got.data, want.data);
+        ASSERT_EQ(got.scale_inv, want.scale_inv);
+        ASSERT_EQ(got.scale_e8m0, want.scale_e8m0);
+        EXPECT_EQ(got.original_dtype, dtype);
+        std::vector<std::uint8_t> codes(static_cast<std::size_t>(rows * cols), 0xAB);
+        ScaledTensor scales;
+        quantize_codes_into(x, options, codes, scales);
+        ASSERT_TRUE(std::equal(codes.begin(), codes.end(), want.data.begin()));
+        ASSERT_EQ(scales.scale_inv, want.scale_inv);
+        EXPECT_TRUE(scales.data.empty());
+        QuantDiagnostics dn, dw;
+        quantize(x, options, &dn);
+        quantize(MatrixRef{widened.data(), rows, cols}, options, &dw);
+        EXPECT_EQ(dn.sqnr_db, dw.sqnr_db);
+      }
+    }
+  }
+  std::vector<std::uint8_t> small(3);
+  ScaledTensor s;
+  const std::vector<float> four(4);
+  EXPECT_THROW(quantize_codes_into(MatrixRef{four.data(), 2, 2}, {}, small, s), Error);
+  const std::vector<double> doubles(4);
+  EXPECT_THROW(quantize(MatrixRef{doubles.data(), DType::float64, 2, 2}, {}), Error);
 }
 
 TEST(Quantize, RejectsBadArguments) {

@@ -57,8 +57,7 @@ void run_convert(const ConvertArgs& args) {
     progress->expect(t->bytes.size());
     e.fill = [t, dtype = *to, overflow, progress](std::span<std::byte> out) {
       progress->step(t->name, t->bytes.size());
-      const Tensor c = to_tensor(*t).to(dtype, overflow);
-      std::memcpy(out.data(), c.raw(), out.size());
+      convert_tensor_into(*t, dtype, overflow, out);
     };
     entries.push_back(std::move(e));
     ++cast;

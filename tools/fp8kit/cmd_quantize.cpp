@@ -30,8 +30,8 @@ struct QuantizeArgs {
   std::string scale_fmt = "float";
 };
 
-// Scales of quantized weights, kept from whichever of the weight's or the scale's fill ran first (the writer lays
-// tensors out by dtype, so either may come first); the FP8 codes are never kept, so memory stays at one tensor.
+// Scales of quantized weights whose fill ran before their scale's (the writer lays tensors out by dtype, so either
+// may come first); the FP8 codes are never kept, so memory stays at the writer's two buffers.
 struct ScaleCache {
   std::map<std::string, Tensor> pending;  // computed with the weight, not yet written
   std::set<std::string> written;
@@ -113,22 +113,22 @@ void run_quantize(const QuantizeArgs& args) {
         planned_checkpoint_tensors(t->name, t->shape, dtype, *scheme, *format, layout);
     for (const auto& [k, v] : layout_metadata(t->name, dtype, *scheme, *format, layout)) metadata[k] = v;
     const std::string scale_key = plan[1].name;
-    const auto quantize_one = [t, s = *scheme, f = *format, layout, rounding]() {
-      return quantize_checkpoint_tensor(t->name, to_tensor(*t), s, f, layout, rounding);
-    };
     SafetensorsEntry weight{plan[0].name, safetensors_dtype(plan[0].dtype), plan[0].shape, {}, {}};
     progress->expect(t->bytes.size());
-    weight.fill = [quantize_one, cache, scale_key, progress, t](std::span<std::byte> out) {
+    // The codes straight from the mapped input into the writer's buffer.
+    weight.fill = [t, s = *scheme, f = *format, layout, rounding, cache, scale_key,
+                   progress](std::span<std::byte> out) {
       progress->step(t->name, t->bytes.size());
-      QuantizedCheckpointTensor q = quantize_one();
-      std::memcpy(out.data(), q.tensors[0].tensor.raw(), out.size());
-      if (!cache->written.count(scale_key)) cache->pending[scale_key] = q.tensors[1].tensor;
+      const Tensor scale = quantize_checkpoint_tensor_into(*t, s, f, layout, rounding, out);
+      if (!cache->written.count(scale_key)) cache->pending[scale_key] = scale;
     };
+    // A scale the writer lays out before its weight comes from an amax pass alone (the weight's fill quantizes
+    // again, to the same scale).
     SafetensorsEntry scale{plan[1].name, safetensors_dtype(plan[1].dtype), plan[1].shape, {}, {}};
-    scale.fill = [quantize_one, cache, scale_key](std::span<std::byte> out) {
+    scale.fill = [t, s = *scheme, f = *format, layout, rounding, cache, scale_key](std::span<std::byte> out) {
       const auto it = cache->pending.find(scale_key);
-      const Tensor s = it != cache->pending.end() ? it->second : quantize_one().tensors[1].tensor;
-      std::memcpy(out.data(), s.raw(), out.size());
+      const Tensor st = it != cache->pending.end() ? it->second : quantize_checkpoint_scale(*t, s, f, layout, rounding);
+      std::memcpy(out.data(), st.raw(), out.size());
       if (it != cache->pending.end()) cache->pending.erase(it);
       cache->written.insert(scale_key);
     };

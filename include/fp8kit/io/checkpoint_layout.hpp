@@ -188,6 +188,18 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
                                                      Format format, CheckpointLayout layout,
                                                      ScaleRounding scale_rounding = ScaleRounding::kExact);
 
+// The same quantization of a weight of an open file, its FP8 codes written straight into `codes` (the planned
+// weight's bytes) from the mapped input — float32, bfloat16 or float16 rows read in place and widened a chunk at a
+// time, with no copy of the tensor and no float32 one (float64, or rows the mapping does not align, through a copy)
+// — and the planned scale tensor returned. Bit-exact with quantize_checkpoint_tensor(name, to_tensor(weight), ...).
+Tensor quantize_checkpoint_tensor_into(const SafetensorsTensor& weight, QuantScheme scheme, Format format,
+                                       CheckpointLayout layout, ScaleRounding scale_rounding,
+                                       std::span<std::byte> codes);
+// The planned scale tensor alone (an amax pass over the mapped weight, no encode): the one
+// quantize_checkpoint_tensor_into returns, for a writer that lays the scales out before the weights.
+Tensor quantize_checkpoint_scale(const SafetensorsTensor& weight, QuantScheme scheme, Format format,
+                                 CheckpointLayout layout, ScaleRounding scale_rounding = ScaleRounding::kExact);
+
 // The quantization_config (a JSON object, as text) that vLLM and Hugging Face read for a checkpoint written in
 // `layout` with `scheme`; `ignored` lists the 2-D weights left unquantized. Native: fp8kit's own marker.
 // scale_rounding kPowerOfTwoDown adds `"scale_fmt": "ue8m0"` (deepseek, as DeepSeek-V3.1's config).

@@ -177,6 +177,10 @@ class SafetensorsFile {
 // A copy of a tensor's elements in a Tensor of its dtype. Throws Error(kUnsupported) for the dtypes without a
 // Tensor dtype (U16, U32, U64, C64, F4, F6_*), and Error(kParse) for a BOOL byte other than 0 or 1.
 Tensor to_tensor(const SafetensorsTensor& tensor);
+// The same elements converted to `to` (as Tensor::to converts them) straight into `out` (numel x element_size(to)
+// bytes, aligned to the element size), read from the file's bytes in place: no copy of the tensor, no Tensor of the
+// result. Errors as to_tensor, and Error(kInvalidArgument) for an `out` of another size.
+void convert_tensor_into(const SafetensorsTensor& tensor, DType to, Overflow overflow, std::span<std::byte> out);
 
 // Whether a path names a pickle-based PyTorch file by its extension (.bin, .pt, .pth, .ckpt, .pkl, .pickle).
 bool is_pickle_path(const std::filesystem::path& path);

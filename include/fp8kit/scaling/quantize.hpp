@@ -102,12 +102,19 @@ struct QuantDiagnostics {
   }
 };
 
-// Quantizes x (float32 on the CPU, any row stride; the codes are written contiguous); when `diagnostics` is given,
-// also measures what was lost (a dequantization and a pass over x).
+// Quantizes x (float32, bfloat16 or float16 on the CPU, any row stride; the codes are written contiguous); when
+// `diagnostics` is given, also measures what was lost (a dequantization and a pass over x). 16-bit rows are widened
+// to float32 a chunk of rows at a time (exactly), never as a whole matrix (except per column, or with diagnostics):
+// the result is bit for bit that of the float32 matrix. out.original_dtype is x's dtype.
 ScaledTensor quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
 // The same into an existing ScaledTensor, reusing its buffers when they are large enough (no allocation then).
 void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& out,
                    QuantDiagnostics* diagnostics = nullptr);
+// The same with the codes written to `codes` (rows x cols bytes, row-major) instead of out.data, which is left empty:
+// for a caller that owns where the codes go (a checkpoint writer's buffer). out has the scales and the description.
+void quantize_codes_into(MatrixRef x, const QuantizeOptions& options, std::span<std::uint8_t> codes, ScaledTensor& out);
+// The scales alone (the amax pass, no encode): out.data empty, the scales quantize would give.
+void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& out);
 // Per-tensor quantization with a scale given rather than computed (delayed scaling's, or one from a checkpoint):
 // codes = the cast of x * scale to `format` under `overflow`, scale_inv = 1 / scale. With `diagnostics`, what was
 // lost, measured exactly as quantize() measures it (amax and non-finite counts included; d.scale = scale).

@@ -119,6 +119,12 @@ class Tensor {
   Device device_;
 };
 
+// Tensor::to's conversion on elements the caller holds: n elements of dtype `from` at `in` into dtype `to` at `out`
+// (CPU memory, each aligned to its element size; a misaligned one is Error(kInvalidArgument)), converted exactly as
+// to() converts them. For writers that own the destination (a checkpoint writer's buffer).
+void convert(const void* in, DType from, void* out, DType to, std::int64_t n,
+             Overflow overflow = Overflow::kNonSaturating);
+
 // ---------------------------------------------------------------- factories
 // A dtype argument left out means default_dtype() (float32 unless set_default_dtype changed it). Storage is
 // allocated on `device`; only the CPU can allocate in this build (a CUDA device throws Error(kUnsupported)).
