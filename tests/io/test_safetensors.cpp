@@ -2,6 +2,9 @@
 // the reference writer's), Tensor conversions both ways, the writer's input checks and the pickle refusal.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -204,6 +207,58 @@ TEST(Safetensors, ToTensorRefusesWhatATensorCannotHold) {
   const Error b = error_of([&] { (void)to_tensor(parse_safetensors(bool_image).tensors.at(0)); });
   EXPECT_EQ(b.kind(), ErrorKind::kParse);
   EXPECT_STREQ(b.what(), "tensor 'm': BOOL element 2 is byte 2, not 0 or 1");
+}
+
+// convert_tensor_into casts a file's tensor in place into a caller's buffer exactly as to_tensor(t).to() does: every
+// pair of float dtypes (FP8 included, both overflow policies), a tensor the file leaves misaligned (through a copy),
+// BOOL (its bytes checked), and a buffer of the wrong size refused.
+TEST(Safetensors, ConvertIntoMatchesToTensorTo) {
+  std::vector<float> values(1000);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = std::ldexp(static_cast<float>(i % 37) - 18.0f, static_cast<int>(i % 41) - 20);
+  values[7] = std::numeric_limits<float>::quiet_NaN();
+  values[8] = -std::numeric_limits<float>::infinity();
+  const Tensor base = tensor(std::vector<double>(values.begin(), values.end()), DType::float64);
+  const DType floats[] = {DType::float64, DType::float32,       DType::bfloat16,
+                          DType::float16, DType::float8_e4m3fn, DType::float8_e5m2};
+  for (DType from : floats) {
+    const Tensor src = base.to(from);
+    const std::vector<SafetensorsEntry> entries = {safetensors_entry("x", src)};
+    const std::vector<std::byte> image = serialize_safetensors(entries);
+    // The same tensor one byte further into a copy of the image: misaligned for every dtype wider than a byte.
+    std::vector<std::byte> shifted(image.size() + 1);
+    std::memcpy(shifted.data() + 1, image.data(), image.size());
+    const SafetensorsView aligned = parse_safetensors(image);
+    const SafetensorsView moved = parse_safetensors(std::span<const std::byte>(shifted).subspan(1));
+    for (DType to : floats) {
+      for (Overflow overflow : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+        SCOPED_TRACE(std::string(name(from)) + " -> " + std::string(name(to)));
+        const Tensor want = src.to(to, overflow);
+        for (const SafetensorsView* v : {&aligned, &moved}) {
+          std::vector<std::byte> out(static_cast<std::size_t>(want.nbytes()) + 8);
+          const auto at = std::span<std::byte>(out).subspan(8, static_cast<std::size_t>(want.nbytes()));
+          convert_tensor_into(v->tensors[0], to, overflow, at);
+          EXPECT_EQ(std::memcmp(at.data(), want.raw(), at.size()), 0);
+        }
+      }
+    }
+  }
+  const std::vector<std::byte> flags = {std::byte{0}, std::byte{1}, std::byte{2}};
+  const std::vector<SafetensorsEntry> bool_entries = {{"m", SafetensorsDType::BOOL, {3}, flags, {}}};
+  const std::vector<std::byte> bools = serialize_safetensors(bool_entries);
+  std::vector<std::byte> out(12);
+  EXPECT_EQ(error_of([&] {
+              convert_tensor_into(parse_safetensors(bools).tensors[0], DType::float32, Overflow::kSaturate, out);
+            }).kind(),
+            ErrorKind::kParse);
+  const std::vector<std::byte> twelve = pattern_bytes(12, 1);
+  const std::vector<SafetensorsEntry> f32_entries = {{"f", SafetensorsDType::F32, {3}, twelve, {}}};
+  const std::vector<std::byte> f32 = serialize_safetensors(f32_entries);
+  std::vector<std::byte> small(5);
+  EXPECT_EQ(error_of([&] {
+              convert_tensor_into(parse_safetensors(f32).tensors[0], DType::bfloat16, Overflow::kSaturate, small);
+            }).kind(),
+            ErrorKind::kInvalidArgument);
 }
 
 TEST(Safetensors, FillIsCalledOnceWhenTheWriterReachesTheTensor) {
