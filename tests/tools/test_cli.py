@@ -9,6 +9,7 @@ import random
 import struct
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checks import run_test_functions  # noqa: E402
@@ -482,6 +483,24 @@ def bench_gemm_small():
 
 
 @test
+def bench_checkpoint_small():
+    # 8 bf16 weights of 4096 x 64 (4 MiB) and their f32 twin, in a folder of this test's own, which is left empty.
+    with tempfile.TemporaryDirectory() as d:
+        rows = run_json("bench", "checkpoint", "--bytes", "4MiB", "--reps", "3", "--dir", d, "--json")
+        assert os.listdir(d) == [], os.listdir(d)
+    assert [r["op"] for r in rows] == ["quantize fp8-block deepseek", "dequantize --to bf16", "convert --to bf16"]
+    for r in rows:
+        assert r["baseline"] == "cp+fsync" and r["reps"] == 3 and r["dir"] == d, r
+        for key in ("seconds", "baseline_seconds", "ratio"):
+            assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r)
+        assert close(r["ratio"], r["baseline_seconds"] / r["seconds"], 1e-9), r
+    assert rows[0]["baseline_bytes"] == rows[1]["baseline_bytes"] < rows[2]["baseline_bytes"], rows
+    check_usage_error(["bench", "checkpoint", "--bytes", "1KiB"], "--bytes")
+    check_usage_error(["bench", "checkpoint", "--dir", "/nonexistent/place"], "--dir")
+    check_usage_error(["bench", "checkpoint", "--reps", "2"], "--reps")
+
+
+@test
 def size_options_share_one_syntax():
     # --bytes (and --max-shard-size, tests/tools/test_checkpoints.py) read B, KB/MB/GB (10^n) and KiB/MiB/GiB or K/M/G.
     for size, rows_of_4096 in (("1MiB", 64), ("1M", 64), ("1048576", 64), ("2MB", 122)):
@@ -602,8 +621,6 @@ def bench_gemm_bad_shapes():
 
 @test
 def train_compare_json_trace_scales_plot():
-    import os
-    import tempfile
     with tempfile.TemporaryDirectory() as d:
         trace, scales, plot = (os.path.join(d, n) for n in ("trace.json", "scales.jsonl", "loss.svg"))
         args = ("train", "--compare", "fp32,fp8-delayed", "--steps", "3", "--json", "--profile", trace,

@@ -1,6 +1,6 @@
-// `fp8kit bench convert|scaling|gemm|peak`: kernels against baselines (memcpy, the read probe, OpenBLAS) measured in
-// the same run (medians of interleaved repetitions). Benchmarks report ratios to a baseline, never a pass/fail on
-// absolute times.
+// `fp8kit bench convert|scaling|gemm|peak|comm|checkpoint`: kernels against baselines (memcpy, the read probe,
+// OpenBLAS) measured in the same run (medians of interleaved repetitions). Benchmarks report ratios to a baseline,
+// never a pass/fail on absolute times.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "bench_checkpoint.hpp"
 #include "bf16_baseline.hpp"
 #include "cli_common.hpp"
 #include "comm_bench.hpp"
@@ -554,6 +555,14 @@ void add_bench_command(CLI::App& app) {
   peak->add_flag("--json", *peak_json, "Print a JSON array instead of the table");
   peak->add_option("--reps", *peak_reps, "Repetitions per instruction (default 5)");
   peak->callback([peak_json, peak_reps] { run_bench_peak(*peak_json, *peak_reps); });
+  auto checkpoint = std::make_shared<CheckpointBenchArgs>();
+  CLI::App* ck = bench->add_subcommand(
+      "checkpoint", "quantize, dequantize and convert of a generated checkpoint against cp + fsync on the same disk");
+  ck->add_flag("--json", checkpoint->json, "Print a JSON array instead of the table");
+  ck->add_option("--bytes", checkpoint->bytes, "Size of the bf16 checkpoint (the f32 one is twice it; default 1GiB)");
+  ck->add_option("--reps", checkpoint->reps, "Repetitions of each command and copy, interleaved (default 5)");
+  ck->add_option("--dir", checkpoint->dir, "Where to write the files (default: the temporary directory, /tmp)");
+  ck->callback([checkpoint] { run_bench_checkpoint(*checkpoint); });
   auto comm_json = std::make_shared<bool>(false);
   auto comm_sizes = std::make_shared<std::string>("1MiB,4MiB,16MiB,64MiB,256MiB");
   auto comm_reps = std::make_shared<int>(5);
