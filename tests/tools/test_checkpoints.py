@@ -246,6 +246,25 @@ def check_model_directory_files(exe, root, rng):
     check("model directory: the input untouched", digest(src) == before)
 
 
+def check_inspect_memory(exe, root):
+    """inspect keeps nothing per tensor for its output (text or --json): its peak grows with the tensor count by what
+    the headers take (about 1 KB a tensor), not by the analysis or the JSON document."""
+    if not os.path.exists("/proc/self/status"):
+        return
+    peaks = {}
+    for n in (2000, 20000):
+        path = os.path.join(root, f"many{n}.safetensors")
+        save_file({f"model.layers.{i}.w": np.full((4, 4), i % 7, dtype=ml_dtypes.bfloat16) for i in range(n)}, path)
+        for mode in ([], ["--json"]):
+            rc, peak = peak_anon_mib([exe, "inspect", path, *mode])
+            check(f"inspect {n} tensors {mode}: exit 0", rc == 0)
+            peaks[(n, tuple(mode))] = peak
+    for mode in ((), ("--json",)):
+        grown = peaks[(20000, mode)] - peaks[(2000, mode)]
+        check(f"inspect {list(mode)}: memory per tensor bounded", grown <= 18000 * 1.5 / 1024,
+              f"{peaks[(2000, mode)]:.1f} MiB for 2,000 tensors, {peaks[(20000, mode)]:.1f} MiB for 20,000")
+
+
 def stderr_on_a_terminal(cmd):
     """Runs cmd with stderr on a pseudo-terminal (stdout a pipe): its exit status and what it wrote to stderr."""
     import pty
@@ -280,6 +299,11 @@ def check_progress(exe, root, src):
         check(f"{cmd[0]} --quiet on a terminal: nothing on stderr", rc == 0 and err == "", repr(err[:200]))
         r = run(exe, *cmd)
         check(f"{cmd[0]} on a pipe: nothing on stderr", r.returncode == 0 and r.stderr == "", r.stderr[:200])
+    rc, err = stderr_on_a_terminal([exe, "inspect", src])
+    check("inspect on a terminal: a progress line over the tensors it analyzes",
+          rc == 0 and "inspect [1/" in err and "MB/s" in err, repr(err[:300]))
+    rc, err = stderr_on_a_terminal([exe, "inspect", src, "--quiet"])
+    check("inspect --quiet on a terminal: nothing on stderr", rc == 0 and err == "", repr(err[:200]))
     rc, err = stderr_on_a_terminal([exe, "train", "--recipe", "fp32", "--steps", "3"])
     check("train on a terminal: the progress bar", rc == 0 and "fp32" in err and "3/3" in err, repr(err[:300]))
     rc, err = stderr_on_a_terminal([exe, "train", "--recipe", "fp32", "--steps", "3", "--quiet"])
@@ -566,6 +590,7 @@ def main():
                   f"rc={r.returncode} {r.stderr!r}")
         check_json_reports(exe, root, src, single)
         check_bounded_memory(exe, root)
+        check_inspect_memory(exe, root)
         check_foreign_files(exe, root, rng)
         check_model_directory_files(exe, root, rng)
         check_progress(exe, root, src)

@@ -87,26 +87,32 @@ void run_inspect(const InspectArgs& args) {
       if (w.input_scale) role[*w.input_scale] = "input scale of " + w.weight;
     }
   }
-  // High-precision tensors that are not scales: what analyze would say (skipped with --no-analysis).
-  std::map<std::string, Fp8Analysis> analysis;
-  if (!args.no_analysis) {
-    for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
-      if (role.count(t->name)) continue;
-      if (auto a = analyze_tensor(*t)) analysis[t->name] = *a;
-    }
-  }
+  // High-precision tensors that are not scales: what analyze would say (skipped with --no-analysis), computed as
+  // each tensor is printed, so that memory stays at what the headers take however many tensors there are (nothing
+  // per tensor is kept for the output, --json included), with a progress line over the tensors it reads.
+  const bool analyze = !args.no_analysis;
+  Progress progress("inspect");
   std::uint64_t total = 0;
-  for (const SafetensorsTensor* t : in.checkpoint.tensors()) total += t->bytes.size();
+  for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
+    total += t->bytes.size();
+    if (analyze && !role.count(t->name)) progress.expect(t->bytes.size());
+  }
+  const auto analysis_of = [&](const SafetensorsTensor& t) -> std::optional<Fp8Analysis> {
+    if (!analyze || role.count(t.name)) return std::nullopt;
+    progress.step(t.name, t.bytes.size());
+    return analyze_tensor(t);
+  };
   const std::string layout = detection.layout ? std::string(name(*detection.layout)) : "none";
 
   if (args.json) {
-    nlohmann::ordered_json out;
-    out["path"] = args.file;
-    out["shards"] = in.checkpoint.shards().size();
-    out["layout"] = detection.layout ? nlohmann::ordered_json(layout) : nlohmann::ordered_json(nullptr);
-    out["evidence"] = detection.evidence;
-    out["total_bytes"] = total;
-    out["tensors"] = nlohmann::ordered_json::array();
+    // One object, written as it is made: the tensors one per line.
+    const auto str = [](const nlohmann::ordered_json& j) { return j.dump(); };
+    fmt::print(
+        "{{\n  \"path\": {},\n  \"shards\": {},\n  \"layout\": {},\n  \"evidence\": {},\n  "
+        "\"total_bytes\": {},\n  \"tensors\": [",
+        str(args.file), in.checkpoint.shards().size(), detection.layout ? str(layout) : std::string("null"),
+        str(detection.evidence), total);
+    bool first = true;
     for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
       nlohmann::ordered_json e = {{"name", t->name},
                                   {"dtype", std::string(name(t->dtype))},
@@ -116,23 +122,26 @@ void run_inspect(const InspectArgs& args) {
                                                 ? in.checkpoint.weight_map().at(t->name)
                                                 : in.checkpoint.shards().front().path().filename().string()}};
       e["role"] = role.count(t->name) ? nlohmann::ordered_json(role.at(t->name)) : nlohmann::ordered_json(nullptr);
-      if (analysis.count(t->name)) {
-        const Fp8Analysis& a = analysis.at(t->name);
+      if (const std::optional<Fp8Analysis> a = analysis_of(*t)) {
         e["e4m3fn_holds_at"] =
-            a.best ? nlohmann::ordered_json(a.best->granularity.name()) : nlohmann::ordered_json(nullptr);
-        e["e4m3fn_sqnr_db"] = a.best ? a.best->d.sqnr_db.value_or(0.0) : a.best_sqnr_db;
+            a->best ? nlohmann::ordered_json(a->best->granularity.name()) : nlohmann::ordered_json(nullptr);
+        e["e4m3fn_sqnr_db"] = a->best ? a->best->d.sqnr_db.value_or(0.0) : a->best_sqnr_db;
       }
-      out["tensors"].push_back(e);
+      fmt::print("{}\n    {}", first ? "" : ",", str(e));
+      first = false;
     }
-    out["quantized"] = nlohmann::ordered_json::array();
+    fmt::print("{}],\n  \"quantized\": [", first ? "" : "\n  ");
+    first = true;
     for (const QuantizedWeight& w : weights) {
-      out["quantized"].push_back(
-          {{"weight", w.weight},
-           {"scale", w.scale},
-           {"input_scale", w.input_scale ? nlohmann::ordered_json(*w.input_scale) : nlohmann::ordered_json(nullptr)},
-           {"granularity", granularity.at(w.weight)}});
+      const nlohmann::ordered_json q = {
+          {"weight", w.weight},
+          {"scale", w.scale},
+          {"input_scale", w.input_scale ? nlohmann::ordered_json(*w.input_scale) : nlohmann::ordered_json(nullptr)},
+          {"granularity", granularity.at(w.weight)}};
+      fmt::print("{}\n    {}", first ? "" : ",", str(q));
+      first = false;
     }
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}]\n}}\n", first ? "" : "\n  ");
     return;
   }
   fmt::print("{}: {} tensors in {} shard{}, {} bytes\n", args.file, in.checkpoint.size(), in.checkpoint.shards().size(),
@@ -144,9 +153,9 @@ void run_inspect(const InspectArgs& args) {
   width = std::min<std::size_t>(width, 72);
   fmt::print("{:<{}} {:<11} {:<18} {:>12}  {}\n", "name", width, "dtype", "shape", "bytes", "role");
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
-    fmt::print(
-        "{:<{}} {:<11} {:<18} {:>12}  {}\n", t->name, width, name(t->dtype), shape_string(t->shape), t->bytes.size(),
-        role.count(t->name) ? role.at(t->name) : (analysis.count(t->name) ? analysis_text(analysis.at(t->name)) : ""));
+    const std::optional<Fp8Analysis> a = analysis_of(*t);
+    fmt::print("{:<{}} {:<11} {:<18} {:>12}  {}\n", t->name, width, name(t->dtype), shape_string(t->shape),
+               t->bytes.size(), role.count(t->name) ? role.at(t->name) : (a ? analysis_text(*a) : ""));
   }
 }
 
@@ -161,6 +170,7 @@ void add_inspect_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "Print a JSON object instead of the table");
   cmd->add_flag("--no-analysis", args->no_analysis,
                 "Skip the e4m3fn analysis of high-precision tensors (it reads and quantizes each one)");
+  add_quiet_flag(cmd);
   cmd->callback([args] { run_inspect(*args); });
 }
 
