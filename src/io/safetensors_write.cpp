@@ -233,6 +233,7 @@ void emit(const Layout& layout, Sink& sink) {
       sink.write(bytes, -1);
       return;
     }
+    if (bytes.empty()) return;  // (an empty tensor's span may have no address)
     std::byte* at = buffers[slot].reserve(kChunk);
     std::memcpy(at + staged, bytes.data(), bytes.size());
     staged += bytes.size();

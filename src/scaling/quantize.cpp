@@ -582,8 +582,8 @@ void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& 
     describe(chunk, options, part);
     quantize_float(chunk, options, part, codes == nullptr ? nullptr : codes + r0 * x.cols, nullptr);
     const auto b0 = static_cast<std::size_t>((r0 / br) * grid_cols);
-    std::copy(part.scale_inv.begin(), part.scale_inv.end(), q.scale_inv.begin() + b0);
-    std::copy(part.scale_e8m0.begin(), part.scale_e8m0.end(), q.scale_e8m0.begin() + b0);
+    std::copy(part.scale_inv.begin(), part.scale_inv.end(), q.scale_inv.data() + b0);
+    if (!part.scale_e8m0.empty()) std::copy(part.scale_e8m0.begin(), part.scale_e8m0.end(), q.scale_e8m0.data() + b0);
   }
 }
 
