@@ -65,20 +65,6 @@ std::vector<Format> parse_format_list(std::string_view text) {
   return formats;
 }
 
-std::string code_bits(Format format, std::uint8_t code, char separator) {
-  const FormatDescriptor& d = descriptor(format);
-  std::string out;
-  const auto append_field = [&](int value, int width) {
-    if (width == 0) return;
-    if (!out.empty()) out += separator;
-    for (int bit = width - 1; bit >= 0; --bit) out += ((value >> bit) & 1) ? '1' : '0';
-  };
-  append_field(d.has_sign ? code >> 7 : 0, d.has_sign ? 1 : 0);
-  append_field((code >> d.mantissa_bits) & ((1 << d.exponent_bits) - 1), d.exponent_bits);
-  append_field(code & ((1 << d.mantissa_bits) - 1), d.mantissa_bits);
-  return out;
-}
-
 std::string format_exact(double value, std::size_t max_chars) {
   if (std::isnan(value)) return "nan";
   if (std::isinf(value)) return value < 0 ? "-inf" : "inf";

@@ -54,10 +54,6 @@ std::vector<Format> parse_format_list(std::string_view text);
 // The known format names, comma-separated (for help texts and errors).
 std::string known_format_names();
 
-// An FP8 code as its bit fields, sign exponent mantissa, joined by `separator`: "0 1111 110" for e4m3fn 448.
-// A format without a sign or mantissa field shows only the fields it has (e8m0fnu: "01111111").
-std::string code_bits(Format format, std::uint8_t code, char separator = ' ');
-
 // A double printed exactly ("448", "0.001953125", "-0", "inf", "nan") when its exact decimal form takes at
 // most `max_chars` characters; otherwise "2^127 (1.70141e+38)" for a power of two, "~1.23457e+38" for
 // anything else.

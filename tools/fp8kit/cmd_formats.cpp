@@ -26,40 +26,6 @@ std::vector<int> codes_where(Predicate predicate) {
   return codes;
 }
 
-// `width` copies of `bit`.
-std::string repeat(char bit, int width) {
-  return std::string(static_cast<std::size_t>(width), bit);
-}
-
-// "S.11111.00" for e5m2, "none" where the format has no Inf.
-std::string inf_encoding(const FormatDescriptor& d) {
-  if (!d.has_inf) return "none";
-  return "S." + repeat('1', d.exponent_bits) + "." + repeat('0', d.mantissa_bits);
-}
-
-// "S.1111.111", "S.11111.{01,10,11}", "1.0000.000 (0x80) only", "11111111 (0xFF)".
-std::string nan_encoding(const FormatDescriptor& d) {
-  switch (d.nan) {
-    case NanEncoding::kIeee: {
-      std::string mantissas;
-      for (int m = 1; m < (1 << d.mantissa_bits); ++m) {
-        std::string bits;
-        for (int bit = d.mantissa_bits - 1; bit >= 0; --bit) bits += ((m >> bit) & 1) ? '1' : '0';
-        mantissas += (mantissas.empty() ? "" : ",") + bits;
-      }
-      return "S." + repeat('1', d.exponent_bits) + ".{" + mantissas + "}";
-    }
-    case NanEncoding::kAllOnes:
-      return "S." + repeat('1', d.exponent_bits) + "." + repeat('1', d.mantissa_bits);
-    case NanEncoding::kNegativeZero:
-      return "1." + repeat('0', d.exponent_bits) + "." + repeat('0', d.mantissa_bits) +
-             fmt::format(" (0x{:02X}) only", d.nan_code(false));
-    case NanEncoding::kUnsignedMax:
-      return code_bits(d.format, d.nan_code(false), '.') + fmt::format(" (0x{:02X})", d.nan_code(false));
-  }
-  return "?";
-}
-
 // The exponent of a power of two: "2^-9".
 std::string power_of_two(double value) {
   int exponent = 0;
@@ -85,9 +51,9 @@ nlohmann::ordered_json format_json(const FormatDescriptor& d) {
   out["has_zero"] = d.has_zero();
   out["has_negative_zero"] = d.has_negative_zero();
   out["has_inf"] = d.has_inf;
-  out["inf_encoding"] = d.has_inf ? nlohmann::ordered_json(inf_encoding(d)) : nlohmann::ordered_json(nullptr);
+  out["inf_encoding"] = d.has_inf ? nlohmann::ordered_json(inf_encoding(f)) : nlohmann::ordered_json(nullptr);
   out["inf_codes"] = codes_where([&](std::uint8_t c) { return d.is_inf(c); });
-  out["nan_encoding"] = nan_encoding(d);
+  out["nan_encoding"] = nan_encoding(f);
   out["nan_codes"] = codes_where([&](std::uint8_t c) { return d.is_nan(c); });
   return out;
 }
@@ -120,8 +86,8 @@ std::vector<Row> table_rows() {
         min_sub ? power_of_two(*min_sub) : "none",
         min_sub ? format_exact(*min_sub) : "",
         power_of_two(epsilon(f)) + " = " + format_exact(epsilon(f)),
-        inf_encoding(d),
-        nan_encoding(d),
+        inf_encoding(f),
+        nan_encoding(f),
         d.has_negative_zero() ? fmt::format("yes (0x{:02x})", d.sign_mask()) : "no",
     };
     for (std::size_t i = 0; i < rows.size(); ++i) rows[i].cells.push_back(cells[i]);

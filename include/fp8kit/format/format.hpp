@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace fp8kit {
@@ -162,5 +163,12 @@ constexpr std::string_view name(Format f) {
 
 // Accepts fp8kit's names ("e4m3fn") and PyTorch/ml_dtypes names ("float8_e4m3fn"), case-sensitive.
 std::optional<Format> parse_format(std::string_view text);
+
+// A code's bits as sign, exponent and mantissa fields joined by `separator` ("0 1000 110"; e8m0fnu: "01111111").
+std::string code_bits(Format format, std::uint8_t code, char separator = ' ');
+// How the format encodes Inf and NaN, as `fp8kit formats` prints them: "S.11111.00" (S: either sign), "none";
+// "S.1111.111", "S.11111.{01,10,11}", "1.0000.000 (0x80) only", "11111111 (0xFF)".
+std::string inf_encoding(Format format);
+std::string nan_encoding(Format format);
 
 }  // namespace fp8kit
