@@ -13,7 +13,10 @@ FP8KIT_DEBIAN_PACKAGES=(
   python3
   clang-14 libclang-rt-14-dev libomp-14-dev llvm-14  # the sanitizer build and the fuzzers (scripts/sanitize.sh)
 )
-FP8KIT_PYTHON_PACKAGES=(numpy ml_dtypes safetensors)
+# PyPI packages as module:package: numpy, ml_dtypes and safetensors for the tests that compare with them; nanobind
+# and scikit-build-core build the Python package (python/), pytest runs its tests.
+FP8KIT_PYTHON_PACKAGES=(numpy:numpy ml_dtypes:ml_dtypes safetensors:safetensors nanobind:nanobind
+  scikit_build_core:scikit-build-core pytest:pytest)
 
 fp8kit_install_deps() {
   local missing=()
@@ -29,7 +32,7 @@ fp8kit_install_deps() {
   fi
   local py_missing=()
   for p in "${FP8KIT_PYTHON_PACKAGES[@]}"; do
-    python3 -c "import ${p}" 2>/dev/null || py_missing+=("$p")
+    python3 -c "import ${p%%:*}" 2>/dev/null || py_missing+=("${p##*:}")
   done
   if [ ${#py_missing[@]} -gt 0 ]; then
     echo "fp8kit: installing Python packages: ${py_missing[*]}" >&2
@@ -48,4 +51,11 @@ fp8kit_build() {
   local build_dir="$1"
   cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DFP8KIT_BUILD_TESTS=ON >/dev/null
   cmake --build "$build_dir" -j "$(nproc)"
+}
+
+# Installs the fp8kit Python package from this checkout (pip install .: scikit-build-core builds the library and the
+# extension in build-python/, kept between runs so that a second install only recompiles what changed).
+fp8kit_install_python_package() {
+  python3 -m pip install -q --no-build-isolation . 2>/dev/null ||
+    python3 -m pip install -q --no-build-isolation --break-system-packages .
 }

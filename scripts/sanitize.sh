@@ -18,7 +18,7 @@ esac
 source scripts/deps.sh
 fp8kit_install_deps
 cmake -S . -B build-asan -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DFP8KIT_SANITIZE=address,undefined -DFP8KIT_BUILD_FUZZERS=ON -DFP8KIT_BUILD_TOOLS=OFF -DFP8KIT_MPI=OFF \
+  -DFP8KIT_SANITIZE=address,undefined -DFP8KIT_BUILD_FUZZERS=ON -DFP8KIT_BUILD_TOOLS=OFF -DFP8KIT_MPI=OFF -DFP8KIT_PYTHON=OFF \
   -DFP8KIT_BUILD_TESTS=ON >/dev/null
 cmake --build build-asan -j "$(nproc)"
 [ $build_only -eq 1 ] && exit 0

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The README's first command: installs what is missing, builds fp8kit in Release, and runs the main job on its
-# embedded default: the article's FP32 vs BF16 vs FP8 comparison on a small GPT (fp8kit train, 400 steps per
+# The README's first command: installs what is missing, builds fp8kit in Release, installs the Python package
+# (`import fp8kit`), and runs the main job on its embedded default: the article's FP32 vs BF16 vs FP8 comparison on a small GPT (fp8kit train, 400 steps per
 # recipe: about 90 s on a quiet 2-core machine), after the FP8 format table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 fp8kit_install_deps
 fp8kit_build build
+fp8kit_install_python_package
 echo
 ./build/tools/fp8kit/fp8kit formats
 echo

@@ -1,0 +1,131 @@
+"""How fp8kit sees the arrays it is given: NumPy (FP8 and bfloat16 as ml_dtypes dtypes), PyTorch tensors, and
+anything else with __dlpack__ or that NumPy turns into an array. Every array is handed to the C++ library as a
+contiguous view of its bits (uint8 codes, uint16 for bfloat16 and float16, float32, float64) without a copy when
+it is contiguous; outputs are allocated here in the input's kind. No numerics here: only views and allocation."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import ml_dtypes
+import numpy as np
+
+# The dtypes fp8kit knows, by their canonical (PyTorch) names: NumPy dtype, bits dtype, torch name.
+_FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+_NUMPY = {
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    **{name: np.dtype(getattr(ml_dtypes, name)) for name in _FP8},
+}
+_BITS = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64), "float16": np.dtype(np.uint16),
+         "bfloat16": np.dtype(np.uint16), **{name: np.dtype(np.uint8) for name in _FP8}}
+# fp8kit's short names of the FP8 formats and the wide types.
+_ALIASES = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz",
+            "e5m2fnuz": "float8_e5m2fnuz", "e8m0fnu": "float8_e8m0fnu", "f32": "float32", "f64": "float64",
+            "f16": "float16", "bf16": "bfloat16", "float": "float32", "half": "float16", "double": "float64"}
+WIDE = ("float32", "float64", "float16", "bfloat16")
+FP8 = _FP8
+_KNOWN = ", ".join(["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu", "float32", "bfloat16", "float16", "float64"])
+
+
+def resolve_dtype(dtype: Any) -> str:
+    """The canonical name of a dtype given as a name ("e4m3fn", "float8_e4m3fn", "bfloat16"), a NumPy / ml_dtypes
+    dtype or scalar type, or a torch dtype. ValueError for a name fp8kit does not know, TypeError for other
+    objects."""
+    if isinstance(dtype, str):
+        name = dtype[6:] if dtype.startswith("torch.") else dtype
+        name = _ALIASES.get(name, name)
+        if name in _NUMPY:
+            return name
+        raise ValueError(f"unknown dtype {dtype!r} (use {_KNOWN})")
+    if type(dtype).__module__.startswith("torch"):  # torch.dtype, without importing torch
+        return resolve_dtype(str(dtype))
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a name, a NumPy/ml_dtypes dtype or a torch dtype, not {dtype!r}") from None
+    for name, known in _NUMPY.items():
+        if np_dtype == known:
+            return name
+    raise ValueError(f"fp8kit does not cast {np_dtype} (use {_KNOWN})")
+
+
+def bits_dtype(name: str) -> np.dtype:
+    return _BITS[name]
+
+
+@dataclass
+class Source:
+    bits: np.ndarray  # contiguous, the bits dtype of `dtype_name`; shares memory with the input when it could
+    dtype_name: str
+    shape: tuple
+
+    @property
+    def size(self) -> int:
+        return self.bits.size
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
+
+
+def kind_of(x: Any) -> str:
+    """"torch" for a torch.Tensor, "numpy" for everything else (the output is then a NumPy array)."""
+    return "torch" if _is_torch(x) else "numpy"
+
+
+def _torch_bits_view(t: Any, name: str) -> np.ndarray:
+    """A CPU, contiguous torch tensor's bits as a NumPy array sharing its memory."""
+    import torch
+    if name in _FP8:
+        return t.view(torch.uint8).numpy()
+    if name in ("bfloat16", "float16"):
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def as_bits(x: Any, kind: str) -> Source:
+    """x as a contiguous bits view (copied once when it is not contiguous)."""
+    if kind == "torch":
+        if x.device.type != "cpu":
+            raise ValueError(f"the tensor is on {x.device}: fp8kit's CUDA backend does not exist yet; move it "
+                             f"with .cpu()")
+        name = resolve_dtype(x.dtype)
+        t = x.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        return Source(_torch_bits_view(t, name), name, tuple(t.shape))
+    if not isinstance(x, np.ndarray):
+        if hasattr(x, "__dlpack__"):
+            x = np.from_dlpack(x)
+        else:
+            x = np.asarray(x, dtype=np.float32)
+    name = resolve_dtype(x.dtype)
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+    return Source(x.view(_BITS[name]), name, x.shape)
+
+
+def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]) -> tuple[Any, np.ndarray]:
+    """The result array (x's kind, `shape`, dtype `name`), or `out` checked, and a bits view of it."""
+    if out is not None:
+        if kind_of(out) != kind:
+            raise TypeError(f"out must be a {'torch.Tensor' if kind == 'torch' else 'NumPy array'} like the input")
+        out_name = resolve_dtype(out.dtype)
+        if out_name != name or tuple(out.shape) != tuple(shape):
+            raise ValueError(f"out is {out_name} {tuple(out.shape)}; the result is {name} {tuple(shape)}")
+        if kind == "torch":
+            if out.device.type != "cpu" or not out.is_contiguous():
+                raise ValueError("out must be a contiguous CPU tensor")
+            return out, _torch_bits_view(out, name)
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out must be a contiguous, writeable array")
+        return out, out.view(_BITS[name])
+    if kind == "torch":
+        import torch
+        result = torch.empty(shape, dtype=getattr(torch, name))
+        return result, _torch_bits_view(result, name)
+    result = np.empty(shape, dtype=_NUMPY[name])
+    return result, result.view(_BITS[name])

@@ -1,0 +1,196 @@
+// fp8kit._fp8kit: the C++ library's entries on raw arrays, for the package's Python layer (python/fp8kit), which
+// resolves dtypes, views NumPy/ml_dtypes/PyTorch arrays as their bits and allocates outputs. Bindings only: every
+// number comes from the library. The GIL is released around every kernel; fp8kit::Error becomes ValueError (bad
+// input) or OSError (files), with fp8kit's one-line message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/common/version.hpp"
+#include "fp8kit/convert/convert.hpp"
+#include "fp8kit/format/format.hpp"
+#include "fp8kit/tensor/tensor.hpp"
+
+namespace nb = nanobind;
+
+namespace fp8kit::python {
+namespace {
+
+// A contiguous CPU array of any dtype: the Python layer hands over bit views (uint8 codes, uint16 for bfloat16 and
+// float16, float32).
+using Array = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+Format format_named(const std::string& text) {
+  if (const std::optional<Format> f = parse_format(text)) return *f;
+  throw nb::value_error(("unknown FP8 format '" + text + "' (use e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu)").c_str());
+}
+
+// The number of elements of `a`, checked to be of `bits`-wide elements.
+std::size_t elements(const Array& a, int bits, const char* what) {
+  if (a.dtype().bits != bits) {
+    throw nb::type_error((std::string(what) + " must have " + std::to_string(bits) + "-bit elements, got " +
+                          std::to_string(a.dtype().bits))
+                             .c_str());
+  }
+  return a.size();
+}
+
+// Runs `work` with the GIL released and, when `threads` is given, that many OpenMP threads for this call.
+template <typename Work>
+void run(std::optional<int> threads, const Work& work) {
+  if (threads && *threads < 1)
+    throw nb::value_error(("threads must be at least 1, got " + std::to_string(*threads)).c_str());
+  nb::gil_scoped_release release;
+  const int before = num_threads();
+  if (threads) set_num_threads(*threads);
+  try {
+    work();
+  } catch (...) {
+    if (threads) set_num_threads(before);
+    throw;
+  }
+  if (threads) set_num_threads(before);
+}
+
+nb::list formats() {
+  nb::list out;
+  for (Format f : kAllFormats) {
+    const FormatDescriptor& d = descriptor(f);
+    nb::dict e;
+    e["name"] = std::string(d.name);
+    e["torch_name"] = std::string(d.torch_name);
+    e["sign_bits"] = d.has_sign ? 1 : 0;
+    e["exponent_bits"] = d.exponent_bits;
+    e["mantissa_bits"] = d.mantissa_bits;
+    e["bias"] = d.bias;
+    e["max"] = max_finite(f);
+    e["max_code"] = static_cast<int>(d.max_code());
+    e["min_normal"] = min_normal(f);
+    const std::optional<double> min_sub = min_subnormal(f);
+    e["min_subnormal"] = min_sub ? nb::cast(*min_sub) : nb::none();
+    e["epsilon"] = epsilon(f);
+    e["has_zero"] = d.has_zero();
+    e["has_negative_zero"] = d.has_negative_zero();
+    e["has_inf"] = d.has_inf;
+    e["inf_encoding"] = d.has_inf ? nb::cast(inf_encoding(f)) : nb::none();
+    nb::list inf_codes, nan_codes;
+    for (int c = 0; c < 256; ++c) {
+      if (d.is_inf(static_cast<std::uint8_t>(c))) inf_codes.append(c);
+      if (d.is_nan(static_cast<std::uint8_t>(c))) nan_codes.append(c);
+    }
+    e["inf_codes"] = inf_codes;
+    e["nan_encoding"] = nan_encoding(f);
+    e["nan_codes"] = nan_codes;
+    out.append(e);
+  }
+  return out;
+}
+
+// in: float32, or bfloat16/float16 bits (`kind`); out: uint8 codes of the same length.
+void cast_to_fp8(Array in, const std::string& kind, Array out, const std::string& format, bool saturate, float scale,
+                 bool stochastic, std::uint64_t seed, std::optional<int> threads) {
+  const std::size_t n = elements(in, kind == "float32" ? 32 : 16, "the input");
+  if (elements(out, 8, "the output") != n) throw nb::value_error("the output must have as many elements as the input");
+  const CastOptions options{format_named(format),
+                            saturate ? Overflow::kSaturate : Overflow::kNonSaturating,
+                            stochastic ? Rounding::kStochastic : Rounding::kNearestEven,
+                            scale,
+                            seed,
+                            0};
+  auto* codes = static_cast<std::uint8_t*>(out.data());
+  run(threads, [&] {
+    if (kind == "float32") {
+      fp8kit::cast_to_fp8(std::span<const float>(static_cast<const float*>(in.data()), n),
+                          std::span<std::uint8_t>(codes, n), options);
+    } else if (kind == "bfloat16") {
+      fp8kit::cast_to_fp8(std::span<const bfloat16>(static_cast<const bfloat16*>(in.data()), n),
+                          std::span<std::uint8_t>(codes, n), options);
+    } else {
+      fp8kit::cast_to_fp8(std::span<const float16>(static_cast<const float16*>(in.data()), n),
+                          std::span<std::uint8_t>(codes, n), options);
+    }
+  });
+}
+
+// in: uint8 codes; out: float32, or bfloat16/float16 bits (`kind`) of the same length.
+void cast_from_fp8(Array in, const std::string& format, Array out, const std::string& kind, float scale_inv,
+                   std::optional<int> threads) {
+  const std::size_t n = elements(in, 8, "the input");
+  if (elements(out, kind == "float32" ? 32 : 16, "the output") != n)
+    throw nb::value_error("the output must have as many elements as the input");
+  const Format f = format_named(format);
+  const auto* codes = static_cast<const std::uint8_t*>(in.data());
+  run(threads, [&] {
+    if (kind == "float32") {
+      fp8kit::cast_from_fp8(std::span<const std::uint8_t>(codes, n), f,
+                            std::span<float>(static_cast<float*>(out.data()), n), scale_inv);
+    } else if (kind == "bfloat16") {
+      fp8kit::cast_from_fp8(std::span<const std::uint8_t>(codes, n), f,
+                            std::span<bfloat16>(static_cast<bfloat16*>(out.data()), n), scale_inv);
+    } else {
+      fp8kit::cast_from_fp8(std::span<const std::uint8_t>(codes, n), f,
+                            std::span<float16>(static_cast<float16*>(out.data()), n), scale_inv);
+    }
+  });
+}
+
+DType dtype_named(const std::string& text) {
+  const std::optional<DType> d = parse_dtype(text);
+  if (!d || !is_floating(*d)) throw nb::value_error(("unknown floating dtype '" + text + "'").c_str());
+  return *d;
+}
+
+// Tensor::to's conversion between any two floating dtypes (FP8 included), element by element, each rounded once.
+void convert_elements(Array in, const std::string& from, Array out, const std::string& to, bool saturate,
+                      std::optional<int> threads) {
+  const DType f = dtype_named(from), t = dtype_named(to);
+  const std::size_t n = elements(in, 8 * static_cast<int>(element_size(f)), "the input");
+  if (elements(out, 8 * static_cast<int>(element_size(t)), "the output") != n)
+    throw nb::value_error("the output must have as many elements as the input");
+  run(threads, [&] {
+    convert(in.data(), f, out.data(), t, static_cast<std::int64_t>(n),
+            saturate ? Overflow::kSaturate : Overflow::kNonSaturating);
+  });
+}
+
+}  // namespace
+}  // namespace fp8kit::python
+
+NB_MODULE(_fp8kit, m) {
+  using namespace fp8kit::python;
+  m.doc() = "fp8kit's C++ library on raw arrays (use the fp8kit package, not this module)";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const fp8kit::Error& e) {
+      if (e.kind() == fp8kit::ErrorKind::kIo) {
+        PyErr_SetString(PyExc_OSError, e.what());
+      } else {
+        PyErr_SetString(PyExc_ValueError, e.what());
+      }
+    }
+  });
+  m.attr("__version__") = fp8kit::kVersion;
+  m.def("formats", &formats, "Every FP8 format fp8kit knows, as `fp8kit formats --json` lists them.");
+  m.def("cast_to_fp8", &cast_to_fp8, nb::arg("input"), nb::arg("kind"), nb::arg("out"), nb::arg("format"),
+        nb::arg("saturate"), nb::arg("scale"), nb::arg("stochastic"), nb::arg("seed"), nb::arg("threads").none(),
+        "out = encode(input * scale): float32, bfloat16 or float16 bits (`kind`) to FP8 codes.");
+  m.def("cast_from_fp8", &cast_from_fp8, nb::arg("input"), nb::arg("format"), nb::arg("out"), nb::arg("kind"),
+        nb::arg("scale_inv"), nb::arg("threads").none(),
+        "out = decode(input) * scale_inv: FP8 codes to float32, bfloat16 or float16 bits (`kind`).");
+  m.def("convert", &convert_elements, nb::arg("input"), nb::arg("from_dtype"), nb::arg("out"), nb::arg("to_dtype"),
+        nb::arg("saturate"), nb::arg("threads").none(),
+        "Tensor::to's conversion between two floating dtypes (names as PyTorch's), on raw elements.");
+  m.def(
+      "conversion_kernel", [] { return std::string(fp8kit::conversion_kernel()); },
+      "The conversion kernels in force (e.g. avx512-vbmi).");
+}

@@ -1,0 +1,205 @@
+"""fp8kit.cast and fp8kit.formats from Python: bit-exact against ml_dtypes (non-saturating) on every bfloat16 and
+float16 input and on float32 samples, the saturating policy, scales, stochastic rounding, every dtype spelling,
+the output following the input (NumPy, lists, __dlpack__ producers; torch when it is installed), out=, strided
+inputs, and every error path."""
+import json
+import os
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8kit
+
+FP8 = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"]
+SHORT = {"float8_e4m3fn": "e4m3fn", "float8_e5m2": "e5m2", "float8_e4m3fnuz": "e4m3fnuz",
+         "float8_e5m2fnuz": "e5m2fnuz", "float8_e8m0fnu": "e8m0fnu"}
+
+
+def ml(name):
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def same_values(a, b):
+    """Equal bits, or both NaN (NaN codes may differ in sign: e4m3fn 0x7F and 0xFF)."""
+    a32 = np.asarray(a).astype(np.float32)
+    b32 = np.asarray(b).astype(np.float32)
+    return bool(np.all((a32.view(np.uint32) == b32.view(np.uint32)) | (np.isnan(a32) & np.isnan(b32))))
+
+
+def test_formats_are_the_cli_table():
+    rows = fp8kit.formats()
+    assert [r["name"] for r in rows] == ["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu"]
+    e4 = rows[0]
+    assert (e4["max"], e4["max_code"], e4["min_subnormal"], e4["nan_codes"]) == (448.0, 126, 2.0 ** -9, [127, 255])
+    assert rows[1]["inf_codes"] == [124, 252] and rows[1]["inf_encoding"] == "S.11111.00"
+    assert rows[4]["min_subnormal"] is None and rows[4]["has_zero"] is False
+    cli = os.environ.get("FP8KIT_CLI")
+    if cli:
+        assert rows == json.loads(subprocess.run([cli, "formats", "--json"], check=True, capture_output=True,
+                                                 text=True).stdout)
+
+
+@pytest.mark.parametrize("src", ["bfloat16", "float16"])
+@pytest.mark.parametrize("fmt", FP8)
+def test_every_16_bit_input_matches_ml_dtypes(src, fmt):
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(
+        np.dtype(ml_dtypes.bfloat16) if src == "bfloat16" else np.float16)
+    got = fp8kit.cast(x, fmt)
+    assert got.dtype == ml(fmt) and got.shape == x.shape
+    assert np.array_equal(got.view(np.uint8), x.astype(ml(fmt)).view(np.uint8))
+
+
+@pytest.mark.parametrize("fmt", FP8)
+def test_float32_samples_match_ml_dtypes(fmt):
+    rng = np.random.default_rng(1)
+    bits = rng.integers(0, 2 ** 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 448, 449, 464, 465, 57344, 61440, 2.0 ** -9,
+                         2.0 ** -10, 3 * 2.0 ** -11, 1e-45, 3.4e38], np.float32)
+    x = np.concatenate([bits.view(np.float32), specials, -specials])
+    got = fp8kit.cast(x, fmt)
+    want = x.astype(ml(fmt))
+    assert same_values(got, want) and np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("to", ["float32", "bfloat16", "float16"])
+def test_every_code_decodes_as_ml_dtypes(fmt, to):
+    codes = np.arange(256, dtype=np.uint8).view(ml(fmt))
+    got = fp8kit.cast(codes, to)
+    with np.errstate(over="ignore"):  # e8m0fnu's large powers of two are Inf in float16
+        want = codes.astype(np.float32).astype(np.dtype(ml_dtypes.bfloat16) if to == "bfloat16" else to)
+    assert got.dtype == want.dtype and same_values(got, want)
+
+
+def test_the_two_overflow_policies():
+    x = np.array([448, 449, 464, 465, 1e6, -1e6, np.inf, -np.inf, np.nan], np.float32)
+    assert same_values(fp8kit.cast(x, "e4m3fn"), [448, 448, 448, np.nan, np.nan, np.nan, np.nan, np.nan, np.nan])
+    assert same_values(fp8kit.cast(x, "e4m3fn", saturate=True), [448, 448, 448, 448, 448, -448, 448, -448, np.nan])
+    assert same_values(fp8kit.cast(x, "e5m2")[4:8], [np.inf, -np.inf, np.inf, -np.inf])
+    assert same_values(fp8kit.cast(x, "e5m2", saturate=True)[4:8], [57344, -57344, 57344, -57344])
+    assert fp8kit.cast(np.float32([-0.0]), "e4m3fnuz").view(np.uint8)[0] == 0  # fnuz has no -0
+
+
+def test_scales_both_ways():
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 3, 4096).astype(np.float32)
+    s = np.float32(37.5)
+    q = fp8kit.cast(x, "e4m3fn", scale=float(s), saturate=True)
+    want = np.clip(x * s, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(q.view(np.uint8), want.view(np.uint8))
+    back = fp8kit.cast(q, "float32", scale=float(1 / s))
+    assert np.array_equal(back, q.astype(np.float32) * np.float32(1 / s))
+
+
+def test_stochastic_rounding_is_seeded_unbiased_and_thread_independent():
+    x = np.full(1 << 16, 1.0 + 1.0 / 32, np.float32)  # a quarter of the way from 1 to 1.125 in e4m3fn
+    a = fp8kit.cast(x, "e4m3fn", rounding="stochastic", seed=7, threads=1)
+    b = fp8kit.cast(x, "e4m3fn", rounding="stochastic", seed=7, threads=2)
+    c = fp8kit.cast(x, "e4m3fn", rounding="stochastic", seed=8)
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert not np.array_equal(a.view(np.uint8), c.view(np.uint8))
+    up = np.mean(a.astype(np.float32) > 1.0)
+    n = x.size
+    assert abs(up - 0.25) < 5 * np.sqrt(0.25 * 0.75 / n), up  # within five standard errors of the expectation
+
+
+def test_every_dtype_spelling():
+    x = np.float32([1.25, -3.0])
+    want = fp8kit.cast(x, "e5m2").view(np.uint8)
+    for spelling in ["e5m2", "float8_e5m2", "torch.float8_e5m2", ml_dtypes.float8_e5m2, np.dtype(ml_dtypes.float8_e5m2)]:
+        assert np.array_equal(fp8kit.cast(x, spelling).view(np.uint8), want), spelling
+    for spelling, dtype in [("float16", np.float16), ("f16", np.float16), (np.float16, np.float16),
+                            ("bf16", ml_dtypes.bfloat16), ("float64", np.float64), ("float32", np.float32)]:
+        assert fp8kit.cast(x, spelling).dtype == np.dtype(dtype)
+
+
+def test_wide_and_fp8_to_fp8_round_once():
+    x = np.float64([1 + 2 ** -4 + 2 ** -30, 448.0000001, 1e300])  # float64 -> e4m3fn: once from the exact value
+    assert same_values(fp8kit.cast(x, "e4m3fn"), [1.125, 448, np.nan])
+    q = np.float32([0.3, 1000.0]).astype(ml_dtypes.float8_e5m2)
+    assert same_values(fp8kit.cast(q, "e4m3fn", saturate=True), np.float32(q.astype(np.float32)).clip(-448, 448)
+                       .astype(ml_dtypes.float8_e4m3fn))
+    assert fp8kit.cast(np.float32([1 + 2 ** -9]), "bfloat16").dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+def test_output_follows_the_input_and_shapes_are_kept():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    q = fp8kit.cast(x, "e4m3fn")
+    assert isinstance(q, np.ndarray) and q.shape == (2, 3, 4)
+    assert fp8kit.cast([1.0, 2.0], "e5m2").dtype == ml(FP8[1])  # a list: float32, then NumPy out
+    assert fp8kit.cast(np.float32(3.0), "e4m3fn").shape == ()
+    assert fp8kit.cast(np.zeros((0, 5), np.float32), "e4m3fn").shape == (0, 5)
+
+    class Producer:  # anything with __dlpack__ (here a NumPy array behind it)
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kwargs):
+            return self.a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    assert np.array_equal(fp8kit.cast(Producer(x), "e4m3fn").view(np.uint8), q.view(np.uint8))
+
+
+def test_out_is_written_in_place_and_strided_inputs_are_copied_once():
+    x = np.linspace(-500, 500, 1000, dtype=np.float32)
+    out = np.empty(1000, ml_dtypes.float8_e4m3fn)
+    r = fp8kit.cast(x, "e4m3fn", saturate=True, out=out)
+    assert r is out and np.shares_memory(r, out)
+    assert np.array_equal(out.view(np.uint8), fp8kit.cast(x, "e4m3fn", saturate=True).view(np.uint8))
+    wide = np.linspace(-1, 1, 2000, dtype=np.float32)
+    strided = wide[::2]
+    assert not strided.flags.c_contiguous
+    assert np.array_equal(fp8kit.cast(strided, "e5m2").view(np.uint8),
+                          fp8kit.cast(np.ascontiguousarray(strided), "e5m2").view(np.uint8))
+    view = fp8kit.cast(x, "e4m3fn").view(np.uint8)  # a view outliving its array's name
+    del r
+    assert view.sum() > 0
+
+
+def test_errors():
+    x = np.float32([1.0, 2.0])
+    with pytest.raises(ValueError, match="unknown dtype 'e4m3'"):
+        fp8kit.cast(x, "e4m3")
+    with pytest.raises(ValueError, match="does not cast"):
+        fp8kit.cast(x, np.int32)
+    with pytest.raises(ValueError, match="does not cast"):
+        fp8kit.cast(np.int64([1]), "e4m3fn")
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        fp8kit.cast(x, "e4m3fn", threads=0)
+    with pytest.raises(TypeError, match="threads must be an int"):
+        fp8kit.cast(x, "e4m3fn", threads=1.5)
+    with pytest.raises(ValueError, match="rounding must be"):
+        fp8kit.cast(x, "e4m3fn", rounding="up")
+    with pytest.raises(ValueError, match="seed is for"):
+        fp8kit.cast(x, "e4m3fn", seed=3)
+    with pytest.raises(ValueError, match="stochastic"):
+        fp8kit.cast(x.astype(ml_dtypes.float8_e4m3fn), "float32", rounding="stochastic")
+    with pytest.raises(ValueError, match="scale is for"):
+        fp8kit.cast(x, "float16", scale=2.0)
+    with pytest.raises(ValueError, match="out is"):
+        fp8kit.cast(x, "e4m3fn", out=np.empty(3, ml_dtypes.float8_e4m3fn))
+    with pytest.raises(ValueError, match="out is"):
+        fp8kit.cast(x, "e4m3fn", out=np.empty(2, ml_dtypes.float8_e5m2))
+    with pytest.raises(TypeError, match="dtype must be"):
+        fp8kit.cast(x, 3.5)
+
+
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    x = torch.linspace(-500, 500, 1001)
+    q = fp8kit.cast(x, torch.float8_e4m3fn, saturate=True)
+    assert isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn and q.shape == x.shape
+    assert torch.equal(q.view(torch.uint8), x.to(torch.float8_e4m3fn).view(torch.uint8))  # PyTorch saturates e4m3fn
+    back = fp8kit.cast(q, torch.bfloat16)
+    assert back.dtype == torch.bfloat16 and torch.equal(back, q.to(torch.bfloat16))
+    e5 = fp8kit.cast(torch.tensor([1e6, -1e6]), "e5m2")
+    assert torch.equal(e5.view(torch.uint8), torch.tensor([1e6, -1e6]).to(torch.float8_e5m2).view(torch.uint8))
+    assert fp8kit.cast(x.reshape(7, 143)[:, ::2], "e4m3fn").shape == (7, 72)  # strided: copied once
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA backend"):
+            fp8kit.cast(x.cuda(), "e4m3fn")
