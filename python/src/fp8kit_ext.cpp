@@ -25,8 +25,9 @@ namespace nb = nanobind;
 namespace fp8kit::python {
 namespace {
 
-// A contiguous CPU array of any dtype: the Python layer hands over bit views (uint8 codes, uint16 for bfloat16 and
-// float16, float32).
+// Contiguous CPU arrays of any dtype: the Python layer hands over bit views (uint8 codes, uint16 for bfloat16 and
+// float16, float32, float64). Inputs may be read-only (np.frombuffer, a memory map); outputs are written.
+using Input = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 using Array = nb::ndarray<nb::c_contig, nb::device::cpu>;
 
 Format format_named(const std::string& text) {
@@ -35,7 +36,8 @@ Format format_named(const std::string& text) {
 }
 
 // The number of elements of `a`, checked to be of `bits`-wide elements.
-std::size_t elements(const Array& a, int bits, const char* what) {
+template <typename A>
+std::size_t elements(const A& a, int bits, const char* what) {
   if (a.dtype().bits != bits) {
     throw nb::type_error((std::string(what) + " must have " + std::to_string(bits) + "-bit elements, got " +
                           std::to_string(a.dtype().bits))
@@ -96,7 +98,7 @@ nb::list formats() {
 }
 
 // in: float32, or bfloat16/float16 bits (`kind`); out: uint8 codes of the same length.
-void cast_to_fp8(Array in, const std::string& kind, Array out, const std::string& format, bool saturate, float scale,
+void cast_to_fp8(Input in, const std::string& kind, Array out, const std::string& format, bool saturate, float scale,
                  bool stochastic, std::uint64_t seed, std::optional<int> threads) {
   const std::size_t n = elements(in, kind == "float32" ? 32 : 16, "the input");
   if (elements(out, 8, "the output") != n) throw nb::value_error("the output must have as many elements as the input");
@@ -122,7 +124,7 @@ void cast_to_fp8(Array in, const std::string& kind, Array out, const std::string
 }
 
 // in: uint8 codes; out: float32, or bfloat16/float16 bits (`kind`) of the same length.
-void cast_from_fp8(Array in, const std::string& format, Array out, const std::string& kind, float scale_inv,
+void cast_from_fp8(Input in, const std::string& format, Array out, const std::string& kind, float scale_inv,
                    std::optional<int> threads) {
   const std::size_t n = elements(in, 8, "the input");
   if (elements(out, kind == "float32" ? 32 : 16, "the output") != n)
@@ -150,7 +152,7 @@ DType dtype_named(const std::string& text) {
 }
 
 // Tensor::to's conversion between any two floating dtypes (FP8 included), element by element, each rounded once.
-void convert_elements(Array in, const std::string& from, Array out, const std::string& to, bool saturate,
+void convert_elements(Input in, const std::string& from, Array out, const std::string& to, bool saturate,
                       std::optional<int> threads) {
   const DType f = dtype_named(from), t = dtype_named(to);
   const std::size_t n = elements(in, 8 * static_cast<int>(element_size(f)), "the input");

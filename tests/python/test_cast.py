@@ -156,6 +156,11 @@ def test_out_is_written_in_place_and_strided_inputs_are_copied_once():
     assert not strided.flags.c_contiguous
     assert np.array_equal(fp8kit.cast(strided, "e5m2").view(np.uint8),
                           fp8kit.cast(np.ascontiguousarray(strided), "e5m2").view(np.uint8))
+    frozen = np.frombuffer(x.tobytes(), np.float32)  # read-only input: read, never written
+    assert not frozen.flags.writeable
+    assert np.array_equal(fp8kit.cast(frozen, "e4m3fn").view(np.uint8), fp8kit.cast(x, "e4m3fn").view(np.uint8))
+    frozen_codes = np.frombuffer(x.astype(ml_dtypes.float8_e5m2).tobytes(), ml_dtypes.float8_e5m2)
+    assert np.array_equal(fp8kit.cast(frozen_codes, "float32"), x.astype(ml_dtypes.float8_e5m2).astype(np.float32))
     view = fp8kit.cast(x, "e4m3fn").view(np.uint8)  # a view outliving its array's name
     del r
     assert view.sum() > 0
