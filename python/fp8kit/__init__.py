@@ -17,11 +17,12 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _fp8kit
+from ._arrays import _NUMPY as _NUMPY_DTYPES
 from ._arrays import FP8, WIDE, as_bits, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 
-__all__ = ["formats", "cast", "conversion_kernel", "__version__"]
+__all__ = ["formats", "cast", "quantize", "dequantize", "amax", "ScaledTensor", "conversion_kernel", "__version__"]
 
 
 def formats() -> list[dict[str, Any]]:
@@ -92,3 +93,144 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
     else:  # wide <-> wide, FP8 <-> FP8, float64: each element rounded once from its exact value
         _fp8kit.convert(flat_in, src.dtype_name, flat_out, target, bool(saturate), threads)
     return result
+
+
+def _matrix_shape(shape: tuple) -> tuple[int, int]:
+    """The matrix quantize sees: the last dimension is the row (a 0-d or 1-d array is one row)."""
+    cols = int(shape[-1]) if len(shape) >= 1 else 1
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) >= 2 else 1
+    if cols == 0:
+        rows = 0
+    return rows, cols
+
+
+class ScaledTensor:
+    """FP8 codes and their dequantization scales: x ~= decode(data) * scale_inv of each element's block.
+
+    data: the codes as an FP8 array of the quantized array's kind (NumPy with the ml_dtypes dtype, or torch) and
+      shape, a view of the codes fp8kit wrote (no copy).
+    scale_inv: the dequantization scales, float32, one per block: (grid rows, grid cols) over the matrix whose rows
+      are the last dimension (per tensor (1, 1), per row (rows, 1), block:1x128 (rows, ceil(cols / 128)), ...).
+    granularity ("tensor", "row", "col", "block:RxC", "mx32", "mx32-rceil"), format ("e4m3fn", ...), shape,
+    original_dtype (what dequantize() returns by default). MX scales are powers of two (E8M0 codes' values).
+    """
+
+    def __init__(self, q: Any, kind: str, shape: tuple, original_dtype: str):
+        self._q = q
+        self._kind = kind
+        self.shape = tuple(shape)
+        self.original_dtype = original_dtype
+
+    @property
+    def format(self) -> str:
+        return self._q.format
+
+    @property
+    def granularity(self) -> str:
+        return self._q.granularity
+
+    def _as_kind(self, a: np.ndarray) -> Any:
+        if self._kind == "torch":
+            import torch
+            return torch.from_numpy(a)
+        return a
+
+    @property
+    def data(self) -> Any:
+        name = resolve_dtype(self.format)
+        codes = self._q.codes.reshape(self.shape)
+        if self._kind == "torch":
+            import torch
+            return torch.from_numpy(codes).view(getattr(torch, name))
+        return codes.view(_NUMPY_DTYPES[name])
+
+    @property
+    def scale_inv(self) -> Any:
+        return self._as_kind(self._q.scale_inv)
+
+    def dequantize(self, dtype: Any = None, *, threads: Optional[int] = None) -> Any:
+        """decode(data) * scale_inv, as `dtype` (float32, bfloat16, float16; default: what was quantized)."""
+        return dequantize(self, self.original_dtype if dtype is None else dtype, threads=threads)
+
+    def __repr__(self) -> str:
+        return (f"ScaledTensor(format={self.format!r}, granularity={self.granularity!r}, shape={self.shape}, "
+                f"scales={tuple(self._q.scale_inv.shape)})")
+
+_GRANULARITIES = "tensor, row, col, block:RxC (block:1x128, block:128x128), mx32"
+
+
+def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, saturate: bool = True, margin: int = 0,
+             scale_rounding: Optional[str] = None, threads: Optional[int] = None) -> ScaledTensor:
+    """Scaled quantization: per block of `granularity`, scale = fp8_max / amax / 2^margin (the one formula, with
+    Transformer Engine's guards), codes = encode(x * scale), scale_inv = 1 / scale — in one fused pass.
+
+    x: float32, bfloat16 or float16 (NumPy or torch; float64 is rounded to float32 first), any shape: the matrix is
+      its last dimension as rows. granularity: "tensor", "row", "col", "block:RxC" ("block:1x128", "block:128x128"),
+      "mx32" (MX: E8M0 power-of-two scales per 32 along the row). saturate: overflow policy of the encode (True:
+      Transformer Engine's; nothing overflows with the computed scales unless margin < 0).
+    scale_rounding: None (exact), "pow2" (rounded down to a power of two: DeepSeek-V3.1's ue8m0, torchao row-wise);
+      for mx32: "floor" (OCP MX's default) or "rceil" (NVIDIA's).
+    Returns a ScaledTensor; fp8kit.dequantize(q) or q.dequantize() brings it back.
+    """
+    target = resolve_dtype(format)
+    if target not in FP8:
+        raise ValueError(f"format must be an FP8 format, not {format!r}")
+    if not isinstance(granularity, str):
+        raise TypeError(f"granularity must be a string ({_GRANULARITIES}), not {type(granularity).__name__}")
+    is_mx = granularity.startswith("mx")
+    if scale_rounding not in (None, "exact", "pow2", "floor", "rceil"):
+        raise ValueError(f"scale_rounding must be None, 'pow2' or (mx32) 'floor' or 'rceil', not {scale_rounding!r}")
+    if is_mx and scale_rounding in ("pow2", "exact"):
+        raise ValueError("MX scales are powers of two: scale_rounding is 'floor' or 'rceil' for mx32")
+    if not is_mx and scale_rounding in ("floor", "rceil"):
+        raise ValueError(f"scale_rounding {scale_rounding!r} is for mx32")
+    if scale_rounding == "rceil":
+        granularity = granularity + "-rceil" if not granularity.endswith("-rceil") else granularity
+    kind = kind_of(x)
+    src = as_bits(x, kind)
+    name = src.dtype_name
+    bits = src.bits
+    if name == "float64":
+        bits = np.empty(src.shape, np.float32)
+        _fp8kit.convert(src.bits.reshape(-1), "float64", bits.reshape(-1), "float32", False, threads)
+        name = "float32"
+    if name not in _KERNEL_WIDE:
+        raise ValueError(f"quantize takes float32, bfloat16, float16 or float64, not {name}")
+    rows, cols = _matrix_shape(src.shape)
+    q = _fp8kit.quantize(bits.reshape(-1), name, rows, cols, target, granularity, bool(saturate), int(margin),
+                         scale_rounding == "pow2", threads)
+    return ScaledTensor(q, kind, src.shape, name)
+
+
+def dequantize(q: ScaledTensor, dtype: Any = "float32", *, threads: Optional[int] = None) -> Any:
+    """decode(q.data) * q.scale_inv of each block, as float32, bfloat16 or float16, in q's kind and shape."""
+    if not isinstance(q, ScaledTensor):
+        raise TypeError(f"dequantize takes a ScaledTensor (from fp8kit.quantize), not {type(q).__name__}")
+    target = resolve_dtype(dtype)
+    if target not in _KERNEL_WIDE:
+        raise ValueError(f"dequantize gives float32, bfloat16 or float16, not {target}")
+    like = q.data
+    result, bits = empty_like_of(like, q._kind, q.shape, target, None)
+    if bits.size:
+        _fp8kit.dequantize(q._q, bits.reshape(-1), target, threads)
+    return result
+
+
+def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) -> Any:
+    """max |x| over the finite elements: a float for granularity "tensor", else a float32 array with one value per
+    block of the granularity (as quantize's scale_inv is laid out). x is read as float32 (other float types are
+    converted first: a copy)."""
+    kind = kind_of(x)
+    src = as_bits(x, kind)
+    bits = src.bits
+    if src.dtype_name != "float32":
+        bits = np.empty(src.shape, np.float32)
+        _fp8kit.convert(src.bits.reshape(-1), src.dtype_name, bits.reshape(-1), "float32", False, threads)
+    rows, cols = _matrix_shape(src.shape)
+    blocks, _, _ = _fp8kit.amax(bits.reshape(-1), rows, cols, granularity, threads)
+    if granularity == "tensor":
+        return float(blocks.max()) if blocks.size else 0.0
+    if kind == "torch":
+        import torch
+        return torch.from_numpy(blocks)
+    return blocks

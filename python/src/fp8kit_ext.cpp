@@ -8,16 +8,21 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/format/format.hpp"
+#include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/scaling/scaled_tensor.hpp"
 #include "fp8kit/tensor/tensor.hpp"
 
 namespace nb = nanobind;
@@ -164,6 +169,71 @@ void convert_elements(Input in, const std::string& from, Array out, const std::s
   });
 }
 
+// A rows x cols matrix over the bits of float32, bfloat16 or float16 elements (`kind`).
+MatrixRef matrix(const Input& in, const std::string& kind, std::int64_t rows, std::int64_t cols) {
+  const DType d = dtype_named(kind);
+  if (d != DType::float32 && d != DType::bfloat16 && d != DType::float16)
+    throw nb::value_error(("quantize takes float32, bfloat16 or float16, not " + kind).c_str());
+  if (rows < 0 || cols < 0 ||
+      elements(in, 8 * static_cast<int>(element_size(d)), "the input") != static_cast<std::size_t>(rows * cols))
+    throw nb::value_error("the input does not hold rows x cols elements");
+  return MatrixRef(in.data(), d, rows, cols);
+}
+
+Granularity granularity_named(const std::string& text) {
+  if (const std::optional<Granularity> g = Granularity::parse(text)) return *g;
+  throw nb::value_error(("unknown granularity '" + text +
+                         "' (use tensor, row, col, block:RxC such as block:1x128 or block:128x128, mx32, mx32-rceil)")
+                            .c_str());
+}
+
+ScaledTensor quantize_matrix(Input in, const std::string& kind, std::int64_t rows, std::int64_t cols,
+                             const std::string& format, const std::string& granularity, bool saturate, int margin,
+                             bool pow2, std::optional<int> threads) {
+  const MatrixRef x = matrix(in, kind, rows, cols);
+  ScaleOptions scale;
+  scale.margin = margin;
+  scale.rounding = pow2 ? ScaleRounding::kPowerOfTwoDown : ScaleRounding::kExact;
+  const QuantizeOptions options{format_named(format), saturate ? Overflow::kSaturate : Overflow::kNonSaturating,
+                                granularity_named(granularity), scale};
+  ScaledTensor q;
+  run(threads, [&] { quantize_into(x, options, q); });
+  return q;
+}
+
+// out (float32, bfloat16 or float16 bits: `kind`) = the dequantized values, rows x cols.
+void dequantize_matrix(const ScaledTensor& q, Array out, const std::string& kind, std::optional<int> threads) {
+  const DType d = dtype_named(kind);
+  const auto n = static_cast<std::size_t>(q.rows * q.cols);
+  if (elements(out, 8 * static_cast<int>(element_size(d)), "the output") != n)
+    throw nb::value_error("the output does not hold rows x cols elements");
+  run(threads, [&] {
+    if (d == DType::float32) {
+      dequantize(q, std::span<float>(static_cast<float*>(out.data()), n));
+    } else {
+      const Tensor wide = dequantize(q, DType::float32);
+      convert(wide.raw(), DType::float32, out.data(), d, wide.numel());
+    }
+  });
+}
+
+// The amax per block of `granularity` over float32 elements, and the NaN and Inf counts of all of them.
+nb::tuple amax_matrix(Input in, std::int64_t rows, std::int64_t cols, const std::string& granularity,
+                      std::optional<int> threads) {
+  const MatrixRef x = matrix(in, "float32", rows, cols);
+  const Granularity g = granularity_named(granularity);
+  const std::int64_t br = std::max<std::int64_t>(1, g.rows_per_block(rows));
+  const std::int64_t bc = std::max<std::int64_t>(1, g.cols_per_block(cols));
+  const std::int64_t grid_rows = (rows + br - 1) / br, grid_cols = (cols + bc - 1) / bc;
+  auto* blocks = new std::vector<float>(static_cast<std::size_t>(grid_rows * grid_cols));
+  nb::capsule owner(blocks, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  AmaxResult total;
+  if (rows * cols > 0) run(threads, [&] { amax_blocks(x, br, bc, *blocks, &total); });
+  nb::ndarray<nb::numpy, float, nb::ndim<2>> result(
+      blocks->data(), {static_cast<std::size_t>(grid_rows), static_cast<std::size_t>(grid_cols)}, owner);
+  return nb::make_tuple(result, total.nan_count, total.inf_count);
+}
+
 }  // namespace
 }  // namespace fp8kit::python
 
@@ -192,6 +262,37 @@ NB_MODULE(_fp8kit, m) {
   m.def("convert", &convert_elements, nb::arg("input"), nb::arg("from_dtype"), nb::arg("out"), nb::arg("to_dtype"),
         nb::arg("saturate"), nb::arg("threads").none(),
         "Tensor::to's conversion between two floating dtypes (names as PyTorch's), on raw elements.");
+  nb::class_<fp8kit::ScaledTensor>(m, "ScaledTensor", "FP8 codes and their dequantization scales (C++'s ScaledTensor)")
+      .def_prop_ro(
+          "codes",
+          [](nb::handle self) {
+            auto& q = nb::cast<fp8kit::ScaledTensor&>(self);
+            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<2>>(
+                q.data.data(), {static_cast<std::size_t>(q.rows), static_cast<std::size_t>(q.cols)}, self);
+          },
+          nb::rv_policy::reference_internal, "The codes, rows x cols uint8: a view (no copy) of this object's buffer.")
+      .def_prop_ro(
+          "scale_inv",
+          [](nb::handle self) {
+            auto& q = nb::cast<fp8kit::ScaledTensor&>(self);
+            return nb::ndarray<nb::numpy, float, nb::ndim<2>>(
+                q.scale_inv.data(), {static_cast<std::size_t>(q.grid_rows()), static_cast<std::size_t>(q.grid_cols())},
+                self);
+          },
+          nb::rv_policy::reference_internal, "The dequantization scales, one per block (grid rows x grid cols).")
+      .def_prop_ro("format", [](const fp8kit::ScaledTensor& q) { return std::string(fp8kit::name(q.format)); })
+      .def_prop_ro("granularity", [](const fp8kit::ScaledTensor& q) { return q.granularity.name(); })
+      .def_prop_ro("saturating",
+                   [](const fp8kit::ScaledTensor& q) { return q.overflow == fp8kit::Overflow::kSaturate; })
+      .def_prop_ro("rows", [](const fp8kit::ScaledTensor& q) { return q.rows; })
+      .def_prop_ro("cols", [](const fp8kit::ScaledTensor& q) { return q.cols; });
+  m.def("quantize", &quantize_matrix, nb::arg("input"), nb::arg("kind"), nb::arg("rows"), nb::arg("cols"),
+        nb::arg("format"), nb::arg("granularity"), nb::arg("saturate"), nb::arg("margin"), nb::arg("pow2"),
+        nb::arg("threads").none(), "Scaled quantization of a matrix (the fused amax + scale + encode).");
+  m.def("dequantize", &dequantize_matrix, nb::arg("q"), nb::arg("out"), nb::arg("kind"), nb::arg("threads").none(),
+        "out = decode(code) * scale_inv of its block.");
+  m.def("amax", &amax_matrix, nb::arg("input"), nb::arg("rows"), nb::arg("cols"), nb::arg("granularity"),
+        nb::arg("threads").none(), "(amax per block over the finite elements, NaN count, Inf count).");
   m.def(
       "conversion_kernel", [] { return std::string(fp8kit::conversion_kernel()); },
       "The conversion kernels in force (e.g. avx512-vbmi).");

@@ -1,0 +1,107 @@
+"""fp8kit.quantize / dequantize / amax / ScaledTensor from Python: scales and codes against a NumPy statement of the
+one scale formula (fp8_max / amax, rounded once to float32; codes = the saturating cast of x * scale, ml_dtypes' bits),
+16-bit inputs as their float32 widening, MX scales as powers of two, the codes as a view that outlives its
+ScaledTensor, and the errors."""
+import gc
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8kit
+
+E4M3_MAX = np.float32(448)
+
+
+def blocks_amax(x, br, bc):
+    rows, cols = x.shape
+    out = np.zeros(((rows + br - 1) // br, (cols + bc - 1) // bc), np.float32)
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[i, j] = np.abs(x[i * br:(i + 1) * br, j * bc:(j + 1) * bc]).max()
+    return out
+
+
+@pytest.mark.parametrize("granularity,br,bc", [("tensor", 300, 200), ("row", 1, 200), ("block:1x128", 1, 128),
+                                               ("block:128x128", 128, 128), ("col", 300, 1), ("block:3x5", 3, 5)])
+def test_scales_and_codes_follow_the_formula(granularity, br, bc):
+    x = np.random.default_rng(3).normal(0, 2, (300, 200)).astype(np.float32)
+    x[5, 7] = 900.0  # an outlier in one block
+    q = fp8kit.quantize(x, "e4m3fn", granularity)
+    a = blocks_amax(x, br, bc)
+    scale = (E4M3_MAX / a).astype(np.float32)
+    assert q.scale_inv.shape == a.shape and q.data.shape == x.shape and q.data.dtype == ml_dtypes.float8_e4m3fn
+    assert np.array_equal(q.scale_inv, (np.float32(1) / scale).astype(np.float32))
+    per_element = np.repeat(np.repeat(scale, br, 0), bc, 1)[:300, :200]
+    want = np.clip(x * per_element, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(q.data.view(np.uint8), want.view(np.uint8))
+    back = fp8kit.dequantize(q)
+    inv = np.repeat(np.repeat(q.scale_inv, br, 0), bc, 1)[:300, :200]
+    assert back.dtype == np.float32 and np.array_equal(back, q.data.astype(np.float32) * inv)
+    assert fp8kit.amax(x, granularity).shape == a.shape if granularity != "tensor" else fp8kit.amax(x) == a.max()
+
+
+def test_sixteen_bit_inputs_quantize_as_their_widening_and_come_back_in_their_dtype():
+    x = np.random.default_rng(4).normal(0, 1, (64, 300)).astype(np.float32)
+    for dtype in (ml_dtypes.bfloat16, np.float16):
+        narrow = x.astype(dtype)
+        for g in ("row", "block:128x128", "mx32", "tensor"):
+            a, b = fp8kit.quantize(narrow, "e5m2", g), fp8kit.quantize(narrow.astype(np.float32), "e5m2", g)
+            assert np.array_equal(a.data.view(np.uint8), b.data.view(np.uint8)) and np.array_equal(a.scale_inv,
+                                                                                                  b.scale_inv)
+            assert a.dequantize().dtype == np.dtype(dtype)
+
+
+def test_mx_scales_are_powers_of_two_and_rceil_differs_from_floor():
+    x = np.random.default_rng(5).normal(0, 1, (8, 64)).astype(np.float32) * 3
+    floor = fp8kit.quantize(x, "e4m3fn", "mx32")
+    rceil = fp8kit.quantize(x, "e4m3fn", "mx32", scale_rounding="rceil")
+    for q in (floor, rceil):
+        mantissa, _ = np.frexp(q.scale_inv)
+        assert q.scale_inv.shape == (8, 2) and np.all(mantissa == 0.5)
+    assert rceil.granularity == "mx32-rceil" and not np.array_equal(floor.scale_inv, rceil.scale_inv)
+    pow2 = fp8kit.quantize(x, "e4m3fn", "row", scale_rounding="pow2")
+    assert np.all(np.frexp(pow2.scale_inv)[0] == 0.5)
+
+
+def test_shapes_views_and_lifetime():
+    x = np.arange(2 * 3 * 40, dtype=np.float32).reshape(2, 3, 40) - 100
+    q = fp8kit.quantize(x, "e4m3fn", "row")
+    assert q.data.shape == (2, 3, 40) and q.scale_inv.shape == (6, 1) and q.dequantize().shape == (2, 3, 40)
+    codes, scales = q.data, q.scale_inv
+    assert np.shares_memory(codes, q.data)  # a view of the codes fp8kit wrote, not a copy
+    want = codes.view(np.uint8).copy()
+    del q
+    gc.collect()
+    assert np.array_equal(codes.view(np.uint8), want) and scales.shape == (6, 1)  # the views keep it alive
+    assert fp8kit.quantize(np.zeros((0, 4), np.float32), "e4m3fn", "row").data.shape == (0, 4)
+
+
+def test_errors():
+    x = np.ones((4, 8), np.float32)
+    with pytest.raises(ValueError, match="unknown granularity"):
+        fp8kit.quantize(x, "e4m3fn", "blocks:2")
+    with pytest.raises(ValueError, match="FP8 format"):
+        fp8kit.quantize(x, "float16")
+    with pytest.raises(ValueError, match="for mx32"):
+        fp8kit.quantize(x, "e4m3fn", "row", scale_rounding="rceil")
+    with pytest.raises(ValueError, match="powers of two"):
+        fp8kit.quantize(x, "e4m3fn", "mx32", scale_rounding="pow2")
+    with pytest.raises(ValueError, match="scale_rounding must be"):
+        fp8kit.quantize(x, "e4m3fn", scale_rounding="up")
+    with pytest.raises(TypeError, match="granularity must be a string"):
+        fp8kit.quantize(x, "e4m3fn", 128)
+    with pytest.raises(TypeError, match="ScaledTensor"):
+        fp8kit.dequantize(x)
+    with pytest.raises(ValueError, match="gives float32"):
+        fp8kit.quantize(x).dequantize("e5m2")
+    with pytest.raises(ValueError, match="unknown granularity"):
+        fp8kit.amax(x, "tile")
+
+
+def test_torch_tensors():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(16, 256)
+    q = fp8kit.quantize(x, "e4m3fn", "block:1x128")
+    assert q.data.dtype == torch.float8_e4m3fn and isinstance(q.scale_inv, torch.Tensor)
+    assert q.dequantize().dtype == torch.float32 and q.dequantize().shape == x.shape
