@@ -22,7 +22,8 @@ from ._arrays import FP8, WIDE, as_bits, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 
-__all__ = ["formats", "cast", "quantize", "dequantize", "amax", "ScaledTensor", "conversion_kernel", "__version__"]
+__all__ = ["formats", "cast", "quantize", "dequantize", "amax", "scaled_mm", "ScaledTensor", "conversion_kernel",
+           "__version__"]
 
 
 def formats() -> list[dict[str, Any]]:
@@ -234,3 +235,69 @@ def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) 
         import torch
         return torch.from_numpy(blocks)
     return blocks
+
+
+def _scales_of(s: Any, what: str) -> np.ndarray:
+    """A scale argument (a number, or a float32 NumPy array / torch tensor) as a contiguous float32 NumPy array."""
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return np.array([s], np.float32)
+    src = as_bits(s, kind_of(s))
+    if src.dtype_name != "float32":
+        raise TypeError(f"{what} must be float32 (as torch._scaled_mm's), not {src.dtype_name}")
+    return src.bits.reshape(src.shape)
+
+
+def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, out_dtype: Any = "float32",
+              threads: Optional[int] = None) -> Any:
+    """torch._scaled_mm on the CPU: out = (a @ b) * scale_a * scale_b + bias, FP8 products accumulated in FP32.
+
+    a: FP8 (M, K); b: FP8 (K, N), column-major as torch._scaled_mm wants it (b.T contiguous: N x K weights, read in
+      place) or row-major (K x N); e5m2 x e5m2 is refused, as cuBLAS and PyTorch refuse it.
+    scale_a, scale_b: dequantization scales, float32: one value each (per tensor: a number or a 1-element array),
+      or per row of a, shape (M, 1), and per column of b, shape (1, N) (torch's row-wise scaling).
+    bias: N float32 values or None. out_dtype: "float32" or "bfloat16".
+    Returns an (M, N) array of a's kind. The kernel is the level's (fp8kit.conversion_kernel() for the casts;
+    docs/gemm.md for the GEMMs and their results contract)."""
+    kind = kind_of(a)
+    sa, sb = as_bits(a, kind), None
+    if kind_of(b) != kind:
+        raise TypeError("a and b must be of the same kind (NumPy arrays or torch tensors)")
+    if len(sa.shape) != 2:
+        raise ValueError(f"a must be 2-D (M, K), not {sa.shape}")
+    if sa.dtype_name not in FP8:
+        raise ValueError(f"a must be FP8, not {sa.dtype_name}")
+    m, k = sa.shape
+    b_shape = tuple(b.shape)
+    if len(b_shape) != 2 or b_shape[0] != k:
+        raise ValueError(f"b must be (K, N) = ({k}, N), not {b_shape}")
+    n = b_shape[1]
+    bt = b.t() if kind == "torch" else b.T
+    b_is_nk = bool(bt.is_contiguous()) if kind == "torch" else bool(bt.flags.c_contiguous)
+    sb = as_bits(bt if b_is_nk else b, kind)
+    if sb.dtype_name not in FP8:
+        raise ValueError(f"b must be FP8, not {sb.dtype_name}")
+    scales_a, scales_b = _scales_of(scale_a, "scale_a"), _scales_of(scale_b, "scale_b")
+    if scales_a.size == 1:
+        a_granularity = "tensor"
+    elif scales_a.shape == (m, 1):
+        a_granularity = "row"
+    else:
+        raise ValueError(f"scale_a must be one value or (M, 1) = ({m}, 1), not {scales_a.shape}")
+    if scales_b.size == 1:
+        b_granularity = "tensor"
+    elif scales_b.shape == (1, n):
+        b_granularity = "row" if b_is_nk else "col"
+    else:
+        raise ValueError(f"scale_b must be one value or (1, N) = (1, {n}), not {scales_b.shape}")
+    target = resolve_dtype(out_dtype)
+    if target not in ("float32", "bfloat16"):
+        raise ValueError(f"out_dtype must be float32 or bfloat16, not {target}")
+    bias_bits = None
+    if bias is not None:
+        bias_bits = _scales_of(bias, "bias").reshape(-1)
+    result, bits = empty_like_of(a, kind, (m, n), target, None)
+    b_rows, b_cols = (n, k) if b_is_nk else (k, n)
+    _fp8kit.scaled_mm(sa.bits.reshape(-1), sa.dtype_name, m, k, scales_a.reshape(-1), a_granularity,
+                      sb.bits.reshape(-1), sb.dtype_name, b_rows, b_cols, scales_b.reshape(-1), b_granularity,
+                      b_is_nk, bias_bits, bits.reshape(-1), target, threads)
+    return result

@@ -42,3 +42,13 @@ def quantize(
 ) -> ScaledTensor: ...
 def dequantize(q: ScaledTensor, dtype: Any = "float32", *, threads: Optional[int] = None) -> Any: ...
 def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) -> Any: ...
+def scaled_mm(
+    a: Any,
+    b: Any,
+    scale_a: Any,
+    scale_b: Any,
+    *,
+    bias: Any = None,
+    out_dtype: Any = "float32",
+    threads: Optional[int] = None,
+) -> Any: ...

@@ -20,6 +20,7 @@
 #include "fp8kit/common/version.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/format/format.hpp"
+#include "fp8kit/ops/scaled_mm.hpp"
 #include "fp8kit/scaling/amax.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/scaling/scaled_tensor.hpp"
@@ -234,6 +235,68 @@ nb::tuple amax_matrix(Input in, std::int64_t rows, std::int64_t cols, const std:
   return nb::make_tuple(result, total.nan_count, total.inf_count);
 }
 
+// A ScaledTensor over a copy of `codes` (rows x cols) with `scales` (float32) at `granularity`.
+ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::int64_t rows, std::int64_t cols,
+                            const Input& scales, const std::string& granularity, const char* what) {
+  if (rows < 0 || cols < 0 || elements(codes, 8, what) != static_cast<std::size_t>(rows * cols))
+    throw nb::value_error((std::string(what) + " does not hold rows x cols codes").c_str());
+  ScaledTensor q;
+  q.format = format_named(format);
+  q.overflow = Overflow::kSaturate;
+  q.granularity = granularity_named(granularity);
+  q.rows = rows;
+  q.cols = cols;
+  const auto* c = static_cast<const std::uint8_t*>(codes.data());
+  q.data.assign(c, c + rows * cols);
+  const std::size_t blocks = static_cast<std::size_t>(q.grid_rows() * q.grid_cols());
+  if (elements(scales, 32, "the scales") != blocks) {
+    throw nb::value_error((std::string("the scales of ") + what + " must hold " + std::to_string(blocks) +
+                           " values for granularity " + granularity + ", not " + std::to_string(scales.size()))
+                              .c_str());
+  }
+  const auto* s = static_cast<const float*>(scales.data());
+  q.scale_inv.assign(s, s + blocks);
+  return q;
+}
+
+// out (m x n float32, or bfloat16 bits: `out_kind`) = scaled_mm(a, b) with torch._scaled_mm's semantics; returns
+// the output amax and the kernel that ran.
+nb::tuple scaled_mm_matrix(Input a_codes, const std::string& a_format, std::int64_t m, std::int64_t k, Input a_scales,
+                           const std::string& a_granularity, Input b_codes, const std::string& b_format,
+                           std::int64_t b_rows, std::int64_t b_cols, Input b_scales, const std::string& b_granularity,
+                           bool b_is_nk, std::optional<Input> bias, Array out, const std::string& out_kind,
+                           std::optional<int> threads) {
+  const ScaledTensor a = scaled_operand(a_codes, a_format, m, k, a_scales, a_granularity, "a");
+  const ScaledTensor b = scaled_operand(b_codes, b_format, b_rows, b_cols, b_scales, b_granularity, "b");
+  const std::int64_t n = b_is_nk ? b_rows : b_cols;
+  const DType out_dtype = dtype_named(out_kind);
+  if (out_dtype != DType::float32 && out_dtype != DType::bfloat16)
+    throw nb::value_error(("out_dtype must be float32 or bfloat16, not " + out_kind).c_str());
+  if (elements(out, out_dtype == DType::float32 ? 32 : 16, "the output") != static_cast<std::size_t>(m * n))
+    throw nb::value_error("the output does not hold m x n elements");
+  ScaledMmOptions options;
+  options.b_layout = b_is_nk ? BLayout::kNK : BLayout::kKN;
+  options.out_dtype = out_dtype;
+  if (bias) {
+    if (elements(*bias, 32, "the bias") != static_cast<std::size_t>(n))
+      throw nb::value_error(("the bias must hold n = " + std::to_string(n) + " float32 values").c_str());
+    options.bias = std::span<const float>(static_cast<const float*>(bias->data()), static_cast<std::size_t>(n));
+  }
+  float amax = 0.0f;
+  MmDispatch dispatch;
+  run(threads, [&] {
+    if (out_dtype == DType::float32) {
+      amax = scaled_mm_into(a, b, std::span<float>(static_cast<float*>(out.data()), static_cast<std::size_t>(m * n)),
+                            options, &dispatch);
+    } else {
+      std::vector<float> values(static_cast<std::size_t>(m * n));  // already rounded to bfloat16 values
+      amax = scaled_mm_into(a, b, values, options, &dispatch);
+      convert(values.data(), DType::float32, out.data(), DType::bfloat16, m * n);
+    }
+  });
+  return nb::make_tuple(amax, std::string(dispatch.kernel));
+}
+
 }  // namespace
 }  // namespace fp8kit::python
 
@@ -293,6 +356,11 @@ NB_MODULE(_fp8kit, m) {
         "out = decode(code) * scale_inv of its block.");
   m.def("amax", &amax_matrix, nb::arg("input"), nb::arg("rows"), nb::arg("cols"), nb::arg("granularity"),
         nb::arg("threads").none(), "(amax per block over the finite elements, NaN count, Inf count).");
+  m.def("scaled_mm", &scaled_mm_matrix, nb::arg("a"), nb::arg("a_format"), nb::arg("m"), nb::arg("k"),
+        nb::arg("a_scales"), nb::arg("a_granularity"), nb::arg("b"), nb::arg("b_format"), nb::arg("b_rows"),
+        nb::arg("b_cols"), nb::arg("b_scales"), nb::arg("b_granularity"), nb::arg("b_is_nk"), nb::arg("bias").none(),
+        nb::arg("out"), nb::arg("out_kind"), nb::arg("threads").none(),
+        "torch._scaled_mm's product into out; returns (output amax, the kernel that ran).");
   m.def(
       "conversion_kernel", [] { return std::string(fp8kit::conversion_kernel()); },
       "The conversion kernels in force (e.g. avx512-vbmi).");

@@ -1,0 +1,74 @@
+"""fp8kit.scaled_mm with torch._scaled_mm's semantics from Python: FP8 products in FP32 against a float64 reference
+within the library's FP32 bound (docs/gemm.md), per-tensor and row-wise scales, both layouts of b, bias, bfloat16
+output, the GEMV (M <= 4) and GEMM paths, and the errors."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8kit
+
+U = 2.0 ** -24
+
+
+def reference(a, b, sa, sb, bias):
+    out = (a.astype(np.float64) @ b.astype(np.float64)) * sa.astype(np.float64) * sb.astype(np.float64)
+    if bias is not None:
+        out += bias
+    k = a.shape[1]
+    bound = (2 * k + 8) * U * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) * np.abs(sa * sb)) + \
+        2 * U * np.abs(out) + 1e-30
+    return out, bound
+
+
+@pytest.mark.parametrize("m", [1, 3, 17, 64])
+@pytest.mark.parametrize("rowwise", [False, True])
+@pytest.mark.parametrize("column_major_b", [True, False])
+def test_products_within_the_fp32_bound(m, rowwise, column_major_b):
+    rng = np.random.default_rng(m)
+    k, n = 200, 48
+    a = rng.normal(0, 4, (m, k)).astype(ml_dtypes.float8_e4m3fn)
+    w = rng.normal(0, 4, (n, k)).astype(ml_dtypes.float8_e5m2)  # the weights, N x K
+    b = w.T if column_major_b else np.ascontiguousarray(w.T)
+    sa = rng.uniform(0.5, 2, (m, 1)).astype(np.float32) if rowwise else np.float32(1.5)
+    sb = rng.uniform(0.5, 2, (1, n)).astype(np.float32) if rowwise else np.float32(0.25)
+    bias = rng.normal(0, 1, n).astype(np.float32)
+    out = fp8kit.scaled_mm(a, b, sa if rowwise else float(sa), sb if rowwise else float(sb), bias=bias)
+    want, bound = reference(a, b, np.asarray(sa, np.float32).reshape(-1, 1) if rowwise else np.float32(sa),
+                            np.asarray(sb, np.float32).reshape(1, -1) if rowwise else np.float32(sb), bias)
+    assert out.shape == (m, n) and out.dtype == np.float32
+    assert np.all(np.abs(out - want) <= bound), np.max(np.abs(out - want) / bound)
+    bf16 = fp8kit.scaled_mm(a, b, sa if rowwise else float(sa), sb if rowwise else float(sb), bias=bias,
+                            out_dtype="bfloat16")
+    assert bf16.dtype == np.dtype(ml_dtypes.bfloat16)
+    assert np.array_equal(bf16, out.astype(ml_dtypes.bfloat16))  # the float32 result rounded once
+
+
+def test_errors():
+    a = np.ones((4, 32), ml_dtypes.float8_e5m2)
+    b = np.ones((32, 8), ml_dtypes.float8_e5m2)
+    with pytest.raises(ValueError, match="e5m2"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0)
+    a = a.astype(ml_dtypes.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"b must be \(K, N\)"):
+        fp8kit.scaled_mm(a, np.ones((31, 8), ml_dtypes.float8_e4m3fn), 1.0, 1.0)
+    with pytest.raises(ValueError, match="scale_a must be"):
+        fp8kit.scaled_mm(a, b, np.ones((4, 2), np.float32), 1.0)
+    with pytest.raises(ValueError, match="scale_b must be"):
+        fp8kit.scaled_mm(a, b, 1.0, np.ones((8, 1), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        fp8kit.scaled_mm(a, b, np.ones(1, np.float64), 1.0)
+    with pytest.raises(ValueError, match="must be FP8"):
+        fp8kit.scaled_mm(np.ones((4, 32), np.float32), b, 1.0, 1.0)
+    with pytest.raises(ValueError, match="out_dtype"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0, out_dtype="float16")
+    with pytest.raises(ValueError, match="bias"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(7, np.float32))
+
+
+def test_torch_matches_torch_scaled_mm_semantics():
+    torch = pytest.importorskip("torch")
+    a = torch.randn(16, 64).to(torch.float8_e4m3fn)
+    w = torch.randn(32, 64).to(torch.float8_e4m3fn)
+    out = fp8kit.scaled_mm(a, w.t(), torch.tensor(2.0), torch.tensor(0.5))
+    want = (a.float() @ w.float().t()) * 1.0
+    assert isinstance(out, torch.Tensor) and torch.allclose(out, want, rtol=1e-5, atol=1e-4)
