@@ -251,8 +251,9 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
               threads: Optional[int] = None) -> Any:
     """torch._scaled_mm on the CPU: out = (a @ b) * scale_a * scale_b + bias, FP8 products accumulated in FP32.
 
-    a: FP8 (M, K); b: FP8 (K, N), column-major as torch._scaled_mm wants it (b.T contiguous: N x K weights, read in
-      place) or row-major (K x N); e5m2 x e5m2 is refused, as cuBLAS and PyTorch refuse it.
+    a: FP8 (M, K); b: FP8 (K, N), column-major as torch._scaled_mm wants it (b.T contiguous: N x K weights, taken
+      without a transpose) or row-major (K x N); e5m2 x e5m2 is refused, as cuBLAS and PyTorch refuse it. The codes
+      are copied once into the library's operands (a byte per element; the product reads each many times).
     scale_a, scale_b: dequantization scales, float32: one value each (per tensor: a number or a 1-element array),
       or per row of a, shape (M, 1), and per column of b, shape (1, N) (torch's row-wise scaling).
     bias: N float32 values or None. out_dtype: "float32" or "bfloat16".
