@@ -21,8 +21,10 @@ from ._arrays import _NUMPY as _NUMPY_DTYPES
 from ._arrays import FP8, WIDE, as_bits, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
+DelayedScaling = _fp8kit.DelayedScaling
 
-__all__ = ["formats", "cast", "quantize", "dequantize", "amax", "scaled_mm", "ScaledTensor", "conversion_kernel",
+__all__ = ["formats", "cast", "quantize", "dequantize", "amax", "scaled_mm", "ScaledTensor", "DelayedScaling",
+           "conversion_kernel",
            "__version__"]
 
 

@@ -23,6 +23,7 @@
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "fp8kit/scaling/amax.hpp"
 #include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/scaling/recipe.hpp"
 #include "fp8kit/scaling/scaled_tensor.hpp"
 #include "fp8kit/tensor/tensor.hpp"
 
@@ -361,6 +362,79 @@ NB_MODULE(_fp8kit, m) {
         nb::arg("b_cols"), nb::arg("b_scales"), nb::arg("b_granularity"), nb::arg("b_is_nk"), nb::arg("bias").none(),
         nb::arg("out"), nb::arg("out_kind"), nb::arg("threads").none(),
         "torch._scaled_mm's product into out; returns (output amax, the kernel that ran).");
+  nb::class_<fp8kit::DelayedScaling>(
+      m, "DelayedScaling",
+      "Delayed scaling (Transformer Engine's recipe): one tensor role's amax history and "
+      "scale. Each step: quantize with .scale, then update(amax) with the step's amax.")
+      .def(
+          "__init__",
+          [](fp8kit::DelayedScaling* self, const std::string& format, int history_length, const std::string& algorithm,
+             int margin, std::optional<float> ema_decay) {
+            if (history_length < 1)
+              throw nb::value_error(
+                  ("history_length must be at least 1, got " + std::to_string(history_length)).c_str());
+            if (algorithm != "max" && algorithm != "most_recent")
+              throw nb::value_error(("algorithm must be 'max' or 'most_recent', not '" + algorithm + "'").c_str());
+            if (ema_decay && !(*ema_decay >= 0.0f && *ema_decay < 1.0f))
+              throw nb::value_error("ema_decay must be in [0, 1)");
+            fp8kit::DelayedScalingConfig config;
+            config.format = format_named(format);
+            config.history_length = history_length;
+            config.algorithm = algorithm == "max" ? fp8kit::AmaxCompute::kMax : fp8kit::AmaxCompute::kMostRecent;
+            config.margin = margin;
+            config.ema_decay = ema_decay;
+            new (self) fp8kit::DelayedScaling(config);
+          },
+          nb::arg("format") = "e4m3fn", nb::arg("history_length") = 1024, nb::arg("algorithm") = "max",
+          nb::arg("margin") = 0, nb::arg("ema_decay").none() = nb::none())
+      .def_prop_ro("scale", &fp8kit::DelayedScaling::scale, "The quantization scale to use now (q = cast(x * scale)).")
+      .def_prop_ro("scale_inv", &fp8kit::DelayedScaling::scale_inv, "1 / scale: what a GEMM or checkpoint takes.")
+      .def_prop_ro(
+          "amax_history",
+          [](const fp8kit::DelayedScaling& d) {
+            auto* copy = new std::vector<float>(d.history().begin(), d.history().end());
+            nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+            return nb::ndarray<nb::numpy, float, nb::ndim<1>>(copy->data(), {copy->size()}, owner);
+          },
+          nb::rv_policy::move, "The amax history (a copy): slot 0 is the step being recorded, the rest earlier steps.")
+      .def_prop_ro("smoothed_amax", &fp8kit::DelayedScaling::smoothed_amax)
+      .def_prop_ro("format",
+                   [](const fp8kit::DelayedScaling& d) { return std::string(fp8kit::name(d.config().format)); })
+      .def("record", &fp8kit::DelayedScaling::record, nb::arg("amax"),
+           "Records an amax of the current step (the maximum of the calls since the last update).")
+      .def(
+          "update",
+          [](fp8kit::DelayedScaling& d, std::optional<float> amax) {
+            if (amax) d.record(*amax);
+            d.update();
+          },
+          nb::arg("amax").none() = nb::none(),
+          "Records `amax` (when given), then Transformer Engine's amax_and_scale_update: the window's amax gives the "
+          "next scale (NaN/Inf/0 keep the previous one) and the history rolls.")
+      .def("discard_step", &fp8kit::DelayedScaling::discard_step, "Forgets what was recorded since the last update.")
+      .def(
+          "state",
+          [](const fp8kit::DelayedScaling& d) {
+            const std::vector<std::uint8_t> bytes = d.serialize();
+            return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          },
+          "The whole state (config, scale, history, smoothing) as versioned bytes, for checkpoints.")
+      .def_static(
+          "from_state",
+          [](nb::bytes state) {
+            return fp8kit::DelayedScaling::deserialize(
+                std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state.c_str()), state.size()));
+          },
+          nb::arg("state"), "The DelayedScaling a state() gave (ValueError for bytes that are not one).")
+      .def("__getstate__",
+           [](const fp8kit::DelayedScaling& d) {
+             const std::vector<std::uint8_t> bytes = d.serialize();
+             return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+           })
+      .def("__setstate__", [](fp8kit::DelayedScaling* self, nb::bytes state) {
+        new (self) fp8kit::DelayedScaling(fp8kit::DelayedScaling::deserialize(
+            std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state.c_str()), state.size())));
+      });
   m.def(
       "conversion_kernel", [] { return std::string(fp8kit::conversion_kernel()); },
       "The conversion kernels in force (e.g. avx512-vbmi).");

@@ -1,0 +1,67 @@
+"""fp8kit.DelayedScaling from Python: Transformer Engine's update rule (the window's max, NaN/Inf/0 keep the last
+scale, no roll without a recorded amax), margin, most_recent, the state's round trip (bytes and pickle), errors."""
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+import fp8kit
+
+
+def test_the_window_max_gives_the_next_scale():
+    d = fp8kit.DelayedScaling("e4m3fn", history_length=4)
+    assert d.scale == 1.0 and d.format == "e4m3fn" and d.amax_history.shape == (4,)
+    d.update(2.0)
+    assert d.scale == np.float32(448) / np.float32(2.0) and d.scale_inv == np.float32(1) / np.float32(d.scale)
+    d.update(1.0)  # the window still holds 2.0
+    assert d.scale == 224.0
+    for _ in range(3):
+        d.update(1.0)  # 2.0 has left the window of four
+    assert d.scale == 448.0
+    d.update(float("nan"))
+    assert d.scale == 448.0  # a NaN window entry is ignored, as fmaxf ignores it
+    before = d.amax_history.copy()
+    d.update()  # nothing recorded: nothing rolls, the scale stays
+    assert np.array_equal(d.amax_history, before, equal_nan=True) and d.scale == 448.0
+
+
+def test_record_discard_margin_and_most_recent():
+    d = fp8kit.DelayedScaling("e5m2", history_length=8, margin=1)
+    d.record(3.0)
+    d.record(7.0)
+    d.discard_step()
+    d.record(4.0)
+    d.update()
+    assert d.scale == np.float32(57344) / np.float32(4.0) / 2
+    r = fp8kit.DelayedScaling(algorithm="most_recent", history_length=8)
+    r.update(8.0)
+    r.update(2.0)
+    assert r.scale == 224.0
+
+
+def test_state_round_trips():
+    d = fp8kit.DelayedScaling("e4m3fn", history_length=16, ema_decay=0.5)
+    for a in (1.0, 3.0, 2.0):
+        d.update(a)
+    for e in (fp8kit.DelayedScaling.from_state(d.state()), pickle.loads(pickle.dumps(d))):
+        assert e.scale == d.scale and e.smoothed_amax == d.smoothed_amax
+        assert np.array_equal(e.amax_history, d.amax_history)
+        e.update(5.0)
+        d2 = fp8kit.DelayedScaling.from_state(d.state())
+        d2.update(5.0)
+        assert e.scale == d2.scale
+    with pytest.raises(ValueError):
+        fp8kit.DelayedScaling.from_state(b"not a state")
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="history_length"):
+        fp8kit.DelayedScaling(history_length=0)
+    with pytest.raises(ValueError, match="algorithm"):
+        fp8kit.DelayedScaling(algorithm="mean")
+    with pytest.raises(ValueError, match="unknown FP8 format"):
+        fp8kit.DelayedScaling("e3m4")
+    with pytest.raises(ValueError, match="ema_decay"):
+        fp8kit.DelayedScaling(ema_decay=1.5)
+    assert math.isfinite(fp8kit.DelayedScaling().scale)
