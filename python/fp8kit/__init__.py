@@ -12,7 +12,9 @@ one-line message.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import json
+import os
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -23,9 +25,9 @@ from ._arrays import FP8, WIDE, as_bits, empty_like_of, kind_of, resolve_dtype
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
 
-__all__ = ["formats", "cast", "quantize", "dequantize", "amax", "scaled_mm", "ScaledTensor", "DelayedScaling",
-           "conversion_kernel",
-           "__version__"]
+__all__ = ["formats", "cast", "quantize", "dequantize", "amax", "analyze", "scaled_mm", "ScaledTensor",
+           "DelayedScaling", "inspect", "quantize_checkpoint", "dequantize_checkpoint", "convert_checkpoint", "load",
+           "conversion_kernel", "__version__"]
 
 
 def formats() -> list[dict[str, Any]]:
@@ -304,3 +306,150 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
                       sb.bits.reshape(-1), sb.dtype_name, b_rows, b_cols, scales_b.reshape(-1), b_granularity,
                       b_is_nk, bias_bits, bits.reshape(-1), target, threads)
     return result
+
+
+def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
+            granularity: Union[str, Sequence[str]] = ("tensor", "row", "block:1x128", "mx32"), *,
+            saturate: bool = True, threads: Optional[int] = None) -> Any:
+    """Does FP8 hold x, and at which granularity? x is quantized per format x granularity (scales as quantize
+    computes them) and what each loses is measured: `fp8kit analyze --json`'s keys, one dict per combination:
+    format, granularity, overflow, rows, cols, amax, scale (None per block), sqnr_db, exact, underflow_fraction,
+    underflow_count, saturated_count, nonfinite_count, max_abs_error, max_rel_error, holds (SQNR >= 25 dB or exact,
+    nothing saturated, <= 0.1% of the nonzeros flushed to zero).
+
+    format and granularity: one name each (then one dict is returned) or sequences of them (then a list of dicts,
+    formats outer, as the CLI prints them). x: float32, bfloat16, float16 or float64 (rounded to float32 first),
+    any shape, its last dimension the row."""
+    single = isinstance(format, str) and isinstance(granularity, str)
+    format_names = [format] if isinstance(format, str) else list(format)
+    granularity_names = [granularity] if isinstance(granularity, str) else list(granularity)
+    formats_ = []
+    for f in format_names:
+        name = resolve_dtype(f)
+        if name not in FP8:
+            raise ValueError(f"format must be an FP8 format, not {f!r}")
+        formats_.append(name[len("float8_"):])
+    for g in granularity_names:
+        if not isinstance(g, str):
+            raise TypeError(f"granularity must be a string ({_GRANULARITIES}), not {type(g).__name__}")
+    src = as_bits(x, kind_of(x))
+    name, bits = src.dtype_name, src.bits
+    if name == "float64":
+        bits = np.empty(src.shape, np.float32)
+        _fp8kit.convert(src.bits.reshape(-1), "float64", bits.reshape(-1), "float32", False, threads)
+        name = "float32"
+    if name not in _KERNEL_WIDE:
+        raise ValueError(f"analyze takes float32, bfloat16, float16 or float64, not {name}")
+    rows, cols = _matrix_shape(src.shape)
+    result = _fp8kit.analyze(bits.reshape(-1), name, rows, cols, formats_, granularity_names, bool(saturate), threads)
+    return result[0] if single else result
+
+
+# ------------------------------------------------------------------------------------------------- checkpoints
+# The checkpoint functions run the CLI's commands in this process (the same code as `fp8kit quantize ...`), with
+# --json: what they return is the command's JSON report as a dict, and an error is the command's one-line message.
+
+def _path(p: Any, what: str) -> str:
+    try:
+        return os.fspath(p)
+    except TypeError:
+        raise TypeError(f"{what} must be a path (str or os.PathLike), not {type(p).__name__}") from None
+
+
+def _command(args: list) -> Any:
+    return json.loads(_fp8kit.command(args))
+
+
+_CLI_DTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
+              **{name: name[len("float8_"):] for name in FP8}}
+
+
+def _option(flag: str, value: Any) -> list:
+    return [] if value is None else [flag, str(value)]
+
+
+def inspect(path: Any, *, analysis: bool = True) -> dict:
+    """What a .safetensors file or checkpoint directory holds (`fp8kit inspect --json`): path, shards, layout (the
+    FP8 layout detected, or None) and evidence, total_bytes, tensors (name, dtype, shape, bytes, shard, role, and
+    for high-precision tensors e4m3fn_holds_at / e4m3fn_sqnr_db unless analysis=False), quantized (weight, scale,
+    input_scale, granularity)."""
+    args = ["inspect", "--quiet"] + ([] if analysis else ["--no-analysis"])
+    return _command(args + ["--json", "--", _path(path, "path")])
+
+
+def quantize_checkpoint(src: Any, dst: Any, scheme: Optional[str] = None, layout: Optional[str] = None, *,
+                        format: str = "e4m3fn", ignore: Sequence[str] = (), scale_fmt: str = "float",
+                        max_shard_size: Optional[str] = None, force: bool = False) -> dict:
+    """`fp8kit quantize SRC DST`: a bf16/f16/f32 checkpoint (file or directory) to FP8 weights in a layout serving
+    stacks load. scheme: "fp8-tensor", "fp8-channel", "fp8-block" (128x128), "mxfp8"; layout: "deepseek",
+    "compressed-tensors", "autofp8", "fbgemm", "mxfp8", "native" (either may be implied by the other, as in the
+    CLI). ignore: regexes of tensors to leave as they are. scale_fmt: "float" or "ue8m0". The output is written
+    crash-safely; an existing one is replaced only with force=True. Returns the command's JSON report (quantized,
+    copied, bytes_in, bytes_out, seconds, scheme, format, layout, ...)."""
+    args = ["quantize", "--quiet", "--json"] + _option("--scheme", scheme) + _option("--layout", layout)
+    args += ["--format", str(format), "--scale-fmt", str(scale_fmt)] + _option("--max-shard-size", max_shard_size)
+    if isinstance(ignore, str):
+        ignore = [ignore]
+    for regex in ignore:
+        args += ["--ignore", str(regex)]
+    if force:
+        args.append("--force")
+    return _command(args + ["--", _path(src, "src"), _path(dst, "dst")])
+
+
+def dequantize_checkpoint(src: Any, dst: Any, to: Any = "bf16", *, max_shard_size: Optional[str] = None,
+                          force: bool = False) -> dict:
+    """`fp8kit dequantize SRC DST --to TO`: an FP8 checkpoint in any layout fp8kit detects back to bf16, f16 or
+    f32 (scales dropped, quantization_config removed). Returns the command's JSON report."""
+    args = ["dequantize", "--quiet", "--json", "--to", _CLI_DTYPE[resolve_dtype(to)]]
+    args += _option("--max-shard-size", max_shard_size) + (["--force"] if force else [])
+    return _command(args + ["--", _path(src, "src"), _path(dst, "dst")])
+
+
+def convert_checkpoint(src: Any, dst: Any, to: Any, *, saturate: Optional[bool] = None,
+                       max_shard_size: Optional[str] = None, force: bool = False) -> dict:
+    """`fp8kit convert SRC DST --to TO`: every floating tensor cast to `to` (f32, f64, f16, bf16 or an FP8 format,
+    unscaled), each element rounded once. saturate (FP8 targets only): True (the CLI's default) or False (overflow
+    to Inf/NaN). Returns the command's JSON report."""
+    args = ["convert", "--quiet", "--json", "--to", _CLI_DTYPE[resolve_dtype(to)]]
+    if saturate is not None:
+        args.append("--saturate" if saturate else "--no-saturate")
+    args += _option("--max-shard-size", max_shard_size) + (["--force"] if force else [])
+    return _command(args + ["--", _path(src, "src"), _path(dst, "dst")])
+
+
+# safetensors dtypes as NumPy dtypes (F4 and F6 are packed below a byte: no NumPy dtype holds them).
+_SAFETENSORS_NUMPY = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8), "I16": np.dtype(np.int16),
+    "U16": np.dtype(np.uint16), "I32": np.dtype(np.int32), "U32": np.dtype(np.uint32), "I64": np.dtype(np.int64),
+    "U64": np.dtype(np.uint64), "F16": np.dtype(np.float16), "BF16": _NUMPY_DTYPES["bfloat16"],
+    "F32": np.dtype(np.float32), "F64": np.dtype(np.float64), "C64": np.dtype(np.complex64),
+    "F8_E4M3": _NUMPY_DTYPES["float8_e4m3fn"], "F8_E5M2": _NUMPY_DTYPES["float8_e5m2"],
+    "F8_E8M0": _NUMPY_DTYPES["float8_e8m0fnu"], "F8_E4M3FNUZ": _NUMPY_DTYPES["float8_e4m3fnuz"],
+    "F8_E5M2FNUZ": _NUMPY_DTYPES["float8_e5m2fnuz"],
+}
+
+
+def load(path: Any) -> dict:
+    """A .safetensors file or checkpoint directory as {name: array}. Every tensor is a read-only NumPy view of the
+    memory-mapped file (no copy; the file stays mapped while a view lives), little-endian as safetensors stores it.
+    A quantized FP8 weight with its scales (any layout fp8kit detects: DeepSeek, compressed-tensors, AutoFP8,
+    FBGEMM, MXFP8, native) is a ScaledTensor instead (the codes copied into it), with the granularity its scales
+    say; its scale tensors are not listed on their own (input scales are). ValueError for a tensor NumPy cannot
+    hold (F4, F6), OSError for a file that cannot be read."""
+    p = _path(path, "path")
+    config = ""
+    if os.path.isdir(p) and os.path.isfile(os.path.join(p, "config.json")):
+        with open(os.path.join(p, "config.json"), encoding="utf-8") as f:
+            config = f.read()
+    plain, quantized, _layout = _fp8kit.load(p, config)
+    out: dict = {}
+    for name, (dtype, shape, data) in plain.items():
+        np_dtype = _SAFETENSORS_NUMPY.get(dtype)
+        if np_dtype is None:
+            raise ValueError(f"tensor '{name}' is {dtype}, which NumPy cannot hold (packed below a byte); "
+                             f"read it with fp8kit's C++ API or convert the checkpoint")
+        out[name] = data.view(np_dtype).reshape(shape)
+    for name, q in quantized.items():
+        out[name] = ScaledTensor(q, "numpy", (q.rows, q.cols), q.original_dtype)
+    return dict(sorted(out.items()))

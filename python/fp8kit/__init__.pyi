@@ -1,5 +1,8 @@
 # Type stubs of the fp8kit package (python/fp8kit/__init__.py documents each function).
-from typing import Any, Optional
+import os
+from typing import Any, Optional, Sequence, Union
+
+_Path = Union[str, "os.PathLike[str]"]
 
 __version__: str
 
@@ -42,6 +45,40 @@ def quantize(
 ) -> ScaledTensor: ...
 def dequantize(q: ScaledTensor, dtype: Any = "float32", *, threads: Optional[int] = None) -> Any: ...
 def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) -> Any: ...
+def analyze(
+    x: Any,
+    format: Union[str, Sequence[str]] = "e4m3fn",
+    granularity: Union[str, Sequence[str]] = ("tensor", "row", "block:1x128", "mx32"),
+    *,
+    saturate: bool = True,
+    threads: Optional[int] = None,
+) -> Any: ...
+def inspect(path: _Path, *, analysis: bool = True) -> dict[str, Any]: ...
+def quantize_checkpoint(
+    src: _Path,
+    dst: _Path,
+    scheme: Optional[str] = None,
+    layout: Optional[str] = None,
+    *,
+    format: str = "e4m3fn",
+    ignore: Sequence[str] = (),
+    scale_fmt: str = "float",
+    max_shard_size: Optional[str] = None,
+    force: bool = False,
+) -> dict[str, Any]: ...
+def dequantize_checkpoint(
+    src: _Path, dst: _Path, to: Any = "bf16", *, max_shard_size: Optional[str] = None, force: bool = False
+) -> dict[str, Any]: ...
+def convert_checkpoint(
+    src: _Path,
+    dst: _Path,
+    to: Any,
+    *,
+    saturate: Optional[bool] = None,
+    max_shard_size: Optional[str] = None,
+    force: bool = False,
+) -> dict[str, Any]: ...
+def load(path: _Path) -> dict[str, Any]: ...
 def scaled_mm(
     a: Any,
     b: Any,

@@ -9,19 +9,29 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/format/format.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
+#include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/analysis.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/scaling/recipe.hpp"
 #include "fp8kit/scaling/scaled_tensor.hpp"
@@ -298,6 +308,123 @@ nb::tuple scaled_mm_matrix(Input a_codes, const std::string& a_format, std::int6
   return nb::make_tuple(amax, std::string(dispatch.kernel));
 }
 
+nb::object number_or_none(std::optional<double> v) {
+  if (!v || !std::isfinite(*v)) return nb::none();
+  return nb::cast(*v);
+}
+
+// `fp8kit analyze --json`'s rows for a matrix of float32, bfloat16 or float16 elements: one dict per format x
+// granularity, with the same keys.
+nb::list analyze_matrix(Input in, const std::string& kind, std::int64_t rows, std::int64_t cols,
+                        const std::vector<std::string>& format_names, const std::vector<std::string>& granularity_names,
+                        bool saturate, std::optional<int> threads) {
+  const MatrixRef x = matrix(in, kind, rows, cols);
+  std::vector<Format> formats;
+  for (const std::string& f : format_names) formats.push_back(format_named(f));
+  std::vector<Granularity> granularities;
+  for (const std::string& g : granularity_names) granularities.push_back(granularity_named(g));
+  const Overflow overflow = saturate ? Overflow::kSaturate : Overflow::kNonSaturating;
+  std::vector<AnalysisRow> results;
+  run(threads, [&] { results = analyze(x, formats, granularities, overflow); });
+  nb::list out;
+  for (const AnalysisRow& r : results) {
+    nb::dict e;
+    e["format"] = std::string(name(r.format));
+    e["granularity"] = r.granularity.name();
+    e["overflow"] = saturate ? "saturate" : "non-saturating";
+    e["rows"] = rows;
+    e["cols"] = cols;
+    e["amax"] = r.d.amax;
+    e["scale"] = r.d.scale ? nb::cast(*r.d.scale) : nb::none();
+    e["sqnr_db"] = number_or_none(r.d.sqnr_db);
+    e["exact"] = r.d.exact;
+    e["underflow_fraction"] = r.d.underflow_fraction();
+    e["underflow_count"] = r.d.underflow_count;
+    e["saturated_count"] = r.d.saturated_count;
+    e["nonfinite_count"] = r.d.nonfinite_count;
+    e["max_abs_error"] = number_or_none(r.d.max_abs_error);
+    e["max_rel_error"] = number_or_none(r.d.max_rel_error);
+    e["holds"] = r.holds();
+    out.append(e);
+  }
+  return out;
+}
+
+// `fp8kit ARGS...` in this process, its output returned as a string (the CLI's own code: cli::run_into).
+std::string run_command(const std::vector<std::string>& args) {
+  char* buffer = nullptr;
+  std::size_t size = 0;
+  std::FILE* out = open_memstream(&buffer, &size);
+  if (out == nullptr) throw std::runtime_error("open_memstream failed");
+  const auto close = [&] {
+    std::fclose(out);
+    std::string text(buffer != nullptr ? buffer : "", size);
+    std::free(buffer);
+    return text;
+  };
+  try {
+    nb::gil_scoped_release release;
+    cli::run_into(args, out);
+  } catch (...) {
+    close();
+    throw;
+  }
+  return close();
+}
+
+// `fp8kit ARGS...` as the tool runs it (output on stdout, errors on stderr); returns the exit status.
+int run_main(const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"fp8kit"};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  nb::gil_scoped_release release;
+  const int status = cli::run(static_cast<int>(argv.size()), argv.data());
+  std::fflush(stdout);
+  return status;
+}
+
+// A checkpoint's tensors for fp8kit.load: {name: (safetensors dtype, shape, bytes)} with the bytes a read-only view
+// of the mapped file (kept mapped while any view lives), and each quantized FP8 weight with its scales as
+// {name: ScaledTensor} (the codes copied into it; its scale tensors are not listed on their own).
+nb::tuple load_checkpoint(const std::string& path, const std::string& config_json) {
+  auto checkpoint = std::make_shared<ShardedCheckpoint>(ShardedCheckpoint::open(path));
+  std::map<std::string, std::string> metadata;
+  for (const SafetensorsFile& shard : checkpoint->shards())
+    metadata.insert(shard.metadata().begin(), shard.metadata().end());
+  const LayoutDetection detection = detect_layout(*checkpoint, config_json);
+  const QuantizationConfig config = config_json.empty()
+                                        ? QuantizationConfig{}
+                                        : parse_quantization_config(config_json).value_or(QuantizationConfig{});
+  nb::dict plain, quantized;
+  std::map<std::string, const QuantizedWeight*> by_weight;
+  std::map<std::string, bool> scales;
+  std::vector<QuantizedWeight> weights;
+  if (detection.layout) {
+    weights = quantized_weights(*checkpoint, *detection.layout);
+    for (const QuantizedWeight& w : weights) {
+      by_weight[w.weight] = &w;
+      scales[w.scale] = true;
+    }
+  }
+  for (const SafetensorsTensor* t : checkpoint->tensors()) {
+    if (scales.count(t->name)) continue;
+    if (auto it = by_weight.find(t->name); it != by_weight.end()) {
+      ScaledTensor q =
+          load_checkpoint_tensor(*detection.layout, *t, checkpoint->at(it->second->scale), config, metadata);
+      quantized[t->name.c_str()] = nb::cast(std::move(q));
+      continue;
+    }
+    auto* owner = new std::shared_ptr<ShardedCheckpoint>(checkpoint);
+    nb::capsule keep(owner, [](void* p) noexcept { delete static_cast<std::shared_ptr<ShardedCheckpoint>*>(p); });
+    nb::ndarray<nb::numpy, nb::ro, std::uint8_t, nb::ndim<1>> bytes(
+        reinterpret_cast<const std::uint8_t*>(t->bytes.data()), {t->bytes.size()}, keep);
+    nb::list shape;
+    for (std::int64_t d : t->shape) shape.append(d);
+    plain[t->name.c_str()] = nb::make_tuple(std::string(name(t->dtype)), nb::tuple(shape), bytes);
+  }
+  return nb::make_tuple(plain, quantized,
+                        detection.layout ? nb::cast(std::string(name(*detection.layout))) : nb::none());
+}
+
 }  // namespace
 }  // namespace fp8kit::python
 
@@ -307,6 +434,8 @@ NB_MODULE(_fp8kit, m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
+    } catch (const fp8kit::cli::UsageError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const fp8kit::Error& e) {
       if (e.kind() == fp8kit::ErrorKind::kIo) {
         PyErr_SetString(PyExc_OSError, e.what());
@@ -348,6 +477,8 @@ NB_MODULE(_fp8kit, m) {
       .def_prop_ro("granularity", [](const fp8kit::ScaledTensor& q) { return q.granularity.name(); })
       .def_prop_ro("saturating",
                    [](const fp8kit::ScaledTensor& q) { return q.overflow == fp8kit::Overflow::kSaturate; })
+      .def_prop_ro("original_dtype",
+                   [](const fp8kit::ScaledTensor& q) { return std::string(fp8kit::name(q.original_dtype)); })
       .def_prop_ro("rows", [](const fp8kit::ScaledTensor& q) { return q.rows; })
       .def_prop_ro("cols", [](const fp8kit::ScaledTensor& q) { return q.cols; });
   m.def("quantize", &quantize_matrix, nb::arg("input"), nb::arg("kind"), nb::arg("rows"), nb::arg("cols"),
@@ -435,6 +566,14 @@ NB_MODULE(_fp8kit, m) {
         new (self) fp8kit::DelayedScaling(fp8kit::DelayedScaling::deserialize(
             std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state.c_str()), state.size())));
       });
+  m.def("analyze", &analyze_matrix, nb::arg("input"), nb::arg("kind"), nb::arg("rows"), nb::arg("cols"),
+        nb::arg("formats"), nb::arg("granularities"), nb::arg("saturate"), nb::arg("threads").none(),
+        "`fp8kit analyze --json`'s rows (one dict per format x granularity) for a matrix.");
+  m.def("command", &run_command, nb::arg("args"),
+        "Runs `fp8kit ARGS...` in this process and returns what it printed; errors are raised.");
+  m.def("main", &run_main, nb::arg("args"), "Runs `fp8kit ARGS...` as the tool does; returns the exit status.");
+  m.def("load", &load_checkpoint, nb::arg("path"), nb::arg("config_json"),
+        "(plain tensors as (dtype, shape, read-only bytes), quantized weights as ScaledTensors, layout or None).");
   m.def(
       "conversion_kernel", [] { return std::string(fp8kit::conversion_kernel()); },
       "The conversion kernels in force (e.g. avx512-vbmi).");

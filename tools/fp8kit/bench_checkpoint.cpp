@@ -194,22 +194,23 @@ void run_bench_checkpoint(const CheckpointBenchArgs& args) {
                      {"dir", parent.string()},
                      {"cpu", cpu}});
     }
-    fmt::print("{}\n", out.dump(2));
+    fmt::print(output(), "{}\n", out.dump(2));
     return;
   }
   fmt::print(
+      output(),
       "checkpoint commands vs cp + fsync on the same disk ('{}'), {} repetitions interleaved, medians; CPU: {}\n",
       parent.string(), args.reps, cpu.empty() ? "unknown" : cpu);
-  fmt::print(
-      "inputs: {} bf16 weights of {} x {} ({:.0f} MiB), the same in f32 ({:.0f} MiB); ratio: cp+fsync time / "
-      "command time (the copy of the bf16 file for quantize and dequantize, whose output is that size; of the "
-      "f32 file for convert)\n\n",
-      kWeightsPerFile, kRows, cols, static_cast<double>(file_bytes[0]) / (1 << 20),
-      static_cast<double>(file_bytes[1]) / (1 << 20));
-  fmt::print("{:<30} {:>10} {:>14} {:>8}\n", "op", "seconds", "cp+fsync s", "ratio");
+  fmt::print(output(),
+             "inputs: {} bf16 weights of {} x {} ({:.0f} MiB), the same in f32 ({:.0f} MiB); ratio: cp+fsync time / "
+             "command time (the copy of the bf16 file for quantize and dequantize, whose output is that size; of the "
+             "f32 file for convert)\n\n",
+             kWeightsPerFile, kRows, cols, static_cast<double>(file_bytes[0]) / (1 << 20),
+             static_cast<double>(file_bytes[1]) / (1 << 20));
+  fmt::print(output(), "{:<30} {:>10} {:>14} {:>8}\n", "op", "seconds", "cp+fsync s", "ratio");
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const double t = median(times[i]);
-    fmt::print("{:<30} {:>10.3f} {:>14.3f} {:>7.2f}x\n", ops[i].name, t, copy_s[ops[i].baseline],
+    fmt::print(output(), "{:<30} {:>10.3f} {:>14.3f} {:>7.2f}x\n", ops[i].name, t, copy_s[ops[i].baseline],
                copy_s[ops[i].baseline] / t);
   }
 }

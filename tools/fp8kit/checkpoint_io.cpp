@@ -90,7 +90,7 @@ void print_json_report(const CheckpointReport& r) {
   j["bytes_out"] = r.bytes_out;
   j["seconds"] = r.seconds;
   for (const auto& [key, value] : r.details) j[key] = value;
-  fmt::print("{}\n", j.dump(2));
+  fmt::print(output(), "{}\n", j.dump(2));
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {

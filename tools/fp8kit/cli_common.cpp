@@ -127,7 +127,7 @@ bool stderr_is_terminal() {
 }
 
 namespace {
-bool g_quiet = false;  // set while parsing: one command runs per process
+thread_local bool g_quiet = false;  // set while parsing; run() and run_into() clear it first
 }  // namespace
 
 void add_quiet_flag(CLI::App* command) {
@@ -136,6 +136,10 @@ void add_quiet_flag(CLI::App* command) {
 
 bool progress_silenced() {
   return g_quiet;
+}
+
+void clear_quiet_flag() {
+  g_quiet = false;
 }
 
 ProgressLine::~ProgressLine() {

@@ -11,16 +11,11 @@
 #include <string_view>
 #include <vector>
 
+#include "cli.hpp"
 #include "fp8kit/format/codec.hpp"
 #include "fp8kit/format/format.hpp"
 
 namespace fp8kit::cli {
-
-// Bad usage or bad input: main() prints "fp8kit <command>: <message>" and exits with status 2.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Says what `error` was, in one line "<command>: <message>" on stderr (under mpirun only launcher rank 0 says it),
 // and returns the exit status it deserves: 2 for bad usage or bad input (UsageError, Error kInvalidArgument or
@@ -82,6 +77,7 @@ bool stderr_is_terminal();
 // `--quiet` on a long-running command (quantize, dequantize, convert, train): no progress line even on a terminal.
 void add_quiet_flag(CLI::App* command);
 bool progress_silenced();
+void clear_quiet_flag();  // before a command line is parsed (several may run in one process)
 
 // The CLI's one progress reporter: a line on stderr rewritten in place by show() and cleared when the object goes
 // away, only when stderr is a terminal and --quiet was not given (nothing otherwise: pipes and logs stay clean).

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "cli_common.hpp"
-#include "fp8_verdict.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/npy.hpp"
 #include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/scaling/analysis.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/tensor/tensor.hpp"
 
@@ -30,7 +30,7 @@ struct AnalyzeArgs {
   bool json = false;
 };
 
-using Row = VerdictRow;
+using Row = AnalysisRow;
 
 std::string sqnr_text(const QuantDiagnostics& d) {
   if (d.sqnr_db) return fmt::format("{:.1f}", *d.sqnr_db);
@@ -142,14 +142,7 @@ void run_analyze(const AnalyzeArgs& args) {
   const std::int64_t rows = numel == 0 ? 0 : numel / cols;
   const MatrixRef view{values.data(), rows, numel == 0 ? 0 : cols};
 
-  std::vector<Row> results;
-  for (Format f : formats) {
-    for (const Granularity& g : granularities) {
-      Row r{f, g, {}};
-      quantize(view, QuantizeOptions{f, overflow, g, ScaleOptions{}}, &r.d);
-      results.push_back(r);
-    }
-  }
+  const std::vector<Row> results = analyze(view, formats, granularities, overflow);
   if (args.json) {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const Row& r : results) {
@@ -168,23 +161,23 @@ void run_analyze(const AnalyzeArgs& args) {
                      {"nonfinite_count", r.d.nonfinite_count},
                      {"max_abs_error", number_or_null(r.d.max_abs_error)},
                      {"max_rel_error", number_or_null(r.d.max_rel_error)},
-                     {"holds", holds(r.d)}});
+                     {"holds", r.holds()}});
     }
-    fmt::print("{}\n", out.dump(2));
+    fmt::print(output(), "{}\n", out.dump(2));
     return;
   }
-  fmt::print("{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file, source_dtype,
-             shape.empty() ? "scalar" : shape_string(shape), rows, view.cols,
+  fmt::print(output(), "{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file,
+             source_dtype, shape.empty() ? "scalar" : shape_string(shape), rows, view.cols,
              overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
              results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count);
-  fmt::print("{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale", "SQNR dB",
-             "underflow", "saturated", "max rel err", "holds");
+  fmt::print(output(), "{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale",
+             "SQNR dB", "underflow", "saturated", "max rel err", "holds");
   for (const Row& r : results) {
-    fmt::print("{:<9} {:<14} {:>12} {:>9} {:>10.3f}% {:>10} {:>12.4g} {:>6}\n", name(r.format), r.granularity.name(),
-               r.d.scale ? fmt::format("{:.6g}", *r.d.scale) : "per block", sqnr_text(r.d),
-               100.0 * r.d.underflow_fraction(), r.d.saturated_count, r.d.max_rel_error, holds(r.d) ? "yes" : "no");
+    fmt::print(output(), "{:<9} {:<14} {:>12} {:>9} {:>10.3f}% {:>10} {:>12.4g} {:>6}\n", name(r.format),
+               r.granularity.name(), r.d.scale ? fmt::format("{:.6g}", *r.d.scale) : "per block", sqnr_text(r.d),
+               100.0 * r.d.underflow_fraction(), r.d.saturated_count, r.d.max_rel_error, r.holds() ? "yes" : "no");
   }
-  fmt::print("{}\n", verdict(results));
+  fmt::print(output(), "{}\n", verdict(results));
 }
 
 }  // namespace

@@ -181,16 +181,16 @@ void run_bench_convert(const BenchArgs& args) {
       row["elements"] = r.elements;
       out.push_back(row);
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
     return;
   }
-  fmt::print("conversion kernels vs memcpy of the same {} MiB array ({} repetitions, medians; CPU: {})\n",
+  fmt::print(output(), "conversion kernels vs memcpy of the same {} MiB array ({} repetitions, medians; CPU: {})\n",
              options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
-  fmt::print("GB/s counts input + output bytes; memcpy counts its reads + writes\n\n");
-  fmt::print("{:<16} {:<7} {:<15} {:>6} {:>7} {:>9} {:>12} {:>7}\n", "op", "isa", "overflow", "scale", "threads",
-             "GB/s", "memcpy GB/s", "ratio");
+  fmt::print(output(), "GB/s counts input + output bytes; memcpy counts its reads + writes\n\n");
+  fmt::print(output(), "{:<16} {:<7} {:<15} {:>6} {:>7} {:>9} {:>12} {:>7}\n", "op", "isa", "overflow", "scale",
+             "threads", "GB/s", "memcpy GB/s", "ratio");
   for (const auto& r : results) {
-    fmt::print("{:<16} {:<7} {:<15} {:>6.3g} {:>7} {:>9.1f} {:>12.1f} {:>6.2f}x\n", r.op, r.isa,
+    fmt::print(output(), "{:<16} {:<7} {:<15} {:>6.3g} {:>7} {:>9.1f} {:>12.1f} {:>6.2f}x\n", r.op, r.isa,
                r.overflow.empty() ? "-" : r.overflow, r.scale, r.timing.threads, r.timing.gbps, r.timing.baseline_gbps,
                r.timing.ratio);
   }
@@ -218,18 +218,19 @@ void run_bench_scaling(const BenchArgs& args) {
       row["format"] = r.op == "quantize" || r.op == "dequantize" ? nlohmann::json("e4m3fn") : nlohmann::json(nullptr);
       out.push_back(row);
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
     return;
   }
-  fmt::print(
-      "scaling kernels on a {} MiB float32 matrix (rows x 4096, e4m3fn, saturating; {} repetitions, medians; "
-      "CPU: {})\n",
-      options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
-  fmt::print("GB/s counts bytes read + written; amax is compared with the read probe, the rest with memcpy\n\n");
-  fmt::print("{:<15} {:<11} {:<15} {:>7} {:>9} {:<15} {:>13} {:>7}\n", "op", "isa", "granularity", "threads", "GB/s",
-             "baseline", "baseline GB/s", "ratio");
+  fmt::print(output(),
+             "scaling kernels on a {} MiB float32 matrix (rows x 4096, e4m3fn, saturating; {} repetitions, medians; "
+             "CPU: {})\n",
+             options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
+  fmt::print(output(),
+             "GB/s counts bytes read + written; amax is compared with the read probe, the rest with memcpy\n\n");
+  fmt::print(output(), "{:<15} {:<11} {:<15} {:>7} {:>9} {:<15} {:>13} {:>7}\n", "op", "isa", "granularity", "threads",
+             "GB/s", "baseline", "baseline GB/s", "ratio");
   for (const auto& r : results) {
-    fmt::print("{:<15} {:<11} {:<15} {:>7} {:>9.1f} {:<15} {:>13.1f} {:>6.2f}x\n", r.op, r.isa,
+    fmt::print(output(), "{:<15} {:<11} {:<15} {:>7} {:>9.1f} {:<15} {:>13.1f} {:>6.2f}x\n", r.op, r.isa,
                r.granularity.empty() ? "-" : r.granularity, r.timing.threads, r.timing.gbps, r.baseline,
                r.timing.baseline_gbps, r.timing.ratio);
   }
@@ -369,7 +370,7 @@ void run_bench_gemm(const GemmArgs& args) {
                      {"openblas_config", blas.config},
                      {"cpu", cpu}});
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
     return;
   }
   std::string thread_list, rep_list;
@@ -377,20 +378,25 @@ void run_bench_gemm(const GemmArgs& args) {
   rep_list = args.reps_given ? std::to_string(options.reps)
                              : "15 per GEMM under 1024^3, 5 under 4096^3, 3 from 4096^3 on, 11 per GEMV";
   fmt::print(
+      output(),
       "FP8 (e4m3fn) GEMM and GEMV against OpenBLAS sgemm, sgemv, a BF16 GEMM library and the read probe, same run "
       "(medians)\n");
-  fmt::print("CPU: {}; OpenBLAS core: {} ({}); threads: {}; reps: {}\n", cpu.empty() ? "unknown" : cpu,
+  fmt::print(output(), "CPU: {}; OpenBLAS core: {} ({}); threads: {}; reps: {}\n", cpu.empty() ? "unknown" : cpu,
              blas.core.empty() ? "unknown" : blas.core, blas.config.empty() ? blas.library : blas.config, thread_list,
              rep_list);
-  fmt::print("BF16 baseline: {}\n", bf16.available ? bf16.name + " bf16 matmul (bf16-gemm rows)" : bf16.why_missing);
+  fmt::print(output(), "BF16 baseline: {}\n",
+             bf16.available ? bf16.name + " bf16 matmul (bf16-gemm rows)" : bf16.why_missing);
   fmt::print(
+      output(),
       "GEMM: A M x K and B N x K, per-tensor scales; GFLOP/s = 2MNK/s. GEMV: N x K weights, per-row scales, float32 "
       "activations (fp8-gemv-bf16x: bfloat16); GB/s = weight bytes/s (1 per FP8 weight, 4 per float32), bytes read "
       "for the probe\n");
   fmt::print(
+      output(),
       "ratio: fp8-gemm GFLOP/s / sgemm's; fp8-gemv weights/s / sgemv's. vs bf16: fp8-gemm GFLOP/s / bf16-gemm's. vs "
       "read: fp8-gemv GB/s / read-bandwidth GB/s\n\n");
-  fmt::print("{:<15} {:<11} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>7} {:>9}  {}\n", "op",
+  fmt::print(output(),
+             "{:<15} {:<11} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>7} {:>9}  {}\n", "op",
              "isa", "M", "N", "K", "path", "threads", "reps", "GFLOP/s", "GB/s", "baseline", "ratio", "vs bf16",
              "vs read", "rel diff", "kernel / library");
   const auto num = [](double v, int precision) {
@@ -398,12 +404,12 @@ void run_bench_gemm(const GemmArgs& args) {
   };
   const auto times = [](double v) { return v > 0 && std::isfinite(v) ? fmt::format("{:.2f}x", v) : std::string("-"); };
   for (const auto& r : results) {
-    fmt::print("{:<15} {:<11} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>7} {:>9}  {}\n",
-               r.op, r.isa, r.shape.m, r.shape.n, r.shape.k, r.path.empty() ? "-" : r.path, r.threads, r.reps,
-               num(r.gflops, 1), num(r.gbps, 1), r.baseline.empty() ? "-" : r.baseline, times(r.ratio),
-               times(r.bf16_ratio), times(r.read_bandwidth_ratio),
-               r.rel_diff >= 0 ? fmt::format("{:.2e}", r.rel_diff) : std::string("-"),
-               !r.kernel.empty() ? r.kernel : (!r.library.empty() ? r.library : std::string("-")));
+    fmt::print(
+        output(), "{:<15} {:<11} {:>6} {:>6} {:>6} {:<5} {:>7} {:>4} {:>9} {:>8} {:<8} {:>7} {:>7} {:>7} {:>9}  {}\n",
+        r.op, r.isa, r.shape.m, r.shape.n, r.shape.k, r.path.empty() ? "-" : r.path, r.threads, r.reps,
+        num(r.gflops, 1), num(r.gbps, 1), r.baseline.empty() ? "-" : r.baseline, times(r.ratio), times(r.bf16_ratio),
+        times(r.read_bandwidth_ratio), r.rel_diff >= 0 ? fmt::format("{:.2e}", r.rel_diff) : std::string("-"),
+        !r.kernel.empty() ? r.kernel : (!r.library.empty() ? r.library : std::string("-")));
   }
 }
 
@@ -429,23 +435,23 @@ void run_bench_peak(bool json, int reps) {
                      {"skipped", ran ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
                      {"cpu", cpu}});
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
     return;
   }
-  fmt::print("arithmetic instruction peaks on one thread ({} repetitions, medians; CPU: {})\n", reps,
+  fmt::print(output(), "arithmetic instruction peaks on one thread ({} repetitions, medians; CPU: {})\n", reps,
              cpu.empty() ? "unknown" : cpu);
-  fmt::print(
-      "what one core issues of the instructions under each level's GEMM kernels; ratio: GFLOP/s over the widest "
-      "FP32 FMA's (sgemm's instruction)\n\n");
-  fmt::print("{:<13} {:<16} {:<12} {:>12} {:>7} {:>9} {:>9} {:>7}\n", "op", "instruction", "isa", "flops/instr",
-             "chains", "ns/instr", "GFLOP/s", "ratio");
+  fmt::print(output(),
+             "what one core issues of the instructions under each level's GEMM kernels; ratio: GFLOP/s over the widest "
+             "FP32 FMA's (sgemm's instruction)\n\n");
+  fmt::print(output(), "{:<13} {:<16} {:<12} {:>12} {:>7} {:>9} {:>9} {:>7}\n", "op", "instruction", "isa",
+             "flops/instr", "chains", "ns/instr", "GFLOP/s", "ratio");
   for (const auto& r : results) {
     if (!r.skipped.empty()) {
-      fmt::print("{:<13} {:<16} {:<12} {:>12} {:>7}  skipped: this CPU lacks {}\n", r.op, r.instruction, r.isa,
-                 r.flops_per_instruction, r.chains, r.skipped);
+      fmt::print(output(), "{:<13} {:<16} {:<12} {:>12} {:>7}  skipped: this CPU lacks {}\n", r.op, r.instruction,
+                 r.isa, r.flops_per_instruction, r.chains, r.skipped);
       continue;
     }
-    fmt::print("{:<13} {:<16} {:<12} {:>12} {:>7} {:>9.3f} {:>9.1f} {:>6.2f}x\n", r.op, r.instruction, r.isa,
+    fmt::print(output(), "{:<13} {:<16} {:<12} {:>12} {:>7} {:>9.3f} {:>9.1f} {:>6.2f}x\n", r.op, r.instruction, r.isa,
                r.flops_per_instruction, r.chains, r.ns_per_instruction, r.gflops, r.ratio);
   }
 }
@@ -492,23 +498,23 @@ void run_bench_comm(bool json, const std::string& sizes_text, int reps) {
                      {"reps", reps},
                      {"cpu", cpu}});
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
     return;
   }
-  fmt::print(
-      "collectives on {} rank{} ({} backend, {} thread{} per rank; {} repetitions, medians of the slowest "
-      "rank; CPU: {})\n",
-      comm->size(), comm->size() == 1 ? "" : "s", comm->backend(), num_threads(), num_threads() == 1 ? "" : "s", reps,
-      cpu.empty() ? "unknown" : cpu);
-  fmt::print(
-      "size: an fp32 payload of that many bytes (every dtype moves the same elements); bytes: what one rank "
-      "hands to the backend per call; ratio: elements/s over the fp32 row's\n\n");
-  fmt::print("{:<15} {:<15} {:>12} {:>13} {:>10} {:>9} {:>10} {:>7}\n", "op", "dtype", "elements", "bytes/rank", "ms",
-             "GB/s", "Melem/s", "ratio");
+  fmt::print(output(),
+             "collectives on {} rank{} ({} backend, {} thread{} per rank; {} repetitions, medians of the slowest "
+             "rank; CPU: {})\n",
+             comm->size(), comm->size() == 1 ? "" : "s", comm->backend(), num_threads(), num_threads() == 1 ? "" : "s",
+             reps, cpu.empty() ? "unknown" : cpu);
+  fmt::print(output(),
+             "size: an fp32 payload of that many bytes (every dtype moves the same elements); bytes: what one rank "
+             "hands to the backend per call; ratio: elements/s over the fp32 row's\n\n");
+  fmt::print(output(), "{:<15} {:<15} {:>12} {:>13} {:>10} {:>9} {:>10} {:>7}\n", "op", "dtype", "elements",
+             "bytes/rank", "ms", "GB/s", "Melem/s", "ratio");
   for (const auto& r : results) {
     const std::string dtype = r.scaling.empty() ? r.dtype : r.dtype + "/" + r.scaling;
-    fmt::print("{:<15} {:<15} {:>12} {:>13} {:>10.3f} {:>9.2f} {:>10.1f} {:>6.2f}x\n", r.op, dtype, r.elements, r.bytes,
-               r.seconds * 1e3, r.gbps, r.elements_per_second / 1e6, r.ratio);
+    fmt::print(output(), "{:<15} {:<15} {:>12} {:>13} {:>10.3f} {:>9.2f} {:>10.1f} {:>6.2f}x\n", r.op, dtype,
+               r.elements, r.bytes, r.seconds * 1e3, r.gbps, r.elements_per_second / 1e6, r.ratio);
   }
 }
 

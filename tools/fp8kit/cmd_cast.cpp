@@ -222,11 +222,11 @@ class CastPrinter {
   void finish() {
     if (setup_.json) fmt::format_to(fmt::appender(out_), "{}", first_ ? "]\n" : "\n]\n");
     flush();
-    if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw std::runtime_error("writing to stdout failed");
+    if (std::fflush(output()) != 0 || std::ferror(output())) throw std::runtime_error("writing to stdout failed");
   }
 
   void flush() {
-    std::fwrite(out_.data(), 1, out_.size(), stdout);
+    std::fwrite(out_.data(), 1, out_.size(), output());
     out_.clear();
   }
 

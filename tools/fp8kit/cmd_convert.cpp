@@ -89,7 +89,7 @@ void run_convert(const ConvertArgs& args) {
     print_json_report(r);
     return;
   }
-  fmt::print("{} -> {}: cast {} tensors to {}{}; copied {}{}\n", args.in, args.out, cast, name(*to),
+  fmt::print(output(), "{} -> {}: cast {} tensors to {}{}; copied {}{}\n", args.in, args.out, cast, name(*to),
              is_fp8(*to) ? (overflow == Overflow::kSaturate ? " (saturating)" : " (non-saturating)") : "", copied,
              other_files(files_copied));
 }

@@ -110,8 +110,8 @@ void run_dequantize(const DequantizeArgs& args) {
          {{"layout", std::string(name(layout))}, {"to", std::string(name(*to))}},
          {{"dropped_scales", dropped_scales}, {"unscaled_fp8_copied", unscaled_fp8}, {"files_copied", files_copied}}});
   } else {
-    fmt::print("{} -> {}: dequantized {} {} weights to {}; copied {} tensors, dropped {} scales{}\n", args.in, args.out,
-               weights.size(), name(layout), name(*to), copied, dropped_scales, other_files(files_copied));
+    fmt::print(output(), "{} -> {}: dequantized {} {} weights to {}; copied {} tensors, dropped {} scales{}\n", args.in,
+               args.out, weights.size(), name(layout), name(*to), copied, dropped_scales, other_files(files_copied));
   }
   if (unscaled_fp8 != 0) {
     fmt::print(stderr, "note: {} FP8 tensors without a scale were copied as they are\n", unscaled_fp8);

@@ -114,7 +114,7 @@ void print_table() {
       "\nBit patterns: sign.exponent.mantissa; S = either sign. Values are exact (every FP8 value is a "
       "dyadic\n"
       "rational); e8m0fnu has no sign, no mantissa and no zero: every code is a power of two.\n";
-  std::fputs(out.c_str(), stdout);
+  std::fputs(out.c_str(), output());
 }
 
 }  // namespace
@@ -127,7 +127,7 @@ void add_formats_command(CLI::App& app) {
     if (*json) {
       nlohmann::ordered_json out = nlohmann::ordered_json::array();
       for (Format f : kAllFormats) out.push_back(format_json(descriptor(f)));
-      std::printf("%s\n", out.dump(2).c_str());
+      std::fprintf(output(), "%s\n", out.dump(2).c_str());
       return;
     }
     print_table();

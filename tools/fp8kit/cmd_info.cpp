@@ -58,31 +58,32 @@ void run_info(const InfoOptions& o) {
     j["threads"] = num_threads();
     j["cuda"] = build.cuda;
     j["mpi"] = build.mpi;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::fprintf(output(), "%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("fp8kit %s (%s build, %s)\n", std::string(build.version).c_str(), std::string(build.build_type).c_str(),
-              std::string(build.compiler).c_str());
-  std::printf("CPU         %s\n", cpu.brand.c_str());
-  std::printf("features    %s\n", joined(cpu.names(), " ").c_str());
-  std::printf("ISA levels  %s (the levels this CPU runs, lowest first)\n", joined(levels, " ").c_str());
-  std::printf("in force    %s%s\n", std::string(name(isa)).c_str(),
-              env ? fmt::format(" (FP8KIT_ISA={})", *env).c_str() : "");
-  std::printf("kernels     convert     %s\n", std::string(conversion_kernel()).c_str());
-  std::printf("            quantize    %s\n", quantize.c_str());
-  std::printf("            gemm        %s (%s)\n", std::string(mm.gemm).c_str(),
-              std::string(name(mm.gemm_contract)).c_str());
+  std::fprintf(output(), "fp8kit %s (%s build, %s)\n", std::string(build.version).c_str(),
+               std::string(build.build_type).c_str(), std::string(build.compiler).c_str());
+  std::fprintf(output(), "CPU         %s\n", cpu.brand.c_str());
+  std::fprintf(output(), "features    %s\n", joined(cpu.names(), " ").c_str());
+  std::fprintf(output(), "ISA levels  %s (the levels this CPU runs, lowest first)\n", joined(levels, " ").c_str());
+  std::fprintf(output(), "in force    %s%s\n", std::string(name(isa)).c_str(),
+               env ? fmt::format(" (FP8KIT_ISA={})", *env).c_str() : "");
+  std::fprintf(output(), "kernels     convert     %s\n", std::string(conversion_kernel()).c_str());
+  std::fprintf(output(), "            quantize    %s\n", quantize.c_str());
+  std::fprintf(output(), "            gemm        %s (%s)\n", std::string(mm.gemm).c_str(),
+               std::string(name(mm.gemm_contract)).c_str());
   if (!mm.gemm_small_m.empty())
-    std::printf("            gemm M<=%-3lld %s (%s)\n", static_cast<long long>(mm.small_m_max),
-                std::string(mm.gemm_small_m).c_str(), std::string(name(mm.gemm_contract)).c_str());
-  std::printf("            gemm f32    %s (%s)\n", std::string(mm.gemm_f32).c_str(),
-              std::string(name(mm.gemm_f32_contract)).c_str());
-  std::printf("            gemv        %s (%s)\n", std::string(mm.gemv).c_str(),
-              std::string(name(mm.gemv_contract)).c_str());
-  std::printf("            gemv f32    %s (%s)\n", std::string(mm.gemv_f32).c_str(),
-              std::string(name(mm.gemv_f32_contract)).c_str());
-  std::printf("threads     %d (OpenMP; OMP_NUM_THREADS or --threads set it)\n", num_threads());
-  std::printf("backends    CUDA %s, MPI %s\n", build.cuda ? "built" : "not built", build.mpi ? "built" : "not built");
+    std::fprintf(output(), "            gemm M<=%-3lld %s (%s)\n", static_cast<long long>(mm.small_m_max),
+                 std::string(mm.gemm_small_m).c_str(), std::string(name(mm.gemm_contract)).c_str());
+  std::fprintf(output(), "            gemm f32    %s (%s)\n", std::string(mm.gemm_f32).c_str(),
+               std::string(name(mm.gemm_f32_contract)).c_str());
+  std::fprintf(output(), "            gemv        %s (%s)\n", std::string(mm.gemv).c_str(),
+               std::string(name(mm.gemv_contract)).c_str());
+  std::fprintf(output(), "            gemv f32    %s (%s)\n", std::string(mm.gemv_f32).c_str(),
+               std::string(name(mm.gemv_f32_contract)).c_str());
+  std::fprintf(output(), "threads     %d (OpenMP; OMP_NUM_THREADS or --threads set it)\n", num_threads());
+  std::fprintf(output(), "backends    CUDA %s, MPI %s\n", build.cuda ? "built" : "not built",
+               build.mpi ? "built" : "not built");
 }
 
 }  // namespace

@@ -11,11 +11,10 @@
 
 #include "checkpoint_io.hpp"
 #include "cli_common.hpp"
-#include "fp8_verdict.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/io/safetensors.hpp"
-#include "fp8kit/scaling/quantize.hpp"
+#include "fp8kit/scaling/analysis.hpp"
 #include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit::cli {
@@ -30,8 +29,8 @@ struct InspectArgs {
 // What `fp8kit analyze` would say about a high-precision tensor in e4m3fn (saturating) at its default
 // granularities: the coarsest that holds, with its SQNR; nullopt for tensors that are not floating point.
 struct Fp8Analysis {
-  std::optional<VerdictRow> best;  // none holds when empty
-  double best_sqnr_db = 0.0;       // the best SQNR tried, when none holds
+  std::optional<AnalysisRow> best;  // none holds when empty
+  double best_sqnr_db = 0.0;        // the best SQNR tried, when none holds
 };
 
 std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
@@ -43,16 +42,12 @@ std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
   const Tensor x = to_tensor(t).to(DType::float32);
   if (x.numel() == 0) return std::nullopt;
   const MatrixRef m = x.matrix();  // float32
-  std::vector<VerdictRow> rows;
-  for (const Granularity& g :
-       {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128), Granularity::mx()}) {
-    VerdictRow r{Format::e4m3fn, g, {}};
-    quantize(m, QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, g, {}}, &r.d);
-    rows.push_back(r);
-  }
+  const Format e4m3fn = Format::e4m3fn;
+  const std::vector<AnalysisRow> rows =
+      analyze(m, std::span(&e4m3fn, 1), default_analysis_granularities(), Overflow::kSaturate);
   Fp8Analysis a;
-  if (const VerdictRow* best = best_holding(rows)) a.best = *best;
-  for (const VerdictRow& r : rows) a.best_sqnr_db = std::max(a.best_sqnr_db, r.d.sqnr_db.value_or(0.0));
+  if (const AnalysisRow* best = best_holding(rows)) a.best = *best;
+  for (const AnalysisRow& r : rows) a.best_sqnr_db = std::max(a.best_sqnr_db, r.d.sqnr_db.value_or(0.0));
   return a;
 }
 
@@ -107,11 +102,11 @@ void run_inspect(const InspectArgs& args) {
   if (args.json) {
     // One object, written as it is made: the tensors one per line.
     const auto str = [](const nlohmann::ordered_json& j) { return j.dump(); };
-    fmt::print(
-        "{{\n  \"path\": {},\n  \"shards\": {},\n  \"layout\": {},\n  \"evidence\": {},\n  "
-        "\"total_bytes\": {},\n  \"tensors\": [",
-        str(args.file), in.checkpoint.shards().size(), detection.layout ? str(layout) : std::string("null"),
-        str(detection.evidence), total);
+    fmt::print(output(),
+               "{{\n  \"path\": {},\n  \"shards\": {},\n  \"layout\": {},\n  \"evidence\": {},\n  "
+               "\"total_bytes\": {},\n  \"tensors\": [",
+               str(args.file), in.checkpoint.shards().size(), detection.layout ? str(layout) : std::string("null"),
+               str(detection.evidence), total);
     bool first = true;
     for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
       nlohmann::ordered_json e = {{"name", t->name},
@@ -127,10 +122,10 @@ void run_inspect(const InspectArgs& args) {
             a->best ? nlohmann::ordered_json(a->best->granularity.name()) : nlohmann::ordered_json(nullptr);
         e["e4m3fn_sqnr_db"] = a->best ? a->best->d.sqnr_db.value_or(0.0) : a->best_sqnr_db;
       }
-      fmt::print("{}\n    {}", first ? "" : ",", str(e));
+      fmt::print(output(), "{}\n    {}", first ? "" : ",", str(e));
       first = false;
     }
-    fmt::print("{}],\n  \"quantized\": [", first ? "" : "\n  ");
+    fmt::print(output(), "{}],\n  \"quantized\": [", first ? "" : "\n  ");
     first = true;
     for (const QuantizedWeight& w : weights) {
       const nlohmann::ordered_json q = {
@@ -138,23 +133,23 @@ void run_inspect(const InspectArgs& args) {
           {"scale", w.scale},
           {"input_scale", w.input_scale ? nlohmann::ordered_json(*w.input_scale) : nlohmann::ordered_json(nullptr)},
           {"granularity", granularity.at(w.weight)}};
-      fmt::print("{}\n    {}", first ? "" : ",", str(q));
+      fmt::print(output(), "{}\n    {}", first ? "" : ",", str(q));
       first = false;
     }
-    fmt::print("{}]\n}}\n", first ? "" : "\n  ");
+    fmt::print(output(), "{}]\n}}\n", first ? "" : "\n  ");
     return;
   }
-  fmt::print("{}: {} tensors in {} shard{}, {} bytes\n", args.file, in.checkpoint.size(), in.checkpoint.shards().size(),
-             in.checkpoint.shards().size() == 1 ? "" : "s", total);
-  fmt::print("layout: {} ({})\n", layout, detection.evidence);
-  fmt::print("quantized weights: {}\n", weights.size());
+  fmt::print(output(), "{}: {} tensors in {} shard{}, {} bytes\n", args.file, in.checkpoint.size(),
+             in.checkpoint.shards().size(), in.checkpoint.shards().size() == 1 ? "" : "s", total);
+  fmt::print(output(), "layout: {} ({})\n", layout, detection.evidence);
+  fmt::print(output(), "quantized weights: {}\n", weights.size());
   std::size_t width = 4;
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) width = std::max(width, t->name.size());
   width = std::min<std::size_t>(width, 72);
-  fmt::print("{:<{}} {:<11} {:<18} {:>12}  {}\n", "name", width, "dtype", "shape", "bytes", "role");
+  fmt::print(output(), "{:<{}} {:<11} {:<18} {:>12}  {}\n", "name", width, "dtype", "shape", "bytes", "role");
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     const std::optional<Fp8Analysis> a = analysis_of(*t);
-    fmt::print("{:<{}} {:<11} {:<18} {:>12}  {}\n", t->name, width, name(t->dtype), shape_string(t->shape),
+    fmt::print(output(), "{:<{}} {:<11} {:<18} {:>12}  {}\n", t->name, width, name(t->dtype), shape_string(t->shape),
                t->bytes.size(), role.count(t->name) ? role.at(t->name) : (a ? analysis_text(*a) : ""));
   }
 }

@@ -168,8 +168,8 @@ void run_quantize(const QuantizeArgs& args) {
                        {{"files_copied", files_copied}}});
     return;
   }
-  fmt::print("{} -> {}: quantized {} weights ({} {}, {} layout{}); {} tensors copied as they are{}\n", args.in,
-             args.out, quantized, name(*scheme), name(*format), name(layout),
+  fmt::print(output(), "{} -> {}: quantized {} weights ({} {}, {} layout{}); {} tensors copied as they are{}\n",
+             args.in, args.out, quantized, name(*scheme), name(*format), name(layout),
              rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", in.checkpoint.size() - quantized,
              other_files(files_copied));
 }

@@ -634,56 +634,56 @@ void train_run(TrainArgs a, Communicator* comm) {
       }
       out.push_back(o);
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
     return;
   }
-  std::printf("model %s, %lld parameters; data: %s; %lld steps, seed %llu, %d threads\n", a.model.c_str(),
-              static_cast<long long>(results.front().parameters), results.front().data.c_str(),
-              static_cast<long long>(a.steps), static_cast<unsigned long long>(a.seed), num_threads());
+  std::fprintf(output(), "model %s, %lld parameters; data: %s; %lld steps, seed %llu, %d threads\n", a.model.c_str(),
+               static_cast<long long>(results.front().parameters), results.front().data.c_str(),
+               static_cast<long long>(a.steps), static_cast<unsigned long long>(a.seed), num_threads());
   if (comm) {
-    std::printf("%s: %d ranks (%s), gradients summed in %s; replicas identical: %s\n",
-                fsdp ? "fully sharded data parallel" : "data parallel", comm->size(),
-                std::string(comm->backend()).c_str(), std::string(name(*grad_payload)).c_str(),
-                std::all_of(identical.begin(), identical.end(), [](bool b) { return b; }) ? "yes" : "NO");
+    std::fprintf(output(), "%s: %d ranks (%s), gradients summed in %s; replicas identical: %s\n",
+                 fsdp ? "fully sharded data parallel" : "data parallel", comm->size(),
+                 std::string(comm->backend()).c_str(), std::string(name(*grad_payload)).c_str(),
+                 std::all_of(identical.begin(), identical.end(), [](bool b) { return b; }) ? "yes" : "NO");
   }
-  std::printf("%-18s %12s %8s %12s %8s %11s %9s %8s\n", "recipe", "peak memory", "vs fp32", "step time", "vs fp32",
-              "eval loss", "vs fp32", "skipped");
+  std::fprintf(output(), "%-18s %12s %8s %12s %8s %11s %9s %8s\n", "recipe", "peak memory", "vs fp32", "step time",
+               "vs fp32", "eval loss", "vs fp32", "skipped");
   for (const auto& r : results) {
     const std::string mem_ratio =
         fp32 ? fmt::format("{:.2f}x", static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes)) : "-";
     const std::string time_ratio = fp32 ? fmt::format("{:.2f}x", r.step_ms / fp32->step_ms) : "-";
     const std::string gap =
         fp32 ? fmt::format("{:+.2f}%", 100.0 * (r.final_loss - fp32->final_loss) / fp32->final_loss) : "-";
-    std::printf("%-18s %12s %8s %9.1f ms %8s %11.4f %9s %8lld\n", r.recipe.c_str(), megabytes(r.peak_bytes).c_str(),
-                mem_ratio.c_str(), r.step_ms, time_ratio.c_str(), static_cast<double>(r.final_loss), gap.c_str(),
-                static_cast<long long>(r.skipped_steps));
+    std::fprintf(output(), "%-18s %12s %8s %9.1f ms %8s %11.4f %9s %8lld\n", r.recipe.c_str(),
+                 megabytes(r.peak_bytes).c_str(), mem_ratio.c_str(), r.step_ms, time_ratio.c_str(),
+                 static_cast<double>(r.final_loss), gap.c_str(), static_cast<long long>(r.skipped_steps));
   }
-  std::printf(
-      "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
-      " temporaries); step time: median; eval loss: held-out data, %lld batches\n",
-      static_cast<long long>(nn::TrainConfig{}.eval_batches));
+  std::fprintf(output(),
+               "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
+               " temporaries); step time: median; eval loss: held-out data, %lld batches\n",
+               static_cast<long long>(nn::TrainConfig{}.eval_batches));
   if (resumed) {
-    std::printf("resumed from %s at step %lld (peak memory and step time: this process's steps)\n", a.resume.c_str(),
-                static_cast<long long>(results.front().start_step));
+    std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",
+                 a.resume.c_str(), static_cast<long long>(results.front().start_step));
   }
   if (!a.save_checkpoint.empty()) {
-    std::printf("checkpoint: %s (step %lld)\n", a.save_checkpoint.c_str(), static_cast<long long>(a.steps));
+    std::fprintf(output(), "checkpoint: %s (step %lld)\n", a.save_checkpoint.c_str(), static_cast<long long>(a.steps));
   }
   if (export_options) {
-    std::printf("FP8 export: %s (%s, %s layout)\n", a.export_fp8.c_str(),
-                std::string(name(export_options->scheme)).c_str(), std::string(name(export_options->layout)).c_str());
+    std::fprintf(output(), "FP8 export: %s (%s, %s layout)\n", a.export_fp8.c_str(),
+                 std::string(name(export_options->scheme)).c_str(), std::string(name(export_options->layout)).c_str());
   }
   for (std::size_t ri = 0; ri < summaries.size(); ++ri) {
-    std::printf("\nprofile (%s): op, calls, path, reason, total time\n", results[ri].recipe.c_str());
+    std::fprintf(output(), "\nprofile (%s): op, calls, path, reason, total time\n", results[ri].recipe.c_str());
     for (const auto& s : summaries[ri]) {
       if (s.name == "step") continue;
-      std::printf("  %-40s %7lld %-11s %-28s %10.1f ms\n", s.name.c_str(), static_cast<long long>(s.calls),
-                  s.path.empty() ? "-" : s.path.c_str(), s.reason.empty() ? "-" : s.reason.c_str(),
-                  s.total_us / 1000.0);
+      std::fprintf(output(), "  %-40s %7lld %-11s %-28s %10.1f ms\n", s.name.c_str(), static_cast<long long>(s.calls),
+                   s.path.empty() ? "-" : s.path.c_str(), s.reason.empty() ? "-" : s.reason.c_str(),
+                   s.total_us / 1000.0);
     }
   }
   if (!a.profile.empty())
-    std::printf("\ntrace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", a.profile.c_str());
+    std::fprintf(output(), "\ntrace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", a.profile.c_str());
 }
 
 // A run over ranks ends at one barrier, whichever way it ends. An error every rank throws together (the settings'

@@ -1,0 +1,45 @@
+// Does FP8 hold a tensor, and at which granularity? Quantizes it per format x granularity and measures what each
+// loses (QuantDiagnostics), against one set of criteria: `fp8kit analyze` prints it per file, `fp8kit inspect` per
+// high-precision tensor, and the Python package's fp8kit.analyze() returns it.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "fp8kit/scaling/quantize.hpp"
+
+namespace fp8kit {
+
+// A signal-to-noise ratio FP8's 3-4 significant bits can reach on well-scaled data, almost nothing flushed to
+// zero, and nothing clipped.
+inline constexpr double kGoodSqnrDb = 25.0;
+inline constexpr double kMaxUnderflowFraction = 0.001;
+
+// Whether a quantization meets the criteria: SQNR >= kGoodSqnrDb (or exact), nothing saturated, at most
+// kMaxUnderflowFraction of the nonzero inputs flushed to zero.
+bool holds(const QuantDiagnostics& d);
+
+// Coarser granularities need fewer scales: 0 tensor, 1 row/column, 2 block, 3 MX.
+int coarseness_rank(const Granularity& g);
+
+// The granularities analyze tries when none are named: tensor, row, block:1x128, mx32.
+std::vector<Granularity> default_analysis_granularities();
+
+// One quantization's result.
+struct AnalysisRow {
+  Format format;
+  Granularity granularity;
+  Overflow overflow;
+  QuantDiagnostics d;
+  bool holds() const { return fp8kit::holds(d); }
+};
+
+// x quantized (scales computed as quantize() computes them, with ScaleOptions' defaults) for each format, then each
+// granularity, in that order; the codes are dropped, the diagnostics kept.
+std::vector<AnalysisRow> analyze(MatrixRef x, std::span<const Format> formats,
+                                 std::span<const Granularity> granularities, Overflow overflow = Overflow::kSaturate);
+
+// The row that holds with the coarsest granularity (then the best SQNR), or null when none holds.
+const AnalysisRow* best_holding(std::span<const AnalysisRow> rows);
+
+}  // namespace fp8kit

@@ -1,0 +1,215 @@
+"""fp8kit.inspect / quantize_checkpoint / dequantize_checkpoint / convert_checkpoint / load and `python -m fp8kit`:
+the checkpoint functions run the CLI's commands in-process (their reports are the CLI's --json), load() gives
+read-only views of the mapped file and ScaledTensors for quantized weights whose codes and scales are bit for bit
+what fp8kit.quantize computes for the same weights, and errors are one-line Python exceptions that leave every file
+as it was."""
+import gc
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8kit
+
+_DTYPES = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float16): "F16",
+           np.dtype(np.int64): "I64"}
+
+
+def write_safetensors(path, tensors):
+    """A .safetensors file from {name: array} (the format: an 8-byte header length, a JSON header, the bytes)."""
+    header, blobs, offset = {}, [], 0
+    for name, a in tensors.items():
+        data = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": _DTYPES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+@pytest.fixture()
+def model(tmp_path):
+    """A small bf16 model: two linear weights (one 300 x 200, not a multiple of the 128 blocks), a norm and ids."""
+    rng = np.random.default_rng(7)
+    tensors = {
+        "model.layers.0.mlp.up_proj.weight": rng.normal(0, 0.05, (300, 200)).astype(ml_dtypes.bfloat16),
+        "model.layers.0.mlp.down_proj.weight": rng.normal(0, 0.02, (64, 300)).astype(ml_dtypes.bfloat16),
+        "model.norm.weight": np.ones(64, ml_dtypes.bfloat16),
+        "model.position_ids": np.arange(16, dtype=np.int64),
+    }
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, tensors)
+    return path, tensors
+
+
+@pytest.mark.parametrize("scheme,layout,granularity", [("fp8-block", "deepseek", "block:128x128"),
+                                                       ("fp8-channel", "fbgemm", "row"),
+                                                       ("fp8-tensor", "autofp8", "tensor"),
+                                                       ("mxfp8", "mxfp8", "mx32")])
+def test_quantize_checkpoint_then_load_matches_quantize(model, tmp_path, scheme, layout, granularity):
+    src, tensors = model
+    dst = tmp_path / f"{layout}.safetensors"
+    report = fp8kit.quantize_checkpoint(src, dst, scheme, layout)
+    assert report["command"] == "quantize" and report["quantized"] == 2 and report["copied"] == 2
+    assert report["layout"] == layout and report["scheme"] == scheme and report["bytes_out"] == os.path.getsize(dst)
+    loaded = fp8kit.load(dst)
+    assert sorted(loaded) == sorted(tensors)  # the scales belong to their weights
+    for name in ("model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"):
+        q = loaded[name]
+        assert isinstance(q, fp8kit.ScaledTensor) and q.format == "e4m3fn"
+        assert q.granularity == fp8kit.quantize(tensors[name], "e4m3fn", granularity).granularity
+        want = fp8kit.quantize(tensors[name], "e4m3fn", granularity)
+        assert np.array_equal(q.data.view(np.uint8), want.data.view(np.uint8))
+        assert np.array_equal(q.scale_inv, want.scale_inv)
+        assert q.original_dtype == "bfloat16"
+    assert np.array_equal(loaded["model.position_ids"], np.arange(16))
+    assert loaded["model.norm.weight"].dtype == ml_dtypes.bfloat16
+
+
+def test_inspect_reports_the_layout_and_the_pairs(model, tmp_path):
+    src, _ = model
+    plain = fp8kit.inspect(src)
+    assert plain["layout"] is None and len(plain["tensors"]) == 4 and plain["quantized"] == []
+    up = next(t for t in plain["tensors"] if t["name"] == "model.layers.0.mlp.up_proj.weight")
+    assert up["dtype"] == "BF16" and up["shape"] == [300, 200] and up["e4m3fn_holds_at"] == "tensor"
+    assert "e4m3fn_holds_at" not in fp8kit.inspect(src, analysis=False)["tensors"][0]
+    dst = tmp_path / "q.safetensors"
+    fp8kit.quantize_checkpoint(src, dst, "fp8-block")
+    info = fp8kit.inspect(dst)
+    assert info["layout"] == "deepseek" and len(info["quantized"]) == 2
+    assert {q["granularity"] for q in info["quantized"]} == {"block:128x128"}
+    assert info["quantized"][0]["scale"].endswith("weight_scale_inv")
+
+
+def test_dequantize_checkpoint_gives_what_scaled_tensor_dequantize_gives(model, tmp_path):
+    src, tensors = model
+    q_path, back = tmp_path / "q.safetensors", tmp_path / "back.safetensors"
+    fp8kit.quantize_checkpoint(src, q_path, "fp8-channel")
+    report = fp8kit.dequantize_checkpoint(q_path, back, to="float32")
+    assert report["command"] == "dequantize" and report["dequantized"] == 2
+    quantized, restored = fp8kit.load(q_path), fp8kit.load(back)
+    for name in ("model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"):
+        assert restored[name].dtype == np.float32
+        assert np.array_equal(restored[name], quantized[name].dequantize("float32"))
+        err = np.abs(restored[name] - tensors[name].astype(np.float32)).max()
+        assert err <= np.abs(tensors[name].astype(np.float32)).max() / 16  # e4m3's 3 mantissa bits
+
+
+def test_convert_checkpoint_casts_every_float_tensor(model, tmp_path):
+    src, tensors = model
+    dst = tmp_path / "f32.safetensors"
+    report = fp8kit.convert_checkpoint(src, dst, np.float32)
+    assert report["command"] == "convert" and report["cast"] == 3
+    out = fp8kit.load(dst)
+    with pytest.raises(ValueError, match="FP8 targets only"):
+        fp8kit.convert_checkpoint(src, tmp_path / "no.safetensors", "float16", saturate=False)
+    for name, a in tensors.items():
+        assert np.array_equal(out[name], a.astype(np.float32) if a.dtype != np.int64 else a)
+
+
+def test_load_gives_read_only_views_that_keep_the_file_mapped(model):
+    src, tensors = model
+    loaded = fp8kit.load(src)
+    w = loaded["model.layers.0.mlp.up_proj.weight"]
+    assert not w.flags.writeable and not w.flags.owndata
+    with pytest.raises(ValueError):
+        w[0, 0] = 1
+    del loaded
+    gc.collect()
+    assert np.array_equal(w, tensors["model.layers.0.mlp.up_proj.weight"])  # still mapped
+
+
+def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):
+    src, _ = model
+    dst = tmp_path / "exists.safetensors"
+    dst.write_bytes(b"keep me")
+    with pytest.raises(ValueError, match="exists; pass --force"):
+        fp8kit.quantize_checkpoint(src, dst, "fp8-block")
+    assert dst.read_bytes() == b"keep me"
+    assert fp8kit.quantize_checkpoint(src, dst, "fp8-block", force=True)["quantized"] == 2
+    with pytest.raises(ValueError, match="does not exist"):
+        fp8kit.inspect(tmp_path / "missing.safetensors")
+    with pytest.raises(ValueError, match="unknown --scheme 'fp8-row'"):
+        fp8kit.quantize_checkpoint(src, tmp_path / "x.safetensors", "fp8-row")
+    with pytest.raises(ValueError, match="already quantized"):
+        fp8kit.quantize_checkpoint(dst, tmp_path / "y.safetensors", "fp8-block")
+    with pytest.raises(ValueError, match="has no quantized FP8 weights"):
+        fp8kit.dequantize_checkpoint(src, tmp_path / "z.safetensors")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        fp8kit.dequantize_checkpoint(dst, tmp_path / "z.safetensors", to="int4")
+    with pytest.raises(TypeError, match="must be a path"):
+        fp8kit.inspect(3)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    with pytest.raises(ValueError) as e:
+        fp8kit.load(bad)
+    assert "\n" not in str(e.value)
+    for p in (tmp_path / "x.safetensors", tmp_path / "y.safetensors", tmp_path / "z.safetensors"):
+        assert not p.exists()
+
+
+def test_a_path_that_looks_like_an_option(model, tmp_path, monkeypatch):
+    src, _ = model
+    monkeypatch.chdir(tmp_path)
+    assert fp8kit.quantize_checkpoint(src, "-out.safetensors", "fp8-tensor")["quantized"] == 2
+    assert fp8kit.inspect("-out.safetensors")["layout"] == "compressed-tensors"
+
+
+def run_module(*args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-m", "fp8kit", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_python_m_fp8kit_is_the_cli():
+    r = run_module("formats", "--json")
+    assert r.returncode == 0 and [f["name"] for f in json.loads(r.stdout)] == [f["name"] for f in fp8kit.formats()]
+    r = run_module("cast", "449", "465", "--to", "e4m3fn", "--no-saturate", "--json")
+    assert r.returncode == 0
+    values = [row["value"] for row in json.loads(r.stdout)]
+    assert values == [448, "nan"]  # 465 -> NaN without saturation
+    r = run_module("quantize", "in.safetensors")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and r.stderr.startswith("fp8kit quantize:")
+    r = run_module("--version")
+    assert r.returncode == 0 and r.stdout.strip() == fp8kit.__version__
+    cli = os.environ.get("FP8KIT_CLI")
+    if cli:  # the binary and the module print the same bytes
+        binary = subprocess.run([cli, "formats", "--json"], capture_output=True, text=True, timeout=60)
+        assert binary.stdout == run_module("formats", "--json").stdout
+
+
+def test_analyze_has_the_cli_json_keys_and_values(tmp_path):
+    x = np.random.default_rng(5).standard_normal((96, 256)).astype(np.float32)
+    x[3, 4] = 0.0
+    x[7, 9] = 1e-12  # underflows per tensor
+    np.save(tmp_path / "x.npy", x)
+    r = run_module("analyze", str(tmp_path / "x.npy"), "--format", "e4m3fn,e5m2", "--granularity",
+                   "tensor,row,block:1x128,mx32", "--json")
+    assert r.returncode == 0, r.stderr
+    cli_rows = json.loads(r.stdout)
+    rows = fp8kit.analyze(x, ["e4m3fn", "e5m2"], ["tensor", "row", "block:1x128", "mx32"])
+    assert len(rows) == len(cli_rows) == 8
+    for mine, theirs in zip(rows, cli_rows):
+        assert list(mine) == list(theirs)
+        for key, value in theirs.items():
+            if isinstance(value, float):
+                assert mine[key] == pytest.approx(value, rel=1e-12), key
+            else:
+                assert mine[key] == value, key
+    one = fp8kit.analyze(x.astype(ml_dtypes.bfloat16), "e4m3fn", "row")
+    assert isinstance(one, dict) and one["granularity"] == "row" and one["holds"]
+    assert fp8kit.analyze(np.float32([1e6, 1.0]), "e4m3fn", "tensor", saturate=False)["saturated_count"] == 0
+    with pytest.raises(ValueError, match="unknown granularity"):
+        fp8kit.analyze(x, "e4m3fn", "block:0x1")
+    with pytest.raises(ValueError, match="FP8 format"):
+        fp8kit.analyze(x, "float32")
+    with pytest.raises(ValueError, match="analyze takes"):
+        fp8kit.analyze(np.arange(4, dtype=np.float8_e4m3fn) if hasattr(np, "float8_e4m3fn")
+                       else np.zeros(4, ml_dtypes.float8_e4m3fn))
