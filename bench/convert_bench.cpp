@@ -2,6 +2,7 @@
 // with memcpy of the wide array at each thread count.
 #include "convert_bench.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -32,6 +33,11 @@ struct Op {
   float scale;
   bool scalar;  // time the scalar reference instead of the dispatched kernels
 };
+
+std::string op_name(const Op& op) {
+  return op.encode ? std::string(wide_name(op.wide)) + "->" + std::string(name(op.format))
+                   : std::string(name(op.format)) + "->" + wide_name(op.wide);
+}
 
 std::vector<Op> operations(bool scalar_reference) {
   std::vector<Op> ops;
@@ -66,6 +72,14 @@ void fill_inputs(std::span<float> x, std::span<std::uint8_t> codes) {
 
 }  // namespace
 
+std::vector<std::string> convert_bench_ops() {
+  std::vector<std::string> names;
+  for (const Op& op : operations(false)) {
+    if (std::find(names.begin(), names.end(), op_name(op)) == names.end()) names.push_back(op_name(op));
+  }
+  return names;
+}
+
 std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
                                              const std::function<void(int, int)>& progress) {
   const std::size_t max_elements = options.bytes / 2;
@@ -82,7 +96,12 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
       h[i] = float16::from_float(x[i]);
     }
   }
-  const std::vector<Op> ops = operations(options.scalar_reference);
+  std::vector<Op> ops = operations(options.scalar_reference && options.ops.empty());
+  if (!options.ops.empty()) {
+    std::erase_if(ops, [&](const Op& op) {
+      return std::find(options.ops.begin(), options.ops.end(), op_name(op)) == options.ops.end();
+    });
+  }
   const int total = static_cast<int>(ops.size() * options.threads.size());
   int done = 0;
   std::vector<ConvertResult> results;
@@ -107,8 +126,7 @@ std::vector<ConvertResult> run_convert_bench(const ConvertBenchOptions& options,
     for (const Op& op : ops) {
       const std::size_t n = options.bytes / wide_size(op.wide);
       ConvertResult r;
-      r.op = op.encode ? std::string(wide_name(op.wide)) + "->" + std::string(name(op.format))
-                       : std::string(name(op.format)) + "->" + wide_name(op.wide);
+      r.op = op_name(op);
       r.isa = op.scalar ? "scalar" : std::string(conversion_isa());
       r.kernel = op.scalar ? "scalar" : std::string(conversion_kernel());
       r.overflow = op.encode ? (op.overflow == Overflow::kSaturate ? "saturate" : "non-saturating") : "";

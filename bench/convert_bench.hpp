@@ -16,7 +16,11 @@ struct ConvertBenchOptions {
   std::vector<int> threads = {1, 2};
   int reps = 11;
   bool scalar_reference = true;  // also time the scalar reference loop (f32->e4m3fn, e4m3fn->f32)
+  std::vector<std::string> ops;  // only these ops ("f32->e4m3fn", ...; every variant of each), none: all of them
 };
+
+// The op names run_convert_bench knows, in its order.
+std::vector<std::string> convert_bench_ops();
 
 struct ConvertResult {
   std::string op;        // "f32->e4m3fn", "e5m2->bf16", ...

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import FP8, WIDE, as_bits, empty_like_of, kind_of, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, as_bits, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -44,7 +44,8 @@ def conversion_kernel() -> str:
 
 
 # The wide types the bulk kernels take (float64 goes through the element-wise conversion).
-_KERNEL_WIDE = ("float32", "bfloat16", "float16")
+_KERNEL_WIDE = frozenset(("float32", "bfloat16", "float16"))
+_FP8_SET = frozenset(FP8)
 
 
 def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] = None, rounding: str = "nearest",
@@ -68,26 +69,32 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
     into (returned).
     Returns an array of x's kind (NumPy or torch) and shape.
     """
+    # (The checks are ordered for the common case: a 16-element cast costs about 2 us in all.)
     kind = kind_of(x)
     src = as_bits(x, kind)
-    target = resolve_dtype(dtype)
-    if rounding not in ("nearest", "stochastic"):
+    target = _NAME_OF_STRING.get(dtype) if type(dtype) is str else None
+    if target is None:
+        target = resolve_dtype(dtype)
+    if rounding == "nearest":
+        stochastic = False
+        if seed is not None:
+            raise ValueError("seed is for rounding='stochastic'")
+    elif rounding == "stochastic":
+        stochastic = True
+    else:
         raise ValueError(f"rounding must be 'nearest' or 'stochastic', not {rounding!r}")
-    stochastic = rounding == "stochastic"
-    if seed is not None and not stochastic:
-        raise ValueError("seed is for rounding='stochastic'")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)):
+    if threads is not None and type(threads) is not int:
         raise TypeError(f"threads must be an int, not {type(threads).__name__}")
-    to_fp8 = src.dtype_name in _KERNEL_WIDE and target in FP8
-    from_fp8 = src.dtype_name in FP8 and target in _KERNEL_WIDE
+    to_fp8 = src.dtype_name in _KERNEL_WIDE and target in _FP8_SET
+    from_fp8 = src.dtype_name in _FP8_SET and target in _KERNEL_WIDE
     if stochastic and not to_fp8:
         raise ValueError("rounding='stochastic' is for casts from float32, bfloat16 or float16 to FP8")
     if scale is not None and not (to_fp8 or from_fp8):
         raise ValueError("scale is for casts between float32, bfloat16 or float16 and FP8")
     result, result_bits = empty_like_of(x, kind, src.shape, target, out)
-    if src.size == 0:
+    flat_in, flat_out = src.bits, result_bits  # the library reads and writes them as flat, contiguous arrays
+    if flat_in.size == 0:
         return result
-    flat_in, flat_out = src.bits.reshape(-1), result_bits.reshape(-1)
     if to_fp8:
         _fp8kit.cast_to_fp8(flat_in, src.dtype_name, flat_out, target, bool(saturate),
                             1.0 if scale is None else float(scale), stochastic, 0 if seed is None else int(seed),
@@ -258,8 +265,11 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
     a: FP8 (M, K); b: FP8 (K, N), column-major as torch._scaled_mm wants it (b.T contiguous: N x K weights, taken
       without a transpose) or row-major (K x N); e5m2 x e5m2 is refused, as cuBLAS and PyTorch refuse it. The codes
       are copied once into the library's operands (a byte per element; the product reads each many times).
-    scale_a, scale_b: dequantization scales, float32: one value each (per tensor: a number or a 1-element array),
-      or per row of a, shape (M, 1), and per column of b, shape (1, N) (torch's row-wise scaling).
+    scale_a, scale_b: dequantization scales, float32, in torch._scaled_mm's shapes: one value each (per tensor: a
+      number or a 1-element array); per row of a, (M, 1), and per column of b, (1, N) (row-wise scaling); or blocks
+      along K of 128 (DeepSeek-V3's recipe): scale_a (M, ceil(K/128)) per 1x128 block or (ceil(M/128),
+      ceil(K/128)) per 128x128 block, scale_b (ceil(K/128), ceil(N/128)) per 128x128 block or (ceil(K/128), N)
+      per 128x1 block of b. Blocked products scale each K block's FP32 sum, as the library's blocked GEMMs do.
     bias: N float32 values or None. out_dtype: "float32" or "bfloat16".
     Returns an (M, N) array of a's kind. The kernel is the level's (fp8kit.conversion_kernel() for the casts;
     docs/gemm.md for the GEMMs and their results contract)."""
@@ -282,18 +292,36 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
     if sb.dtype_name not in FP8:
         raise ValueError(f"b must be FP8, not {sb.dtype_name}")
     scales_a, scales_b = _scales_of(scale_a, "scale_a"), _scales_of(scale_b, "scale_b")
+    kb = -(-k // 128)  # K blocks of 128
     if scales_a.size == 1:
         a_granularity = "tensor"
     elif scales_a.shape == (m, 1):
         a_granularity = "row"
+    elif scales_a.shape == (m, kb):
+        a_granularity = "block:1x128"
+    elif scales_a.shape == (-(-m // 128), kb):  # 128 x 128 blocks of A: each row takes its block's scales
+        scales_a = np.ascontiguousarray(np.repeat(scales_a, 128, axis=0)[:m])
+        a_granularity = "block:1x128"
     else:
-        raise ValueError(f"scale_a must be one value or (M, 1) = ({m}, 1), not {scales_a.shape}")
+        raise ValueError(f"scale_a must be one value, (M, 1) = ({m}, 1) per row, (M, ceil(K/128)) = ({m}, {kb}) per "
+                         f"1x128 block or (ceil(M/128), ceil(K/128)) = ({-(-m // 128)}, {kb}) per 128x128 block, "
+                         f"not {scales_a.shape}")
     if scales_b.size == 1:
         b_granularity = "tensor"
     elif scales_b.shape == (1, n):
         b_granularity = "row" if b_is_nk else "col"
+    elif scales_b.shape == (kb, -(-n // 128)):  # 128 x 128 blocks of b (K x N)
+        b_granularity = "block:128x128"
+        if b_is_nk:  # the library indexes the blocks of the N x K weights
+            scales_b = np.ascontiguousarray(scales_b.T)
+    elif scales_b.shape == (kb, n):  # 128 x 1 blocks of b (K x N): 1 x 128 of the N x K weights
+        b_granularity = "block:1x128" if b_is_nk else "block:128x1"
+        if b_is_nk:
+            scales_b = np.ascontiguousarray(scales_b.T)
     else:
-        raise ValueError(f"scale_b must be one value or (1, N) = (1, {n}), not {scales_b.shape}")
+        raise ValueError(f"scale_b must be one value, (1, N) = (1, {n}) per column, (ceil(K/128), ceil(N/128)) = "
+                         f"({kb}, {-(-n // 128)}) per 128x128 block or (ceil(K/128), N) = ({kb}, {n}) per 128x1 "
+                         f"block, not {scales_b.shape}")
     target = resolve_dtype(out_dtype)
     if target not in ("float32", "bfloat16"):
         raise ValueError(f"out_dtype must be float32 or bfloat16, not {target}")

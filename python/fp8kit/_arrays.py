@@ -1,16 +1,16 @@
 """How fp8kit sees the arrays it is given: NumPy (FP8 and bfloat16 as ml_dtypes dtypes), PyTorch tensors, and
 anything else with __dlpack__ or that NumPy turns into an array. Every array is handed to the C++ library as a
-contiguous view of its bits (uint8 codes, uint16 for bfloat16 and float16, float32, float64) without a copy when
-it is contiguous; outputs are allocated here in the input's kind. No numerics here: only views and allocation."""
+contiguous NumPy array (a torch tensor as a NumPy view of its memory: uint8 for FP8, int16 for bfloat16 and
+float16), without a copy when it is contiguous, with its dtype's name; the library reads the elements' bits.
+Outputs are allocated here in the input's kind. No numerics here: only views and allocation."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import ml_dtypes
 import numpy as np
 
-# The dtypes fp8kit knows, by their canonical (PyTorch) names: NumPy dtype, bits dtype, torch name.
+# The dtypes fp8kit knows, by their canonical (PyTorch) names, and their NumPy dtypes.
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 _NUMPY = {
     "float32": np.dtype(np.float32),
@@ -19,12 +19,14 @@ _NUMPY = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     **{name: np.dtype(getattr(ml_dtypes, name)) for name in _FP8},
 }
-_BITS = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64), "float16": np.dtype(np.uint16),
-         "bfloat16": np.dtype(np.uint16), **{name: np.dtype(np.uint8) for name in _FP8}}
 # fp8kit's short names of the FP8 formats and the wide types.
 _ALIASES = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz",
             "e5m2fnuz": "float8_e5m2fnuz", "e8m0fnu": "float8_e8m0fnu", "f32": "float32", "f64": "float64",
             "f16": "float16", "bf16": "bfloat16", "float": "float32", "half": "float16", "double": "float64"}
+# Lookups on the hot path (a cast of 16 elements should cost about a microsecond here): names and NumPy dtypes.
+_NAME_OF_STRING = {**{name: name for name in _NUMPY}, **_ALIASES}
+_NAME_OF_STRING.update({"torch." + name: name for name in _NUMPY})
+_NAME_OF_NUMPY = {dtype: name for name, dtype in _NUMPY.items()}
 WIDE = ("float32", "float64", "float16", "bfloat16")
 FP8 = _FP8
 _KNOWN = ", ".join(["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu", "float32", "bfloat16", "float16", "float64"])
@@ -35,11 +37,14 @@ def resolve_dtype(dtype: Any) -> str:
     dtype or scalar type, or a torch dtype. ValueError for a name fp8kit does not know, TypeError for other
     objects."""
     if isinstance(dtype, str):
-        name = dtype[6:] if dtype.startswith("torch.") else dtype
-        name = _ALIASES.get(name, name)
-        if name in _NUMPY:
+        name = _NAME_OF_STRING.get(dtype)
+        if name is not None:
             return name
         raise ValueError(f"unknown dtype {dtype!r} (use {_KNOWN})")
+    if isinstance(dtype, np.dtype):
+        name = _NAME_OF_NUMPY.get(dtype)
+        if name is not None:
+            return name
     if type(dtype).__module__.startswith("torch"):  # torch.dtype, without importing torch
         return resolve_dtype(str(dtype))
     try:
@@ -52,15 +57,13 @@ def resolve_dtype(dtype: Any) -> str:
     raise ValueError(f"fp8kit does not cast {np_dtype} (use {_KNOWN})")
 
 
-def bits_dtype(name: str) -> np.dtype:
-    return _BITS[name]
-
-
-@dataclass
 class Source:
-    bits: np.ndarray  # contiguous, the bits dtype of `dtype_name`; shares memory with the input when it could
-    dtype_name: str
-    shape: tuple
+    """An input as the library takes it: `bits` a contiguous NumPy array holding the elements of `dtype_name` (the
+    input itself, or a view of its memory, when it could); `shape` the input's."""
+    __slots__ = ("bits", "dtype_name", "shape")
+
+    def __init__(self, bits: np.ndarray, dtype_name: str, shape: tuple):
+        self.bits, self.dtype_name, self.shape = bits, dtype_name, shape
 
     @property
     def size(self) -> int:
@@ -73,7 +76,7 @@ def _is_torch(x: Any) -> bool:
 
 def kind_of(x: Any) -> str:
     """"torch" for a torch.Tensor, "numpy" for everything else (the output is then a NumPy array)."""
-    return "torch" if _is_torch(x) else "numpy"
+    return "numpy" if type(x) is np.ndarray else ("torch" if _is_torch(x) else "numpy")
 
 
 def _torch_bits_view(t: Any, name: str) -> np.ndarray:
@@ -87,7 +90,11 @@ def _torch_bits_view(t: Any, name: str) -> np.ndarray:
 
 
 def as_bits(x: Any, kind: str) -> Source:
-    """x as a contiguous bits view (copied once when it is not contiguous)."""
+    """x as a contiguous NumPy array for the library (copied once when it is not contiguous)."""
+    if type(x) is np.ndarray:  # the common case first, without the general path's calls
+        name = _NAME_OF_NUMPY.get(x.dtype)
+        if name is not None and x.flags.c_contiguous:
+            return Source(x, name, x.shape)
     if kind == "torch":
         if x.device.type != "cpu":
             raise ValueError(f"the tensor is on {x.device}: fp8kit's CUDA backend does not exist yet; move it "
@@ -105,11 +112,12 @@ def as_bits(x: Any, kind: str) -> Source:
     name = resolve_dtype(x.dtype)
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
-    return Source(x.view(_BITS[name]), name, x.shape)
+    return Source(x, name, x.shape)
 
 
 def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]) -> tuple[Any, np.ndarray]:
-    """The result array (x's kind, `shape`, dtype `name`), or `out` checked, and a bits view of it."""
+    """The result array (x's kind, `shape`, dtype `name`), or `out` checked, and the NumPy array the library writes
+    (the result itself, or a view of a tensor's memory)."""
     if out is not None:
         if kind_of(out) != kind:
             raise TypeError(f"out must be a {'torch.Tensor' if kind == 'torch' else 'NumPy array'} like the input")
@@ -122,10 +130,10 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
             return out, _torch_bits_view(out, name)
         if not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError("out must be a contiguous, writeable array")
-        return out, out.view(_BITS[name])
+        return out, out
     if kind == "torch":
         import torch
         result = torch.empty(shape, dtype=getattr(torch, name))
         return result, _torch_bits_view(result, name)
-    result = np.empty(shape, dtype=_NUMPY[name])
-    return result, result.view(_BITS[name])
+    result = np.empty(shape, _NUMPY[name])
+    return result, result

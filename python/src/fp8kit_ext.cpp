@@ -2,11 +2,15 @@
 // resolves dtypes, views NumPy/ml_dtypes/PyTorch arrays as their bits and allocates outputs. Bindings only: every
 // number comes from the library. The GIL is released around every kernel; fp8kit::Error becomes ValueError (bad
 // input) or OSError (files), with fp8kit's one-line message.
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
+
+#include <numpy/arrayobject.h>
 
 #include <algorithm>
 #include <cmath>
@@ -40,25 +44,57 @@
 namespace nb = nanobind;
 
 namespace fp8kit::python {
+// A C-contiguous NumPy array of any dtype, read through NumPy's C API: its data, element count and element width.
+// (ml_dtypes' FP8 and bfloat16 dtypes travel neither by DLPack nor by the buffer protocol, so the arrays would need a
+// bits view in Python first: half of a small cast's cost.) The Python layer hands over NumPy arrays only, torch
+// tensors as NumPy views of their memory. Outputs (Writable) must be writeable; inputs may be read-only
+// (np.frombuffer, memory maps).
+template <bool Writable>
+struct NumpyArray {
+  void* ptr = nullptr;
+  std::size_t count = 0;
+  int item_bits = 0;
+  void* data() const { return ptr; }
+  std::size_t size() const { return count; }
+};
+}  // namespace fp8kit::python
+
+namespace nanobind::detail {
+template <bool Writable>
+struct type_caster<fp8kit::python::NumpyArray<Writable>> {
+  NB_TYPE_CASTER(fp8kit::python::NumpyArray<Writable>, const_name("numpy.ndarray"))
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    if (!PyArray_Check(src.ptr())) return false;
+    auto* a = reinterpret_cast<PyArrayObject*>(src.ptr());
+    if (!PyArray_IS_C_CONTIGUOUS(a) || (Writable && !PyArray_ISWRITEABLE(a))) return false;
+    value.ptr = PyArray_DATA(a);
+    value.count = static_cast<std::size_t>(PyArray_SIZE(a));
+    value.item_bits = 8 * static_cast<int>(PyArray_ITEMSIZE(a));
+    return true;
+  }
+  static handle from_cpp(const Value&, rv_policy, cleanup_list*) noexcept { return handle(); }
+};
+}  // namespace nanobind::detail
+
+namespace fp8kit::python {
 namespace {
 
-// Contiguous CPU arrays of any dtype: the Python layer hands over bit views (uint8 codes, uint16 for bfloat16 and
-// float16, float32, float64). Inputs may be read-only (np.frombuffer, a memory map); outputs are written.
-using Input = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
-using Array = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using Input = NumpyArray<false>;
+using Array = NumpyArray<true>;
 
-Format format_named(const std::string& text) {
+Format format_named(std::string_view text) {
   if (const std::optional<Format> f = parse_format(text)) return *f;
-  throw nb::value_error(("unknown FP8 format '" + text + "' (use e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu)").c_str());
+  throw nb::value_error(
+      ("unknown FP8 format '" + std::string(text) + "' (use e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu)").c_str());
 }
 
 // The number of elements of `a`, checked to be of `bits`-wide elements.
 template <typename A>
 std::size_t elements(const A& a, int bits, const char* what) {
-  if (a.dtype().bits != bits) {
-    throw nb::type_error((std::string(what) + " must have " + std::to_string(bits) + "-bit elements, got " +
-                          std::to_string(a.dtype().bits))
-                             .c_str());
+  if (a.item_bits != bits) {
+    throw nb::type_error(
+        (std::string(what) + " must have " + std::to_string(bits) + "-bit elements, got " + std::to_string(a.item_bits))
+            .c_str());
   }
   return a.size();
 }
@@ -115,7 +151,7 @@ nb::list formats() {
 }
 
 // in: float32, or bfloat16/float16 bits (`kind`); out: uint8 codes of the same length.
-void cast_to_fp8(Input in, const std::string& kind, Array out, const std::string& format, bool saturate, float scale,
+void cast_to_fp8(Input in, std::string_view kind, Array out, std::string_view format, bool saturate, float scale,
                  bool stochastic, std::uint64_t seed, std::optional<int> threads) {
   const std::size_t n = elements(in, kind == "float32" ? 32 : 16, "the input");
   if (elements(out, 8, "the output") != n) throw nb::value_error("the output must have as many elements as the input");
@@ -141,7 +177,7 @@ void cast_to_fp8(Input in, const std::string& kind, Array out, const std::string
 }
 
 // in: uint8 codes; out: float32, or bfloat16/float16 bits (`kind`) of the same length.
-void cast_from_fp8(Input in, const std::string& format, Array out, const std::string& kind, float scale_inv,
+void cast_from_fp8(Input in, std::string_view format, Array out, std::string_view kind, float scale_inv,
                    std::optional<int> threads) {
   const std::size_t n = elements(in, 8, "the input");
   if (elements(out, kind == "float32" ? 32 : 16, "the output") != n)
@@ -162,14 +198,14 @@ void cast_from_fp8(Input in, const std::string& format, Array out, const std::st
   });
 }
 
-DType dtype_named(const std::string& text) {
+DType dtype_named(std::string_view text) {
   const std::optional<DType> d = parse_dtype(text);
-  if (!d || !is_floating(*d)) throw nb::value_error(("unknown floating dtype '" + text + "'").c_str());
+  if (!d || !is_floating(*d)) throw nb::value_error(("unknown floating dtype '" + std::string(text) + "'").c_str());
   return *d;
 }
 
 // Tensor::to's conversion between any two floating dtypes (FP8 included), element by element, each rounded once.
-void convert_elements(Input in, const std::string& from, Array out, const std::string& to, bool saturate,
+void convert_elements(Input in, std::string_view from, Array out, std::string_view to, bool saturate,
                       std::optional<int> threads) {
   const DType f = dtype_named(from), t = dtype_named(to);
   const std::size_t n = elements(in, 8 * static_cast<int>(element_size(f)), "the input");
@@ -431,6 +467,7 @@ nb::tuple load_checkpoint(const std::string& path, const std::string& config_jso
 NB_MODULE(_fp8kit, m) {
   using namespace fp8kit::python;
   m.doc() = "fp8kit's C++ library on raw arrays (use the fp8kit package, not this module)";
+  if (_import_array() < 0) throw nb::python_error();
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -1,7 +1,10 @@
 """fp8kit.cast and fp8kit.formats from Python: bit-exact against ml_dtypes (non-saturating) on every bfloat16 and
 float16 input and on float32 samples, the saturating policy, scales, stochastic rounding, every dtype spelling,
-the output following the input (NumPy, lists, __dlpack__ producers; torch when it is installed), out=, strided
+the output following the input (NumPy, lists, __dlpack__ producers: one over NumPy, one hand-made with ctypes;
+torch when it is installed), out=, strided
 inputs, and every error path."""
+import ctypes
+import gc
 import json
 import os
 import subprocess
@@ -208,3 +211,69 @@ def test_torch_tensors_in_and_out():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA backend"):
             fp8kit.cast(x.cuda(), "e4m3fn")
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32), ("dtype", DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+
+
+class CtypesProducer:
+    """A DLPack producer that is neither NumPy nor torch: float32 values in a ctypes buffer, exported as a hand-made
+    DLManagedTensor in a "dltensor" capsule (DLPack's unversioned protocol). Counts the deleter's calls."""
+
+    def __init__(self, values):
+        self.buffer = (ctypes.c_float * len(values))(*values)
+        self.shape = (ctypes.c_int64 * 1)(len(values))
+        self.deleted = 0
+        self._deleter = DELETER(self._delete)  # kept alive as long as the producer
+
+    def _delete(self, managed):
+        self.deleted += 1
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU
+
+    def __dlpack__(self, **kwargs):
+        m = DLManagedTensor()
+        m.dl_tensor = DLTensor(ctypes.cast(self.buffer, ctypes.c_void_p), DLDevice(1, 0), 1, DLDataType(2, 32, 1),
+                               self.shape, None, 0)
+        m.deleter = self._deleter
+        self._managed = m  # the struct must outlive the capsule
+        new_capsule = ctypes.pythonapi.PyCapsule_New
+        new_capsule.restype, new_capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                                       ctypes.c_void_p]
+        return new_capsule(ctypes.addressof(m), b"dltensor", None)
+
+
+def test_a_dlpack_producer_without_numpy_or_torch_is_read_in_place():
+    values = [0.5, 449.0, -465.0, 1e-9, 3.0]
+    producer = CtypesProducer(values)
+    q = fp8kit.cast(producer, "e4m3fn", saturate=True)
+    assert isinstance(q, np.ndarray) and q.dtype == ml_dtypes.float8_e4m3fn
+    want = np.clip(np.float32(values), -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(q.view(np.uint8), want.view(np.uint8))
+    # read in place: the array the library gets points into the producer's buffer
+    from fp8kit._arrays import as_bits
+    src = as_bits(producer, "numpy")
+    assert src.bits.ctypes.data == ctypes.addressof(producer.buffer) and src.dtype_name == "float32"
+    del src
+    gc.collect()
+    assert producer.deleted >= 1  # the consumer released what it took

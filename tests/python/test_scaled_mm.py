@@ -72,3 +72,48 @@ def test_torch_matches_torch_scaled_mm_semantics():
     out = fp8kit.scaled_mm(a, w.t(), torch.tensor(2.0), torch.tensor(0.5))
     want = (a.float() @ w.float().t()) * 1.0
     assert isinstance(out, torch.Tensor) and torch.allclose(out, want, rtol=1e-5, atol=1e-4)
+
+
+def blocked_reference(a, b, sa_rows, sb_blocks):
+    """float64 sum over K blocks of 128 of (a_blk @ b_blk) * sa_rows[i, kb] * sb_blocks[kb, j]; and the FP32 bound
+    with every product weighted by its block's scales."""
+    m, k = a.shape
+    n = b.shape[1]
+    out, weighted = np.zeros((m, n)), np.zeros((m, n))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    for kb in range(-(-k // 128)):
+        ks = slice(kb * 128, (kb + 1) * 128)
+        scale = sa_rows[:, kb:kb + 1].astype(np.float64) * sb_blocks[kb:kb + 1, :].astype(np.float64)
+        out += (a64[:, ks] @ b64[ks, :]) * scale
+        weighted += (np.abs(a64[:, ks]) @ np.abs(b64[ks, :])) * np.abs(scale)
+    bound = (2 * k + 8) * U * weighted + 2 * U * np.abs(out) + 1e-30
+    return out, bound
+
+
+@pytest.mark.parametrize("m", [2, 130])
+@pytest.mark.parametrize("column_major_b", [True, False])
+@pytest.mark.parametrize("recipe", ["1x128,128x128", "1x128,128x1", "128x128,128x1"])
+def test_block_scales_as_torch_scaled_mm_takes_them(m, column_major_b, recipe):
+    rng = np.random.default_rng(m)
+    k, n = 300, 200  # K and N not multiples of 128: partial last blocks
+    kb, nb, mb = 3, 2, -(-m // 128)
+    a = rng.normal(0, 4, (m, k)).astype(ml_dtypes.float8_e4m3fn)
+    w = rng.normal(0, 4, (n, k)).astype(ml_dtypes.float8_e4m3fn)
+    b = w.T if column_major_b else np.ascontiguousarray(w.T)
+    a_recipe, b_recipe = recipe.split(",")
+    sa = rng.uniform(0.5, 2, (m, kb) if a_recipe == "1x128" else (mb, kb)).astype(np.float32)
+    sb = rng.uniform(0.5, 2, (kb, nb) if b_recipe == "128x128" else (kb, n)).astype(np.float32)
+    out = fp8kit.scaled_mm(a, b, sa, sb)
+    sa_rows = sa if a_recipe == "1x128" else np.repeat(sa, 128, axis=0)[:m]
+    sb_blocks = np.repeat(sb, 128, axis=1)[:, :n] if b_recipe == "128x128" else sb
+    want, bound = blocked_reference(a, b, sa_rows, sb_blocks)
+    assert np.all(np.abs(out - want) <= bound), np.max(np.abs(out - want) / bound)
+
+
+def test_block_scale_shape_errors():
+    a = np.ones((4, 256), ml_dtypes.float8_e4m3fn)
+    b = np.ones((256, 8), ml_dtypes.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"\(M, ceil\(K/128\)\) = \(4, 2\)"):
+        fp8kit.scaled_mm(a, b, np.ones((4, 3), np.float32), np.ones((2, 1), np.float32))
+    with pytest.raises(ValueError, match=r"\(ceil\(K/128\), N\) = \(2, 8\)"):
+        fp8kit.scaled_mm(a, b, np.ones((4, 2), np.float32), np.ones((3, 8), np.float32))

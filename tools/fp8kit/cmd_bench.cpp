@@ -83,6 +83,7 @@ struct BenchArgs {
   std::string bytes = "256M";
   int reps = 11;
   std::string isa;  // --isa
+  std::string ops;  // --ops (convert)
 };
 
 // --isa: "" (the level in force), "all" (every level this CPU runs, lowest first) or a comma list of levels. A level
@@ -159,8 +160,21 @@ nlohmann::json string_or_null(const std::string& s) {
 }
 
 void run_bench_convert(const BenchArgs& args) {
-  const auto options = common_options<bench::ConvertBenchOptions>(args);
+  auto options = common_options<bench::ConvertBenchOptions>(args);
   check_memory(bench::convert_bench_memory(options.bytes), args.bytes);
+  const std::vector<std::string> known = bench::convert_bench_ops();
+  for (std::size_t begin = 0; !args.ops.empty();) {
+    const std::size_t comma = args.ops.find(',', begin);
+    const std::string op = args.ops.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    if (std::find(known.begin(), known.end(), op) == known.end()) {
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      throw UsageError("--ops: unknown op '" + op + "' (use some of " + list + ")");
+    }
+    options.ops.push_back(op);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
   const std::vector<Isa> levels = bench_levels(args.isa);
   std::vector<bench::ConvertResult> results;
   {
@@ -536,6 +550,11 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--bytes", args->bytes, std::string("Size of the ") + what + ", e.g. 256M (default 256M)");
     cmd->add_option("--reps", args->reps, "Repetitions per measurement (default 11)");
     cmd->add_option("--isa", args->isa, kIsaHelp);
+    if (run == &run_bench_convert) {
+      cmd->add_option("--ops", args->ops,
+                      "Comma list of ops to time, each in all its variants, e.g. f32->e4m3fn,e4m3fn->f32 (default: "
+                      "all; the scalar reference rows only then)");
+    }
     cmd->callback([args, run] { run(*args); });
   };
   add("convert", "Conversion kernels against memcpy of the same bytes", "wide array", &run_bench_convert);
