@@ -119,6 +119,10 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
     """The result array (x's kind, `shape`, dtype `name`), or `out` checked, and the NumPy array the library writes
     (the result itself, or a view of a tensor's memory)."""
     if out is not None:
+        if type(out) is np.ndarray and kind == "numpy":  # the common case first
+            flags = out.flags
+            if out.dtype == _NUMPY[name] and out.shape == shape and flags.c_contiguous and flags.writeable:
+                return out, out
         if kind_of(out) != kind:
             raise TypeError(f"out must be a {'torch.Tensor' if kind == 'torch' else 'NumPy array'} like the input")
         out_name = resolve_dtype(out.dtype)

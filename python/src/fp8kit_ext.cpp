@@ -1,7 +1,9 @@
 // fp8kit._fp8kit: the C++ library's entries on raw arrays, for the package's Python layer (python/fp8kit), which
-// resolves dtypes, views NumPy/ml_dtypes/PyTorch arrays as their bits and allocates outputs. Bindings only: every
-// number comes from the library. The GIL is released around every kernel; fp8kit::Error becomes ValueError (bad
-// input) or OSError (files), with fp8kit's one-line message.
+// resolves dtypes, hands over NumPy arrays (torch tensors as NumPy views of their memory) and allocates outputs; and
+// the command-line tool's commands (tools/fp8kit/cli.hpp) for `python -m fp8kit` and the checkpoint functions.
+// Bindings only: every number comes from the library. The GIL is released around every kernel and command;
+// fp8kit::Error becomes ValueError (bad input) or OSError (files), a command's UsageError ValueError, each with
+// fp8kit's one-line message.
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
