@@ -277,3 +277,25 @@ def test_a_dlpack_producer_without_numpy_or_torch_is_read_in_place():
     del src
     gc.collect()
     assert producer.deleted >= 1  # the consumer released what it took
+
+
+def test_contiguous_inputs_reach_the_library_without_a_copy():
+    from fp8kit._arrays import as_bits
+    for a in (np.linspace(-3, 3, 64, dtype=np.float32), np.ones((4, 8), ml_dtypes.bfloat16),
+              np.zeros(16, ml_dtypes.float8_e4m3fn), np.frombuffer(bytes(32), np.float16)):
+        src = as_bits(a, "numpy")
+        assert src.bits.ctypes.data == a.ctypes.data and src.shape == a.shape
+    strided = np.linspace(-3, 3, 64, dtype=np.float32)[::2]
+    assert as_bits(strided, "numpy").bits.ctypes.data != strided.ctypes.data  # copied once, contiguous
+
+
+def test_torch_tensors_reach_the_library_without_a_copy():
+    torch = pytest.importorskip("torch")
+    from fp8kit._arrays import as_bits
+    for t in (torch.randn(8, 16), torch.randn(32).to(torch.bfloat16), torch.zeros(64, dtype=torch.float8_e5m2)):
+        assert as_bits(t, "torch").bits.ctypes.data == t.data_ptr()
+    out = torch.empty(64, dtype=torch.float8_e4m3fn)
+    pointer = out.data_ptr()
+    r = fp8kit.cast(torch.linspace(-1, 1, 64), torch.float8_e4m3fn, out=out)
+    assert r is out and out.data_ptr() == pointer and torch.equal(out.float(), torch.linspace(-1, 1, 64).to(
+        torch.float8_e4m3fn).float())
