@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp8kit/common/error.hpp"
@@ -83,6 +84,37 @@ void scatter(const float* src, std::int64_t rows, std::int64_t row_stride, std::
   }
 }
 
+// Row t of the softmax of one (b, h) pair into row[0..t] from its q and k (T, hs): the scores, their maximum, exp
+// shifted by it, the sum, the division. Returns (maximum, sum). Forward and backward's recomputation run this one
+// function, so the probabilities come out bit for bit the same.
+std::pair<float, float> softmax_row(const float* q, const float* k, std::int64_t t, std::int64_t hs, float scale,
+                                    float* row) {
+  const float* qt = q + t * hs;
+  float maxval = -std::numeric_limits<float>::infinity();
+  for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+    const float* kt = k + t2 * hs;
+    const float s = sum_in_lanes(hs, [&](std::int64_t i) { return qt[i] * kt[i]; });
+    row[t2] = s * scale;
+    maxval = std::max(maxval, row[t2]);
+  }
+  // Shifted by the maximum so that exp never overflows.
+  const float sum =
+      sum_in_lanes(t + 1, [&](std::int64_t t2) { return row[t2] = detail::exp_approx(row[t2] - maxval); });
+  for (std::int64_t t2 = 0; t2 <= t; ++t2) row[t2] /= sum;
+  return {maxval, sum};
+}
+
+// Row t recomputed from its saved maximum and sum (exactly as softmax_row computed them).
+void recompute_row(const float* q, const float* k, std::int64_t t, std::int64_t hs, float scale, float maxval,
+                   float sum, float* row) {
+  const float* qt = q + t * hs;
+  for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+    const float* kt = k + t2 * hs;
+    const float s = sum_in_lanes(hs, [&](std::int64_t i) { return qt[i] * kt[i]; });
+    row[t2] = detail::exp_approx(s * scale - maxval) / sum;
+  }
+}
+
 std::string describe(const Dims& d) {
   return "B=" + std::to_string(d.b) + " T=" + std::to_string(d.t) + " C=" + std::to_string(d.c) +
          " H=" + std::to_string(d.h);
@@ -90,21 +122,24 @@ std::string describe(const Dims& d) {
 
 }  // namespace
 
-// qkv (B, T, 3C) -> out (B, T, C); saved.probs (B, H, T, T).
+// qkv (B, T, 3C) -> out (B, T, C); saved.stats (B, H, T, 2) or saved.probs (B, H, T, T).
 Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved& saved) const {
   ScopedEvent event(ctx.profiler, "attention.forward");
   const Dims d = check_qkv(qkv, heads, compute);
   event.arg("shape", describe(d));
   event.arg("dtypes", std::string(name(compute)));
   const bool bf16 = compute == DType::bfloat16;
+  const bool keep_probs = saves == AttentionSaves::kProbabilities;
   const std::int64_t T = d.t, C = d.c, C3 = 3 * d.c, hs = d.hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 
   Tensor out = empty({d.b, T, C}, DType::float32);
-  Tensor probs = empty({d.b, d.h, T, T}, DType::float32);
+  Tensor probs = keep_probs ? empty({d.b, d.h, T, T}, DType::float32) : Tensor();
+  Tensor stats = keep_probs ? Tensor() : empty({d.b, d.h, T, 2}, DType::float32);
   const float* in = qkv.data<float>();
   float* o = out.data<float>();
-  float* p = probs.data<float>();
+  float* p = keep_probs ? probs.data<float>() : nullptr;
+  float* st = keep_probs ? nullptr : stats.data<float>();
   const bool parallel = static_cast<double>(d.b * d.h) * static_cast<double>(T * T * hs) >= kParallelWork;
 
 #pragma omp parallel for schedule(static) if (parallel)
@@ -112,23 +147,17 @@ Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved
     const std::int64_t b = bh / d.h, h = bh % d.h;
     const float* in_b = in + b * T * C3;
     std::vector<float> q(static_cast<std::size_t>(T * hs)), k(q.size()), v(q.size()), acc(static_cast<std::size_t>(hs));
+    std::vector<float> scratch(keep_probs ? 0 : static_cast<std::size_t>(T));
     gather_head(in_b, T, C, h, hs, bf16, q.data(), k.data(), v.data());
     for (std::int64_t t = 0; t < T; ++t) {
-      float* row = p + (bh * T + t) * T;  // p[b, h, t, :]
-      const float* qt = q.data() + t * hs;
-      // Scores and their maximum (keys t2 <= t only).
-      float maxval = -std::numeric_limits<float>::infinity();
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        const float* kt = k.data() + t2 * hs;
-        const float s = sum_in_lanes(hs, [&](std::int64_t i) { return qt[i] * kt[i]; });
-        row[t2] = s * scale;
-        maxval = std::max(maxval, row[t2]);
+      float* row = keep_probs ? p + (bh * T + t) * T : scratch.data();  // p[b, h, t, :]
+      const auto [maxval, sum] = softmax_row(q.data(), k.data(), t, hs, scale, row);
+      if (keep_probs) {
+        std::fill(row + t + 1, row + T, 0.0f);
+      } else {
+        st[(bh * T + t) * 2] = maxval;
+        st[(bh * T + t) * 2 + 1] = sum;
       }
-      // Softmax, shifted by the maximum so that exp never overflows.
-      const float sum =
-          sum_in_lanes(t + 1, [&](std::int64_t t2) { return row[t2] = detail::exp_approx(row[t2] - maxval); });
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) row[t2] /= sum;
-      std::fill(row + t + 1, row + T, 0.0f);
       // out_t = sum_t2 p[t2] v_t2.
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (std::int64_t t2 = 0; t2 <= t; ++t2) {
@@ -141,7 +170,8 @@ Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved
   }
 
   saved.qkv = save_activation(ctx, qkv);
-  saved.probs = save_activation(ctx, probs);
+  saved.probs = keep_probs ? save_activation(ctx, probs) : Tensor();
+  saved.stats = stats;  // float32 always: the recomputation needs the exact maximum and sum
   return out;
 }
 
@@ -154,10 +184,17 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
   const Dims d = check_qkv(qkv, heads, compute);
   event.arg("shape", describe(d));
   event.arg("dtypes", std::string(name(compute)));
-  const Shape probs_shape{d.b, d.h, d.t, d.t};
-  FP8KIT_CHECK(saved.probs.shape() == probs_shape, "attention.backward: saved probabilities ",
-               shape_string(saved.probs.shape()), " do not match ", shape_string(probs_shape),
-               " (was forward run with the same heads?)");
+  const bool keep_probs = saves == AttentionSaves::kProbabilities;
+  const Shape probs_shape{d.b, d.h, d.t, d.t}, stats_shape{d.b, d.h, d.t, 2};
+  if (keep_probs) {
+    FP8KIT_CHECK(saved.probs.shape() == probs_shape, "attention.backward: saved probabilities ",
+                 shape_string(saved.probs.shape()), " do not match ", shape_string(probs_shape),
+                 " (was forward run with the same heads and saves?)");
+  } else {
+    FP8KIT_CHECK(saved.stats.shape() == stats_shape && saved.stats.dtype() == DType::float32,
+                 "attention.backward: saved statistics ", shape_string(saved.stats.shape()), " do not match ",
+                 shape_string(stats_shape), " float32 (was forward run with the same heads and saves?)");
+  }
   FP8KIT_CHECK(dout.dtype() == DType::float32, "attention.backward: dout must be float32, got ", name(dout.dtype()));
   const Shape out_shape{d.b, d.t, d.c};
   FP8KIT_CHECK(dout.shape() == out_shape, "attention.backward: dout ", shape_string(dout.shape()),
@@ -166,10 +203,11 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
   const bool bf16 = compute == DType::bfloat16;
   const std::int64_t T = d.t, C = d.c, C3 = 3 * d.c, hs = d.hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const Tensor probs = load_activation(saved.probs);
+  const Tensor probs = keep_probs ? load_activation(saved.probs) : Tensor();
   Tensor dqkv = empty({d.b, T, C3}, DType::float32);
   const float* in = qkv.data<float>();
-  const float* p = probs.data<float>();
+  const float* p = keep_probs ? probs.data<float>() : nullptr;
+  const float* st = keep_probs ? nullptr : saved.stats.data<float>();
   const float* dy = dout.data<float>();
   float* dx = dqkv.data<float>();
   const bool parallel = static_cast<double>(d.b * d.h) * static_cast<double>(T * T * hs) >= kParallelWork;
@@ -181,10 +219,14 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
     const std::size_t n = static_cast<std::size_t>(T * hs);
     std::vector<float> q(n), k(n), v(n), go(n), dq(n, 0.0f), dk(n, 0.0f), dv(n, 0.0f);
     std::vector<float> dp(static_cast<std::size_t>(T)), ds(static_cast<std::size_t>(T));
+    std::vector<float> scratch(keep_probs ? 0 : static_cast<std::size_t>(T));
     gather_head(in_b, T, C, h, hs, bf16, q.data(), k.data(), v.data());
     gather(dy + b * T * C, T, C, h * hs, hs, bf16, go.data());
     for (std::int64_t t = 0; t < T; ++t) {
-      const float* prow = p + (bh * T + t) * T;  // p[b, h, t, :]
+      if (!keep_probs) {
+        recompute_row(q.data(), k.data(), t, hs, scale, st[(bh * T + t) * 2], st[(bh * T + t) * 2 + 1], scratch.data());
+      }
+      const float* prow = keep_probs ? p + (bh * T + t) * T : scratch.data();  // p[b, h, t, :], saved or recomputed
       const float* got = go.data() + t * hs;
       // dp[t2] = dout_t . v_t2 and dv_t2 += p[t, t2] dout_t.
       for (std::int64_t t2 = 0; t2 <= t; ++t2) {

@@ -166,10 +166,11 @@ bool fd_agrees(double fd, double analytic) {
 
 TEST(Attention, ForwardMatchesDoubleReference) {
   for (const Case k : {Case{2, 7, 12, 3}, Case{1, 1, 4, 1}, Case{3, 17, 8, 2}, Case{1, 33, 16, 4}, Case{2, 0, 4, 2}}) {
-    const CausalSelfAttention attn{k.h};
+    const CausalSelfAttention attn{k.h, DType::float32, AttentionSaves::kProbabilities};
     const Tensor qkv = random_qkv(k, 11);
     CausalSelfAttention::Saved saved;
     const Tensor y = attn.forward(Context{}, qkv, saved);
+    EXPECT_EQ(saved.stats.numel(), 0);  // the probabilities instead
     ASSERT_EQ(y.shape(), (Shape{k.b, k.t, k.c}));
     const std::vector<double> want = reference_forward(qkv, k.h);
     for (std::int64_t i = 0; i < y.numel(); ++i) {
@@ -287,7 +288,7 @@ TEST(Attention, Bf16ComputeIsBitIdenticalToRoundingReference) {
 
 TEST(Attention, SavedInBf16HalvesMemoryAndStaysClose) {
   const Case k{2, 8, 8, 2};
-  const CausalSelfAttention attn{k.h};
+  const CausalSelfAttention attn{k.h, DType::float32, AttentionSaves::kProbabilities};
   const Tensor qkv = random_qkv(k, 61);
   const Tensor dout = randn({k.b, k.t, k.c}, 62, DType::float32);
   Context ctx32, ctx16;
@@ -300,6 +301,51 @@ TEST(Attention, SavedInBf16HalvesMemoryAndStaysClose) {
   EXPECT_TRUE(s32.qkv.shares_storage_with(qkv));  // float32: the input itself, no copy
   const Tensor d32 = attn.backward(ctx32, dout, s32), d16 = attn.backward(ctx16, dout, s16);
   EXPECT_LT(relative_error(d16, d32), 2e-2);
+}
+
+// kStatistics saves each row's maximum and sum and recomputes the probabilities in backward: bit-identical to
+// saving the probabilities in float32, in both compute precisions (bf16 compute reads the same rounded q, k, v
+// whether qkv was saved in float32 or bfloat16), and (B, H, T, 2) floats instead of (B, H, T, T).
+TEST(Attention, SavedStatisticsGiveTheSameGradientsAsSavedProbabilities) {
+  for (const Case k : {Case{2, 7, 12, 3}, Case{1, 1, 4, 1}, Case{3, 17, 8, 2}, Case{2, 40, 16, 4}}) {
+    for (const DType compute : {DType::float32, DType::bfloat16}) {
+      const CausalSelfAttention lean{k.h, compute, AttentionSaves::kStatistics};
+      const CausalSelfAttention full{k.h, compute, AttentionSaves::kProbabilities};
+      const Tensor qkv = random_qkv(k, 81, 3.0);
+      const Tensor dout = randn({k.b, k.t, k.c}, 82, DType::float32);
+      Context ctx32, ctx_lean;
+      ctx_lean.saved_dtype = compute;  // the recipes: float32 saves under fp32, bfloat16 under bf16 and FP8
+      CausalSelfAttention::Saved s_lean, s_full;
+      const Tensor y_lean = lean.forward(ctx_lean, qkv, s_lean), y_full = full.forward(ctx32, qkv, s_full);
+      EXPECT_TRUE(bit_equal(y_lean, y_full));
+      EXPECT_EQ(s_lean.probs.numel(), 0);
+      ASSERT_EQ(s_lean.stats.shape(), (Shape{k.b, k.h, k.t, 2}));
+      EXPECT_EQ(s_lean.stats.dtype(), DType::float32);
+      EXPECT_TRUE(bit_equal(lean.backward(ctx_lean, dout, s_lean), full.backward(ctx32, dout, s_full)))
+          << "T=" << k.t << " compute " << name(compute);
+    }
+  }
+}
+
+// Against probabilities saved in bfloat16 (what the bf16 and FP8 recipes kept before): the softmax gradient then
+// used probabilities rounded to bfloat16 (relative error <= 2^-9 each); the recomputed ones are the float32 values.
+// The difference stays within that rounding: below 2^-7 of the gradient's norm here.
+TEST(Attention, SavedStatisticsAgainstProbabilitiesSavedInBf16) {
+  const Case k{2, 48, 32, 4};
+  const CausalSelfAttention lean{k.h, DType::bfloat16, AttentionSaves::kStatistics};
+  const CausalSelfAttention full{k.h, DType::bfloat16, AttentionSaves::kProbabilities};
+  const Tensor qkv = random_qkv(k, 91, 2.0);
+  const Tensor dout = randn({k.b, k.t, k.c}, 92, DType::float32);
+  Context ctx;
+  ctx.saved_dtype = DType::bfloat16;
+  CausalSelfAttention::Saved s_lean, s_full;
+  lean.forward(ctx, qkv, s_lean);
+  full.forward(ctx, qkv, s_full);
+  const Tensor d_lean = lean.backward(ctx, dout, s_lean), d_full = full.backward(ctx, dout, s_full);
+  EXPECT_FALSE(bit_equal(d_lean, d_full));  // the rounding of the saved probabilities shows
+  EXPECT_LT(relative_error(d_lean, d_full), 1.0 / 128);
+  // The memory: 2 floats per row instead of T bfloat16 values.
+  EXPECT_EQ(s_lean.stats.nbytes() * k.t, s_full.probs.nbytes() * 4);
 }
 
 TEST(Attention, ThreadCountDoesNotChangeResults) {

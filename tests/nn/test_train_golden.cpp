@@ -26,7 +26,9 @@ struct Golden {
 // Recorded at commit "tests: the trainer's losses as committed figures" (before the trainer's phases) on the AMX
 // Xeon, capped at avx2; identical at the scalar and avx512 levels. The gpt rows again when attention's sums got an
 // order of their own (src/nn/attention.cpp sum_in_lanes), on Zen 5: GCC 12's Release build and Clang 14's
-// ASan+UBSan build (scripts/sanitize.sh) give these same bits.
+// ASan+UBSan build (scripts/sanitize.sh) give these same bits. The gpt rows of the bf16 and FP8 recipes again when
+// attention saved its softmax statistics instead of bf16-rounded probabilities (fp32's rows did not move: there
+// the two are bit-identical).
 const std::vector<Golden> kGolden = {
     {"cnn", "bf16", {1073715898u, 1072740841u, 1075514158u, 1078980930u}, 1074034057u},
     {"cnn", "fp32", {1073713306u, 1072727043u, 1075552066u, 1079109024u}, 1074052616u},
@@ -34,12 +36,12 @@ const std::vector<Golden> kGolden = {
     {"cnn", "fp8-current", {1073719442u, 1072719581u, 1075451912u, 1078928386u}, 1074008141u},
     {"cnn", "fp8-delayed", {1073710346u, 1072852451u, 1075069305u, 1077995318u}, 1073891593u},
     {"cnn", "mxfp8", {1073710083u, 1072838329u, 1075095712u, 1078281611u}, 1073905379u},
-    {"gpt", "bf16", {1085470924u, 1084342749u, 1083469682u, 1083390183u}, 1083003130u},
+    {"gpt", "bf16", {1085470924u, 1084342596u, 1083469853u, 1083390309u}, 1083003156u},
     {"gpt", "fp32", {1085471042u, 1084341290u, 1083469682u, 1083389921u}, 1083002994u},
-    {"gpt", "fp8-block", {1085472551u, 1084348931u, 1083463400u, 1083385694u}, 1083002012u},
-    {"gpt", "fp8-current", {1085474134u, 1084340135u, 1083459777u, 1083381260u}, 1083002524u},
-    {"gpt", "fp8-delayed", {1085469549u, 1084342568u, 1083478366u, 1083396639u}, 1083000478u},
-    {"gpt", "mxfp8", {1085472702u, 1084345254u, 1083468711u, 1083388610u}, 1083001410u},
+    {"gpt", "fp8-block", {1085472551u, 1084348775u, 1083463613u, 1083386449u}, 1083002494u},
+    {"gpt", "fp8-current", {1085474134u, 1084339944u, 1083460848u, 1083381274u}, 1083002916u},
+    {"gpt", "fp8-delayed", {1085469549u, 1084343604u, 1083478605u, 1083396597u}, 1083000321u},
+    {"gpt", "mxfp8", {1085472702u, 1084345228u, 1083469357u, 1083388905u}, 1083001926u},
 };
 
 TrainConfig golden_run(const char* model) {

@@ -24,14 +24,31 @@ namespace fp8kit::nn {
 // Threads: OpenMP over (b, h); each pair is computed by one thread in a fixed order, so the result does not depend
 // on the thread count. Within a pair, dot products and the softmax sum run in SIMD lanes (a fixed summation order
 // for a given build) and exp is the vectorizable detail::exp_approx (within 2 ulp of e^x).
+//
+// What forward saves for backward (`saves`):
+//   kStatistics (the default, FlashAttention's and Transformer Engine's way): each softmax row's maximum and sum,
+//     (B, H, T, 2) float32, and backward recomputes the probabilities from q and k: the same scores in the same
+//     order, the same exp, divided by the same sum, so bit for bit the probabilities forward had. B*H*T*2 floats
+//     instead of B*H*T*T.
+//   kProbabilities: the (B, H, T, T) probabilities themselves, in ctx.saved_dtype (bfloat16 under the bf16 and FP8
+//     recipes, so backward's softmax gradient then sees probabilities rounded to bfloat16).
+// Backward is bit-identical between the two when the probabilities were saved in float32 (ctx.saved_dtype
+// float32), or in bfloat16 compute whatever ctx.saved_dtype is compared with kProbabilities saved in float32: the
+// q, k and v backward reads are then the ones forward used. With probabilities saved in bfloat16 (today's bf16 and
+// FP8 recipes before kStatistics), kStatistics differs only by that rounding: its softmax gradient uses the float32
+// probabilities (tests/nn/test_attention.cpp bounds the difference).
+enum class AttentionSaves : std::uint8_t { kStatistics, kProbabilities };
+
 struct CausalSelfAttention {
   std::int64_t heads = 1;
   DType compute = DType::float32;  // float32 or bfloat16
+  AttentionSaves saves = AttentionSaves::kStatistics;
 
-  // What backward needs, stored in ctx.saved_dtype.
+  // What backward needs: the input in ctx.saved_dtype, and the softmax statistics (float32) or probabilities.
   struct Saved {
     Tensor qkv;    // (B, T, 3C) the input
-    Tensor probs;  // (B, H, T, T) softmax probabilities p[b, h, t, t2], zero above the diagonal (t2 > t)
+    Tensor stats;  // kStatistics: (B, H, T, 2) float32, row t's maximum score and sum of exp(score - maximum)
+    Tensor probs;  // kProbabilities: (B, H, T, T) softmax probabilities p[b, h, t, t2], zero above the diagonal
   };
 
   // qkv (B, T, 3C) float32 -> out (B, T, C) float32; fills `saved`. Throws Error(kInvalidArgument) for a shape
