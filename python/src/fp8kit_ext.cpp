@@ -568,6 +568,8 @@ NB_MODULE(_fp8kit, m) {
           },
           nb::rv_policy::move, "The amax history (a copy): slot 0 is the step being recorded, the rest earlier steps.")
       .def_prop_ro("smoothed_amax", &fp8kit::DelayedScaling::smoothed_amax)
+      .def_prop_ro("calibrated", &fp8kit::DelayedScaling::calibrated,
+                   "Whether an update has computed the scale from a finite, nonzero amax (until then: scale 1).")
       .def_prop_ro("format",
                    [](const fp8kit::DelayedScaling& d) { return std::string(fp8kit::name(d.config().format)); })
       .def("record", &fp8kit::DelayedScaling::record, nb::arg("amax"),

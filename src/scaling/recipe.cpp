@@ -47,6 +47,7 @@ void DelayedScaling::update() {
     amax = *smoothed_;
   }
   scale_ = compute_scale(amax, config_.format, ScaleOptions{config_.margin}, scale_);
+  if (std::isfinite(amax) && amax > 0.0f) calibrated_ = true;
   // Roll: slot i <- slot i+1, last slot <- this step's amax, slot 0 cleared for the next step.
   if (n > 1) {
     std::rotate(history_.begin(), history_.begin() + 1, history_.end());  // last slot now holds slot 0
@@ -57,7 +58,7 @@ void DelayedScaling::update() {
 namespace {
 
 constexpr std::uint32_t kMagic = 0x53443846;  // "F8DS"
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;         // 2 added `calibrated`; version 1 is still read
 
 void put_u32(std::vector<std::uint8_t>& out, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
@@ -88,7 +89,7 @@ class Reader {
 }  // namespace
 
 // Layout (little-endian u32/f32): magic, version, format, history_length, algorithm, margin (as u32 two's
-// complement), has_ema, ema_decay, scale, has_smoothed, smoothed, history[history_length].
+// complement), has_ema, ema_decay, scale, has_smoothed, smoothed, calibrated (version 2 on), history[history_length].
 std::vector<std::uint8_t> DelayedScaling::serialize() const {
   std::vector<std::uint8_t> out;
   put_u32(out, kMagic);
@@ -102,6 +103,7 @@ std::vector<std::uint8_t> DelayedScaling::serialize() const {
   put_f32(out, scale_);
   put_u32(out, smoothed_ ? 1 : 0);
   put_f32(out, smoothed_.value_or(0.0f));
+  put_u32(out, calibrated_ ? 1 : 0);
   for (float a : history_) put_f32(out, a);
   return out;
 }
@@ -110,8 +112,8 @@ DelayedScaling DelayedScaling::deserialize(std::span<const std::uint8_t> bytes) 
   Reader in(bytes);
   FP8KIT_CHECK_KIND(in.u32() == kMagic, ErrorKind::kParse, "not a delayed scaling state (bad magic)");
   const std::uint32_t version = in.u32();
-  FP8KIT_CHECK_KIND(version == kVersion, ErrorKind::kParse, "delayed scaling state version ", version,
-                    " is not supported (this build reads version ", kVersion, ")");
+  FP8KIT_CHECK_KIND(version == 1 || version == kVersion, ErrorKind::kParse, "delayed scaling state version ", version,
+                    " is not supported (this build reads versions 1 and ", kVersion, ")");
   DelayedScalingConfig config;
   const std::uint32_t format = in.u32();
   FP8KIT_CHECK_KIND(format < kAllFormats.size(), ErrorKind::kParse, "delayed scaling state: unknown format ", format);
@@ -132,7 +134,14 @@ DelayedScaling DelayedScaling::deserialize(std::span<const std::uint8_t> bytes) 
   const bool has_smoothed = in.u32() != 0;
   const float smoothed = in.f32();
   if (has_smoothed) state.smoothed_ = smoothed;
+  const std::uint32_t calibrated = version >= 2 ? in.u32() : 0;
+  FP8KIT_CHECK_KIND(calibrated <= 1, ErrorKind::kParse, "delayed scaling state: bad calibrated flag ", calibrated);
   for (float& a : state.history_) a = in.f32();
+  // Version 1 did not say: a state whose scale moved or whose history holds an amax has been updated.
+  state.calibrated_ =
+      calibrated == 1 ||
+      (version == 1 && (state.scale_ != 1.0f ||
+                        std::any_of(state.history_.begin(), state.history_.end(), [](float a) { return a != 0.0f; })));
   FP8KIT_CHECK_KIND(in.done(), ErrorKind::kParse, "delayed scaling state: trailing bytes");
   return state;
 }

@@ -178,15 +178,29 @@ TEST(Linear, DelayedScalingStateAndReport) {
   layer.forward(ctx, x, saved);
   layer.backward(ctx, dy, saved);
   EXPECT_EQ(layer.fp8.input.scale(), 1.0f);  // nothing updates before update()
-  layer.fp8.update();
+  EXPECT_FALSE(layer.fp8.input.calibrated());
   float amax = 0;
   for (float v : x.span<float>()) amax = std::max(amax, std::fabs(v));
-  EXPECT_EQ(layer.fp8.input.scale(), 448.0f / amax);
   EXPECT_FALSE(report.first_nonfinite.has_value());
   ASSERT_FALSE(report.scales.empty());
   EXPECT_EQ(report.scales[0].role, TensorRole::kInput);
   EXPECT_EQ(report.scales[0].amax, amax);
-  EXPECT_GT(report.scales[0].saturated, 0u);  // scale 1 with amax ~ 1000: values above 448 saturate
+  // The first step, with no amax in the history yet, takes its own (not Transformer Engine's initial 1, under which
+  // this input, amax ~ 1000, would saturate).
+  EXPECT_EQ(report.scales[0].scale, 448.0f / amax);
+  EXPECT_EQ(report.scales[0].saturated, 0u);
+  layer.fp8.update();
+  EXPECT_TRUE(layer.fp8.input.calibrated());
+  EXPECT_EQ(layer.fp8.input.scale(), 448.0f / amax);
+  // From the second step on, the history's scale: an input twice as large now saturates (delayed scaling).
+  const Tensor x2 = random({rows, in}, 8, 600.0);
+  StepReport second;
+  second.log_scales = true;
+  ctx.report = &second;
+  layer.forward(ctx, x2, saved);
+  ASSERT_FALSE(second.scales.empty());
+  EXPECT_EQ(second.scales[0].scale, 448.0f / amax);
+  EXPECT_GT(second.scales[0].saturated, 0u);
 }
 
 TEST(Linear, NonFiniteInputIsReported) {

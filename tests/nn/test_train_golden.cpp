@@ -28,19 +28,20 @@ struct Golden {
 // order of their own (src/nn/attention.cpp sum_in_lanes), on Zen 5: GCC 12's Release build and Clang 14's
 // ASan+UBSan build (scripts/sanitize.sh) give these same bits. The gpt rows of the bf16 and FP8 recipes again when
 // attention saved its softmax statistics instead of bf16-rounded probabilities (fp32's rows did not move: there
-// the two are bit-identical).
+// the two are bit-identical). The fp8-delayed rows again when the first step took its scales from its own amaxes
+// (its first loss is now fp8-current's).
 const std::vector<Golden> kGolden = {
     {"cnn", "bf16", {1073715898u, 1072740841u, 1075514158u, 1078980930u}, 1074034057u},
     {"cnn", "fp32", {1073713306u, 1072727043u, 1075552066u, 1079109024u}, 1074052616u},
     {"cnn", "fp8-block", {1073709686u, 1072763041u, 1075495976u, 1078844178u}, 1074008692u},
     {"cnn", "fp8-current", {1073719442u, 1072719581u, 1075451912u, 1078928386u}, 1074008141u},
-    {"cnn", "fp8-delayed", {1073710346u, 1072852451u, 1075069305u, 1077995318u}, 1073891593u},
+    {"cnn", "fp8-delayed", {1073719442u, 1072692467u, 1075557859u, 1078817711u}, 1074077975u},
     {"cnn", "mxfp8", {1073710083u, 1072838329u, 1075095712u, 1078281611u}, 1073905379u},
     {"gpt", "bf16", {1085470924u, 1084342596u, 1083469853u, 1083390309u}, 1083003156u},
     {"gpt", "fp32", {1085471042u, 1084341290u, 1083469682u, 1083389921u}, 1083002994u},
     {"gpt", "fp8-block", {1085472551u, 1084348775u, 1083463613u, 1083386449u}, 1083002494u},
     {"gpt", "fp8-current", {1085474134u, 1084339944u, 1083460848u, 1083381274u}, 1083002916u},
-    {"gpt", "fp8-delayed", {1085469549u, 1084343604u, 1083478605u, 1083396597u}, 1083000321u},
+    {"gpt", "fp8-delayed", {1085474134u, 1084342659u, 1083460125u, 1083381796u}, 1082998719u},
     {"gpt", "mxfp8", {1085472702u, 1084345228u, 1083469357u, 1083388905u}, 1083001926u},
 };
 

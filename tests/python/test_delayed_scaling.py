@@ -11,8 +11,9 @@ import fp8kit
 
 def test_the_window_max_gives_the_next_scale():
     d = fp8kit.DelayedScaling("e4m3fn", history_length=4)
-    assert d.scale == 1.0 and d.format == "e4m3fn" and d.amax_history.shape == (4,)
+    assert d.scale == 1.0 and d.format == "e4m3fn" and d.amax_history.shape == (4,) and not d.calibrated
     d.update(2.0)
+    assert d.calibrated and fp8kit.DelayedScaling.from_state(d.state()).calibrated
     assert d.scale == np.float32(448) / np.float32(2.0) and d.scale_inv == np.float32(1) / np.float32(d.scale)
     d.update(1.0)  # the window still holds 2.0
     assert d.scale == 224.0

@@ -145,6 +145,38 @@ TEST(DelayedScaling, SerializeRoundTrip) {
   EXPECT_THROW(DelayedScaling::deserialize(trailing), Error);
 }
 
+// calibrated(): set by the first update() that computes a scale from a finite, nonzero amax; kept through the
+// serialized state (version 2), inferred for a version-1 state from its scale and history.
+TEST(DelayedScaling, CalibratedAfterTheFirstRealUpdate) {
+  DelayedScaling s(DelayedScalingConfig{Format::e4m3fn, 4});
+  EXPECT_FALSE(s.calibrated());
+  s.update();  // nothing recorded: no step
+  EXPECT_FALSE(s.calibrated());
+  s.record(std::numeric_limits<float>::quiet_NaN());
+  s.update();  // a NaN amax keeps scale 1
+  EXPECT_FALSE(s.calibrated());
+  EXPECT_EQ(s.scale(), 1.0f);
+  s.record(2.0f);
+  s.update();
+  EXPECT_TRUE(s.calibrated());
+  EXPECT_EQ(s.scale(), 224.0f);
+  const DelayedScaling fresh(DelayedScalingConfig{Format::e4m3fn, 4});
+  EXPECT_FALSE(DelayedScaling::deserialize(fresh.serialize()).calibrated());
+  EXPECT_TRUE(DelayedScaling::deserialize(s.serialize()).calibrated());
+  // Version 1 (no flag: the 4 bytes after `smoothed` removed, version 1) is read, the flag inferred.
+  const auto v1 = [](std::vector<std::uint8_t> bytes) {
+    bytes[4] = 1;
+    bytes.erase(bytes.begin() + 44, bytes.begin() + 48);  // magic..smoothed are 11 u32 = 44 bytes
+    return bytes;
+  };
+  EXPECT_TRUE(DelayedScaling::deserialize(v1(s.serialize())).calibrated());
+  EXPECT_EQ(DelayedScaling::deserialize(v1(s.serialize())).scale(), 224.0f);
+  EXPECT_FALSE(DelayedScaling::deserialize(v1(fresh.serialize())).calibrated());
+  auto bad_flag = s.serialize();
+  bad_flag[44] = 7;
+  EXPECT_THROW(DelayedScaling::deserialize(bad_flag), Error);
+}
+
 TEST(CurrentScaling, IsTheScaleFormula) {
   const CurrentScaling c{Format::e4m3fn, ScaleOptions{0, 1e-12f}};
   EXPECT_EQ(c.scale_for(3.5f), 128.0f);

@@ -46,6 +46,11 @@ class DelayedScaling {
   // Slot 0 holds the amax being recorded for the current step; the rest are earlier steps.
   std::span<const float> history() const { return history_; }
   std::optional<float> smoothed_amax() const { return smoothed_; }
+  // Whether an update() has computed the scale from a finite, nonzero amax. Until then scale() is the initial 1
+  // (Transformer Engine's start), which can flush most of a tensor of small values to zero on the first steps (the
+  // gradients of a CNN: docs/nn.md); a caller may take the first step's scale from the current amax instead, as the
+  // nn recipes do.
+  bool calibrated() const { return calibrated_; }
 
   // Records an amax observed in the current step (the maximum of all calls since the last update).
   void record(float amax);
@@ -67,6 +72,7 @@ class DelayedScaling {
  private:
   DelayedScalingConfig config_;
   float scale_ = 1.0f;
+  bool calibrated_ = false;
   std::vector<float> history_;
   std::optional<float> smoothed_;
 };
