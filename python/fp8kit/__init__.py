@@ -116,6 +116,20 @@ def _matrix_shape(shape: tuple) -> tuple[int, int]:
     return rows, cols
 
 
+def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int]) -> tuple:
+    """x for the matrix kernels (quantize, analyze): (its Source, the dtype they read, the array they read), float32,
+    bfloat16 and float16 as they are, float64 rounded to float32 first (a copy); anything else a ValueError."""
+    src = as_bits(x, kind)
+    name, bits = src.dtype_name, src.bits
+    if name == "float64":
+        bits = np.empty(src.shape, np.float32)
+        _fp8kit.convert(src.bits, "float64", bits, "float32", False, threads)
+        name = "float32"
+    if name not in _KERNEL_WIDE:
+        raise ValueError(f"{what} takes float32, bfloat16, float16 or float64, not {name}")
+    return src, name, bits
+
+
 class ScaledTensor:
     """FP8 codes and their dequantization scales: x ~= decode(data) * scale_inv of each element's block.
 
@@ -199,15 +213,7 @@ def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, sat
     if scale_rounding == "rceil":
         granularity = granularity + "-rceil" if not granularity.endswith("-rceil") else granularity
     kind = kind_of(x)
-    src = as_bits(x, kind)
-    name = src.dtype_name
-    bits = src.bits
-    if name == "float64":
-        bits = np.empty(src.shape, np.float32)
-        _fp8kit.convert(src.bits.reshape(-1), "float64", bits.reshape(-1), "float32", False, threads)
-        name = "float32"
-    if name not in _KERNEL_WIDE:
-        raise ValueError(f"quantize takes float32, bfloat16, float16 or float64, not {name}")
+    src, name, bits = _wide_matrix_input(x, kind, "quantize", threads)
     rows, cols = _matrix_shape(src.shape)
     q = _fp8kit.quantize(bits.reshape(-1), name, rows, cols, target, granularity, bool(saturate), int(margin),
                          scale_rounding == "pow2", threads)
@@ -360,14 +366,7 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
     for g in granularity_names:
         if not isinstance(g, str):
             raise TypeError(f"granularity must be a string ({_GRANULARITIES}), not {type(g).__name__}")
-    src = as_bits(x, kind_of(x))
-    name, bits = src.dtype_name, src.bits
-    if name == "float64":
-        bits = np.empty(src.shape, np.float32)
-        _fp8kit.convert(src.bits.reshape(-1), "float64", bits.reshape(-1), "float32", False, threads)
-        name = "float32"
-    if name not in _KERNEL_WIDE:
-        raise ValueError(f"analyze takes float32, bfloat16, float16 or float64, not {name}")
+    src, name, bits = _wide_matrix_input(x, kind_of(x), "analyze", threads)
     rows, cols = _matrix_shape(src.shape)
     result = _fp8kit.analyze(bits.reshape(-1), name, rows, cols, formats_, granularity_names, bool(saturate), threads)
     return result[0] if single else result
