@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fp8kit/tensor/device.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit::detail {
 
@@ -29,6 +30,7 @@ class Storage {
   std::byte* data_ = nullptr;
   std::int64_t nbytes_ = 0;
   std::int64_t allocated_ = 0;
+  MemoryCategory category_ = MemoryCategory::kTemporary;  // the allocating thread's at construction
   Device device_;
 };
 

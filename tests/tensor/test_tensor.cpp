@@ -376,6 +376,56 @@ TEST(Memory, PeakAndReset) {
   EXPECT_EQ(memory_stats().peak_bytes, base.current_bytes + 64);
 }
 
+// Allocations count in the category in force on their thread (scopes nest and restore), a free subtracts from the
+// category the storage was counted in (whatever is in force then), and the peak keeps the breakdown it had.
+TEST(Memory, CategoriesFollowTheirScopesAndThePeakKeepsItsBreakdown) {
+  const auto idx = [](MemoryCategory c) { return static_cast<std::size_t>(c); };
+  reset_peak_memory();
+  const MemoryStats base = memory_stats();
+  EXPECT_EQ(current_memory_category(), MemoryCategory::kTemporary);
+  Tensor params, state;
+  {
+    MemoryCategoryScope outer(MemoryCategory::kParameters);
+    params = empty({1000}, DType::float32);  // 4000 -> 4032 bytes
+    {
+      MemoryCategoryScope inner(MemoryCategory::kOptimizerState);
+      EXPECT_EQ(current_memory_category(), MemoryCategory::kOptimizerState);
+      state = empty({100}, DType::bfloat16);  // 200 -> 256
+    }
+    EXPECT_EQ(current_memory_category(), MemoryCategory::kParameters);
+  }
+  EXPECT_EQ(current_memory_category(), MemoryCategory::kTemporary);
+  {
+    const Tensor temp = empty({10000}, DType::float32);  // 40000 bytes: the peak
+    const MemoryStats at = memory_stats();
+    EXPECT_EQ(at.current_by_category[idx(MemoryCategory::kTemporary)] -
+                  base.current_by_category[idx(MemoryCategory::kTemporary)],
+              40000);
+  }
+  MemoryStats now;
+  {
+    MemoryCategoryScope scope(MemoryCategory::kActivations);
+    state = Tensor();  // freed under another scope: still leaves optimizer state
+    now = memory_stats();
+  }
+  EXPECT_EQ(now.current_by_category[idx(MemoryCategory::kOptimizerState)],
+            base.current_by_category[idx(MemoryCategory::kOptimizerState)]);
+  EXPECT_EQ(now.current_by_category[idx(MemoryCategory::kParameters)] -
+                base.current_by_category[idx(MemoryCategory::kParameters)],
+            4032);
+  EXPECT_EQ(now.peak_bytes, base.current_bytes + 4032 + 256 + 40000);
+  EXPECT_EQ(
+      now.peak_by_category[idx(MemoryCategory::kTemporary)] - base.current_by_category[idx(MemoryCategory::kTemporary)],
+      40000);
+  EXPECT_EQ(now.peak_by_category[idx(MemoryCategory::kOptimizerState)] -
+                base.current_by_category[idx(MemoryCategory::kOptimizerState)],
+            256);
+  std::int64_t sum = 0;
+  for (const std::int64_t b : now.peak_by_category) sum += b;
+  EXPECT_EQ(sum, now.peak_bytes);
+  EXPECT_EQ(name(MemoryCategory::kOptimizerState), "optimizer_state");
+}
+
 TEST(Memory, ExactUnderThreads) {
   reset_peak_memory();
   const MemoryStats base = memory_stats();
