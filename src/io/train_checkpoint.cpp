@@ -17,6 +17,8 @@
 #include "fp8kit/common/version.hpp"
 #include "fp8kit/io/fp8_export.hpp"
 #include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/tensor/memory.hpp"
 #include "io/strict_json.hpp"
 
 namespace fp8kit {
@@ -32,6 +34,9 @@ constexpr std::string_view kPrefix = "fp8kit.train.";
 constexpr std::string_view kExpAvg = "optim.exp_avg.";
 constexpr std::string_view kExpAvgSq = "optim.exp_avg_sq.";
 constexpr std::string_view kOptimStep = "optim.step.";
+constexpr std::string_view kExpAvgScale = "optim.exp_avg_scale_inv.";       // FP8 moments: one per block
+constexpr std::string_view kExpAvgSqScale = "optim.exp_avg_sq_scale_inv.";  // (of the codes of sqrt(v))
+constexpr std::string_view kCompensation = "optim.compensation.";           // bf16-kahan master weights
 constexpr std::string_view kFp8 = "fp8.";
 constexpr std::string_view kLosses = "train.losses";
 
@@ -69,7 +74,9 @@ std::string recipe_settings(const PrecisionRecipe& r) {
          ";amax_compute=" + (r.amax_compute == AmaxCompute::kMax ? "max" : "most_recent") +
          ";margin=" + std::to_string(r.margin) +
          ";fp8_conv_max_kernel_area=" + std::to_string(r.fp8_conv_max_kernel_area) +
-         ";min_fp8_gemm_macs=" + std::to_string(r.min_fp8_gemm_macs);
+         ";min_fp8_gemm_macs=" + std::to_string(r.min_fp8_gemm_macs) +
+         ";optimizer_state=" + std::string(nn::name(r.optimizer_state)) +
+         ";master_weights=" + std::string(nn::name(r.master_weights));
 }
 
 // AdamW's settings besides the learning rate (which has its own key), as "key=value;...".
@@ -104,6 +111,7 @@ class Settings {
     const auto it = items_.find(k);
     check(it != items_.end() && parse_number(it->second, out), k);
   }
+  bool has(const char* k) const { return items_.count(k) != 0; }
   // The item's value, which must be one of `choices`.
   const std::string& choice(const char* k, std::initializer_list<std::string_view> choices) const {
     const auto it = items_.find(k);
@@ -154,6 +162,14 @@ class MetadataReader {
     settings.number("min_fp8_gemm_macs", r.min_fp8_gemm_macs);
     r.amax_compute =
         settings.choice("amax_compute", {"max", "most_recent"}) == "max" ? AmaxCompute::kMax : AmaxCompute::kMostRecent;
+    // Checkpoints written before the optimizer's storage was configurable have neither: they ran float32.
+    r.optimizer_state = settings.has("optimizer_state")
+                            ? *nn::parse_moment_storage(settings.choice("optimizer_state", {"fp32", "bf16", "fp8"}))
+                            : MomentStorage::kFloat32;
+    r.master_weights =
+        settings.has("master_weights")
+            ? *nn::parse_master_weights(settings.choice("master_weights", {"fp32", "bf16-sr", "bf16-kahan"}))
+            : MasterWeights::kFloat32;
     return r;
   }
   // The optimizer's settings. Checkpoints written before they were configurable have no "adamw" key: they ran
@@ -267,6 +283,12 @@ void save_train_checkpoint(const fs::path& path, const TrainConfig& config, cons
   for (const auto& [name, s] : optim) {
     entries.push_back(safetensors_entry(std::string(kExpAvg) + name, s.m));
     entries.push_back(safetensors_entry(std::string(kExpAvgSq) + name, s.v));
+    if (s.m_scale.numel() > 0) {
+      entries.push_back(safetensors_entry(std::string(kExpAvgScale) + name, s.m_scale));
+      entries.push_back(safetensors_entry(std::string(kExpAvgSqScale) + name, s.v_scale));
+    }
+    if (s.compensation.numel() > 0)
+      entries.push_back(safetensors_entry(std::string(kCompensation) + name, s.compensation));
     Tensor step = empty(Shape{}, DType::int64);
     step.data<std::int64_t>()[0] = s.step;
     owned.push_back(step);
@@ -327,6 +349,13 @@ void check_resumable(const fs::path& path, const TrainCheckpointInfo& info, cons
                  ": resume it with --fp8-conv-max-kernel-area ", info.recipe.fp8_conv_max_kernel_area,
                  " (or without the option)");
   }
+  FP8KIT_CHECK(info.recipe.optimizer_state == recipe.optimizer_state, ck, " was trained with --optimizer-state ",
+               nn::name(info.recipe.optimizer_state), ", not ", nn::name(recipe.optimizer_state),
+               ": resume it with --optimizer-state ", nn::name(info.recipe.optimizer_state),
+               " (or without the option)");
+  FP8KIT_CHECK(info.recipe.master_weights == recipe.master_weights, ck, " was trained with --master-weights ",
+               nn::name(info.recipe.master_weights), ", not ", nn::name(recipe.master_weights),
+               ": resume it with --master-weights ", nn::name(info.recipe.master_weights), " (or without the option)");
   FP8KIT_CHECK(recipe_settings(info.recipe) == recipe_settings(recipe), ck, " was trained with recipe settings ",
                recipe_settings(info.recipe), ", not ", recipe_settings(recipe), ": resume it with the same settings");
   FP8KIT_CHECK(info.adamw.lr == config.adamw.lr && info.warmup_steps == config.warmup_steps, ck,
@@ -367,7 +396,8 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
   std::vector<Tensor> values;
   std::map<std::string, const Parameter*> by_name;
   for (const Parameter* p : params) {
-    values.push_back(to_tensor(expect(file, p->name, SafetensorsDType::F32, p->value.shape(), "a parameter")));
+    values.push_back(
+        to_tensor(expect(file, p->name, safetensors_dtype(p->value.dtype()), p->value.shape(), "a parameter")));
     by_name[p->name] = p;
     used.insert(p->name);
   }
@@ -385,9 +415,27 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
     s.step = step.data<std::int64_t>()[0];
     FP8KIT_CHECK_KIND(s.step >= 1 && s.step <= info.next_step, ErrorKind::kParse, ck, ": ", detail::quoted(t.name),
                       " is ", s.step, ", not a step count of a run at step ", info.next_step, " (the file is damaged)");
-    s.m = to_tensor(expect(file, std::string(kExpAvg) + name, SafetensorsDType::F32, shape, "AdamW's first moment"));
-    s.v = to_tensor(expect(file, std::string(kExpAvgSq) + name, SafetensorsDType::F32, shape, "AdamW's second moment"));
+    // The moments in the storage the recipe gives them (optim.hpp), with their block scales and the Kahan buffer.
+    const SafetensorsDType moments = recipe.optimizer_state == MomentStorage::kFloat32    ? SafetensorsDType::F32
+                                     : recipe.optimizer_state == MomentStorage::kBfloat16 ? SafetensorsDType::BF16
+                                                                                          : SafetensorsDType::F8_E4M3;
+    MemoryCategoryScope category(MemoryCategory::kOptimizerState);
+    s.m = to_tensor(expect(file, std::string(kExpAvg) + name, moments, shape, "AdamW's first moment"));
+    s.v = to_tensor(expect(file, std::string(kExpAvgSq) + name, moments, shape, "AdamW's second moment"));
     used.insert({t.name, std::string(kExpAvg) + name, std::string(kExpAvgSq) + name});
+    if (recipe.optimizer_state == MomentStorage::kFp8) {
+      const Shape blocks{ceil_div(p->second->value.numel(), nn::kMomentBlock)};
+      s.m_scale = to_tensor(
+          expect(file, std::string(kExpAvgScale) + name, SafetensorsDType::F32, blocks, "the first moment's scales"));
+      s.v_scale = to_tensor(expect(file, std::string(kExpAvgSqScale) + name, SafetensorsDType::F32, blocks,
+                                   "the second moment's scales"));
+      used.insert({std::string(kExpAvgScale) + name, std::string(kExpAvgSqScale) + name});
+    }
+    if (recipe.master_weights == MasterWeights::kBf16Kahan) {
+      s.compensation = to_tensor(expect(file, std::string(kCompensation) + name, SafetensorsDType::BF16, shape,
+                                        "the master weights' Kahan compensation"));
+      used.insert(std::string(kCompensation) + name);
+    }
     optim.emplace(name, std::move(s));
   }
 

@@ -77,7 +77,8 @@ Tensor Conv2d::forward(const Context& ctx, const Tensor& x, Saved& saved) {
   const GemmCall call = conv_call(ctx, *this, "forward");
   const RecipeOperand colsq = prepare_operand(call, TensorRole::kInput, cols);
   const RecipeOperand wq = detail::weight_operand(ctx, call, weight, oc, g.cols());
-  const Tensor rows = recipe_gemm(call, colsq, wq, bias ? bias->value.span<float>() : std::span<const float>{});
+  const Tensor bias_values = bias ? parameter_values(*bias) : Tensor();
+  const Tensor rows = recipe_gemm(call, colsq, wq, bias ? bias_values.span<float>() : std::span<const float>{});
   // cols^T (C*kh*kw, N*OH*OW) for wgrad. FP8: the codes transposed (per-tensor scales) or quantized anew (blocks).
   // fp32 and bf16: cols^T rounded directly, the same values as the rounded cols transposed without a float round
   // trip of the layer's largest matrix.
@@ -111,7 +112,8 @@ Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved
   detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.cols_t));  // (OC, K)
   if (bias) {
     // db[o] = sum over (n, oy, ox) of dy[n, o, oy, ox], in double, in a fixed order.
-    float* gb = bias->grad.data<float>();
+    GradientAccumulator db(*bias);
+    float* gb = db.data();
     const float* src = dy.data<float>();
     const std::int64_t hw = g.out_h * g.out_w;
     for (std::int64_t o = 0; o < oc; ++o) {
@@ -122,6 +124,7 @@ Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved
       }
       gb[o] += static_cast<float>(sum);
     }
+    db.commit();
   }
   return col2im(ctx, dcols, g);
 }

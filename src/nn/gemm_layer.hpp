@@ -55,9 +55,7 @@ inline RecipeOperand weight_operand_transposed(const Context& ctx, const GemmCal
 // dw (the weight matrix's shape) into the weight's gradient: the context's weight source's, or weight.grad +=.
 inline void add_weight_gradient(const Context& ctx, Parameter& weight, Tensor dw) {
   if (ctx.weights != nullptr) return ctx.weights->add_gradient(weight, std::move(dw));
-  float* g = weight.grad.data<float>();
-  const float* d = dw.data<float>();
-  for (std::int64_t i = 0, n = dw.numel(); i < n; ++i) g[i] += d[i];
+  add_to_gradient(weight, dw.span<float>());
 }
 
 }  // namespace fp8kit::nn::detail

@@ -3,14 +3,17 @@
 #include "fp8kit/nn/layers.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "common/parallel.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/format/codec.hpp"
 #include "nn_util.hpp"
 
 namespace fp8kit::nn {
@@ -102,8 +105,9 @@ Tensor LayerNorm::forward(const Context& ctx, const Tensor& x, Saved& saved) con
   Tensor x_hat = empty(x.shape(), DType::float32);
   Tensor rstd = empty({rows}, DType::float32);
   const float* in = x.data<float>();
-  const float* w = weight.value.data<float>();
-  const float* b = bias.value.data<float>();
+  const Tensor wv = parameter_values(weight), bv = parameter_values(bias);
+  const float* w = wv.data<float>();
+  const float* b = bv.data<float>();
   float* out = y.data<float>();
   float* xh = x_hat.data<float>();
   float* rs = rstd.data<float>();
@@ -127,7 +131,7 @@ Tensor LayerNorm::forward(const Context& ctx, const Tensor& x, Saved& saved) con
       out[r * channels + c] = n * w[c] + b[c];
     }
   }
-  saved.x_hat = save_activation(ctx, x_hat);
+  saved.x_hat = save_activation_rows(ctx, x_hat);
   saved.rstd = std::move(rstd);
   return y;
 }
@@ -144,7 +148,8 @@ Tensor LayerNorm::backward(const Context& ctx, const Tensor& dy, const Saved& sa
   const float* g = dy.data<float>();
   const float* xh = x_hat.data<float>();
   const float* rs = saved.rstd.data<float>();
-  const float* w = weight.value.data<float>();
+  const Tensor wv = parameter_values(weight);
+  const float* w = wv.data<float>();
   float* out = dx.data<float>();
   const double inv_c = 1.0 / static_cast<double>(channels);
 #pragma omp parallel for schedule(static) if (go_parallel(rows * channels))
@@ -164,8 +169,9 @@ Tensor LayerNorm::backward(const Context& ctx, const Tensor& dy, const Saved& sa
     }
   }
   // Parameter gradients: sums over rows, per column chunk in row order, in double.
-  float* dw = weight.grad.data<float>();
-  float* db = bias.grad.data<float>();
+  GradientAccumulator dw_sum(weight), db_sum(bias);
+  float* dw = dw_sum.data();
+  float* db = db_sum.data();
   const std::int64_t chunks = (channels + kColumnChunk - 1) / kColumnChunk;
 #pragma omp parallel for schedule(static) if (go_parallel(rows * channels) && chunks > 1)
   for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
@@ -184,6 +190,8 @@ Tensor LayerNorm::backward(const Context& ctx, const Tensor& dy, const Saved& sa
       db[c] += static_cast<float>(acc_b[c - c0]);
     }
   }
+  dw_sum.commit();
+  db_sum.commit();
   return dx;
 }
 
@@ -231,7 +239,7 @@ Tensor Gelu::forward(const Context& ctx, const Tensor& x, Saved& saved) {
 Tensor Gelu::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   ScopedEvent event(ctx.profiler, "gelu.forward");
   check_float32(x, "gelu", "x");
-  saved.x = save_activation(ctx, x);
+  saved.x = save_activation_rows(ctx, x);
   Tensor y = x.storage_is_unique() ? x : empty(x.shape(), DType::float32);
   const float* in = x.data<float>();
   float* out = y.data<float>();
@@ -247,6 +255,7 @@ Tensor Gelu::backward(const Context& ctx, const Tensor& dy, const Saved& saved) 
 
 // dx = dy * dgelu/dx(x), written over dy's storage when nothing else holds it (a gradient handed over with
 // std::move): the gradient of the MLP's widest activation then needs no second buffer.
+
 Tensor Gelu::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
   ScopedEvent event(ctx.profiler, "gelu.backward");
   check_float32(dy, "gelu", "dy");
@@ -257,14 +266,37 @@ Tensor Gelu::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
   const std::int64_t n = saved.x.numel();
   // Reads the saved input in its own dtype (a bfloat16 input is widened per element, not copied to a float32
   // tensor: that copy would be the largest temporary of a transformer block's backward).
-  if (saved.x.dtype() == DType::bfloat16) {
-    const bfloat16* in = saved.x.data<bfloat16>();
+  if (saved.x.dtype() == DType::float8_e4m3fn) {
+    // E4M3 codes with a scale per row: each code's value from a 256-entry table, times its row's scale (no float32
+    // copy of the input; the row loop vectorizes with the table as a gather).
+    static const std::array<float, 256> table = [] {
+      std::array<float, 256> t{};
+      for (int c = 0; c < 256; ++c) {
+        t[static_cast<std::size_t>(c)] = decode_to_float(Format::e4m3fn, static_cast<std::uint8_t>(c));
+      }
+      return t;
+    }();
+    const float* values = table.data();
+    const std::uint8_t* in = saved.x.values.data<std::uint8_t>();
+    const float* scale_inv = saved.x.row_scale_inv.data<float>();
+    const std::int64_t cols = saved.x.values.size(-1), rows = n / cols;
+#pragma omp parallel for schedule(static) if (go_parallel(n))
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float s = scale_inv[r];
+      const std::uint8_t* code = in + r * cols;
+      const float* gr = g + r * cols;
+      float* o = out + r * cols;
+#pragma omp simd
+      for (std::int64_t c = 0; c < cols; ++c) o[c] = gr[c] * gelu_derivative(values[code[c]] * s);
+    }
+  } else if (saved.x.dtype() == DType::bfloat16) {
+    const bfloat16* in = saved.x.values.data<bfloat16>();
 #pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
     for (std::int64_t i = 0; i < n; ++i) {
       out[i] = g[i] * gelu_derivative(std::bit_cast<float>(static_cast<std::uint32_t>(in[i].bits) << 16));
     }
   } else {
-    const float* in = saved.x.data<float>();
+    const float* in = saved.x.values.data<float>();
 #pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
     for (std::int64_t i = 0; i < n; ++i) out[i] = g[i] * gelu_derivative(in[i]);
   }
@@ -325,7 +357,8 @@ Tensor Embedding::forward(const Context& ctx, const Tensor& ids, Saved& saved) c
   check_ids(ids, weight.value.size(0), "embedding", "id");
   Tensor y = empty(with_last(ids.shape(), channels), DType::float32);
   const std::int64_t* id = ids.data<std::int64_t>();
-  const float* table = weight.value.data<float>();
+  const Tensor table_values = parameter_values(weight);
+  const float* table = table_values.data<float>();
   float* out = y.data<float>();
   const std::int64_t n = ids.numel();
 #pragma omp parallel for schedule(static) if (go_parallel(n * channels))
@@ -340,7 +373,9 @@ void Embedding::backward(const Context& ctx, const Tensor& dy, const Saved& save
   ScopedEvent event(ctx.profiler, "embedding.backward");
   check_float32(dy, "embedding", "dy");
   check_same_shape(dy, with_last(saved.ids.shape(), weight.value.size(1)), "embedding", "dy");
-  scatter_add_rows(weight.grad, saved.ids, dy);
+  GradientAccumulator dw(weight);
+  scatter_add_rows(dw.tensor(), saved.ids, dy);
+  dw.commit();
 }
 
 // ---------------------------------------------------------------- TokenPositionEmbedding
@@ -365,8 +400,9 @@ Tensor TokenPositionEmbedding::forward(const Context& ctx, const Tensor& tokens,
   check_ids(tokens, wte.weight.value.size(0), "token_position_embedding", "token");
   Tensor y = empty({batch, steps, channels}, DType::float32);
   const std::int64_t* id = tokens.data<std::int64_t>();
-  const float* te = wte.weight.value.data<float>();
-  const float* pe = wpe.weight.value.data<float>();
+  const Tensor te_values = parameter_values(wte.weight), pe_values = parameter_values(wpe.weight);
+  const float* te = te_values.data<float>();
+  const float* pe = pe_values.data<float>();
   float* out = y.data<float>();
   const std::int64_t n = batch * steps;
 #pragma omp parallel for schedule(static) if (go_parallel(n * channels))
@@ -385,11 +421,13 @@ void TokenPositionEmbedding::backward(const Context& ctx, const Tensor& dy, cons
   const std::int64_t channels = wte.weight.value.size(1);
   check_float32(dy, "token_position_embedding", "dy");
   check_same_shape(dy, with_last(saved.tokens.shape(), channels), "token_position_embedding", "dy");
-  scatter_add_rows(wte.weight.grad, saved.tokens, dy);
+  GradientAccumulator dte(wte.weight), dpe(wpe.weight);
+  scatter_add_rows(dte.tensor(), saved.tokens, dy);
+  dte.commit();
   // wpe.grad[t] += sum_b dy[b, t]: one thread per position, batches in order.
   const std::int64_t batch = saved.tokens.size(0), steps = saved.tokens.size(1);
   const float* g = dy.data<float>();
-  float* out = wpe.weight.grad.data<float>();
+  float* out = dpe.data();
 #pragma omp parallel for schedule(static) if (go_parallel(batch * steps * channels))
   for (std::int64_t t = 0; t < steps; ++t) {
     float* o = out + t * channels;
@@ -398,6 +436,7 @@ void TokenPositionEmbedding::backward(const Context& ctx, const Tensor& dy, cons
       for (std::int64_t c = 0; c < channels; ++c) o[c] += src[c];
     }
   }
+  dpe.commit();
 }
 
 // ---------------------------------------------------------------- residual add

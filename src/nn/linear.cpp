@@ -48,7 +48,8 @@ Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   const RecipeOperand wq = detail::weight_operand(ctx, call, weight, out, in);
   saved.input_t = prepare_transposed(call, TensorRole::kInput, x2, &xq);
   x2 = Tensor();  // under fp32, xq still shares it
-  Tensor y = recipe_gemm(call, xq, wq, bias ? bias->value.span<float>() : std::span<const float>{});
+  const Tensor bias_values = bias ? parameter_values(*bias) : Tensor();
+  Tensor y = recipe_gemm(call, xq, wq, bias ? bias_values.span<float>() : std::span<const float>{});
   return y.reshape(shape);
 }
 
@@ -71,10 +72,12 @@ Tensor Linear::backward(const Context& ctx, const Tensor& dy, const Saved& saved
   const RecipeOperand dyt = prepare_transposed(wgrad, TensorRole::kGradOutput, dy2, &dyq);
   detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.input_t));
   if (bias) {
-    float* gb = bias->grad.data<float>();
+    GradientAccumulator db(*bias);
+    float* gb = db.data();
     const float* src = dy2.data<float>();
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t j = 0; j < out; ++j) gb[j] += src[r * out + j];
+    db.commit();
   }
   Shape shape = dy.shape();
   shape.back() = in;

@@ -64,6 +64,12 @@ const RecipeRow kRecipes[] = {
      {Format::e4m3fn, Format::e4m3fn, Format::e4m3fn},
      {Granularity::mx(MxScaleMode::kRceil), Granularity::mx(MxScaleMode::kRceil),
       Granularity::mx(MxScaleMode::kRceil)}},
+    {RecipeKind::kFp8O2,
+     "fp8-o2",
+     true,
+     true,
+     {Format::e4m3fn, Format::e4m3fn, Format::e5m2},
+     {Granularity::tensor(), Granularity::tensor(), Granularity::tensor()}},
 };
 
 const RecipeRow& row_of(RecipeKind kind) {
@@ -192,6 +198,10 @@ std::optional<PrecisionRecipe> PrecisionRecipe::parse(std::string_view text) {
   for (const RecipeRow& r : kRecipes) {
     if (r.name == text) {
       recipe.kind = r.kind;
+      if (r.kind == RecipeKind::kFp8O2) {
+        recipe.optimizer_state = MomentStorage::kFp8;
+        recipe.master_weights = MasterWeights::kBf16Stochastic;
+      }
       if (recipe.mode == Fp8Mode::kFakeQuant && !recipe.is_fp8()) return std::nullopt;
       return recipe;
     }
@@ -264,17 +274,24 @@ bool blocked_scales(const PrecisionRecipe& r, TensorRole role) {
 RecipeOperand prepare_operand_transposed(const GemmCall& call, TensorRole role, const Tensor& x) {
   FP8KIT_CHECK(call.recipe != nullptr, "prepare_operand: no recipe");
   if (!blocked_scales(*call.recipe, role)) return prepare_operand(call, role, transpose(x));
-  return prepare_operand(call, role, x, true);
+  return prepare_operand(call, role, x.to(DType::float32), true);
 }
 
 RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x) {
   return prepare_operand(call, role, x, false);
 }
 
-RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x, bool transposed) {
+RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x_in, bool transposed) {
   FP8KIT_CHECK(call.recipe != nullptr, "prepare_operand: no recipe");
-  FP8KIT_CHECK(x.dtype() == DType::float32, "prepare_operand: operands are float32, not ", fp8kit::name(x.dtype()));
+  FP8KIT_CHECK(x_in.dtype() == DType::float32 || x_in.dtype() == DType::bfloat16,
+               "prepare_operand: operands are float32 (or bfloat16 master weights), not ", fp8kit::name(x_in.dtype()));
   const PrecisionRecipe& r = *call.recipe;
+  if (r.kind == RecipeKind::kBf16 && x_in.dtype() == DType::bfloat16 && !transposed) {
+    RecipeOperand out;
+    out.values = x_in;  // already the bf16 GEMM's operand
+    return out;
+  }
+  const Tensor x = x_in.to(DType::float32);  // bfloat16 master weights: exact, a temporary
   FP8KIT_CHECK(!transposed || blocked_scales(r, role), "prepare_operand: the transposed path is for block scales");
   RecipeOperand out;
   if (r.kind == RecipeKind::kFp32) {
@@ -400,8 +417,12 @@ std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x) {
 
 Tensor transpose(const Tensor& x) {
   const MatrixRef v = x.matrix();
-  Tensor t = empty({v.cols, v.rows}, DType::float32);
-  detail::transpose_into(x.data<float>(), v.cols, t.data<float>(), v.rows, v.cols);
+  Tensor t = empty({v.cols, v.rows}, x.dtype());
+  if (x.dtype() == DType::bfloat16) {  // bfloat16 master weights: the 16-bit patterns move as they are
+    detail::transpose_into(x.data<bfloat16>(), v.cols, t.data<bfloat16>(), v.rows, v.cols);
+  } else {
+    detail::transpose_into(x.data<float>(), v.cols, t.data<float>(), v.rows, v.cols);
+  }
   return t;
 }
 

@@ -61,6 +61,7 @@ float evaluate(Model& model, const Dataset& data, const PrecisionRecipe& recipe,
   StepReport report;
   Context ctx;
   ctx.saved_dtype = recipe.saved_dtype();
+  ctx.fp8_activations = recipe.fp8_activations();
   ctx.recipe = &recipe;
   ctx.report = &report;
   double sum = 0.0;
@@ -126,6 +127,18 @@ std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
 
 // ---------------------------------------------------------------- the trainer's phases
 
+namespace {
+
+AdamWOptions optimizer_options(const TrainConfig& config, const PrecisionRecipe& recipe) {
+  AdamWOptions o = config.adamw;
+  o.moments = recipe.optimizer_state;
+  o.master = recipe.master_weights;
+  o.rounding_seed = config.seed;
+  return o;
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler)
     : config_(config),
       recipe_(recipe),
@@ -134,9 +147,11 @@ Trainer::Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profi
       model_(make_model(config, recipe)),
       params_(model_->parameters()),
       trained_(params_),
-      optimizer_(config.adamw) {
+      optimizer_(optimizer_options(config, recipe)) {
+  for (Parameter* p : params_) set_master_dtype(*p, master_dtype(recipe.master_weights));
   report_.log_scales = config.log_scales;
   ctx_.saved_dtype = recipe_.saved_dtype();
+  ctx_.fp8_activations = recipe_.fp8_activations();
   ctx_.profiler = profiler;
   ctx_.recipe = &recipe_;
   ctx_.report = &report_;
@@ -144,6 +159,7 @@ Trainer::Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profi
 
 float Trainer::forward(const Batch& batch) {
   report_.clear();
+  MemoryCategoryScope category(MemoryCategory::kActivations);
   return model_->forward(ctx_, batch);
 }
 
@@ -211,7 +227,12 @@ StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgr
     backward();
     if (config_.inject_nan_step && *config_.inject_nan_step == step && !trained_.empty() &&
         trained_.front()->grad.numel() > 0) {
-      trained_.front()->grad.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      Tensor& g = trained_.front()->grad;
+      if (g.dtype() == DType::bfloat16) {
+        g.data<bfloat16>()[0] = bfloat16::from_float(std::numeric_limits<float>::quiet_NaN());
+      } else {
+        g.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      }
     }
     if (hooks.reduce_gradients) hooks.reduce_gradients(*this);
     // The guard: a non-finite amax (seen while quantizing), gradient or loss skips the step or aborts, on every rank
@@ -252,9 +273,11 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
                   const TrainHooks& hooks) {
   check_train_config(config);
   reset_peak_memory();
-  const std::int64_t baseline = memory_stats().current_bytes;
+  const MemoryStats baseline = memory_stats();
   TrainResult result;
   result.recipe = recipe.name();
+  result.optimizer_state = std::string(name(recipe.optimizer_state));
+  result.master_weights = std::string(name(recipe.master_weights));
   TrainProgress progress;
   {
     Trainer trainer(config, recipe, profiler);
@@ -279,7 +302,11 @@ TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Prof
     }
     if (hooks.finish) hooks.finish(trainer, progress);
     result.step_ms = median(times);
-    result.peak_bytes = memory_stats().peak_bytes - baseline;  // of training: the evaluation is not counted
+    const MemoryStats peak = memory_stats();  // of training: the evaluation is not counted
+    result.peak_bytes = peak.peak_bytes - baseline.current_bytes;
+    for (std::size_t i = 0; i < kMemoryCategories; ++i) {
+      result.peak_by_category[i] = peak.peak_by_category[i] - baseline.current_by_category[i];
+    }
     result.final_loss = evaluate(trainer.model(), trainer.data(), recipe, config.eval_batches);
   }
   result.losses = std::move(progress.losses);

@@ -80,10 +80,10 @@ void expect_same_run(const TrainResult& a, const TrainResult& b, const std::stri
 // steps, and its checkpoint after step k is copied aside (what a run killed after that save leaves behind); both runs
 // save their final state, which must be the same bytes: weights, AdamW moments and step counts, amax histories and
 // scales, losses.
-void check_bit_identical_resume(TrainConfig config, const std::string& recipe_name, std::int64_t k) {
-  SCOPED_TRACE(config.model + " " + recipe_name);
+void check_bit_identical_resume(TrainConfig config, const PrecisionRecipe& recipe, std::int64_t k) {
+  SCOPED_TRACE(config.model + " " + recipe.name() + " moments " + std::string(name(recipe.optimizer_state)) +
+               " master " + std::string(name(recipe.master_weights)));
   const TempDir dir;
-  const PrecisionRecipe recipe = *PrecisionRecipe::parse(recipe_name);
   const fs::path at_k = dir / "step_k.safetensors";
   TrainCheckpointOptions full;
   full.save_checkpoint = (dir / "full.safetensors").string();
@@ -114,9 +114,45 @@ void check_bit_identical_resume(TrainConfig config, const std::string& recipe_na
   }
 }
 
+void check_bit_identical_resume(TrainConfig config, const std::string& recipe_name, std::int64_t k) {
+  check_bit_identical_resume(std::move(config), *PrecisionRecipe::parse(recipe_name), k);
+}
+
 TEST(TrainCheckpoint, ResumeIsBitIdenticalForEveryRecipe) {
   for (const char* recipe : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"}) {
     check_bit_identical_resume(run_of("gpt", 4), recipe, 2);
+  }
+}
+
+// FP8 and bfloat16 moments with their block scales, bfloat16 master weights with the stochastic rounding's stream
+// (seed and step counts) or the Kahan buffer: a resumed run continues bit for bit.
+TEST(TrainCheckpoint, ResumeIsBitIdenticalWithLowPrecisionOptimizerState) {
+  check_bit_identical_resume(run_of("gpt", 4), "fp8-o2", 2);
+  PrecisionRecipe kahan = *PrecisionRecipe::parse("fp8-delayed");
+  kahan.optimizer_state = MomentStorage::kBfloat16;
+  kahan.master_weights = MasterWeights::kBf16Kahan;
+  check_bit_identical_resume(run_of("gpt", 4), kahan, 2);
+  check_bit_identical_resume(run_of("cnn", 3), "fp8-o2", 1);
+  // The checkpoint holds what the recipe keeps: E4M3 moments with F32 block scales, BF16 parameters.
+  const TempDir dir;
+  TrainCheckpointOptions save;
+  save.save_checkpoint = (dir / "o2.safetensors").string();
+  train_with_checkpoints(run_of("gpt", 1), *PrecisionRecipe::parse("fp8-o2"), save, nullptr, {});
+  const SafetensorsFile f = SafetensorsFile::open(save.save_checkpoint);
+  ASSERT_NE(f.find("transformer.wte.weight"), nullptr);
+  EXPECT_EQ(f.find("transformer.wte.weight")->dtype, SafetensorsDType::BF16);
+  ASSERT_NE(f.find("optim.exp_avg.transformer.wte.weight"), nullptr);
+  EXPECT_EQ(f.find("optim.exp_avg.transformer.wte.weight")->dtype, SafetensorsDType::F8_E4M3);
+  ASSERT_NE(f.find("optim.exp_avg_sq_scale_inv.transformer.wte.weight"), nullptr);
+  EXPECT_EQ(f.find("optim.exp_avg_sq_scale_inv.transformer.wte.weight")->shape, (Shape{256 * 128 / kMomentBlock}));
+  // Resuming under other storage is refused, naming the settings.
+  PrecisionRecipe other = *PrecisionRecipe::parse("fp8-o2");
+  other.optimizer_state = MomentStorage::kFloat32;
+  try {
+    check_resumable(save.save_checkpoint, read_train_checkpoint_info(save.save_checkpoint), run_of("gpt", 4), other);
+    FAIL() << "a checkpoint with FP8 moments resumed under float32 ones";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--optimizer-state fp8, not fp32"), std::string::npos) << e.what();
   }
 }
 
@@ -148,9 +184,10 @@ TEST(TrainCheckpoint, EveryStatePieceRoundTrips) {
     p->value = randn(p->value.shape(), ++seed, DType::float32);
     // Every other parameter has optimizer state (a step skipped before its first update leaves none).
     if (seed % 2 == 0) {
-      adamw.state()[p->name] = {randn(p->value.shape(), ++seed, DType::float32),
-                                rand(p->value.shape(), ++seed, DType::float32),
-                                static_cast<std::int64_t>(seed % 7) + 1};
+      AdamW::State& s = adamw.state()[p->name];
+      s.m = randn(p->value.shape(), ++seed, DType::float32);
+      s.v = rand(p->value.shape(), ++seed, DType::float32);
+      s.step = static_cast<std::int64_t>(seed % 7) + 1;
     }
   }
   float amax = 0.5f;

@@ -211,6 +211,48 @@ TEST(LayerNorm, Bfloat16SavedActivationsStayClose) {
   expect_close(to_vec(ln16.weight.grad), to_vec(ln32.weight.grad), 3e-2, 2e-2, "dweight with bfloat16 x_hat");
 }
 
+// FP8 rows (fp8-o2's saved activations): the same forward, x_hat saved as E4M3 with one scale per row (half the
+// bytes of bfloat16 plus 4 per row), a backward within a few percent of float32's.
+TEST(LayerNorm, Fp8SavedActivationsStayClose) {
+  LayerNorm ln32 = random_layernorm(24, 9), ln8 = random_layernorm(24, 9);
+  const Tensor x = random_tensor({6, 24}, 10);
+  const Tensor dy = random_tensor({6, 24}, 11);
+  LayerNorm::Saved s32, s8;
+  const Context fp8{.saved_dtype = DType::bfloat16, .fp8_activations = true};
+  const Tensor y32 = ln32.forward({}, x, s32);
+  const Tensor y8 = ln8.forward(fp8, x, s8);
+  EXPECT_EQ(s8.x_hat.dtype(), DType::float8_e4m3fn);
+  EXPECT_EQ(s8.x_hat.row_scale_inv.numel(), 6);
+  EXPECT_EQ(s8.x_hat.nbytes(), 6 * 24 + 6 * 4);
+  EXPECT_TRUE(bitwise_equal(y32, y8));
+  expect_close(to_vec(ln8.backward(fp8, dy, s8)), to_vec(ln32.backward({}, dy, s32)), 8e-2, 5e-2, "dx, FP8 x_hat");
+  expect_close(to_vec(ln8.weight.grad), to_vec(ln32.weight.grad), 8e-2, 5e-2, "dweight, FP8 x_hat");
+}
+
+// save_activation_rows: each row within half an E4M3 step of its values at the row's scale (2^-4 relative, 2^-10 of
+// the scale below the normal range); a row of zeros stays zeros; without fp8_activations it is save_activation.
+TEST(SavedActivation, Fp8RowsKeepEachRowsRelativePrecision) {
+  Tensor x = random_tensor({5, 40}, 21);
+  float* v = x.data<float>();
+  for (int c = 0; c < 40; ++c) {
+    v[40 + c] *= 1e-6f;  // a tiny row keeps its own precision
+    v[80 + c] = 0.0f;    // a zero row
+    v[120 + c] *= 3e4f;  // a large one
+  }
+  const SavedActivation s = save_activation_rows({.saved_dtype = DType::bfloat16, .fp8_activations = true}, x);
+  const Vec back = to_vec(load_activation(s)), orig = to_vec(x);
+  for (std::size_t i = 0; i < orig.size(); ++i) {
+    const double scale_inv = s.row_scale_inv.data<float>()[i / 40];
+    EXPECT_LE(std::fabs(back[i] - orig[i]),
+              std::max(std::ldexp(std::fabs(orig[i]), -4), std::ldexp(scale_inv, -10)) * 1.0001)
+        << i;
+    if (i / 40 == 2) EXPECT_EQ(back[i], 0.0) << i;
+  }
+  const SavedActivation plain = save_activation_rows({.saved_dtype = DType::bfloat16}, x);
+  EXPECT_EQ(plain.dtype(), DType::bfloat16);
+  EXPECT_EQ(plain.row_scale_inv.numel(), 0);
+}
+
 TEST(LayerNorm, RejectsWrongShapes) {
   LayerNorm ln("ln", 8);
   LayerNorm::Saved saved;
@@ -262,6 +304,23 @@ TEST(Gelu, Bfloat16SavedInputStaysClose) {
                "gelu dx with bfloat16 x");
 }
 
+TEST(Gelu, Fp8SavedInputStaysClose) {
+  const Tensor x = random_tensor({4, 33}, 14, 2.0);
+  const Tensor dy = random_tensor({4, 33}, 15);
+  Gelu::Saved s32, s8;
+  const Context fp8{.saved_dtype = DType::bfloat16, .fp8_activations = true};
+  Gelu::forward({}, x, s32);
+  const Tensor y8 = Gelu::forward(fp8, x, s8);
+  EXPECT_EQ(s8.x.dtype(), DType::float8_e4m3fn);
+  // The backward reads the codes through a table and each row's scale: the same values load_activation gives.
+  const Tensor loaded = load_activation(s8.x);
+  Gelu::Saved from_loaded;
+  Gelu::forward({}, loaded, from_loaded);
+  EXPECT_TRUE(bitwise_equal(Gelu::backward(fp8, dy, s8), Gelu::backward({}, dy, from_loaded)));
+  expect_close(to_vec(Gelu::backward(fp8, dy, s8)), to_vec(Gelu::backward({}, dy, s32)), 1e-1, 5e-2,
+               "gelu dx with FP8 x");
+}
+
 TEST(Gelu, InPlaceBackwardWritesOverAnUnsharedGradientOnly) {
   const Tensor x = random_tensor({4, 40}, 16, 3.0);
   Gelu::Saved saved;
@@ -294,12 +353,12 @@ TEST(Gelu, InPlaceForwardOnlyWhenTheSavedCopyIsSeparate) {
   const Tensor y16 = Gelu::forward({.saved_dtype = DType::bfloat16}, std::move(a), s16);
   EXPECT_EQ(y16.raw(), storage_a);
   EXPECT_EQ(to_vec(y16), to_vec(expected));
-  EXPECT_EQ(to_vec(s16.x), to_vec(x.to(DType::bfloat16)));  // saved before being overwritten
+  EXPECT_EQ(to_vec(s16.x.values), to_vec(x.to(DType::bfloat16)));  // saved before being overwritten
   Tensor b = x.clone();
   Gelu::Saved s32;
   const Tensor y32 = Gelu::forward({}, std::move(b), s32);
-  EXPECT_FALSE(y32.shares_storage_with(s32.x));
-  EXPECT_EQ(to_vec(s32.x), to_vec(x));
+  EXPECT_FALSE(y32.shares_storage_with(s32.x.values));
+  EXPECT_EQ(to_vec(s32.x.values), to_vec(x));
   EXPECT_EQ(to_vec(y32), to_vec(expected));
 }
 

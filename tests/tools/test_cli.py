@@ -646,10 +646,36 @@ def train_compare_json_trace_scales_plot():
 
 
 @test
+def train_fp8_o2_storage_and_memory_breakdown():
+    args = ("train", "--compare", "fp8-delayed,fp8-o2", "--steps", "3", "--json", "--quiet")
+    rc, out, err = run(*args, timeout=300)
+    assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
+    rows = {r["recipe"]: r for r in json.loads(out)}
+    assert (rows["fp8-delayed"]["optimizer_state"], rows["fp8-delayed"]["master_weights"]) == ("fp32", "fp32"), rows
+    assert (rows["fp8-o2"]["optimizer_state"], rows["fp8-o2"]["master_weights"]) == ("fp8", "bf16-sr"), rows
+    for r in rows.values():
+        b = r["peak_breakdown"]
+        assert set(b) == {"parameters", "gradients", "optimizer_state", "activations", "temporary"}, b
+        assert sum(b.values()) == r["peak_bytes"], (b, r["peak_bytes"])
+    d, o = rows["fp8-delayed"]["peak_breakdown"], rows["fp8-o2"]["peak_breakdown"]
+    # bfloat16 values and gradients: half; FP8 moments with a scale per 128: a little over a quarter.
+    assert o["parameters"] * 2 <= d["parameters"] + 64 * 40 and o["gradients"] * 2 <= d["gradients"] + 64 * 40, (d, o)
+    assert o["optimizer_state"] * 3 < d["optimizer_state"], (d, o)
+    assert o["activations"] < d["activations"], (d, o)
+    # The flags override a recipe's own storage.
+    rc, out, err = run("train", "--recipe", "fp8-delayed", "--optimizer-state", "bf16", "--master-weights",
+                       "bf16-kahan", "--steps", "2", "--json", "--quiet", timeout=300)
+    assert rc == 0, err
+    r = json.loads(out)[0]
+    assert (r["optimizer_state"], r["master_weights"]) == ("bf16", "bf16-kahan"), r
+
+
+@test
 def train_bad_usage_exit_2():
     for args in (("train", "--recipe", "fp9"), ("train", "--recipe", "fp32", "--compare", "bf16"),
                  ("train", "--steps", "0"), ("train", "--data", "/nonexistent/file.txt", "--steps", "1"),
-                 ("train", "--on-nonfinite", "ignore")):
+                 ("train", "--on-nonfinite", "ignore"), ("train", "--optimizer-state", "int4"),
+                 ("train", "--master-weights", "fp16"), ("train", "--recipe", "fp8-o2", "--parallel", "ddp")):
         rc, out, err = run(*args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, rc, out, err)
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",

@@ -64,8 +64,9 @@ struct TrainArgs {
   bool export_input_scales = false;
   std::int64_t checkpoint_every = 0;
   bool force = false;
-  std::string parallel = "none", grad_reduce;  // grad_reduce empty: fp32 (and not given)
-  std::string inject_rank_failure;             // hidden: "RANK:STEP" or "RANK:STEP:kill" (the fault tests)
+  std::string parallel = "none", grad_reduce;   // grad_reduce empty: fp32 (and not given)
+  std::string optimizer_state, master_weights;  // empty: each recipe's own
+  std::string inject_rank_failure;              // hidden: "RANK:STEP" or "RANK:STEP:kill" (the fault tests)
   // Which options were given: a resumed run takes the others from its checkpoint.
   bool model_given = false, seed_given = false, batch_given = false, steps_given = false, data_given = false,
        conv_area_given = false;
@@ -89,6 +90,8 @@ void check_same_settings(Communicator& comm, const TrainArgs& a) {
       {"--inject-nan", std::to_string(a.inject_nan)},
       {"--parallel", a.parallel},
       {"--grad-reduce", a.grad_reduce},
+      {"--optimizer-state", a.optimizer_state},
+      {"--master-weights", a.master_weights},
       {"--inject-rank-failure", a.inject_rank_failure},
       {"--resume", a.resume},
       {"--save-checkpoint", a.save_checkpoint},
@@ -170,6 +173,20 @@ namespace fs = std::filesystem;
 
 constexpr const char* kDefaultCompare = "fp32,bf16,fp8-delayed";
 
+// The storage options given on the command line, over a recipe's own.
+void apply_storage_options(const TrainArgs& a, nn::PrecisionRecipe& recipe) {
+  if (!a.optimizer_state.empty()) {
+    const auto s = nn::parse_moment_storage(a.optimizer_state);
+    if (!s) throw UsageError("unknown --optimizer-state '" + a.optimizer_state + "' (use fp32, bf16, fp8)");
+    recipe.optimizer_state = *s;
+  }
+  if (!a.master_weights.empty()) {
+    const auto m = nn::parse_master_weights(a.master_weights);
+    if (!m) throw UsageError("unknown --master-weights '" + a.master_weights + "' (use fp32, bf16-sr, bf16-kahan)");
+    recipe.master_weights = *m;
+  }
+}
+
 std::vector<nn::PrecisionRecipe> parse_recipes(const TrainArgs& a) {
   if (!a.recipe.empty() && !a.compare.empty()) throw UsageError("give --recipe or --compare, not both");
   const std::string list = !a.recipe.empty() ? a.recipe : (!a.compare.empty() ? a.compare : kDefaultCompare);
@@ -180,11 +197,12 @@ std::vector<nn::PrecisionRecipe> parse_recipes(const TrainArgs& a) {
     const auto r = nn::PrecisionRecipe::parse(item);
     if (!r) {
       throw UsageError("unknown recipe '" + item +
-                       "' (use fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8; FP8 ones with -fake for "
-                       "fake quantization)");
+                       "' (use fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2; FP8 ones with -fake "
+                       "for fake quantization)");
     }
     nn::PrecisionRecipe recipe = *r;
     recipe.fp8_conv_max_kernel_area = a.conv_max_area;
+    apply_storage_options(a, recipe);
     out.push_back(recipe);
   }
   if (out.empty()) throw UsageError("no recipe given");
@@ -384,6 +402,7 @@ void train_run(TrainArgs a, Communicator* comm) {
     const int area = recipes.front().fp8_conv_max_kernel_area;
     recipes.front() = resumed->recipe;
     recipes.front().fp8_conv_max_kernel_area = area;
+    apply_storage_options(a, recipes.front());  // a different one is refused with the checkpoint's
   }
   std::optional<Fp8ExportOptions> export_options;
   if (!a.export_fp8.empty()) {
@@ -407,6 +426,13 @@ void train_run(TrainArgs a, Communicator* comm) {
       parse_reduce_payload(a.grad_reduce.empty() ? "fp32" : a.grad_reduce);
   if (!grad_payload) throw UsageError("--grad-reduce: '" + a.grad_reduce + "' (use fp32, bf16, fp8, e4m3, e5m2)");
   const bool parallel = a.parallel != "none", fsdp = a.parallel == "fsdp";
+  for (const nn::PrecisionRecipe& r : recipes) {
+    if (parallel && r.master_weights != nn::MasterWeights::kFloat32) {
+      throw UsageError("--parallel " + a.parallel + " reduces and shards float32 parameters; " + r.name() +
+                       " keeps bfloat16 master weights (" + std::string(nn::name(r.master_weights)) +
+                       "): give --master-weights fp32, or train without --parallel");
+    }
+  }
   if (!parallel && !a.grad_reduce.empty()) throw UsageError("--grad-reduce needs --parallel ddp or fsdp");
   const RankFailure inject_failure = parse_rank_failure(a.inject_rank_failure);
   if (!parallel && inject_failure.rank >= 0) throw UsageError("--inject-rank-failure needs --parallel ddp or fsdp");
@@ -589,12 +615,25 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (a.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : results) {
-      nlohmann::json o = {{"recipe", r.recipe},         {"model", a.model},
-                          {"steps", a.steps},           {"seed", a.seed},
-                          {"final_loss", r.final_loss}, {"peak_bytes", r.peak_bytes},
-                          {"step_ms", r.step_ms},       {"skipped_steps", r.skipped_steps},
-                          {"parameters", r.parameters}, {"threads", num_threads()},
-                          {"start_step", r.start_step}, {"losses", r.losses}};
+      nlohmann::json breakdown = nlohmann::json::object();
+      for (std::size_t c = 0; c < kMemoryCategories; ++c) {
+        breakdown[std::string(name(static_cast<MemoryCategory>(c)))] = r.peak_by_category[c];
+      }
+      nlohmann::json o = {{"recipe", r.recipe},
+                          {"model", a.model},
+                          {"optimizer_state", r.optimizer_state},
+                          {"master_weights", r.master_weights},
+                          {"peak_breakdown", breakdown},
+                          {"steps", a.steps},
+                          {"seed", a.seed},
+                          {"final_loss", r.final_loss},
+                          {"peak_bytes", r.peak_bytes},
+                          {"step_ms", r.step_ms},
+                          {"skipped_steps", r.skipped_steps},
+                          {"parameters", r.parameters},
+                          {"threads", num_threads()},
+                          {"start_step", r.start_step},
+                          {"losses", r.losses}};
       if (!std::isfinite(r.final_loss)) o["final_loss"] = nullptr;
       o["train_loss"] = std::isfinite(r.train_loss) ? nlohmann::json(r.train_loss) : nlohmann::json(nullptr);
       if (comm) {
@@ -714,8 +753,15 @@ void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   cmd->add_option("--model", args->model,
                   "Model: gpt (default; a small GPT on text) or cnn (a small CNN with a 7x7 stem on generated images)");
-  cmd->add_option("--recipe", args->recipe, "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8");
+  cmd->add_option("--recipe", args->recipe,
+                  "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2");
   cmd->add_option("--compare", args->compare, std::string("Comma list of recipes (default ") + kDefaultCompare + ")");
+  cmd->add_option("--optimizer-state", args->optimizer_state,
+                  "AdamW moments in fp32, bf16 or fp8 (E4M3 m and sqrt(v), 128-element blocks; default: fp8 for "
+                  "fp8-o2, fp32 for the others)");
+  cmd->add_option("--master-weights", args->master_weights,
+                  "Parameters and gradients in fp32, or bfloat16 with stochastic rounding (bf16-sr) or a Kahan "
+                  "buffer (bf16-kahan); default: bf16-sr for fp8-o2, fp32 for the others");
   cmd->add_option("--steps", args->steps, "Training steps (default 400)");
   cmd->add_option("--seed", args->seed, "Seed of the data and the initialization (default 1)");
   cmd->add_option("--batch", args->batch, "Sequences (gpt) or images (cnn) per step (default 16 / 64)");

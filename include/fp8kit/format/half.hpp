@@ -18,6 +18,15 @@ struct bfloat16 {
     const std::uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);
     return bfloat16{static_cast<std::uint16_t>(rounded >> 16)};
   }
+  // Stochastic rounding with 16 uniform random bits: x rounds away from zero with probability (the 16 bits it
+  // drops) / 2^16 and toward zero otherwise, so the result's expectation is x (unbiased; a finite x beyond the
+  // largest bfloat16 may round to Inf). NaN stays NaN (quieted, sign kept).
+  static constexpr bfloat16 from_float_stochastic(float x, std::uint16_t random) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bfloat16{static_cast<std::uint16_t>((u >> 16) | 0x0040u)};
+    if ((u & 0x7FFFFFFFu) == 0x7F800000u) return bfloat16{static_cast<std::uint16_t>(u >> 16)};
+    return bfloat16{static_cast<std::uint16_t>((u + random) >> 16)};
+  }
   // Exact: every bfloat16 is a float.
   constexpr float to_float() const { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
   friend constexpr bool operator==(bfloat16, bfloat16) = default;

@@ -41,10 +41,13 @@ struct TrainCheckpointInfo {
 };
 
 // Writes a checkpoint of the run `config` and `recipe` describe after `progress.next_step` steps, crash-safely
-// (write_safetensors: a temporary file, fsync, rename). Tensors: every parameter under its own name (F32), AdamW's
-// "optim.exp_avg.<name>" and "optim.exp_avg_sq.<name>" (F32) and "optim.step.<name>" (I64 scalar) for every
-// parameter it has stepped, "fp8.<layer>.<role>" (U8, DelayedScaling::serialize()) for each FP8 layer state and
-// role, "train.losses" (F32). `data_fingerprint` is data_fingerprint(config) (computed once per run by the caller).
+// (write_safetensors: a temporary file, fsync, rename). Tensors: every parameter under its own name (F32, or BF16
+// under bfloat16 master weights), AdamW's "optim.exp_avg.<name>" and "optim.exp_avg_sq.<name>" (F32, BF16, or
+// F8_E4M3 codes of m and sqrt(v) with "optim.exp_avg_scale_inv.<name>" and "optim.exp_avg_sq_scale_inv.<name>", F32
+// per block of nn::kMomentBlock), "optim.compensation.<name>" (BF16, bf16-kahan) and "optim.step.<name>" (I64 scalar)
+// for every parameter it has stepped (the step counts and the run's seed are the stochastic rounding's whole state),
+// "fp8.<layer>.<role>" (U8, DelayedScaling::serialize()) for each FP8 layer state and role, "train.losses" (F32).
+// `data_fingerprint` is data_fingerprint(config) (computed once per run by the caller).
 void save_train_checkpoint(const std::filesystem::path& path, const nn::TrainConfig& config,
                            const nn::PrecisionRecipe& recipe, nn::Model& model, const nn::AdamW& optimizer,
                            const nn::TrainProgress& progress, const std::string& data_fingerprint);

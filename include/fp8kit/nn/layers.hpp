@@ -29,8 +29,8 @@ struct LayerNorm {
   LayerNorm(std::string name, std::int64_t channels);
 
   struct Saved {
-    Tensor x_hat;  // (..., C) normalized input, in ctx.saved_dtype
-    Tensor rstd;   // (R) float32
+    SavedActivation x_hat;  // (..., C) normalized input, in ctx.saved_dtype (or FP8 rows: ctx.fp8_activations)
+    Tensor rstd;            // (R) float32
   };
   // x (..., C) -> y (..., C); the leading dimensions are flattened into R rows.
   Tensor forward(const Context& ctx, const Tensor& x, Saved& saved) const;
@@ -47,7 +47,7 @@ struct LayerNorm {
 // saved (in ctx.saved_dtype) and the derivative evaluated from it.
 struct Gelu {
   struct Saved {
-    Tensor x;  // (...) in ctx.saved_dtype
+    SavedActivation x;  // (...) in ctx.saved_dtype (or FP8 rows: ctx.fp8_activations)
   };
   // x (...) -> y (...)
   static Tensor forward(const Context& ctx, const Tensor& x, Saved& saved);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fp8kit/nn/context.hpp"
+#include "fp8kit/nn/optim.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/scaling/recipe.hpp"
 
@@ -23,6 +24,9 @@ enum class RecipeKind : std::uint8_t {
   kFp8Current,  // the same formats, per-tensor current scaling (each tensor's own amax)
   kFp8Block,    // DeepSeek-V3: E4M3 everywhere, 1x128 activation/gradient blocks, 128x128 weight blocks
   kMxfp8,       // OCP MX: E4M3 everywhere, 32-element blocks with E8M0 scales (RCEIL, as cuBLAS and TE)
+  // MS-AMP's O2 level: fp8-delayed's compute, AdamW moments in FP8 with block scales, bfloat16 master weights and
+  // gradients with stochastic rounding (its defaults for optimizer_state and master_weights).
+  kFp8O2,
 };
 
 // How FP8 recipes compute: real FP8 GEMMs (scaled_mm), or fake quantization (quantize -> dequantize -> FP32 GEMM,
@@ -41,14 +45,21 @@ struct PrecisionRecipe {
   // so a 7x7 = 49 convolution falls back); GEMMs with fewer multiply-adds than this fall back to bf16.
   int fp8_conv_max_kernel_area = 32;
   std::int64_t min_fp8_gemm_macs = 0;
+  // How AdamW stores its moments and the parameters their values and gradients (optim.hpp): float32 for every
+  // recipe but fp8-o2 (FP8 moments, bfloat16 master weights with stochastic rounding), unless set otherwise.
+  MomentStorage optimizer_state = MomentStorage::kFloat32;
+  MasterWeights master_weights = MasterWeights::kFloat32;
 
   bool is_fp8() const;
-  // "fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8" (+ "-fake" in fake-quant mode).
+  // "fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-o2" (+ "-fake" in fake-quant mode).
   std::string name() const;
-  // Parses the names above (with or without "-fake"); nullopt for anything else.
+  // Parses the names above (with or without "-fake"), with each kind's optimizer_state and master_weights; nullopt
+  // for anything else.
   static std::optional<PrecisionRecipe> parse(std::string_view text);
   // How layers save activations for backward under this recipe: float32 for fp32, bfloat16 otherwise.
   DType saved_dtype() const { return kind == RecipeKind::kFp32 ? DType::float32 : DType::bfloat16; }
+  // Whether LayerNorm and GELU save their inputs as E4M3 rows (Context::fp8_activations): fp8-o2's.
+  bool fp8_activations() const { return kind == RecipeKind::kFp8O2; }
 };
 
 // The three tensors of a GEMM-based layer, each with its own scaling state (Transformer Engine's meta per role).
@@ -127,10 +138,10 @@ struct RecipeOperand {
   std::int64_t nbytes() const;
 };
 
-// Quantizes x (rows x cols, float32) as `role` for a GEMM whose reduction runs along x's rows (cols = K): FP8
-// recipes pick the format (E4M3, or E5M2 for gradients under the HYBRID recipes) and the granularity (tensor,
-// 1x128 or 128x128 blocks, MX 32) for the role, record amax/scale into the state and the report; bf16 rounds;
-// fp32 shares x.
+// Quantizes x (rows x cols, float32; or bfloat16 master weights, widened exactly) as `role` for a GEMM whose reduction
+// runs along x's rows (cols = K): FP8 recipes pick the format (E4M3, or E5M2 for gradients under the HYBRID recipes)
+// and the granularity (tensor, 1x128 or 128x128 blocks, MX 32) for the role, record amax/scale into the state and the
+// report; bf16 rounds; fp32 shares x.
 RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tensor& x);
 // The operand of x^T: bit for bit prepare_operand(call, role, transpose(x)), but with block scales (fp8-block,
 // mxfp8) the transpose is quantized in bands, so no float32 copy of x^T exists (the largest temporary of a
@@ -147,7 +158,8 @@ Tensor recipe_gemm(const GemmCall& call, const RecipeOperand& a, const RecipeOpe
 // for the whole tensor (blocked scales belong to the other orientation: nullopt, quantize the transpose instead).
 std::optional<RecipeOperand> transpose_operand(const RecipeOperand& x);
 
-// The transpose of a float32 matrix (rows x cols -> cols x rows), threaded; the GEMM operands of gradients.
+// The transpose of a float32 (or bfloat16) matrix (rows x cols -> cols x rows), threaded; the GEMM operands of
+// gradients.
 Tensor transpose(const Tensor& x);
 
 // Where a GEMM layer's weight operands come from and its weight gradient goes (Context::weights): a sharded run's

@@ -4,6 +4,7 @@
 // step times. Checkpoints and the FP8 export are io's (fp8kit/io/train_checkpoint.hpp), plugged in as hooks.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "fp8kit/nn/model.hpp"
 #include "fp8kit/nn/optim.hpp"
 #include "fp8kit/nn/precision.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit::nn {
 
@@ -74,12 +76,16 @@ struct StepLog {
 
 struct TrainResult {
   std::string recipe;
-  std::vector<float> losses;  // one per step (skipped steps included: their loss was computed)
+  std::string optimizer_state, master_weights;  // the recipe's (optim.hpp names)
+  std::vector<float> losses;                    // one per step (skipped steps included: their loss was computed)
   // The held-out evaluation loss after the last step (the model under the run's recipe, on data training never saw:
   // Dataset::eval_batch): what recipes are compared by. A single run's last training batches vary too much.
   float final_loss = 0.0f;
-  float train_loss = 0.0f;         // the mean training loss of the last final_loss_window steps
-  std::int64_t peak_bytes = 0;     // memory_stats() peak over the run, from model creation to the end
+  float train_loss = 0.0f;      // the mean training loss of the last final_loss_window steps
+  std::int64_t peak_bytes = 0;  // memory_stats() peak over the run, from model creation to the end
+  // What the peak held, by MemoryCategory (index): parameters, gradients, optimizer state, activations (what the
+  // training forwards allocated and still held), temporaries; they sum to peak_bytes.
+  std::array<std::int64_t, kMemoryCategories> peak_by_category{};
   double step_ms = 0.0;            // median step time
   std::int64_t skipped_steps = 0;  // over the whole run, those before a resume included
   std::int64_t parameters = 0;
@@ -134,7 +140,9 @@ struct TrainHooks {
 // run_step() is that sequence with the hooks in their places; a caller may also drive the phases itself.
 class Trainer {
  public:
-  // Builds the dataset and the model (config.model under `recipe`) and the optimizer (config.adamw).
+  // Builds the dataset and the model (config.model under `recipe`; its parameters in the recipe's master_weights
+  // dtype) and the optimizer (config.adamw with the recipe's optimizer_state and master_weights, rounding seed
+  // config.seed).
   Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler = nullptr);
   Trainer(const Trainer&) = delete;  // the context points into the trainer
   Trainer& operator=(const Trainer&) = delete;
@@ -155,7 +163,9 @@ class Trainer {
   const StepReport& report() const { return report_; }
 
   // The phases of one step.
-  float forward(const Batch& batch);  // the loss (the report is cleared first); data().batch(step) is step's batch
+  // The loss (the report is cleared first); data().batch(step) is step's batch. Its allocations count as
+  // MemoryCategory::kActivations.
+  float forward(const Batch& batch);
   void backward();
   // The guard: what is not finite after backward (an amax seen while quantizing, a parameter's gradient, the
   // loss), named; empty when everything is finite.
