@@ -8,6 +8,7 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/scale.hpp"
 #include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit::nn {
@@ -80,8 +81,6 @@ Tensor load_activation(const Tensor& saved) {
 
 namespace {
 
-constexpr float kE4m3Max = 448.0f;
-
 const SegmentEncoder& e4m3_rows_encoder() {
   static const SegmentEncoder encoder(Format::e4m3fn, Overflow::kSaturate);
   return encoder;
@@ -105,9 +104,7 @@ SavedActivation save_activation_rows(const Context& ctx, const Tensor& x) {
   amax_blocks(x.matrix(), 1, cols, quant);
   float* scale_inv = saved.row_scale_inv.data<float>();
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float amax = quant[static_cast<std::size_t>(r)];
-    const bool usable = amax > 0.0f && std::isfinite(amax) && std::isfinite(kE4m3Max / amax);
-    quant[static_cast<std::size_t>(r)] = usable ? kE4m3Max / amax : 1.0f;
+    quant[static_cast<std::size_t>(r)] = compute_scale(quant[static_cast<std::size_t>(r)], Format::e4m3fn);
     scale_inv[r] = 1.0f / quant[static_cast<std::size_t>(r)];
   }
   e4m3_rows_encoder().encode_segments(x.span<float>(), saved.values.span<std::uint8_t>(),

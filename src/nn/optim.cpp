@@ -14,6 +14,7 @@
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/format/codec.hpp"
 #include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/scale.hpp"
 #include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit::nn {
@@ -22,7 +23,6 @@ namespace {
 // Elements per unit of work: whole moment blocks, small enough for the chunk's float32 buffers to stay in L1/L2.
 constexpr std::int64_t kChunk = 32 * kMomentBlock;
 static_assert(kChunk % kMomentBlock == 0 && kChunk % 4 == 0);
-constexpr float kE4m3Max = 448.0f;
 
 bool go_parallel(std::int64_t elements) {
   return fp8kit::detail::worth_threads(elements, fp8kit::detail::kParallelMathElements);
@@ -69,7 +69,7 @@ void decode_blocks(const Tensor& codes, const Tensor& scales, std::int64_t first
                   std::span<const float>(scales.data<float>() + b0, static_cast<std::size_t>(blocks)));
 }
 
-// Each block's amax maps to E4M3's 448 (an all-zero block keeps scale 1: its codes are 0 either way), and each
+// Each block's amax maps to E4M3's 448 (compute_scale: an all-zero block keeps scale 1, its codes are 0), and each
 // element rounds stochastically: element i of the parameter draws stochastic_bits(seed, i).
 void encode_blocks(const float* in, std::int64_t first, std::int64_t n, std::uint64_t seed, Tensor& codes,
                    Tensor& scales) {
@@ -80,9 +80,7 @@ void encode_blocks(const float* in, std::int64_t first, std::int64_t n, std::uin
   amax_blocks(MatrixRef{in, 1, n}, 1, kMomentBlock, std::span<float>(amaxes.data(), static_cast<std::size_t>(blocks)));
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::int64_t e0 = b * kMomentBlock, len = std::min(n, e0 + kMomentBlock) - e0;
-    const float amax = amaxes[static_cast<std::size_t>(b)];
-    const bool usable = amax > 0.0f && std::isfinite(amax) && std::isfinite(kE4m3Max / amax);
-    const float quant = usable ? kE4m3Max / amax : 1.0f;
+    const float quant = compute_scale(amaxes[static_cast<std::size_t>(b)], Format::e4m3fn);
     scale_inv[b] = 1.0f / quant;
     const CastOptions options{Format::e4m3fn,
                               Overflow::kSaturate,

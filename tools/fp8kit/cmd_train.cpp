@@ -171,7 +171,7 @@ RankFailure parse_rank_failure(const std::string& text) {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kDefaultCompare = "fp32,bf16,fp8-delayed";
+constexpr const char* kDefaultCompare = "fp32,bf16,fp8-delayed,fp8-o2";
 
 // The storage options given on the command line, over a recipe's own.
 void apply_storage_options(const TrainArgs& a, nn::PrecisionRecipe& recipe) {
@@ -427,6 +427,11 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (!grad_payload) throw UsageError("--grad-reduce: '" + a.grad_reduce + "' (use fp32, bf16, fp8, e4m3, e5m2)");
   const bool parallel = a.parallel != "none", fsdp = a.parallel == "fsdp";
   for (const nn::PrecisionRecipe& r : recipes) {
+    if (fsdp && r.optimizer_state != nn::MomentStorage::kFloat32) {
+      throw UsageError("--parallel fsdp shards and gathers float32 AdamW moments; " + r.name() + " keeps " +
+                       std::string(nn::name(r.optimizer_state)) +
+                       " moments: give --optimizer-state fp32, or use --parallel ddp");
+    }
     if (parallel && r.master_weights != nn::MasterWeights::kFloat32) {
       throw UsageError("--parallel " + a.parallel + " reduces and shards float32 parameters; " + r.name() +
                        " keeps bfloat16 master weights (" + std::string(nn::name(r.master_weights)) +
