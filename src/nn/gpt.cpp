@@ -85,7 +85,7 @@ void Gpt::backward(const Context& ctx) {
     bs.fc2 = {};
     g = Gelu::backward(ctx, std::move(g), bs.gelu);
     bs.gelu = {};
-    g = b.fc1.backward(ctx, g, bs.fc1);
+    g = b.fc1.backward(ctx, std::move(g), bs.fc1);
     bs.fc1 = {};
     g = b.ln2.backward(ctx, g, bs.ln2);
     bs.ln2 = {};
@@ -94,7 +94,7 @@ void Gpt::backward(const Context& ctx) {
     bs.proj = {};
     g = b.attn.backward(ctx, g, bs.attn);
     bs.attn = {};
-    g = b.qkv.backward(ctx, g, bs.qkv);
+    g = b.qkv.backward(ctx, std::move(g), bs.qkv);
     bs.qkv = {};
     g = b.ln1.backward(ctx, g, bs.ln1);
     bs.ln1 = {};

@@ -54,23 +54,27 @@ Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
 }
 
 Tensor Linear::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
+  return backward(ctx, Tensor(dy), saved);
+}
+
+Tensor Linear::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
   const std::int64_t in = in_features_, out = out_features_;
   FP8KIT_CHECK(dy.dim() >= 1 && dy.size(-1) == out, "linear ", name(), ": gradient's last dimension is ",
                dy.dim() ? dy.size(-1) : 0, ", the layer outputs ", out);
   ScopedEvent event(ctx.profiler, "linear." + name() + ".backward");
-  const Tensor dy2 = dy.reshape({-1, out});
+  Shape shape = dy.shape();
+  shape.back() = in;
+  Tensor dy2 = dy.reshape({-1, out});
+  dy = Tensor();
   const std::int64_t rows = dy2.size(0);
   FP8KIT_CHECK(saved.input_t.cols() == rows, "linear ", name(), ": backward with ", rows, " rows, forward had ",
                saved.input_t.cols());
-  // dx = dy W: A = dy (R, out), B = W^T (in, out) as N x K.
+  // Both operands of dy first: dx = dy W (A = dy (R, out), B = W^T (in, out) as N x K) and dW = dy^T x (A = dy^T
+  // (out, R), B = x^T (in, R) as N x K); then the bias gradient, the last use of dy's float values.
   GemmCall dgrad = gemm_call(ctx, *this, "dgrad");
   const RecipeOperand dyq = prepare_operand(dgrad, TensorRole::kGradOutput, dy2);
-  const RecipeOperand wt = detail::weight_operand_transposed(ctx, dgrad, weight, out, in);
-  Tensor dx = recipe_gemm(dgrad, dyq, wt);
-  // dW = dy^T x: A = dy^T (out, R), B = x^T (in, R) as N x K.
   GemmCall wgrad = gemm_call(ctx, *this, "wgrad");
   const RecipeOperand dyt = prepare_transposed(wgrad, TensorRole::kGradOutput, dy2, &dyq);
-  detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.input_t));
   if (bias) {
     GradientAccumulator db(*bias);
     float* gb = db.data();
@@ -79,8 +83,10 @@ Tensor Linear::backward(const Context& ctx, const Tensor& dy, const Saved& saved
       for (std::int64_t j = 0; j < out; ++j) gb[j] += src[r * out + j];
     db.commit();
   }
-  Shape shape = dy.shape();
-  shape.back() = in;
+  dy2 = Tensor();  // freed here when the caller handed dy over and the operands do not share it (FP8, bf16)
+  const RecipeOperand wt = detail::weight_operand_transposed(ctx, dgrad, weight, out, in);
+  Tensor dx = recipe_gemm(dgrad, dyq, wt);
+  detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.input_t));
   return dx.reshape(shape);
 }
 

@@ -662,6 +662,16 @@ def train_fp8_o2_storage_and_memory_breakdown():
     assert o["parameters"] * 2 <= d["parameters"] + 64 * 40 and o["gradients"] * 2 <= d["gradients"] + 64 * 40, (d, o)
     assert o["optimizer_state"] * 3 < d["optimizer_state"], (d, o)
     assert o["activations"] < d["activations"], (d, o)
+    # bfloat16 master weights export as FP8 like float32 ones.
+    with tempfile.TemporaryDirectory() as d:
+        out_path = os.path.join(d, "o2.safetensors")
+        rc, out, err = run("train", "--recipe", "fp8-o2", "--steps", "2", "--quiet", "--export-fp8", out_path,
+                           "--export-layout", "native", timeout=300)
+        assert rc == 0, err
+        rc, out, err = run("inspect", out_path, "--json")
+        assert rc == 0, err
+        tensors = {t["name"]: t for t in json.loads(out)["tensors"]}
+        assert tensors["transformer.h.0.mlp.c_fc.weight"]["dtype"] == "F8_E4M3", tensors
     # The flags override a recipe's own storage.
     rc, out, err = run("train", "--recipe", "fp8-delayed", "--optimizer-state", "bf16", "--master-weights",
                        "bf16-kahan", "--steps", "2", "--json", "--quiet", timeout=300)

@@ -32,6 +32,10 @@ struct Linear {
   Tensor forward(const Context& ctx, Tensor&& x, Saved& saved);
   // dy (R, out) -> dx (R, in); accumulates weight.grad (dW = dy^T x) and bias.grad (column sums of dy).
   Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved);
+  // The same for a gradient handed over (std::move): dy's float32 storage is released once both of its GEMM operands
+  // are prepared, before the GEMMs allocate their outputs (under FP8 recipes the operands are codes; a block's widest
+  // gradient, the MLP's, is then gone before dx exists).
+  Tensor backward(const Context& ctx, Tensor&& dy, const Saved& saved);
 
   std::vector<Parameter*> parameters();
   const std::string& name() const { return fp8.layer; }
