@@ -172,6 +172,8 @@ RankFailure parse_rank_failure(const std::string& text) {
 namespace fs = std::filesystem;
 
 constexpr const char* kDefaultCompare = "fp32,bf16,fp8-delayed,fp8-o2";
+// Under --parallel, without fp8-o2: its bfloat16 master weights are not reduced or sharded across ranks yet.
+constexpr const char* kDefaultCompareParallel = "fp32,bf16,fp8-delayed";
 
 // The storage options given on the command line, over a recipe's own.
 void apply_storage_options(const TrainArgs& a, nn::PrecisionRecipe& recipe) {
@@ -189,7 +191,10 @@ void apply_storage_options(const TrainArgs& a, nn::PrecisionRecipe& recipe) {
 
 std::vector<nn::PrecisionRecipe> parse_recipes(const TrainArgs& a) {
   if (!a.recipe.empty() && !a.compare.empty()) throw UsageError("give --recipe or --compare, not both");
-  const std::string list = !a.recipe.empty() ? a.recipe : (!a.compare.empty() ? a.compare : kDefaultCompare);
+  const std::string list = !a.recipe.empty()      ? a.recipe
+                           : !a.compare.empty()   ? a.compare
+                           : a.parallel != "none" ? kDefaultCompareParallel
+                                                  : kDefaultCompare;
   std::vector<nn::PrecisionRecipe> out;
   std::stringstream ss(list);
   std::string item;
@@ -760,7 +765,9 @@ void add_train_command(CLI::App& app) {
                   "Model: gpt (default; a small GPT on text) or cnn (a small CNN with a 7x7 stem on generated images)");
   cmd->add_option("--recipe", args->recipe,
                   "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2");
-  cmd->add_option("--compare", args->compare, std::string("Comma list of recipes (default ") + kDefaultCompare + ")");
+  cmd->add_option("--compare", args->compare,
+                  std::string("Comma list of recipes (default ") + kDefaultCompare + "; under --parallel " +
+                      kDefaultCompareParallel + ")");
   cmd->add_option("--optimizer-state", args->optimizer_state,
                   "AdamW moments in fp32, bf16 or fp8 (E4M3 m and sqrt(v), 128-element blocks; default: fp8 for "
                   "fp8-o2, fp32 for the others)");
