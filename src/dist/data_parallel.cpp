@@ -33,12 +33,18 @@ nn::TrainHooks data_parallel_hooks(Communicator& comm, ReducePayload payload, st
   };
   base.reduce_gradients = [c, share, payload](nn::Trainer& t) {
     for (nn::Parameter* p : t.parameters()) {
-      float* g = p->grad.data<float>();
-      const auto n = static_cast<std::size_t>(p->grad.numel());
+      // A bfloat16 gradient (bf16 master weights) is summed in float32 and rounded once to nearest even.
+      Tensor sum = p->grad.to(DType::float32);  // a float32 gradient itself
+      float* g = sum.data<float>();
+      const auto n = static_cast<std::size_t>(sum.numel());
       if (share != 1.0f) {
         for (std::size_t i = 0; i < n; ++i) g[i] *= share;
       }
       all_reduce_sum(*c, std::span<float>(g, n), payload);
+      if (p->grad.dtype() == DType::bfloat16) {
+        bfloat16* out = p->grad.data<bfloat16>();
+        for (std::size_t i = 0; i < n; ++i) out[i] = bfloat16::from_float(g[i]);
+      }
     }
   };
   base.agree_nonfinite = [c](nn::Trainer&, const std::string& bad) {

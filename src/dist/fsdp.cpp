@@ -10,6 +10,7 @@
 #include "fp8kit/dist/data_parallel.hpp"
 #include "fp8kit/format/format.hpp"
 #include "fp8kit/scaling/scaled_tensor.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit {
 namespace {
@@ -22,6 +23,17 @@ Tensor rows_of(const Tensor& t, std::int64_t rows, std::int64_t begin, std::int6
   const std::int64_t row_bytes = rows == 0 ? 0 : t.nbytes() / rows;
   if (out.nbytes() > 0) std::memcpy(out.raw(), t.raw() + begin * row_bytes, static_cast<std::size_t>(out.nbytes()));
   return out;
+}
+
+// The FP8 moment scales of rows [begin, end) of a parameter of `cols` columns: its blocks of kMomentBlock elements
+// from the one holding element begin x cols (a shard starts on a block: Fsdp::shard cuts so).
+std::pair<std::int64_t, std::int64_t> moment_blocks(std::int64_t cols, std::int64_t begin, std::int64_t end) {
+  const std::int64_t first = begin * cols / nn::kMomentBlock;
+  return {first, begin == end ? first : ceil_div(end * cols, nn::kMomentBlock)};
+}
+
+Tensor slice_blocks(const Tensor& scales, std::pair<std::int64_t, std::int64_t> blocks) {
+  return rows_of(scales, scales.numel(), blocks.first, blocks.second);
 }
 
 // What a gathered operand carried, for GatherCounts.
@@ -56,6 +68,9 @@ void Fsdp::shard(nn::Trainer& trainer) {
   const nn::PrecisionRecipe& recipe = trainer.recipe();
   const Granularity weight_blocks =
       recipe.is_fp8() ? nn::granularity_of(recipe, nn::TensorRole::kWeight) : Granularity::tensor();
+  // Every shard also starts where AdamW can update a part as the whole (FP8 moments: on a scale block; bf16-sr master
+  // weights: on a random draw), so that the sharded run steps bit for bit as the whole one.
+  const std::int64_t alignment = trainer.optimizer().part_alignment();
   std::map<std::string, nn::AdamW::State>& moments = trainer.optimizer().state();
   shards_.reserve(trainer.parameters().size());
   for (nn::Parameter* p : trainer.parameters()) {
@@ -67,14 +82,34 @@ void Fsdp::shard(nn::Trainer& trainer) {
     if (p->gemm_weight) {
       s.cut = std::lcm(shard_block_rows(weight_blocks, s.rows), shard_block_cols(weight_blocks, s.rows));
     }
+    if (s.cols > 0) s.cut = std::lcm(s.cut, alignment / std::gcd(s.cols, alignment));
     s.mine = shard_rows(s.rows, s.cut, comm_.rank(), comm_.size());
     s.part.name = p->name;
+    s.part.first_element = s.mine.begin * s.cols;
     const Tensor value = s.shape.empty() ? p->value.reshape({1}) : p->value;
-    s.part.value = rows_of(value, s.rows, s.mine.begin, s.mine.end);
-    s.part.grad = zeros(s.part.value.shape(), DType::float32);
+    {
+      MemoryCategoryScope category(MemoryCategory::kParameters);
+      s.part.value = rows_of(value, s.rows, s.mine.begin, s.mine.end);
+    }
+    {
+      MemoryCategoryScope category(MemoryCategory::kGradients);
+      s.part.grad = zeros(s.part.value.shape(), p->grad.dtype());
+    }
     if (const auto m = moments.find(p->name); m != moments.end()) {
-      m->second.m = rows_of(m->second.m.reshape(value.shape()), s.rows, s.mine.begin, s.mine.end);
-      m->second.v = rows_of(m->second.v.reshape(value.shape()), s.rows, s.mine.begin, s.mine.end);
+      // A resumed run's whole moments: this shard's rows of them, and of their FP8 scales and Kahan compensation.
+      MemoryCategoryScope category(MemoryCategory::kOptimizerState);
+      nn::AdamW::State& state = m->second;
+      const auto mine = [&](const Tensor& t) {
+        return t.numel() == 0 ? t : rows_of(t.reshape(value.shape()), s.rows, s.mine.begin, s.mine.end);
+      };
+      state.m = mine(state.m);
+      state.v = mine(state.v);
+      state.compensation = mine(state.compensation);
+      if (state.m_scale.numel() > 0) {
+        const auto blocks = moment_blocks(s.cols, s.mine.begin, s.mine.end);
+        state.m_scale = slice_blocks(state.m_scale, blocks);
+        state.v_scale = slice_blocks(state.v_scale, blocks);
+      }
     }
     p->value = Tensor();
     p->grad = Tensor();
@@ -104,12 +139,19 @@ Tensor Fsdp::gather_value(const Shard& s, GatherCounts* counts) {
 void Fsdp::gather_direct() {
   for (Shard& s : shards_) {
     if (s.full->gemm_weight) continue;
-    s.full->value = gather_value(s, &gathered_);
-    s.full->grad = zeros(s.shape, DType::float32);
+    {
+      MemoryCategoryScope category(MemoryCategory::kParameters);
+      s.full->value = gather_value(s, &gathered_);
+    }
+    MemoryCategoryScope category(MemoryCategory::kGradients);
+    s.full->grad = zeros(s.shape, s.part.grad.dtype());
   }
 }
 
 void Fsdp::reduce_into(Shard& s, Tensor full_grad) {
+  // In the gradients' dtype first (a bfloat16 one, as an unsharded run accumulates a GEMM weight's gradient), then
+  // summed in float32 (so the DDP run's sum: data_parallel_hooks).
+  full_grad = full_grad.to(s.part.grad.dtype()).to(DType::float32);
   float* g = full_grad.data<float>();
   const std::int64_t n = full_grad.numel();
   if (share_ != 1.0f) {
@@ -122,9 +164,7 @@ void Fsdp::reduce_into(Shard& s, Tensor full_grad) {
   }
   std::vector<float> mine(counts[static_cast<std::size_t>(comm_.rank())]);
   reduce_scatter_sum(comm_, std::span<const float>(g, static_cast<std::size_t>(n)), mine, counts, payload_);
-  if (mine.empty()) return;
-  float* into = s.part.grad.data<float>();
-  for (std::size_t i = 0; i < mine.size(); ++i) into[i] += mine[i];
+  nn::add_to_gradient(s.part, mine);
 }
 
 void Fsdp::reduce_direct() {
@@ -197,6 +237,24 @@ void Fsdp::add_gradient(nn::Parameter& weight, Tensor dw) {
   reduce_into(s, std::move(dw));
 }
 
+Tensor Fsdp::gather_blocks(const Shard& s, const Tensor& scales) {
+  std::vector<std::size_t> counts(static_cast<std::size_t>(comm_.size()));
+  std::size_t total = 0;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const RowShard rows = shard_rows(s.rows, s.cut, r, comm_.size());
+    const auto [first, end] = moment_blocks(s.cols, rows.begin, rows.end);
+    counts[static_cast<std::size_t>(r)] = static_cast<std::size_t>(end - first) * sizeof(float);
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  FP8KIT_CHECK(static_cast<std::size_t>(scales.nbytes()) == counts[static_cast<std::size_t>(comm_.rank())],
+               "fsdp on rank ", comm_.rank(), ": '", s.part.name, "' has ", scales.numel(),
+               " FP8 moment scales for its shard of ", counts[static_cast<std::size_t>(comm_.rank())] / sizeof(float));
+  Tensor whole = empty({static_cast<std::int64_t>(total / sizeof(float))}, DType::float32);
+  comm_.all_gather(std::span<const std::byte>(scales.raw(), static_cast<std::size_t>(scales.nbytes())),
+                   std::span<std::byte>(whole.raw(), total), counts);
+  return whole;
+}
+
 void Fsdp::write_whole(nn::Trainer& trainer, bool optimizer_state, const std::function<void()>& write) {
   // The whole values (those released between steps) and moments, every rank taking part in every gather.
   std::vector<Shard*> gathered;
@@ -207,16 +265,24 @@ void Fsdp::write_whole(nn::Trainer& trainer, bool optimizer_state, const std::fu
     }
   }
   std::map<std::string, nn::AdamW::State>& moments = trainer.optimizer().state();
+  const nn::AdamWOptions& storage = trainer.optimizer().options();
   std::vector<std::pair<nn::AdamW::State*, nn::AdamW::State>> parts;  // the shards' moments, to put back
   for (Shard& s : shards_) {
     const auto m = optimizer_state ? moments.find(s.part.name) : moments.end();
     if (m == moments.end()) continue;
-    parts.emplace_back(&m->second, m->second);
+    nn::AdamW::State& state = m->second;
+    parts.emplace_back(&state, state);
     const auto whole = [&](const Tensor& t) {
       return all_gather_rows(comm_, t.reshape({s.mine.rows(), s.cols}), s.rows, s.cut).reshape(s.shape);
     };
-    m->second.m = whole(m->second.m);
-    m->second.v = whole(m->second.v);
+    state.m = whole(state.m);
+    state.v = whole(state.v);
+    // What the options keep (the same on every rank, so all take part in the same gathers).
+    if (storage.master == nn::MasterWeights::kBf16Kahan) state.compensation = whole(state.compensation);
+    if (storage.moments == nn::MomentStorage::kFp8) {
+      state.m_scale = gather_blocks(s, state.m_scale);
+      state.v_scale = gather_blocks(s, state.v_scale);
+    }
   }
   const auto put_back = [&] {
     for (auto& [state, part] : parts) *state = std::move(part);

@@ -70,9 +70,10 @@ void decode_blocks(const Tensor& codes, const Tensor& scales, std::int64_t first
 }
 
 // Each block's amax maps to E4M3's 448 (compute_scale: an all-zero block keeps scale 1, its codes are 0), and each
-// element rounds stochastically: element i of the parameter draws stochastic_bits(seed, i).
-void encode_blocks(const float* in, std::int64_t first, std::int64_t n, std::uint64_t seed, Tensor& codes,
-                   Tensor& scales) {
+// element rounds stochastically: the element at position i of the whole parameter draws stochastic_bits(seed, i)
+// (`position`: that of element `first` of this tensor).
+void encode_blocks(const float* in, std::int64_t first, std::int64_t position, std::int64_t n, std::uint64_t seed,
+                   Tensor& codes, Tensor& scales) {
   const std::int64_t b0 = first / kMomentBlock, blocks = ceil_div(n, kMomentBlock);
   float* scale_inv = scales.data<float>() + b0;
   std::uint8_t* out = codes.data<std::uint8_t>() + first;
@@ -87,7 +88,7 @@ void encode_blocks(const float* in, std::int64_t first, std::int64_t n, std::uin
                               Rounding::kStochastic,
                               quant,
                               seed,
-                              static_cast<std::uint64_t>(first + e0)};
+                              static_cast<std::uint64_t>(position + e0)};
     cast_to_fp8(std::span<const float>(in + e0, static_cast<std::size_t>(len)),
                 std::span<std::uint8_t>(out + e0, static_cast<std::size_t>(len)), options);
   }
@@ -183,10 +184,11 @@ AdamW::State make_state(const Parameter& p, const AdamWOptions& o) {
 }
 
 // One chunk [first, first + n) of a parameter: read the moments, value and gradient as float32, update them, store
-// them back in their storage.
+// them back in their storage. Random draws follow the elements' positions in the whole parameter.
 void update_chunk(const AdamWOptions& o, const StepConstants& k, std::uint64_t stream, Parameter& p, AdamW::State& s,
                   std::int64_t first, std::int64_t n) {
   alignas(64) float g[kChunk], w[kChunk], m[kChunk], v[kChunk];
+  const std::int64_t position = p.first_element + first;
   widen(p.grad, first, n, g);
   widen(p.value, first, n, w);
   if (o.moments == MomentStorage::kFp8) {
@@ -211,11 +213,11 @@ void update_chunk(const AdamWOptions& o, const StepConstants& k, std::uint64_t s
       std::copy_n(w, n, p.value.data<float>() + first);
       break;
     case MasterWeights::kBf16Stochastic: {
-      // 16 random bits per element, four elements per 64-bit draw: element e takes bits 16 (e % 4) of
-      // splitmix64(stream + e / 4) (chunks start at multiples of 4, so any split of the work draws the same bits).
+      // 16 random bits per element, four elements per 64-bit draw: the element at position e takes bits 16 (e % 4)
+      // of splitmix64(stream + e / 4) (chunks and parts start at multiples of 4, so any split draws the same bits).
       bfloat16* out = p.value.data<bfloat16>() + first;
       for (std::int64_t i = 0; i < n; i += 4) {
-        const std::uint64_t draw = splitmix64_finalize(stream + static_cast<std::uint64_t>((first + i) / 4));
+        const std::uint64_t draw = splitmix64_finalize(stream + static_cast<std::uint64_t>((position + i) / 4));
         for (std::int64_t j = i; j < std::min(n, i + 4); ++j) {
           const auto bits = static_cast<std::uint16_t>(draw >> (16 * (j - i)));
           out[j] = bfloat16::from_float_stochastic(w[j], bits);
@@ -239,8 +241,8 @@ void update_chunk(const AdamWOptions& o, const StepConstants& k, std::uint64_t s
   }
   if (o.moments == MomentStorage::kFp8) {
     for (std::int64_t i = 0; i < n; ++i) v[i] = std::sqrt(v[i]);
-    encode_blocks(m, first, n, splitmix64_finalize(stream + 1), s.m, s.m_scale);
-    encode_blocks(v, first, n, splitmix64_finalize(stream + 2), s.v, s.v_scale);
+    encode_blocks(m, first, position, n, splitmix64_finalize(stream + 1), s.m, s.m_scale);
+    encode_blocks(v, first, position, n, splitmix64_finalize(stream + 2), s.v, s.v_scale);
   } else {
     narrow_nearest(m, n, s.m, first);
     narrow_nearest(v, n, s.v, first);
@@ -249,12 +251,21 @@ void update_chunk(const AdamWOptions& o, const StepConstants& k, std::uint64_t s
 
 }  // namespace
 
+std::int64_t AdamW::part_alignment() const {
+  if (options_.moments == MomentStorage::kFp8) return kMomentBlock;
+  return options_.master == MasterWeights::kBf16Stochastic ? 4 : 1;
+}
+
 void AdamW::step(std::span<Parameter* const> params, Profiler* profiler) {
   ScopedEvent event(profiler, "adamw.step", "optimizer");
   std::set<std::string> seen;
+  const std::int64_t alignment = part_alignment();
   for (const Parameter* p : params) {
     FP8KIT_CHECK(p != nullptr, "adamw: null parameter");
     check_parameter(*p, options_.master);
+    FP8KIT_CHECK(p->first_element >= 0 && p->first_element % alignment == 0, "adamw: parameter '", p->name,
+                 "' is a part starting at element ", p->first_element, "; under ", name(options_.moments),
+                 " moments and ", name(options_.master), " master weights parts start at multiples of ", alignment);
     FP8KIT_CHECK(seen.insert(p->name).second, "adamw: two parameters are named '", p->name, "'");
     const auto it = state_.find(p->name);
     FP8KIT_CHECK(it == state_.end() || it->second.m.shape() == p->value.shape(), "adamw: parameter '", p->name,

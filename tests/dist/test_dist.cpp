@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fingerprint.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/dist/communicator.hpp"
 #include "fp8kit/dist/data_parallel.hpp"
@@ -606,6 +607,120 @@ TEST(Fsdp, TrainsBitForBitAsDataParallel) {
     EXPECT_EQ(fsdp.gathered().gemm_weights.count(form), 1u);
     // The GPT's weights, gradients and moments are a good part of its memory (the CNN's are a few kB).
     if (comm().size() > 1 && c.model == "gpt") EXPECT_LT(sharded.peak_bytes, ddp.peak_bytes);
+  }
+}
+
+// The AdamW state as stored (what a checkpoint writes): every tensor's bytes, by parameter name.
+std::string optimizer_fingerprint(const nn::AdamW& optimizer) {
+  detail::Fingerprint f;
+  for (const auto& [name, s] : optimizer.state()) {
+    f.add(std::as_bytes(std::span<const char>(name.data(), name.size())));
+    for (const Tensor* t : {&s.m, &s.v, &s.m_scale, &s.v_scale, &s.compensation}) {
+      f.add(std::span<const std::byte>(t->raw(), static_cast<std::size_t>(t->nbytes())));
+    }
+  }
+  return f.hex();
+}
+
+// A whole trainer's state after some steps, to resume another from (as a checkpoint would: values, AdamW state,
+// the delayed-scaling states, the losses so far).
+struct Snapshot {
+  std::map<std::string, Tensor> values;
+  std::map<std::string, nn::AdamW::State> optimizer;
+  std::vector<std::vector<std::uint8_t>> scaling;
+  std::vector<float> losses;
+};
+
+Snapshot snapshot(nn::Trainer& t, const nn::TrainProgress& p) {
+  Snapshot s;
+  for (const nn::Parameter* q : t.parameters()) s.values[q->name] = q->value.clone();
+  for (const auto& [name, state] : t.optimizer().state()) {
+    nn::AdamW::State copy = state;
+    for (Tensor* x : {&copy.m, &copy.v, &copy.m_scale, &copy.v_scale, &copy.compensation}) *x = x->clone();
+    s.optimizer[name] = copy;
+  }
+  for (nn::Fp8LayerState* l : t.model().fp8_states()) {
+    for (const DelayedScaling* d : {&l->input, &l->weight, &l->grad_output}) s.scaling.push_back(d->serialize());
+  }
+  s.losses = p.losses;
+  return s;
+}
+
+void restore(const Snapshot& s, nn::Trainer& t, nn::TrainProgress& p) {
+  for (nn::Parameter* q : t.parameters()) q->value = s.values.at(q->name).clone();
+  for (const auto& [name, state] : s.optimizer) {
+    nn::AdamW::State copy = state;
+    for (Tensor* x : {&copy.m, &copy.v, &copy.m_scale, &copy.v_scale, &copy.compensation}) *x = x->clone();
+    t.optimizer().state()[name] = copy;
+  }
+  std::size_t i = 0;
+  for (nn::Fp8LayerState* l : t.model().fp8_states()) {
+    for (DelayedScaling* d : {&l->input, &l->weight, &l->grad_output}) *d = DelayedScaling::deserialize(s.scaling[i++]);
+  }
+  p.losses = s.losses;
+  p.next_step = static_cast<std::int64_t>(s.losses.size());
+}
+
+// Low-precision optimizer storage, sharded: FP8 moments (their scale blocks cut with the shards) with bf16-sr master
+// weights, under per-tensor and 128-block FP8 weights, and bfloat16 moments with Kahan-compensated bf16 master
+// weights. FSDP steps bit for bit as DDP (bfloat16 gradients summed in float32 and rounded once in both); its
+// checkpoint gather puts the optimizer state together into DDP's bytes; and a run resumed from a whole state (as a
+// checkpoint is read) shards it again, scales and compensation included, and ends where the uninterrupted one does.
+TEST(Fsdp, LowPrecisionOptimizerStorageIsDataParallelsBitForBit) {
+  struct Case {
+    const char* recipe;
+    nn::MomentStorage moments;
+    nn::MasterWeights master;
+  };
+  const Case cases[] = {{"fp8-o2", nn::MomentStorage::kFp8, nn::MasterWeights::kBf16Stochastic},
+                        {"fp8-block", nn::MomentStorage::kFp8, nn::MasterWeights::kBf16Stochastic},
+                        {"fp8-delayed", nn::MomentStorage::kBfloat16, nn::MasterWeights::kBf16Kahan}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.recipe);
+    nn::TrainConfig c;
+    c.steps = 4;
+    c.seed = 7;
+    c.batch = 6;
+    c.eval_batches = 1;
+    c.warmup_steps = 1;
+    const nn::TrainConfig config = data_parallel_config(comm(), c);
+    nn::PrecisionRecipe recipe = *nn::PrecisionRecipe::parse(k.recipe);
+    recipe.optimizer_state = k.moments;
+    recipe.master_weights = k.master;
+
+    std::string ddp_print, ddp_state, fsdp_print, fsdp_state = "not written";
+    Snapshot middle;
+    nn::TrainHooks ddp_base;
+    ddp_base.after_step = [&](nn::Trainer& t, const nn::TrainProgress& p) {
+      if (p.next_step == 2) middle = snapshot(t, p);
+    };
+    ddp_base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+      ddp_print = parameter_fingerprint(t.model());
+      ddp_state = optimizer_fingerprint(t.optimizer());
+      EXPECT_TRUE(replicas_identical(comm(), t.model()));
+      for (const nn::Parameter* q : t.parameters()) ASSERT_EQ(q->value.dtype(), DType::bfloat16) << q->name;
+    };
+    const nn::TrainResult ddp =
+        nn::train(config, recipe, nullptr, data_parallel_hooks(comm(), ReducePayload::kFloat32, 6, ddp_base));
+
+    for (const bool resumed : {false, true}) {
+      SCOPED_TRACE(resumed ? "resumed at step 2" : "from the start");
+      Fsdp fsdp(comm(), ReducePayload::kFloat32, 6);
+      nn::TrainHooks base;
+      if (resumed) base.resume = [&](nn::Trainer& t, nn::TrainProgress& p) { restore(middle, t, p); };
+      base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+        fsdp_print = parameter_fingerprint(t.model());
+        fsdp.around_write()(t, true, [&] { fsdp_state = optimizer_fingerprint(t.optimizer()); });
+      };
+      const nn::TrainResult sharded = nn::train(config, recipe, nullptr, fsdp.hooks(base));
+      EXPECT_EQ(sharded.losses, ddp.losses);
+      EXPECT_EQ(sharded.final_loss, ddp.final_loss);
+      EXPECT_EQ(fsdp_print, ddp_print);
+      if (comm().rank() == 0) EXPECT_EQ(fsdp_state, ddp_state);  // rank 0 writes
+      // Every shard starts on a whole scale block (FP8 moments) or random draw (bf16-sr).
+      const std::int64_t alignment = k.moments == nn::MomentStorage::kFp8 ? nn::kMomentBlock : 1;
+      for (const nn::Parameter* q : fsdp.shards()) EXPECT_EQ(q->first_element % alignment, 0) << q->name;
+    }
   }
 }
 

@@ -19,6 +19,8 @@
 namespace fp8kit::nn {
 namespace {
 
+constexpr std::int64_t kChunkForTests = 32 * kMomentBlock;  // AdamW's unit of work (optim.cpp)
+
 // A parameter of n elements from normal(0, 0.02), float32 or converted to a master dtype.
 Parameter random_parameter(const std::string& name, std::int64_t n, std::uint64_t seed,
                            MasterWeights master = MasterWeights::kFloat32) {
@@ -215,6 +217,67 @@ TEST(MasterWeights, StochasticRoundingIsReproducible) {
   const auto a = run(1, 1);
   EXPECT_EQ(a, run(1, 2));
   EXPECT_NE(a, run(2, 1));
+}
+
+// A parameter stepped in parts (an FSDP shard's rows: Parameter::first_element) ends bit for bit where the whole does:
+// the FP8 moment blocks and the random draws follow the whole's positions. The part sizes are not multiples of a
+// block (the last block of each part is partial only at the end of the whole); a part that starts inside a block is
+// refused, the refusal naming the parameter and the alignment.
+TEST(AdamWStorage, PartsOfAParameterStepAsTheWhole) {
+  const std::int64_t n = 70000, cut = 3 * kChunkForTests + 5 * kMomentBlock;  // parts [0, cut), [cut, n)
+  for (const AdamWOptions& o :
+       {AdamWOptions{.moments = MomentStorage::kFp8, .master = MasterWeights::kBf16Stochastic, .rounding_seed = 3},
+        AdamWOptions{.moments = MomentStorage::kBfloat16, .master = MasterWeights::kBf16Kahan}}) {
+    SCOPED_TRACE(std::string(name(o.moments)) + " " + std::string(name(o.master)));
+    Parameter whole = random_parameter("w", n, 9, o.master);
+    Parameter parts[2];
+    for (int k = 0; k < 2; ++k) {
+      const std::int64_t begin = k == 0 ? 0 : cut, end = k == 0 ? cut : n;
+      parts[k] = random_parameter("w", end - begin, 1, o.master);
+      std::memcpy(parts[k].value.raw(), whole.value.raw() + begin * 2, static_cast<std::size_t>((end - begin) * 2));
+      parts[k].first_element = begin;
+    }
+    AdamW one(o), first(o), second(o);
+    Parameter* ws[] = {&whole};
+    Parameter* p0[] = {&parts[0]};
+    Parameter* p1[] = {&parts[1]};
+    for (int step = 0; step < 3; ++step) {
+      set_random_grad(whole, 70 + static_cast<std::uint64_t>(step));
+      std::memcpy(parts[0].grad.raw(), whole.grad.raw(), static_cast<std::size_t>(cut * 2));
+      std::memcpy(parts[1].grad.raw(), whole.grad.raw() + cut * 2, static_cast<std::size_t>((n - cut) * 2));
+      one.step(ws);
+      first.step(p0);
+      second.step(p1);
+    }
+    EXPECT_EQ(std::memcmp(parts[0].value.raw(), whole.value.raw(), static_cast<std::size_t>(cut * 2)), 0);
+    EXPECT_EQ(std::memcmp(parts[1].value.raw(), whole.value.raw() + cut * 2, static_cast<std::size_t>((n - cut) * 2)),
+              0);
+    const AdamW::State& w = one.state().at("w");
+    const AdamW::State& b = second.state().at("w");
+    EXPECT_EQ(
+        std::memcmp(b.m.raw(), w.m.raw() + cut * element_size(w.m.dtype()), static_cast<std::size_t>(b.m.nbytes())), 0);
+    EXPECT_EQ(
+        std::memcmp(b.v.raw(), w.v.raw() + cut * element_size(w.v.dtype()), static_cast<std::size_t>(b.v.nbytes())), 0);
+    if (o.moments == MomentStorage::kFp8) {
+      EXPECT_EQ(std::memcmp(b.v_scale.raw(), w.v_scale.raw() + cut / kMomentBlock * 4,
+                            static_cast<std::size_t>(b.v_scale.nbytes())),
+                0);
+    }
+  }
+  Parameter inside = random_parameter("x", 256, 2, MasterWeights::kBf16Stochastic);
+  inside.first_element = 64;
+  AdamW fp8({.moments = MomentStorage::kFp8, .master = MasterWeights::kBf16Stochastic});
+  EXPECT_EQ(fp8.part_alignment(), kMomentBlock);
+  Parameter* ps[] = {&inside};
+  try {
+    fp8.step(ps);
+    FAIL() << "a part starting inside a moment block was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("multiples of 128"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(AdamW({.master = MasterWeights::kBf16Stochastic}).part_alignment(), 4);
+  EXPECT_EQ(AdamW().part_alignment(), 1);
 }
 
 // The moments and compensation count as optimizer state, the bfloat16 values and gradients as parameters and

@@ -119,10 +119,12 @@ def a_rank_that_fails_ends_the_job_with_one_line():
 def a_crashed_run_resumes_bit_identically():
     # A run that dies at step 3 resumes from its step-2 checkpoint to the uninterrupted run's losses and final
     # checkpoint, byte for byte; ddp and fsdp write the same checkpoint (gathered, by rank 0) and the same export.
+    # With 128-row FP8 weight blocks, FP8 AdamW moments (block scales cut with the shards) and bf16-sr master weights.
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
         for parallel in ("ddp", "fsdp"):
-            common = ["--recipe", "fp8-block", "--steps", "5", "--parallel", parallel]
+            common = ["--recipe", "fp8-block", "--optimizer-state", "fp8", "--master-weights", "bf16-sr", "--steps",
+                      "5", "--parallel", parallel]
             whole = os.path.join(tmp, parallel + "-whole.safetensors")
             full = subprocess.run(under_mpirun(MPIRUN, 2, [BINARY, "train", "--json", *common, "--save-checkpoint",
                                                            whole, "--export-fp8", os.path.join(tmp, parallel + "-fp8")]),

@@ -172,8 +172,6 @@ RankFailure parse_rank_failure(const std::string& text) {
 namespace fs = std::filesystem;
 
 constexpr const char* kDefaultCompare = "fp32,bf16,fp8-delayed,fp8-o2";
-// Under --parallel, without fp8-o2: its bfloat16 master weights are not reduced or sharded across ranks yet.
-constexpr const char* kDefaultCompareParallel = "fp32,bf16,fp8-delayed";
 
 // The storage options given on the command line, over a recipe's own.
 void apply_storage_options(const TrainArgs& a, nn::PrecisionRecipe& recipe) {
@@ -191,10 +189,7 @@ void apply_storage_options(const TrainArgs& a, nn::PrecisionRecipe& recipe) {
 
 std::vector<nn::PrecisionRecipe> parse_recipes(const TrainArgs& a) {
   if (!a.recipe.empty() && !a.compare.empty()) throw UsageError("give --recipe or --compare, not both");
-  const std::string list = !a.recipe.empty()      ? a.recipe
-                           : !a.compare.empty()   ? a.compare
-                           : a.parallel != "none" ? kDefaultCompareParallel
-                                                  : kDefaultCompare;
+  const std::string list = !a.recipe.empty() ? a.recipe : !a.compare.empty() ? a.compare : kDefaultCompare;
   std::vector<nn::PrecisionRecipe> out;
   std::stringstream ss(list);
   std::string item;
@@ -431,18 +426,6 @@ void train_run(TrainArgs a, Communicator* comm) {
       parse_reduce_payload(a.grad_reduce.empty() ? "fp32" : a.grad_reduce);
   if (!grad_payload) throw UsageError("--grad-reduce: '" + a.grad_reduce + "' (use fp32, bf16, fp8, e4m3, e5m2)");
   const bool parallel = a.parallel != "none", fsdp = a.parallel == "fsdp";
-  for (const nn::PrecisionRecipe& r : recipes) {
-    if (fsdp && r.optimizer_state != nn::MomentStorage::kFloat32) {
-      throw UsageError("--parallel fsdp shards and gathers float32 AdamW moments; " + r.name() + " keeps " +
-                       std::string(nn::name(r.optimizer_state)) +
-                       " moments: give --optimizer-state fp32, or use --parallel ddp");
-    }
-    if (parallel && r.master_weights != nn::MasterWeights::kFloat32) {
-      throw UsageError("--parallel " + a.parallel + " reduces and shards float32 parameters; " + r.name() +
-                       " keeps bfloat16 master weights (" + std::string(nn::name(r.master_weights)) +
-                       "): give --master-weights fp32, or train without --parallel");
-    }
-  }
   if (!parallel && !a.grad_reduce.empty()) throw UsageError("--grad-reduce needs --parallel ddp or fsdp");
   const RankFailure inject_failure = parse_rank_failure(a.inject_rank_failure);
   if (!parallel && inject_failure.rank >= 0) throw UsageError("--inject-rank-failure needs --parallel ddp or fsdp");
@@ -765,9 +748,7 @@ void add_train_command(CLI::App& app) {
                   "Model: gpt (default; a small GPT on text) or cnn (a small CNN with a 7x7 stem on generated images)");
   cmd->add_option("--recipe", args->recipe,
                   "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2");
-  cmd->add_option("--compare", args->compare,
-                  std::string("Comma list of recipes (default ") + kDefaultCompare + "; under --parallel " +
-                      kDefaultCompareParallel + ")");
+  cmd->add_option("--compare", args->compare, std::string("Comma list of recipes (default ") + kDefaultCompare + ")");
   cmd->add_option("--optimizer-state", args->optimizer_state,
                   "AdamW moments in fp32, bf16 or fp8 (E4M3 m and sqrt(v), 128-element blocks; default: fp8 for "
                   "fp8-o2, fp32 for the others)");

@@ -21,7 +21,8 @@ nn::TrainConfig data_parallel_config(const Communicator& comm, nn::TrainConfig c
 // replaced; the others kept):
 //   agree_loss        the mean over ranks weighted by their rows (an FP32 all-reduce);
 //   reduce_gradients  every parameter's gradient times this rank's share of the rows, then summed over ranks in
-//                     `payload` (all_reduce_sum, one per parameter: FP8 payloads get a scale per tensor);
+//                     `payload` (all_reduce_sum, one per parameter: FP8 payloads get a scale per tensor; a
+//                     bfloat16 gradient is widened, summed in float32 and rounded once to nearest even);
 //   agree_nonfinite   any rank's verdict skips the step on every rank ("non-finite ... on rank r");
 //   agree_amax        every FP8 state's amaxes of this step, MAX over ranks (one batched all_reduce_amax).
 // `global_rows` is the rows of a global batch (batch_size(config)). The communicator must outlive the run.

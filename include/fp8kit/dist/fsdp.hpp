@@ -1,10 +1,11 @@
 // Fully sharded data parallelism (`fp8kit train --parallel fsdp`), as PyTorch FSDP2 with torchao's FP8 all-gather
-// and ZeRO-3: every rank keeps only its rows of each parameter's FP32 master value, of its gradient and (so) of the
-// AdamW moments. A GEMM layer's weight is gathered when the layer needs it, in the form its GEMM takes — FP8 codes
-// with their scales under FP8 recipes, bfloat16 under bf16, float32 under fp32 — once for forward and again for
-// backward (the gathered operand is freed after each use), and its gradient is reduce-scattered as soon as the layer
-// has computed it. The other parameters (embeddings, norms, biases) are gathered in float32 before each step's forward
-// and their gradients reduce-scattered after backward.
+// and ZeRO-3: every rank keeps only its rows of each parameter's master value (float32, or bfloat16 under bf16 master
+// weights), of its gradient and (so) of the AdamW state (moments in float32, bfloat16 or FP8 with their block scales;
+// a Kahan compensation buffer). A GEMM layer's weight is gathered when the layer needs it, in the form its GEMM takes —
+// FP8 codes with their scales under FP8 recipes, bfloat16 under bf16, float32 under fp32 — once for forward and again
+// for backward (the gathered operand is freed after each use), and its gradient is reduce-scattered as soon as the
+// layer has computed it. The other parameters (embeddings, norms, biases) are gathered in float32 before each step's
+// forward and their gradients reduce-scattered after backward.
 #pragma once
 
 #include <cstdint>
@@ -49,14 +50,16 @@ class Fsdp final : public nn::WeightSource {
 
   // Splits every parameter of the trainer's model over the ranks: rank r keeps rows shard_rows(rows, cut, r, size)
   // of it (rows: its first dimension; cut: 1, or the recipe's weight blocks for GEMM weights — 128 under fp8-block,
-  // 32 under mxfp8 — so that each rank quantizes its rows, and their transpose, on block boundaries), and the same
-  // rows of any AdamW moments already there (a resumed run). The model's full values and gradients are released;
-  // the trainer steps the shards and takes its GEMM weights from this source.
+  // 32 under mxfp8 — so that each rank quantizes its rows, and their transpose, on block boundaries; and so that
+  // each shard starts on a multiple of AdamW::part_alignment() elements: the shards step bit for bit as the whole),
+  // and the same rows of any AdamW state already there (a resumed run). The model's full values and gradients are
+  // released; the trainer steps the shards and takes its GEMM weights from this source.
   void shard(nn::Trainer& trainer);
   // The directly read parameters' full values (float32 all-gather) and zero full gradients, before a forward.
   void gather_direct();
-  // Their gradients, weighted by this rank's share, reduce-scattered into the shards' gradients in the payload;
-  // the full values and gradients released.
+  // Their gradients, weighted by this rank's share, reduce-scattered into the shards' gradients in the payload
+  // (summed in float32; a bfloat16 gradient rounded once, as data_parallel_hooks does); the full values and
+  // gradients released.
   void reduce_direct();
   // Every parameter's full value (float32 all-gather; no gradient: nothing trains after it); the weight source is
   // unset, so that the model can be evaluated, exported and compared as an ordinary one. Counted apart from the
@@ -71,7 +74,7 @@ class Fsdp final : public nn::WeightSource {
   void add_gradient(nn::Parameter& weight, Tensor dw) override;
 
   // How an FSDP run writes its checkpoints and FP8 export (TrainCheckpointOptions::around_write): every rank
-  // gathers the whole parameters (and, for a checkpoint, the AdamW moments; float32), rank 0 writes, the shards are
+  // gathers the whole parameters (and, for a checkpoint, the AdamW state as stored), rank 0 writes, the shards are
   // put back, and a failed write fails on every rank. A checkpoint so written is an ordinary one: a resumed run
   // loads it whole on every rank and shards it again.
   TrainCheckpointOptions::AroundWrite around_write();
@@ -93,6 +96,7 @@ class Fsdp final : public nn::WeightSource {
   Tensor part_matrix(const Shard& s) const;  // the shard's value as (its rows x cols)
   Tensor gather_value(const Shard& s, GatherCounts* counts);
   void reduce_into(Shard& s, Tensor full_grad);
+  Tensor gather_blocks(const Shard& s, const Tensor& scales);  // a shard's FP8 moment scales -> the whole's
   nn::RecipeOperand gather_operand(const nn::GemmCall& call, nn::Parameter& weight, bool transposed);
   void write_whole(nn::Trainer& trainer, bool optimizer_state, const std::function<void()>& write);
 

@@ -51,6 +51,10 @@ struct Parameter {
   // The weight of a Linear or Conv2d: read only as GEMM operands, through Context::weights when one is set (a sharded
   // run then holds no full value or gradient of it between uses).
   bool gemm_weight = false;
+  // A part of a larger parameter (an FSDP shard): the position of this value's first element among the flattened
+  // elements of the whole one, which has the same name. AdamW indexes its stochastic rounding and its FP8 moment
+  // blocks by that position, so that the parts' updates are the whole parameter's update, bit for bit.
+  std::int64_t first_element = 0;
 };
 
 // A float32 parameter of `shape` initialized from normal(0, stddev) with a seed (stddev 0: zeros; use fill for ones).

@@ -94,10 +94,16 @@ class AdamW {
   explicit AdamW(AdamWOptions options = {});
 
   // One update of every parameter from its gradient (gradients are not cleared). Values and gradients must have the
-  // dtype of options().master (master_dtype). Records "adamw.step" (category "optimizer") on the profiler when given.
+  // dtype of options().master (master_dtype); a part of a parameter starts at a multiple of part_alignment(). Records
+  // "adamw.step" (category "optimizer") on the profiler when given.
   void step(std::span<Parameter* const> params, Profiler* profiler = nullptr);
   // Sets every gradient to zero (float32 or bfloat16).
   static void zero_grad(std::span<Parameter* const> params);
+
+  // Where a part of a parameter (Parameter::first_element) may start for its update to be the whole one's bit for
+  // bit: on a multiple of kMomentBlock under FP8 moments (whole scale blocks), of 4 under bf16-sr master weights
+  // (four elements share one random draw), anywhere (1) otherwise. step() refuses a part that does not.
+  std::int64_t part_alignment() const;
 
   // The options may change between steps (a learning-rate schedule sets lr).
   AdamWOptions& options() { return options_; }
