@@ -549,6 +549,18 @@ TEST(DataParallel, LossAndGradientsAreTheGlobalBatchs) {
                        : "non-finite values on rank " + std::to_string(comm().size() - 1) + " (its guard's verdict)"));
 }
 
+// A short run of a global batch of 6 rows, this rank's share of them.
+nn::TrainConfig sharded_run(const char* model, std::int64_t steps, std::uint64_t seed) {
+  nn::TrainConfig c;
+  c.model = model;
+  c.steps = steps;
+  c.seed = seed;
+  c.batch = 6;
+  c.eval_batches = 1;
+  c.warmup_steps = 1;
+  return data_parallel_config(comm(), c);
+}
+
 // FSDP against DDP, the same global batch: the gathered weights are bit for bit the whole ones and the gradients'
 // fp32 sums run in the same rank order, so the losses and the final weights agree bit for bit, for every recipe and
 // both models; between steps no rank holds a full parameter, and the shards add up to the model.
@@ -562,14 +574,7 @@ TEST(Fsdp, TrainsBitForBitAsDataParallel) {
                         {"gpt", "mxfp8-fake"},  {"cnn", "fp8-delayed"}, {"cnn", "fp8-block"}};
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(k.model) + " " + k.recipe);
-    nn::TrainConfig c;
-    c.model = k.model;
-    c.steps = 3;
-    c.seed = 5;
-    c.batch = 6;
-    c.eval_batches = 1;
-    c.warmup_steps = 1;
-    const nn::TrainConfig config = data_parallel_config(comm(), c);
+    const nn::TrainConfig config = sharded_run(k.model, 3, 5);
     const nn::PrecisionRecipe recipe = *nn::PrecisionRecipe::parse(k.recipe);
     std::string ddp_print, fsdp_print;
     nn::TrainHooks ddp_base;
@@ -606,7 +611,7 @@ TEST(Fsdp, TrainsBitForBitAsDataParallel) {
     const char* form = recipe.is_fp8() ? "e4m3fn" : recipe.kind == nn::RecipeKind::kFp32 ? "float32" : "bfloat16";
     EXPECT_EQ(fsdp.gathered().gemm_weights.count(form), 1u);
     // The GPT's weights, gradients and moments are a good part of its memory (the CNN's are a few kB).
-    if (comm().size() > 1 && c.model == "gpt") EXPECT_LT(sharded.peak_bytes, ddp.peak_bytes);
+    if (comm().size() > 1 && config.model == "gpt") EXPECT_LT(sharded.peak_bytes, ddp.peak_bytes);
   }
 }
 
@@ -677,13 +682,7 @@ TEST(Fsdp, LowPrecisionOptimizerStorageIsDataParallelsBitForBit) {
                         {"fp8-delayed", nn::MomentStorage::kBfloat16, nn::MasterWeights::kBf16Kahan}};
   for (const Case& k : cases) {
     SCOPED_TRACE(k.recipe);
-    nn::TrainConfig c;
-    c.steps = 4;
-    c.seed = 7;
-    c.batch = 6;
-    c.eval_batches = 1;
-    c.warmup_steps = 1;
-    const nn::TrainConfig config = data_parallel_config(comm(), c);
+    const nn::TrainConfig config = sharded_run("gpt", 4, 7);
     nn::PrecisionRecipe recipe = *nn::PrecisionRecipe::parse(k.recipe);
     recipe.optimizer_state = k.moments;
     recipe.master_weights = k.master;
