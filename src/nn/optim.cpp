@@ -263,9 +263,10 @@ void AdamW::step(std::span<Parameter* const> params, Profiler* profiler) {
   for (const Parameter* p : params) {
     FP8KIT_CHECK(p != nullptr, "adamw: null parameter");
     check_parameter(*p, options_.master);
-    FP8KIT_CHECK(p->first_element >= 0 && p->first_element % alignment == 0, "adamw: parameter '", p->name,
-                 "' is a part starting at element ", p->first_element, "; under ", name(options_.moments),
-                 " moments and ", name(options_.master), " master weights parts start at multiples of ", alignment);
+    FP8KIT_CHECK(p->first_element >= 0 && (p->first_element % alignment == 0 || p->value.numel() == 0),
+                 "adamw: parameter '", p->name, "' is a part starting at element ", p->first_element, "; under ",
+                 name(options_.moments), " moments and ", name(options_.master),
+                 " master weights parts start at multiples of ", alignment);
     FP8KIT_CHECK(seen.insert(p->name).second, "adamw: two parameters are named '", p->name, "'");
     const auto it = state_.find(p->name);
     FP8KIT_CHECK(it == state_.end() || it->second.m.shape() == p->value.shape(), "adamw: parameter '", p->name,
