@@ -129,7 +129,7 @@ Tensor Fsdp::gather_value(const Shard& s, GatherCounts* counts) {
   const std::uint64_t before = comm_.stats().all_gather_bytes;
   Tensor full = all_gather_rows(comm_, part_matrix(s), s.rows, s.cut).reshape(s.shape);
   if (counts != nullptr) {
-    GatherCount& c = counts->other_parameters[std::string(name(DType::float32))];
+    GatherCount& c = counts->other_parameters[std::string(name(full.dtype()))];
     c.elements += static_cast<std::uint64_t>(full.numel());
     c.bytes += comm_.stats().all_gather_bytes - before;
   }

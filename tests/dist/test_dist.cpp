@@ -722,6 +722,9 @@ TEST(Fsdp, LowPrecisionOptimizerStorageIsDataParallelsBitForBit) {
       // Every shard starts on a whole scale block (FP8 moments) or random draw (bf16-sr).
       const std::int64_t alignment = k.moments == nn::MomentStorage::kFp8 ? nn::kMomentBlock : 1;
       for (const nn::Parameter* q : fsdp.shards()) EXPECT_EQ(q->first_element % alignment, 0) << q->name;
+      // The embeddings, norms and biases travel as they are stored: bfloat16.
+      EXPECT_EQ(fsdp.gathered().other_parameters.count("bfloat16"), 1u);
+      EXPECT_EQ(fsdp.gathered().other_parameters.count("float32"), 0u);
     }
   }
 }

@@ -4,8 +4,8 @@
 // a Kahan compensation buffer). A GEMM layer's weight is gathered when the layer needs it, in the form its GEMM takes —
 // FP8 codes with their scales under FP8 recipes, bfloat16 under bf16, float32 under fp32 — once for forward and again
 // for backward (the gathered operand is freed after each use), and its gradient is reduce-scattered as soon as the
-// layer has computed it. The other parameters (embeddings, norms, biases) are gathered in float32 before each step's
-// forward and their gradients reduce-scattered after backward.
+// layer has computed it. The other parameters (embeddings, norms, biases) are gathered as stored (float32 or
+// bfloat16) before each step's forward and their gradients reduce-scattered after backward.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,7 @@ struct GatherCount {
 };
 struct GatherCounts {
   std::map<std::string, GatherCount> gemm_weights;      // Linear and Conv2d weights, in their GEMM's form
-  std::map<std::string, GatherCount> other_parameters;  // embeddings, norms, biases: float32
+  std::map<std::string, GatherCount> other_parameters;  // embeddings, norms, biases: their master dtype
 };
 
 class Fsdp final : public nn::WeightSource {
@@ -55,13 +55,14 @@ class Fsdp final : public nn::WeightSource {
   // and the same rows of any AdamW state already there (a resumed run). The model's full values and gradients are
   // released; the trainer steps the shards and takes its GEMM weights from this source.
   void shard(nn::Trainer& trainer);
-  // The directly read parameters' full values (float32 all-gather) and zero full gradients, before a forward.
+  // The directly read parameters' full values (all-gathered in their master dtype) and zero full gradients (the
+  // same dtype), before a forward.
   void gather_direct();
   // Their gradients, weighted by this rank's share, reduce-scattered into the shards' gradients in the payload
   // (summed in float32; a bfloat16 gradient rounded once, as data_parallel_hooks does); the full values and
   // gradients released.
   void reduce_direct();
-  // Every parameter's full value (float32 all-gather; no gradient: nothing trains after it); the weight source is
+  // Every parameter's full value (all-gathered as stored; no gradient: nothing trains after it); the weight source is
   // unset, so that the model can be evaluated, exported and compared as an ordinary one. Counted apart from the
   // training's gathers.
   void gather_full();
