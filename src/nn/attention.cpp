@@ -38,12 +38,13 @@ struct Dims {
   std::int64_t b = 0, t = 0, c = 0, h = 0, hs = 0;
 };
 
-// qkv (B, T, 3C) with C divisible by heads -> its dimensions.
-Dims check_qkv(const Tensor& qkv, std::int64_t heads, DType compute) {
+// qkv (B, T, 3C) with C divisible by heads -> its dimensions. float32, or (a saved qkv) bfloat16 too.
+Dims check_qkv(const Tensor& qkv, std::int64_t heads, DType compute, bool saved = false) {
   FP8KIT_CHECK(heads >= 1, "attention: heads must be at least 1, got ", heads);
   FP8KIT_CHECK(compute == DType::float32 || compute == DType::bfloat16,
                "attention: compute must be float32 or bfloat16, not ", name(compute));
-  FP8KIT_CHECK(qkv.dtype() == DType::float32, "attention: qkv must be float32, got ", name(qkv.dtype()));
+  FP8KIT_CHECK(qkv.dtype() == DType::float32 || (saved && qkv.dtype() == DType::bfloat16), "attention: qkv must be ",
+               saved ? "float32 or bfloat16" : "float32", ", got ", name(qkv.dtype()));
   FP8KIT_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "attention: qkv must be (B, T, 3C), got ",
                shape_string(qkv.shape()));
   Dims d{qkv.size(0), qkv.size(1), qkv.size(2) / 3, heads, 0};
@@ -57,19 +58,28 @@ float round_if(bool bf16, float x) {
   return bf16 ? bfloat16::from_float(x).to_float() : x;
 }
 
-// Columns [col0, col0 + hs) of the T rows (stride `row_stride`) starting at `src` -> dst (T, hs), rounded to
-// bfloat16 when asked.
-void gather(const float* src, std::int64_t rows, std::int64_t row_stride, std::int64_t col0, std::int64_t hs, bool bf16,
+float widen(float x) {
+  return x;
+}
+float widen(bfloat16 x) {
+  return x.to_float();
+}
+
+// Columns [col0, col0 + hs) of the T rows (stride `row_stride`) starting at `src` (float32, or a saved bfloat16 qkv
+// widened exactly) -> dst (T, hs), rounded to bfloat16 when asked.
+template <class T>
+void gather(const T* src, std::int64_t rows, std::int64_t row_stride, std::int64_t col0, std::int64_t hs, bool bf16,
             float* dst) {
   for (std::int64_t t = 0; t < rows; ++t) {
-    const float* s = src + t * row_stride + col0;
-    for (std::int64_t i = 0; i < hs; ++i) dst[t * hs + i] = round_if(bf16, s[i]);
+    const T* s = src + t * row_stride + col0;
+    for (std::int64_t i = 0; i < hs; ++i) dst[t * hs + i] = round_if(bf16, widen(s[i]));
   }
 }
 
 // Head h's q, k and v (T, hs each) from one batch element's T rows of qkv ([q | k | v], each C wide).
-void gather_head(const float* in_b, std::int64_t rows, std::int64_t C, std::int64_t h, std::int64_t hs, bool bf16,
-                 float* q, float* k, float* v) {
+template <class T>
+void gather_head(const T* in_b, std::int64_t rows, std::int64_t C, std::int64_t h, std::int64_t hs, bool bf16, float* q,
+                 float* k, float* v) {
   gather(in_b, rows, 3 * C, h * hs, hs, bf16, q);
   gather(in_b, rows, 3 * C, C + h * hs, hs, bf16, k);
   gather(in_b, rows, 3 * C, 2 * C + h * hs, hs, bf16, v);
@@ -180,8 +190,9 @@ Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved
 Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, const Saved& saved) const {
   ScopedEvent event(ctx.profiler, "attention.backward");
   FP8KIT_CHECK(saved.qkv.dim() == 3, "attention.backward: no saved state (call forward first)");
-  const Tensor qkv = load_activation(saved.qkv);
-  const Dims d = check_qkv(qkv, heads, compute);
+  // The saved qkv is read where it is (a bfloat16 one widened one head at a time): no float32 copy of all of it.
+  const Tensor& qkv = saved.qkv;
+  const Dims d = check_qkv(qkv, heads, compute, true);
   event.arg("shape", describe(d));
   event.arg("dtypes", std::string(name(compute)));
   const bool keep_probs = saves == AttentionSaves::kProbabilities;
@@ -205,7 +216,9 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const Tensor probs = keep_probs ? load_activation(saved.probs) : Tensor();
   Tensor dqkv = empty({d.b, T, C3}, DType::float32);
-  const float* in = qkv.data<float>();
+  const bool saved_bf16 = qkv.dtype() == DType::bfloat16;
+  const float* in = saved_bf16 ? nullptr : qkv.data<float>();
+  const bfloat16* in16 = saved_bf16 ? qkv.data<bfloat16>() : nullptr;
   const float* p = keep_probs ? probs.data<float>() : nullptr;
   const float* st = keep_probs ? nullptr : saved.stats.data<float>();
   const float* dy = dout.data<float>();
@@ -215,12 +228,15 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t bh = 0; bh < d.b * d.h; ++bh) {
     const std::int64_t b = bh / d.h, h = bh % d.h;
-    const float* in_b = in + b * T * C3;
     const std::size_t n = static_cast<std::size_t>(T * hs);
     std::vector<float> q(n), k(n), v(n), go(n), dq(n, 0.0f), dk(n, 0.0f), dv(n, 0.0f);
     std::vector<float> dp(static_cast<std::size_t>(T)), ds(static_cast<std::size_t>(T));
     std::vector<float> scratch(keep_probs ? 0 : static_cast<std::size_t>(T));
-    gather_head(in_b, T, C, h, hs, bf16, q.data(), k.data(), v.data());
+    if (saved_bf16) {
+      gather_head(in16 + b * T * C3, T, C, h, hs, bf16, q.data(), k.data(), v.data());
+    } else {
+      gather_head(in + b * T * C3, T, C, h, hs, bf16, q.data(), k.data(), v.data());
+    }
     gather(dy + b * T * C, T, C, h * hs, hs, bf16, go.data());
     for (std::int64_t t = 0; t < T; ++t) {
       if (!keep_probs) {

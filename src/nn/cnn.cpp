@@ -59,8 +59,9 @@ float Cnn::forward(const Context& ctx, const Batch& batch) {
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     x = Relu::forward(ctx, blocks_[i].forward(ctx, x, s.blocks[i].conv), s.blocks[i].relu);
   }
-  const Tensor features = gap_.forward(ctx, x, s.gap);  // (N, C)
-  return head_.forward(ctx, features, batch.targets, s.head);
+  Tensor features = gap_.forward(ctx, x, s.gap);  // (N, C)
+  x = Tensor();
+  return head_.forward(ctx, std::move(features), batch.targets, s.head);
 }
 
 void Cnn::backward(const Context& ctx) {

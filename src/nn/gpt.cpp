@@ -67,8 +67,9 @@ float Gpt::forward(const Context& ctx, const Batch& batch) {
     t = Gelu::forward(ctx, std::move(t), bs.gelu);
     x = add(x, b.fc2.forward(ctx, std::move(t), bs.fc2));
   }
-  const Tensor h = ln_f_.forward(ctx, x, s.ln_f);
-  return head_.forward(ctx, h, batch.targets, s.head);
+  Tensor h = ln_f_.forward(ctx, x, s.ln_f);
+  x = Tensor();  // the residual stream is dead once normalized; the head releases h before the logits exist
+  return head_.forward(ctx, std::move(h), batch.targets, s.head);
 }
 
 void Gpt::backward(const Context& ctx) {
@@ -76,6 +77,7 @@ void Gpt::backward(const Context& ctx) {
   Saved& s = *saved_;
   Tensor dx = head_.backward(ctx, s.head);
   dx = ln_f_.backward(ctx, dx, s.ln_f);
+  s.ln_f = {};
   for (std::size_t l = blocks_.size(); l-- > 0;) {
     Block& b = blocks_[l];
     BlockSaved& bs = s.blocks[l];

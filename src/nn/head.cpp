@@ -19,10 +19,10 @@ ClassifierHead::ClassifierHead(std::string name, std::int64_t in_features, std::
     : recipe(head_recipe_for(run_recipe)),
       linear(std::move(name), in_features, classes, with_bias, seed, init_std, &recipe) {}
 
-float ClassifierHead::forward(const Context& ctx, const Tensor& h, const Tensor& targets, Saved& saved) {
+float ClassifierHead::forward(const Context& ctx, Tensor h, const Tensor& targets, Saved& saved) {
   Context head_ctx = ctx;
   head_ctx.recipe = &recipe;
-  const Tensor logits = linear.forward(head_ctx, h, saved.linear);
+  const Tensor logits = linear.forward(head_ctx, std::move(h), saved.linear);
   Context loss_ctx = ctx;
   loss_ctx.saved_dtype = DType::float32;
   return CrossEntropy::forward(loss_ctx, logits, targets, saved.loss);
@@ -31,13 +31,10 @@ float ClassifierHead::forward(const Context& ctx, const Tensor& h, const Tensor&
 Tensor ClassifierHead::backward(const Context& ctx, Saved& saved) {
   Context loss_ctx = ctx;
   loss_ctx.saved_dtype = DType::float32;
-  const Tensor dlogits = CrossEntropy::backward(loss_ctx, 1.0f, saved.loss);
-  saved.loss = {};
+  Tensor dlogits = CrossEntropy::backward(loss_ctx, 1.0f, std::move(saved.loss));  // over the logits
   Context head_ctx = ctx;
   head_ctx.recipe = &recipe;
-  Tensor dh = linear.backward(head_ctx, dlogits, saved.linear);
-  saved.linear = {};
-  return dh;
+  return linear.backward(head_ctx, std::move(dlogits), saved.linear);  // releases saved.linear
 }
 
 }  // namespace fp8kit::nn

@@ -501,13 +501,16 @@ float CrossEntropy::forward(const Context& ctx, const Tensor& logits, const Tens
   return static_cast<float>(total / static_cast<double>(rows));
 }
 
-Tensor CrossEntropy::backward(const Context& ctx, float dloss, const Saved& saved) {
+namespace {
+
+// dlogits = dloss / R * (softmax(logits) - onehot(target)) into `dlogits`, which may be `logits` itself: each row's
+// target logit is read before the row is overwritten.
+void cross_entropy_gradient(const Context& ctx, float dloss, const Tensor& logits, const CrossEntropy::Saved& saved,
+                            Tensor& dlogits) {
   ScopedEvent event(ctx.profiler, "cross_entropy.backward");
-  const Tensor logits = load_activation(saved.logits);
   const std::int64_t vocab = logits.size(-1);
   const std::int64_t rows = logits.matrix().rows;
   const float scale = static_cast<float>(static_cast<double>(dloss) / static_cast<double>(rows));
-  Tensor dlogits = empty(logits.shape(), DType::float32);
   const float* in = logits.data<float>();
   const float* lse = saved.logsumexp.data<float>();
   const std::int64_t* target = saved.targets.data<std::int64_t>();
@@ -516,9 +519,29 @@ Tensor CrossEntropy::backward(const Context& ctx, float dloss, const Saved& save
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = in + r * vocab;
     float* o = out + r * vocab;
+    const float at_target = row[target[r]];
     for (std::int64_t v = 0; v < vocab; ++v) o[v] = std::exp(row[v] - lse[r]) * scale;
-    o[target[r]] = (std::exp(row[target[r]] - lse[r]) - 1.0f) * scale;
+    o[target[r]] = (std::exp(at_target - lse[r]) - 1.0f) * scale;
   }
+}
+
+}  // namespace
+
+Tensor CrossEntropy::backward(const Context& ctx, float dloss, const Saved& saved) {
+  const Tensor logits = load_activation(saved.logits);
+  Tensor dlogits = empty(logits.shape(), DType::float32);
+  cross_entropy_gradient(ctx, dloss, logits, saved, dlogits);
+  return dlogits;
+}
+
+Tensor CrossEntropy::backward(const Context& ctx, float dloss, Saved&& saved) {
+  Saved held = std::move(saved);
+  saved = Saved();
+  if (held.logits.dtype() != DType::float32 || !held.logits.storage_is_unique()) {
+    return backward(ctx, dloss, static_cast<const Saved&>(held));
+  }
+  Tensor dlogits = std::move(held.logits);
+  cross_entropy_gradient(ctx, dloss, dlogits, held, dlogits);
   return dlogits;
 }
 

@@ -10,8 +10,6 @@
 namespace fp8kit::nn {
 namespace {
 
-using detail::prepare_transposed;
-
 GemmCall gemm_call(const Context& ctx, Linear& layer, const char* what) {
   return detail::layer_gemm_call(ctx, layer.fp8, "linear." + layer.name() + "." + what);
 }
@@ -46,18 +44,23 @@ Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   const GemmCall call = gemm_call(ctx, *this, "forward");
   const RecipeOperand xq = prepare_operand(call, TensorRole::kInput, x2);
   const RecipeOperand wq = detail::weight_operand(ctx, call, weight, out, in);
-  saved.input_t = prepare_transposed(call, TensorRole::kInput, x2, &xq);
-  x2 = Tensor();  // under fp32, xq still shares it
+  if (!xq.blocked) {
+    x2 = Tensor();  // x^T is xq's exact transpose: x is freed before x^T is allocated (under fp32 xq shares it)
+    saved.input_t = std::move(*transpose_operand(xq));
+  } else {
+    saved.input_t = prepare_operand_transposed(call, TensorRole::kInput, x2);
+    x2 = Tensor();
+  }
   const Tensor bias_values = bias ? parameter_values(*bias) : Tensor();
   Tensor y = recipe_gemm(call, xq, wq, bias ? bias_values.span<float>() : std::span<const float>{});
   return y.reshape(shape);
 }
 
-Tensor Linear::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
+Tensor Linear::backward(const Context& ctx, const Tensor& dy, Saved& saved) {
   return backward(ctx, Tensor(dy), saved);
 }
 
-Tensor Linear::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
+Tensor Linear::backward(const Context& ctx, Tensor&& dy, Saved& saved) {
   const std::int64_t in = in_features_, out = out_features_;
   FP8KIT_CHECK(dy.dim() >= 1 && dy.size(-1) == out, "linear ", name(), ": gradient's last dimension is ",
                dy.dim() ? dy.size(-1) : 0, ", the layer outputs ", out);
@@ -69,12 +72,12 @@ Tensor Linear::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
   const std::int64_t rows = dy2.size(0);
   FP8KIT_CHECK(saved.input_t.cols() == rows, "linear ", name(), ": backward with ", rows, " rows, forward had ",
                saved.input_t.cols());
-  // Both operands of dy first: dx = dy W (A = dy (R, out), B = W^T (in, out) as N x K) and dW = dy^T x (A = dy^T
-  // (out, R), B = x^T (in, R) as N x K); then the bias gradient, the last use of dy's float values.
+  // dx = dy W (A = dy (R, out), B = W^T (in, out) as N x K) and dW = dy^T x (A = dy^T (out, R), B = x^T (in, R) as
+  // N x K). dy's operand and the bias gradient (column sums) first; then dy^T's operand, the exact transpose of dy's
+  // when its scales allow (dy's float32 storage, when handed over and not shared by the operands, is freed before it
+  // is allocated), else dy^T quantized in bands from dy.
   GemmCall dgrad = gemm_call(ctx, *this, "dgrad");
   const RecipeOperand dyq = prepare_operand(dgrad, TensorRole::kGradOutput, dy2);
-  GemmCall wgrad = gemm_call(ctx, *this, "wgrad");
-  const RecipeOperand dyt = prepare_transposed(wgrad, TensorRole::kGradOutput, dy2, &dyq);
   if (bias) {
     GradientAccumulator db(*bias);
     float* gb = db.data();
@@ -83,10 +86,20 @@ Tensor Linear::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
       for (std::int64_t j = 0; j < out; ++j) gb[j] += src[r * out + j];
     db.commit();
   }
-  dy2 = Tensor();  // freed here when the caller handed dy over and the operands do not share it (FP8, bf16)
+  GemmCall wgrad = gemm_call(ctx, *this, "wgrad");
+  RecipeOperand dyt;
+  if (!dyq.blocked) {
+    dy2 = Tensor();
+    dyt = std::move(*transpose_operand(dyq));
+  } else {
+    dyt = prepare_operand_transposed(wgrad, TensorRole::kGradOutput, dy2);
+    dy2 = Tensor();
+  }
+  detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.input_t));
+  dyt = RecipeOperand();
+  saved = Saved();
   const RecipeOperand wt = detail::weight_operand_transposed(ctx, dgrad, weight, out, in);
   Tensor dx = recipe_gemm(dgrad, dyq, wt);
-  detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.input_t));
   return dx.reshape(shape);
 }
 

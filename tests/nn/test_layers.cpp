@@ -544,6 +544,31 @@ TEST(CrossEntropy, ForwardAndGradientMatchDouble) {
   EXPECT_NEAR(CrossEntropy::forward({}, shifted, int_tensor(targets, {2, 3}), s2), loss, 1e-3);
 }
 
+// Handed its saved state, backward writes dlogits over the saved float32 logits when nothing else holds them (no
+// second R x V tensor), with the bits of the copying backward; logits the caller still holds are not touched.
+TEST(CrossEntropy, HandedOverBackwardWritesOverTheLogitsBitForBit) {
+  const Tensor targets = int_tensor({3, 0, 39, 17, 5, 3}, {6});
+  CrossEntropy::Saved kept, handed, shared;
+  Tensor logits = random_tensor({6, 40}, 28, 2.0);
+  const Tensor copy = logits.clone();
+  ASSERT_EQ(CrossEntropy::forward({}, logits, targets, kept), CrossEntropy::forward({}, copy, targets, shared));
+  const Tensor want = CrossEntropy::backward({}, 0.7f, kept);
+  kept = {};
+  CrossEntropy::forward({}, logits, targets, handed);
+  logits = Tensor();  // the saved state holds the only reference
+  const void* where = handed.logits.raw();
+  const Tensor got = CrossEntropy::backward({}, 0.7f, std::move(handed));
+  EXPECT_EQ(got.raw(), where);  // over the logits
+  EXPECT_EQ(handed.logits.numel(), 0);
+  ASSERT_EQ(got.nbytes(), want.nbytes());
+  EXPECT_EQ(std::memcmp(got.raw(), want.raw(), static_cast<std::size_t>(want.nbytes())), 0);
+  const Tensor before = copy.clone();
+  const Tensor also = CrossEntropy::backward({}, 0.7f, std::move(shared));  // `copy` still holds these logits
+  EXPECT_NE(also.raw(), copy.raw());
+  EXPECT_EQ(std::memcmp(copy.raw(), before.raw(), static_cast<std::size_t>(copy.nbytes())), 0);
+  EXPECT_EQ(std::memcmp(also.raw(), want.raw(), static_cast<std::size_t>(want.nbytes())), 0);
+}
+
 TEST(CrossEntropy, Bfloat16SavedLogitsStayCloseAndRowsSumToZero) {
   const Tensor logits = random_tensor({4, 40}, 27, 2.0);
   const Tensor targets = int_tensor({0, 39, 17, 5}, {4});

@@ -339,6 +339,9 @@ TEST(Linear, HandedOverGradientGivesTheSameResultAndIsFreedEarly) {
     EXPECT_EQ(std::memcmp(a.weight.grad.raw(), b.weight.grad.raw(), a.weight.grad.nbytes()), 0) << name;
     EXPECT_EQ(std::memcmp(a.bias->grad.raw(), b.bias->grad.raw(), a.bias->grad.nbytes()), 0) << name;
     if (recipe.is_fp8()) EXPECT_LE(handed, borrowed - dy.nbytes() / 2) << name;
+    // backward releases what forward saved (the weight gradient runs first, so x^T is gone before dx exists)
+    EXPECT_EQ(sa.input_t.nbytes(), 0) << name;
+    EXPECT_EQ(sb.input_t.nbytes(), 0) << name;
   }
 }
 

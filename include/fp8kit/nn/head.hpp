@@ -24,8 +24,9 @@ struct ClassifierHead {
     Linear::Saved linear;
     CrossEntropy::Saved loss;
   };
-  // h (..., in) and targets (...) int64 -> the mean loss.
-  float forward(const Context& ctx, const Tensor& h, const Tensor& targets, Saved& saved);
+  // h (..., in) and targets (...) int64 -> the mean loss. h handed over (std::move) is released once the head's GEMM
+  // operands are prepared, before the logits are allocated.
+  float forward(const Context& ctx, Tensor h, const Tensor& targets, Saved& saved);
   // -> dh (..., in); accumulates the head's gradients and releases `saved`.
   Tensor backward(const Context& ctx, Saved& saved);
 };

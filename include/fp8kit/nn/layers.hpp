@@ -146,6 +146,9 @@ struct CrossEntropy {
   // dloss (the gradient of the objective with respect to the mean loss, 1 for the loss itself) ->
   // dlogits (..., V) = dloss / R * (softmax(logits) - onehot(target)).
   static Tensor backward(const Context& ctx, float dloss, const Saved& saved);
+  // The same, releasing `saved`: dlogits is written over the saved float32 logits when nothing else holds them, so
+  // the logits and their gradient (R x V each, the widest tensors of a small-vocabulary model) are never both alive.
+  static Tensor backward(const Context& ctx, float dloss, Saved&& saved);
 };
 
 }  // namespace fp8kit::nn

@@ -30,12 +30,14 @@ struct Linear {
   // The same for an input handed over (std::move): its float32 storage is released before the output is
   // allocated (under FP8 and bf16 recipes nothing else needs it once it is quantized or rounded).
   Tensor forward(const Context& ctx, Tensor&& x, Saved& saved);
-  // dy (R, out) -> dx (R, in); accumulates weight.grad (dW = dy^T x) and bias.grad (column sums of dy).
-  Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved);
+  // dy (R, out) -> dx (R, in); accumulates weight.grad (dW = dy^T x) and bias.grad (column sums of dy), and releases
+  // `saved`. The weight gradient runs first: its output, dy^T's operand and the saved x^T are gone before dx is
+  // allocated.
+  Tensor backward(const Context& ctx, const Tensor& dy, Saved& saved);
   // The same for a gradient handed over (std::move): dy's float32 storage is released once both of its GEMM operands
   // are prepared, before the GEMMs allocate their outputs (under FP8 recipes the operands are codes; a block's widest
   // gradient, the MLP's, is then gone before dx exists).
-  Tensor backward(const Context& ctx, Tensor&& dy, const Saved& saved);
+  Tensor backward(const Context& ctx, Tensor&& dy, Saved& saved);
 
   std::vector<Parameter*> parameters();
   const std::string& name() const { return fp8.layer; }
