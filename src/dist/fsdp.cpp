@@ -91,10 +91,6 @@ void Fsdp::shard(nn::Trainer& trainer) {
       MemoryCategoryScope category(MemoryCategory::kParameters);
       s.part.value = rows_of(value, s.rows, s.mine.begin, s.mine.end);
     }
-    {
-      MemoryCategoryScope category(MemoryCategory::kGradients);
-      s.part.grad = zeros(s.part.value.shape(), p->grad.dtype());
-    }
     if (const auto m = moments.find(p->name); m != moments.end()) {
       // A resumed run's whole moments: this shard's rows of them, and of their FP8 scales and Kahan compensation.
       MemoryCategoryScope category(MemoryCategory::kOptimizerState);
@@ -139,19 +135,16 @@ Tensor Fsdp::gather_value(const Shard& s, GatherCounts* counts) {
 void Fsdp::gather_direct() {
   for (Shard& s : shards_) {
     if (s.full->gemm_weight) continue;
-    {
-      MemoryCategoryScope category(MemoryCategory::kParameters);
-      s.full->value = gather_value(s, &gathered_);
-    }
-    MemoryCategoryScope category(MemoryCategory::kGradients);
-    s.full->grad = zeros(s.shape, s.part.grad.dtype());
+    MemoryCategoryScope category(MemoryCategory::kParameters);
+    s.full->value = gather_value(s, &gathered_);
+    s.full->grad = Tensor();  // allocated by the layer's first gradient (nn::gradient)
   }
 }
 
 void Fsdp::reduce_into(Shard& s, Tensor full_grad) {
   // In the gradients' dtype first (a bfloat16 one, as an unsharded run accumulates a GEMM weight's gradient), then
   // summed in float32 (so the DDP run's sum: data_parallel_hooks).
-  full_grad = full_grad.to(s.part.grad.dtype()).to(DType::float32);
+  full_grad = full_grad.to(s.part.value.dtype()).to(DType::float32);
   float* g = full_grad.data<float>();
   const std::int64_t n = full_grad.numel();
   if (share_ != 1.0f) {
@@ -170,7 +163,7 @@ void Fsdp::reduce_into(Shard& s, Tensor full_grad) {
 void Fsdp::reduce_direct() {
   for (Shard& s : shards_) {
     if (s.full->gemm_weight) continue;
-    reduce_into(s, std::move(s.full->grad));
+    reduce_into(s, std::move(nn::gradient(*s.full)));
     s.full->grad = Tensor();
     s.full->value = Tensor();
   }

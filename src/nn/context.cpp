@@ -46,7 +46,24 @@ Tensor parameter_values(const Parameter& p) {
   return p.value.to(DType::float32);  // float32: shares the value
 }
 
+Tensor& gradient(Parameter& p) {
+  if (p.grad.shape() != p.value.shape() || p.grad.dtype() != p.value.dtype()) {
+    MemoryCategoryScope category(MemoryCategory::kGradients);
+    p.grad = zeros(p.value.shape(), p.value.dtype());
+  }
+  return p.grad;
+}
+
+void release_gradients(std::span<Parameter* const> params) {
+  for (Parameter* p : params) p->grad = Tensor();
+}
+
+void ensure_gradients(std::span<Parameter* const> params) {
+  for (Parameter* p : params) gradient(*p);
+}
+
 void add_to_gradient(Parameter& p, std::span<const float> delta) {
+  gradient(p);
   FP8KIT_CHECK(static_cast<std::int64_t>(delta.size()) == p.grad.numel(), "parameter '", p.name, "': a gradient of ",
                delta.size(), " elements for ", p.grad.numel());
   const std::int64_t n = p.grad.numel();
@@ -61,7 +78,7 @@ void add_to_gradient(Parameter& p, std::span<const float> delta) {
   }
 }
 
-GradientAccumulator::GradientAccumulator(Parameter& p) : p_(p), direct_(p.grad.dtype() == DType::float32) {
+GradientAccumulator::GradientAccumulator(Parameter& p) : p_(p), direct_(gradient(p).dtype() == DType::float32) {
   sum_ = direct_ ? p.grad : zeros(p.grad.shape(), DType::float32);
 }
 

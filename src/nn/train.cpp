@@ -155,6 +155,7 @@ Trainer::Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profi
   ctx_.profiler = profiler;
   ctx_.recipe = &recipe_;
   ctx_.report = &report_;
+  release_gradients(params_);  // held only from a step's backward to its update
 }
 
 float Trainer::forward(const Batch& batch) {
@@ -165,6 +166,7 @@ float Trainer::forward(const Batch& batch) {
 
 void Trainer::backward() {
   model_->backward(ctx_);
+  ensure_gradients(trained_);
 }
 
 std::string Trainer::nonfinite(float loss) const {
@@ -179,6 +181,7 @@ std::string Trainer::nonfinite(float loss) const {
 
 void Trainer::optimizer_step(std::int64_t step) {
   optimizer_.options().lr = learning_rate(config_, step);
+  ensure_gradients(trained_);  // zeros for a step driven without a backward
   optimizer_.step(trained_, profiler_);
 }
 
@@ -192,7 +195,7 @@ void Trainer::discard_scales() {
 }
 
 void Trainer::zero_grad() {
-  AdamW::zero_grad(trained_);
+  release_gradients(trained_);
 }
 
 Batch slice_batch(const Batch& batch, std::int64_t begin, std::int64_t end) {
@@ -234,7 +237,10 @@ StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgr
         g.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
       }
     }
-    if (hooks.reduce_gradients) hooks.reduce_gradients(*this);
+    if (hooks.reduce_gradients) {
+      hooks.reduce_gradients(*this);
+      ensure_gradients(trained_);  // a hook may release them (or a sharded run's shards be reduced into)
+    }
     // The guard: a non-finite amax (seen while quantizing), gradient or loss skips the step or aborts, on every rank
     // alike once agree_nonfinite has made the verdict the run's.
     std::string bad = nonfinite(log.loss);

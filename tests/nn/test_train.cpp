@@ -15,6 +15,7 @@
 #include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/gpt.hpp"
 #include "fp8kit/nn/train.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit::nn {
 namespace {
@@ -154,14 +155,49 @@ TEST(Train, LossGoesDown) {
   EXPECT_LT(r.final_loss, r.losses.front() - 1.0f);  // on held-out text too
 }
 
+// The default GPT at batch 16 (every step allocates alike, so one step's peak is a long run's): the order, and the
+// issue's figures against fp32 in the same run, fp8-delayed <= 0.58x and fp8-o2 <= 0.42x.
 TEST(Train, PeakMemoryOrdersFp8Bf16Fp32) {
   const TrainResult f32 = train(short_run(1), *PrecisionRecipe::parse("fp32"));
   const TrainResult b16 = train(short_run(1), *PrecisionRecipe::parse("bf16"));
   const TrainResult f8 = train(short_run(1), *PrecisionRecipe::parse("fp8-delayed"));
+  const TrainResult o2 = train(short_run(1), *PrecisionRecipe::parse("fp8-o2"));
+  EXPECT_LT(o2.peak_bytes, f8.peak_bytes);
   EXPECT_LT(f8.peak_bytes, b16.peak_bytes);
   EXPECT_LT(b16.peak_bytes, f32.peak_bytes);
-  // parameters, gradients and AdamW's two moments alone: 16 bytes per parameter
-  EXPECT_GT(f8.peak_bytes, 16 * f8.parameters);
+  EXPECT_LE(static_cast<double>(f8.peak_bytes), 0.58 * static_cast<double>(f32.peak_bytes));
+  EXPECT_LE(static_cast<double>(o2.peak_bytes), 0.42 * static_cast<double>(f32.peak_bytes));
+  // the float32 parameters and AdamW's two moments alone: 12 bytes per parameter
+  EXPECT_GT(f8.peak_bytes, 12 * f8.parameters);
+}
+
+// Gradients are held from a step's backward to its update only (set to none between steps): none while the next
+// forward saves its activations, every trained parameter's after backward (zeros where nothing was added).
+TEST(Trainer, GradientsAreHeldFromBackwardToTheUpdate) {
+  const auto gradient_bytes = [] {
+    return memory_stats().current_by_category[static_cast<std::size_t>(MemoryCategory::kGradients)];
+  };
+  for (const char* name : {"fp32", "fp8-o2"}) {
+    const std::int64_t before = gradient_bytes();
+    Trainer t(short_run(2), *PrecisionRecipe::parse(name));
+    EXPECT_EQ(gradient_bytes(), before) << name;
+    for (const Parameter* p : t.parameters()) EXPECT_EQ(p->grad.numel(), 0) << name << " " << p->name;
+    const float loss = t.forward(t.data().batch(0));
+    EXPECT_EQ(gradient_bytes(), before) << name;
+    t.backward();
+    std::int64_t bytes = 0;
+    for (const Parameter* p : t.parameters()) {
+      EXPECT_EQ(p->grad.shape(), p->value.shape()) << name << " " << p->name;
+      EXPECT_EQ(p->grad.dtype(), p->value.dtype()) << name << " " << p->name;
+      bytes += p->grad.nbytes();
+    }
+    EXPECT_GE(gradient_bytes() - before, bytes) << name;
+    ASSERT_EQ(t.nonfinite(loss), "") << name;
+    t.optimizer_step(0);
+    t.zero_grad();
+    EXPECT_EQ(gradient_bytes(), before) << name;
+    for (const Parameter* p : t.parameters()) EXPECT_EQ(p->grad.numel(), 0) << name << " " << p->name;
+  }
 }
 
 // The phases, driven by hand in train()'s order, give train()'s losses bit for bit.

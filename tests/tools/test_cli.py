@@ -661,7 +661,9 @@ def train_fp8_o2_storage_and_memory_breakdown():
     # bfloat16 values and gradients: half; FP8 moments with a scale per 128: a little over a quarter.
     assert o["parameters"] * 2 <= d["parameters"] + 64 * 40 and o["gradients"] * 2 <= d["gradients"] + 64 * 40, (d, o)
     assert o["optimizer_state"] * 3 < d["optimizer_state"], (d, o)
-    assert o["activations"] < d["activations"], (d, o)
+    # What a step holds beyond the parameter state at its peak (the peaks may fall in different phases: fp8-o2's in
+    # the forward, where no gradient is held yet): less with E4M3 saved LayerNorm and GELU inputs.
+    assert o["activations"] + o["temporary"] < d["activations"] + d["temporary"], (d, o)
     # bfloat16 master weights export as FP8 like float32 ones.
     with tempfile.TemporaryDirectory() as d:
         out_path = os.path.join(d, "o2.safetensors")

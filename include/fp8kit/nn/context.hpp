@@ -47,7 +47,7 @@ struct Context {
 struct Parameter {
   std::string name;
   Tensor value;  // float32 or bfloat16
-  Tensor grad;   // the value's dtype, zeros at creation
+  Tensor grad;   // the value's dtype and shape, zeros at creation; empty once released (release_gradients)
   // The weight of a Linear or Conv2d: read only as GEMM operands, through Context::weights when one is set (a sharded
   // run then holds no full value or gradient of it between uses).
   bool gemm_weight = false;
@@ -65,6 +65,15 @@ void set_master_dtype(Parameter& p, DType dtype);
 
 // The parameter's value as float32: the value itself, or a float32 copy of a bfloat16 one (exact).
 Tensor parameter_values(const Parameter& p);
+// p.grad, first allocated (zeros of the value's shape and dtype, counted as MemoryCategory::kGradients) when it was
+// released.
+Tensor& gradient(Parameter& p);
+// Releases the gradients (PyTorch's zero_grad(set_to_none=True)): the trainer does between steps, so no gradient is
+// held while the next forward saves its activations, and a backward allocates each gradient when it first adds to
+// it. Accumulating into fresh zeros gives the bits of accumulating into zeroed memory.
+void release_gradients(std::span<Parameter* const> params);
+// Gives every parameter its gradient (zeros where no layer added one), as the optimizer and the reductions read them.
+void ensure_gradients(std::span<Parameter* const> params);
 // p.grad += delta (float32, p's element count): in float32, or rounded to nearest even into a bfloat16 gradient.
 void add_to_gradient(Parameter& p, std::span<const float> delta);
 

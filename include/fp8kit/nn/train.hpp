@@ -173,6 +173,8 @@ class Trainer {
   void optimizer_step(std::int64_t step);  // AdamW at learning_rate(config, step)
   void update_scales();                    // every FP8 state takes this step's amaxes and sets its next scales
   void discard_scales();                   // every FP8 state drops this step's amaxes (a skipped step)
+  // Releases the trained parameters' gradients (release_gradients): none is held between steps; backward() gives
+  // every trained parameter one again (zeros where nothing was added).
   void zero_grad();
 
   // One step, the phases above in order with the hooks in their places; `progress` gets the loss (and the skip).
