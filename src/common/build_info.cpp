@@ -22,8 +22,12 @@ BuildInfo build_info() {
 #else
   constexpr bool mpi = false;
 #endif
-  // No CUDA backend exists yet: the CUDA issue adds it behind this flag.
-  return {kVersion, FP8KIT_BUILD_TYPE, compiler, false, mpi};
+#ifdef FP8KIT_HAVE_CUDA
+  constexpr bool cuda = true;  // src/**/cuda/ is built in (FP8KIT_CUDA=AUTO found the toolkit, or ON)
+#else
+  constexpr bool cuda = false;
+#endif
+  return {kVersion, FP8KIT_BUILD_TYPE, compiler, cuda, mpi};
 }
 
 }  // namespace fp8kit

@@ -80,6 +80,7 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Ov
 
 Tensor Tensor::to(DType dtype, Overflow overflow) const {
   if (dtype == dtype_) return *this;
+  if (!device_.is_cpu()) detail::throw_not_on_host("to", device_);
   Tensor out = empty(shape_, dtype, device_);
   convert(raw(), dtype_, out.raw(), dtype, numel_, overflow);
   return out;

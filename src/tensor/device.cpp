@@ -1,8 +1,9 @@
-// Devices: their names as PyTorch prints them and which ones this build can allocate on (the CPU only until
-// the CUDA backend lands).
+// Devices: their names as PyTorch prints them and which ones this build and machine can allocate on: the CPU
+// always; CUDA devices when the build has the CUDA backend (src/tensor/cuda/) and the driver shows them.
 #include "fp8kit/tensor/device.hpp"
 
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/tensor/cuda.hpp"
 
 namespace fp8kit {
 
@@ -17,12 +18,48 @@ std::string to_string(const Device& device) {
 }
 
 bool is_available(const Device& device) {
-  return device.kind == Device::Kind::kCpu;
+  if (device.kind == Device::Kind::kCpu) return true;
+  return device.index >= 0 && device.index < cuda::device_count();
 }
 
 void check_available(const Device& device) {
-  FP8KIT_CHECK_KIND(is_available(device), ErrorKind::kUnsupported, "device '", to_string(device),
-                    "' is not available: this build of fp8kit has no CUDA backend (only 'cpu' can hold tensors)");
+  if (is_available(device)) return;
+  FP8KIT_CHECK_KIND(cuda::built(), ErrorKind::kUnsupported, "device '", to_string(device),
+                    "' is not available: this build of fp8kit has no CUDA backend (only 'cpu' can hold tensors; "
+                    "build with the CUDA toolkit installed, FP8KIT_CUDA=AUTO or ON)");
+  const int count = cuda::device_count();
+  FP8KIT_CHECK_KIND(count > 0, ErrorKind::kUnsupported, "device '", to_string(device),
+                    "' is not available: no CUDA device: ", cuda::unavailable_reason());
+  FP8KIT_THROW(ErrorKind::kUnsupported, "device '", to_string(device), "' is not available: this machine shows ", count,
+               " CUDA device", count == 1 ? "" : "s", " (cuda:0",
+               count > 1 ? " to cuda:" + std::to_string(count - 1) : "", ")");
 }
+
+#ifndef FP8KIT_HAVE_CUDA
+// The CPU-only build's answers (the CUDA build's are in src/tensor/cuda/runtime.cpp).
+namespace cuda {
+bool built() noexcept {
+  return false;
+}
+int runtime_version() noexcept {
+  return 0;
+}
+int driver_version() noexcept {
+  return 0;
+}
+int device_count() noexcept {
+  return 0;
+}
+std::string unavailable_reason() {
+  return "this build of fp8kit has no CUDA backend";
+}
+std::vector<DeviceInfo> devices() {
+  return {};
+}
+void synchronize(int index) {
+  check_available(Device::cuda(index));
+}
+}  // namespace cuda
+#endif
 
 }  // namespace fp8kit

@@ -1,13 +1,15 @@
-// Storage allocation (64-byte aligned, padded to a multiple of 64 bytes) and the per-device allocation
-// counters behind memory_stats() and reset_peak_memory(), by category.
+// Storage allocation (64-byte aligned, padded to a multiple of 64 bytes; on a CUDA device from its memory pool) and
+// the per-device allocation counters behind memory_stats() and reset_peak_memory(), by category.
 #include "tensor/storage.hpp"
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <new>
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/tensor/memory.hpp"
+#include "tensor/cuda_backend.hpp"
 
 namespace fp8kit {
 namespace {
@@ -44,14 +46,21 @@ struct Counters {
   }
 };
 
-Counters& cpu_counters() {
-  static Counters counters;
-  return counters;
+// The CPU's counters and each CUDA device's (a fixed table: counters are never moved while allocations update them).
+constexpr int kMaxCudaDevices = 64;
+
+Counters& counters_of(const Device& device) {
+  static Counters cpu;
+  static std::array<Counters, kMaxCudaDevices> cuda;
+  if (device.is_cpu()) return cpu;
+  return cuda[static_cast<std::size_t>(device.index)];
 }
 
 Counters& counters_for(const Device& device) {
   check_available(device);
-  return cpu_counters();
+  FP8KIT_CHECK_KIND(device.is_cpu() || device.index < kMaxCudaDevices, ErrorKind::kUnsupported, "device '",
+                    to_string(device), "': fp8kit counts the memory of at most ", kMaxCudaDevices, " CUDA devices");
+  return counters_of(device);
 }
 
 }  // namespace
@@ -108,15 +117,42 @@ Storage::Storage(std::int64_t nbytes, Device device) : nbytes_(nbytes), device_(
   if (nbytes == 0) return;
   constexpr std::int64_t a = static_cast<std::int64_t>(kAlignment);
   allocated_ = (nbytes + a - 1) / a * a;
-  data_ = static_cast<std::byte*>(::operator new (static_cast<std::size_t>(allocated_), std::align_val_t{kAlignment}));
+  if (device.is_cpu()) {
+    data_ =
+        static_cast<std::byte*>(::operator new (static_cast<std::size_t>(allocated_), std::align_val_t{kAlignment}));
+  } else {
+#ifdef FP8KIT_HAVE_CUDA
+    data_ = static_cast<std::byte*>(cuda_backend::allocate(allocated_, device.index));  // 256-byte aligned
+#endif
+  }
   category_ = t_category;
   counters.add(allocated_, category_);
 }
 
 Storage::~Storage() {
   if (data_ == nullptr) return;
-  ::operator delete (data_, std::align_val_t{kAlignment});
-  cpu_counters().remove(allocated_, category_);
+  if (device_.is_cpu()) {
+    ::operator delete (data_, std::align_val_t{kAlignment});
+  } else {
+#ifdef FP8KIT_HAVE_CUDA
+    cuda_backend::release(data_, device_.index);
+#endif
+  }
+  counters_of(device_).remove(allocated_, category_);
+}
+
+void copy_bytes(void* dst, const Device& to, const void* src, const Device& from, std::int64_t nbytes) {
+  if (nbytes == 0) return;
+  if (to.is_cpu() && from.is_cpu()) {
+    std::memcpy(dst, src, static_cast<std::size_t>(nbytes));
+    return;
+  }
+#ifdef FP8KIT_HAVE_CUDA
+  cuda_backend::copy(dst, to, src, from, nbytes);
+#else
+  FP8KIT_THROW(ErrorKind::kInternal, "a copy from ", to_string(from), " to ", to_string(to),
+               " in a build without the CUDA backend");
+#endif
 }
 
 }  // namespace detail

@@ -34,4 +34,8 @@ class Storage {
   Device device_;
 };
 
+// nbytes from `src` on `from` to `dst` on `to`: memcpy between host buffers, the CUDA runtime's copy otherwise
+// (cuda_backend::copy).
+void copy_bytes(void* dst, const Device& to, const void* src, const Device& from, std::int64_t nbytes);
+
 }  // namespace fp8kit::detail

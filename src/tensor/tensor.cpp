@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "fp8kit/common/error.hpp"
+#include "tensor/cuda_backend.hpp"
 #include "tensor/element.hpp"
 #include "tensor/storage.hpp"
 
@@ -70,6 +71,10 @@ void throw_dtype_mismatch(std::string_view accessor, DType requested, DType actu
                ", but the tensor's dtype is ", name(actual),
                is_fp8(actual) ? " (read FP8 codes as std::uint8_t or float8<F> of the same format)" : "");
 }
+void throw_not_on_host(std::string_view accessor, const Device& device) {
+  FP8KIT_THROW(ErrorKind::kUnsupported, "Tensor::", accessor, "(): the tensor is on ", to_string(device),
+               " and this operation runs on the CPU only; copy it with to(Device::cpu()) first");
+}
 }  // namespace detail
 
 Tensor::Tensor() : shape_{0} {}
@@ -80,10 +85,15 @@ std::int64_t Tensor::size(int d) const {
   return shape_[static_cast<std::size_t>(d < 0 ? d + n : d)];
 }
 
-std::byte* Tensor::raw() noexcept {
+std::byte* Tensor::raw() {
+  if (!device_.is_cpu()) detail::throw_not_on_host("raw", device_);
   return storage_ ? storage_->data() : nullptr;
 }
-const std::byte* Tensor::raw() const noexcept {
+const std::byte* Tensor::raw() const {
+  if (!device_.is_cpu()) detail::throw_not_on_host("raw", device_);
+  return storage_ ? storage_->data() : nullptr;
+}
+void* Tensor::data_ptr() const noexcept {
   return storage_ ? storage_->data() : nullptr;
 }
 
@@ -121,12 +131,19 @@ MatrixRef Tensor::matrix() const noexcept {
     for (std::size_t i = 0; i + 1 < shape_.size(); ++i) rows *= shape_[i];
     cols = shape_.back();
   }
-  return MatrixRef(raw(), dtype_, rows, cols, 0, device_);
+  return MatrixRef(static_cast<std::byte*>(data_ptr()), dtype_, rows, cols, 0, device_);
 }
 
 Tensor Tensor::clone() const {
   Tensor out = empty(shape_, dtype_, device_);
-  if (numel_ > 0) std::memcpy(out.raw(), raw(), static_cast<std::size_t>(nbytes()));
+  if (numel_ > 0) detail::copy_bytes(out.data_ptr(), device_, data_ptr(), device_, nbytes());
+  return out;
+}
+
+Tensor Tensor::to(const Device& device) const {
+  if (device == device_) return *this;
+  Tensor out = empty(shape_, dtype_, device);
+  if (numel_ > 0) detail::copy_bytes(out.data_ptr(), device, data_ptr(), device_, nbytes());
   return out;
 }
 
@@ -166,7 +183,14 @@ Tensor zeros(Shape shape, DType dtype, Device device) {
   // All-zero bits, as PyTorch fills them. float8_e8m0fnu has no zero: its code 0x00 is 2^-127, the value a
   // saturating cast of 0 gives (full(shape, 0.0, ...) follows the non-saturating cast and gives NaN).
   Tensor t = empty(std::move(shape), dtype, device);
-  if (t.numel() > 0) std::memset(t.raw(), 0, static_cast<std::size_t>(t.nbytes()));
+  if (t.numel() == 0) return t;
+  if (device.is_cpu()) {
+    std::memset(t.raw(), 0, static_cast<std::size_t>(t.nbytes()));
+  } else {
+#ifdef FP8KIT_HAVE_CUDA
+    detail::cuda_backend::zero(t.data_ptr(), device.index, t.nbytes());
+#endif
+  }
   return t;
 }
 
@@ -175,6 +199,10 @@ Tensor ones(Shape shape, DType dtype, Device device) {
 }
 
 Tensor full(Shape shape, double value, DType dtype, Device device) {
+  if (!device.is_cpu()) {
+    check_available(device);
+    return full(std::move(shape), value, dtype).to(device);  // filled on the host, copied once
+  }
   Tensor t = empty(std::move(shape), dtype, device);
   detail::visit_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

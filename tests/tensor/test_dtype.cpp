@@ -6,6 +6,7 @@
 
 #include "default_dtype_guard.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/tensor/cuda.hpp"
 #include "fp8kit/tensor/device.hpp"
 #include "fp8kit/tensor/dtype.hpp"
 #include "fp8kit/tensor/memory.hpp"
@@ -175,28 +176,38 @@ TEST(Device, NamesAndAvailability) {
   EXPECT_EQ(to_string(Device::cuda()), "cuda:0");
   EXPECT_EQ(to_string(Device::cuda(3)), "cuda:3");
   EXPECT_TRUE(is_available(Device::cpu()));
-  EXPECT_FALSE(is_available(Device::cuda()));
+  EXPECT_EQ(is_available(Device::cuda()), cuda::device_count() > 0);
+  EXPECT_FALSE(is_available(Device::cuda(cuda::device_count())));
+  EXPECT_FALSE(is_available(Device::cuda(-1)));
   EXPECT_EQ(Device{}, Device::cpu());
   EXPECT_NE(Device::cuda(0), Device::cuda(1));
 }
 
-TEST(Device, CudaIsAClearUnsupportedError) {
-  auto expect_unsupported = [](auto&& call) {
+// A CUDA device this build or machine does not have (the one after the last) is Error(kUnsupported) naming it and
+// why: no backend in the build, no device (the runtime's reason), or the range there is.
+TEST(Device, AMissingCudaDeviceIsAClearUnsupportedError) {
+  const int count = cuda::device_count();
+  const Device missing = Device::cuda(count);
+  const std::string why = !cuda::built() ? "no CUDA backend" : count == 0 ? "no CUDA device" : "CUDA device";
+  auto expect_unsupported = [&](auto&& call) {
     try {
       call();
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
+      const std::string what = e.what();
       EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
-      EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("cuda:1"), std::string::npos) << e.what();
+      EXPECT_NE(what.find(why), std::string::npos) << what;
+      EXPECT_NE(what.find(to_string(missing)), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
     }
   };
-  expect_unsupported([] { empty({4}, DType::float32, Device::cuda(1)); });
-  expect_unsupported([] { zeros({4}, DType::float8_e4m3fn, Device::cuda(1)); });
-  expect_unsupported([] { full({4}, 1.0, DType::bfloat16, Device::cuda(1)); });
-  expect_unsupported([] { memory_stats(Device::cuda(1)); });
-  expect_unsupported([] { reset_peak_memory(Device::cuda(1)); });
-  expect_unsupported([] { check_available(Device::cuda(1)); });
+  expect_unsupported([&] { empty({4}, DType::float32, missing); });
+  expect_unsupported([&] { zeros({4}, DType::float8_e4m3fn, missing); });
+  expect_unsupported([&] { full({4}, 1.0, DType::bfloat16, missing); });
+  expect_unsupported([&] { memory_stats(missing); });
+  expect_unsupported([&] { reset_peak_memory(missing); });
+  expect_unsupported([&] { check_available(missing); });
+  expect_unsupported([&] { ones({2, 2}).to(missing); });
 }
 
 }  // namespace

@@ -582,8 +582,16 @@ def info_text_and_json():
     assert set(j["contracts"].values()) <= {"bit-identical", "fp32-bound"}, j["contracts"]
     assert ("avx2" in j["features"]) == ("avx2" in j["levels"]), j
     # What the build has, as CMake found it (FP8KIT_MPI=AUTO finds MPI where libopenmpi-dev is installed).
-    assert j["cuda"] is False and j["mpi"] is (os.environ["FP8KIT_TEST_MPI_BUILT"] == "ON"), j
-    assert ("MPI built" in out) == j["mpi"], out
+    assert j["cuda"] is (os.environ["FP8KIT_TEST_CUDA_BUILT"] == "ON"), j
+    assert j["mpi"] is (os.environ["FP8KIT_TEST_MPI_BUILT"] == "ON"), j
+    assert ("MPI built" in out) == j["mpi"] and ("CUDA built" in out) == j["cuda"], out
+    # The devices the driver shows, or why there are none (never both, never neither).
+    c = j["cuda_runtime"]
+    assert (len(c["devices"]) > 0) != (c["unavailable"] != ""), c
+    if not j["cuda"]:
+        assert c["devices"] == [] and "no CUDA backend" in c["unavailable"], c
+    for d in c["devices"]:
+        assert set(d) == {"index", "name", "compute_capability", "memory_bytes", "multiprocessors"}, d
 
 
 @test

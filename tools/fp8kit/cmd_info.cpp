@@ -14,6 +14,7 @@
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/tensor/cuda.hpp"
 
 namespace fp8kit::cli {
 namespace {
@@ -57,6 +58,18 @@ void run_info(const InfoOptions& o) {
     j["small_m_max"] = mm.small_m_max;
     j["threads"] = num_threads();
     j["cuda"] = build.cuda;
+    nlohmann::ordered_json devices = nlohmann::ordered_json::array();
+    for (const cuda::DeviceInfo& d : cuda::devices()) {
+      devices.push_back({{"index", d.index},
+                         {"name", d.name},
+                         {"compute_capability", std::to_string(d.major) + "." + std::to_string(d.minor)},
+                         {"memory_bytes", d.memory_bytes},
+                         {"multiprocessors", d.multiprocessors}});
+    }
+    j["cuda_runtime"] = {{"runtime_version", cuda::runtime_version()},
+                         {"driver_version", cuda::driver_version()},
+                         {"devices", devices},
+                         {"unavailable", cuda::unavailable_reason()}};
     j["mpi"] = build.mpi;
     std::fprintf(output(), "%s\n", j.dump(2).c_str());
     return;
@@ -84,6 +97,20 @@ void run_info(const InfoOptions& o) {
   std::fprintf(output(), "threads     %d (OpenMP; OMP_NUM_THREADS or --threads set it)\n", num_threads());
   std::fprintf(output(), "backends    CUDA %s, MPI %s\n", build.cuda ? "built" : "not built",
                build.mpi ? "built" : "not built");
+  if (build.cuda) {
+    const auto version = [](int v) {
+      return v == 0 ? std::string("none") : fmt::format("{}.{}", v / 1000, v % 1000 / 10);
+    };
+    std::fprintf(output(), "CUDA        runtime %s, driver %s\n", version(cuda::runtime_version()).c_str(),
+                 version(cuda::driver_version()).c_str());
+    const std::vector<cuda::DeviceInfo> devices = cuda::devices();
+    if (devices.empty()) std::fprintf(output(), "            no device: %s\n", cuda::unavailable_reason().c_str());
+    for (const cuda::DeviceInfo& d : devices) {
+      std::fprintf(output(), "            cuda:%d %s, compute capability %d.%d, %.1f GiB, %d SMs\n", d.index,
+                   d.name.c_str(), d.major, d.minor, static_cast<double>(d.memory_bytes) / (1 << 30),
+                   d.multiprocessors);
+    }
+  }
 }
 
 }  // namespace
@@ -97,7 +124,9 @@ void add_info_command(CLI::App& app) {
               "); a level above what the CPU has changes nothing.\n"
               "JSON keys: version, build_type, compiler, cpu, features, levels, isa, isa_env, kernels (convert, "
               "quantize, gemm,\n"
-              "gemm_small_m, gemm_f32, gemv, gemv_f32), contracts, small_m_max, threads, cuda, mpi.");
+              "gemm_small_m, gemm_f32, gemv, gemv_f32), contracts, small_m_max, threads, cuda (built), cuda_runtime\n"
+              "(runtime_version, driver_version, devices: index, name, compute_capability, memory_bytes, "
+              "multiprocessors; unavailable: why there are none), mpi.");
   cmd->callback([options] { run_info(*options); });
 }
 

@@ -1,5 +1,6 @@
-// Where a tensor's storage lives: the CPU now, CUDA devices later. Only the CPU allocates in this build;
-// asking for a CUDA device is a clear Error(kUnsupported), never a silent fallback.
+// Where a tensor's storage lives: the CPU, or a CUDA device (a build with the CUDA backend on a machine whose driver
+// shows it: fp8kit/tensor/cuda.hpp). Asking for a device that is not there is a clear Error(kUnsupported) that says
+// why, never a silent fallback to the CPU.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +22,12 @@ struct Device {
 // As PyTorch prints devices: "cpu", "cuda:0".
 std::string to_string(const Device& device);
 
-// Whether this build can allocate on `device` (the CPU only, for now).
+// Whether this build on this machine can allocate on `device`: the CPU always; cuda:i when the build has the CUDA
+// backend and the driver shows more than i devices.
 bool is_available(const Device& device);
 
-// Throws Error(kUnsupported) naming the device when this build cannot allocate on it ("this build of fp8kit
-// has no CUDA backend").
+// Throws Error(kUnsupported) naming the device when it is not available, and why: "this build of fp8kit has no
+// CUDA backend", "no CUDA device: <the runtime's reason>", or the range of the devices there are.
 void check_available(const Device& device);
 
 }  // namespace fp8kit

@@ -29,6 +29,7 @@ std::string shape_string(std::span<const std::int64_t> shape);
 namespace detail {
 class Storage;
 [[noreturn]] void throw_dtype_mismatch(std::string_view accessor, DType requested, DType actual);
+[[noreturn]] void throw_not_on_host(std::string_view accessor, const Device& device);
 }  // namespace detail
 
 class Tensor {
@@ -48,7 +49,8 @@ class Tensor {
   // Typed access to the elements, checked against the dtype: T must be the dtype's C++ type (float for
   // float32, bfloat16, float16, std::int64_t for int64, bool for bool_, ...). FP8 codes are read as
   // std::uint8_t or as float8<F> of the tensor's format. A mismatch throws Error(kInvalidArgument) naming
-  // both dtypes. An empty tensor may return nullptr.
+  // both dtypes. An empty tensor may return nullptr. Host code only: a tensor on a CUDA device throws
+  // Error(kUnsupported) (copy it with to(Device::cpu()); device code takes data_ptr()).
   template <ElementType T>
   T* data() {
     check_access<T>("data");
@@ -69,9 +71,11 @@ class Tensor {
     check_access<T>("span");
     return {reinterpret_cast<const T*>(raw()), static_cast<std::size_t>(numel_)};
   }
-  // The first byte of the elements (64-byte aligned); nullptr for an empty tensor.
-  std::byte* raw() noexcept;
-  const std::byte* raw() const noexcept;
+  // The first byte of the elements (64-byte aligned); nullptr for an empty tensor. Host code only, as data().
+  std::byte* raw();
+  const std::byte* raw() const;
+  // The first byte on the tensor's device, unchecked (a device pointer for a CUDA tensor: for kernels and copies).
+  void* data_ptr() const noexcept;
   // Whether both tensors view the same storage (copies, reshapes and same-dtype to() do).
   bool shares_storage_with(const Tensor& other) const noexcept;
   // Whether this tensor is the only one viewing its storage (an operation may then write over it).
@@ -98,7 +102,11 @@ class Tensor {
   // integer -> float: round to nearest even once; integer -> integer: C++ conversion (modulo 2^bits).
   // anything -> bool: nonzero is true (NaN is true); bool -> anything: 0 or 1.
   // Converting to the tensor's own dtype shares storage, as PyTorch returns self (clone() copies).
+  // Host code: a CUDA tensor throws Error(kUnsupported) (the CUDA conversions are not part of this build).
   Tensor to(DType dtype, Overflow overflow = Overflow::kNonSaturating) const;
+
+  // The same elements on another device (a copy; the tensor itself when it is already there, as PyTorch's .to()).
+  Tensor to(const Device& device) const;
 
   // The value of one element (row-major flat index), exactly for every dtype but int64 beyond 2^53 (rounded
   // to nearest even). For tests and printing, not for loops.
@@ -109,6 +117,7 @@ class Tensor {
 
   template <ElementType T>
   void check_access(std::string_view accessor) const {
+    if (!device_.is_cpu()) detail::throw_not_on_host(accessor, device_);
     if (!accepts<T>(dtype_)) detail::throw_dtype_mismatch(accessor, dtype_for<T>(), dtype_);
   }
 
@@ -127,7 +136,7 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n,
 
 // ---------------------------------------------------------------- factories
 // A dtype argument left out means default_dtype() (float32 unless set_default_dtype changed it). Storage is
-// allocated on `device`; only the CPU can allocate in this build (a CUDA device throws Error(kUnsupported)).
+// allocated on `device` (check_available: a device this build or machine does not have throws Error(kUnsupported)).
 
 // Uninitialized elements.
 Tensor empty(Shape shape, DType dtype = default_dtype(), Device device = Device::cpu());

@@ -1,0 +1,123 @@
+// CUDA devices in the tensor layer: what the runtime reports, and (on a machine whose driver shows a device) tensors
+// placed there: copies both ways bit for bit, zeros and fills, the per-device allocation accounting, and host code
+// refusing device memory. Without a device the tensor tests skip and say why.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/common/version.hpp"
+#include "fp8kit/tensor/cuda.hpp"
+#include "fp8kit/tensor/memory.hpp"
+#include "fp8kit/tensor/tensor.hpp"
+
+namespace fp8kit {
+namespace {
+
+TEST(CudaRuntime, ReportsItselfConsistently) {
+  EXPECT_EQ(cuda::built(), build_info().cuda);
+  const int count = cuda::device_count();
+  EXPECT_GE(count, 0);
+  EXPECT_EQ(cuda::devices().size(), static_cast<std::size_t>(count));
+  EXPECT_EQ(cuda::unavailable_reason().empty(), count > 0) << cuda::unavailable_reason();
+  if (!cuda::built()) {
+    EXPECT_EQ(count, 0);
+    EXPECT_EQ(cuda::runtime_version(), 0);
+    EXPECT_NE(cuda::unavailable_reason().find("no CUDA backend"), std::string::npos);
+  } else {
+    EXPECT_GE(cuda::runtime_version(), 12000);  // the toolkit this backend needs (cudaMallocAsync pools)
+  }
+  for (const cuda::DeviceInfo& d : cuda::devices()) {
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_GT(d.memory_bytes, 0);
+    EXPECT_GE(d.major, 5);
+  }
+}
+
+class CudaTensor : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+};
+
+// Random bytes of every dtype (odd sizes: no multiple of anything) go to the device and back unchanged; a copy
+// between two tensors on the device too.
+TEST_F(CudaTensor, CopiesBothWaysBitForBit) {
+  const Device gpu = Device::cuda(0);
+  for (DType dtype : kAllDTypes) {
+    for (std::int64_t n : {1, 7, 4099, 1 << 20}) {
+      Tensor host = empty({n}, dtype);
+      auto* bytes = reinterpret_cast<unsigned char*>(host.raw());
+      for (std::int64_t i = 0; i < host.nbytes(); ++i) bytes[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+      const Tensor there = host.to(gpu);
+      EXPECT_EQ(there.device(), gpu);
+      EXPECT_EQ(there.dtype(), dtype);
+      EXPECT_FALSE(there.shares_storage_with(host));
+      const Tensor copy = there.clone();
+      EXPECT_EQ(copy.device(), gpu);
+      EXPECT_TRUE(there.to(gpu).shares_storage_with(there));  // already there: the tensor itself
+      const Tensor back = copy.to(Device::cpu());
+      ASSERT_EQ(back.nbytes(), host.nbytes());
+      EXPECT_EQ(std::memcmp(back.raw(), host.raw(), static_cast<std::size_t>(host.nbytes())), 0)
+          << name(dtype) << " " << n;
+    }
+  }
+}
+
+TEST_F(CudaTensor, ZerosAndFillsAreTheHostsBits) {
+  const Device gpu = Device::cuda(0);
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float8_e4m3fn, DType::float8_e8m0fnu}) {
+    const Tensor z = zeros({3, 333}, dtype, gpu).to(Device::cpu());
+    const Tensor zh = zeros({3, 333}, dtype);
+    EXPECT_EQ(std::memcmp(z.raw(), zh.raw(), static_cast<std::size_t>(zh.nbytes())), 0) << name(dtype);
+    const Tensor f = full({5, 17}, 449.0, dtype, gpu).to(Device::cpu());
+    const Tensor fh = full({5, 17}, 449.0, dtype);
+    EXPECT_EQ(std::memcmp(f.raw(), fh.raw(), static_cast<std::size_t>(fh.nbytes())), 0) << name(dtype);
+  }
+}
+
+// The device's own counters: a storage counts its padded size while it lives, the CPU's counters do not move.
+TEST_F(CudaTensor, AllocationsCountOnTheirDevice) {
+  const Device gpu = Device::cuda(0);
+  const MemoryStats before = memory_stats(gpu);
+  const std::int64_t cpu_before = memory_stats().current_bytes;
+  {
+    const MemoryCategoryScope category(MemoryCategory::kActivations);
+    const Tensor t = empty({1000}, DType::float8_e5m2, gpu);  // 1000 bytes, counted as 1024
+    const MemoryStats during = memory_stats(gpu);
+    EXPECT_EQ(during.current_bytes - before.current_bytes, 1024);
+    EXPECT_EQ(during.current_by_category[static_cast<std::size_t>(MemoryCategory::kActivations)] -
+                  before.current_by_category[static_cast<std::size_t>(MemoryCategory::kActivations)],
+              1024);
+    EXPECT_GE(during.peak_bytes, during.current_bytes);
+    EXPECT_EQ(memory_stats().current_bytes, cpu_before);
+  }
+  EXPECT_EQ(memory_stats(gpu).current_bytes, before.current_bytes);
+}
+
+// Host code refuses device memory with one line naming the device, never reading it.
+TEST_F(CudaTensor, HostCodeRefusesDeviceMemory) {
+  const Tensor t = ones({4, 4}, DType::float32, Device::cuda(0));
+  auto expect_refused = [](auto&& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << what;
+      EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("to(Device::cpu())"), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([&] { (void)t.data<float>(); }, "data");
+  expect_refused([&] { (void)t.span<float>(); }, "span");
+  expect_refused([&] { (void)t.raw(); }, "raw");
+  expect_refused([&] { (void)t.to(DType::bfloat16); }, "to(dtype)");
+  expect_refused([&] { (void)t.item_as_double(0); }, "item_as_double");
+  EXPECT_NE(t.data_ptr(), nullptr);
+  EXPECT_EQ(t.to(DType::float32).data_ptr(), t.data_ptr());  // its own dtype: the tensor itself
+}
+
+}  // namespace
+}  // namespace fp8kit
