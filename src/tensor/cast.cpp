@@ -9,6 +9,7 @@
 #include "common/parallel.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
+#include "fp8kit/convert/cuda_convert.hpp"
 #include "fp8kit/tensor/tensor.hpp"
 #include "tensor/element.hpp"
 
@@ -80,7 +81,36 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Ov
 
 Tensor Tensor::to(DType dtype, Overflow overflow) const {
   if (dtype == dtype_) return *this;
-  if (!device_.is_cpu()) detail::throw_not_on_host("to", device_);
+  if (!device_.is_cpu()) {
+    // On a CUDA device: float32 / bfloat16 / float16 <-> FP8 through the CUDA casts (the same scalar codec).
+    const bool wide_from = dtype_ == DType::float32 || dtype_ == DType::bfloat16 || dtype_ == DType::float16;
+    const bool wide_to = dtype == DType::float32 || dtype == DType::bfloat16 || dtype == DType::float16;
+    FP8KIT_CHECK_KIND(
+        (wide_from && is_fp8(dtype)) || (is_fp8(dtype_) && wide_to), ErrorKind::kUnsupported,
+        "Tensor::to(): ", name(dtype_), " -> ", name(dtype), " on ", to_string(device_),
+        " is not supported (CUDA converts float32, bfloat16 and float16 to and from FP8); convert on the ",
+        "CPU: to(Device::cpu()) first");
+    Tensor out = empty(shape_, dtype, device_);
+    const int device = device_.index;
+    if (is_fp8(dtype)) {
+      const CastOptions options{*fp8_format(dtype), overflow};
+      auto* codes = static_cast<std::uint8_t*>(out.data_ptr());
+      detail::visit_dtype(dtype_, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (kHasBulkKernel<T>)
+          cuda::cast_to_fp8(static_cast<const T*>(data_ptr()), codes, numel_, options, device);
+      });
+    } else {
+      const auto* codes = static_cast<const std::uint8_t*>(data_ptr());
+      detail::visit_dtype(dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (kHasBulkKernel<T>) {
+          cuda::cast_from_fp8(codes, *fp8_format(dtype_), static_cast<T*>(out.data_ptr()), numel_, 1.0f, device);
+        }
+      });
+    }
+    return out;
+  }
   Tensor out = empty(shape_, dtype, device_);
   convert(raw(), dtype_, out.raw(), dtype, numel_, overflow);
   return out;

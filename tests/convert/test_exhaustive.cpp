@@ -13,9 +13,15 @@
 #include <string>
 #include <vector>
 
+#include <cstring>
+
 #include "common/isa_levels.hpp"
 #include "convert/cpu/convert_kernels.hpp"
+#include "fp8kit/convert/convert.hpp"
+#include "fp8kit/convert/cuda_convert.hpp"
 #include "fp8kit/format/format.hpp"
+#include "fp8kit/tensor/cuda.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 
 namespace fp8kit {
 namespace {
@@ -93,6 +99,55 @@ TEST(Exhaustive, EveryFloat32Input) {
                     static_cast<unsigned long long>(mismatches[t].load()));
       }
     }
+  }
+}
+
+// The same on a CUDA device (skipped without one): every float32 bit pattern through cuda::cast_to_fp8 against the
+// CPU's bulk cast, every format (or FP8KIT_EXHAUSTIVE_FORMAT's), both overflow policies, in chunks of 2^28 inputs
+// that go to the device once for all of them.
+TEST(Exhaustive, EveryFloat32InputOnCuda) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  const std::vector<Format> formats = formats_to_check();
+  constexpr std::int64_t kChunk = std::int64_t{1} << 28;
+  const Device gpu = Device::cuda(0);
+  Tensor x = empty({kChunk}, DType::float32);
+  Tensor want = empty({kChunk}, DType::float8_e4m3fn);  // codes, as bytes
+  Tensor got_there = empty({kChunk}, DType::float8_e4m3fn, gpu);
+  struct Count {
+    Format f;
+    Overflow o;
+    std::uint64_t mismatches = 0;
+    std::uint64_t first_bad = 0;
+  };
+  std::vector<Count> counts;
+  for (Format f : formats)
+    for (Overflow o : {Overflow::kNonSaturating, Overflow::kSaturate}) counts.push_back({f, o});
+  for (std::int64_t base = 0; base < (std::int64_t{1} << 32); base += kChunk) {
+    auto* bits = reinterpret_cast<std::uint32_t*>(x.raw());
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < kChunk; ++i) bits[i] = static_cast<std::uint32_t>(base + i);
+    const Tensor there = x.to(gpu);
+    for (Count& c : counts) {
+      const CastOptions options{c.f, c.o};
+      cast_to_fp8(x.span<float>(), want.span<std::uint8_t>(), options);
+      cuda::cast_to_fp8(static_cast<const float*>(there.data_ptr()), static_cast<std::uint8_t*>(got_there.data_ptr()),
+                        kChunk, options, 0);
+      const Tensor got = got_there.to(Device::cpu());
+      const std::uint8_t* a = got.span<std::uint8_t>().data();
+      const std::uint8_t* b = want.span<std::uint8_t>().data();
+      if (std::memcmp(a, b, static_cast<std::size_t>(kChunk)) == 0) continue;
+      for (std::int64_t i = 0; i < kChunk; ++i) {
+        if (a[i] != b[i] && c.mismatches++ == 0) c.first_bad = static_cast<std::uint64_t>(base + i);
+      }
+    }
+  }
+  for (const Count& c : counts) {
+    EXPECT_EQ(c.mismatches, 0u) << "cuda vs cpu, " << name(c.f)
+                                << (c.o == Overflow::kSaturate ? " saturating" : " non-saturating")
+                                << ", first mismatch at float bits 0x" << std::hex << c.first_bad;
+    std::printf("%-12s %-8s %-15s 2^32 inputs, %llu mismatches\n", "cuda", std::string(name(c.f)).c_str(),
+                c.o == Overflow::kSaturate ? "saturating" : "non-saturating",
+                static_cast<unsigned long long>(c.mismatches));
   }
 }
 

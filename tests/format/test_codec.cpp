@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fp8kit/format/codec.hpp"
+#include "fp8kit/format/codec_inline.hpp"
 #include "fp8kit/format/float8.hpp"
 
 namespace fp8kit {
@@ -61,6 +62,19 @@ TEST(Codec, DecodeEveryCodeAndRoundTrip) {
     }
     const int expected_nans = d.nan == NanEncoding::kIeee ? 6 : d.nan == NanEncoding::kAllOnes ? 2 : 1;
     EXPECT_EQ(nan_codes, expected_nans) << d.name;
+  }
+}
+
+// The table-free decode the CUDA kernels run (codec_inline.hpp's decode_code, the same definition on host and
+// device) gives decode_to_float's bits for every code of every format, NaN signs included.
+TEST(Codec, InlineDecodeIsDecodeToFloatBitForBit) {
+  for (Format f : kAllFormats) {
+    for (int c = 0; c < 256; ++c) {
+      const auto code = static_cast<std::uint8_t>(c);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(codec_detail::decode_code(descriptor(f), code)),
+                std::bit_cast<std::uint32_t>(decode_to_float(f, code)))
+          << name(f) << " code " << c;
+    }
   }
 }
 

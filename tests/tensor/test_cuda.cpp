@@ -8,6 +8,8 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
+#include "fp8kit/convert/convert.hpp"
+#include "fp8kit/convert/cuda_convert.hpp"
 #include "fp8kit/tensor/cuda.hpp"
 #include "fp8kit/tensor/memory.hpp"
 #include "fp8kit/tensor/tensor.hpp"
@@ -117,6 +119,97 @@ TEST_F(CudaTensor, HostCodeRefusesDeviceMemory) {
   expect_refused([&] { (void)t.item_as_double(0); }, "item_as_double");
   EXPECT_NE(t.data_ptr(), nullptr);
   EXPECT_EQ(t.to(DType::float32).data_ptr(), t.data_ptr());  // its own dtype: the tensor itself
+}
+
+// Inputs that reach every branch of the codec: all 65536 bfloat16 and float16 bit patterns, and as float32 the
+// bfloat16 patterns widened plus 2^20 pseudo-random float32 bit patterns.
+Tensor every_pattern(DType dtype) {
+  const std::int64_t n = dtype == DType::float32 ? 65536 + (1 << 20) : 65536;
+  Tensor t = empty({n}, dtype);
+  if (dtype == DType::float32) {
+    auto* u = reinterpret_cast<std::uint32_t*>(t.raw());
+    for (std::int64_t i = 0; i < 65536; ++i) u[i] = static_cast<std::uint32_t>(i) << 16;
+    for (std::int64_t i = 65536; i < n; ++i) u[i] = stochastic_bits(99, static_cast<std::uint64_t>(i));
+  } else {
+    auto* u = reinterpret_cast<std::uint16_t*>(t.raw());
+    for (std::int64_t i = 0; i < n; ++i) u[i] = static_cast<std::uint16_t>(i);
+  }
+  return t;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.nbytes())) == 0;
+}
+
+// Tensor::to on the device gives the CPU's codes and values, every format, both overflow policies, every wide dtype.
+TEST_F(CudaTensor, CastsGiveTheCpusBitsThroughTo) {
+  const Device gpu = Device::cuda(0);
+  for (DType wide : {DType::float32, DType::bfloat16, DType::float16}) {
+    const Tensor host = every_pattern(wide);
+    const Tensor there = host.to(gpu);
+    for (DType fp8 : {DType::float8_e4m3fn, DType::float8_e5m2, DType::float8_e4m3fnuz, DType::float8_e5m2fnuz,
+                      DType::float8_e8m0fnu}) {
+      for (Overflow overflow : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+        const Tensor want = host.to(fp8, overflow);
+        const Tensor got = there.to(fp8, overflow).to(Device::cpu());
+        EXPECT_TRUE(same_bytes(got, want)) << name(wide) << " -> " << name(fp8);
+        // and back: every code decoded into the wide dtype
+        EXPECT_TRUE(same_bytes(want.to(gpu).to(wide).to(Device::cpu()), want.to(wide)))
+            << name(fp8) << " -> " << name(wide);
+      }
+    }
+  }
+  try {  // a pair CUDA does not convert is refused, not computed on the host
+    (void)ones({4}, DType::float32, gpu).to(DType::int64);
+    ADD_FAILURE() << "float32 -> int64 on cuda:0: no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("float32 -> int64 on cuda:0"), std::string::npos) << e.what();
+  }
+}
+
+// The bulk casts' options on the device: quantization scales, stochastic rounding (the same counter-based bits as
+// the CPU: same seed and offset, same codes), dequantization scales; against cast_to_fp8 / cast_from_fp8.
+TEST_F(CudaTensor, ScaledAndStochasticCastsGiveTheCpusBits) {
+  const Device gpu = Device::cuda(0);
+  const Tensor host = every_pattern(DType::float32);
+  const Tensor there = host.to(gpu);
+  const std::int64_t n = host.numel();
+  for (Format format : kAllFormats) {
+    for (Rounding rounding : {Rounding::kNearestEven, Rounding::kStochastic}) {
+      CastOptions o{format, Overflow::kSaturate, rounding, 0.37f, 12345, 1000};
+      Tensor want = empty({n}, DType::float8_e4m3fn);  // the codes as bytes
+      cast_to_fp8(host.span<float>(), want.span<std::uint8_t>(), o);
+      Tensor got = empty({n}, DType::float8_e4m3fn, gpu);
+      cuda::cast_to_fp8(static_cast<const float*>(there.data_ptr()), static_cast<std::uint8_t*>(got.data_ptr()), n, o,
+                        0);
+      EXPECT_TRUE(same_bytes(got.to(Device::cpu()), want))
+          << name(format) << (rounding == Rounding::kStochastic ? " sr" : "");
+    }
+    Tensor codes = empty({256}, DType::float8_e4m3fn);
+    for (int c = 0; c < 256; ++c)
+      codes.span<std::uint8_t>()[static_cast<std::size_t>(c)] = static_cast<std::uint8_t>(c);
+    Tensor want = empty({256}, DType::float32);
+    cast_from_fp8(codes.span<std::uint8_t>(), format, want.span<float>(), 0.37f);
+    const Tensor codes_there = codes.to(gpu);
+    Tensor got = empty({256}, DType::float32, gpu);
+    cuda::cast_from_fp8(static_cast<const std::uint8_t*>(codes_there.data_ptr()), format,
+                        static_cast<float*>(got.data_ptr()), 256, 0.37f, 0);
+    EXPECT_TRUE(same_bytes(got.to(Device::cpu()), want)) << name(format) << " decode";
+  }
+}
+
+// A build without the backend refuses the device casts in one line.
+TEST(CudaCasts, RefusedWithoutTheBackend) {
+  if (cuda::built()) GTEST_SKIP() << "this build has the CUDA backend";
+  try {
+    cuda::cast_to_fp8(static_cast<const float*>(nullptr), nullptr, 0, CastOptions{Format::e4m3fn, Overflow::kSaturate},
+                      0);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // The body of the generic scalar converter (codec.hpp's encode()), as inline functions, for element loops that
-// want it inlined with the format a constant: the scalar conversion kernels (and, later, device code). Prefer
-// encode() everywhere else; this header is the spec in code, and the two never differ.
+// want it inlined with the format a constant: the scalar conversion kernels and the CUDA kernels (FP8KIT_HD: the
+// same definition compiles for the host and the device). Prefer encode() everywhere else; this header is the spec
+// in code, and the two never differ.
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
+#include "fp8kit/common/host_device.hpp"
 #include "fp8kit/format/codec.hpp"
 
 namespace fp8kit::codec_detail {
@@ -21,7 +24,7 @@ struct Unpacked {
 
 // Unpacks an IEEE-style binary format with `E` exponent bits and `M` stored mantissa bits held in `bits`.
 template <int E, int M, typename Bits>
-inline Unpacked unpack_ieee(Bits bits) {
+FP8KIT_HD inline Unpacked unpack_ieee(Bits bits) {
   constexpr int kBias = (1 << (E - 1)) - 1;
   const bool negative = (bits >> (E + M)) & 1;
   const int field = static_cast<int>((bits >> M) & ((Bits{1} << E) - 1));
@@ -34,19 +37,20 @@ inline Unpacked unpack_ieee(Bits bits) {
   return {Unpacked::Kind::kFinite, negative, mant | (std::uint64_t{1} << M), field - kBias - M};
 }
 
-inline std::uint8_t with_sign(const FormatDescriptor& d, std::uint8_t magnitude, bool negative) {
+FP8KIT_HD inline std::uint8_t with_sign(const FormatDescriptor& d, std::uint8_t magnitude, bool negative) {
   if (!negative || !d.has_sign) return magnitude;
   if (magnitude == 0 && !d.has_negative_zero()) return 0;  // fnuz: -0 becomes +0
   return static_cast<std::uint8_t>(magnitude | 0x80);
 }
 
-inline std::uint8_t overflow_code(const FormatDescriptor& d, Overflow overflow, bool negative) {
+FP8KIT_HD inline std::uint8_t overflow_code(const FormatDescriptor& d, Overflow overflow, bool negative) {
   if (overflow == Overflow::kSaturate) return with_sign(d, d.max_code(), negative);
   return d.has_inf ? d.inf_code(negative) : d.nan_code(negative);
 }
 
 // Should a value whose dropped part is `rem` out of 2^shift round away from zero?
-inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding rounding, std::uint32_t random_bits) {
+FP8KIT_HD inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding rounding,
+                               std::uint32_t random_bits) {
   // rem = sig mod 2^shift (all of sig when shift >= 64)
   const std::uint64_t rem = shift >= 64 ? sig : (sig & ((std::uint64_t{1} << shift) - 1));
   if (rounding == Rounding::kNearestEven) {
@@ -65,8 +69,9 @@ inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding 
 }
 
 // The converter. `d` is a parameter so that loops over one format can pass a constant and let it fold.
-[[gnu::always_inline]] inline std::uint8_t encode_unpacked(const FormatDescriptor& d, const Unpacked& u,
-                                                           const EncodeSpec& spec, std::uint32_t random_bits) {
+[[gnu::always_inline]] FP8KIT_HD inline std::uint8_t encode_unpacked(const FormatDescriptor& d, const Unpacked& u,
+                                                                     const EncodeSpec& spec,
+                                                                     std::uint32_t random_bits) {
   // 1. NaN stays NaN (the canonical quiet NaN, with the input's sign where the format has a signed NaN).
   if (u.kind == Unpacked::Kind::kNan) return d.nan_code(u.negative);
   // 2. A format without a sign bit (e8m0fnu) has no representation for negative values: NaN.
@@ -110,8 +115,24 @@ inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift, Rounding 
   return with_sign(d, static_cast<std::uint8_t>(code), u.negative);
 }
 
+// A code's exact value as a float, decode_to_float's (codec.hpp) without its table, for device code: quiet NaN with
+// the code's sign, +-Inf, or the finite value from ldexpf (exact: every FP8 value is a float, e8m0fnu's 2^-127 a
+// subnormal one).
+FP8KIT_HD inline float decode_code(const FormatDescriptor& d, std::uint8_t code) {
+  const bool negative = d.has_sign && (code & 0x80);
+  if (d.is_nan(code)) return std::bit_cast<float>(negative ? 0xFFC00000u : 0x7FC00000u);
+  if (d.is_inf(code)) return std::bit_cast<float>(negative ? 0xFF800000u : 0x7F800000u);
+  const int mag = code & d.magnitude_mask();
+  const int field = mag >> d.mantissa_bits;
+  const int mant = mag & ((1 << d.mantissa_bits) - 1);
+  const float v = (field == 0 && d.has_subnormals)
+                      ? ldexpf(static_cast<float>(mant), 1 - d.bias - d.mantissa_bits)
+                      : ldexpf(static_cast<float>((1 << d.mantissa_bits) + mant), field - d.bias - d.mantissa_bits);
+  return negative ? -v : v;
+}
+
 template <typename T>
-inline Unpacked unpack(T x) {
+FP8KIT_HD inline Unpacked unpack(T x) {
   if constexpr (std::is_same_v<T, double>) {
     return unpack_ieee<11, 52>(std::bit_cast<std::uint64_t>(x));
   } else if constexpr (std::is_same_v<T, float>) {

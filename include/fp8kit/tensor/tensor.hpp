@@ -102,7 +102,8 @@ class Tensor {
   // integer -> float: round to nearest even once; integer -> integer: C++ conversion (modulo 2^bits).
   // anything -> bool: nonzero is true (NaN is true); bool -> anything: 0 or 1.
   // Converting to the tensor's own dtype shares storage, as PyTorch returns self (clone() copies).
-  // Host code: a CUDA tensor throws Error(kUnsupported) (the CUDA conversions are not part of this build).
+  // On a CUDA device: float32, bfloat16 and float16 to and from FP8 (the same codec, on the device); every other
+  // pair throws Error(kUnsupported) (convert on the CPU).
   Tensor to(DType dtype, Overflow overflow = Overflow::kNonSaturating) const;
 
   // The same elements on another device (a copy; the tensor itself when it is already there, as PyTorch's .to()).

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The one prepared run for a machine with an NVIDIA GPU and nothing else installed but nvcc, CMake, ninja and
+# Python (the lent H200 of docs/cuda.md): builds the library and the tests with the CUDA backend, runs every GPU
+# test, and writes the logs to $OUT (default ./device-out). Two steps:
+#   scripts/device-check.sh --prepare   here, with the Debian packages of scripts/setup.sh installed: copies what
+#                                       the build needs and that machine lacks (GoogleTest's sources, nlohmann/json's
+#                                       headers and CMake package) into .device/ (git-ignored, about 5 MB)
+#   scripts/device-check.sh             there, in the repository root, with .device/ carried along
+# Under 8 minutes on 16 cores: GoogleTest ~20 s, fp8kit's library and three test binaries ~2 min, the tests ~1 min,
+# the exhaustive CUDA cast check (all 2^32 float32 inputs, five formats, both overflow policies) a few minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+deps=.device
+
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  for need in /usr/src/googletest/CMakeLists.txt /usr/include/nlohmann/json.hpp /usr/share/cmake/nlohmann_json; do
+    [ -e "$need" ] || { echo "device-check --prepare: $need is missing: run scripts/setup.sh first" >&2; exit 2; }
+  done
+  rm -rf "$deps"
+  mkdir -p "$deps/json/include" "$deps/json/share/cmake"
+  cp -r /usr/src/googletest "$deps/googletest"
+  cp -r /usr/include/nlohmann "$deps/json/include/"
+  cp -r /usr/share/cmake/nlohmann_json "$deps/json/share/cmake/"
+  grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >>.git/info/exclude
+  echo "device-check: $(du -sh "$deps" | cut -f1) in $deps/; carry it (run's carry: [\".device\"]) and run scripts/device-check.sh there"
+  exit 0
+elif [ -n "${1:-}" ]; then
+  echo "scripts/device-check.sh: unknown option '$1' (--prepare here, or no option on the GPU machine)" >&2
+  exit 2
+fi
+
+[ -d "$deps/googletest" ] && [ -d "$deps/json" ] || {
+  echo "device-check: $deps/ is missing: run scripts/device-check.sh --prepare where the packages are, and carry it" >&2
+  exit 2
+}
+out="${OUT:-$PWD/device-out}"
+mkdir -p "$out"
+jobs="$(nproc)"
+status=0
+step() {  # step NAME COMMAND...: runs it with its output in $out/NAME.log, and remembers a failure
+  local name=$1
+  shift
+  echo "== $name"
+  if ! "$@" >"$out/$name.log" 2>&1; then
+    echo "   FAILED (see $name.log)"
+    tail -n 30 "$out/$name.log"
+    status=1
+    return 1
+  fi
+  tail -n 3 "$out/$name.log"
+}
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  nvcc --version | tail -n 2
+  cmake --version | head -n 1
+  lscpu | grep -E 'Model name|^CPU\(s\)'
+} >"$out/machine.log" 2>&1
+cat "$out/machine.log"
+
+prefix="$PWD/$deps/prefix"
+step googletest bash -c "cmake -S $deps/googletest -B $deps/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_INSTALL_PREFIX=$prefix -DBUILD_GMOCK=OFF && cmake --build $deps/gtest-build -j $jobs && \
+  cmake --install $deps/gtest-build" || exit 1
+step configure cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8KIT_CUDA=ON \
+  -DFP8KIT_BUILD_TOOLS=OFF -DFP8KIT_PYTHON=OFF -DFP8KIT_MPI=OFF -DFP8KIT_BUILD_TESTS=ON \
+  -DCMAKE_PREFIX_PATH="$prefix;$PWD/$deps/json" || exit 1
+step build cmake --build build-device -j "$jobs" --target test_tensor test_format test_exhaustive || exit 1
+export OMP_WAIT_POLICY=passive
+# Every tensor test (the CUDA ones must run, not skip), the codec's, then the exhaustive CUDA cast check.
+step test_tensor build-device/tests/test_tensor --gtest_output=json:"$out/test_tensor.json"
+python3 - "$out/test_tensor.json" <<'PY' || status=1
+import json, sys
+tests = [t for s in json.load(open(sys.argv[1]))["testsuites"] for t in s["testsuite"]]
+skipped = [t["name"] for t in tests if t.get("result") == "SKIPPED" and t.get("classname") == "CudaTensor"]
+ran = [t["name"] for t in tests if t.get("result") == "COMPLETED" and t.get("classname") == "CudaTensor"]
+print(f"   CudaTensor: {len(ran)} ran, {len(skipped)} skipped {skipped}")
+sys.exit(1 if skipped or not ran else 0)
+PY
+step test_format build-device/tests/test_format --gtest_filter='Codec.*'
+step exhaustive build-device/tests/test_exhaustive --gtest_filter='Exhaustive.EveryFloat32InputOnCuda'
+if grep -q '^\[  SKIPPED \]' "$out/exhaustive.log"; then
+  echo "   the exhaustive CUDA check skipped: no device was seen"
+  status=1
+fi
+echo "device-check: $([ $status -eq 0 ] && echo passed || echo FAILED); logs in $out"
+exit $status

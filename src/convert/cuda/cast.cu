@@ -1,0 +1,147 @@
+// CUDA casts between float32 / bfloat16 / float16 and the five FP8 formats: one thread per element (grid-stride),
+// each through the scalar codec the CPU uses (format/codec_inline.hpp, compiled for the device), with the format a
+// template constant so that the descriptor folds. Stochastic rounding draws stochastic_bits(seed, offset + i), the
+// counter-based bits of the CPU kernels, so both give the same codes for the same seed.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/cuda_convert.hpp"
+#include "fp8kit/format/codec_inline.hpp"
+
+namespace fp8kit {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ inline float widen(float x) {
+  return x;
+}
+__device__ inline float widen(bfloat16 x) {
+  return x.to_float();
+}
+__device__ inline float widen(float16 x) {
+  return x.to_float();
+}
+
+// x * scale as the CPU computes it, NaN included: a NaN operand comes through with its sign (x86 returns the NaN
+// operand; the GPU would return its canonical positive NaN), and scale 1 leaves x as it is.
+__device__ inline float scaled(float x, float scale) {
+  if (scale == 1.0f || x != x) return x;
+  if (scale != scale) return scale;
+  return __fmul_rn(x, scale);
+}
+
+template <Format F, typename T>
+__global__ void encode_kernel(const T* in, std::uint8_t* out, std::int64_t n, float scale, EncodeSpec spec,
+                              std::uint64_t seed, std::uint64_t offset) {
+  constexpr FormatDescriptor d = descriptor(F);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::uint32_t bits =
+        spec.rounding == Rounding::kStochastic ? stochastic_bits(seed, offset + static_cast<std::uint64_t>(i)) : 0u;
+    const float x = scaled(widen(in[i]), scale);
+    out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(x), spec, bits);
+  }
+}
+
+__device__ inline void narrow(float v, float* out) {
+  *out = v;
+}
+__device__ inline void narrow(float v, bfloat16* out) {
+  *out = bfloat16::from_float(v);
+}
+__device__ inline void narrow(float v, float16* out) {
+  *out = float16::from_float(v);
+}
+
+template <Format F, typename T>
+__global__ void decode_kernel(const std::uint8_t* in, T* out, std::int64_t n, float scale_inv) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    constexpr FormatDescriptor d = descriptor(F);
+    narrow(scaled(codec_detail::decode_code(d, in[i]), scale_inv), out + i);
+  }
+}
+
+unsigned blocks_for(std::int64_t n) {
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);  // grid-stride beyond
+}
+
+// Calls f(std::integral_constant-like tag) for the format as a template constant.
+template <typename Fn>
+void with_format(Format format, Fn&& fn) {
+  switch (format) {
+    case Format::e4m3fn:
+      return fn.template operator()<Format::e4m3fn>();
+    case Format::e5m2:
+      return fn.template operator()<Format::e5m2>();
+    case Format::e4m3fnuz:
+      return fn.template operator()<Format::e4m3fnuz>();
+    case Format::e5m2fnuz:
+      return fn.template operator()<Format::e5m2fnuz>();
+    case Format::e8m0fnu:
+      return fn.template operator()<Format::e8m0fnu>();
+  }
+}
+
+void check_launch(const char* what, int device) {
+  const cudaError_t status = cudaGetLastError();
+  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: ", what, " on cuda:", device, ": ",
+                    cudaGetErrorString(status), " (", cudaGetErrorName(status), ")");
+}
+
+// Makes `device` current for the launch.
+void use_device(int device) {
+  const cudaError_t status = cudaSetDevice(device);
+  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: cudaSetDevice(cuda:", device,
+                    "): ", cudaGetErrorString(status));
+}
+
+template <typename T>
+void launch_to_fp8(const T* in, std::uint8_t* out, std::int64_t n, const CastOptions& options, int device) {
+  if (n == 0) return;
+  use_device(device);
+  const EncodeSpec spec{options.format, options.overflow, options.rounding};
+  with_format(options.format, [&]<Format F>() {
+    encode_kernel<F><<<blocks_for(n), kThreads>>>(in, out, n, options.scale, spec, options.seed, options.stream_offset);
+  });
+  check_launch("the cast to FP8", device);
+}
+
+template <typename T>
+void launch_from_fp8(const std::uint8_t* in, Format format, T* out, std::int64_t n, float scale_inv, int device) {
+  if (n == 0) return;
+  use_device(device);
+  with_format(format, [&]<Format F>() { decode_kernel<F><<<blocks_for(n), kThreads>>>(in, out, n, scale_inv); });
+  check_launch("the cast from FP8", device);
+}
+
+}  // namespace
+
+namespace cuda {
+
+void cast_to_fp8(const float* in, std::uint8_t* out, std::int64_t n, const CastOptions& options, int device) {
+  launch_to_fp8(in, out, n, options, device);
+}
+void cast_to_fp8(const bfloat16* in, std::uint8_t* out, std::int64_t n, const CastOptions& options, int device) {
+  launch_to_fp8(in, out, n, options, device);
+}
+void cast_to_fp8(const float16* in, std::uint8_t* out, std::int64_t n, const CastOptions& options, int device) {
+  launch_to_fp8(in, out, n, options, device);
+}
+void cast_from_fp8(const std::uint8_t* in, Format format, float* out, std::int64_t n, float scale_inv, int device) {
+  launch_from_fp8(in, format, out, n, scale_inv, device);
+}
+void cast_from_fp8(const std::uint8_t* in, Format format, bfloat16* out, std::int64_t n, float scale_inv, int device) {
+  launch_from_fp8(in, format, out, n, scale_inv, device);
+}
+void cast_from_fp8(const std::uint8_t* in, Format format, float16* out, std::int64_t n, float scale_inv, int device) {
+  launch_from_fp8(in, format, out, n, scale_inv, device);
+}
+
+}  // namespace cuda
+}  // namespace fp8kit
