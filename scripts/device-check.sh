@@ -38,19 +38,23 @@ out="${OUT:-$PWD/device-out}"
 mkdir -p "$out"
 jobs="$(nproc)"
 status=0
-step() {  # step NAME COMMAND...: runs it with its output in $out/NAME.log, and remembers a failure
-  local name=$1
+# step NAME COMMAND...: runs it with its output appended to $out/$log.log (log: NAME unless set), prints the end,
+# and remembers a failure. At most 8 files come back from the lent machine: the build's steps share build.log.
+step() {
+  local name=$1 file="$out/${log:-$1}.log"
   shift
   echo "== $name"
-  if ! "$@" >"$out/$name.log" 2>&1; then
-    echo "   FAILED (see $name.log)"
-    tail -n 30 "$out/$name.log"
+  echo "== $name: $*" >>"$file"
+  if ! "$@" >>"$file" 2>&1; then
+    echo "   FAILED (see $(basename "$file"))"
+    tail -n 30 "$file"
     status=1
     return 1
   fi
-  tail -n 3 "$out/$name.log"
+  tail -n 3 "$file"
 }
 
+rm -f "$out"/*.log "$out"/*.json
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
@@ -61,24 +65,33 @@ step() {  # step NAME COMMAND...: runs it with its output in $out/NAME.log, and 
 cat "$out/machine.log"
 
 prefix="$PWD/$deps/prefix"
+log=build
 step googletest bash -c "cmake -S $deps/googletest -B $deps/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX=$prefix -DBUILD_GMOCK=OFF && cmake --build $deps/gtest-build -j $jobs && \
   cmake --install $deps/gtest-build" || exit 1
 step configure cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8KIT_CUDA=ON \
   -DFP8KIT_BUILD_TOOLS=OFF -DFP8KIT_PYTHON=OFF -DFP8KIT_MPI=OFF -DFP8KIT_BUILD_TESTS=ON \
   -DCMAKE_PREFIX_PATH="$prefix;$PWD/$deps/json" || exit 1
-step build cmake --build build-device -j "$jobs" --target test_tensor test_format test_exhaustive || exit 1
+step build cmake --build build-device -j "$jobs" --target test_tensor test_format test_scaling test_exhaustive || exit 1
+log=
 export OMP_WAIT_POLICY=passive
 # Every tensor test (the CUDA ones must run, not skip), the codec's, then the exhaustive CUDA cast check.
-step test_tensor build-device/tests/test_tensor --gtest_output=json:"$out/test_tensor.json"
-python3 - "$out/test_tensor.json" <<'PY' || status=1
+# The suites that need a device must have run, not skipped: a device was seen.
+must_run() {  # must_run JSON SUITE
+  python3 - "$1" "$2" <<'PY' || status=1
 import json, sys
 tests = [t for s in json.load(open(sys.argv[1]))["testsuites"] for t in s["testsuite"]]
-skipped = [t["name"] for t in tests if t.get("result") == "SKIPPED" and t.get("classname") == "CudaTensor"]
-ran = [t["name"] for t in tests if t.get("result") == "COMPLETED" and t.get("classname") == "CudaTensor"]
-print(f"   CudaTensor: {len(ran)} ran, {len(skipped)} skipped {skipped}")
+skipped = [t["name"] for t in tests if t.get("result") == "SKIPPED" and t.get("classname") == sys.argv[2]]
+ran = [t["name"] for t in tests if t.get("result") == "COMPLETED" and t.get("classname") == sys.argv[2]]
+print(f"   {sys.argv[2]}: {len(ran)} ran, {len(skipped)} skipped {skipped}")
 sys.exit(1 if skipped or not ran else 0)
 PY
+}
+step test_tensor build-device/tests/test_tensor --gtest_output=json:"$out/test_tensor.json"
+must_run "$out/test_tensor.json" CudaTensor
+step test_scaling build-device/tests/test_scaling --gtest_filter='CudaAmax*:Quantize*:Amax*' \
+  --gtest_output=json:"$out/test_scaling.json"
+must_run "$out/test_scaling.json" CudaAmax
 step test_format build-device/tests/test_format --gtest_filter='Codec.*'
 step exhaustive build-device/tests/test_exhaustive --gtest_filter='Exhaustive.EveryFloat32InputOnCuda'
 if grep -q '^\[  SKIPPED \]' "$out/exhaustive.log"; then

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "common/no_cuda.hpp"
 #include "common/parallel.hpp"
 #include "cpu/convert_kernels.hpp"
 #include "fp8kit/common/cpu.hpp"
@@ -168,29 +169,23 @@ std::string_view conversion_kernel() {
 #ifndef FP8KIT_HAVE_CUDA
 // The CPU-only build's CUDA casts (cuda_convert.hpp): there is no device to run them on.
 namespace fp8kit::cuda {
-namespace {
-[[noreturn]] void no_backend(const char* what) {
-  FP8KIT_THROW(ErrorKind::kUnsupported, "cuda::", what, ": this build of fp8kit has no CUDA backend (build with the ",
-               "CUDA toolkit installed, FP8KIT_CUDA=AUTO or ON)");
-}
-}  // namespace
 void cast_to_fp8(const float*, std::uint8_t*, std::int64_t, const CastOptions&, int) {
-  no_backend("cast_to_fp8");
+  detail::throw_no_cuda_backend("cast_to_fp8");
 }
 void cast_to_fp8(const bfloat16*, std::uint8_t*, std::int64_t, const CastOptions&, int) {
-  no_backend("cast_to_fp8");
+  detail::throw_no_cuda_backend("cast_to_fp8");
 }
 void cast_to_fp8(const float16*, std::uint8_t*, std::int64_t, const CastOptions&, int) {
-  no_backend("cast_to_fp8");
+  detail::throw_no_cuda_backend("cast_to_fp8");
 }
 void cast_from_fp8(const std::uint8_t*, Format, float*, std::int64_t, float, int) {
-  no_backend("cast_from_fp8");
+  detail::throw_no_cuda_backend("cast_from_fp8");
 }
 void cast_from_fp8(const std::uint8_t*, Format, bfloat16*, std::int64_t, float, int) {
-  no_backend("cast_from_fp8");
+  detail::throw_no_cuda_backend("cast_from_fp8");
 }
 void cast_from_fp8(const std::uint8_t*, Format, float16*, std::int64_t, float, int) {
-  no_backend("cast_from_fp8");
+  detail::throw_no_cuda_backend("cast_from_fp8");
 }
 }  // namespace fp8kit::cuda
 #endif

@@ -1,6 +1,7 @@
 // amax over spans and blocks: the dispatch to the kernel tables, threads for large inputs, and the
 // block grid (per row, per column, per block, per tensor are all block shapes).
 #include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/cuda_amax.hpp"
 
 #include <omp.h>
 
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/no_cuda.hpp"
 #include "common/parallel.hpp"
 #include "cpu/amax_kernels.hpp"
 #include "fp8kit/common/cpu.hpp"
@@ -103,3 +105,15 @@ void amax_blocks(MatrixRef x, std::int64_t block_rows, std::int64_t block_cols, 
 }
 
 }  // namespace fp8kit
+
+#ifndef FP8KIT_HAVE_CUDA
+// The CPU-only build's device amax (cuda_amax.hpp): there is no device to run it on.
+namespace fp8kit::cuda {
+AmaxResult amax(const float*, std::int64_t, int) {
+  detail::throw_no_cuda_backend("amax");
+}
+AmaxResult cast_to_fp8_with_amax(const float*, std::uint8_t*, std::int64_t, const CastOptions&, int) {
+  detail::throw_no_cuda_backend("cast_to_fp8_with_amax");
+}
+}  // namespace fp8kit::cuda
+#endif

@@ -1,0 +1,162 @@
+// amax on a CUDA device, alone and fused with the cast to FP8: each thread keeps the largest finite |x| it saw (as
+// float bits: non-negative floats order as their unsigned bits) and its NaN and Inf counts, a warp and then a block
+// combine them, and one atomic per block merges them into a 24-byte result on the device, copied back once. The
+// cast runs the CPU's scalar codec (format/codec_inline.hpp) on the same elements in the same pass.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/codec_inline.hpp"
+#include "fp8kit/scaling/cuda_amax.hpp"
+#include "fp8kit/tensor/tensor.hpp"
+
+namespace fp8kit {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Partial {
+  unsigned int amax_bits = 0;  // |x| of the largest finite element, as bits
+  unsigned long long nans = 0;
+  unsigned long long infs = 0;
+};
+
+__device__ inline void see(float x, Partial& p) {
+  const unsigned int bits = __float_as_uint(x) & 0x7FFFFFFFu;
+  if (bits > 0x7F800000u) {
+    ++p.nans;
+  } else if (bits == 0x7F800000u) {
+    ++p.infs;
+  } else if (bits > p.amax_bits) {
+    p.amax_bits = bits;
+  }
+}
+
+// The block's partials combined (warp shuffles, then the warps' leaders through shared memory) and merged into
+// `result` (amax bits, NaN count, Inf count) by thread 0.
+__device__ void merge_block(Partial p, unsigned long long* result) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    p.amax_bits = max(p.amax_bits, __shfl_down_sync(0xFFFFFFFFu, p.amax_bits, offset));
+    p.nans += __shfl_down_sync(0xFFFFFFFFu, p.nans, offset);
+    p.infs += __shfl_down_sync(0xFFFFFFFFu, p.infs, offset);
+  }
+  // (plain arrays: a __shared__ variable takes no initializer, which Partial's members have)
+  __shared__ unsigned int warp_amax[kThreads / 32];
+  __shared__ unsigned long long warp_nans[kThreads / 32], warp_infs[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    warp_amax[warp] = p.amax_bits;
+    warp_nans[warp] = p.nans;
+    warp_infs[warp] = p.infs;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Partial total;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      total.amax_bits = max(total.amax_bits, warp_amax[w]);
+      total.nans += warp_nans[w];
+      total.infs += warp_infs[w];
+    }
+    atomicMax(result, static_cast<unsigned long long>(total.amax_bits));
+    if (total.nans != 0) atomicAdd(result + 1, total.nans);
+    if (total.infs != 0) atomicAdd(result + 2, total.infs);
+  }
+}
+
+__global__ void amax_kernel(const float* x, std::int64_t n, unsigned long long* result) {
+  Partial p;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    see(x[i], p);
+  }
+  merge_block(p, result);
+}
+
+template <Format F>
+__global__ void cast_amax_kernel(const float* in, std::uint8_t* out, std::int64_t n, float scale, EncodeSpec spec,
+                                 std::uint64_t seed, std::uint64_t offset, unsigned long long* result) {
+  constexpr FormatDescriptor d = descriptor(F);
+  Partial p;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float x = in[i];
+    see(x, p);
+    // x * scale as cuda::cast_to_fp8 computes it (src/convert/cuda/cast.cu): a NaN keeps its sign, scale 1 is none.
+    float v = x;
+    if (scale != 1.0f && x == x) v = scale != scale ? scale : __fmul_rn(x, scale);
+    const std::uint32_t bits =
+        spec.rounding == Rounding::kStochastic ? stochastic_bits(seed, offset + static_cast<std::uint64_t>(i)) : 0u;
+    out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(v), spec, bits);
+  }
+  merge_block(p, result);
+}
+
+unsigned blocks_for(std::int64_t n) {
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks < 4096 ? blocks : 4096);  // few atomics, grid-stride beyond
+}
+
+void check_launch(const char* what, int device) {
+  const cudaError_t status = cudaGetLastError();
+  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: ", what, " on cuda:", device, ": ",
+                    cudaGetErrorString(status), " (", cudaGetErrorName(status), ")");
+}
+
+// Runs launch(result pointer) on `device` with a zeroed result on it, and reads the result back.
+template <typename Launch>
+AmaxResult with_result(int device, const char* what, Launch&& launch) {
+  const Device gpu = Device::cuda(device);
+  Tensor result = zeros({3}, DType::int64, gpu);  // queued on the legacy default stream, as the kernel
+  const cudaError_t status = cudaSetDevice(device);
+  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: cudaSetDevice(cuda:", device,
+                    "): ", cudaGetErrorString(status));
+  launch(static_cast<unsigned long long*>(result.data_ptr()));
+  check_launch(what, device);
+  const Tensor host = result.to(Device::cpu());  // cudaMemcpy: waits for the kernel
+  const std::int64_t* r = host.data<std::int64_t>();
+  AmaxResult out;
+  const auto bits = static_cast<std::uint32_t>(r[0]);
+  std::memcpy(&out.amax, &bits, sizeof(float));
+  out.nan_count = static_cast<std::uint64_t>(r[1]);
+  out.inf_count = static_cast<std::uint64_t>(r[2]);
+  return out;
+}
+
+}  // namespace
+
+namespace cuda {
+
+AmaxResult amax(const float* x, std::int64_t n, int device) {
+  if (n == 0) return {};
+  return with_result(device, "amax",
+                     [&](unsigned long long* result) { amax_kernel<<<blocks_for(n), kThreads>>>(x, n, result); });
+}
+
+AmaxResult cast_to_fp8_with_amax(const float* in, std::uint8_t* out, std::int64_t n, const CastOptions& options,
+                                 int device) {
+  if (n == 0) return {};
+  const EncodeSpec spec{options.format, options.overflow, options.rounding};
+  return with_result(device, "the fused cast and amax", [&](unsigned long long* result) {
+    const auto run = [&]<Format F>() {
+      cast_amax_kernel<F>
+          <<<blocks_for(n), kThreads>>>(in, out, n, options.scale, spec, options.seed, options.stream_offset, result);
+    };
+    switch (options.format) {
+      case Format::e4m3fn:
+        return run.template operator()<Format::e4m3fn>();
+      case Format::e5m2:
+        return run.template operator()<Format::e5m2>();
+      case Format::e4m3fnuz:
+        return run.template operator()<Format::e4m3fnuz>();
+      case Format::e5m2fnuz:
+        return run.template operator()<Format::e5m2fnuz>();
+      case Format::e8m0fnu:
+        return run.template operator()<Format::e8m0fnu>();
+    }
+  });
+}
+
+}  // namespace cuda
+}  // namespace fp8kit

@@ -1,0 +1,96 @@
+// amax on a CUDA device, alone and fused with the cast to FP8, against the CPU's amax() and casts (skipped without a
+// device, saying why); and the CPU-only build's refusal.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/cuda_convert.hpp"
+#include "fp8kit/scaling/cuda_amax.hpp"
+#include "fp8kit/tensor/cuda.hpp"
+#include "fp8kit/tensor/tensor.hpp"
+
+namespace fp8kit {
+namespace {
+
+// n values of varied magnitude (normals, subnormals, zeros of both signs), with NaNs and Infs of both signs
+// sprinkled in when asked.
+Tensor values(std::int64_t n, bool nonfinite) {
+  Tensor t = randn({n}, 7);
+  float* x = t.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % 97 == 5) x[i] *= 1e-40f;  // subnormal
+    if (i % 101 == 3) x[i] = i % 2 ? -0.0f : 0.0f;
+    if (nonfinite && i % 1009 == 7) x[i] = std::copysign(std::numeric_limits<float>::quiet_NaN(), i % 2 ? -1.0f : 1.0f);
+    if (nonfinite && i % 1013 == 11) x[i] = std::copysign(std::numeric_limits<float>::infinity(), i % 2 ? -1.0f : 1.0f);
+  }
+  if (n > 1000) x[n / 2] = -123456.75f;  // the largest magnitude, negative, in the middle
+  return t;
+}
+
+void expect_same(const AmaxResult& got, const AmaxResult& want, const std::string& what) {
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(got.amax), std::bit_cast<std::uint32_t>(want.amax)) << what;
+  EXPECT_EQ(got.nan_count, want.nan_count) << what;
+  EXPECT_EQ(got.inf_count, want.inf_count) << what;
+}
+
+class CudaAmax : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+};
+
+TEST_F(CudaAmax, IsTheCpusBitForBit) {
+  for (std::int64_t n : {0, 1, 7, 255, 257, 100003, (1 << 22) + 3}) {
+    for (bool nonfinite : {false, true}) {
+      const Tensor host = values(n, nonfinite);
+      const Tensor there = host.to(Device::cuda(0));
+      expect_same(cuda::amax(static_cast<const float*>(there.data_ptr()), n, 0), amax(host.span<float>()),
+                  "n=" + std::to_string(n) + (nonfinite ? " with NaN/Inf" : ""));
+    }
+  }
+}
+
+// The fused pass gives cast_to_fp8's codes and amax's result: every format, both policies, a scale, SR.
+TEST_F(CudaAmax, FusedCastGivesTheCastsCodesAndTheAmax) {
+  const std::int64_t n = 300007;
+  const Tensor host = values(n, true);
+  const Tensor there = host.to(Device::cuda(0));
+  const AmaxResult want_amax = amax(host.span<float>());
+  for (Format format : kAllFormats) {
+    for (Overflow overflow : {Overflow::kNonSaturating, Overflow::kSaturate}) {
+      for (Rounding rounding : {Rounding::kNearestEven, Rounding::kStochastic}) {
+        const CastOptions o{format, overflow, rounding, 2.5f, 77, 9};
+        Tensor want = empty({n}, DType::float8_e4m3fn);
+        cast_to_fp8(host.span<float>(), want.span<std::uint8_t>(), o);
+        Tensor got = empty({n}, DType::float8_e4m3fn, Device::cuda(0));
+        const AmaxResult a = cuda::cast_to_fp8_with_amax(static_cast<const float*>(there.data_ptr()),
+                                                         static_cast<std::uint8_t*>(got.data_ptr()), n, o, 0);
+        const std::string what = std::string(name(format)) + (overflow == Overflow::kSaturate ? " sat" : " nonsat") +
+                                 (rounding == Rounding::kStochastic ? " sr" : " rne");
+        expect_same(a, want_amax, what);
+        const Tensor back = got.to(Device::cpu());
+        EXPECT_EQ(std::memcmp(back.raw(), want.raw(), static_cast<std::size_t>(n)), 0) << what;
+      }
+    }
+  }
+}
+
+TEST(CudaAmaxBuild, RefusedWithoutTheBackend) {
+  if (cuda::built()) GTEST_SKIP() << "this build has the CUDA backend";
+  try {
+    cuda::amax(nullptr, 0, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fp8kit
