@@ -5,8 +5,10 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/cuda_convert.hpp"
@@ -81,14 +83,22 @@ TEST_F(CudaAmax, FusedCastGivesTheCastsCodesAndTheAmax) {
   }
 }
 
-TEST(CudaAmaxBuild, RefusedWithoutTheBackend) {
+// A build without the backend refuses every device entry point (the casts, amax, the fused pass) in one line.
+TEST(CudaBuild, EveryDeviceEntryIsRefusedWithoutTheBackend) {
   if (cuda::built()) GTEST_SKIP() << "this build has the CUDA backend";
-  try {
-    cuda::amax(nullptr, 0, 0);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
+  const CastOptions o{Format::e4m3fn, Overflow::kSaturate};
+  const std::vector<std::function<void()>> calls = {
+      [&] { cuda::cast_to_fp8(static_cast<const float*>(nullptr), nullptr, 0, o, 0); },
+      [&] { cuda::cast_from_fp8(nullptr, Format::e5m2, static_cast<float*>(nullptr), 0, 1.0f, 0); },
+      [&] { cuda::amax(nullptr, 0, 0); }, [&] { cuda::cast_to_fp8_with_amax(nullptr, nullptr, 0, o, 0); }};
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    try {
+      calls[i]();
+      ADD_FAILURE() << "call " << i << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported) << i;
+      EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
+    }
   }
 }
 

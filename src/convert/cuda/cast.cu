@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cuda/kernel_util.cuh"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/cuda_convert.hpp"
 #include "fp8kit/format/codec_inline.hpp"
@@ -14,7 +15,7 @@
 namespace fp8kit {
 namespace {
 
-constexpr int kThreads = 256;
+using namespace cuda_detail;
 
 __device__ inline float widen(float x) {
   return x;
@@ -24,14 +25,6 @@ __device__ inline float widen(bfloat16 x) {
 }
 __device__ inline float widen(float16 x) {
   return x.to_float();
-}
-
-// x * scale as the CPU computes it, NaN included: a NaN operand comes through with its sign (x86 returns the NaN
-// operand; the GPU would return its canonical positive NaN), and scale 1 leaves x as it is.
-__device__ inline float scaled(float x, float scale) {
-  if (scale == 1.0f || x != x) return x;
-  if (scale != scale) return scale;
-  return __fmul_rn(x, scale);
 }
 
 template <Format F, typename T>
@@ -64,41 +57,6 @@ __global__ void decode_kernel(const std::uint8_t* in, T* out, std::int64_t n, fl
     constexpr FormatDescriptor d = descriptor(F);
     narrow(scaled(codec_detail::decode_code(d, in[i]), scale_inv), out + i);
   }
-}
-
-unsigned blocks_for(std::int64_t n) {
-  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);  // grid-stride beyond
-}
-
-// Calls f(std::integral_constant-like tag) for the format as a template constant.
-template <typename Fn>
-void with_format(Format format, Fn&& fn) {
-  switch (format) {
-    case Format::e4m3fn:
-      return fn.template operator()<Format::e4m3fn>();
-    case Format::e5m2:
-      return fn.template operator()<Format::e5m2>();
-    case Format::e4m3fnuz:
-      return fn.template operator()<Format::e4m3fnuz>();
-    case Format::e5m2fnuz:
-      return fn.template operator()<Format::e5m2fnuz>();
-    case Format::e8m0fnu:
-      return fn.template operator()<Format::e8m0fnu>();
-  }
-}
-
-void check_launch(const char* what, int device) {
-  const cudaError_t status = cudaGetLastError();
-  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: ", what, " on cuda:", device, ": ",
-                    cudaGetErrorString(status), " (", cudaGetErrorName(status), ")");
-}
-
-// Makes `device` current for the launch.
-void use_device(int device) {
-  const cudaError_t status = cudaSetDevice(device);
-  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: cudaSetDevice(cuda:", device,
-                    "): ", cudaGetErrorString(status));
 }
 
 template <typename T>

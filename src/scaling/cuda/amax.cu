@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/cuda/kernel_util.cuh"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/codec_inline.hpp"
 #include "fp8kit/scaling/cuda_amax.hpp"
@@ -15,7 +16,7 @@
 namespace fp8kit {
 namespace {
 
-constexpr int kThreads = 256;
+using namespace cuda_detail;
 
 struct Partial {
   unsigned int amax_bits = 0;  // |x| of the largest finite element, as bits
@@ -83,9 +84,7 @@ __global__ void cast_amax_kernel(const float* in, std::uint8_t* out, std::int64_
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float x = in[i];
     see(x, p);
-    // x * scale as cuda::cast_to_fp8 computes it (src/convert/cuda/cast.cu): a NaN keeps its sign, scale 1 is none.
-    float v = x;
-    if (scale != 1.0f && x == x) v = scale != scale ? scale : __fmul_rn(x, scale);
+    const float v = scaled(x, scale);  // as cuda::cast_to_fp8 scales
     const std::uint32_t bits =
         spec.rounding == Rounding::kStochastic ? stochastic_bits(seed, offset + static_cast<std::uint64_t>(i)) : 0u;
     out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(v), spec, bits);
@@ -93,25 +92,12 @@ __global__ void cast_amax_kernel(const float* in, std::uint8_t* out, std::int64_
   merge_block(p, result);
 }
 
-unsigned blocks_for(std::int64_t n) {
-  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 1 ? 1 : blocks < 4096 ? blocks : 4096);  // few atomics, grid-stride beyond
-}
-
-void check_launch(const char* what, int device) {
-  const cudaError_t status = cudaGetLastError();
-  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: ", what, " on cuda:", device, ": ",
-                    cudaGetErrorString(status), " (", cudaGetErrorName(status), ")");
-}
-
 // Runs launch(result pointer) on `device` with a zeroed result on it, and reads the result back.
 template <typename Launch>
 AmaxResult with_result(int device, const char* what, Launch&& launch) {
   const Device gpu = Device::cuda(device);
   Tensor result = zeros({3}, DType::int64, gpu);  // queued on the legacy default stream, as the kernel
-  const cudaError_t status = cudaSetDevice(device);
-  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: cudaSetDevice(cuda:", device,
-                    "): ", cudaGetErrorString(status));
+  use_device(device);
   launch(static_cast<unsigned long long*>(result.data_ptr()));
   check_launch(what, device);
   const Tensor host = result.to(Device::cpu());  // cudaMemcpy: waits for the kernel
@@ -131,7 +117,7 @@ namespace cuda {
 AmaxResult amax(const float* x, std::int64_t n, int device) {
   if (n == 0) return {};
   return with_result(device, "amax",
-                     [&](unsigned long long* result) { amax_kernel<<<blocks_for(n), kThreads>>>(x, n, result); });
+                     [&](unsigned long long* result) { amax_kernel<<<blocks_for(n, 4096), kThreads>>>(x, n, result); });
 }
 
 AmaxResult cast_to_fp8_with_amax(const float* in, std::uint8_t* out, std::int64_t n, const CastOptions& options,
@@ -139,22 +125,10 @@ AmaxResult cast_to_fp8_with_amax(const float* in, std::uint8_t* out, std::int64_
   if (n == 0) return {};
   const EncodeSpec spec{options.format, options.overflow, options.rounding};
   return with_result(device, "the fused cast and amax", [&](unsigned long long* result) {
-    const auto run = [&]<Format F>() {
-      cast_amax_kernel<F>
-          <<<blocks_for(n), kThreads>>>(in, out, n, options.scale, spec, options.seed, options.stream_offset, result);
-    };
-    switch (options.format) {
-      case Format::e4m3fn:
-        return run.template operator()<Format::e4m3fn>();
-      case Format::e5m2:
-        return run.template operator()<Format::e5m2>();
-      case Format::e4m3fnuz:
-        return run.template operator()<Format::e4m3fnuz>();
-      case Format::e5m2fnuz:
-        return run.template operator()<Format::e5m2fnuz>();
-      case Format::e8m0fnu:
-        return run.template operator()<Format::e8m0fnu>();
-    }
+    with_format(options.format, [&]<Format F>() {
+      cast_amax_kernel<F><<<blocks_for(n, 4096), kThreads>>>(in, out, n, options.scale, spec, options.seed,
+                                                             options.stream_offset, result);
+    });
   });
 }
 

@@ -1,0 +1,63 @@
+// What the element-wise CUDA kernels of every layer share (device code, included by .cu files only): the launch
+// shape, the FP8 format as a template constant, the quantization scale applied as the CPU applies it, and the one
+// wording of a failed launch.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/format.hpp"
+
+namespace fp8kit::cuda_detail {
+
+constexpr int kThreads = 256;  // threads per block of the element-wise kernels
+
+// Blocks for n elements, one per kThreads, at most `cap` (the kernels stride over the grid beyond it).
+inline unsigned blocks_for(std::int64_t n, std::int64_t cap = 65536) {
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks < cap ? blocks : cap);
+}
+
+// Calls fn.template operator()<F>() with the format as a template constant (so that its descriptor folds).
+template <typename Fn>
+void with_format(Format format, Fn&& fn) {
+  switch (format) {
+    case Format::e4m3fn:
+      return fn.template operator()<Format::e4m3fn>();
+    case Format::e5m2:
+      return fn.template operator()<Format::e5m2>();
+    case Format::e4m3fnuz:
+      return fn.template operator()<Format::e4m3fnuz>();
+    case Format::e5m2fnuz:
+      return fn.template operator()<Format::e5m2fnuz>();
+    case Format::e8m0fnu:
+      return fn.template operator()<Format::e8m0fnu>();
+  }
+}
+
+// x * scale as the CPU computes it, NaN included: a NaN operand comes through with its sign (x86 returns the NaN
+// operand; the GPU would return its canonical positive NaN), scale 1 leaves x as it is, and the product is never
+// fused into anything (__fmul_rn).
+__device__ inline float scaled(float x, float scale) {
+  if (scale == 1.0f || x != x) return x;
+  if (scale != scale) return scale;
+  return __fmul_rn(x, scale);
+}
+
+// Makes `device` current for the launches that follow.
+inline void use_device(int device) {
+  const cudaError_t status = cudaSetDevice(device);
+  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: cudaSetDevice(cuda:", device,
+                    "): ", cudaGetErrorString(status));
+}
+
+// Throws, in one line naming the launch and the device, if the last launch failed.
+inline void check_launch(const char* what, int device) {
+  const cudaError_t status = cudaGetLastError();
+  FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: ", what, " on cuda:", device, ": ",
+                    cudaGetErrorString(status), " (", cudaGetErrorName(status), ")");
+}
+
+}  // namespace fp8kit::cuda_detail
