@@ -28,11 +28,13 @@ inline GemmCall layer_gemm_call(const Context& ctx, Fp8LayerState& state, std::s
 }
 
 // A prepared operand of x^T (x: rows x cols float32): the exact transpose of x's prepared form when its scales
-// allow (transpose_operand), else x^T prepared anew as `role`.
-inline RecipeOperand prepare_transposed(const GemmCall& call, TensorRole role, const Tensor& x,
+// allow (transpose_operand; x is released first, so a caller that hands x over with std::move frees its float32
+// storage before x^T is allocated), else x^T prepared anew from x as `role`.
+inline RecipeOperand prepare_transposed(const GemmCall& call, TensorRole role, Tensor x,
                                         const RecipeOperand* prepared) {
-  if (prepared != nullptr) {
-    if (auto t = transpose_operand(*prepared)) return std::move(*t);
+  if (prepared != nullptr && !prepared->blocked) {
+    x = Tensor();
+    return std::move(*transpose_operand(*prepared));
   }
   return prepare_operand_transposed(call, role, x);
 }

@@ -44,13 +44,8 @@ Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   const GemmCall call = gemm_call(ctx, *this, "forward");
   const RecipeOperand xq = prepare_operand(call, TensorRole::kInput, x2);
   const RecipeOperand wq = detail::weight_operand(ctx, call, weight, out, in);
-  if (!xq.blocked) {
-    x2 = Tensor();  // x^T is xq's exact transpose: x is freed before x^T is allocated (under fp32 xq shares it)
-    saved.input_t = std::move(*transpose_operand(xq));
-  } else {
-    saved.input_t = prepare_operand_transposed(call, TensorRole::kInput, x2);
-    x2 = Tensor();
-  }
+  // x handed over: freed before x^T is allocated when x^T is xq's exact transpose (under fp32 xq still shares it)
+  saved.input_t = detail::prepare_transposed(call, TensorRole::kInput, std::move(x2), &xq);
   const Tensor bias_values = bias ? parameter_values(*bias) : Tensor();
   Tensor y = recipe_gemm(call, xq, wq, bias ? bias_values.span<float>() : std::span<const float>{});
   return y.reshape(shape);
@@ -87,14 +82,7 @@ Tensor Linear::backward(const Context& ctx, Tensor&& dy, Saved& saved) {
     db.commit();
   }
   GemmCall wgrad = gemm_call(ctx, *this, "wgrad");
-  RecipeOperand dyt;
-  if (!dyq.blocked) {
-    dy2 = Tensor();
-    dyt = std::move(*transpose_operand(dyq));
-  } else {
-    dyt = prepare_operand_transposed(wgrad, TensorRole::kGradOutput, dy2);
-    dy2 = Tensor();
-  }
+  RecipeOperand dyt = detail::prepare_transposed(wgrad, TensorRole::kGradOutput, std::move(dy2), &dyq);
   detail::add_weight_gradient(ctx, weight, recipe_gemm(wgrad, dyt, saved.input_t));
   dyt = RecipeOperand();
   saved = Saved();

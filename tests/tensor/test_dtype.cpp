@@ -5,6 +5,7 @@
 #include <string>
 
 #include "default_dtype_guard.hpp"
+#include "expect_error.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/tensor/cuda.hpp"
 #include "fp8kit/tensor/device.hpp"
@@ -189,18 +190,8 @@ TEST(Device, AMissingCudaDeviceIsAClearUnsupportedError) {
   const int count = cuda::device_count();
   const Device missing = Device::cuda(count);
   const std::string why = !cuda::built() ? "no CUDA backend" : count == 0 ? "no CUDA device" : "CUDA device";
-  auto expect_unsupported = [&](auto&& call) {
-    try {
-      call();
-      ADD_FAILURE() << "no error";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
-      EXPECT_NE(what.find(why), std::string::npos) << what;
-      EXPECT_NE(what.find(to_string(missing)), std::string::npos) << what;
-      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-    }
-  };
+  const std::string where = to_string(missing);
+  auto expect_unsupported = [&](auto&& call) { testing::expect_error(call, ErrorKind::kUnsupported, {why, where}); };
   expect_unsupported([&] { empty({4}, DType::float32, missing); });
   expect_unsupported([&] { zeros({4}, DType::float8_e4m3fn, missing); });
   expect_unsupported([&] { full({4}, 1.0, DType::bfloat16, missing); });

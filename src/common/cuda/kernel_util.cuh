@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/format.hpp"
@@ -46,8 +47,19 @@ __device__ inline float scaled(float x, float scale) {
   return __fmul_rn(x, scale);
 }
 
-// Makes `device` current for the launches that follow.
+// Makes `device` current for the launches that follow; a device the driver does not show (no driver, an index past
+// the last) is Error(kUnsupported) naming it. Every entry point calls it first, also for an empty input.
 inline void use_device(int device) {
+  int count = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&count);
+  if (counted != cudaSuccess) {
+    cudaGetLastError();  // cleared, so that later calls do not report it again
+    count = 0;
+  }
+  FP8KIT_CHECK_KIND(device >= 0 && device < count, ErrorKind::kUnsupported, "CUDA: device cuda:", device,
+                    " is not available: ",
+                    counted != cudaSuccess ? cudaGetErrorString(counted)
+                                           : "this machine shows " + std::to_string(count) + " CUDA device(s)");
   const cudaError_t status = cudaSetDevice(device);
   FP8KIT_CHECK_KIND(status == cudaSuccess, ErrorKind::kUnsupported, "CUDA: cudaSetDevice(cuda:", device,
                     "): ", cudaGetErrorString(status));

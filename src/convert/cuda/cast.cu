@@ -61,8 +61,8 @@ __global__ void decode_kernel(const std::uint8_t* in, T* out, std::int64_t n, fl
 
 template <typename T>
 void launch_to_fp8(const T* in, std::uint8_t* out, std::int64_t n, const CastOptions& options, int device) {
-  if (n == 0) return;
   use_device(device);
+  if (n == 0) return;
   const EncodeSpec spec{options.format, options.overflow, options.rounding};
   with_format(options.format, [&]<Format F>() {
     encode_kernel<F><<<blocks_for(n), kThreads>>>(in, out, n, options.scale, spec, options.seed, options.stream_offset);
@@ -72,8 +72,8 @@ void launch_to_fp8(const T* in, std::uint8_t* out, std::int64_t n, const CastOpt
 
 template <typename T>
 void launch_from_fp8(const std::uint8_t* in, Format format, T* out, std::int64_t n, float scale_inv, int device) {
-  if (n == 0) return;
   use_device(device);
+  if (n == 0) return;
   with_format(format, [&]<Format F>() { decode_kernel<F><<<blocks_for(n), kThreads>>>(in, out, n, scale_inv); });
   check_launch("the cast from FP8", device);
 }

@@ -115,6 +115,7 @@ AmaxResult with_result(int device, const char* what, Launch&& launch) {
 namespace cuda {
 
 AmaxResult amax(const float* x, std::int64_t n, int device) {
+  use_device(device);
   if (n == 0) return {};
   return with_result(device, "amax",
                      [&](unsigned long long* result) { amax_kernel<<<blocks_for(n, 4096), kThreads>>>(x, n, result); });
@@ -122,6 +123,7 @@ AmaxResult amax(const float* x, std::int64_t n, int device) {
 
 AmaxResult cast_to_fp8_with_amax(const float* in, std::uint8_t* out, std::int64_t n, const CastOptions& options,
                                  int device) {
+  use_device(device);
   if (n == 0) return {};
   const EncodeSpec spec{options.format, options.overflow, options.rounding};
   return with_result(device, "the fused cast and amax", [&](unsigned long long* result) {
