@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
 # The one prepared run for a machine with an NVIDIA GPU and nothing else installed but nvcc, CMake, ninja and
 # Python (the lent H200 of docs/cuda.md): builds the library and the tests with the CUDA backend, runs every GPU
-# test, and writes the logs to $OUT (default ./device-out). Two steps:
+# test, runs the CUDA benchmarks (fp8kit bench convert|scaling|gemm --device cuda), and writes the logs to $OUT
+# (default ./device-out). Two steps:
 #   scripts/device-check.sh --prepare   here, with the Debian packages of scripts/setup.sh installed: copies what
-#                                       the build needs and that machine lacks (GoogleTest's sources, nlohmann/json's
-#                                       headers and CMake package) into .device/ (git-ignored, about 5 MB)
+#                                       the build needs and that machine lacks (GoogleTest's sources, the headers and
+#                                       CMake packages of nlohmann/json and CLI11, {fmt}'s and its shared library)
+#                                       into .device/ (git-ignored, about 6 MB)
 #   scripts/device-check.sh             there, in the repository root, with .device/ carried along
-# Under 8 minutes on 16 cores: GoogleTest ~20 s, fp8kit's library and three test binaries ~2 min, the tests ~1 min,
-# the exhaustive CUDA cast check (all 2^32 float32 inputs, five formats, both overflow policies) a few minutes.
+# Under 8 minutes on 16 cores: GoogleTest ~20 s, fp8kit's library, four test binaries and the CLI ~3 min, the tests
+# ~1 min, the benchmarks ~1 min, the exhaustive CUDA cast check (all 2^32 float32 inputs, five formats, both overflow
+# policies) a few minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deps=.device
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
-  for need in /usr/src/googletest/CMakeLists.txt /usr/include/nlohmann/json.hpp /usr/share/cmake/nlohmann_json; do
+  lib=/usr/lib/x86_64-linux-gnu
+  for need in /usr/src/googletest/CMakeLists.txt /usr/include/nlohmann/json.hpp /usr/share/cmake/nlohmann_json \
+    /usr/include/CLI /usr/share/cmake/CLI11 /usr/include/fmt $lib/cmake/fmt $lib/libfmt.so; do
     [ -e "$need" ] || { echo "device-check --prepare: $need is missing: run scripts/setup.sh first" >&2; exit 2; }
   done
   rm -rf "$deps"
-  mkdir -p "$deps/json/include" "$deps/json/share/cmake"
+  # Each package under its own prefix, in the layout its CMake files find their prefix from.
+  mkdir -p "$deps/json/include" "$deps/json/share/cmake" "$deps/cli11/include" "$deps/cli11/share/cmake" \
+    "$deps/fmt/include" "$deps/fmt/lib/x86_64-linux-gnu/cmake"
   cp -r /usr/src/googletest "$deps/googletest"
   cp -r /usr/include/nlohmann "$deps/json/include/"
   cp -r /usr/share/cmake/nlohmann_json "$deps/json/share/cmake/"
+  cp -r /usr/include/CLI "$deps/cli11/include/"
+  cp -r /usr/share/cmake/CLI11 "$deps/cli11/share/cmake/"
+  cp -r /usr/include/fmt "$deps/fmt/include/"
+  cp -r $lib/cmake/fmt "$deps/fmt/lib/x86_64-linux-gnu/cmake/"
+  cp -a $lib/libfmt.so* "$deps/fmt/lib/x86_64-linux-gnu/"
   grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >>.git/info/exclude
   echo "device-check: $(du -sh "$deps" | cut -f1) in $deps/; carry it (run's carry: [\".device\"]) and run scripts/device-check.sh there"
   exit 0
@@ -30,7 +42,7 @@ elif [ -n "${1:-}" ]; then
   exit 2
 fi
 
-[ -d "$deps/googletest" ] && [ -d "$deps/json" ] || {
+[ -d "$deps/googletest" ] && [ -d "$deps/json" ] && [ -d "$deps/cli11" ] && [ -d "$deps/fmt" ] || {
   echo "device-check: $deps/ is missing: run scripts/device-check.sh --prepare where the packages are, and carry it" >&2
   exit 2
 }
@@ -55,6 +67,8 @@ step() {
 }
 
 rm -f "$out"/*.log "$out"/*.json
+results="$PWD/build-device/results"  # the tests' JSON stays there: only 8 files come back from $OUT
+mkdir -p "$results"
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
@@ -70,9 +84,10 @@ step googletest bash -c "cmake -S $deps/googletest -B $deps/gtest-build -G Ninja
   -DCMAKE_INSTALL_PREFIX=$prefix -DBUILD_GMOCK=OFF && cmake --build $deps/gtest-build -j $jobs && \
   cmake --install $deps/gtest-build" || exit 1
 step configure cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8KIT_CUDA=ON \
-  -DFP8KIT_BUILD_TOOLS=OFF -DFP8KIT_PYTHON=OFF -DFP8KIT_MPI=OFF -DFP8KIT_BUILD_TESTS=ON \
-  -DCMAKE_PREFIX_PATH="$prefix;$PWD/$deps/json" || exit 1
-step build cmake --build build-device -j "$jobs" --target test_tensor test_format test_scaling test_exhaustive || exit 1
+  -DFP8KIT_BUILD_TOOLS=ON -DFP8KIT_PYTHON=OFF -DFP8KIT_MPI=OFF -DFP8KIT_BUILD_TESTS=ON \
+  -DCMAKE_PREFIX_PATH="$prefix;$PWD/$deps/json;$PWD/$deps/cli11;$PWD/$deps/fmt" || exit 1
+step build cmake --build build-device -j "$jobs" --target test_tensor test_format test_scaling test_ops \
+  test_exhaustive fp8kit_cli || exit 1
 log=
 export OMP_WAIT_POLICY=passive
 # Every tensor test (the CUDA ones must run, not skip), the codec's, then the exhaustive CUDA cast check.
@@ -87,11 +102,28 @@ print(f"   {sys.argv[2]}: {len(ran)} ran, {len(skipped)} skipped {skipped}")
 sys.exit(1 if skipped or not ran else 0)
 PY
 }
-step test_tensor build-device/tests/test_tensor --gtest_output=json:"$out/test_tensor.json"
-must_run "$out/test_tensor.json" CudaTensor
+step test_tensor build-device/tests/test_tensor --gtest_output=json:"$results/test_tensor.json"
+must_run "$results/test_tensor.json" CudaTensor
 step test_scaling build-device/tests/test_scaling --gtest_filter='CudaAmax*:Quantize*:Amax*' \
-  --gtest_output=json:"$out/test_scaling.json"
-must_run "$out/test_scaling.json" CudaAmax
+  --gtest_output=json:"$results/test_scaling.json"
+must_run "$results/test_scaling.json" CudaAmax
+# cuBLASLt is loaded at run time (dlopen): where the toolkit's copy is not on the loader's path, PyTorch's wheel has one.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt\.so\.'; then
+  lt="$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)" \
+        -name 'libcublasLt.so.*' 2>/dev/null | head -n 1)"
+  [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "   cuBLASLt: ${lt:-not found}" | tee -a "$out/machine.log"
+fi
+step test_ops build-device/tests/test_ops --gtest_filter='CudaScaledMm*:ScaledMm.*' \
+  --gtest_output=json:"$results/test_ops.json"
+must_run "$results/test_ops.json" CudaScaledMm
+# The benchmarks, all in bench.log: casts and amax against device-to-device memcpy, cuda::scaled_mm against direct
+# cuBLASLt FP8 and bf16 calls (the issue's figures: >= 0.8x memcpy; >= 0.95x direct, >= 1.6x bf16 at 8192^3).
+log=bench
+step convert build-device/tools/fp8kit/fp8kit bench convert --device cuda
+step scaling build-device/tools/fp8kit/fp8kit bench scaling --device cuda
+step gemm build-device/tools/fp8kit/fp8kit bench gemm --device cuda
+log=
 step test_format build-device/tests/test_format --gtest_filter='Codec.*'
 step exhaustive build-device/tests/test_exhaustive --gtest_filter='Exhaustive.EveryFloat32InputOnCuda'
 if grep -q '^\[  SKIPPED \]' "$out/exhaustive.log"; then

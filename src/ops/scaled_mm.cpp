@@ -17,10 +17,12 @@
 #include <memory>
 #include <vector>
 
+#include "common/no_cuda.hpp"
 #include "common/parallel.hpp"
 #include "cpu/mm_kernels.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/ops/cuda_scaled_mm.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "mm_plan.hpp"
 
@@ -526,3 +528,15 @@ void fp8_weight_mm_reference(MatrixRef x, const ScaledTensor& w, std::span<float
 }
 
 }  // namespace fp8kit
+
+#ifndef FP8KIT_HAVE_CUDA
+// The CPU-only build's device GEMM (cuda_scaled_mm.hpp): there is no device to run it on.
+namespace fp8kit::cuda {
+MmResult scaled_mm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const MmOptions&) {
+  detail::throw_no_cuda_backend("scaled_mm");
+}
+std::string cublaslt_version() {
+  return "this build of fp8kit has no CUDA backend";
+}
+}  // namespace fp8kit::cuda
+#endif

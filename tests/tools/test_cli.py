@@ -562,6 +562,24 @@ def bench_every_level():
 
 
 @test
+def bench_device_cuda_refusals():
+    # --device: a bad name and the CPU-only options are usage errors; with no device (or no backend), one line
+    # naming why, exit 1, before any work. Where a device is present its own check (scripts/device-check.sh) runs
+    # the benchmarks.
+    check_usage_error(["bench", "gemm", "--device", "gpu"], "'gpu' is not a device")
+    check_usage_error(["bench", "convert", "--device", "cuda:x"], "use cpu, cuda or cuda:N")
+    check_usage_error(["bench", "scaling", "--device", "cuda", "--threads", "2"], "leave them out with --device cuda")
+    check_usage_error(["bench", "gemm", "--device", "cuda", "--isa", "avx2"], "leave them out with --device cuda")
+    if run_json("info", "--json")["cuda_runtime"]["devices"]:
+        return
+    for which in ("convert", "scaling", "gemm"):
+        rc, out, err = run("bench", which, "--device", "cuda")
+        lines = err.strip().splitlines()
+        assert rc == 1 and out == "" and len(lines) == 1, (which, rc, out, err)
+        assert "no CUDA" in lines[0] and "cuda" in lines[0], (which, err)
+
+
+@test
 def info_text_and_json():
     rc, out, err = run("info")
     assert rc == 0 and err == "", (rc, err)

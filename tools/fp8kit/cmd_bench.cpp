@@ -18,6 +18,7 @@
 #include "cli_common.hpp"
 #include "comm_bench.hpp"
 #include "convert_bench.hpp"
+#include "cuda_bench.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/dist/communicator.hpp"
@@ -82,9 +83,56 @@ struct BenchArgs {
   int threads = 0;
   std::string bytes = "256M";
   int reps = 11;
-  std::string isa;  // --isa
-  std::string ops;  // --ops (convert)
+  std::string isa;             // --isa
+  std::string ops;             // --ops (convert)
+  std::string device = "cpu";  // --device
 };
+
+// --device: "cpu" (nothing: the CPU kernels), "cuda" or "cuda:N" (the device's index).
+std::optional<int> cuda_device(const std::string& text) {
+  if (text == "cpu") return std::nullopt;
+  if (text == "cuda") return 0;
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() < 9 &&
+      std::all_of(text.begin() + 5, text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::stoi(text.substr(5));
+  }
+  throw UsageError("--device: '" + text + "' is not a device (use cpu, cuda or cuda:N)");
+}
+
+// `bench convert|scaling --device cuda`: the CUDA kernels against device-to-device memcpy.
+void run_cuda_stream(const BenchArgs& args, const std::string& which, int device) {
+  if (!args.isa.empty() || args.threads != 0 || !args.ops.empty()) {
+    throw UsageError("--isa, --threads and --ops choose CPU kernels: leave them out with --device cuda");
+  }
+  if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
+  const std::size_t bytes = parse_size(args.bytes);
+  const std::string where = bench::cuda_device_description(device);  // a missing device fails here, before any work
+  const std::vector<bench::CudaStreamResult> results = bench::run_cuda_stream_bench(which, bytes, args.reps, device);
+  if (args.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      out.push_back({{"op", r.op},
+                     {"device", where},
+                     {"bytes", r.bytes},
+                     {"reps", r.reps},
+                     {"seconds", r.seconds},
+                     {"gbps", r.gbps},
+                     {"baseline", "cudaMemcpy device to device"},
+                     {"baseline_gbps", r.memcpy_gbps},
+                     {"ratio", r.ratio}});
+    }
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    return;
+  }
+  fmt::print(output(), "CUDA {} kernels against cudaMemcpy device to device of the {} input (medians of {} rounds)\n",
+             which, args.bytes, args.reps);
+  fmt::print(output(), "device: {}\nGB/s count bytes read + written, for the kernel and for memcpy\n\n", where);
+  fmt::print(output(), "{:<20} {:>12} {:>10} {:>12} {:>7}\n", "op", "bytes", "GB/s", "memcpy GB/s", "ratio");
+  for (const auto& r : results) {
+    fmt::print(output(), "{:<20} {:>12} {:>10.1f} {:>12.1f} {:>6.2f}x\n", r.op, r.bytes, r.gbps, r.memcpy_gbps,
+               r.ratio);
+  }
+}
 
 // --isa: "" (the level in force), "all" (every level this CPU runs, lowest first) or a comma list of levels. A level
 // the CPU cannot run is refused, naming what it lacks.
@@ -160,6 +208,7 @@ nlohmann::json string_or_null(const std::string& s) {
 }
 
 void run_bench_convert(const BenchArgs& args) {
+  if (const std::optional<int> device = cuda_device(args.device)) return run_cuda_stream(args, "convert", *device);
   auto options = common_options<bench::ConvertBenchOptions>(args);
   check_memory(bench::convert_bench_memory(options.bytes), args.bytes);
   const std::vector<std::string> known = bench::convert_bench_ops();
@@ -211,6 +260,7 @@ void run_bench_convert(const BenchArgs& args) {
 }
 
 void run_bench_scaling(const BenchArgs& args) {
+  if (const std::optional<int> device = cuda_device(args.device)) return run_cuda_stream(args, "scaling", *device);
   const auto options = common_options<bench::ScalingBenchOptions>(args);
   check_memory(bench::scaling_bench_memory(options.bytes), args.bytes);
   const std::vector<Isa> levels = bench_levels(args.isa);
@@ -258,6 +308,7 @@ struct GemmArgs {
   bool shapes_given = false;
   int reps = 0;
   bool reps_given = false;
+  std::string device = "cpu";
 };
 
 constexpr std::int64_t kMaxGemmDim = 65536;
@@ -333,7 +384,59 @@ nlohmann::json positive_or_null(double v) {
   return v > 0 && std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
 
+// `bench gemm --device cuda`: cuda::scaled_mm against a direct cuBLASLt FP8 call and a cuBLASLt bf16 matmul.
+void run_cuda_gemm(const GemmArgs& args, int device) {
+  if (!args.isa.empty() || args.threads != 0) {
+    throw UsageError("--isa and --threads choose CPU kernels: leave them out with --device cuda");
+  }
+  if (args.reps_given && args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
+  const std::vector<bench::GemmShape> shapes =
+      parse_gemm_shapes(args.shapes_given ? args.shapes : "gemm:4096,gemm:8192,gemm:16x8192x8192");
+  const int reps = args.reps_given ? args.reps : 7;
+  const std::string where = bench::cuda_device_description(device);
+  const std::vector<bench::CudaGemmResult> results = bench::run_cuda_gemm_bench(shapes, reps, device);
+  if (args.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : results) {
+      out.push_back({{"op", "fp8-gemm"},
+                     {"device", where},
+                     {"kernel", r.kernel},
+                     {"shape", r.shape.name()},
+                     {"m", r.shape.gemv ? 1 : r.shape.m},
+                     {"n", r.shape.n},
+                     {"k", r.shape.k},
+                     {"reps", r.reps},
+                     {"seconds", r.seconds},
+                     {"tflops", r.tflops},
+                     {"direct_seconds", r.direct_seconds},
+                     {"direct_tflops", r.direct_tflops},
+                     {"bf16_seconds", r.bf16_seconds},
+                     {"bf16_tflops", r.bf16_tflops},
+                     {"vs_direct", r.vs_direct},
+                     {"vs_bf16", r.vs_bf16},
+                     {"peak_tflops", positive_or_null(r.peak_tflops)}});
+    }
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    return;
+  }
+  fmt::print(output(),
+             "cuda::scaled_mm (e4m3fn x e4m3fn -> bf16, per-tensor scales) against a direct cuBLASLt FP8 call and a "
+             "cuBLASLt bf16 matmul of the same shape, same run (medians of {} rounds)\n",
+             reps);
+  fmt::print(output(), "device: {}\nTFLOP/s = 2MNK/s; vs direct, vs bf16: ratios of TFLOP/s; peak: dense FP8\n\n",
+             where);
+  fmt::print(output(), "{:<22} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9}  {}\n", "shape", "TFLOP/s", "direct", "bf16",
+             "vs direct", "vs bf16", "of peak", "kernel");
+  for (const auto& r : results) {
+    fmt::print(output(), "{:<22} {:>9.1f} {:>9.1f} {:>9.1f} {:>8.3f}x {:>7.2f}x {:>9}  {}\n", r.shape.name(), r.tflops,
+               r.direct_tflops, r.bf16_tflops, r.vs_direct, r.vs_bf16,
+               r.peak_tflops > 0 ? fmt::format("{:.0f}%", 100.0 * r.tflops / r.peak_tflops) : std::string("-"),
+               r.kernel);
+  }
+}
+
 void run_bench_gemm(const GemmArgs& args) {
+  if (const std::optional<int> device = cuda_device(args.device)) return run_cuda_gemm(args, *device);
   bench::GemmBenchOptions options;
   if (args.shapes_given) options.shapes = parse_gemm_shapes(args.shapes);
   if (args.reps_given) {
@@ -550,6 +653,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--bytes", args->bytes, std::string("Size of the ") + what + ", e.g. 256M (default 256M)");
     cmd->add_option("--reps", args->reps, "Repetitions per measurement (default 11)");
     cmd->add_option("--isa", args->isa, kIsaHelp);
+    cmd->add_option("--device", args->device,
+                    "cpu (default), cuda or cuda:N: the CUDA kernels against device-to-device cudaMemcpy");
     if (run == &run_bench_convert) {
       cmd->add_option("--ops", args->ops,
                       "Comma list of ops to time, each in all its variants, e.g. f32->e4m3fn,e4m3fn->f32 (default: "
@@ -567,6 +672,9 @@ void add_bench_command(CLI::App& app) {
   gemm->add_flag("--json", args->json, "Print a JSON array instead of the table");
   gemm->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
   gemm->add_option("--isa", args->isa, kIsaHelp);
+  gemm->add_option("--device", args->device,
+                   "cpu (default), cuda or cuda:N: cuda::scaled_mm against direct cuBLASLt FP8 and bf16 calls (shapes "
+                   "default to gemm:4096,gemm:8192,gemm:16x8192x8192)");
   CLI::Option* shapes = gemm->add_option("--shapes", args->shapes,
                                          "Comma list of gemm:S (S^3), gemm:MxNxK, gemv:NxK (N x K weights) (default "
                                          "gemm:2048,gemm:4096,gemm:16x4096x4096,gemm:64x4096x4096,gemv:8192x8192,"

@@ -66,7 +66,7 @@ class TensorBuffer {
     if (n <= capacity_) return;
     TensorBuffer grown;
     grown.reserve_exactly(n);
-    if (size_ != 0) std::memcpy(grown.ptr_, ptr_, size_ * sizeof(T));
+    if (size_ != 0) std::memcpy(grown.data(), ptr_, size_ * sizeof(T));
     grown.size_ = size_;
     *this = std::move(grown);
   }
