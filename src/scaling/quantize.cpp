@@ -14,6 +14,7 @@
 #include "cpu/amax_kernels.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
+#include "fp8kit/scaling/scale_inline.hpp"
 
 namespace fp8kit {
 
@@ -114,46 +115,15 @@ static_assert(kMxConstants[static_cast<std::size_t>(Format::e5m2)].emax_elem == 
 
 std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode) {
   const MxConstants& k = kMxConstants[static_cast<std::size_t>(element_format)];
-  if (std::isnan(amax)) return 0xFF;
-  const float a = std::fabs(amax);
-  if (std::isinf(a)) return 0xFE;
-  if (a == 0.0f) return 0x00;
-  int code = 0;
-  if (mode == MxScaleMode::kFloor) {
-    // X = 2^(floor(log2(amax)) - emax_elem), emax_elem the exponent of the element format's largest normal.
-    const int emax_elem = k.emax_elem;
-    const std::uint32_t bits = std::bit_cast<std::uint32_t>(a);
-    const int exponent = (bits >> 23) != 0 ? static_cast<int>(bits >> 23) - 127 : std::ilogb(a);
-    code = exponent - emax_elem + 127;
-  } else {
-    // amax * (1 / fp8_max) in float, as Transformer Engine computes it, rounded up to a power of two.
-    const float s = a * k.max_reciprocal;
-    const std::uint32_t bits = std::bit_cast<std::uint32_t>(s);
-    const int field = static_cast<int>(bits >> 23);
-    const std::uint32_t mant = bits & 0x7FFFFFu;
-    if (s == 0.0f) {
-      code = 0;
-    } else if (field == 0) {  // subnormal float: 2^ceil(log2(mant * 2^-149))
-      code = static_cast<int>(std::bit_width(mant - 1)) - 149 + 127;
-    } else {
-      code = field + (mant != 0 ? 1 : 0);
-    }
-  }
-  return static_cast<std::uint8_t>(std::clamp(code, 0, 254));
+  return scale_detail::mx_code(amax, k.emax_elem, k.max_reciprocal, mode == MxScaleMode::kRceil);
 }
 
 namespace {
-
-// 2^e for -127 <= e <= 127, exactly, without a libm call (2^-127 is a float subnormal).
-float pow2f(int e) {
-  return e >= -126 ? std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23)
-                   : std::bit_cast<float>(0x00400000u);
-}
-
+using scale_detail::pow2f;
 }  // namespace
 
 float mx_scale_value(std::uint8_t code) {
-  return code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : pow2f(code - 127);
+  return scale_detail::mx_value(code);
 }
 
 namespace {

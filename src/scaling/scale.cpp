@@ -2,9 +2,8 @@
 #include "fp8kit/scaling/scale.hpp"
 
 #include <array>
-#include <cfloat>
-#include <cmath>
-#include <limits>
+
+#include "fp8kit/scaling/scale_inline.hpp"
 
 namespace fp8kit {
 
@@ -18,22 +17,7 @@ constexpr auto kMaxFinite = [] {
 }  // namespace
 
 float compute_scale(float amax, Format format, const ScaleOptions& options, float previous_scale) {
-  if (!std::isfinite(amax)) return previous_scale;
-  float a = std::fabs(amax);
-  if (a < options.epsilon) a = options.epsilon;
-  if (a == 0.0f) return previous_scale;
-  // One correctly rounded float division (the same result as dividing in double and rounding once: 53 >= 2*24+2);
-  // the margin's power of two is exact unless the scale leaves float's normal range.
-  float scale = kMaxFinite[static_cast<std::size_t>(format)] / a;
-  if (options.margin != 0) scale = std::ldexp(scale, -options.margin);
-  if (std::isinf(scale)) scale = FLT_MAX;
-  if (scale == 0.0f) scale = std::numeric_limits<float>::denorm_min();  // a huge amax: smallest positive scale
-  if (options.rounding == ScaleRounding::kPowerOfTwoDown) {
-    int exponent = 0;
-    std::frexp(scale, &exponent);  // scale = m * 2^exponent, 0.5 <= m < 1
-    scale = std::ldexp(1.0f, exponent - 1);
-  }
-  return scale;
+  return scale_detail::scale_from_amax(amax, kMaxFinite[static_cast<std::size_t>(format)], options, previous_scale);
 }
 
 }  // namespace fp8kit

@@ -3,7 +3,9 @@
 
 #include <cstring>
 
+#include "common/no_cuda.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/cuda_quantize.hpp"
 
 namespace fp8kit {
 
@@ -50,3 +52,18 @@ Tensor dequantize(const ScaledTensor& q, std::optional<DType> dtype) {
 }
 
 }  // namespace fp8kit
+
+#ifndef FP8KIT_HAVE_CUDA
+// The CPU-only build's device quantization (cuda_quantize.hpp): there is no device to run it on.
+namespace fp8kit::cuda {
+ScaledTensor QuantizedTensor::to_host() const {
+  detail::throw_no_cuda_backend("QuantizedTensor::to_host");
+}
+QuantizedTensor quantize(const Tensor&, const QuantizeOptions&) {
+  detail::throw_no_cuda_backend("quantize");
+}
+Tensor dequantize(const QuantizedTensor&, DType) {
+  detail::throw_no_cuda_backend("dequantize");
+}
+}  // namespace fp8kit::cuda
+#endif

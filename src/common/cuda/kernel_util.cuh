@@ -1,6 +1,6 @@
 // What the element-wise CUDA kernels of every layer share (device code, included by .cu files only): the launch
-// shape, the FP8 format as a template constant, the quantization scale applied as the CPU applies it, and the one
-// wording of a failed launch.
+// shape, the FP8 format as a template constant, elements widened and narrowed, the quantization scale applied as
+// the CPU applies it, and the one wording of a failed launch.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +10,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/format.hpp"
+#include "fp8kit/format/half.hpp"
 
 namespace fp8kit::cuda_detail {
 
@@ -45,6 +46,28 @@ __device__ inline float scaled(float x, float scale) {
   if (scale == 1.0f || x != x) return x;
   if (scale != scale) return scale;
   return __fmul_rn(x, scale);
+}
+
+// An element as float32, exactly (16-bit floats widen without rounding).
+__device__ inline float widen(float x) {
+  return x;
+}
+__device__ inline float widen(bfloat16 x) {
+  return x.to_float();
+}
+__device__ inline float widen(float16 x) {
+  return x.to_float();
+}
+
+// A float32 stored as the element type, rounded once to nearest even.
+__device__ inline void narrow(float v, float* out) {
+  *out = v;
+}
+__device__ inline void narrow(float v, bfloat16* out) {
+  *out = bfloat16::from_float(v);
+}
+__device__ inline void narrow(float v, float16* out) {
+  *out = float16::from_float(v);
 }
 
 // Makes `device` current for the launches that follow; a device the driver does not show (no driver, an index past

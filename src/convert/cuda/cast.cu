@@ -17,16 +17,6 @@ namespace {
 
 using namespace cuda_detail;
 
-__device__ inline float widen(float x) {
-  return x;
-}
-__device__ inline float widen(bfloat16 x) {
-  return x.to_float();
-}
-__device__ inline float widen(float16 x) {
-  return x.to_float();
-}
-
 template <Format F, typename T>
 __global__ void encode_kernel(const T* in, std::uint8_t* out, std::int64_t n, float scale, EncodeSpec spec,
                               std::uint64_t seed, std::uint64_t offset) {
@@ -38,16 +28,6 @@ __global__ void encode_kernel(const T* in, std::uint8_t* out, std::int64_t n, fl
     const float x = scaled(widen(in[i]), scale);
     out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(x), spec, bits);
   }
-}
-
-__device__ inline void narrow(float v, float* out) {
-  *out = v;
-}
-__device__ inline void narrow(float v, bfloat16* out) {
-  *out = bfloat16::from_float(v);
-}
-__device__ inline void narrow(float v, float16* out) {
-  *out = float16::from_float(v);
 }
 
 template <Format F, typename T>

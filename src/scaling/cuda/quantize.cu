@@ -1,0 +1,284 @@
+// cuda::quantize and cuda::dequantize (scaling/cuda_quantize.hpp). Blocked granularities (row, column, any block,
+// MX): one group of threads per scaling block, a warp for blocks of at most 1024 elements, the whole CUDA block for
+// larger ones; the group takes the block's amax (the largest finite |x|, as float bits: non-negative floats order as
+// their unsigned bits), one thread turns it into the block's scales with the CPU's formula, and the group encodes
+// the block with the CPU's codec. Per tensor: an amax pass into one device word, a one-thread kernel for the scale,
+// and the encode reading it from device memory: no host sync anywhere.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/cuda/kernel_util.cuh"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/format/codec_inline.hpp"
+#include "fp8kit/scaling/cuda_quantize.hpp"
+#include "fp8kit/scaling/scale_inline.hpp"
+
+namespace fp8kit {
+namespace {
+
+using namespace cuda_detail;
+
+// What a block's scales are computed from (the options, and the element format's constants).
+struct ScaleSpec {
+  ScaleOptions scale;
+  float fp8_max = 0.0f;         // the format's largest finite value
+  int emax_elem = 0;            // MX: the exponent of its largest normal
+  float max_reciprocal = 0.0f;  // MX RCEIL: 1 / fp8_max as a float
+  bool mx = false, rceil = false;
+};
+
+ScaleSpec scale_spec(const QuantizeOptions& options) {
+  ScaleSpec s;
+  s.scale = options.scale;
+  const double max = max_finite(options.format);
+  s.fp8_max = static_cast<float>(max);
+  int e = 0;
+  for (double x = max; x >= 2.0; x /= 2.0) ++e;
+  s.emax_elem = e;
+  s.max_reciprocal = 1.0f / s.fp8_max;
+  s.mx = options.granularity.kind == Granularity::Kind::kMx;
+  s.rceil = options.granularity.mx_mode == MxScaleMode::kRceil;
+  return s;
+}
+
+// The block's quantization multiplier from its amax; its dequantization scale (and E8M0 code) written out.
+__device__ float block_scale(float amax, const ScaleSpec& s, float* scale_inv, std::uint8_t* e8m0) {
+  if (s.mx) {
+    const std::uint8_t code = scale_detail::mx_code(amax, s.emax_elem, s.max_reciprocal, s.rceil);
+    *e8m0 = code;
+    *scale_inv = scale_detail::mx_value(code);
+    return code == 0xFF ? *scale_inv : scale_detail::pow2f(127 - code);
+  }
+  const float multiplier = scale_detail::scale_from_amax(amax, s.fp8_max, s.scale, 1.0f);
+  *scale_inv = 1.0f / multiplier;
+  return multiplier;
+}
+
+__device__ inline unsigned finite_magnitude(float v) {
+  const unsigned bits = __float_as_uint(v) & 0x7FFFFFFFu;
+  return bits < 0x7F800000u ? bits : 0u;
+}
+
+// The largest `m` of the GROUP threads of a group (warp shuffles, then the group's warps through shared memory).
+template <int GROUP>
+__device__ unsigned group_max(unsigned m, unsigned* warp_max) {
+  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  if constexpr (GROUP > 32) {
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = 0;
+    for (int w = 0; w < GROUP / 32; ++w) m = max(m, warp_max[w]);
+  }
+  return m;
+}
+
+template <Format F, typename T, int GROUP>
+__global__ void quantize_blocks(const T* x, std::int64_t rows, std::int64_t cols, std::int64_t br, std::int64_t bc,
+                                std::int64_t grid_cols, std::int64_t blocks, ScaleSpec spec, EncodeSpec encode,
+                                std::uint8_t* codes, float* scale_inv, std::uint8_t* e8m0) {
+  constexpr FormatDescriptor d = descriptor(F);
+  constexpr int kGroups = kThreads / GROUP;
+  __shared__ unsigned warp_max[kThreads / 32];
+  __shared__ float multipliers[kGroups];
+  std::uint8_t unused_code = 0;
+  const int group = static_cast<int>(threadIdx.x) / GROUP, lane = static_cast<int>(threadIdx.x) % GROUP;
+  // Every thread runs the same iterations (the barriers below), a group past the last block idles through them.
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kGroups; base < blocks;
+       base += static_cast<std::int64_t>(gridDim.x) * kGroups) {
+    const std::int64_t b = base + group;
+    const bool active = b < blocks;
+    const std::int64_t r0 = active ? (b / grid_cols) * br : 0, c0 = active ? (b % grid_cols) * bc : 0;
+    const std::int64_t h = active ? min(br, rows - r0) : 0, w = active ? min(bc, cols - c0) : 1;
+    unsigned m = 0;
+    for (std::int64_t i = lane; i < h * w; i += GROUP)
+      m = max(m, finite_magnitude(widen(x[(r0 + i / w) * cols + c0 + i % w])));
+    m = group_max<GROUP>(m, warp_max);
+    if (lane == 0 && active) {
+      multipliers[group] =
+          block_scale(__uint_as_float(m), spec, scale_inv + b, e8m0 != nullptr ? e8m0 + b : &unused_code);
+    }
+    __syncthreads();
+    const float multiplier = multipliers[group];
+    for (std::int64_t i = lane; i < h * w; i += GROUP) {
+      const std::int64_t at = (r0 + i / w) * cols + c0 + i % w;
+      codes[at] = codec_detail::encode_unpacked(d, codec_detail::unpack(scaled(widen(x[at]), multiplier)), encode, 0u);
+    }
+    __syncthreads();  // the shared words are reused by the next iteration
+  }
+}
+
+// Per tensor: the amax into *result (atomicMax of float bits), then the scales, then the encode.
+template <typename T>
+__global__ void amax_bits_kernel(const T* x, std::int64_t n, unsigned* result) {
+  __shared__ unsigned warp_max[kThreads / 32];
+  unsigned m = 0;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    m = max(m, finite_magnitude(widen(x[i])));
+  }
+  m = group_max<kThreads>(m, warp_max);
+  if (threadIdx.x == 0) atomicMax(result, m);
+}
+
+__global__ void tensor_scale_kernel(const unsigned* amax_bits, ScaleSpec spec, float* multiplier, float* scale_inv,
+                                    std::uint8_t* e8m0) {
+  std::uint8_t unused_code = 0;
+  *multiplier = block_scale(__uint_as_float(*amax_bits), spec, scale_inv, e8m0 != nullptr ? e8m0 : &unused_code);
+}
+
+template <Format F, typename T>
+__global__ void encode_tensor_kernel(const T* x, std::int64_t n, const float* multiplier, EncodeSpec encode,
+                                     std::uint8_t* codes) {
+  constexpr FormatDescriptor d = descriptor(F);
+  const float scale = *multiplier;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    codes[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(scaled(widen(x[i]), scale)), encode, 0u);
+  }
+}
+
+template <Format F, typename T>
+__global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t br,
+                                  std::int64_t bc, std::int64_t grid_cols, const float* scale_inv, T* out) {
+  constexpr FormatDescriptor d = descriptor(F);
+  const std::int64_t n = rows * cols;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::int64_t r = i / cols, c = i % cols;
+    narrow(scaled(codec_detail::decode_code(d, codes[i]), scale_inv[(r / br) * grid_cols + c / bc]), out + i);
+  }
+}
+
+// Calls fn.template operator()<T>() with x's element type.
+template <typename Fn>
+void with_input(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::float32:
+      return fn.template operator()<float>();
+    case DType::bfloat16:
+      return fn.template operator()<bfloat16>();
+    case DType::float16:
+      return fn.template operator()<float16>();
+    default:
+      FP8KIT_THROW(ErrorKind::kInvalidArgument, "cuda::quantize: x is ", name(dtype),
+                   ": quantize float32, bfloat16 or float16");
+  }
+}
+
+}  // namespace
+
+namespace cuda {
+
+ScaledTensor QuantizedTensor::to_host() const {
+  ScaledTensor q;
+  q.format = format;
+  q.overflow = overflow;
+  q.granularity = granularity;
+  q.rows = rows();
+  q.cols = cols();
+  q.original_dtype = original_dtype;
+  const Tensor host_codes = codes.to(Device::cpu()), host_scales = scale_inv.to(Device::cpu());
+  const auto* c = static_cast<const std::uint8_t*>(host_codes.data_ptr());
+  q.data.assign(c, c + host_codes.numel());
+  q.scale_inv.assign(host_scales.span<float>().begin(), host_scales.span<float>().end());
+  if (scale_e8m0.numel() != 0) {
+    const Tensor host_e8m0 = scale_e8m0.to(Device::cpu());
+    q.scale_e8m0.assign(host_e8m0.span<std::uint8_t>().begin(), host_e8m0.span<std::uint8_t>().end());
+  }
+  return q;
+}
+
+QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
+  FP8KIT_CHECK(!x.device().is_cpu(), "cuda::quantize: x is on the CPU: call fp8kit::quantize, or move x with ",
+               ".to(Device::cuda(i))");
+  const int device = x.device().index;
+  use_device(device);
+  const MatrixRef shape = x.matrix();
+  const std::int64_t rows = shape.rows, cols = shape.cols;
+  const Granularity& g = options.granularity;
+  if (g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) {
+    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "cuda::quantize: block shape must be positive, got ",
+                 g.block_rows, "x", g.block_cols);
+  }
+  QuantizedTensor q;
+  q.format = options.format;
+  q.overflow = options.overflow;
+  q.granularity = g;
+  q.original_dtype = x.dtype();
+  const std::int64_t br = std::max<std::int64_t>(g.rows_per_block(rows), 1);
+  const std::int64_t bc = std::max<std::int64_t>(g.cols_per_block(cols), 1);
+  const std::int64_t grid_rows = (rows + br - 1) / br, grid_cols = (cols + bc - 1) / bc;
+  q.codes = empty({rows, cols}, dtype_of(options.format), x.device());
+  q.scale_inv = empty({grid_rows, grid_cols}, DType::float32, x.device());
+  const bool mx = g.kind == Granularity::Kind::kMx;
+  if (mx) q.scale_e8m0 = empty({grid_rows, grid_cols}, DType::uint8, x.device());
+  const ScaleSpec spec = scale_spec(options);
+  const EncodeSpec encode{options.format, options.overflow, Rounding::kNearestEven};
+  auto* codes = static_cast<std::uint8_t*>(q.codes.data_ptr());
+  auto* scale_inv = static_cast<float*>(q.scale_inv.data_ptr());
+  auto* e8m0 = mx ? static_cast<std::uint8_t*>(q.scale_e8m0.data_ptr()) : nullptr;
+  const std::int64_t n = rows * cols, blocks = grid_rows * grid_cols;
+  if (n == 0) return q;  // no blocks either (an empty dimension leaves the block grid empty)
+  with_input(x.dtype(), [&]<typename T>() {
+    const auto* in = static_cast<const T*>(x.data_ptr());
+    with_format(options.format, [&]<Format F>() {
+      if (blocks == 1) {
+        const Tensor amax_bits = zeros({}, DType::int32, x.device());  // float bits, 0 to start
+        const Tensor multiplier = empty({}, DType::float32, x.device());
+        auto* bits = static_cast<unsigned*>(amax_bits.data_ptr());
+        auto* m = static_cast<float*>(multiplier.data_ptr());
+        amax_bits_kernel<<<blocks_for(n, 4096), kThreads>>>(in, n, bits);
+        tensor_scale_kernel<<<1, 1>>>(bits, spec, m, scale_inv, e8m0);
+        encode_tensor_kernel<F><<<blocks_for(n), kThreads>>>(in, n, m, encode, codes);
+      } else if (br * bc <= 1024) {
+        constexpr int kGroups = kThreads / 32;
+        const auto grid = static_cast<unsigned>(std::min<std::int64_t>((blocks + kGroups - 1) / kGroups, 65536));
+        quantize_blocks<F, T, 32>
+            <<<grid, kThreads>>>(in, rows, cols, br, bc, grid_cols, blocks, spec, encode, codes, scale_inv, e8m0);
+      } else {
+        const auto grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
+        quantize_blocks<F, T, kThreads>
+            <<<grid, kThreads>>>(in, rows, cols, br, bc, grid_cols, blocks, spec, encode, codes, scale_inv, e8m0);
+      }
+    });
+  });
+  check_launch("cuda::quantize", device);
+  return q;
+}
+
+Tensor dequantize(const QuantizedTensor& q, DType dtype) {
+  FP8KIT_CHECK(!q.codes.device().is_cpu(), "cuda::dequantize: the codes are on the CPU: call fp8kit::dequantize");
+  FP8KIT_CHECK(dtype == DType::float32 || dtype == DType::bfloat16 || dtype == DType::float16,
+               "cuda::dequantize: ", name(dtype), " is not a float dtype: use float32, bfloat16 or float16");
+  FP8KIT_CHECK(q.codes.dim() == 2 && q.codes.dtype() == dtype_of(q.format), "cuda::dequantize: the codes are ",
+               name(q.codes.dtype()), " ", shape_string(q.codes.shape()), ": a matrix of ", name(dtype_of(q.format)),
+               " (the format's codes) is expected");
+  const int device = q.codes.device().index;
+  use_device(device);
+  const std::int64_t rows = q.rows(), cols = q.cols();
+  const std::int64_t block_rows = std::max<std::int64_t>(q.granularity.rows_per_block(rows), 1);
+  const std::int64_t block_cols = std::max<std::int64_t>(q.granularity.cols_per_block(cols), 1);
+  const std::int64_t grid_cols = (cols + block_cols - 1) / block_cols;
+  const Shape grid{(rows + block_rows - 1) / block_rows, grid_cols};
+  FP8KIT_CHECK(
+      q.scale_inv.shape() == grid && q.scale_inv.dtype() == DType::float32 && q.scale_inv.device() == q.codes.device(),
+      "cuda::dequantize: scale_inv is ", name(q.scale_inv.dtype()), " ", shape_string(q.scale_inv.shape()), " on ",
+      to_string(q.scale_inv.device()), "; ", q.granularity.name(), " on ", rows, " x ", cols, " needs float32 ",
+      shape_string(grid), " beside the codes");
+  Tensor out = empty({rows, cols}, dtype, q.codes.device());
+  if (rows * cols == 0) return out;
+  const auto* codes = static_cast<const std::uint8_t*>(q.codes.data_ptr());
+  const auto* scales = static_cast<const float*>(q.scale_inv.data_ptr());
+  with_input(dtype, [&]<typename T>() {
+    with_format(q.format, [&]<Format F>() {
+      dequantize_kernel<F, T><<<blocks_for(rows * cols), kThreads>>>(
+          codes, rows, cols, block_rows, block_cols, grid_cols, scales, static_cast<T*>(out.data_ptr()));
+    });
+  });
+  check_launch("cuda::dequantize", device);
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace fp8kit

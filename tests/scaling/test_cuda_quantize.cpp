@@ -1,0 +1,164 @@
+// quantize and dequantize on a CUDA device against the CPU's quantize() and dequantize(), bit for bit: every
+// granularity (per tensor, row, column, 1 x 128, 128 x 128, an odd block, MX FLOOR and RCEIL), three element formats,
+// both overflow policies, the scale options, float32 / bfloat16 / float16 inputs with special values in them.
+// Skipped without a device, saying why; the refusals run in every build.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/cuda_quantize.hpp"
+#include "fp8kit/scaling/scaled_tensor.hpp"
+#include "fp8kit/tensor/cuda.hpp"
+#include "fp8kit/tensor/tensor.hpp"
+
+namespace fp8kit {
+namespace {
+
+using testing::expect_error;
+
+TEST(CudaQuantizeBuild, RefusesHostTensors) {
+  const Tensor x = ones({4, 4});
+  if (!cuda::built()) {
+    expect_error([&] { cuda::quantize(x, {}); }, ErrorKind::kUnsupported, {"no CUDA backend"});
+    return;
+  }
+  expect_error([&] { cuda::quantize(x, {}); }, ErrorKind::kInvalidArgument, {"x is on the CPU"});
+}
+
+class CudaQuantize : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  }
+};
+
+// rows x cols values whose magnitudes differ from row to row by up to 2^+-20 (so that per-row and per-block scales
+// differ), with subnormals, zeros of both signs, NaN and Inf of both signs, and a whole row of zeros.
+Tensor values(std::int64_t rows, std::int64_t cols) {
+  Tensor t = randn({rows, cols}, 11);
+  float* x = t.data<float>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float row_scale = std::ldexp(1.0f, static_cast<int>((r * 7) % 41) - 20);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::int64_t i = r * cols + c;
+      x[i] *= row_scale;
+      if (i % 97 == 5) x[i] *= 1e-30f;  // subnormal or near it
+      if (i % 101 == 3) x[i] = i % 2 ? -0.0f : 0.0f;
+      if (i % 1009 == 7) x[i] = std::copysign(std::numeric_limits<float>::quiet_NaN(), i % 2 ? -1.0f : 1.0f);
+      if (i % 1013 == 11) x[i] = std::copysign(std::numeric_limits<float>::infinity(), i % 2 ? -1.0f : 1.0f);
+      if (r == 2) x[i] = 0.0f;
+    }
+  }
+  return t;
+}
+
+template <typename T>
+std::vector<std::uint32_t> bits_of(const T& buffer) {
+  std::vector<std::uint32_t> out;
+  for (const auto& v : buffer) {
+    if constexpr (sizeof(v) == 4) {
+      out.push_back(std::bit_cast<std::uint32_t>(v));
+    } else {
+      out.push_back(static_cast<std::uint32_t>(v));
+    }
+  }
+  return out;
+}
+
+TEST_F(CudaQuantize, EveryGranularityIsTheCpusBitForBit) {
+  const std::int64_t rows = 259, cols = 515;  // no multiple of a block in either direction
+  const Tensor host = values(rows, cols);
+  const std::vector<Granularity> granularities = {Granularity::tensor(),
+                                                  Granularity::row(),
+                                                  Granularity::column(),
+                                                  Granularity::block(1, 128),
+                                                  Granularity::block(128, 128),
+                                                  Granularity::block(3, 5),
+                                                  Granularity::mx(),
+                                                  Granularity::mx(MxScaleMode::kRceil)};
+  ScaleOptions tuned;
+  tuned.margin = 1;
+  tuned.epsilon = 1e-12f;
+  tuned.rounding = ScaleRounding::kPowerOfTwoDown;
+  int cases = 0;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+    const Tensor x = dtype == DType::float32 ? host : host.to(dtype);
+    const Tensor device_x = x.to(Device::cuda(0));
+    for (Format format : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz}) {
+      for (const Granularity& g : granularities) {
+        for (Overflow overflow : {Overflow::kSaturate, Overflow::kNonSaturating}) {
+          for (bool tune : {false, true}) {
+            if (tune && g.kind == Granularity::Kind::kMx) continue;  // E8M0 scales take no options
+            QuantizeOptions options;
+            options.format = format;
+            options.overflow = overflow;
+            options.granularity = g;
+            if (tune) options.scale = tuned;
+            const std::string what = std::string(name(dtype)) + " " + std::string(name(format)) + " " + g.name() +
+                                     (overflow == Overflow::kSaturate ? " sat" : " nonsat") + (tune ? " tuned" : "");
+            const ScaledTensor want = quantize(x, options);
+            const cuda::QuantizedTensor got = cuda::quantize(device_x, options);
+            const ScaledTensor back = got.to_host();
+            ASSERT_EQ(back.data.size(), want.data.size()) << what;
+            EXPECT_TRUE(back.data == want.data) << what;
+            EXPECT_EQ(bits_of(back.scale_inv), bits_of(want.scale_inv)) << what;
+            EXPECT_EQ(bits_of(back.scale_e8m0), bits_of(want.scale_e8m0)) << what;
+            EXPECT_EQ(got.scale_inv.shape(), (Shape{want.grid_rows(), want.grid_cols()})) << what;
+            // Dequantized on the device: the CPU's values.
+            std::vector<float> cpu(want.data.size());
+            dequantize(want, cpu);
+            const Tensor dq = cuda::dequantize(got).to(Device::cpu());
+            EXPECT_EQ(bits_of(dq.span<float>()), bits_of(cpu)) << what;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 3 * 3 * (6 * 4 + 2 * 2));
+}
+
+// Many CUDA blocks meeting in one amax (atomics), a tensor larger than one grid pass, and bfloat16 output of
+// dequantize (the float32 value rounded once).
+TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
+  const Tensor x = randn({1536, 4099}, 3);
+  for (const Granularity& g : {Granularity::tensor(), Granularity::block(1, 128), Granularity::block(128, 128)}) {
+    QuantizeOptions options;
+    options.granularity = g;
+    const ScaledTensor want = quantize(x, options);
+    const cuda::QuantizedTensor got = cuda::quantize(x.to(Device::cuda(0)), options);
+    const ScaledTensor back = got.to_host();
+    EXPECT_TRUE(back.data == want.data) << g.name();
+    EXPECT_EQ(bits_of(back.scale_inv), bits_of(want.scale_inv)) << g.name();
+    const Tensor dq = cuda::dequantize(got, DType::bfloat16).to(Device::cpu());
+    const Tensor cpu = dequantize(want, DType::bfloat16);
+    EXPECT_EQ(std::memcmp(dq.data_ptr(), cpu.data_ptr(), static_cast<std::size_t>(cpu.nbytes())), 0) << g.name();
+  }
+}
+
+TEST_F(CudaQuantize, RefusesWhatItCannotQuantize) {
+  const Tensor ints = zeros({4, 4}, DType::int32, Device::cuda(0));
+  expect_error([&] { cuda::quantize(ints, {}); }, ErrorKind::kInvalidArgument, {"int32", "float32, bfloat16"});
+  QuantizeOptions bad;
+  bad.granularity = Granularity::block(0, 4);
+  expect_error(
+      [&] {
+        cuda::quantize(ones({4, 4}).to(Device::cuda(0)), bad);
+      },
+      ErrorKind::kInvalidArgument, {"block shape must be positive"});
+  const cuda::QuantizedTensor q = cuda::quantize(ones({4, 4}).to(Device::cuda(0)), {});
+  expect_error([&] { cuda::dequantize(q, DType::int8); }, ErrorKind::kInvalidArgument, {"int8 is not a float dtype"});
+  const cuda::QuantizedTensor empty = cuda::quantize(zeros({0, 8}).to(Device::cuda(0)), {});
+  EXPECT_EQ(empty.codes.shape(), (Shape{0, 8}));
+  EXPECT_EQ(cuda::dequantize(empty).shape(), (Shape{0, 8}));
+}
+
+}  // namespace
+}  // namespace fp8kit
