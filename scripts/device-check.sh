@@ -104,10 +104,11 @@ PY
 }
 step test_tensor build-device/tests/test_tensor --gtest_output=json:"$results/test_tensor.json"
 must_run "$results/test_tensor.json" CudaTensor
-step test_scaling build-device/tests/test_scaling --gtest_filter='CudaAmax*:CudaQuantize*:Quantize*:Amax*' \
+step test_scaling build-device/tests/test_scaling --gtest_filter='CudaAmax*:CudaQuantize*:CudaRecipe*:Quantize*:Amax*:Recipe*:Delayed*' \
   --gtest_output=json:"$results/test_scaling.json"
 must_run "$results/test_scaling.json" CudaAmax
 must_run "$results/test_scaling.json" CudaQuantize
+must_run "$results/test_scaling.json" CudaRecipe
 # cuBLASLt is loaded at run time (dlopen): where the toolkit's copy is not on the loader's path, PyTorch's wheel has one.
 if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt\.so\.'; then
   lt="$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)" \

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/no_cuda.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/cuda_recipe.hpp"
 
 namespace fp8kit {
 
@@ -53,6 +55,19 @@ void DelayedScaling::update() {
     std::rotate(history_.begin(), history_.begin() + 1, history_.end());  // last slot now holds slot 0
   }
   history_[0] = 0.0f;
+}
+
+DelayedScaling DelayedScaling::from_parts(const DelayedScalingConfig& config, float scale,
+                                          std::optional<float> smoothed, bool calibrated,
+                                          std::span<const float> history) {
+  DelayedScaling state(config);
+  FP8KIT_CHECK(history.size() == state.history_.size(), "delayed scaling: a history of ", history.size(),
+               " amaxes for a history length of ", config.history_length);
+  state.scale_ = scale;
+  state.smoothed_ = smoothed;
+  state.calibrated_ = calibrated;
+  std::copy(history.begin(), history.end(), state.history_.begin());
+  return state;
 }
 
 namespace {
@@ -147,3 +162,24 @@ DelayedScaling DelayedScaling::deserialize(std::span<const std::uint8_t> bytes) 
 }
 
 }  // namespace fp8kit
+
+#ifndef FP8KIT_HAVE_CUDA
+// The CPU-only build's device state (cuda_recipe.hpp): there is no device to keep it on.
+namespace fp8kit::cuda {
+DelayedScalingState::DelayedScalingState(const DelayedScalingConfig&, int) {
+  detail::throw_no_cuda_backend("DelayedScalingState");
+}
+DelayedScalingState::DelayedScalingState(const DelayedScaling&, int) {
+  detail::throw_no_cuda_backend("DelayedScalingState");
+}
+DelayedScaling DelayedScalingState::to_host() const {
+  detail::throw_no_cuda_backend("DelayedScalingState::to_host");
+}
+QuantizedTensor quantize_delayed(const Tensor&, DelayedScalingState&, Overflow) {
+  detail::throw_no_cuda_backend("quantize_delayed");
+}
+void update(DelayedScalingState&) {
+  detail::throw_no_cuda_backend("update");
+}
+}  // namespace fp8kit::cuda
+#endif

@@ -103,6 +103,23 @@ TEST(DelayedScaling, ExponentialMovingAverage) {
   EXPECT_THROW(DelayedScaling{bad}, Error);
 }
 
+// A state rebuilt from its public parts (what a device copy hands back) is the state, bytes and all.
+TEST(DelayedScaling, FromPartsIsTheState) {
+  DelayedScalingConfig config{Format::e4m3fn, 4, AmaxCompute::kMax, 1};
+  config.ema_decay = 0.5f;
+  DelayedScaling s(config);
+  for (float a : {3.0f, 7.0f, 1.0f, 2.5f, 9.0f}) {
+    s.record(a);
+    s.update();
+  }
+  s.record(4.0f);
+  const DelayedScaling r =
+      DelayedScaling::from_parts(s.config(), s.scale(), s.smoothed_amax(), s.calibrated(), s.history());
+  EXPECT_EQ(r.serialize(), s.serialize());
+  const std::vector<float> short_history(3, 0.0f);
+  EXPECT_THROW(DelayedScaling::from_parts(config, 1.0f, std::nullopt, false, short_history), Error);
+}
+
 TEST(DelayedScaling, SerializeRoundTrip) {
   DelayedScalingConfig config{Format::e5m2, 5, AmaxCompute::kMax, 2};
   config.ema_decay = 0.9f;

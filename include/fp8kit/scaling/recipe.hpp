@@ -64,6 +64,12 @@ class DelayedScaling {
   //  - the history rolls: slot i takes slot i+1, the last slot takes this step's amax, slot 0 is cleared.
   void update();
 
+  // A state from its parts (what serialize() holds: the scale, the smoothed amax, whether it is calibrated, the
+  // history in slot order): a state copied back from a device (cuda::DelayedScalingState). Throws fp8kit::Error
+  // (kInvalidArgument) when the history's length is not the config's.
+  static DelayedScaling from_parts(const DelayedScalingConfig& config, float scale, std::optional<float> smoothed,
+                                   bool calibrated, std::span<const float> history);
+
   // A versioned little-endian binary form of the whole state (config, scale, history, smoothing), for checkpoints.
   std::vector<std::uint8_t> serialize() const;
   // Throws fp8kit::Error (kParse) on a malformed or unknown-version blob.

@@ -13,6 +13,7 @@
 #include "fp8kit/format/codec_inline.hpp"
 #include "fp8kit/scaling/cuda_quantize.hpp"
 #include "fp8kit/scaling/scale_inline.hpp"
+#include "scaling/cuda/tensor_kernels.cuh"
 
 namespace fp8kit {
 namespace {
@@ -55,24 +56,6 @@ __device__ float block_scale(float amax, const ScaleSpec& s, float* scale_inv, s
   return multiplier;
 }
 
-__device__ inline unsigned finite_magnitude(float v) {
-  const unsigned bits = __float_as_uint(v) & 0x7FFFFFFFu;
-  return bits < 0x7F800000u ? bits : 0u;
-}
-
-// The largest `m` of the GROUP threads of a group (warp shuffles, then the group's warps through shared memory).
-template <int GROUP>
-__device__ unsigned group_max(unsigned m, unsigned* warp_max) {
-  m = __reduce_max_sync(0xFFFFFFFFu, m);
-  if constexpr (GROUP > 32) {
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-    __syncthreads();
-    m = 0;
-    for (int w = 0; w < GROUP / 32; ++w) m = max(m, warp_max[w]);
-  }
-  return m;
-}
-
 template <Format F, typename T, int GROUP>
 __global__ void quantize_blocks(const T* x, std::int64_t rows, std::int64_t cols, std::int64_t br, std::int64_t bc,
                                 std::int64_t grid_cols, std::int64_t blocks, ScaleSpec spec, EncodeSpec encode,
@@ -108,34 +91,10 @@ __global__ void quantize_blocks(const T* x, std::int64_t rows, std::int64_t cols
   }
 }
 
-// Per tensor: the amax into *result (atomicMax of float bits), then the scales, then the encode.
-template <typename T>
-__global__ void amax_bits_kernel(const T* x, std::int64_t n, unsigned* result) {
-  __shared__ unsigned warp_max[kThreads / 32];
-  unsigned m = 0;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    m = max(m, finite_magnitude(widen(x[i])));
-  }
-  m = group_max<kThreads>(m, warp_max);
-  if (threadIdx.x == 0) atomicMax(result, m);
-}
-
 __global__ void tensor_scale_kernel(const unsigned* amax_bits, ScaleSpec spec, float* multiplier, float* scale_inv,
                                     std::uint8_t* e8m0) {
   std::uint8_t unused_code = 0;
   *multiplier = block_scale(__uint_as_float(*amax_bits), spec, scale_inv, e8m0 != nullptr ? e8m0 : &unused_code);
-}
-
-template <Format F, typename T>
-__global__ void encode_tensor_kernel(const T* x, std::int64_t n, const float* multiplier, EncodeSpec encode,
-                                     std::uint8_t* codes) {
-  constexpr FormatDescriptor d = descriptor(F);
-  const float scale = *multiplier;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    codes[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(scaled(widen(x[i]), scale)), encode, 0u);
-  }
 }
 
 template <Format F, typename T>
@@ -228,7 +187,7 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
         const Tensor multiplier = empty({}, DType::float32, x.device());
         auto* bits = static_cast<unsigned*>(amax_bits.data_ptr());
         auto* m = static_cast<float*>(multiplier.data_ptr());
-        amax_bits_kernel<<<blocks_for(n, 4096), kThreads>>>(in, n, bits);
+        amax_bits_kernel<<<blocks_for(n, 4096), kThreads>>>(in, n, bits, nullptr);
         tensor_scale_kernel<<<1, 1>>>(bits, spec, m, scale_inv, e8m0);
         encode_tensor_kernel<F><<<blocks_for(n), kThreads>>>(in, n, m, encode, codes);
       } else if (br * bc <= 1024) {
