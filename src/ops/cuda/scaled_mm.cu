@@ -11,8 +11,12 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <compare>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -133,6 +137,31 @@ LtScales lt_scales(const Tensor& s, const Granularity& from, std::int32_t mode, 
   return out;
 }
 
+// One matmul configuration's descriptors and chosen algorithm, kept for the calls that follow (PyTorch and Transformer
+// Engine cache them too): at most kMaxPlans, all dropped when full.
+struct PlanKey {
+  int device;
+  std::int64_t m, n, k;
+  DType a, b, out;
+  std::int32_t mode_a, mode_b;
+  bool fast_accum, bias, scale_result, amax;
+  auto operator<=>(const PlanKey&) const = default;
+};
+struct Plan {
+  explicit Plan(const CublasLt& lt) : desc(lt) {}
+  LtDescriptors desc;
+  cublasLtMatmulHeuristicResult_t algorithm{};
+};
+constexpr std::size_t kMaxPlans = 256;
+struct PlanCache {
+  std::mutex mutex;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+};
+PlanCache& plan_cache() {
+  static PlanCache* cache = new PlanCache;  // never destroyed: cuBLASLt may be gone at exit
+  return *cache;
+}
+
 std::string format_name(DType d) {
   return std::string(fp8kit::name(d)).substr(7);
 }  // "float8_e4m3fn" -> "e4m3fn"
@@ -212,45 +241,76 @@ MmResult scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, cons
 
   const LtScales lt_a = lt_scales(scale_b, gb, mode_b, n, k, device);  // cuBLASLt's A is fp8kit's b
   const LtScales lt_b = lt_scales(scale_a, ga, mode_a, m, k, device);
-  LtDescriptors desc(lt);
-  // C is not read (beta 0) but typed: bfloat16 beside an FP8 D, as cuBLASLt's FP8 table requires.
-  desc.create(cuda_type(b.dtype()), cuda_type(a.dtype()), fp8_out ? CUDA_R_16BF : cuda_type(out_dtype),
-              cuda_type(out_dtype), m, n, k, kWorkspaceBytes);
-  desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_a.mode, "A_SCALE_MODE");
-  desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_b.mode, "B_SCALE_MODE");
-  desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, lt_a.pointer, "A_SCALE_POINTER");
-  desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lt_b.pointer, "B_SCALE_POINTER");
-  desc.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<std::int8_t>(options.fast_accum ? 1 : 0), "FAST_ACCUM");
-  if (options.scale_result) {
-    desc.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(options.scale_result->data_ptr()),
-             "D_SCALE_POINTER");
-  }
-  if (options.amax) desc.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, result.amax.data_ptr(), "AMAX_D_POINTER");
-  if (options.bias) {
-    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(CUBLASLT_EPILOGUE_BIAS), "EPILOGUE");
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(options.bias->data_ptr()), "BIAS_POINTER");
-    desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_16BF), "BIAS_DATA_TYPE");
-  }
-
-  cublasLtHandle_t handle = cuda_detail::cublaslt_handle(device.index);
-  cublasLtMatmulHeuristicResult_t heuristic;
-  cublasStatus_t searched = CUBLAS_STATUS_SUCCESS;
-  if (!desc.choose(handle, heuristic, searched)) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index);
-    FP8KIT_THROW(ErrorKind::kUnsupported, kWhat, ": cuBLASLt ", lt.version, " has no kernel on ", to_string(device),
-                 " (compute capability ", major, ".", minor, ") for ", format_name(a.dtype()), " x ",
-                 format_name(b.dtype()), " with scales ", ga.name(), " / ", gb.name(), " to ", fp8kit::name(out_dtype),
-                 options.bias ? " with a bias" : "", options.amax ? " with amax" : "",
-                 searched != CUBLAS_STATUS_SUCCESS ? std::string(" (") + lt.status_string(searched) + ")" : "",
-                 ": FP8 needs compute capability 8.9 or later, block and row scales 9.0 and cuBLAS 12.9");
-  }
-  const Tensor workspace = empty({static_cast<std::int64_t>(heuristic.workspaceSize)}, DType::uint8, device);
-  const float alpha = 1.0f, beta = 0.0f;
+  const PlanKey key{device.index,
+                    m,
+                    n,
+                    k,
+                    a.dtype(),
+                    b.dtype(),
+                    out_dtype,
+                    mode_a,
+                    mode_b,
+                    options.fast_accum,
+                    options.bias.has_value(),
+                    options.scale_result.has_value(),
+                    options.amax};
+  const void* d_scale = options.scale_result ? options.scale_result->data_ptr() : nullptr;
+  const void* bias = options.bias ? options.bias->data_ptr() : nullptr;
+  void* amax = options.amax ? result.amax.data_ptr() : nullptr;
   void* out = result.out.data_ptr();
-  check_cublas(lt.matmul(handle, desc.op, &alpha, b.data_ptr(), desc.a, a.data_ptr(), desc.b, &beta, out, desc.c, out,
-                         desc.d, &heuristic.algo, workspace.data_ptr(), heuristic.workspaceSize, nullptr),
+  // The pointers change from call to call; everything else is the plan's (created once per key: the heuristic's
+  // search costs more than a small GEMM).
+  const auto set_pointers = [&](LtDescriptors& desc) {
+    desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, lt_a.pointer, "A_SCALE_POINTER");
+    desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lt_b.pointer, "B_SCALE_POINTER");
+    if (d_scale != nullptr) desc.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale, "D_SCALE_POINTER");
+    if (amax != nullptr) desc.set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax, "AMAX_D_POINTER");
+    if (bias != nullptr) desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "BIAS_POINTER");
+  };
+  const auto make_plan = [&] {
+    auto plan = std::make_unique<Plan>(lt);
+    LtDescriptors& desc = plan->desc;
+    // C is not read (beta 0) but typed: bfloat16 beside an FP8 D, as cuBLASLt's FP8 table requires.
+    desc.create(cuda_type(b.dtype()), cuda_type(a.dtype()), fp8_out ? CUDA_R_16BF : cuda_type(out_dtype),
+                cuda_type(out_dtype), m, n, k, kWorkspaceBytes);
+    desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode_b, "A_SCALE_MODE");
+    desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode_a, "B_SCALE_MODE");
+    desc.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<std::int8_t>(options.fast_accum ? 1 : 0), "FAST_ACCUM");
+    if (bias != nullptr) {
+      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(CUBLASLT_EPILOGUE_BIAS), "EPILOGUE");
+      desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_16BF), "BIAS_DATA_TYPE");
+    }
+    set_pointers(desc);
+    cublasStatus_t searched = CUBLAS_STATUS_SUCCESS;
+    if (!desc.choose(cuda_detail::cublaslt_handle(device.index), plan->algorithm, searched)) {
+      int major = 0, minor = 0;
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index);
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index);
+      FP8KIT_THROW(ErrorKind::kUnsupported, kWhat, ": cuBLASLt ", lt.version, " has no kernel on ", to_string(device),
+                   " (compute capability ", major, ".", minor, ") for ", format_name(a.dtype()), " x ",
+                   format_name(b.dtype()), " with scales ", ga.name(), " / ", gb.name(), " to ",
+                   fp8kit::name(out_dtype), options.bias ? " with a bias" : "", options.amax ? " with amax" : "",
+                   searched != CUBLAS_STATUS_SUCCESS ? std::string(" (") + lt.status_string(searched) + ")" : "",
+                   ": FP8 needs compute capability 8.9 or later, block and row scales 9.0 and cuBLAS 12.9");
+    }
+    return plan;
+  };
+
+  PlanCache& cache = plan_cache();
+  std::lock_guard lock(cache.mutex);  // a plan's descriptors are shared: one call sets and enqueues at a time
+  auto found = cache.plans.find(key);
+  if (found == cache.plans.end()) {
+    if (cache.plans.size() >= kMaxPlans) cache.plans.clear();
+    found = cache.plans.emplace(key, make_plan()).first;
+  } else {
+    set_pointers(found->second->desc);
+  }
+  Plan& plan = *found->second;
+  const Tensor workspace = empty({static_cast<std::int64_t>(plan.algorithm.workspaceSize)}, DType::uint8, device);
+  const float alpha = 1.0f, beta = 0.0f;
+  check_cublas(lt.matmul(cuda_detail::cublaslt_handle(device.index), plan.desc.op, &alpha, b.data_ptr(), plan.desc.a,
+                         a.data_ptr(), plan.desc.b, &beta, out, plan.desc.c, out, plan.desc.d, &plan.algorithm.algo,
+                         workspace.data_ptr(), plan.algorithm.workspaceSize, nullptr),
                "cublasLtMatmul");
   return result;
 }
