@@ -104,6 +104,7 @@ PY
 }
 step test_tensor build-device/tests/test_tensor --gtest_output=json:"$results/test_tensor.json"
 must_run "$results/test_tensor.json" CudaTensor
+must_run "$results/test_tensor.json" CudaStream
 step test_scaling build-device/tests/test_scaling --gtest_filter='CudaAmax*:CudaQuantize*:CudaRecipe*:Quantize*:Amax*:Recipe*:Delayed*' \
   --gtest_output=json:"$results/test_scaling.json"
 must_run "$results/test_scaling.json" CudaAmax

@@ -4,6 +4,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/tensor/cuda.hpp"
+#include "fp8kit/tensor/cuda_stream.hpp"
 
 namespace fp8kit {
 
@@ -58,6 +59,50 @@ std::vector<DeviceInfo> devices() {
 }
 void synchronize(int index) {
   check_available(Device::cuda(index));
+}
+
+// Streams and events: every constructor and entry refuses (check_available says there is no backend); the members
+// the refusals leave unreachable are defined for the link only.
+namespace detail {
+struct StreamState {};
+struct EventState {};
+}  // namespace detail
+Stream::Stream(int device) {
+  check_available(Device::cuda(device));
+}
+Stream Stream::legacy(int device) {
+  return Stream(device);
+}
+int Stream::device() const noexcept {
+  return 0;
+}
+bool Stream::is_legacy() const noexcept {
+  return false;
+}
+void* Stream::handle() const noexcept {
+  return nullptr;
+}
+void Stream::synchronize() const {}
+bool Stream::done() const {
+  return true;
+}
+Stream current_stream(int device) {
+  return Stream(device);
+}
+StreamGuard::StreamGuard(const Stream& stream) : device_(stream.device()) {}
+StreamGuard::~StreamGuard() = default;
+Event::Event(int device, bool) {
+  check_available(Device::cuda(device));
+}
+void Event::record(const Stream&) {}
+void Event::record() {}
+void Event::wait(const Stream&) const {}
+void Event::synchronize() const {}
+bool Event::done() const {
+  return true;
+}
+double Event::seconds_since(const Event&) const {
+  return 0.0;
 }
 }  // namespace cuda
 #endif

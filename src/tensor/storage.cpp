@@ -122,7 +122,7 @@ Storage::Storage(std::int64_t nbytes, Device device) : nbytes_(nbytes), device_(
         static_cast<std::byte*>(::operator new (static_cast<std::size_t>(allocated_), std::align_val_t{kAlignment}));
   } else {
 #ifdef FP8KIT_HAVE_CUDA
-    data_ = static_cast<std::byte*>(cuda_backend::allocate(allocated_, device.index));  // 256-byte aligned
+    data_ = static_cast<std::byte*>(cuda_backend::allocate(allocated_, device.index, stream_));  // 256-byte aligned
 #endif
   }
   category_ = t_category;
@@ -135,7 +135,7 @@ Storage::~Storage() {
     ::operator delete (data_, std::align_val_t{kAlignment});
   } else {
 #ifdef FP8KIT_HAVE_CUDA
-    cuda_backend::release(data_, device_.index);
+    cuda_backend::release(data_, device_.index, stream_);
 #endif
   }
   counters_of(device_).remove(allocated_, category_);

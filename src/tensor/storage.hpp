@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "fp8kit/tensor/device.hpp"
 #include "fp8kit/tensor/memory.hpp"
@@ -32,6 +33,7 @@ class Storage {
   std::int64_t allocated_ = 0;
   MemoryCategory category_ = MemoryCategory::kTemporary;  // the allocating thread's at construction
   Device device_;
+  std::shared_ptr<void> stream_;  // a CUDA allocation's stream (kept alive to free on it); null otherwise
 };
 
 // nbytes from `src` on `from` to `dst` on `to`: memcpy between host buffers, the CUDA runtime's copy otherwise

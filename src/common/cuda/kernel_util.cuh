@@ -11,6 +11,7 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/format.hpp"
 #include "fp8kit/format/half.hpp"
+#include "tensor/cuda/streams.hpp"
 
 namespace fp8kit::cuda_detail {
 

@@ -45,7 +45,8 @@ void launch_to_fp8(const T* in, std::uint8_t* out, std::int64_t n, const CastOpt
   if (n == 0) return;
   const EncodeSpec spec{options.format, options.overflow, options.rounding};
   with_format(options.format, [&]<Format F>() {
-    encode_kernel<F><<<blocks_for(n), kThreads>>>(in, out, n, options.scale, spec, options.seed, options.stream_offset);
+    encode_kernel<F><<<blocks_for(n), kThreads, 0, stream_of(device)>>>(in, out, n, options.scale, spec, options.seed,
+                                                                        options.stream_offset);
   });
   check_launch("the cast to FP8", device);
 }
@@ -54,7 +55,9 @@ template <typename T>
 void launch_from_fp8(const std::uint8_t* in, Format format, T* out, std::int64_t n, float scale_inv, int device) {
   use_device(device);
   if (n == 0) return;
-  with_format(format, [&]<Format F>() { decode_kernel<F><<<blocks_for(n), kThreads>>>(in, out, n, scale_inv); });
+  with_format(format, [&]<Format F>() {
+    decode_kernel<F><<<blocks_for(n), kThreads, 0, stream_of(device)>>>(in, out, n, scale_inv);
+  });
   check_launch("the cast from FP8", device);
 }
 

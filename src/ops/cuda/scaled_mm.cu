@@ -129,7 +129,7 @@ LtScales lt_scales(const Tensor& s, const Granularity& from, std::int32_t mode, 
     grid_rows = ceil_div(rows, kBlock), drs = padded, dcs = 1, elements = grid_rows * padded;
   }
   out.relaid = zeros({elements}, DType::float32, device);  // BLK's padding stays 0 (never read)
-  relayout_kernel<<<blocks_for(grid_rows * grid_cols), kThreads>>>(
+  relayout_kernel<<<blocks_for(grid_rows * grid_cols), kThreads, 0, stream_of(device.index)>>>(
       static_cast<const float*>(s.data_ptr()), grid_rows, grid_cols, srs, scs,
       static_cast<float*>(out.relaid.data_ptr()), drs, dcs);
   check_launch("the relayout of scaled_mm's scales", device.index);
@@ -310,7 +310,7 @@ MmResult scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, cons
   const float alpha = 1.0f, beta = 0.0f;
   check_cublas(lt.matmul(cuda_detail::cublaslt_handle(device.index), plan.desc.op, &alpha, b.data_ptr(), plan.desc.a,
                          a.data_ptr(), plan.desc.b, &beta, out, plan.desc.c, out, plan.desc.d, &plan.algorithm.algo,
-                         workspace.data_ptr(), plan.algorithm.workspaceSize, nullptr),
+                         workspace.data_ptr(), plan.algorithm.workspaceSize, stream_of(device.index)),
                "cublasLtMatmul");
   return result;
 }

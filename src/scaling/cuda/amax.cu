@@ -100,7 +100,7 @@ AmaxResult with_result(int device, const char* what, Launch&& launch) {
   use_device(device);
   launch(static_cast<unsigned long long*>(result.data_ptr()));
   check_launch(what, device);
-  const Tensor host = result.to(Device::cpu());  // cudaMemcpy: waits for the kernel
+  const Tensor host = result.to(Device::cpu());  // on the current stream: waits for the kernel
   const std::int64_t* r = host.data<std::int64_t>();
   AmaxResult out;
   const auto bits = static_cast<std::uint32_t>(r[0]);
@@ -117,8 +117,9 @@ namespace cuda {
 AmaxResult amax(const float* x, std::int64_t n, int device) {
   use_device(device);
   if (n == 0) return {};
-  return with_result(device, "amax",
-                     [&](unsigned long long* result) { amax_kernel<<<blocks_for(n, 4096), kThreads>>>(x, n, result); });
+  return with_result(device, "amax", [&](unsigned long long* result) {
+    amax_kernel<<<blocks_for(n, 4096), kThreads, 0, stream_of(device)>>>(x, n, result);
+  });
 }
 
 AmaxResult cast_to_fp8_with_amax(const float* in, std::uint8_t* out, std::int64_t n, const CastOptions& options,
@@ -128,8 +129,8 @@ AmaxResult cast_to_fp8_with_amax(const float* in, std::uint8_t* out, std::int64_
   const EncodeSpec spec{options.format, options.overflow, options.rounding};
   return with_result(device, "the fused cast and amax", [&](unsigned long long* result) {
     with_format(options.format, [&]<Format F>() {
-      cast_amax_kernel<F><<<blocks_for(n, 4096), kThreads>>>(in, out, n, options.scale, spec, options.seed,
-                                                             options.stream_offset, result);
+      cast_amax_kernel<F><<<blocks_for(n, 4096), kThreads, 0, stream_of(device)>>>(
+          in, out, n, options.scale, spec, options.seed, options.stream_offset, result);
     });
   });
 }

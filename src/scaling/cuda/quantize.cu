@@ -179,6 +179,7 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
   auto* e8m0 = mx ? static_cast<std::uint8_t*>(q.scale_e8m0.data_ptr()) : nullptr;
   const std::int64_t n = rows * cols, blocks = grid_rows * grid_cols;
   if (n == 0) return q;  // no blocks either (an empty dimension leaves the block grid empty)
+  const cudaStream_t stream = stream_of(device);
   with_input(x.dtype(), [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
     with_format(options.format, [&]<Format F>() {
@@ -187,18 +188,18 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
         const Tensor multiplier = empty({}, DType::float32, x.device());
         auto* bits = static_cast<unsigned*>(amax_bits.data_ptr());
         auto* m = static_cast<float*>(multiplier.data_ptr());
-        amax_bits_kernel<<<blocks_for(n, 4096), kThreads>>>(in, n, bits, nullptr);
-        tensor_scale_kernel<<<1, 1>>>(bits, spec, m, scale_inv, e8m0);
-        encode_tensor_kernel<F><<<blocks_for(n), kThreads>>>(in, n, m, encode, codes);
+        amax_bits_kernel<<<blocks_for(n, 4096), kThreads, 0, stream>>>(in, n, bits, nullptr);
+        tensor_scale_kernel<<<1, 1, 0, stream>>>(bits, spec, m, scale_inv, e8m0);
+        encode_tensor_kernel<F><<<blocks_for(n), kThreads, 0, stream>>>(in, n, m, encode, codes);
       } else if (br * bc <= 1024) {
         constexpr int kGroups = kThreads / 32;
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>((blocks + kGroups - 1) / kGroups, 65536));
-        quantize_blocks<F, T, 32>
-            <<<grid, kThreads>>>(in, rows, cols, br, bc, grid_cols, blocks, spec, encode, codes, scale_inv, e8m0);
+        quantize_blocks<F, T, 32><<<grid, kThreads, 0, stream>>>(in, rows, cols, br, bc, grid_cols, blocks, spec,
+                                                                 encode, codes, scale_inv, e8m0);
       } else {
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
-        quantize_blocks<F, T, kThreads>
-            <<<grid, kThreads>>>(in, rows, cols, br, bc, grid_cols, blocks, spec, encode, codes, scale_inv, e8m0);
+        quantize_blocks<F, T, kThreads><<<grid, kThreads, 0, stream>>>(in, rows, cols, br, bc, grid_cols, blocks, spec,
+                                                                       encode, codes, scale_inv, e8m0);
       }
     });
   });
@@ -231,7 +232,7 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
   const auto* scales = static_cast<const float*>(q.scale_inv.data_ptr());
   with_input(dtype, [&]<typename T>() {
     with_format(q.format, [&]<Format F>() {
-      dequantize_kernel<F, T><<<blocks_for(rows * cols), kThreads>>>(
+      dequantize_kernel<F, T><<<blocks_for(rows * cols), kThreads, 0, stream_of(device)>>>(
           codes, rows, cols, block_rows, block_cols, grid_cols, scales, static_cast<T*>(out.data_ptr()));
     });
   });

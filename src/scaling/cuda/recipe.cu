@@ -158,17 +158,18 @@ QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Ov
   auto* amax_bits = static_cast<unsigned*>(work.data_ptr());
   auto* m = static_cast<float*>(multiplier.data_ptr());
   const EncodeSpec encode{format, overflow, Rounding::kNearestEven};
+  const cudaStream_t stream = stream_of(state.device_);
   const auto launch = [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
-    if (n != 0) amax_bits_kernel<<<blocks_for(n, 4096), kThreads>>>(in, n, amax_bits, amax_bits + 1);
-    delayed_scale_kernel<<<1, 1>>>(
+    if (n != 0) amax_bits_kernel<<<blocks_for(n, 4096), kThreads, 0, stream>>>(in, n, amax_bits, amax_bits + 1);
+    delayed_scale_kernel<<<1, 1, 0, stream>>>(
         amax_bits, amax_bits + 1, spec_of(state.config_), static_cast<const float*>(state.scale_.data_ptr()),
         static_cast<Meta*>(state.meta_.data_ptr()), static_cast<float*>(state.history_.data_ptr()), m,
         static_cast<float*>(q.scale_inv.data_ptr()));
     if (n == 0) return;
     with_format(format, [&]<Format F>() {
       encode_tensor_kernel<F>
-          <<<blocks_for(n), kThreads>>>(in, n, m, encode, static_cast<std::uint8_t*>(q.codes.data_ptr()));
+          <<<blocks_for(n), kThreads, 0, stream>>>(in, n, m, encode, static_cast<std::uint8_t*>(q.codes.data_ptr()));
     });
   };
   if (x.dtype() == DType::float32) launch.template operator()<float>();
@@ -180,10 +181,10 @@ QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Ov
 
 void update(DelayedScalingState& state) {
   use_device(state.device_);
-  update_kernel<<<1, kThreads>>>(spec_of(state.config_), static_cast<float*>(state.scale_.data_ptr()),
-                                 static_cast<float*>(state.scale_inv_.data_ptr()),
-                                 static_cast<Meta*>(state.meta_.data_ptr()),
-                                 static_cast<float*>(state.history_.data_ptr()));
+  update_kernel<<<1, kThreads, 0, stream_of(state.device_)>>>(
+      spec_of(state.config_), static_cast<float*>(state.scale_.data_ptr()),
+      static_cast<float*>(state.scale_inv_.data_ptr()), static_cast<Meta*>(state.meta_.data_ptr()),
+      static_cast<float*>(state.history_.data_ptr()));
   check_launch("cuda::update (delayed scaling)", state.device_);
 }
 
