@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -610,6 +611,12 @@ def info_text_and_json():
         assert c["devices"] == [] and "no CUDA backend" in c["unavailable"], c
     for d in c["devices"]:
         assert set(d) == {"index", "name", "compute_capability", "memory_bytes", "multiprocessors"}, d
+    # cuBLASLt is loaded at run time: its version, or why it could not be loaded (or that there is no backend).
+    if j["cuda"]:
+        assert re.fullmatch(r"\d+\.\d+\.\d+", c["cublaslt"]) or "could not be loaded" in c["cublaslt"], c
+        assert "cuBLASLt " + c["cublaslt"] in out, out
+    else:
+        assert "no CUDA backend" in c["cublaslt"], c
 
 
 @test

@@ -12,6 +12,7 @@
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/version.hpp"
 #include "fp8kit/convert/convert.hpp"
+#include "fp8kit/ops/cuda_scaled_mm.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "fp8kit/scaling/amax.hpp"
 #include "fp8kit/tensor/cuda.hpp"
@@ -69,7 +70,8 @@ void run_info(const InfoOptions& o) {
     j["cuda_runtime"] = {{"runtime_version", cuda::runtime_version()},
                          {"driver_version", cuda::driver_version()},
                          {"devices", devices},
-                         {"unavailable", cuda::unavailable_reason()}};
+                         {"unavailable", cuda::unavailable_reason()},
+                         {"cublaslt", cuda::cublaslt_version()}};
     j["mpi"] = build.mpi;
     std::fprintf(output(), "%s\n", j.dump(2).c_str());
     return;
@@ -101,8 +103,8 @@ void run_info(const InfoOptions& o) {
     const auto version = [](int v) {
       return v == 0 ? std::string("none") : fmt::format("{}.{}", v / 1000, v % 1000 / 10);
     };
-    std::fprintf(output(), "CUDA        runtime %s, driver %s\n", version(cuda::runtime_version()).c_str(),
-                 version(cuda::driver_version()).c_str());
+    std::fprintf(output(), "CUDA        runtime %s, driver %s, cuBLASLt %s\n", version(cuda::runtime_version()).c_str(),
+                 version(cuda::driver_version()).c_str(), cuda::cublaslt_version().c_str());
     const std::vector<cuda::DeviceInfo> devices = cuda::devices();
     if (devices.empty()) std::fprintf(output(), "            no device: %s\n", cuda::unavailable_reason().c_str());
     for (const cuda::DeviceInfo& d : devices) {
