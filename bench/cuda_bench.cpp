@@ -13,6 +13,7 @@
 #include "fp8kit/convert/cuda_convert.hpp"
 #include "fp8kit/ops/cuda_scaled_mm.hpp"
 #include "fp8kit/scaling/cuda_amax.hpp"
+#include "fp8kit/scaling/cuda_quantize.hpp"
 #include "fp8kit/tensor/cuda.hpp"
 #include "fp8kit/tensor/tensor.hpp"
 #include "ops/cuda/cublaslt.hpp"
@@ -89,6 +90,7 @@ std::vector<CudaStreamResult> run_cuda_stream_bench(const std::string& which, st
   const std::int64_t n = static_cast<std::int64_t>(bytes / 4);
   const std::int64_t un = n;
   const Tensor f32 = device_randn(1, n, DType::float32, device);
+  const Tensor matrix = f32.reshape({-1, n % 4096 == 0 ? 4096 : n});
   const Tensor bf16 = f32.to(Device::cpu()).to(DType::bfloat16).to(Device::cuda(device));
   const Tensor codes = f32.to(DType::float8_e4m3fn, Overflow::kSaturate);
   Tensor out8 = empty({n}, DType::uint8, Device::cuda(device));
@@ -125,6 +127,14 @@ std::vector<CudaStreamResult> run_cuda_stream_bench(const std::string& which, st
     ops.push_back({"amax f32", bytes, [&] { cuda::amax(in32, un, device); }});
     ops.push_back(
         {"f32->e4m3fn+amax", 5 * bytes / 4, [&] { cuda::cast_to_fp8_with_amax(in32, o8, un, e4m3, device); }});
+    // cuda::quantize of the float32 input as a rows x 4096 matrix (as the CPU's bench scaling), e4m3fn, saturating:
+    // reads 4 bytes and writes 1 per element (the scales are a few KiB).
+    for (const Granularity& g : {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128),
+                                 Granularity::block(128, 128), Granularity::mx()}) {
+      QuantizeOptions options;
+      options.granularity = g;
+      ops.push_back({"quantize " + g.name(), 5 * bytes / 4, [&, options] { cuda::quantize(matrix, options); }});
+    }
   }
   const std::function<void()> memcpy_run = [&] {
     check(cudaMemcpy(copy.data_ptr(), f32.data_ptr(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");

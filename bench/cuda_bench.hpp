@@ -24,7 +24,8 @@ struct CudaStreamResult {
   double memcpy_gbps = 0;  // cudaMemcpy device to device of the kernel's input size, median
   double ratio = 0;        // gbps / memcpy_gbps
 };
-// `which`: "convert" (the casts) or "scaling" (amax and the fused cast + amax); `bytes`: the wide input's size.
+// `which`: "convert" (the casts) or "scaling" (amax, the fused cast + amax, and cuda::quantize per tensor, row,
+// 1 x 128, 128 x 128 and MX on a rows x 4096 matrix); `bytes`: the wide input's size.
 std::vector<CudaStreamResult> run_cuda_stream_bench(const std::string& which, std::size_t bytes, int reps, int device);
 
 struct CudaGemmResult {
