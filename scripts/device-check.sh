@@ -5,7 +5,8 @@
 # (default ./device-out). Two steps:
 #   scripts/device-check.sh --prepare   here, with the Debian packages of scripts/setup.sh installed: copies what
 #                                       the build needs and that machine lacks (GoogleTest's sources, the headers and
-#                                       CMake packages of nlohmann/json and CLI11, {fmt}'s and its shared library)
+#                                       CMake packages of nlohmann/json and CLI11, {fmt}'s and its shared library,
+#                                       nccl.h)
 #                                       into .device/ (git-ignored, about 6 MB)
 #   scripts/device-check.sh             there, in the repository root, with .device/ carried along
 # Under 8 minutes on 16 cores: GoogleTest ~20 s, fp8kit's library, four test binaries and the CLI ~3 min, the tests
@@ -18,8 +19,9 @@ deps=.device
 if [ "${1:-}" = "--prepare" ]; then
   set -e
   lib=/usr/lib/x86_64-linux-gnu
+  nccl_h=/usr/local/cuda/include/nccl.h
   for need in /usr/src/googletest/CMakeLists.txt /usr/include/nlohmann/json.hpp /usr/share/cmake/nlohmann_json \
-    /usr/include/CLI /usr/share/cmake/CLI11 /usr/include/fmt $lib/cmake/fmt $lib/libfmt.so; do
+    /usr/include/CLI /usr/share/cmake/CLI11 /usr/include/fmt $lib/cmake/fmt $lib/libfmt.so "$nccl_h"; do
     [ -e "$need" ] || { echo "device-check --prepare: $need is missing: run scripts/setup.sh first" >&2; exit 2; }
   done
   rm -rf "$deps"
@@ -34,6 +36,8 @@ if [ "${1:-}" = "--prepare" ]; then
   cp -r /usr/include/fmt "$deps/fmt/include/"
   cp -r $lib/cmake/fmt "$deps/fmt/lib/x86_64-linux-gnu/cmake/"
   cp -a $lib/libfmt.so* "$deps/fmt/lib/x86_64-linux-gnu/"
+  mkdir -p "$deps/nccl/include"
+  cp "$nccl_h" "$deps/nccl/include/"  # the header alone: the library is loaded at run time
   grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >>.git/info/exclude
   echo "device-check: $(du -sh "$deps" | cut -f1) in $deps/; carry it (run's carry: [\".device\"]) and run scripts/device-check.sh there"
   exit 0
@@ -42,7 +46,7 @@ elif [ -n "${1:-}" ]; then
   exit 2
 fi
 
-[ -d "$deps/googletest" ] && [ -d "$deps/json" ] && [ -d "$deps/cli11" ] && [ -d "$deps/fmt" ] || {
+[ -d "$deps/googletest" ] && [ -d "$deps/json" ] && [ -d "$deps/cli11" ] && [ -d "$deps/fmt" ] && [ -d "$deps/nccl" ] || {
   echo "device-check: $deps/ is missing: run scripts/device-check.sh --prepare where the packages are, and carry it" >&2
   exit 2
 }
@@ -85,9 +89,9 @@ step googletest bash -c "cmake -S $deps/googletest -B $deps/gtest-build -G Ninja
   cmake --install $deps/gtest-build" || exit 1
 step configure cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8KIT_CUDA=ON \
   -DFP8KIT_BUILD_TOOLS=ON -DFP8KIT_PYTHON=OFF -DFP8KIT_MPI=OFF -DFP8KIT_BUILD_TESTS=ON \
-  -DCMAKE_PREFIX_PATH="$prefix;$PWD/$deps/json;$PWD/$deps/cli11;$PWD/$deps/fmt" || exit 1
+  -DCMAKE_PREFIX_PATH="$prefix;$PWD/$deps/json;$PWD/$deps/cli11;$PWD/$deps/fmt;$PWD/$deps/nccl" || exit 1
 step build cmake --build build-device -j "$jobs" --target test_tensor test_format test_scaling test_ops \
-  test_exhaustive fp8kit_cli || exit 1
+  test_nccl test_exhaustive fp8kit_cli || exit 1
 log=
 export OMP_WAIT_POLICY=passive
 # Every tensor test (the CUDA ones must run, not skip), the codec's, then the exhaustive CUDA cast check.
@@ -110,13 +114,15 @@ step test_scaling build-device/tests/test_scaling --gtest_filter='CudaAmax*:Cuda
 must_run "$results/test_scaling.json" CudaAmax
 must_run "$results/test_scaling.json" CudaQuantize
 must_run "$results/test_scaling.json" CudaRecipe
-# cuBLASLt is loaded at run time (dlopen): where the toolkit's copy is not on the loader's path, PyTorch's wheel has one.
-if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt\.so\.'; then
-  lt="$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)" \
-        -name 'libcublasLt.so.*' 2>/dev/null | head -n 1)"
-  [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  echo "   cuBLASLt: ${lt:-not found}" | tee -a "$out/machine.log"
-fi
+# cuBLASLt and NCCL are loaded at run time (dlopen): where the loader does not know them, PyTorch's wheels have them.
+for lib in libcublasLt.so libnccl.so; do
+  if ! ldconfig -p 2>/dev/null | grep -q "$lib\\."; then
+    found="$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)" \
+             -name "$lib.*" 2>/dev/null | head -n 1)"
+    [ -n "$found" ] && export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "   $lib: ${found:-not found}" | tee -a "$out/machine.log"
+  fi
+done
 step test_ops build-device/tests/test_ops --gtest_filter='CudaScaledMm*:ScaledMm.*' \
   --gtest_output=json:"$results/test_ops.json"
 must_run "$results/test_ops.json" CudaScaledMm
@@ -127,7 +133,11 @@ step convert build-device/tools/fp8kit/fp8kit bench convert --device cuda
 step scaling build-device/tools/fp8kit/fp8kit bench scaling --device cuda
 step gemm build-device/tools/fp8kit/fp8kit bench gemm --device cuda
 log=
+step test_nccl build-device/tests/test_nccl --gtest_output=json:"$results/test_nccl.json"
+must_run "$results/test_nccl.json" CudaNccl
+log=test_tensor  # the codec's tests with the tensor tests' log: 8 files come back
 step test_format build-device/tests/test_format --gtest_filter='Codec.*'
+log=
 step exhaustive build-device/tests/test_exhaustive --gtest_filter='Exhaustive.EveryFloat32InputOnCuda'
 if grep -q '^\[  SKIPPED \]' "$out/exhaustive.log"; then
   echo "   the exhaustive CUDA check skipped: no device was seen"

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/dist/nccl_communicator.hpp"
+#include "fp8kit/tensor/cuda.hpp"
 
 namespace fp8kit {
 
@@ -239,3 +241,25 @@ std::unique_ptr<Communicator> mpi_communicator() {
 #endif
 
 }  // namespace fp8kit
+
+#ifndef FP8KIT_HAVE_NCCL
+// A build without the NCCL communicator (no CUDA backend, or no nccl.h at configure time): construction refuses, so
+// the other members are unreachable.
+namespace fp8kit::cuda {
+namespace detail {
+struct NcclState {};
+}  // namespace detail
+NcclCommunicator::NcclCommunicator(Communicator&, int) {
+  FP8KIT_THROW(ErrorKind::kUnsupported, "cuda::NcclCommunicator: ", nccl_version());
+}
+NcclCommunicator::~NcclCommunicator() = default;
+void NcclCommunicator::all_gather(const Tensor&, Tensor&) {}
+void NcclCommunicator::reduce_scatter(const Tensor&, Tensor&, ReduceOp) {}
+void NcclCommunicator::all_reduce(Tensor&, ReduceOp) {}
+std::string NcclCommunicator::nccl_version() {
+  return cuda::built() ? "this build of fp8kit has no NCCL communicator (nccl.h was not found when it was configured)"
+                       : "this build of fp8kit has no CUDA backend (build with the CUDA toolkit installed, "
+                         "FP8KIT_CUDA=AUTO or ON)";
+}
+}  // namespace fp8kit::cuda
+#endif
