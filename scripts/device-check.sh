@@ -88,6 +88,7 @@ step googletest bash -c "cmake -S $deps/googletest -B $deps/gtest-build -G Ninja
   -DCMAKE_INSTALL_PREFIX=$prefix -DBUILD_GMOCK=OFF && cmake --build $deps/gtest-build -j $jobs && \
   cmake --install $deps/gtest-build" || exit 1
 step configure cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8KIT_CUDA=ON \
+  -DFP8KIT_CUDA_ARCHITECTURES="${FP8KIT_DEVICE_ARCHS:-90-real}" \
   -DFP8KIT_BUILD_TOOLS=ON -DFP8KIT_PYTHON=OFF -DFP8KIT_MPI=OFF -DFP8KIT_BUILD_TESTS=ON \
   -DCMAKE_PREFIX_PATH="$prefix;$PWD/$deps/json;$PWD/$deps/cli11;$PWD/$deps/fmt;$PWD/$deps/nccl" || exit 1
 step build cmake --build build-device -j "$jobs" --target test_tensor test_format test_scaling test_ops \

@@ -48,7 +48,9 @@ class CudaScaledMm : public ::testing::Test {
 };
 
 // A ScaledTensor of integer values in [-4, 4] (exact in e4m3fn and e5m2) with power-of-two scales that differ from
-// block to block (2^-4 .. 2^4), so that a scale read from the wrong block, row or layout changes the result.
+// block to block (2^-2 .. 2^2), so that a scale read from the wrong block, row or layout changes the result. The
+// sums stay exact in any order: a block's products are integers of at most 2^11 in all, times 2^-4 .. 2^4, so every
+// partial sum spans fewer than 24 bits.
 ScaledTensor integer_operand(std::int64_t rows, std::int64_t cols, Format format, Granularity g, std::uint32_t seed) {
   ScaledTensor t;
   t.format = format;
@@ -56,7 +58,7 @@ ScaledTensor integer_operand(std::int64_t rows, std::int64_t cols, Format format
   t.rows = rows;
   t.cols = cols;
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> value(-4, 4), exponent(-4, 4);
+  std::uniform_int_distribution<int> value(-4, 4), exponent(-2, 2);
   const EncodeSpec spec{format, Overflow::kSaturate, Rounding::kNearestEven};
   t.data.resize(static_cast<std::size_t>(rows * cols));
   for (auto& code : t.data) code = encode(static_cast<float>(value(rng)), spec);
@@ -87,10 +89,10 @@ struct Case {
 };
 
 // Every scale combination cuda::scaled_mm takes, the three type pairs, float32 and bfloat16 outputs with and
-// without a bias, and fast accumulation with per-tensor scales: the reference's bits. M, K and N are odd multiples
-// (K = 336: a partial last K block; N = 272: a partial last 128-row block of b).
+// without a bias, and fast accumulation with per-tensor scales: the reference's bits. K = 336: a partial last K
+// block; N = 272: a partial last 128-row block of b; M = 36 (cuBLASLt's block scales take M in multiples of 4).
 TEST_F(CudaScaledMm, ExactSumsGiveTheReferenceBits) {
-  const std::int64_t m = 37, k = 336, n = 272;
+  const std::int64_t m = 36, k = 336, n = 272;
   const Granularity tensor = Granularity::tensor(), row = Granularity::row(), vec = Granularity::block(1, 128),
                     square = Granularity::block(128, 128);
   const std::vector<std::pair<Granularity, Granularity>> scalings = {
@@ -151,8 +153,9 @@ TEST_F(CudaScaledMm, Fp8OutputAndAmaxAreTheReferencesCast) {
   const std::int64_t m = 20, k = 256, n = 48;
   const Device gpu = Device::cuda(0);
   for (Format out_format : {Format::e4m3fn, Format::e5m2}) {
+    // cuBLASLt gives an e5m2 output only when an operand is e5m2.
     const ScaledTensor a = integer_operand(m, k, Format::e4m3fn, Granularity::tensor(), 21),
-                       b = integer_operand(n, k, Format::e4m3fn, Granularity::tensor(), 22);
+                       b = integer_operand(n, k, out_format, Granularity::tensor(), 22);
     const ScaledMmResult expected = scaled_mm_reference(a, b);
     const float scale =
         std::ldexp(1.0f, static_cast<int>(std::floor(std::log2(max_finite(out_format) / expected.amax))));
@@ -264,6 +267,12 @@ TEST_F(CudaScaledMm, RefusesWhatItCannotRun) {
              ones({8, 2}).to(gpu), one, o);
       },
       ErrorKind::kInvalidArgument, {"fast_accum"});
+  expect_error(
+      [&] {
+        call(zeros({6, 256}, DType::float8_e4m3fn, gpu), zeros({16, 256}, DType::float8_e4m3fn, gpu),
+             ones({6, 2}).to(gpu), one);
+      },
+      ErrorKind::kInvalidArgument, {"multiple of 4"});
   o = {};
   o.out_dtype = DType::float16;
   expect_error([&] { call(a, b, one, one, o); }, ErrorKind::kInvalidArgument, {"out_dtype float16"});

@@ -34,7 +34,7 @@ struct MmResult {
 };
 
 // out (M x N) = (a (M x K) times b (N x K, the weight layout)^T) with the scales, + bias, on the operands' device,
-// queued on the legacy default stream (the caller's later copies and kernels follow it). a and b are FP8 tensors
+// queued on the current stream (cuda_stream.hpp; the caller's later work there follows it). a and b are FP8 tensors
 // (float8_e4m3fn or float8_e5m2, not both e5m2) on one CUDA device; scale_a and scale_b are float32 tensors there,
 // read by their shapes as torch._scaled_mm reads them:
 //   per tensor:       scale_a 1 element,                  scale_b 1 element
@@ -42,11 +42,11 @@ struct MmResult {
 //   1 x 128 blocks:   scale_a M x ceil(K/128),            scale_b N x ceil(K/128) (1 x 128) or
 //                                                         ceil(N/128) x ceil(K/128) (128 x 128, DeepSeek-V3)
 // Every scale is a dequantization scale (ScaledTensor::scale_inv), row-major over its operand's block grid.
-// K and N must be multiples of 16 (cuBLASLt's FP8 tensor-core kernels). The results contract is scaled_mm's
-// (fp8kit/ops/scaled_mm.hpp) with the tensor cores' accumulation: exact where the sums are exact (integer-valued
-// operands and power-of-two scales give scaled_mm_reference's bits), otherwise within the bound docs/cuda.md gives.
-// What cuBLASLt of this machine does not run (a scale combination, an output type) is Error(kUnsupported) naming
-// it; wrong shapes, dtypes or devices are Error(kInvalidArgument) naming the operand.
+// K and N must be multiples of 16 (cuBLASLt's FP8 tensor-core kernels), and M of 4 with block scales. The results
+// contract is scaled_mm's (fp8kit/ops/scaled_mm.hpp) with the tensor cores' accumulation: exact where the sums are
+// exact (integer-valued operands and power-of-two scales give scaled_mm_reference's bits), otherwise within the bound
+// docs/cuda.md gives. What cuBLASLt of this machine does not run (a scale combination, an output type) is
+// Error(kUnsupported) naming it; wrong shapes, dtypes or devices are Error(kInvalidArgument) naming the operand.
 MmResult scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
                    const MmOptions& options = {});
 

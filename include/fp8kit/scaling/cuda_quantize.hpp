@@ -29,8 +29,8 @@ struct QuantizedTensor {
 };
 
 // x: float32, bfloat16 or float16 on a CUDA device, viewed as a matrix (its last dimension the row). The options of
-// quantize(): format, overflow, granularity, scale (margin, epsilon, power-of-two rounding). Queued on the legacy
-// default stream; returns without waiting.
+// quantize(): format, overflow, granularity, scale (margin, epsilon, power-of-two rounding). Queued on the current
+// stream (cuda_stream.hpp); returns without waiting.
 QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options);
 
 // decode(code) * scale_inv of its block, as dequantize() computes it, into a new rows x cols tensor of `dtype`

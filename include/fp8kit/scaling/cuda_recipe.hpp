@@ -18,7 +18,7 @@ class DelayedScalingState;
 // scale, recording x's amax (NaN when x holds a NaN or an Inf) into the current step's slot; until the state is
 // calibrated the scale is this step's own (current scaling; the previous scale when x is not finite), as the nn
 // recipes do. codes = cast(x * scale) under `overflow`, scale_inv = 1 / scale (a 1 x 1 tensor): what
-// quantize_with_scale() gives for that scale. Queued on the legacy default stream; returns without waiting.
+// quantize_with_scale() gives for that scale. Queued on the current stream; returns without waiting.
 QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Overflow overflow = Overflow::kSaturate);
 
 // DelayedScaling::update() on the device: one kernel, no wait.

@@ -47,6 +47,15 @@ __global__ void relayout_kernel(const float* src, std::int64_t rows, std::int64_
   }
 }
 
+// out[i][j] += bias[j] in FP32 (a float32 output's bias).
+__global__ void add_bias_kernel(float* out, std::int64_t m, std::int64_t n, const bfloat16* bias) {
+  const std::int64_t total = m * n;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    out[i] = __fadd_rn(out[i], bias[i % n].to_float());
+  }
+}
+
 cudaDataType_t cuda_type(DType d) {
   switch (d) {
     case DType::float8_e4m3fn:
@@ -226,6 +235,10 @@ MmResult scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, cons
   const bool rows = !blocks && (ga.kind == Granularity::Kind::kRow || gb.kind == Granularity::Kind::kRow);
   FP8KIT_CHECK(!(blocks && options.fast_accum), kWhat,
                ": fast_accum is not available with block scales (cuBLASLt promotes every block)");
+  // cuBLASLt's N (fp8kit's M) is the stride of a's 1 x 128 scales, which its block-scaled kernels take in multiples
+  // of 4 (the cuBLAS documentation's layout of 1D and 2D block scaling factors).
+  FP8KIT_CHECK(!blocks || m % 4 == 0, kWhat, ": M = ", m,
+               " must be a multiple of 4 with block scales (cuBLASLt's layout of them): pad a's rows with zeros");
 
   cuda_detail::use_device(device.index);
   result.out = empty({m, n}, out_dtype, device);
@@ -237,8 +250,11 @@ MmResult scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, cons
   const std::int32_t mode_b = is_square(gb) ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : mode_a;
   result.kernel = "cublasLt " + lt.version + " " + format_name(a.dtype()) + " x " + format_name(b.dtype()) + " " +
                   ga.name() + "/" + gb.name() + " -> " + std::string(fp8kit::name(out_dtype));
-  if (m == 0) return result;
+  if (m == 0 || n == 0) return result;
 
+  // A bias goes into cuBLASLt's epilogue, except beside a float32 output, which some of its FP8 kernels refuse (as
+  // PyTorch found): there a kernel adds it after the product, the same FP32 addition before no output rounding.
+  const bool epilogue_bias = options.bias && out_dtype != DType::float32;
   const LtScales lt_a = lt_scales(scale_b, gb, mode_b, n, k, device);  // cuBLASLt's A is fp8kit's b
   const LtScales lt_b = lt_scales(scale_a, ga, mode_a, m, k, device);
   const PlanKey key{device.index,
@@ -251,11 +267,11 @@ MmResult scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, cons
                     mode_a,
                     mode_b,
                     options.fast_accum,
-                    options.bias.has_value(),
+                    epilogue_bias,
                     options.scale_result.has_value(),
                     options.amax};
   const void* d_scale = options.scale_result ? options.scale_result->data_ptr() : nullptr;
-  const void* bias = options.bias ? options.bias->data_ptr() : nullptr;
+  const void* bias = epilogue_bias ? options.bias->data_ptr() : nullptr;
   void* amax = options.amax ? result.amax.data_ptr() : nullptr;
   void* out = result.out.data_ptr();
   // The pointers change from call to call; everything else is the plan's (created once per key: the heuristic's
@@ -289,7 +305,7 @@ MmResult scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, cons
       FP8KIT_THROW(ErrorKind::kUnsupported, kWhat, ": cuBLASLt ", lt.version, " has no kernel on ", to_string(device),
                    " (compute capability ", major, ".", minor, ") for ", format_name(a.dtype()), " x ",
                    format_name(b.dtype()), " with scales ", ga.name(), " / ", gb.name(), " to ",
-                   fp8kit::name(out_dtype), options.bias ? " with a bias" : "", options.amax ? " with amax" : "",
+                   fp8kit::name(out_dtype), epilogue_bias ? " with a bias" : "", options.amax ? " with amax" : "",
                    searched != CUBLAS_STATUS_SUCCESS ? std::string(" (") + lt.status_string(searched) + ")" : "",
                    ": FP8 needs compute capability 8.9 or later, block and row scales 9.0 and cuBLAS 12.9");
     }
@@ -308,10 +324,17 @@ MmResult scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, cons
   Plan& plan = *found->second;
   const Tensor workspace = empty({static_cast<std::int64_t>(plan.algorithm.workspaceSize)}, DType::uint8, device);
   const float alpha = 1.0f, beta = 0.0f;
+  // C is not read (beta 0): null, as cuBLASLt allows C == D only when their descriptors are the same, which they
+  // are not beside an FP8 D (bfloat16 C).
   check_cublas(lt.matmul(cuda_detail::cublaslt_handle(device.index), plan.desc.op, &alpha, b.data_ptr(), plan.desc.a,
-                         a.data_ptr(), plan.desc.b, &beta, out, plan.desc.c, out, plan.desc.d, &plan.algorithm.algo,
+                         a.data_ptr(), plan.desc.b, &beta, nullptr, plan.desc.c, out, plan.desc.d, &plan.algorithm.algo,
                          workspace.data_ptr(), plan.algorithm.workspaceSize, stream_of(device.index)),
                "cublasLtMatmul");
+  if (options.bias && !epilogue_bias) {
+    add_bias_kernel<<<blocks_for(m * n), kThreads, 0, stream_of(device.index)>>>(
+        static_cast<float*>(out), m, n, static_cast<const bfloat16*>(options.bias->data_ptr()));
+    check_launch("scaled_mm's bias", device.index);
+  }
   return result;
 }
 
