@@ -84,6 +84,7 @@ cat "$out/machine.log"
 
 prefix="$PWD/$deps/prefix"
 log=build
+rm -rf "$deps/gtest-build" "$deps/prefix"  # a build from another machine (its CMake cache names its tools)
 step googletest bash -c "cmake -S $deps/googletest -B $deps/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX=$prefix -DBUILD_GMOCK=OFF && cmake --build $deps/gtest-build -j $jobs && \
   cmake --install $deps/gtest-build" || exit 1

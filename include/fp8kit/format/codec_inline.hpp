@@ -85,7 +85,7 @@ FP8KIT_HD inline bool round_up(std::uint64_t kept, std::uint64_t sig, int shift,
   }
   // 5. Find the value's binary exponent E (value = 1.fff * 2^E) and the quantum of the target at that exponent.
   const int m = d.mantissa_bits;
-  const int msb = 63 - std::countl_zero(u.significand);
+  const int msb = 63 - hd::countl_zero(u.significand);
   const int e = u.exponent + msb;
   const int emin = (d.has_subnormals ? 1 : 0) - d.bias;  // exponent of the smallest normal
   const int emax = (d.max_code() >> m) - d.bias;         // exponent of the largest finite value

@@ -5,6 +5,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "fp8kit/common/host_device.hpp"
+
 namespace fp8kit {
 
 struct bfloat16 {
@@ -69,7 +71,7 @@ struct float16 {
     if (e != 0) return std::bit_cast<float>(sign | ((e + 127 - 15) << 23) | (m << 13));
     if (m == 0) return std::bit_cast<float>(sign);
     // subnormal: m * 2^-24, exact in float
-    const int lz = std::countl_zero(m) - 22;  // leading zeros within 10 bits
+    const int lz = hd::countl_zero(m) - 22;  // leading zeros within 10 bits
     const std::uint32_t mm = (m << (lz + 1)) & 0x3FFu;
     const std::uint32_t ee = static_cast<std::uint32_t>(127 - 15 - lz);
     return std::bit_cast<float>(sign | (ee << 23) | (mm << 13));

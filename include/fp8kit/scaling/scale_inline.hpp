@@ -50,7 +50,7 @@ FP8KIT_HD inline std::uint8_t mx_code(float amax, int emax_elem, float max_recip
   if (!rceil) {
     // X = 2^(floor(log2(amax)) - emax_elem).
     const int field = static_cast<int>(magnitude >> 23);
-    const int exponent = field != 0 ? field - 127 : static_cast<int>(std::bit_width(magnitude)) - 1 - 149;
+    const int exponent = field != 0 ? field - 127 : hd::bit_width(magnitude) - 1 - 149;
     code = exponent - emax_elem + 127;
   } else {
     // amax * (1 / fp8_max) in float, as Transformer Engine computes it, rounded up to a power of two.
@@ -61,7 +61,7 @@ FP8KIT_HD inline std::uint8_t mx_code(float amax, int emax_elem, float max_recip
     if (s == 0.0f) {
       code = 0;
     } else if (field == 0) {  // subnormal float: 2^ceil(log2(mant * 2^-149))
-      code = static_cast<int>(std::bit_width(mant - 1)) - 149 + 127;
+      code = hd::bit_width(mant - 1) - 149 + 127;
     } else {
       code = field + (mant != 0 ? 1 : 0);
     }
