@@ -76,7 +76,8 @@ double dense_fp8_peak_tflops(const std::string& name) {
 
 std::string cuda_device_description(int device) {
   check_available(Device::cuda(device));
-  const cuda::DeviceInfo& d = cuda::devices().at(static_cast<std::size_t>(device));
+  const std::vector<cuda::DeviceInfo> devices = cuda::devices();  // held: d refers into it
+  const cuda::DeviceInfo& d = devices.at(static_cast<std::size_t>(device));
   const int driver = cuda::driver_version();
   return d.name + " (cuda:" + std::to_string(device) + ", compute capability " + std::to_string(d.major) + "." +
          std::to_string(d.minor) + ", driver " + std::to_string(driver / 1000) + "." +
