@@ -3,12 +3,14 @@
 // the CPU applies it, and the one wording of a failed launch.
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <string>
 
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/format/codec_inline.hpp"
 #include "fp8kit/format/format.hpp"
 #include "fp8kit/format/half.hpp"
 #include "tensor/cuda/streams.hpp"
@@ -69,6 +71,23 @@ __device__ inline void narrow(float v, bfloat16* out) {
 }
 __device__ inline void narrow(float v, float16* out) {
   *out = float16::from_float(v);
+}
+
+// One float to format F, as the CPU's codec encodes it (codec_inline.hpp). For e4m3fn and e5m2 with round to
+// nearest even, a finite value below the format's largest finite magnitude goes through the hardware conversion of
+// sm_89 and later (cvt.rn.satfinite: no overflow can happen there, so the saturation mode does not matter; the
+// exhaustive device check compares all 2^32 inputs with the CPU); NaN, Inf, the overflow range, the other formats
+// and stochastic rounding take the codec itself.
+template <Format F>
+__device__ inline std::uint8_t encode_value(float x, const EncodeSpec& spec, std::uint32_t random_bits) {
+  constexpr FormatDescriptor d = descriptor(F);
+  if constexpr (F == Format::e4m3fn || F == Format::e5m2) {
+    constexpr float kMax = F == Format::e4m3fn ? 448.0f : 57344.0f;
+    if (spec.rounding == Rounding::kNearestEven && fabsf(x) < kMax) {
+      return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, F == Format::e4m3fn ? __NV_E4M3 : __NV_E5M2);
+    }
+  }
+  return codec_detail::encode_unpacked(d, codec_detail::unpack(x), spec, random_bits);
 }
 
 // Makes `device` current for the launches that follow; a device the driver does not show (no driver, an index past

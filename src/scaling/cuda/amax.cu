@@ -87,7 +87,7 @@ __global__ void cast_amax_kernel(const float* in, std::uint8_t* out, std::int64_
     const float v = scaled(x, scale);  // as cuda::cast_to_fp8 scales
     const std::uint32_t bits =
         spec.rounding == Rounding::kStochastic ? stochastic_bits(seed, offset + static_cast<std::uint64_t>(i)) : 0u;
-    out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(v), spec, bits);
+    out[i] = encode_value<F>(v, spec, bits);
   }
   merge_block(p, result);
 }

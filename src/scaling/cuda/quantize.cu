@@ -85,7 +85,7 @@ __global__ void quantize_blocks(const T* x, std::int64_t rows, std::int64_t cols
     const float multiplier = multipliers[group];
     for (std::int64_t i = lane; i < h * w; i += GROUP) {
       const std::int64_t at = (r0 + i / w) * cols + c0 + i % w;
-      codes[at] = codec_detail::encode_unpacked(d, codec_detail::unpack(scaled(widen(x[at]), multiplier)), encode, 0u);
+      codes[at] = encode_value<F>(scaled(widen(x[at]), multiplier), encode, 0u);
     }
     __syncthreads();  // the shared words are reused by the next iteration
   }

@@ -55,7 +55,7 @@ __global__ void encode_tensor_kernel(const T* x, std::int64_t n, const float* mu
   const float scale = *multiplier;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    codes[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(scaled(widen(x[i]), scale)), encode, 0u);
+    codes[i] = encode_value<F>(scaled(widen(x[i]), scale), encode, 0u);
   }
 }
 
