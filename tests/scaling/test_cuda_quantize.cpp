@@ -143,6 +143,34 @@ TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
   }
 }
 
+// float32 rows whose blocks are 1 x bc with bc a multiple of 4 dividing the row (rows of 4096, 1 x 128, MX, 1 x 8)
+// take the vector kernel (four elements a load, one to four blocks a warp): the CPU's bits there too, special values
+// included.
+TEST_F(CudaQuantize, AlignedRowBlocksTakeTheVectorKernel) {
+  const Tensor host = values(96, 4096);
+  const Tensor device_x = host.to(Device::cuda(0));
+  int cases = 0;
+  for (Format format : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz}) {
+    for (const Granularity& g : {Granularity::row(), Granularity::block(1, 128), Granularity::mx(),
+                                 Granularity::mx(MxScaleMode::kRceil), Granularity::block(1, 8)}) {
+      for (Overflow overflow : {Overflow::kSaturate, Overflow::kNonSaturating}) {
+        QuantizeOptions options;
+        options.format = format;
+        options.overflow = overflow;
+        options.granularity = g;
+        const std::string what = std::string(name(format)) + " " + g.name();
+        const ScaledTensor want = quantize(host, options);
+        const ScaledTensor back = cuda::quantize(device_x, options).to_host();
+        EXPECT_TRUE(back.data == want.data) << what;
+        EXPECT_EQ(bits_of(back.scale_inv), bits_of(want.scale_inv)) << what;
+        EXPECT_EQ(bits_of(back.scale_e8m0), bits_of(want.scale_e8m0)) << what;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 30);
+}
+
 TEST_F(CudaQuantize, RefusesWhatItCannotQuantize) {
   const Tensor ints = zeros({4, 4}, DType::int32, Device::cuda(0));
   expect_error([&] { cuda::quantize(ints, {}); }, ErrorKind::kInvalidArgument, {"int32", "float32, bfloat16"});

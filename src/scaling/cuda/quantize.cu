@@ -6,7 +6,9 @@
 // and the encode reading it from device memory: no host sync anywhere.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda/kernel_util.cuh"
 #include "fp8kit/common/error.hpp"
@@ -54,6 +56,50 @@ __device__ float block_scale(float amax, const ScaleSpec& s, float* scale_inv, s
   const float multiplier = scale_detail::scale_from_amax(amax, s.fp8_max, s.scale, 1.0f);
   *scale_inv = 1.0f / multiplier;
   return multiplier;
+}
+
+// 1 x bc blocks of a float32 matrix (rows, 1 x 128, MX, bc a multiple of 4, cols a multiple of bc): vector loads of
+// four elements, L = min(bc / 4, 32) lanes a block (one to four blocks a warp), the amax reduced over the block's
+// lanes with shuffles, the codes stored four at a time. The same values in the same formula as quantize_blocks.
+template <Format F>
+__global__ void quantize_rows4(const float4* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
+                               std::int64_t blocks, int lanes, ScaleSpec spec, EncodeSpec encode, std::uint32_t* codes,
+                               float* scale_inv, std::uint8_t* e8m0) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int sub = lane % lanes;  // this thread's lane within its block's group
+  const std::int64_t per_warp = 32 / lanes;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       w * per_warp < blocks; w += warps) {
+    const std::int64_t b = w * per_warp + lane / lanes;
+    const bool active = b < blocks;
+    const std::int64_t base = active ? (b / grid_cols) * cols4 + (b % grid_cols) * bc4 : 0;
+    unsigned m = 0;
+    for (std::int64_t i = sub; active && i < bc4; i += lanes) {
+      const float4 v = x[base + i];
+      m = max(
+          m, max(max(finite_magnitude(v.x), finite_magnitude(v.y)), max(finite_magnitude(v.z), finite_magnitude(v.w))));
+    }
+    for (int offset = lanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+    float multiplier = 0.0f;
+    if (active) {
+      // Every lane of the group computes the same scales from the same amax; the first one stores them.
+      float si = 0.0f;
+      std::uint8_t code = 0;
+      multiplier = block_scale(__uint_as_float(m), spec, &si, &code);
+      if (sub == 0) {
+        scale_inv[b] = si;
+        if (e8m0 != nullptr) e8m0[b] = code;
+      }
+    }
+    for (std::int64_t i = sub; active && i < bc4; i += lanes) {
+      const float4 v = x[base + i];
+      codes[base + i] = static_cast<std::uint32_t>(encode_value<F>(scaled(v.x, multiplier), encode, 0u)) |
+                        static_cast<std::uint32_t>(encode_value<F>(scaled(v.y, multiplier), encode, 0u)) << 8 |
+                        static_cast<std::uint32_t>(encode_value<F>(scaled(v.z, multiplier), encode, 0u)) << 16 |
+                        static_cast<std::uint32_t>(encode_value<F>(scaled(v.w, multiplier), encode, 0u)) << 24;
+    }
+  }
 }
 
 template <Format F, typename T, int GROUP>
@@ -191,6 +237,22 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
         amax_bits_kernel<<<blocks_for(n, 4096), kThreads, 0, stream>>>(in, n, bits, nullptr);
         tensor_scale_kernel<<<1, 1, 0, stream>>>(bits, spec, m, scale_inv, e8m0);
         encode_tensor_kernel<F><<<blocks_for(n), kThreads, 0, stream>>>(in, n, m, encode, codes);
+      } else if (std::is_same_v<T, float> && br == 1 && bc % 4 == 0 && cols % bc == 0) {
+        const std::int64_t bc4 = bc / 4;
+        const int lanes = static_cast<int>(std::min<std::int64_t>(bc4, 32));
+        if (32 % lanes == 0) {
+          const std::int64_t warps = (blocks * lanes + 31) / 32;
+          const auto grid =
+              static_cast<unsigned>(std::min<std::int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), 65536));
+          quantize_rows4<F><<<grid, kThreads, 0, stream>>>(reinterpret_cast<const float4*>(in), cols / 4, bc4,
+                                                           grid_cols, blocks, lanes, spec, encode,
+                                                           reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
+        } else {
+          constexpr int kGroups = kThreads / 32;
+          const auto grid = static_cast<unsigned>(std::min<std::int64_t>((blocks + kGroups - 1) / kGroups, 65536));
+          quantize_blocks<F, T, 32><<<grid, kThreads, 0, stream>>>(in, rows, cols, br, bc, grid_cols, blocks, spec,
+                                                                   encode, codes, scale_inv, e8m0);
+        }
       } else if (br * bc <= 1024) {
         constexpr int kGroups = kThreads / 32;
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>((blocks + kGroups - 1) / kGroups, 65536));
