@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <limits>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,12 @@ TEST(CudaNcclBuild, RefusesWhatIsNotThere) {
   auto host = local_communicator();
   expect_error([&] { cuda::NcclCommunicator comm(*host, 0); }, ErrorKind::kUnsupported,
                {cuda::built() ? "CUDA" : "no CUDA backend"});
-  EXPECT_FALSE(cuda::NcclCommunicator::nccl_version().empty());
+  // Loaded on first use: a version where NCCL is installed (CI's machines), else why not.
+  const std::string version = cuda::NcclCommunicator::nccl_version();
+  EXPECT_TRUE(std::regex_match(version, std::regex(R"(\d+\.\d+\.\d+)")) ||
+              version.find("could not be loaded") != std::string::npos ||
+              version.find("no CUDA backend") != std::string::npos || version.find("no NCCL") != std::string::npos)
+      << version;
 }
 
 class CudaNccl : public ::testing::Test {

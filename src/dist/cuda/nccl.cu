@@ -3,7 +3,6 @@
 // bytes moved by grouped ncclSend / ncclRecv on the current stream, and the reduction of the parts in rank order by a
 // kernel whose combine is the host Communicator's (src/dist/communicator.cpp).
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstring>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "common/cuda/kernel_util.cuh"
+#include "common/cuda/shared_library.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/dist/nccl_communicator.hpp"
 
@@ -41,27 +41,20 @@ const Nccl& nccl() {
   static std::unique_ptr<Nccl> loaded;
   const std::lock_guard lock(mutex);
   if (loaded) return *loaded;
-  const std::string soname = "libnccl.so." + std::to_string(NCCL_MAJOR);
-  void* library = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) library = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
-  FP8KIT_CHECK_KIND(
-      library != nullptr, ErrorKind::kUnsupported, "CUDA: NCCL could not be loaded (", soname,
-      "): install NCCL (Debian libnccl2, PyPI nvidia-nccl-cu13) or add its lib folder to LD_LIBRARY_PATH");
+  static const SharedLibrary library(
+      {"libnccl.so." + std::to_string(NCCL_MAJOR), "libnccl.so"}, "NCCL",
+      "install NCCL (Debian libnccl2, PyPI nvidia-nccl-cu13) or add its lib folder to LD_LIBRARY_PATH");
+  const std::string how = "install NCCL " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + " or newer";
   auto n = std::make_unique<Nccl>();
-  const auto bind = [&](const char* name, auto& fn) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(library, name));
-    FP8KIT_CHECK_KIND(fn != nullptr, ErrorKind::kUnsupported, "CUDA: ", soname, " has no ", name, ": install NCCL ",
-                      NCCL_MAJOR, ".", NCCL_MINOR, " or newer");
-  };
-  bind("ncclGetVersion", n->get_version);
-  bind("ncclGetUniqueId", n->get_unique_id);
-  bind("ncclCommInitRank", n->init_rank);
-  bind("ncclCommDestroy", n->destroy);
-  bind("ncclSend", n->send);
-  bind("ncclRecv", n->recv);
-  bind("ncclGroupStart", n->group_start);
-  bind("ncclGroupEnd", n->group_end);
-  bind("ncclGetErrorString", n->error_string);
+  library.bind("ncclGetVersion", n->get_version, how);
+  library.bind("ncclGetUniqueId", n->get_unique_id, how);
+  library.bind("ncclCommInitRank", n->init_rank, how);
+  library.bind("ncclCommDestroy", n->destroy, how);
+  library.bind("ncclSend", n->send, how);
+  library.bind("ncclRecv", n->recv, how);
+  library.bind("ncclGroupStart", n->group_start, how);
+  library.bind("ncclGroupEnd", n->group_end, how);
+  library.bind("ncclGetErrorString", n->error_string, how);
   int v = 0;
   n->get_version(&v);
   // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9.

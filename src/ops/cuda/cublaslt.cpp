@@ -1,52 +1,37 @@
 // The loader of cublaslt.hpp: one dlopen per process, the library kept open, one handle per device.
 #include "ops/cuda/cublaslt.hpp"
 
-#include <dlfcn.h>
-
 #include <array>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "common/cuda/shared_library.hpp"
 #include "fp8kit/common/error.hpp"
 
 namespace fp8kit::cuda_detail {
 namespace {
 
-// The soname of the toolkit the build compiled against (the ABI the header describes), then the plain name.
-const std::array<std::string, 2> kLibraries = {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"};
-
-template <typename Fn>
-void bind(void* library, const char* name, Fn& fn) {
-  fn = reinterpret_cast<Fn>(dlsym(library, name));
-  FP8KIT_CHECK_KIND(fn != nullptr, ErrorKind::kUnsupported, "CUDA: ", kLibraries[0], " has no ", name,
-                    ": install the cuBLAS of CUDA ", CUBLAS_VER_MAJOR, ".", CUBLAS_VER_MINOR, " or newer");
-}
-
 std::unique_ptr<CublasLt> load() {
-  void* library = nullptr;
-  std::string why;
-  for (const std::string& name : kLibraries) {
-    library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (library != nullptr) break;
-    if (why.empty()) why = dlerror();
-  }
-  FP8KIT_CHECK_KIND(library != nullptr, ErrorKind::kUnsupported, "CUDA: cuBLASLt could not be loaded (", why,
-                    "): install the CUDA toolkit's cuBLAS, or add its lib folder to LD_LIBRARY_PATH");
+  static const SharedLibrary library({"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"},
+                                     "cuBLASLt",
+                                     "install the CUDA toolkit's cuBLAS, or add its lib folder to LD_LIBRARY_PATH");
+  const std::string how = "install the cuBLAS of CUDA " + std::to_string(CUBLAS_VER_MAJOR) + "." +
+                          std::to_string(CUBLAS_VER_MINOR) + " or newer";
   auto lt = std::make_unique<CublasLt>();
-  bind(library, "cublasLtCreate", lt->create);
-  bind(library, "cublasLtGetVersion", lt->get_version);
-  bind(library, "cublasLtGetStatusString", lt->status_string);
-  bind(library, "cublasLtMatmulDescCreate", lt->desc_create);
-  bind(library, "cublasLtMatmulDescDestroy", lt->desc_destroy);
-  bind(library, "cublasLtMatmulDescSetAttribute", lt->desc_set);
-  bind(library, "cublasLtMatrixLayoutCreate", lt->layout_create);
-  bind(library, "cublasLtMatrixLayoutDestroy", lt->layout_destroy);
-  bind(library, "cublasLtMatmulPreferenceCreate", lt->preference_create);
-  bind(library, "cublasLtMatmulPreferenceDestroy", lt->preference_destroy);
-  bind(library, "cublasLtMatmulPreferenceSetAttribute", lt->preference_set);
-  bind(library, "cublasLtMatmulAlgoGetHeuristic", lt->heuristic);
-  bind(library, "cublasLtMatmul", lt->matmul);
+  library.bind("cublasLtCreate", lt->create, how);
+  library.bind("cublasLtGetVersion", lt->get_version, how);
+  library.bind("cublasLtGetStatusString", lt->status_string, how);
+  library.bind("cublasLtMatmulDescCreate", lt->desc_create, how);
+  library.bind("cublasLtMatmulDescDestroy", lt->desc_destroy, how);
+  library.bind("cublasLtMatmulDescSetAttribute", lt->desc_set, how);
+  library.bind("cublasLtMatrixLayoutCreate", lt->layout_create, how);
+  library.bind("cublasLtMatrixLayoutDestroy", lt->layout_destroy, how);
+  library.bind("cublasLtMatmulPreferenceCreate", lt->preference_create, how);
+  library.bind("cublasLtMatmulPreferenceDestroy", lt->preference_destroy, how);
+  library.bind("cublasLtMatmulPreferenceSetAttribute", lt->preference_set, how);
+  library.bind("cublasLtMatmulAlgoGetHeuristic", lt->heuristic, how);
+  library.bind("cublasLtMatmul", lt->matmul, how);
   const std::size_t v = lt->get_version();
   lt->version = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
   return lt;
