@@ -249,7 +249,8 @@ namespace fp8kit::cuda {
 namespace detail {
 struct NcclState {};
 }  // namespace detail
-NcclCommunicator::NcclCommunicator(Communicator&, int) {
+NcclCommunicator::NcclCommunicator(Communicator&, int device) {
+  check_available(Device::cuda(device));  // the device first, as the NCCL build checks it
   FP8KIT_THROW(ErrorKind::kUnsupported, "cuda::NcclCommunicator: ", nccl_version());
 }
 NcclCommunicator::~NcclCommunicator() = default;

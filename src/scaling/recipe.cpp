@@ -166,10 +166,13 @@ DelayedScaling DelayedScaling::deserialize(std::span<const std::uint8_t> bytes) 
 #ifndef FP8KIT_HAVE_CUDA
 // The CPU-only build's device state (cuda_recipe.hpp): there is no device to keep it on.
 namespace fp8kit::cuda {
-DelayedScalingState::DelayedScalingState(const DelayedScalingConfig&, int) {
+// The device first, as the CUDA build checks it (in this build it is never there).
+DelayedScalingState::DelayedScalingState(const DelayedScalingConfig&, int device) {
+  check_available(Device::cuda(device));
   detail::throw_no_cuda_backend("DelayedScalingState");
 }
-DelayedScalingState::DelayedScalingState(const DelayedScaling&, int) {
+DelayedScalingState::DelayedScalingState(const DelayedScaling&, int device) {
+  check_available(Device::cuda(device));
   detail::throw_no_cuda_backend("DelayedScalingState");
 }
 DelayedScaling DelayedScalingState::to_host() const {
