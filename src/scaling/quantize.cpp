@@ -90,23 +90,11 @@ std::int64_t Granularity::cols_per_block(std::int64_t cols) const {
 // ---------------------------------------------------------------- MX scales
 
 namespace {
-// Per element format: the exponent of its largest normal (OCP's emax_elem) and 1 / its largest finite value, as
-// Transformer Engine's float reciprocal.
-struct MxConstants {
-  int emax_elem;
-  float max_reciprocal;
-};
-constexpr int floor_log2(double x) {
-  int e = 0;
-  for (; x >= 2.0; x /= 2.0) ++e;
-  for (; x < 1.0; x *= 2.0) --e;
-  return e;
-}
+// Per element format, computed once (scale_inline.hpp's mx_constants).
+using scale_detail::MxConstants;
 constexpr auto kMxConstants = [] {
   std::array<MxConstants, kAllFormats.size()> c{};
-  for (Format f : kAllFormats) {
-    c[static_cast<std::size_t>(f)] = {floor_log2(max_finite(f)), 1.0f / static_cast<float>(max_finite(f))};
-  }
+  for (Format f : kAllFormats) c[static_cast<std::size_t>(f)] = scale_detail::mx_constants(f);
   return c;
 }();
 static_assert(kMxConstants[static_cast<std::size_t>(Format::e4m3fn)].emax_elem == 8);

@@ -39,6 +39,18 @@ FP8KIT_HD inline float scale_from_amax(float amax, float fp8_max, const ScaleOpt
   return scale;
 }
 
+// What an MX element format's scale codes are computed from: the exponent of its largest normal (OCP's emax_elem) and
+// 1 / its largest finite value as a float (Transformer Engine's reciprocal).
+struct MxConstants {
+  int emax_elem;
+  float max_reciprocal;
+};
+constexpr MxConstants mx_constants(Format f) {
+  int e = 0;  // floor(log2(max_finite)), max_finite >= 1 in every format
+  for (double x = max_finite(f); x >= 2.0; x /= 2.0) ++e;
+  return {e, 1.0f / static_cast<float>(max_finite(f))};
+}
+
 // mx_scale_code(amax, element format, mode) with the element format's `emax_elem` (the exponent of its largest
 // normal) and `max_reciprocal` (1 / its largest finite value, as a float).
 FP8KIT_HD inline std::uint8_t mx_code(float amax, int emax_elem, float max_reciprocal, bool rceil) {

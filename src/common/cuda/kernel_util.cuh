@@ -13,6 +13,7 @@
 #include "fp8kit/format/codec_inline.hpp"
 #include "fp8kit/format/format.hpp"
 #include "fp8kit/format/half.hpp"
+#include "fp8kit/tensor/dtype.hpp"
 #include "tensor/cuda/streams.hpp"
 
 namespace fp8kit::cuda_detail {
@@ -39,6 +40,22 @@ void with_format(Format format, Fn&& fn) {
       return fn.template operator()<Format::e5m2fnuz>();
     case Format::e8m0fnu:
       return fn.template operator()<Format::e8m0fnu>();
+  }
+}
+
+// Calls fn.template operator()<T>() with the element type of a float32, bfloat16 or float16 tensor; any other dtype
+// is Error(kInvalidArgument) "<what> is <dtype>: quantize float32, bfloat16 or float16".
+template <typename Fn>
+void with_float_type(DType dtype, const char* what, Fn&& fn) {
+  switch (dtype) {
+    case DType::float32:
+      return fn.template operator()<float>();
+    case DType::bfloat16:
+      return fn.template operator()<bfloat16>();
+    case DType::float16:
+      return fn.template operator()<float16>();
+    default:
+      FP8KIT_THROW(ErrorKind::kInvalidArgument, what, " is ", name(dtype), ": quantize float32, bfloat16 or float16");
   }
 }
 

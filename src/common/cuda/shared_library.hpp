@@ -12,20 +12,23 @@ namespace fp8kit::cuda_detail {
 class SharedLibrary {
  public:
   // The first of `names` that loads; Error(kUnsupported) "CUDA: <what> could not be loaded (<the loader's message>):
-  // <how>" when none does.
-  SharedLibrary(std::initializer_list<std::string> names, std::string_view what, std::string_view how);
-  // fn = the function `name`; Error(kUnsupported) naming it and the library when it has none (`how` says what to
-  // install).
+  // <how>" when none does. `newer` says what to install when a function is missing (an older version).
+  SharedLibrary(std::initializer_list<std::string> names, std::string_view what, std::string_view how,
+                std::string newer);
+  // fn = the function `name`; Error(kUnsupported) naming it, the library and `newer` when it has none.
   template <typename Fn>
-  void bind(const char* name, Fn& fn, std::string_view how) const {
-    fn = reinterpret_cast<Fn>(symbol(name, how));
+  void bind(const char* name, Fn& fn) const {
+    fn = reinterpret_cast<Fn>(symbol(name));
   }
   const std::string& name() const { return name_; }
 
  private:
-  void* symbol(const char* name, std::string_view how) const;
+  void* symbol(const char* name) const;
   void* handle_ = nullptr;
-  std::string name_;
+  std::string name_, newer_;
 };
+
+// "13.1.0" from a version number major * 10000 + minor * 100 + patch (cuBLASLt's and NCCL's).
+std::string dotted_version(long version);
 
 }  // namespace fp8kit::cuda_detail

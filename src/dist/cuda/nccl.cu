@@ -43,22 +43,21 @@ const Nccl& nccl() {
   if (loaded) return *loaded;
   static const SharedLibrary library(
       {"libnccl.so." + std::to_string(NCCL_MAJOR), "libnccl.so"}, "NCCL",
-      "install NCCL (Debian libnccl2, PyPI nvidia-nccl-cu13) or add its lib folder to LD_LIBRARY_PATH");
-  const std::string how = "install NCCL " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + " or newer";
+      "install NCCL (Debian libnccl2, PyPI nvidia-nccl-cu13) or add its lib folder to LD_LIBRARY_PATH",
+      "install NCCL " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + " or newer");
   auto n = std::make_unique<Nccl>();
-  library.bind("ncclGetVersion", n->get_version, how);
-  library.bind("ncclGetUniqueId", n->get_unique_id, how);
-  library.bind("ncclCommInitRank", n->init_rank, how);
-  library.bind("ncclCommDestroy", n->destroy, how);
-  library.bind("ncclSend", n->send, how);
-  library.bind("ncclRecv", n->recv, how);
-  library.bind("ncclGroupStart", n->group_start, how);
-  library.bind("ncclGroupEnd", n->group_end, how);
-  library.bind("ncclGetErrorString", n->error_string, how);
+  library.bind("ncclGetVersion", n->get_version);
+  library.bind("ncclGetUniqueId", n->get_unique_id);
+  library.bind("ncclCommInitRank", n->init_rank);
+  library.bind("ncclCommDestroy", n->destroy);
+  library.bind("ncclSend", n->send);
+  library.bind("ncclRecv", n->recv);
+  library.bind("ncclGroupStart", n->group_start);
+  library.bind("ncclGroupEnd", n->group_end);
+  library.bind("ncclGetErrorString", n->error_string);
   int v = 0;
-  n->get_version(&v);
-  // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9.
-  n->version = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+  n->get_version(&v);  // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9
+  n->version = dotted_version(v);
   loaded = std::move(n);
   return *loaded;
 }

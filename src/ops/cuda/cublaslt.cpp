@@ -15,25 +15,24 @@ namespace {
 std::unique_ptr<CublasLt> load() {
   static const SharedLibrary library({"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"},
                                      "cuBLASLt",
-                                     "install the CUDA toolkit's cuBLAS, or add its lib folder to LD_LIBRARY_PATH");
-  const std::string how = "install the cuBLAS of CUDA " + std::to_string(CUBLAS_VER_MAJOR) + "." +
-                          std::to_string(CUBLAS_VER_MINOR) + " or newer";
+                                     "install the CUDA toolkit's cuBLAS, or add its lib folder to LD_LIBRARY_PATH",
+                                     "install the cuBLAS of CUDA " + std::to_string(CUBLAS_VER_MAJOR) + "." +
+                                         std::to_string(CUBLAS_VER_MINOR) + " or newer");
   auto lt = std::make_unique<CublasLt>();
-  library.bind("cublasLtCreate", lt->create, how);
-  library.bind("cublasLtGetVersion", lt->get_version, how);
-  library.bind("cublasLtGetStatusString", lt->status_string, how);
-  library.bind("cublasLtMatmulDescCreate", lt->desc_create, how);
-  library.bind("cublasLtMatmulDescDestroy", lt->desc_destroy, how);
-  library.bind("cublasLtMatmulDescSetAttribute", lt->desc_set, how);
-  library.bind("cublasLtMatrixLayoutCreate", lt->layout_create, how);
-  library.bind("cublasLtMatrixLayoutDestroy", lt->layout_destroy, how);
-  library.bind("cublasLtMatmulPreferenceCreate", lt->preference_create, how);
-  library.bind("cublasLtMatmulPreferenceDestroy", lt->preference_destroy, how);
-  library.bind("cublasLtMatmulPreferenceSetAttribute", lt->preference_set, how);
-  library.bind("cublasLtMatmulAlgoGetHeuristic", lt->heuristic, how);
-  library.bind("cublasLtMatmul", lt->matmul, how);
-  const std::size_t v = lt->get_version();
-  lt->version = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+  library.bind("cublasLtCreate", lt->create);
+  library.bind("cublasLtGetVersion", lt->get_version);
+  library.bind("cublasLtGetStatusString", lt->status_string);
+  library.bind("cublasLtMatmulDescCreate", lt->desc_create);
+  library.bind("cublasLtMatmulDescDestroy", lt->desc_destroy);
+  library.bind("cublasLtMatmulDescSetAttribute", lt->desc_set);
+  library.bind("cublasLtMatrixLayoutCreate", lt->layout_create);
+  library.bind("cublasLtMatrixLayoutDestroy", lt->layout_destroy);
+  library.bind("cublasLtMatmulPreferenceCreate", lt->preference_create);
+  library.bind("cublasLtMatmulPreferenceDestroy", lt->preference_destroy);
+  library.bind("cublasLtMatmulPreferenceSetAttribute", lt->preference_set);
+  library.bind("cublasLtMatmulAlgoGetHeuristic", lt->heuristic);
+  library.bind("cublasLtMatmul", lt->matmul);
+  lt->version = dotted_version(static_cast<long>(lt->get_version()));
   return lt;
 }
 

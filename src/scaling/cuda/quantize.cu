@@ -34,12 +34,10 @@ struct ScaleSpec {
 ScaleSpec scale_spec(const QuantizeOptions& options) {
   ScaleSpec s;
   s.scale = options.scale;
-  const double max = max_finite(options.format);
-  s.fp8_max = static_cast<float>(max);
-  int e = 0;
-  for (double x = max; x >= 2.0; x /= 2.0) ++e;
-  s.emax_elem = e;
-  s.max_reciprocal = 1.0f / s.fp8_max;
+  s.fp8_max = static_cast<float>(max_finite(options.format));
+  const scale_detail::MxConstants mx = scale_detail::mx_constants(options.format);
+  s.emax_elem = mx.emax_elem;
+  s.max_reciprocal = mx.max_reciprocal;
   s.mx = options.granularity.kind == Granularity::Kind::kMx;
   s.rceil = options.granularity.mx_mode == MxScaleMode::kRceil;
   return s;
@@ -155,22 +153,6 @@ __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, 
   }
 }
 
-// Calls fn.template operator()<T>() with x's element type.
-template <typename Fn>
-void with_input(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::float32:
-      return fn.template operator()<float>();
-    case DType::bfloat16:
-      return fn.template operator()<bfloat16>();
-    case DType::float16:
-      return fn.template operator()<float16>();
-    default:
-      FP8KIT_THROW(ErrorKind::kInvalidArgument, "cuda::quantize: x is ", name(dtype),
-                   ": quantize float32, bfloat16 or float16");
-  }
-}
-
 }  // namespace
 
 namespace cuda {
@@ -226,7 +208,7 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
   const std::int64_t n = rows * cols, blocks = grid_rows * grid_cols;
   if (n == 0) return q;  // no blocks either (an empty dimension leaves the block grid empty)
   const cudaStream_t stream = stream_of(device);
-  with_input(x.dtype(), [&]<typename T>() {
+  with_float_type(x.dtype(), "cuda::quantize: x", [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
     with_format(options.format, [&]<Format F>() {
       if (blocks == 1) {
@@ -292,7 +274,7 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
   if (rows * cols == 0) return out;
   const auto* codes = static_cast<const std::uint8_t*>(q.codes.data_ptr());
   const auto* scales = static_cast<const float*>(q.scale_inv.data_ptr());
-  with_input(dtype, [&]<typename T>() {
+  with_float_type(dtype, "cuda::dequantize: the output", [&]<typename T>() {
     with_format(q.format, [&]<Format F>() {
       dequantize_kernel<F, T><<<blocks_for(rows * cols), kThreads, 0, stream_of(device)>>>(
           codes, rows, cols, block_rows, block_cols, grid_cols, scales, static_cast<T*>(out.data_ptr()));

@@ -140,8 +140,6 @@ QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Ov
   const Device gpu = Device::cuda(state.device_);
   FP8KIT_CHECK(x.device() == gpu, "cuda::quantize_delayed: x is on ", to_string(x.device()), " and the state on ",
                to_string(gpu), ": move x with .to(Device::cuda(", state.device_, "))");
-  FP8KIT_CHECK(x.dtype() == DType::float32 || x.dtype() == DType::bfloat16 || x.dtype() == DType::float16,
-               "cuda::quantize_delayed: x is ", name(x.dtype()), ": quantize float32, bfloat16 or float16");
   use_device(state.device_);
   const MatrixRef shape = x.matrix();
   const std::int64_t n = shape.rows * shape.cols;
@@ -159,7 +157,7 @@ QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Ov
   auto* m = static_cast<float*>(multiplier.data_ptr());
   const EncodeSpec encode{format, overflow, Rounding::kNearestEven};
   const cudaStream_t stream = stream_of(state.device_);
-  const auto launch = [&]<typename T>() {
+  with_float_type(x.dtype(), "cuda::quantize_delayed: x", [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
     if (n != 0) amax_bits_kernel<<<blocks_for(n, 4096), kThreads, 0, stream>>>(in, n, amax_bits, amax_bits + 1);
     delayed_scale_kernel<<<1, 1, 0, stream>>>(
@@ -171,10 +169,7 @@ QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Ov
       encode_tensor_kernel<F>
           <<<blocks_for(n), kThreads, 0, stream>>>(in, n, m, encode, static_cast<std::uint8_t*>(q.codes.data_ptr()));
     });
-  };
-  if (x.dtype() == DType::float32) launch.template operator()<float>();
-  if (x.dtype() == DType::bfloat16) launch.template operator()<bfloat16>();
-  if (x.dtype() == DType::float16) launch.template operator()<float16>();
+  });
   check_launch("cuda::quantize_delayed", state.device_);
   return q;
 }
