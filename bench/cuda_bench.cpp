@@ -89,7 +89,6 @@ std::vector<CudaStreamResult> run_cuda_stream_bench(const std::string& which, st
                " is not convert or scaling");
   check_available(Device::cuda(device));
   const std::int64_t n = static_cast<std::int64_t>(bytes / 4);
-  const std::int64_t un = n;
   const Tensor f32 = device_randn(1, n, DType::float32, device);
   const Tensor matrix = f32.reshape({-1, n % 4096 == 0 ? 4096 : n});
   const Tensor bf16 = f32.to(Device::cpu()).to(DType::bfloat16).to(Device::cuda(device));
@@ -114,20 +113,18 @@ std::vector<CudaStreamResult> run_cuda_stream_bench(const std::string& which, st
   };
   std::vector<Op> ops;
   if (which == "convert") {
-    ops.push_back({"f32->e4m3fn", 5 * bytes / 4, [&] { cuda::cast_to_fp8(in32, o8, un, e4m3, device); }});
-    ops.push_back({"f32->e5m2", 5 * bytes / 4, [&] { cuda::cast_to_fp8(in32, o8, un, e5m2, device); }});
-    ops.push_back({"bf16->e4m3fn", 3 * bytes / 4, [&] { cuda::cast_to_fp8(in16, o8, un, e4m3, device); }});
+    ops.push_back({"f32->e4m3fn", 5 * bytes / 4, [&] { cuda::cast_to_fp8(in32, o8, n, e4m3, device); }});
+    ops.push_back({"f32->e5m2", 5 * bytes / 4, [&] { cuda::cast_to_fp8(in32, o8, n, e5m2, device); }});
+    ops.push_back({"bf16->e4m3fn", 3 * bytes / 4, [&] { cuda::cast_to_fp8(in16, o8, n, e4m3, device); }});
     ops.push_back({"e4m3fn->f32", 5 * bytes / 4, [&] {
-                     cuda::cast_from_fp8(in8, Format::e4m3fn, static_cast<float*>(out32.data_ptr()), un, 1.0f, device);
+                     cuda::cast_from_fp8(in8, Format::e4m3fn, static_cast<float*>(out32.data_ptr()), n, 1.0f, device);
                    }});
-    ops.push_back({"e4m3fn->bf16", 3 * bytes / 4, [&] {
-                     cuda::cast_from_fp8(in8, Format::e4m3fn, static_cast<bfloat16*>(out16.data_ptr()), un, 1.0f,
-                                         device);
-                   }});
-  } else {
-    ops.push_back({"amax f32", bytes, [&] { cuda::amax(in32, un, device); }});
     ops.push_back(
-        {"f32->e4m3fn+amax", 5 * bytes / 4, [&] { cuda::cast_to_fp8_with_amax(in32, o8, un, e4m3, device); }});
+        {"e4m3fn->bf16", 3 * bytes / 4,
+         [&] { cuda::cast_from_fp8(in8, Format::e4m3fn, static_cast<bfloat16*>(out16.data_ptr()), n, 1.0f, device); }});
+  } else {
+    ops.push_back({"amax f32", bytes, [&] { cuda::amax(in32, n, device); }});
+    ops.push_back({"f32->e4m3fn+amax", 5 * bytes / 4, [&] { cuda::cast_to_fp8_with_amax(in32, o8, n, e4m3, device); }});
     // cuda::quantize of the float32 input as a rows x 4096 matrix (as the CPU's bench scaling), e4m3fn, saturating:
     // reads 4 bytes and writes 1 per element (the scales are a few KiB).
     for (const Granularity& g : {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128),
