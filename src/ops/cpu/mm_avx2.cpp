@@ -180,6 +180,7 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
   const std::uint8_t* rows[kR];
 #pragma GCC unroll 4
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
+  const GemvPrefetch<kR> prefetch(w, j, k);
   float total[kM][kR] = {};
   __m256i special = _mm256_setzero_si256();
   for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
@@ -202,7 +203,7 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
     for (; kk + 32 <= k1; kk += 32) {
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + kGemvPrefetchBytes, _MM_HINT_T1);
+        prefetch(kk, r, 32);
         special =
             _mm256_or_si256(special, special32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + kk)), d));
       }

@@ -134,6 +134,7 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
   const std::uint8_t* rows[kR];
 #pragma GCC unroll 4
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
+  const GemvPrefetch<kR> prefetch(w, j, k);
   float total[kM][kR] = {};
   __mmask64 special = 0;
   for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
@@ -149,7 +150,7 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
     for (; kk + 64 <= k1; kk += 64) {
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + kGemvPrefetchBytes, _MM_HINT_T1);
+        prefetch(kk, r, 64);
         special |= special64(_mm512_loadu_si512(rows[r] + kk), d);
       }
 #pragma GCC unroll 4

@@ -193,7 +193,7 @@ void scale_accumulate_dpbf16(const void* left, const void* right, std::int64_t k
 // kM activation rows (bfloat16) times kR weight rows starting at row j, all of K: per step, 64 codes of each row
 // decoded to two vectors of 32 bfloat16 and multiplied pairwise with the activations into one accumulator per output.
 // The full steps load unmasked; the last partial one of a block under masks (code 0 is +0, and the activations past
-// the block are read as zeros). Each row's codes are prefetched into L2 kGemvPrefetchBytes ahead; eight rows at a
+// the block are read as zeros). The weights are prefetched into L2 a block ahead (GemvPrefetch); eight rows at a
 // time (M = 1) measured faster from DRAM than one row at a time in longer sequential runs.
 template <int kM, int kR, class Decoder>
 void gemv_rows(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kblock, const std::uint16_t* x,
@@ -202,6 +202,7 @@ void gemv_rows(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kb
   const std::uint8_t* rows[kR];
 #pragma GCC unroll 8
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
+  const GemvPrefetch<kR> prefetch(w, j, k);
   float total[kM][kR] = {};
   for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
     const std::int64_t k1 = std::min(k, k0 + kblock);
@@ -221,8 +222,7 @@ void gemv_rows(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kb
       }
 #pragma GCC unroll 8
       for (int r = 0; r < kR; ++r) {
-        if constexpr (kFull)
-          _mm_prefetch(reinterpret_cast<const char*>(rows[r] + kk) + kGemvPrefetchBytes, _MM_HINT_T1);
+        if constexpr (kFull) prefetch(kk, r, 64);
         __m512i first, second;
         d.words(kFull ? _mm512_loadu_si512(rows[r] + kk) : _mm512_maskz_loadu_epi8(valid, rows[r] + kk), first, second);
 #pragma GCC unroll 4
