@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "expect_error.hpp"
 #include "fp8kit/common/error.hpp"
@@ -187,6 +189,56 @@ TEST_F(CudaTensor, ScaledAndStochasticCastsGiveTheCpusBits) {
                         static_cast<float*>(got.data_ptr()), 256, 0.37f, 0);
     EXPECT_TRUE(same_bytes(got.to(Device::cpu()), want)) << name(format) << " decode";
   }
+}
+
+// The casts take 16 bytes a thread where the pointers allow it and one element a thread elsewhere: every offset of
+// input and output against 16-byte alignment and lengths around the vector width give the CPU's bits, for every
+// wide dtype, with a quantization scale and stochastic rounding (whose bits follow the element's position), and the
+// decode with a dequantization scale into every wide dtype.
+template <typename T>
+void expect_casts_at_every_offset(DType wide) {
+  const Device gpu = Device::cuda(0);
+  const Tensor host = every_pattern(wide);
+  const Tensor there = host.to(gpu);
+  const auto* in_host = reinterpret_cast<const T*>(host.raw());
+  const auto* in_there = static_cast<const T*>(there.data_ptr());
+  const std::int64_t room = 4096;
+  Tensor codes_there = empty({room + 32}, DType::float8_e4m3fn, gpu);
+  Tensor wide_there = empty({room + 32}, wide, gpu);
+  auto* codes_ptr = static_cast<std::uint8_t*>(codes_there.data_ptr());
+  auto* wide_ptr = static_cast<T*>(wide_there.data_ptr());
+  for (Format format : {Format::e4m3fn, Format::e5m2fnuz}) {
+    const CastOptions o{format, Overflow::kSaturate, Rounding::kStochastic, 0.37f, 777, 5};
+    for (std::int64_t in_off : {0, 1, 3, 8, 15}) {
+      for (std::int64_t out_off : {0, 1, 4, 8, 13}) {
+        for (std::int64_t n : {1, 7, 15, 16, 17, 33, 255, 4000}) {
+          std::vector<std::uint8_t> want(static_cast<std::size_t>(n));
+          cast_to_fp8(std::span<const T>(in_host + in_off, static_cast<std::size_t>(n)), want, o);
+          cuda::cast_to_fp8(in_there + in_off, codes_ptr + out_off, n, o, 0);
+          const Tensor codes_back = codes_there.to(Device::cpu());
+          const auto* got_codes = reinterpret_cast<const std::uint8_t*>(codes_back.raw()) + out_off;
+          const std::vector<std::uint8_t> got(got_codes, got_codes + n);
+          EXPECT_EQ(got, want) << name(wide) << " -> " << name(format) << " at " << in_off << "/" << out_off << ", n "
+                               << n;
+          // and back, with a dequantization scale
+          std::vector<T> back_want(static_cast<std::size_t>(n));
+          cast_from_fp8(want, format, std::span<T>(back_want), 0.37f);
+          cuda::cast_from_fp8(codes_ptr + out_off, format, wide_ptr + in_off, n, 0.37f, 0);
+          const Tensor wide_back = wide_there.to(Device::cpu());
+          EXPECT_EQ(std::memcmp(reinterpret_cast<const T*>(wide_back.raw()) + in_off, back_want.data(),
+                                back_want.size() * sizeof(T)),
+                    0)
+              << name(format) << " -> " << name(wide) << " at " << out_off << "/" << in_off << ", n " << n;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaTensor, CastsGiveTheCpusBitsAtEveryAlignment) {
+  expect_casts_at_every_offset<float>(DType::float32);
+  expect_casts_at_every_offset<bfloat16>(DType::bfloat16);
+  expect_casts_at_every_offset<float16>(DType::float16);
 }
 
 }  // namespace
