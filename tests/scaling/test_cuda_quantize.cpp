@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -169,6 +170,41 @@ TEST_F(CudaQuantize, AlignedRowBlocksTakeTheVectorKernel) {
     }
   }
   EXPECT_EQ(cases, 30);
+}
+
+// The four-element vector kernels at their edges: short row blocks (a lane a float4, several blocks a warp, several
+// warp steps at once) with block counts that fill no warp step evenly, and the tile kernel (a CUDA block a scaling
+// block) with partial tiles on the right and at the bottom, for every input dtype; the element-wise kernels take
+// the shapes these do not (odd columns), as EveryGranularityIsTheCpusBitForBit checks.
+TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
+  int cases = 0;
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{37, 128}, {300, 260}, {129, 1028}}) {
+    const Tensor host = values(rows, cols);
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+      const Tensor x = dtype == DType::float32 ? host : host.to(dtype);
+      const Tensor device_x = x.to(Device::cuda(0));
+      for (const Granularity& g :
+           {Granularity::block(1, 4), Granularity::block(1, 16), Granularity::block(1, 32), Granularity::block(1, 64),
+            Granularity::block(1, 128), Granularity::mx(), Granularity::block(128, 128), Granularity::block(2, 512),
+            Granularity::block(64, 16), Granularity::block(32, 32)}) {
+        for (Format format : {Format::e4m3fn, Format::e5m2fnuz}) {
+          QuantizeOptions options;
+          options.format = format;
+          options.granularity = g;
+          const std::string what = std::string(name(dtype)) + " " + std::string(name(format)) + " " + g.name() + " " +
+                                   std::to_string(rows) + "x" + std::to_string(cols);
+          const ScaledTensor want = quantize(x, options);
+          const ScaledTensor back = cuda::quantize(device_x, options).to_host();
+          EXPECT_TRUE(back.data == want.data) << what;
+          EXPECT_EQ(bits_of(back.scale_inv), bits_of(want.scale_inv)) << what;
+          EXPECT_EQ(bits_of(back.scale_e8m0), bits_of(want.scale_e8m0)) << what;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 3 * 3 * 10 * 2);
 }
 
 TEST_F(CudaQuantize, RefusesWhatItCannotQuantize) {

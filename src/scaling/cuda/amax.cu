@@ -1,7 +1,8 @@
 // amax on a CUDA device, alone and fused with the cast to FP8: each thread keeps the largest finite |x| it saw (as
 // float bits: non-negative floats order as their unsigned bits) and its NaN and Inf counts, a warp and then a block
 // combine them, and one atomic per block merges them into a 24-byte result on the device, copied back once. The
-// cast runs the CPU's scalar codec (format/codec_inline.hpp) on the same elements in the same pass.
+// cast runs the CPU's scalar codec (format/codec_inline.hpp) on the same elements in the same pass. Four elements a
+// thread (16-byte loads) where the pointers are aligned.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -66,29 +67,43 @@ __device__ void merge_block(Partial p, unsigned long long* result) {
   }
 }
 
-__global__ void amax_kernel(const float* x, std::int64_t n, unsigned long long* result) {
+__global__ void amax_kernel(const float* x, std::int64_t n, bool vectors, unsigned long long* result) {
   Partial p;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    see(x[i], p);
-  }
+  grid_stride<4>(
+      n, vectors,
+      [&](std::int64_t i) {
+        const float4 v = *reinterpret_cast<const float4*>(x + i);
+        see(v.x, p);
+        see(v.y, p);
+        see(v.z, p);
+        see(v.w, p);
+      },
+      [&](std::int64_t i) { see(x[i], p); });
   merge_block(p, result);
 }
 
 template <Format F>
-__global__ void cast_amax_kernel(const float* in, std::uint8_t* out, std::int64_t n, float scale, EncodeSpec spec,
-                                 std::uint64_t seed, std::uint64_t offset, unsigned long long* result) {
-  constexpr FormatDescriptor d = descriptor(F);
+__global__ void cast_amax_kernel(const float* in, std::uint8_t* out, std::int64_t n, bool vectors, float scale,
+                                 EncodeSpec spec, std::uint64_t seed, std::uint64_t offset,
+                                 unsigned long long* result) {
   Partial p;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float x = in[i];
-    see(x, p);
-    const float v = scaled(x, scale);  // as cuda::cast_to_fp8 scales
-    const std::uint32_t bits =
-        spec.rounding == Rounding::kStochastic ? stochastic_bits(seed, offset + static_cast<std::uint64_t>(i)) : 0u;
-    out[i] = encode_value<F>(v, spec, bits);
-  }
+  grid_stride<4>(
+      n, vectors,
+      [&](std::int64_t i) {
+        const Vec16<float> v = *reinterpret_cast<const Vec16<float>*>(in + i);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) see(v.e[j], p);
+        std::uint32_t word;
+        encode_group<F>(v, scale, spec, seed, offset + static_cast<std::uint64_t>(i), &word);  // as cast_to_fp8
+        store_codes<4>(out + i, &word);
+      },
+      [&](std::int64_t i) {
+        const float x = in[i];
+        see(x, p);
+        const std::uint32_t bits =
+            spec.rounding == Rounding::kStochastic ? stochastic_bits(seed, offset + static_cast<std::uint64_t>(i)) : 0u;
+        out[i] = encode_value<F>(scaled(x, scale), spec, bits);  // as cuda::cast_to_fp8 scales
+      });
   merge_block(p, result);
 }
 
@@ -118,7 +133,7 @@ AmaxResult amax(const float* x, std::int64_t n, int device) {
   use_device(device);
   if (n == 0) return {};
   return with_result(device, "amax", [&](unsigned long long* result) {
-    amax_kernel<<<blocks_for(n, 4096), kThreads, 0, stream_of(device)>>>(x, n, result);
+    amax_kernel<<<blocks_for_vectors<4>(n, 4096), kThreads, 0, stream_of(device)>>>(x, n, vector_aligned<4>(x), result);
   });
 }
 
@@ -129,8 +144,9 @@ AmaxResult cast_to_fp8_with_amax(const float* in, std::uint8_t* out, std::int64_
   const EncodeSpec spec{options.format, options.overflow, options.rounding};
   return with_result(device, "the fused cast and amax", [&](unsigned long long* result) {
     with_format(options.format, [&]<Format F>() {
-      cast_amax_kernel<F><<<blocks_for(n, 4096), kThreads, 0, stream_of(device)>>>(
-          in, out, n, options.scale, spec, options.seed, options.stream_offset, result);
+      cast_amax_kernel<F><<<blocks_for_vectors<4>(n, 4096), kThreads, 0, stream_of(device)>>>(
+          in, out, n, vector_aligned<4>(in) && vector_aligned<4>(out), options.scale, spec, options.seed,
+          options.stream_offset, result);
     });
   });
 }

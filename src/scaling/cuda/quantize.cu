@@ -1,9 +1,11 @@
 // cuda::quantize and cuda::dequantize (scaling/cuda_quantize.hpp). Blocked granularities (row, column, any block,
-// MX): one group of threads per scaling block, a warp for blocks of at most 1024 elements, the whole CUDA block for
-// larger ones; the group takes the block's amax (the largest finite |x|, as float bits: non-negative floats order as
-// their unsigned bits), one thread turns it into the block's scales with the CPU's formula, and the group encodes
-// the block with the CPU's codec. Per tensor: an amax pass into one device word, a one-thread kernel for the scale,
-// and the encode reading it from device memory: no host sync anywhere.
+// MX): one group of threads per scaling block; the group takes the block's amax (the largest finite |x|, as float
+// bits: non-negative floats order as their unsigned bits), turns it into the block's scales with the CPU's formula,
+// and encodes the block with the CPU's codec. Where the shapes allow four-element vector loads: float32 1 x bc rows
+// (bc <= 128: a lane holds its four elements, several blocks in flight a warp; longer rows: a warp a block) and
+// blocks of at least 1024 elements (128 x 128: a CUDA block a scaling block); elsewhere element-wise, a warp for
+// blocks of at most 1024 elements, the CUDA block for larger ones. Per tensor: an amax pass into one device word, a
+// one-thread kernel for the scale, and the encode reading it from device memory: no host sync anywhere.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -56,9 +58,9 @@ __device__ float block_scale(float amax, const ScaleSpec& s, float* scale_inv, s
   return multiplier;
 }
 
-// 1 x bc blocks of a float32 matrix (rows, 1 x 128, MX, bc a multiple of 4, cols a multiple of bc): vector loads of
-// four elements, L = min(bc / 4, 32) lanes a block (one to four blocks a warp), the amax reduced over the block's
-// lanes with shuffles, the codes stored four at a time. The same values in the same formula as quantize_blocks.
+// Longer 1 x bc blocks of a float32 matrix (rows; bc a multiple of 4, cols a multiple of bc): vector loads of four
+// elements, L = min(bc / 4, 32) lanes a block, the amax reduced over the block's lanes with shuffles, the block read
+// again and its codes stored four at a time. The same values in the same formula as quantize_blocks.
 template <Format F>
 __global__ void quantize_rows4(const float4* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
                                std::int64_t blocks, int lanes, ScaleSpec spec, EncodeSpec encode, std::uint32_t* codes,
@@ -73,6 +75,7 @@ __global__ void quantize_rows4(const float4* x, std::int64_t cols4, std::int64_t
     const bool active = b < blocks;
     const std::int64_t base = active ? (b / grid_cols) * cols4 + (b % grid_cols) * bc4 : 0;
     unsigned m = 0;
+#pragma unroll 4
     for (std::int64_t i = sub; active && i < bc4; i += lanes) {
       const float4 v = x[base + i];
       m = max(
@@ -97,6 +100,103 @@ __global__ void quantize_rows4(const float4* x, std::int64_t cols4, std::int64_t
                         static_cast<std::uint32_t>(encode_value<F>(scaled(v.z, multiplier), encode, 0u)) << 16 |
                         static_cast<std::uint32_t>(encode_value<F>(scaled(v.w, multiplier), encode, 0u)) << 24;
     }
+  }
+}
+
+// 1 x bc blocks of at most 128 float32 elements (1 x 128, MX's 1 x 32; bc / 4 dividing 32, cols a multiple of bc):
+// lanes = bc / 4 lanes a block, each holding one float4 of it (so the block is read once), 32 / lanes blocks a
+// warp, and kUnroll of the warp's grid-stride steps loaded before the first is reduced: one float4 a lane in flight
+// at a time left the H200 at 0.29x of memcpy's bandwidth for 1 x 128 and MX.
+template <Format F>
+__global__ void quantize_short_rows4(const float4* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
+                                     std::int64_t blocks, int lanes, ScaleSpec spec, EncodeSpec encode,
+                                     std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
+  constexpr int kUnroll = 4;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int sub = lane % lanes;
+  const std::int64_t per_warp = 32 / lanes;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t w0 = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       w0 * per_warp < blocks; w0 += kUnroll * warps) {
+    std::int64_t b[kUnroll], at[kUnroll];
+    float4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      b[u] = (w0 + u * warps) * per_warp + lane / lanes;
+      at[u] = b[u] < blocks ? (b[u] / grid_cols) * cols4 + (b[u] % grid_cols) * bc4 + sub : -1;
+      v[u] = at[u] >= 0 ? x[at[u]] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      unsigned m = max(max(finite_magnitude(v[u].x), finite_magnitude(v[u].y)),
+                       max(finite_magnitude(v[u].z), finite_magnitude(v[u].w)));
+      for (int offset = lanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+      if (at[u] < 0) continue;  // (after the shuffles, which every lane of the warp takes)
+      float si = 0.0f;
+      std::uint8_t code = 0;
+      const float multiplier = block_scale(__uint_as_float(m), spec, &si, &code);
+      if (sub == 0) {
+        scale_inv[b[u]] = si;
+        if (e8m0 != nullptr) e8m0[b[u]] = code;
+      }
+      codes[at[u]] = static_cast<std::uint32_t>(encode_value<F>(scaled(v[u].x, multiplier), encode, 0u)) |
+                     static_cast<std::uint32_t>(encode_value<F>(scaled(v[u].y, multiplier), encode, 0u)) << 8 |
+                     static_cast<std::uint32_t>(encode_value<F>(scaled(v[u].z, multiplier), encode, 0u)) << 16 |
+                     static_cast<std::uint32_t>(encode_value<F>(scaled(v[u].w, multiplier), encode, 0u)) << 24;
+    }
+  }
+}
+
+// Four consecutive elements of a row, for one vector load (16 bytes of float32, 8 of a 16-bit type).
+template <typename T>
+struct alignas(4 * sizeof(T)) Quad {
+  T e[4];
+};
+
+// Blocks of at least 4 x kThreads elements whose columns and the matrix's come in fours (128 x 128, ...): one CUDA
+// block per scaling block, its threads over the block's quads with 32-bit index arithmetic inside the block, the
+// amax reduced over the CUDA block, then the quads read again (from L1/L2) and encoded, four codes a store. (The
+// element-wise kernel below divided 64-bit indices per element: 0.18x of memcpy's bandwidth for 128 x 128 on the
+// H200.)
+template <Format F, typename T>
+__global__ void quantize_tiles4(const Quad<T>* x, std::int64_t rows, std::int64_t cols4, std::int64_t br,
+                                std::int64_t bc4, std::int64_t grid_cols, std::int64_t blocks, ScaleSpec spec,
+                                EncodeSpec encode, std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
+  __shared__ unsigned warp_max[kThreads / 32];
+  __shared__ float shared_multiplier;
+  std::uint8_t unused_code = 0;
+  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::int64_t r0 = (b / grid_cols) * br, c0 = (b % grid_cols) * bc4;
+    const int h = static_cast<int>(min(br, rows - r0)), w = static_cast<int>(min(bc4, cols4 - c0));
+    const int quads = h * w;
+    const Quad<T>* in = x + r0 * cols4 + c0;
+    unsigned m = 0;
+#pragma unroll 4
+    for (int i = static_cast<int>(threadIdx.x); i < quads; i += kThreads) {
+      const Quad<T> q = in[static_cast<std::int64_t>(i / w) * cols4 + i % w];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m = max(m, finite_magnitude(widen(q.e[j])));
+    }
+    m = group_max<kThreads>(m, warp_max);
+    if (threadIdx.x == 0) {
+      shared_multiplier =
+          block_scale(__uint_as_float(m), spec, scale_inv + b, e8m0 != nullptr ? e8m0 + b : &unused_code);
+    }
+    __syncthreads();
+    const float multiplier = shared_multiplier;
+    std::uint32_t* out = codes + r0 * cols4 + c0;
+#pragma unroll 4
+    for (int i = static_cast<int>(threadIdx.x); i < quads; i += kThreads) {
+      const std::int64_t at = static_cast<std::int64_t>(i / w) * cols4 + i % w;
+      const Quad<T> q = in[at];
+      std::uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        word |= static_cast<std::uint32_t>(encode_value<F>(scaled(widen(q.e[j]), multiplier), encode, 0u)) << (8 * j);
+      }
+      out[at] = word;
+    }
+    __syncthreads();  // the shared words are reused by the next block
   }
 }
 
@@ -216,9 +316,20 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
         const Tensor multiplier = empty({}, DType::float32, x.device());
         auto* bits = static_cast<unsigned*>(amax_bits.data_ptr());
         auto* m = static_cast<float*>(multiplier.data_ptr());
-        amax_bits_kernel<<<blocks_for(n, 4096), kThreads, 0, stream>>>(in, n, bits, nullptr);
+        amax_bits_kernel<<<blocks_for_vectors<Vec16<T>::kElems>(n, 4096), kThreads, 0, stream>>>(in, n, bits, nullptr);
         tensor_scale_kernel<<<1, 1, 0, stream>>>(bits, spec, m, scale_inv, e8m0);
-        encode_tensor_kernel<F><<<blocks_for(n), kThreads, 0, stream>>>(in, n, m, encode, codes);
+        encode_tensor_kernel<F>
+            <<<blocks_for_vectors<Vec16<T>::kElems>(n), kThreads, 0, stream>>>(in, n, m, encode, codes);
+      } else if (std::is_same_v<T, float> && br == 1 && bc % 4 == 0 && cols % bc == 0 && bc <= 128 &&
+                 32 % (bc / 4) == 0) {
+        const std::int64_t bc4 = bc / 4;
+        const auto lanes = static_cast<int>(bc4);
+        const std::int64_t warps = (blocks * lanes + 31) / 32;
+        const auto grid =
+            static_cast<unsigned>(std::min<std::int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), 65536));
+        quantize_short_rows4<F><<<grid, kThreads, 0, stream>>>(
+            reinterpret_cast<const float4*>(in), cols / 4, bc4, grid_cols, blocks, lanes, spec, encode,
+            reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
       } else if (std::is_same_v<T, float> && br == 1 && bc % 4 == 0 && cols % bc == 0) {
         const std::int64_t bc4 = bc / 4;
         const int lanes = static_cast<int>(std::min<std::int64_t>(bc4, 32));
@@ -235,6 +346,11 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
           quantize_blocks<F, T, 32><<<grid, kThreads, 0, stream>>>(in, rows, cols, br, bc, grid_cols, blocks, spec,
                                                                    encode, codes, scale_inv, e8m0);
         }
+      } else if (bc % 4 == 0 && cols % 4 == 0 && br * bc >= 4 * kThreads) {
+        const auto grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
+        quantize_tiles4<F, T><<<grid, kThreads, 0, stream>>>(reinterpret_cast<const Quad<T>*>(in), rows, cols / 4, br,
+                                                             bc / 4, grid_cols, blocks, spec, encode,
+                                                             reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
       } else if (br * bc <= 1024) {
         constexpr int kGroups = kThreads / 32;
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>((blocks + kGroups - 1) / kGroups, 65536));

@@ -30,33 +30,45 @@ __device__ unsigned group_max(unsigned m, unsigned* warp_max) {
 }
 
 // The finite amax of x[0, n) merged into *result (atomicMax of float bits); *nonfinite set to 1 when x holds a NaN
-// or an Inf (when nonfinite is not null).
+// or an Inf (when nonfinite is not null). 16 bytes a thread where x is aligned to 16 (launch blocks_for_vectors).
 template <typename T>
 __global__ void amax_bits_kernel(const T* x, std::int64_t n, unsigned* result, unsigned* nonfinite) {
   __shared__ unsigned warp_max[kThreads / 32];
   unsigned m = 0;
   bool bad = false;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float v = widen(x[i]);
+  const auto see = [&](float v) {
     m = max(m, finite_magnitude(v));
     bad |= (__float_as_uint(v) & 0x7FFFFFFFu) >= 0x7F800000u;
-  }
+  };
+  constexpr int kElems = Vec16<T>::kElems;
+  grid_stride<kElems>(
+      n, reinterpret_cast<std::uintptr_t>(x) % 16 == 0,
+      [&](std::int64_t i) {
+        const Vec16<T> v = *reinterpret_cast<const Vec16<T>*>(x + i);
+#pragma unroll
+        for (int j = 0; j < kElems; ++j) see(widen(v.e[j]));
+      },
+      [&](std::int64_t i) { see(widen(x[i])); });
   m = group_max<kThreads>(m, warp_max);
   if (threadIdx.x == 0) atomicMax(result, m);
   if (nonfinite != nullptr && __any_sync(0xFFFFFFFFu, bad) && threadIdx.x % 32 == 0) atomicOr(nonfinite, 1u);
 }
 
-// codes = encode(x * *multiplier) (the multiplier read from device memory, applied as the CPU applies it).
+// codes = encode(x * *multiplier) (the multiplier read from device memory, applied as the CPU applies it). 16 bytes
+// of x a thread where x is aligned to 16 and codes to the group's size (launch blocks_for_vectors).
 template <Format F, typename T>
 __global__ void encode_tensor_kernel(const T* x, std::int64_t n, const float* multiplier, EncodeSpec encode,
                                      std::uint8_t* codes) {
-  constexpr FormatDescriptor d = descriptor(F);
+  constexpr int kElems = Vec16<T>::kElems;
   const float scale = *multiplier;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    codes[i] = encode_value<F>(scaled(widen(x[i]), scale), encode, 0u);
-  }
+  grid_stride<kElems>(
+      n, reinterpret_cast<std::uintptr_t>(x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(codes) % kElems == 0,
+      [&](std::int64_t i) {
+        std::uint32_t words[kElems / 4];
+        encode_group<F>(*reinterpret_cast<const Vec16<T>*>(x + i), scale, encode, 0, 0, words);
+        store_codes<kElems>(codes + i, words);
+      },
+      [&](std::int64_t i) { codes[i] = encode_value<F>(scaled(widen(x[i]), scale), encode, 0u); });
 }
 
 }  // namespace fp8kit::cuda_detail
