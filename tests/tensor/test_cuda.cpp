@@ -3,7 +3,11 @@
 // refusing device memory. Without a device the tensor tests skip and say why.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -193,44 +197,75 @@ TEST_F(CudaTensor, ScaledAndStochasticCastsGiveTheCpusBits) {
 
 // The casts take 16 bytes a thread where the pointers allow it and one element a thread elsewhere: every offset of
 // input and output against 16-byte alignment and lengths around the vector width give the CPU's bits, for every
-// wide dtype, with a quantization scale and stochastic rounding (whose bits follow the element's position), and the
-// decode with a dequantization scale into every wide dtype.
+// wide dtype, with a quantization scale, round to nearest even and stochastic rounding (whose bits follow the
+// element's position), and the decode with a dequantization scale into every wide dtype. The inputs span every
+// code (normal values over 2^-12..2^12 of both signs, subnormals, zeros, NaN, Inf), and the outputs are refilled
+// with a sentinel before each call, so that a store left out or put in the wrong place fails.
+Tensor mixed_values(std::int64_t n, DType dtype) {
+  Tensor t = randn({n}, 21);
+  float* x = t.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[i] = std::ldexp(x[i], static_cast<int>((i * 5) % 25) - 12);
+    if (i % 37 == 3) x[i] = std::numeric_limits<float>::denorm_min() * static_cast<float>(i);
+    if (i % 41 == 5) x[i] = i % 2 ? -0.0f : 0.0f;
+    if (i % 43 == 7) x[i] = std::copysign(std::numeric_limits<float>::quiet_NaN(), i % 2 ? -1.0f : 1.0f);
+    if (i % 47 == 11) x[i] = std::copysign(std::numeric_limits<float>::infinity(), i % 2 ? -1.0f : 1.0f);
+  }
+  return dtype == DType::float32 ? t : t.to(dtype);
+}
+
 template <typename T>
 void expect_casts_at_every_offset(DType wide) {
   const Device gpu = Device::cuda(0);
-  const Tensor host = every_pattern(wide);
+  const std::int64_t room = 4096 + 32;
+  const Tensor host = mixed_values(room, wide);
   const Tensor there = host.to(gpu);
   const auto* in_host = reinterpret_cast<const T*>(host.raw());
   const auto* in_there = static_cast<const T*>(there.data_ptr());
-  const std::int64_t room = 4096;
-  Tensor codes_there = empty({room + 32}, DType::float8_e4m3fn, gpu);
-  Tensor wide_there = empty({room + 32}, wide, gpu);
-  auto* codes_ptr = static_cast<std::uint8_t*>(codes_there.data_ptr());
-  auto* wide_ptr = static_cast<T*>(wide_there.data_ptr());
+  Tensor code_sentinel = empty({room}, DType::float8_e4m3fn);
+  std::memset(code_sentinel.raw(), 0xA5, static_cast<std::size_t>(code_sentinel.nbytes()));
+  Tensor wide_sentinel = empty({room}, wide);
+  std::memset(wide_sentinel.raw(), 0xA5, static_cast<std::size_t>(wide_sentinel.nbytes()));
+  int distinct_codes = 0;
   for (Format format : {Format::e4m3fn, Format::e5m2fnuz}) {
-    const CastOptions o{format, Overflow::kSaturate, Rounding::kStochastic, 0.37f, 777, 5};
-    for (std::int64_t in_off : {0, 1, 3, 8, 15}) {
-      for (std::int64_t out_off : {0, 1, 4, 8, 13}) {
-        for (std::int64_t n : {1, 7, 15, 16, 17, 33, 255, 4000}) {
-          std::vector<std::uint8_t> want(static_cast<std::size_t>(n));
-          cast_to_fp8(std::span<const T>(in_host + in_off, static_cast<std::size_t>(n)), want, o);
-          cuda::cast_to_fp8(in_there + in_off, codes_ptr + out_off, n, o, 0);
-          const Tensor codes_back = codes_there.to(Device::cpu());
-          const auto* got_codes = reinterpret_cast<const std::uint8_t*>(codes_back.raw()) + out_off;
-          const std::vector<std::uint8_t> got(got_codes, got_codes + n);
-          EXPECT_EQ(got, want) << name(wide) << " -> " << name(format) << " at " << in_off << "/" << out_off << ", n "
-                               << n;
-          // and back, with a dequantization scale
-          std::vector<T> back_want(static_cast<std::size_t>(n));
-          cast_from_fp8(want, format, std::span<T>(back_want), 0.37f);
-          cuda::cast_from_fp8(codes_ptr + out_off, format, wide_ptr + in_off, n, 0.37f, 0);
-          const Tensor wide_back = wide_there.to(Device::cpu());
-          EXPECT_EQ(std::memcmp(reinterpret_cast<const T*>(wide_back.raw()) + in_off, back_want.data(),
-                                back_want.size() * sizeof(T)),
-                    0)
-              << name(format) << " -> " << name(wide) << " at " << out_off << "/" << in_off << ", n " << n;
+    for (Rounding rounding : {Rounding::kNearestEven, Rounding::kStochastic}) {
+      const CastOptions o{format, Overflow::kSaturate, rounding, 0.37f, 777, 5};
+      for (std::int64_t in_off : {0, 1, 3, 8, 15}) {
+        for (std::int64_t out_off : {0, 1, 4, 8, 13}) {
+          for (std::int64_t n : {1, 7, 15, 16, 17, 33, 255, 4000}) {
+            const std::string what = std::string(name(wide)) + " <-> " + std::string(name(format)) +
+                                     (rounding == Rounding::kStochastic ? " sr" : "") + " at " +
+                                     std::to_string(in_off) + "/" + std::to_string(out_off) + ", n " +
+                                     std::to_string(n);
+            std::vector<std::uint8_t> want(static_cast<std::size_t>(n));
+            cast_to_fp8(std::span<const T>(in_host + in_off, static_cast<std::size_t>(n)), want, o);
+            if (n == 4000) distinct_codes = static_cast<int>(std::set<std::uint8_t>(want.begin(), want.end()).size());
+            Tensor codes_there = code_sentinel.to(gpu);
+            auto* codes_ptr = static_cast<std::uint8_t*>(codes_there.data_ptr());
+            cuda::cast_to_fp8(in_there + in_off, codes_ptr + out_off, n, o, 0);
+            const Tensor codes_back = codes_there.to(Device::cpu());
+            const auto* got = reinterpret_cast<const std::uint8_t*>(codes_back.raw());
+            EXPECT_EQ(std::vector<std::uint8_t>(got + out_off, got + out_off + n), want) << what;
+            EXPECT_TRUE(std::all_of(got, got + out_off, [](std::uint8_t c) { return c == 0xA5; })) << what;
+            EXPECT_TRUE(std::all_of(got + out_off + n, got + room, [](std::uint8_t c) { return c == 0xA5; })) << what;
+            // and back, with a dequantization scale
+            std::vector<T> back_want(static_cast<std::size_t>(n));
+            cast_from_fp8(want, format, std::span<T>(back_want), 0.37f);
+            Tensor wide_there = wide_sentinel.to(gpu);
+            cuda::cast_from_fp8(codes_ptr + out_off, format, static_cast<T*>(wide_there.data_ptr()) + in_off, n, 0.37f,
+                                0);
+            const Tensor wide_back = wide_there.to(Device::cpu());
+            const auto* back = reinterpret_cast<const std::uint8_t*>(wide_back.raw());
+            const std::size_t at = static_cast<std::size_t>(in_off) * sizeof(T), len = back_want.size() * sizeof(T);
+            EXPECT_EQ(std::memcmp(back + at, back_want.data(), len), 0) << what;
+            EXPECT_TRUE(std::all_of(back, back + at, [](std::uint8_t c) { return c == 0xA5; })) << what;
+            EXPECT_TRUE(std::all_of(back + at + len, back + wide_back.nbytes(), [](std::uint8_t c) {
+              return c == 0xA5;
+            })) << what;
+          }
         }
       }
+      EXPECT_GE(distinct_codes, 100) << name(wide) << " " << name(format) << ": the inputs must reach most codes";
     }
   }
 }

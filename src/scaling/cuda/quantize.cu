@@ -103,15 +103,17 @@ __global__ void quantize_rows4(const float4* x, std::int64_t cols4, std::int64_t
   }
 }
 
+constexpr int kShortRowSteps = 4;  // the warp steps of quantize_short_rows4 in flight
+
 // 1 x bc blocks of at most 128 float32 elements (1 x 128, MX's 1 x 32; bc / 4 dividing 32, cols a multiple of bc):
 // lanes = bc / 4 lanes a block, each holding one float4 of it (so the block is read once), 32 / lanes blocks a
-// warp, and kUnroll of the warp's grid-stride steps loaded before the first is reduced: one float4 a lane in flight
-// at a time left the H200 at 0.29x of memcpy's bandwidth for 1 x 128 and MX.
+// warp, and kShortRowSteps of the warp's grid-stride steps loaded before the first is reduced: one float4 a lane in
+// flight at a time left the H200 at 0.29x of memcpy's bandwidth for 1 x 128 and MX.
 template <Format F>
 __global__ void quantize_short_rows4(const float4* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
                                      std::int64_t blocks, int lanes, ScaleSpec spec, EncodeSpec encode,
                                      std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = kShortRowSteps;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int sub = lane % lanes;
   const std::int64_t per_warp = 32 / lanes;
@@ -147,6 +149,8 @@ __global__ void quantize_short_rows4(const float4* x, std::int64_t cols4, std::i
   }
 }
 
+constexpr std::int64_t kMaxTileQuads = (std::int64_t{1} << 31) - 1 - kThreads;  // quantize_tiles4's int indices
+
 // Four consecutive elements of a row, for one vector load (16 bytes of float32, 8 of a 16-bit type).
 template <typename T>
 struct alignas(4 * sizeof(T)) Quad {
@@ -157,7 +161,7 @@ struct alignas(4 * sizeof(T)) Quad {
 // block per scaling block, its threads over the block's quads with 32-bit index arithmetic inside the block, the
 // amax reduced over the CUDA block, then the quads read again (from L1/L2) and encoded, four codes a store. (The
 // element-wise kernel below divided 64-bit indices per element: 0.18x of memcpy's bandwidth for 128 x 128 on the
-// H200.)
+// H200.) A scaling block of kMaxTileQuads quads or more (2^33 elements) goes element-wise instead.
 template <Format F, typename T>
 __global__ void quantize_tiles4(const Quad<T>* x, std::int64_t rows, std::int64_t cols4, std::int64_t br,
                                 std::int64_t bc4, std::int64_t grid_cols, std::int64_t blocks, ScaleSpec spec,
@@ -307,6 +311,7 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
   auto* e8m0 = mx ? static_cast<std::uint8_t*>(q.scale_e8m0.data_ptr()) : nullptr;
   const std::int64_t n = rows * cols, blocks = grid_rows * grid_cols;
   if (n == 0) return q;  // no blocks either (an empty dimension leaves the block grid empty)
+  const std::int64_t block_elems = std::min(br, rows) * std::min(bc, cols);  // the largest block's elements
   const cudaStream_t stream = stream_of(device);
   with_float_type(x.dtype(), "cuda::quantize: x", [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
@@ -324,9 +329,9 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
                  32 % (bc / 4) == 0) {
         const std::int64_t bc4 = bc / 4;
         const auto lanes = static_cast<int>(bc4);
-        const std::int64_t warps = (blocks * lanes + 31) / 32;
-        const auto grid =
-            static_cast<unsigned>(std::min<std::int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), 65536));
+        // kShortRowSteps warp steps a warp: the grid covers the blocks in that many passes.
+        const std::int64_t warps = ceil_div(ceil_div(blocks * lanes, 32), kShortRowSteps);
+        const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(warps, kThreads / 32), 65536));
         quantize_short_rows4<F><<<grid, kThreads, 0, stream>>>(
             reinterpret_cast<const float4*>(in), cols / 4, bc4, grid_cols, blocks, lanes, spec, encode,
             reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
@@ -346,12 +351,12 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
           quantize_blocks<F, T, 32><<<grid, kThreads, 0, stream>>>(in, rows, cols, br, bc, grid_cols, blocks, spec,
                                                                    encode, codes, scale_inv, e8m0);
         }
-      } else if (bc % 4 == 0 && cols % 4 == 0 && br * bc >= 4 * kThreads) {
+      } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems >= 4 * kThreads && block_elems / 4 < kMaxTileQuads) {
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
         quantize_tiles4<F, T><<<grid, kThreads, 0, stream>>>(reinterpret_cast<const Quad<T>*>(in), rows, cols / 4, br,
                                                              bc / 4, grid_cols, blocks, spec, encode,
                                                              reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
-      } else if (br * bc <= 1024) {
+      } else if (block_elems <= 1024) {
         constexpr int kGroups = kThreads / 32;
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>((blocks + kGroups - 1) / kGroups, 65536));
         quantize_blocks<F, T, 32><<<grid, kThreads, 0, stream>>>(in, rows, cols, br, bc, grid_cols, blocks, spec,
