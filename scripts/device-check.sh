@@ -6,12 +6,13 @@
 #   scripts/device-check.sh --prepare   here, with the Debian packages of scripts/setup.sh installed: copies what
 #                                       the build needs and that machine lacks (GoogleTest's sources, the headers and
 #                                       CMake packages of nlohmann/json and CLI11, {fmt}'s and its shared library,
-#                                       nccl.h)
-#                                       into .device/ (git-ignored, about 6 MB)
+#                                       nccl.h; oneDNN and OpenBLAS, compressed, for the CPU benchmarks'
+#                                       baselines) into .device/ (git-ignored, about 18 MB)
 #   scripts/device-check.sh             there, in the repository root, with .device/ carried along
 # Under 8 minutes on 16 cores: GoogleTest ~20 s, fp8kit's library, four test binaries and the CLI ~3 min, the tests
 # ~1 min, the benchmarks ~1 min, the exhaustive CUDA cast check (all 2^32 float32 inputs, five formats, both overflow
-# policies) a few minutes.
+# policies) about a minute, and last the CPU benchmarks on two of the host's cores (~2 min: its AMX kernels against
+# OpenBLAS and oneDNN, issue 11's figures for a Xeon that is not a 2-vCPU VM).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deps=.device
@@ -38,6 +39,16 @@ if [ "${1:-}" = "--prepare" ]; then
   cp -a $lib/libfmt.so* "$deps/fmt/lib/x86_64-linux-gnu/"
   mkdir -p "$deps/nccl/include"
   cp "$nccl_h" "$deps/nccl/include/"  # the header alone: the library is loaded at run time
+  # The CPU benchmarks' baselines for the GPU machine's host CPU (an Intel Xeon with AMX): oneDNN (headers, library)
+  # and OpenBLAS with what they load, xz-compressed under their sonames (~12 MB), unpacked there before the build.
+  mkdir -p "$deps/cpu/include" "$deps/cpu/lib"
+  cp /usr/include/dnnl*.h* "$deps/cpu/include/"
+  cp -r /usr/include/oneapi "$deps/cpu/include/"
+  for soname in libdnnl.so.2 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libOpenCL.so.1; do
+    real="$(readlink -f "$lib/$soname")"
+    [ -f "$real" ] || { echo "device-check --prepare: $lib/$soname is missing: run scripts/setup.sh first" >&2; exit 2; }
+    xz -T2 -6 -c "$real" >"$deps/cpu/lib/$soname.xz"
+  done
   grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >>.git/info/exclude
   echo "device-check: $(du -sh "$deps" | cut -f1) in $deps/; carry it (run's carry: [\".device\"]) and run scripts/device-check.sh there"
   exit 0
@@ -144,6 +155,31 @@ step exhaustive build-device/tests/test_exhaustive --gtest_filter='Exhaustive.Ev
 if grep -q '^\[  SKIPPED \]' "$out/exhaustive.log"; then
   echo "   the exhaustive CUDA check skipped: no device was seen"
   status=1
+fi
+# Last, once every GPU result is in: the CPU kernels on two of the host's cores (taskset) against OpenBLAS and oneDNN,
+# into bench.log, from a CPU-only build of the CLI of its own (linked with the carried oneDNN, so that nothing above
+# depends on it); `fp8kit info` first (the CPU, its features, the level in force). Their result does not change the
+# check's: the GPU's is what passes or fails.
+cpu_lib="$PWD/$deps/cpu/lib"
+if [ -d "$cpu_lib" ] && command -v taskset >/dev/null && command -v xz >/dev/null; then
+  gpu_status=$status
+  log=bench
+  for packed in "$cpu_lib"/*.xz; do xz -d -k -f "$packed"; done
+  ln -sf libdnnl.so.2 "$cpu_lib/libdnnl.so"
+  cpu() {
+    taskset -c 0,1 env LD_LIBRARY_PATH="$cpu_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" build-cpu/tools/fp8kit/fp8kit "$@"
+  }
+  step cpu_configure cmake -S . -B build-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8KIT_CUDA=OFF \
+    -DFP8KIT_BUILD_TOOLS=ON -DFP8KIT_PYTHON=OFF -DFP8KIT_MPI=OFF -DFP8KIT_BUILD_TESTS=OFF \
+    -DCMAKE_PREFIX_PATH="$PWD/$deps/json;$PWD/$deps/cli11;$PWD/$deps/fmt;$PWD/$deps/cpu" &&
+    step cpu_build cmake --build build-cpu -j "$jobs" --target fp8kit_cli &&
+    step cpu_info cpu info &&
+    step cpu_gemm cpu bench gemm &&
+    step cpu_convert cpu bench convert &&
+    step cpu_scaling cpu bench scaling
+  [ $status -eq $gpu_status ] || echo "   the CPU benchmarks failed (bench.log); the GPU check's result stands"
+  status=$gpu_status
+  log=
 fi
 echo "device-check: $([ $status -eq 0 ] && echo passed || echo FAILED); logs in $out"
 exit $status
