@@ -591,7 +591,7 @@ void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std
   std::size_t i = 0;
   for (; i + 64 <= n; i += 64) {
     const char* ahead_line = reinterpret_cast<const char*>(in + i) + ahead;
-    for (int line = 0; line < 256; line += 64) _mm_prefetch(ahead_line + line, _MM_HINT_T0);
+    for (int line = 0; line < 256; line += 64) _mm_prefetch(ahead_line + line, _MM_HINT_T1);
     for (__m512& s : group_scale) s = next_scale();
     if (stream) {
       chunk.template operator()<true>(i, 64);

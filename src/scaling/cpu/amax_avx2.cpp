@@ -78,7 +78,7 @@ void amax_segments_avx2(const float* x, std::size_t n, std::size_t segment, floa
     const float* seg = x + k * segment;
     __m256i m = _mm256_setzero_si256();
     for (std::size_t i = 0; i < segment; i += 8) {
-      if (i % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(seg + i) + 2048, _MM_HINT_T0);
+      if (i % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(seg + i) + 2048, _MM_HINT_T1);
       step(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seg + i)), abs_mask), largest_finite, m,
            bad);
     }

@@ -80,8 +80,8 @@ template <std::size_t kVectors>
   __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
   std::size_t v = 0;
   for (; v + 2 <= vectors; v += 2) {
-    _mm_prefetch(reinterpret_cast<const char*>(seg + 16 * v) + 2048, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(seg + 16 * v) + 2048 + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(seg + 16 * v) + 2048, _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(seg + 16 * v) + 2048 + 64, _MM_HINT_T1);
     m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(seg + 16 * v), abs_mask));
     m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_loadu_si512(seg + 16 * v + 16), abs_mask));
   }
