@@ -318,7 +318,7 @@ void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std
     const float* x = in + k * segment;
     std::uint8_t* o = out + k * segment;
     for (std::size_t i = 0; i < segment; i += 32) {
-      const char* next = reinterpret_cast<const char*>(x + i) + ahead;  // into L2, as the AVX-512 kernel (there)
+      const char* next = reinterpret_cast<const char*>(x + i) + ahead;  // into L2: see convert_avx512.cpp
       _mm_prefetch(next, _MM_HINT_T1);
       _mm_prefetch(next + 64, _MM_HINT_T1);
       const __m256 x0 = load8(x + i), x1 = load8(x + i + 8), x2 = load8(x + i + 16), x3 = load8(x + i + 24);

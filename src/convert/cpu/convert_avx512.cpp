@@ -590,6 +590,8 @@ void encode_segments_body(const float* in, std::uint8_t* out, std::size_t n, std
   };
   std::size_t i = 0;
   for (; i + 64 <= n; i += 64) {
+    // Into L2: `ahead` is a row or more (what the fused quantize reads next), and prefetches that far into L1 hold
+    // the core's few L1 miss buffers (Zen 4, 2 threads: row quantize 0.78-0.87x memcpy with T0, 0.95-1.15x with T1).
     const char* ahead_line = reinterpret_cast<const char*>(in + i) + ahead;
     for (int line = 0; line < 256; line += 64) _mm_prefetch(ahead_line + line, _MM_HINT_T1);
     for (__m512& s : group_scale) s = next_scale();

@@ -79,7 +79,7 @@ template <std::size_t kVectors>
   const std::size_t vectors = kVectors != 0 ? kVectors : segment / 16;
   __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
   std::size_t v = 0;
-  for (; v + 2 <= vectors; v += 2) {
+  for (; v + 2 <= vectors; v += 2) {  // (prefetches into L2: docs/scaling.md, "Prefetching into L2")
     _mm_prefetch(reinterpret_cast<const char*>(seg + 16 * v) + 2048, _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(seg + 16 * v) + 2048 + 64, _MM_HINT_T1);
     m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(seg + 16 * v), abs_mask));
