@@ -8,8 +8,9 @@
 // small-M products with B as N x K as out^T = B A^T, so the big weight matrix is the left operand (decoded row by
 // row) and the small activations are packed once. Unblocked scales: C holds the running FP32 sum across K panels
 // and the scales are applied once at the end. Blocked scales: each K block's sum is scaled into C.
-// GEMV path (M <= kGemvMaxM, weights N x K): threads split the weight rows in fixed chunks (the result does not
-// depend on the thread count); A's rows (or the activations) are converted to FP32 (and bfloat16) once.
+// GEMV path (M <= kGemvMaxM, or the level's gemv_bf16_max_m for left operands exact in bfloat16; weights N x K):
+// threads split the weight rows in fixed chunks (the result does not depend on the thread count), each chunk taking
+// the left rows kGemvRows at a time; A's rows (or the activations) are converted to FP32 (and bfloat16) once.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -60,7 +61,8 @@ MmKernels mm_kernels() {
           t.gemm_f32->contract,
           t.gemv_f32->contract,
           gemm.stream_weights != nullptr ? gemm.stream_name : std::string_view{},
-          gemm.stream_weights != nullptr ? gemm.stream_max_m : 0};
+          gemm.stream_weights != nullptr ? gemm.stream_max_m : 0,
+          t.gemv_bf16 != nullptr ? t.gemv_bf16_max_m : kGemvMaxM};
 }
 
 namespace mm_detail {
@@ -357,8 +359,20 @@ void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Opera
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t j0 = c * kGemvChunk, j1 = std::min(p.n, j0 + kGemvChunk);
-    if (!fast.run(b.format, p.m, j0, j1, p.k, p.kstep, in, b.codes, p.sa, p.sb, out, p.n)) {
-      exact.run(b.format, p.m, j0, j1, p.k, p.kstep, plain, b.codes, p.sa, p.sb, out, p.n);
+    // The left rows kGemvRows at a time, over the same weight rows (in L1/L2 after the first group).
+    for (std::int64_t i0 = 0; i0 < p.m; i0 += kGemvRows) {
+      const std::int64_t rows = std::min(kGemvRows, p.m - i0);
+      const std::int64_t at = i0 * p.k;
+      GemvInput group = in;
+      group.x += at;
+      if (group.x_bf16 != nullptr) group.x_bf16 += at;
+      if (group.rebiased != nullptr) group.rebiased += at;
+      const GemvInput group_plain{plain.x + at, p.k};
+      const ScaleIndex sa = p.sa.from_row(i0);
+      float* group_out = out + i0 * p.n;
+      if (!fast.run(b.format, rows, j0, j1, p.k, p.kstep, group, b.codes, sa, p.sb, group_out, p.n)) {
+        exact.run(b.format, rows, j0, j1, p.k, p.kstep, group_plain, b.codes, sa, p.sb, group_out, p.n);
+      }
     }
   }
 }
@@ -399,7 +413,8 @@ const GemmKernel& pick_gemm(const MmKernelTable& t, const MmPlan& p, const Opera
 
 MmDispatch run(const MmPlan& p, const Operand& a, const Operand& b, float* out) {
   const MmKernelTable& t = active_mm_kernels();
-  if (p.m <= kGemvMaxM && b.k_contiguous && b.codes != nullptr) {
+  const std::int64_t gemv_max_m = t.gemv_bf16 != nullptr && a.exact_in_bf16() ? t.gemv_bf16_max_m : kGemvMaxM;
+  if (p.m <= gemv_max_m && b.k_contiguous && b.codes != nullptr) {
     const GemvKernel& kern = pick_gemv(t, a);
     gemv(kern, p, a, b, out);
     return {MmPath::kGemv, kern.name, kern.contract, t.isa};

@@ -36,6 +36,12 @@ namespace {
 
 using Kind = Granularity::Kind;
 
+// The largest M the dispatcher sends to the GEMV path at the level in force: left operands exact in bfloat16 (FP8
+// codes, bfloat16 activations) go as far as the level's gemv_max_m, float32 activations to kGemvMaxM.
+std::int64_t gemv_max_m(bool left_exact_in_bf16 = true) {
+  return left_exact_in_bf16 ? mm_kernels().gemv_max_m : kGemvMaxM;
+}
+
 constexpr double kU = 0x1p-24;  // the unit roundoff of FP32
 
 struct FormatPair {
@@ -337,13 +343,15 @@ class ThreadCount {
 };
 
 // The fast product checked against its kernel's contract: the reference bit for bit (amax too), or within the FP32
-// bound of the FP64 value; with the path the dispatcher must take.
+// bound of the FP64 value; with the path the dispatcher must take (the GEMM, but for M up to the level's GEMV limit
+// with B as N x K: the AVX512-BF16 level runs M <= 16 there).
 void expect_gemm_contract(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options) {
   const ScaledMmResult got = scaled_mm(a, b, options);
   const std::string what = describe(a, b, options.b_layout) + (options.bias.empty() ? "" : " +bias") +
                            (options.out_dtype == DType::bfloat16 ? " bf16" : "") + " [" +
                            std::string(got.dispatch.kernel) + "]";
-  EXPECT_EQ(got.path, MmPath::kGemm) << what;
+  const bool gemv = options.b_layout == BLayout::kNK && got.m <= gemv_max_m();
+  EXPECT_EQ(got.path, gemv ? MmPath::kGemv : MmPath::kGemm) << what;
   if (got.dispatch.contract == KernelContract::kBitIdentical) {
     const ScaledMmResult want = scaled_mm_reference(a, b, options);
     EXPECT_EQ(got.m, want.m) << what;
@@ -411,7 +419,7 @@ TEST_P(ScaledMmFast, GemmContractOddAndTinyShapes) {
   for (BLayout layout : {BLayout::kNK, BLayout::kKN}) {
     const auto pairs = granularity_pairs(layout);
     for (std::int64_t m : sizes) {
-      if (m <= kGemvMaxM && layout == BLayout::kNK) continue;  // the GEMV path: tested below
+      if (m <= gemv_max_m() && layout == BLayout::kNK) continue;  // the GEMV path: tested below
       for (std::int64_t n : sizes)
         for (std::int64_t k : ks) {
           if (m == 129 && n == 129 && k > 129) continue;  // keep the reference's time short
@@ -558,7 +566,7 @@ TEST_P(ScaledMmFast, IntoMatchesScaledMmAndOverwritesTheBuffer) {
     MmDispatch dispatch;
     const float amax = scaled_mm_into(a, b, out, options, &dispatch);
     EXPECT_EQ(dispatch.path, r.path);
-    EXPECT_EQ(dispatch.path, m <= kGemvMaxM && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm);
+    EXPECT_EQ(dispatch.path, m <= gemv_max_m() && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm);
     EXPECT_TRUE(same_bits(out, r.out));
     EXPECT_EQ(amax, r.amax);
     EXPECT_EQ(amax, finite_amax(out));
@@ -593,7 +601,7 @@ TEST_P(ScaledMmFast, GemvWithinFp32BoundOddShapesBiasAndBfloat16) {
   const auto pairs = granularity_pairs(BLayout::kNK);
   std::uint32_t seed = 4000;
   std::size_t case_index = 0;
-  for (std::int64_t m = 1; m <= kGemvMaxM; ++m)
+  for (std::int64_t m = 1; m <= gemv_max_m(); ++m)
     for (std::int64_t n : ns)
       for (std::int64_t k : ks) {
         const GranularityPair& g = pairs[case_index % pairs.size()];
@@ -628,7 +636,7 @@ TEST_P(ScaledMmFast, IntegerInputsExactOnBothPaths) {
                                      : from_codes(f.b, g.b, k, n, integer_codes(f.b, k * n, seed + 5), seed + 6);
           const ScaledMmResult r = scaled_mm(a, b, {layout});
           const std::string what = describe(a, b, layout);
-          EXPECT_EQ(r.path, m <= kGemvMaxM && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
+          EXPECT_EQ(r.path, m <= gemv_max_m() && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
           EXPECT_TRUE(exact(r.out, exact_scaled_mm(a, b, layout))) << what;
           EXPECT_EQ(r.amax, finite_amax(r.out)) << what;
         }
@@ -653,7 +661,7 @@ TEST_P(ScaledMmFast, SubnormalWeightCodesExactOnBothPaths) {
                   : from_codes(f.b, g.b, k, n, subnormal_codes(f.b, k * n, seed + 5), seed + 6, -1, 1);
           const ScaledMmResult r = scaled_mm(a, b, {layout});
           const std::string what = describe(a, b, layout);
-          EXPECT_EQ(r.path, m <= kGemvMaxM && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
+          EXPECT_EQ(r.path, m <= gemv_max_m() && layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
           EXPECT_TRUE(exact(r.out, exact_scaled_mm(a, b, layout))) << what;
         }
   // And the codes themselves: all of e4m3fn's subnormals, each against 1.0.
@@ -743,7 +751,7 @@ TEST_P(ScaledMmFast, SubnormalCodesExactWithDenormalsAreZero) {
           r = scaled_mm(a, b, {c.layout});
         }
         const std::string what = describe(a, b, c.layout) + (subnormal_a ? " (subnormals in A)" : "");
-        EXPECT_EQ(r.path, c.m <= kGemvMaxM && c.layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
+        EXPECT_EQ(r.path, c.m <= gemv_max_m() && c.layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
         EXPECT_TRUE(exact(r.out, want)) << what;
       }
   for (Format f : kWeightFormats)
@@ -763,7 +771,7 @@ TEST_P(ScaledMmFast, SubnormalCodesExactWithDenormalsAreZero) {
         DenormalsAreZero daz;
         fp8_weight_mm(x.view(), w, out, {}, &dispatch);
       }
-      EXPECT_EQ(dispatch.path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm);
+      EXPECT_EQ(dispatch.path, m <= gemv_max_m(false) ? MmPath::kGemv : MmPath::kGemm);
       EXPECT_TRUE(exact(out, exact_weight_mm(x, w))) << name(f) << " m " << m;
     }
 }
@@ -832,7 +840,7 @@ TEST_P(WeightMm, SubnormalWeightCodesExactOnBothPaths) {
           std::vector<float> out(static_cast<std::size_t>(m * n), std::nanf(""));
           MmDispatch dispatch;
           fp8_weight_mm(x.view(), w, out, {}, &dispatch);
-          EXPECT_EQ(dispatch.path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm);
+          EXPECT_EQ(dispatch.path, m <= gemv_max_m(dtype == DType::bfloat16) ? MmPath::kGemv : MmPath::kGemm);
           EXPECT_TRUE(exact(out, exact_weight_mm(x, w)))
               << name(f) << " " << g.name() << " " << name(dtype) << " m " << m;
         }
@@ -881,7 +889,7 @@ TEST_P(ScaledMmFast, NanAndInfCodesPropagateOnBothPaths) {
           const std::string what = describe(a, b, layout) + " special code " + std::to_string(c.special);
           const ScaledMmResult ref = scaled_mm_reference(a, b, {layout});
           const ScaledMmResult r = scaled_mm(a, b, {layout});
-          const bool gemv = m <= kGemvMaxM && layout == BLayout::kNK;
+          const bool gemv = m <= gemv_max_m() && layout == BLayout::kNK;
           EXPECT_EQ(r.path, gemv ? MmPath::kGemv : MmPath::kGemm) << what;
           const bool is_inf = std::isinf(decode_to_float(c.b, c.special));
           const Exact want = exact_scaled_mm(a, b, layout);
@@ -931,7 +939,7 @@ TEST_P(WeightMm, NanAndInfCodesPropagateOnBothPaths) {
         fp8_weight_mm_reference(x.view(), w, ref);
         const std::string what =
             std::string(name(c.b)) + " " + g.name() + " m " + std::to_string(m) + " code " + std::to_string(c.special);
-        EXPECT_EQ(dispatch.path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm) << what;
+        EXPECT_EQ(dispatch.path, m <= gemv_max_m(false) ? MmPath::kGemv : MmPath::kGemm) << what;
         const bool is_inf = std::isinf(decode_to_float(c.b, c.special));
         const Exact want = exact_weight_mm(x, w);
         for (std::int64_t i = 0; i < m; ++i)
@@ -983,7 +991,7 @@ TEST_P(ScaledMmFast, ThreadCountDoesNotChangeResults) {
       }
       EXPECT_EQ(num_threads(), before);
       const std::string what = describe(a, b, c.layout);
-      EXPECT_EQ(one.path, c.m <= kGemvMaxM && c.layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
+      EXPECT_EQ(one.path, c.m <= gemv_max_m() && c.layout == BLayout::kNK ? MmPath::kGemv : MmPath::kGemm) << what;
       EXPECT_EQ(two.path, one.path) << what;
       EXPECT_TRUE(same_bits(two.out, one.out)) << what;
       EXPECT_EQ(two.amax, one.amax) << what;
@@ -1011,7 +1019,7 @@ TEST_P(WeightMm, ThreadCountDoesNotChangeResults) {
       ThreadCount t(2);
       fp8_weight_mm(x.view(), w, two, bias, &p2);
     }
-    EXPECT_EQ(p1.path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm);
+    EXPECT_EQ(p1.path, m <= gemv_max_m(true) ? MmPath::kGemv : MmPath::kGemm);
     EXPECT_EQ(p2.path, p1.path);
     EXPECT_EQ(p2.kernel, p1.kernel);
     EXPECT_TRUE(same_bits(two, one)) << m << "x" << n << "x" << k;
@@ -1046,7 +1054,7 @@ TEST_P(WeightMm, GemmKeepsItsContract) {
             const std::string what = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
                                      std::string(name(f)) + " " + g.name() + " " + std::string(name(dtype)) +
                                      (with_bias ? " +bias" : "");
-            EXPECT_EQ(dispatch.path, MmPath::kGemm) << what;
+            EXPECT_EQ(dispatch.path, m <= gemv_max_m(dtype == DType::bfloat16) ? MmPath::kGemv : MmPath::kGemm) << what;
             if (dtype == DType::float32) EXPECT_EQ(dispatch.contract, KernelContract::kBitIdentical) << what;
             if (dispatch.contract == KernelContract::kBitIdentical) {
               EXPECT_TRUE(same_bits(out, ref)) << what << " [" << dispatch.kernel << "]";
@@ -1083,13 +1091,15 @@ TEST_P(WeightMm, GemmKeepsItsContractLargeManyPanels) {
   }
 }
 
+// Every M the GEMV path takes at the level (bfloat16 activations beyond kGemvMaxM where the level groups the rows;
+// float32 ones beyond it take the GEMM, within the same bound).
 TEST_P(WeightMm, GemvWithinFp32Bound) {
   const std::int64_t ns[] = {1, 3, 17, 129};
   const std::int64_t ks[] = {1, 3, 17, 129, 300};
   const Granularity grans[] = {Granularity::tensor(), Granularity::row(), Granularity::block(128, 128)};
   std::uint32_t seed = 9000;
   std::size_t case_index = 0;
-  for (std::int64_t m = 1; m <= kGemvMaxM; ++m)
+  for (std::int64_t m = 1; m <= gemv_max_m(); ++m)
     for (std::int64_t n : ns)
       for (std::int64_t k : ks)
         for (DType dtype : {DType::float32, DType::bfloat16}) {
@@ -1105,7 +1115,7 @@ TEST_P(WeightMm, GemvWithinFp32Bound) {
           fp8_weight_mm(x.view(), w, out, bias, &dispatch);
           const std::string what = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
                                    std::string(name(f)) + " " + g.name() + " " + std::string(name(dtype));
-          EXPECT_EQ(dispatch.path, MmPath::kGemv) << what;
+          EXPECT_EQ(dispatch.path, m <= gemv_max_m(dtype == DType::bfloat16) ? MmPath::kGemv : MmPath::kGemm) << what;
           EXPECT_TRUE(within_bound(out, exact_weight_mm(x, w, bias))) << what;
         }
 }
@@ -1127,7 +1137,7 @@ TEST_P(WeightMm, IntegerInputsExactOnBothPaths) {
           std::vector<float> out(static_cast<std::size_t>(m * n));
           MmDispatch dispatch;
           fp8_weight_mm(x.view(), w, out, {}, &dispatch);
-          EXPECT_EQ(dispatch.path, m <= kGemvMaxM ? MmPath::kGemv : MmPath::kGemm);
+          EXPECT_EQ(dispatch.path, m <= gemv_max_m(dtype == DType::bfloat16) ? MmPath::kGemv : MmPath::kGemm);
           EXPECT_TRUE(exact(out, exact_weight_mm(x, w)))
               << name(f) << " " << g.name() << " " << name(dtype) << " m " << m;
         }
@@ -1202,7 +1212,7 @@ TEST_P(ScaledMmFast, RefusesWhatDoesNotFit) {
       }
       if (reference_refuses) {
         EXPECT_THROW(scaled_mm(mx, *bb), Error) << bb->granularity.name();
-      } else if (m > kGemvMaxM) {
+      } else if (m > gemv_max_m()) {
         expect_gemm_contract(mx, *bb, {});
       } else {
         EXPECT_TRUE(within_bound(scaled_mm(mx, *bb).out, exact_scaled_mm(mx, *bb, BLayout::kNK)))

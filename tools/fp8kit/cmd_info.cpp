@@ -57,6 +57,7 @@ void run_info(const InfoOptions& o) {
                       {"gemv", name(mm.gemv_contract)},
                       {"gemv_f32", name(mm.gemv_f32_contract)}};
     j["small_m_max"] = mm.small_m_max;
+    j["gemv_max_m"] = mm.gemv_max_m;
     j["threads"] = num_threads();
     j["cuda"] = build.cuda;
     nlohmann::ordered_json devices = nlohmann::ordered_json::array();
@@ -92,10 +93,10 @@ void run_info(const InfoOptions& o) {
                  std::string(mm.gemm_small_m).c_str(), std::string(name(mm.gemm_contract)).c_str());
   std::fprintf(output(), "            gemm f32    %s (%s)\n", std::string(mm.gemm_f32).c_str(),
                std::string(name(mm.gemm_f32_contract)).c_str());
-  std::fprintf(output(), "            gemv        %s (%s)\n", std::string(mm.gemv).c_str(),
-               std::string(name(mm.gemv_contract)).c_str());
-  std::fprintf(output(), "            gemv f32    %s (%s)\n", std::string(mm.gemv_f32).c_str(),
-               std::string(name(mm.gemv_f32_contract)).c_str());
+  std::fprintf(output(), "            gemv        %s (%s, M <= %lld)\n", std::string(mm.gemv).c_str(),
+               std::string(name(mm.gemv_contract)).c_str(), static_cast<long long>(mm.gemv_max_m));
+  std::fprintf(output(), "            gemv f32    %s (%s, M <= %lld)\n", std::string(mm.gemv_f32).c_str(),
+               std::string(name(mm.gemv_f32_contract)).c_str(), static_cast<long long>(kGemvMaxM));
   std::fprintf(output(), "threads     %d (OpenMP; OMP_NUM_THREADS or --threads set it)\n", num_threads());
   std::fprintf(output(), "backends    CUDA %s, MPI %s\n", build.cuda ? "built" : "not built",
                build.mpi ? "built" : "not built");
@@ -126,7 +127,8 @@ void add_info_command(CLI::App& app) {
               "); a level above what the CPU has changes nothing.\n"
               "JSON keys: version, build_type, compiler, cpu, features, levels, isa, isa_env, kernels (convert, "
               "quantize, gemm,\n"
-              "gemm_small_m, gemm_f32, gemv, gemv_f32), contracts, small_m_max, threads, cuda (built), cuda_runtime\n"
+              "gemm_small_m, gemm_f32, gemv, gemv_f32), contracts, small_m_max, gemv_max_m, threads, cuda (built), "
+              "cuda_runtime\n"
               "(runtime_version, driver_version, devices: index, name, compute_capability, memory_bytes, "
               "multiprocessors; unavailable: why there are none), mpi.");
   cmd->callback([options] { run_info(*options); });

@@ -53,14 +53,19 @@ struct MmDispatch {
   Isa isa = Isa::kScalar;
 };
 
+// The largest M the dispatcher sends to the GEMV path at every level (B as N x K); with left operands exact in
+// bfloat16 (FP8, bfloat16 activations) a level may take more (MmKernels::gemv_max_m).
+inline constexpr std::int64_t kGemvMaxM = 4;
+
 // The kernels the dispatcher runs at the level in force: for FP8 (or bfloat16) operands and for float32 ones.
 struct MmKernels {
   Isa isa;
   std::string_view gemm, gemv;          // scaled_mm; fp8_weight_mm with bfloat16 activations
   std::string_view gemm_f32, gemv_f32;  // matmul; fp8_weight_mm with float32 activations
   KernelContract gemm_contract, gemv_contract, gemm_f32_contract, gemv_f32_contract;
-  std::string_view gemm_small_m;  // the GEMM for kGemvMaxM < M <= small_m_max with N x K weights, or empty
+  std::string_view gemm_small_m;  // the GEMM for gemv_max_m < M <= small_m_max with N x K weights, or empty
   std::int64_t small_m_max = 0;
+  std::int64_t gemv_max_m = kGemvMaxM;  // the GEMV path's largest M for FP8 / bfloat16 left operands (AVX512-BF16: 16)
 };
 MmKernels mm_kernels();
 
@@ -80,18 +85,15 @@ struct ScaledMmResult {
 ScaledMmResult scaled_mm_reference(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options = {});
 
 // The fast entry, same semantics and checks as the reference. The dispatcher takes the GEMV path when M is at
-// most kGemvMaxM and B is N x K (the weight layout), the packed GEMM otherwise, with the kernels of the level in
-// force (mm_kernels()). The FP32 FMA GEMM kernels (scalar, avx2, avx512) are bit-identical to
-// scaled_mm_reference; the AVX512-BF16 and AMX kernels and every GEMV sum in another order and keep the
-// kFp32Bound contract (exact when the sums are). Results never depend on the thread count (OpenMP,
+// most kGemvMaxM (mm_kernels().gemv_max_m for FP8 A) and B is N x K (the weight layout), the packed GEMM otherwise,
+// with the kernels of the level in force (mm_kernels()). The FP32 FMA GEMM kernels (scalar, avx2, avx512) are
+// bit-identical to scaled_mm_reference; the AVX512-BF16 and AMX kernels and every GEMV sum in another order and keep
+// the kFp32Bound contract (exact when the sums are). Results never depend on the thread count (OpenMP,
 // set_num_threads).
 ScaledMmResult scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options = {});
 // The same into a caller's buffer of m x n floats (no allocation for the output); returns the output amax.
 float scaled_mm_into(const ScaledTensor& a, const ScaledTensor& b, std::span<float> out,
                      const ScaledMmOptions& options = {}, MmDispatch* dispatch = nullptr);
-
-// The largest M the dispatcher sends to the GEMV path.
-inline constexpr std::int64_t kGemvMaxM = 4;
 
 // The float operands below (activations of weight-only FP8 products, operands of matmul) are MatrixRefs of float32
 // or bfloat16 on the CPU, any row stride.

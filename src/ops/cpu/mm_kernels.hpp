@@ -23,7 +23,13 @@ namespace fp8kit::mm_detail {
 struct ScaleIndex {
   const float* data = nullptr;
   std::int64_t r_div = 1, r_stride = 0, kb_stride = 0;
-  float at(std::int64_t r, std::int64_t kb) const { return data[(r / r_div) * r_stride + kb * kb_stride]; }
+  std::int64_t r0 = 0;  // row r reads the scales of row r0 + r (a view from row r0 on)
+  float at(std::int64_t r, std::int64_t kb) const { return data[((r0 + r) / r_div) * r_stride + kb * kb_stride]; }
+  ScaleIndex from_row(std::int64_t r) const {
+    ScaleIndex shifted = *this;
+    shifted.r0 += r;
+    return shifted;
+  }
 };
 
 // The exact float value of each of the 256 codes of a format (NaN codes decode to NaN).
@@ -205,7 +211,16 @@ struct MmKernelTable {
   const GemvKernel* gemv_f32;
   const GemvKernel* gemv_bf16;
   FinishRowFn finish_row;
+  // The largest M the GEMV path takes with gemv_bf16 (left operands exact in bfloat16), kGemvRows rows at a time
+  // over the same weight rows; kGemvMaxM where the level's GEMM is the better choice from there on.
+  std::int64_t gemv_bf16_max_m = kGemvMaxM;
 };
+
+// The AVX512-BF16 level (no AMX) takes M up to 16 on the GEMV path: its packed GEMM decodes a whole weight panel
+// per call, which does not pay below that. Zen 4, N = K = 4096, e4m3fn, 1 / 2 threads: M = 8 40.7 / 74 -> 77 / 131
+// GFLOP/s, M = 16 47 / 99 -> 113 / 177 (oneDNN bf16: 101-105 / 190-198), M = 32 82 / 155 -> 81-89 / 163-167 (no gain
+// there, so 32 stays with the GEMM).
+inline constexpr std::int64_t kWideGemvMaxM = 16;
 
 // Each level's kernels: constant objects in its mm_<isa>.cpp (constinit: no code of an ISA-flagged file runs until
 // its level is dispatched). mm_tables.cpp, compiled for no particular ISA, composes them into the tables.

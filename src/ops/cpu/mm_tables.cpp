@@ -23,16 +23,18 @@ const MmKernelTable& avx512_mm_kernels() {
   return table;
 }
 
-// float32 operands keep the AVX-512 FMA kernels; the bfloat16 GEMV needs VBMI for its in-register decode.
+// float32 operands keep the AVX-512 FMA kernels; the bfloat16 GEMV needs VBMI for its in-register decode, and takes
+// M up to kWideGemvMaxM.
 const MmKernelTable& avx512bf16_mm_kernels() {
-  static const MmKernelTable table{"avx512-bf16",     Isa::kAvx512Bf16,
-                                   &kAvx512Gemm,      &kAvx512Bf16Gemm,
-                                   &kAvx512Gemv,      cpu_features().avx512vbmi ? &kAvx512Bf16Gemv : nullptr,
-                                   &finish_row_avx512};
+  static const MmKernelTable table{"avx512-bf16",      Isa::kAvx512Bf16,
+                                   &kAvx512Gemm,       &kAvx512Bf16Gemm,
+                                   &kAvx512Gemv,       cpu_features().avx512vbmi ? &kAvx512Bf16Gemv : nullptr,
+                                   &finish_row_avx512, kWideGemvMaxM};
   return table;
 }
 
-// float32 operands keep the AVX-512 FMA kernels, GEMV the AVX512-BF16 (or FMA) register kernels.
+// float32 operands keep the AVX-512 FMA kernels, GEMV the AVX512-BF16 (or FMA) register kernels up to kGemvMaxM
+// (from M = 5 on the AMX stream GEMM decodes the weights once into its tiles).
 const MmKernelTable& amx_mm_kernels() {
   static const MmKernelTable table{"amx",
                                    Isa::kAmx,
