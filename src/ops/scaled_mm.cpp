@@ -50,7 +50,7 @@ double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, dou
 MmKernels mm_kernels() {
   const mm_detail::MmKernelTable& t = mm_detail::active_mm_kernels();
   const mm_detail::GemmKernel& gemm = t.gemm_bf16 != nullptr ? *t.gemm_bf16 : *t.gemm_f32;
-  const mm_detail::GemvKernel& gemv = t.gemv_bf16 != nullptr ? *t.gemv_bf16 : *t.gemv_f32;
+  const mm_detail::GemvKernel& gemv = t.gemv(true);
   return {t.isa,
           gemm.name,
           gemv.name,
@@ -62,7 +62,7 @@ MmKernels mm_kernels() {
           t.gemv_f32->contract,
           gemm.stream_weights != nullptr ? gemm.stream_name : std::string_view{},
           gemm.stream_weights != nullptr ? gemm.stream_max_m : 0,
-          t.gemv_bf16 != nullptr ? t.gemv_bf16_max_m : kGemvMaxM};
+          t.gemv_max_m(true)};
 }
 
 namespace mm_detail {
@@ -334,10 +334,6 @@ bool rebias(const std::vector<float>& x, Format weights, bool left_is_fp8, std::
   return true;
 }
 
-const GemvKernel& pick_gemv(const MmKernelTable& t, const Operand& left) {
-  return t.gemv_bf16 != nullptr && left.exact_in_bf16() ? *t.gemv_bf16 : *t.gemv_f32;
-}
-
 void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Operand& b, float* out) {
   // The left rows in FP32 (and bfloat16 where they are exact in it), once; rebiased when that is exact.
   std::vector<float> x(static_cast<std::size_t>(p.m * p.k)), x_rebiased;
@@ -413,9 +409,8 @@ const GemmKernel& pick_gemm(const MmKernelTable& t, const MmPlan& p, const Opera
 
 MmDispatch run(const MmPlan& p, const Operand& a, const Operand& b, float* out) {
   const MmKernelTable& t = active_mm_kernels();
-  const std::int64_t gemv_max_m = t.gemv_bf16 != nullptr && a.exact_in_bf16() ? t.gemv_bf16_max_m : kGemvMaxM;
-  if (p.m <= gemv_max_m && b.k_contiguous && b.codes != nullptr) {
-    const GemvKernel& kern = pick_gemv(t, a);
+  if (p.m <= t.gemv_max_m(a.exact_in_bf16()) && b.k_contiguous && b.codes != nullptr) {
+    const GemvKernel& kern = t.gemv(a.exact_in_bf16());
     gemv(kern, p, a, b, out);
     return {MmPath::kGemv, kern.name, kern.contract, t.isa};
   }

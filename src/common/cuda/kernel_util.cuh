@@ -59,14 +59,19 @@ void with_float_type(DType dtype, const char* what, Fn&& fn) {
   }
 }
 
-// 16 bytes of elements (four float32 or eight 16-bit floats): the unit of the element-wise kernels' vector loads.
-// Device-to-device copies on an H200 reach ~0.9x of cudaMemcpy's bandwidth with 16-byte accesses; with one
-// element a thread the casts and quantizations measured 0.2-0.6x.
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kElems = 16 / static_cast<int>(sizeof(T));
-  T e[kElems];
+// N consecutive elements for one vector load (aligned to their size). Vec16: 16 bytes of them (four float32 or eight
+// 16-bit floats), the unit of the element-wise kernels: device-to-device copies on an H200 reach ~0.9x of
+// cudaMemcpy's bandwidth with 16-byte accesses; with one element a thread the casts and quantizations measured
+// 0.2-0.6x. Quad: four, the unit of the blocked quantize kernels (a row of a block holds its columns in fours).
+template <typename T, int N>
+struct alignas(N * sizeof(T)) Elems {
+  static constexpr int kElems = N;
+  T e[N];
 };
+template <typename T>
+using Vec16 = Elems<T, 16 / static_cast<int>(sizeof(T))>;
+template <typename T>
+using Quad = Elems<T, 4>;
 
 // Whether a pointer allows kElems-element vector accesses of its element type starting at a multiple of kElems
 // elements (aligned to kElems * sizeof(element)).
@@ -145,17 +150,16 @@ __device__ inline std::uint8_t encode_value(float x, const EncodeSpec& spec, std
   return codec_detail::encode_unpacked(d, codec_detail::unpack(x), spec, random_bits);
 }
 
-// The codes of kElems consecutive elements packed little-endian into 32-bit words (one word for four, two for eight),
-// each encode(x * scale) as encode_value gives it; stochastic rounding draws stochastic_bits(seed, first + j) for
-// element j.
-template <Format F, typename T>
-__device__ inline void encode_group(const Vec16<T>& v, float scale, const EncodeSpec& spec, std::uint64_t seed,
+// The codes of N consecutive elements (a multiple of four) packed little-endian into 32-bit words, each
+// encode(x * scale) as encode_value gives it; stochastic rounding draws stochastic_bits(seed, first + j) for element
+// j (seed and first are not read under round to nearest even).
+template <Format F, typename T, int N>
+__device__ inline void encode_group(const Elems<T, N>& v, float scale, const EncodeSpec& spec, std::uint64_t seed,
                                     std::uint64_t first, std::uint32_t* words) {
-  constexpr int kElems = Vec16<T>::kElems;
 #pragma unroll
-  for (int w = 0; w < kElems / 4; ++w) words[w] = 0u;
+  for (int w = 0; w < N / 4; ++w) words[w] = 0u;
 #pragma unroll
-  for (int j = 0; j < kElems; ++j) {
+  for (int j = 0; j < N; ++j) {
     const std::uint32_t bits =
         spec.rounding == Rounding::kStochastic ? stochastic_bits(seed, first + static_cast<std::uint64_t>(j)) : 0u;
     words[j / 4] |= static_cast<std::uint32_t>(encode_value<F>(scaled(widen(v.e[j]), scale), spec, bits))

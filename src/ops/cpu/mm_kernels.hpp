@@ -214,6 +214,14 @@ struct MmKernelTable {
   // The largest M the GEMV path takes with gemv_bf16 (left operands exact in bfloat16), kGemvRows rows at a time
   // over the same weight rows; kGemvMaxM where the level's GEMM is the better choice from there on.
   std::int64_t gemv_bf16_max_m = kGemvMaxM;
+
+  // The GEMV kernel for a left operand (exact in bfloat16 or not), and the largest M it takes.
+  const GemvKernel& gemv(bool left_exact_in_bf16) const {
+    return gemv_bf16 != nullptr && left_exact_in_bf16 ? *gemv_bf16 : *gemv_f32;
+  }
+  std::int64_t gemv_max_m(bool left_exact_in_bf16) const {
+    return gemv_bf16 != nullptr && left_exact_in_bf16 ? gemv_bf16_max_m : kGemvMaxM;
+  }
 };
 
 // The AVX512-BF16 level (no AMX) takes M up to 16 on the GEMV path: its packed GEMM decodes a whole weight panel

@@ -72,11 +72,9 @@ __global__ void amax_kernel(const float* x, std::int64_t n, bool vectors, unsign
   grid_stride<4>(
       n, vectors,
       [&](std::int64_t i) {
-        const float4 v = *reinterpret_cast<const float4*>(x + i);
-        see(v.x, p);
-        see(v.y, p);
-        see(v.z, p);
-        see(v.w, p);
+        const Vec16<float> v = *reinterpret_cast<const Vec16<float>*>(x + i);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) see(v.e[j], p);
       },
       [&](std::int64_t i) { see(x[i], p); });
   merge_block(p, result);

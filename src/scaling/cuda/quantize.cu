@@ -58,59 +58,50 @@ __device__ float block_scale(float amax, const ScaleSpec& s, float* scale_inv, s
   return multiplier;
 }
 
-// Longer 1 x bc blocks of a float32 matrix (rows; bc a multiple of 4, cols a multiple of bc): vector loads of four
-// elements, L = min(bc / 4, 32) lanes a block, the amax reduced over the block's lanes with shuffles, the block read
-// again and its codes stored four at a time. The same values in the same formula as quantize_blocks.
+// The four codes of a quad, as one word.
+template <Format F, typename T>
+__device__ inline std::uint32_t encode_quad(const Quad<T>& q, float multiplier, const EncodeSpec& encode) {
+  std::uint32_t word;
+  encode_group<F>(q, multiplier, encode, 0, 0, &word);
+  return word;
+}
+
+// 1 x bc blocks of more than 128 elements of a float32 matrix (rows; bc a multiple of 4, cols a multiple of bc): a
+// warp a block over its quads, the amax reduced with shuffles, the block read again and its codes stored four at a
+// time. The same values in the same formula as quantize_blocks.
 template <Format F>
-__global__ void quantize_rows4(const float4* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
-                               std::int64_t blocks, int lanes, ScaleSpec spec, EncodeSpec encode, std::uint32_t* codes,
+__global__ void quantize_rows4(const Quad<float>* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
+                               std::int64_t blocks, ScaleSpec spec, EncodeSpec encode, std::uint32_t* codes,
                                float* scale_inv, std::uint8_t* e8m0) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int sub = lane % lanes;  // this thread's lane within its block's group
-  const std::int64_t per_warp = 32 / lanes;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-       w * per_warp < blocks; w += warps) {
-    const std::int64_t b = w * per_warp + lane / lanes;
-    const bool active = b < blocks;
-    const std::int64_t base = active ? (b / grid_cols) * cols4 + (b % grid_cols) * bc4 : 0;
+  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; b < blocks;
+       b += warps) {
+    const std::int64_t base = (b / grid_cols) * cols4 + (b % grid_cols) * bc4;
     unsigned m = 0;
 #pragma unroll 4
-    for (std::int64_t i = sub; active && i < bc4; i += lanes) {
-      const float4 v = x[base + i];
-      m = max(
-          m, max(max(finite_magnitude(v.x), finite_magnitude(v.y)), max(finite_magnitude(v.z), finite_magnitude(v.w))));
+    for (std::int64_t i = lane; i < bc4; i += 32) m = max(m, finite_magnitude(x[base + i]));
+    m = __reduce_max_sync(0xFFFFFFFFu, m);
+    // Every lane computes the same scales from the same amax; the first one stores them.
+    float si = 0.0f;
+    std::uint8_t code = 0;
+    const float multiplier = block_scale(__uint_as_float(m), spec, &si, &code);
+    if (lane == 0) {
+      scale_inv[b] = si;
+      if (e8m0 != nullptr) e8m0[b] = code;
     }
-    for (int offset = lanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
-    float multiplier = 0.0f;
-    if (active) {
-      // Every lane of the group computes the same scales from the same amax; the first one stores them.
-      float si = 0.0f;
-      std::uint8_t code = 0;
-      multiplier = block_scale(__uint_as_float(m), spec, &si, &code);
-      if (sub == 0) {
-        scale_inv[b] = si;
-        if (e8m0 != nullptr) e8m0[b] = code;
-      }
-    }
-    for (std::int64_t i = sub; active && i < bc4; i += lanes) {
-      const float4 v = x[base + i];
-      codes[base + i] = static_cast<std::uint32_t>(encode_value<F>(scaled(v.x, multiplier), encode, 0u)) |
-                        static_cast<std::uint32_t>(encode_value<F>(scaled(v.y, multiplier), encode, 0u)) << 8 |
-                        static_cast<std::uint32_t>(encode_value<F>(scaled(v.z, multiplier), encode, 0u)) << 16 |
-                        static_cast<std::uint32_t>(encode_value<F>(scaled(v.w, multiplier), encode, 0u)) << 24;
-    }
+    for (std::int64_t i = lane; i < bc4; i += 32) codes[base + i] = encode_quad<F>(x[base + i], multiplier, encode);
   }
 }
 
 constexpr int kShortRowSteps = 4;  // the warp steps of quantize_short_rows4 in flight
 
 // 1 x bc blocks of at most 128 float32 elements (1 x 128, MX's 1 x 32; bc / 4 dividing 32, cols a multiple of bc):
-// lanes = bc / 4 lanes a block, each holding one float4 of it (so the block is read once), 32 / lanes blocks a
-// warp, and kShortRowSteps of the warp's grid-stride steps loaded before the first is reduced: one float4 a lane in
-// flight at a time left the H200 at 0.29x of memcpy's bandwidth for 1 x 128 and MX.
+// lanes = bc / 4 lanes a block, each holding one quad of it (so the block is read once), 32 / lanes blocks a warp,
+// and kShortRowSteps of the warp's grid-stride steps loaded before the first is reduced: one float4 a lane in flight
+// at a time left the H200 at 0.29x of memcpy's bandwidth for 1 x 128 and MX.
 template <Format F>
-__global__ void quantize_short_rows4(const float4* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
+__global__ void quantize_short_rows4(const Quad<float>* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
                                      std::int64_t blocks, int lanes, ScaleSpec spec, EncodeSpec encode,
                                      std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
   constexpr int kUnroll = kShortRowSteps;
@@ -121,17 +112,16 @@ __global__ void quantize_short_rows4(const float4* x, std::int64_t cols4, std::i
   for (std::int64_t w0 = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
        w0 * per_warp < blocks; w0 += kUnroll * warps) {
     std::int64_t b[kUnroll], at[kUnroll];
-    float4 v[kUnroll];
+    Quad<float> v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       b[u] = (w0 + u * warps) * per_warp + lane / lanes;
       at[u] = b[u] < blocks ? (b[u] / grid_cols) * cols4 + (b[u] % grid_cols) * bc4 + sub : -1;
-      v[u] = at[u] >= 0 ? x[at[u]] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v[u] = at[u] >= 0 ? x[at[u]] : Quad<float>{};
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      unsigned m = max(max(finite_magnitude(v[u].x), finite_magnitude(v[u].y)),
-                       max(finite_magnitude(v[u].z), finite_magnitude(v[u].w)));
+      unsigned m = finite_magnitude(v[u]);
       for (int offset = lanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
       if (at[u] < 0) continue;  // (after the shuffles, which every lane of the warp takes)
       float si = 0.0f;
@@ -141,21 +131,12 @@ __global__ void quantize_short_rows4(const float4* x, std::int64_t cols4, std::i
         scale_inv[b[u]] = si;
         if (e8m0 != nullptr) e8m0[b[u]] = code;
       }
-      codes[at[u]] = static_cast<std::uint32_t>(encode_value<F>(scaled(v[u].x, multiplier), encode, 0u)) |
-                     static_cast<std::uint32_t>(encode_value<F>(scaled(v[u].y, multiplier), encode, 0u)) << 8 |
-                     static_cast<std::uint32_t>(encode_value<F>(scaled(v[u].z, multiplier), encode, 0u)) << 16 |
-                     static_cast<std::uint32_t>(encode_value<F>(scaled(v[u].w, multiplier), encode, 0u)) << 24;
+      codes[at[u]] = encode_quad<F>(v[u], multiplier, encode);
     }
   }
 }
 
 constexpr std::int64_t kMaxTileQuads = (std::int64_t{1} << 31) - 1 - kThreads;  // quantize_tiles4's int indices
-
-// Four consecutive elements of a row, for one vector load (16 bytes of float32, 8 of a 16-bit type).
-template <typename T>
-struct alignas(4 * sizeof(T)) Quad {
-  T e[4];
-};
 
 // Blocks of at least 4 x kThreads elements whose columns and the matrix's come in fours (128 x 128, ...): one CUDA
 // block per scaling block, its threads over the block's quads with 32-bit index arithmetic inside the block, the
@@ -174,13 +155,10 @@ __global__ void quantize_tiles4(const Quad<T>* x, std::int64_t rows, std::int64_
     const int h = static_cast<int>(min(br, rows - r0)), w = static_cast<int>(min(bc4, cols4 - c0));
     const int quads = h * w;
     const Quad<T>* in = x + r0 * cols4 + c0;
+    const auto at = [&](int i) { return static_cast<std::int64_t>(i / w) * cols4 + i % w; };
     unsigned m = 0;
 #pragma unroll 4
-    for (int i = static_cast<int>(threadIdx.x); i < quads; i += kThreads) {
-      const Quad<T> q = in[static_cast<std::int64_t>(i / w) * cols4 + i % w];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) m = max(m, finite_magnitude(widen(q.e[j])));
-    }
+    for (int i = static_cast<int>(threadIdx.x); i < quads; i += kThreads) m = max(m, finite_magnitude(in[at(i)]));
     m = group_max<kThreads>(m, warp_max);
     if (threadIdx.x == 0) {
       shared_multiplier =
@@ -190,16 +168,8 @@ __global__ void quantize_tiles4(const Quad<T>* x, std::int64_t rows, std::int64_
     const float multiplier = shared_multiplier;
     std::uint32_t* out = codes + r0 * cols4 + c0;
 #pragma unroll 4
-    for (int i = static_cast<int>(threadIdx.x); i < quads; i += kThreads) {
-      const std::int64_t at = static_cast<std::int64_t>(i / w) * cols4 + i % w;
-      const Quad<T> q = in[at];
-      std::uint32_t word = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        word |= static_cast<std::uint32_t>(encode_value<F>(scaled(widen(q.e[j]), multiplier), encode, 0u)) << (8 * j);
-      }
-      out[at] = word;
-    }
+    for (int i = static_cast<int>(threadIdx.x); i < quads; i += kThreads)
+      out[at(i)] = encode_quad<F>(in[at(i)], multiplier, encode);
     __syncthreads();  // the shared words are reused by the next block
   }
 }
@@ -325,31 +295,22 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
         tensor_scale_kernel<<<1, 1, 0, stream>>>(bits, spec, m, scale_inv, e8m0);
         encode_tensor_kernel<F>
             <<<blocks_for_vectors<Vec16<T>::kElems>(n), kThreads, 0, stream>>>(in, n, m, encode, codes);
-      } else if (std::is_same_v<T, float> && br == 1 && bc % 4 == 0 && cols % bc == 0 && bc <= 128 &&
-                 32 % (bc / 4) == 0) {
+      } else if (std::is_same_v<T, float> && br == 1 && bc % 4 == 0 && cols % bc == 0 &&
+                 (bc > 128 || 32 % (bc / 4) == 0)) {
         const std::int64_t bc4 = bc / 4;
-        const auto lanes = static_cast<int>(bc4);
-        // kShortRowSteps warp steps a warp: the grid covers the blocks in that many passes.
-        const std::int64_t warps = ceil_div(ceil_div(blocks * lanes, 32), kShortRowSteps);
-        const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(warps, kThreads / 32), 65536));
-        quantize_short_rows4<F><<<grid, kThreads, 0, stream>>>(
-            reinterpret_cast<const float4*>(in), cols / 4, bc4, grid_cols, blocks, lanes, spec, encode,
-            reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
-      } else if (std::is_same_v<T, float> && br == 1 && bc % 4 == 0 && cols % bc == 0) {
-        const std::int64_t bc4 = bc / 4;
-        const int lanes = static_cast<int>(std::min<std::int64_t>(bc4, 32));
-        if (32 % lanes == 0) {
-          const std::int64_t warps = (blocks * lanes + 31) / 32;
-          const auto grid =
-              static_cast<unsigned>(std::min<std::int64_t>((warps + kThreads / 32 - 1) / (kThreads / 32), 65536));
-          quantize_rows4<F><<<grid, kThreads, 0, stream>>>(reinterpret_cast<const float4*>(in), cols / 4, bc4,
-                                                           grid_cols, blocks, lanes, spec, encode,
-                                                           reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
+        const auto* quads = reinterpret_cast<const Quad<float>*>(in);
+        auto* words = reinterpret_cast<std::uint32_t*>(codes);
+        if (bc4 <= 32) {
+          // kShortRowSteps warp steps a warp: the grid covers the blocks in that many passes.
+          const auto lanes = static_cast<int>(bc4);
+          const std::int64_t warps = ceil_div(ceil_div(blocks * lanes, 32), kShortRowSteps);
+          const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(warps, kThreads / 32), 65536));
+          quantize_short_rows4<F><<<grid, kThreads, 0, stream>>>(quads, cols / 4, bc4, grid_cols, blocks, lanes, spec,
+                                                                 encode, words, scale_inv, e8m0);
         } else {
-          constexpr int kGroups = kThreads / 32;
-          const auto grid = static_cast<unsigned>(std::min<std::int64_t>((blocks + kGroups - 1) / kGroups, 65536));
-          quantize_blocks<F, T, 32><<<grid, kThreads, 0, stream>>>(in, rows, cols, br, bc, grid_cols, blocks, spec,
-                                                                   encode, codes, scale_inv, e8m0);
+          const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(blocks, kThreads / 32), 65536));
+          quantize_rows4<F><<<grid, kThreads, 0, stream>>>(quads, cols / 4, bc4, grid_cols, blocks, spec, encode, words,
+                                                           scale_inv, e8m0);
         }
       } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems >= 4 * kThreads && block_elems / 4 < kMaxTileQuads) {
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));

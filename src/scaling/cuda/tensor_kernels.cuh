@@ -16,6 +16,15 @@ __device__ inline unsigned finite_magnitude(float v) {
   return bits < 0x7F800000u ? bits : 0u;
 }
 
+// The largest finite_magnitude of a group of elements.
+template <typename T, int N>
+__device__ inline unsigned finite_magnitude(const Elems<T, N>& v) {
+  unsigned m = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) m = max(m, finite_magnitude(widen(v.e[j])));
+  return m;
+}
+
 // The largest `m` of the GROUP threads of a group (warp shuffles, then the group's warps through shared memory).
 template <int GROUP>
 __device__ unsigned group_max(unsigned m, unsigned* warp_max) {
