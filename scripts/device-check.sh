@@ -139,13 +139,6 @@ done
 step test_ops build-device/tests/test_ops --gtest_filter='CudaScaledMm*:ScaledMm.*' \
   --gtest_output=json:"$results/test_ops.json"
 must_run "$results/test_ops.json" CudaScaledMm
-# The benchmarks, all in bench.log: casts and amax against device-to-device memcpy, cuda::scaled_mm against direct
-# cuBLASLt FP8 and bf16 calls (the issue's figures: >= 0.8x memcpy; >= 0.95x direct, >= 1.6x bf16 at 8192^3).
-log=bench
-step convert build-device/tools/fp8kit/fp8kit bench convert --device cuda
-step scaling build-device/tools/fp8kit/fp8kit bench scaling --device cuda
-step gemm build-device/tools/fp8kit/fp8kit bench gemm --device cuda
-log=
 step test_nccl build-device/tests/test_nccl --gtest_output=json:"$results/test_nccl.json"
 must_run "$results/test_nccl.json" CudaNccl
 log=test_tensor  # the codec's tests with the tensor tests' log: 8 files come back
@@ -156,12 +149,20 @@ if grep -q '^\[  SKIPPED \]' "$out/exhaustive.log"; then
   echo "   the exhaustive CUDA check skipped: no device was seen"
   status=1
 fi
+# The benchmarks after every correctness check (a run cut short by its time limit still has those), all in
+# bench.log: casts, amax, quantize and dequantize against device-to-device memcpy, cuda::scaled_mm against direct
+# cuBLASLt FP8 and bf16 calls (the issue's figures: >= 0.8x memcpy; >= 0.95x direct, >= 1.6x bf16 at 8192^3).
+log=bench
+step convert build-device/tools/fp8kit/fp8kit bench convert --device cuda
+step scaling build-device/tools/fp8kit/fp8kit bench scaling --device cuda
+step gemm build-device/tools/fp8kit/fp8kit bench gemm --device cuda
+log=
 # Last, once every GPU result is in: the CPU kernels on two of the host's cores (taskset) against OpenBLAS and oneDNN,
 # into bench.log, from a CPU-only build of the CLI of its own (linked with the carried oneDNN, so that nothing above
 # depends on it); `fp8kit info` first (the CPU, its features, the level in force). Their result does not change the
-# check's: the GPU's is what passes or fails.
+# check's: the GPU's is what passes or fails. FP8KIT_DEVICE_CPU=0 leaves them out (a rerun of the GPU part alone).
 cpu_lib="$PWD/$deps/cpu/lib"
-if [ -d "$cpu_lib" ] && command -v taskset >/dev/null; then
+if [ "${FP8KIT_DEVICE_CPU:-1}" != 0 ] && [ -d "$cpu_lib" ] && command -v taskset >/dev/null; then
   gpu_status=$status
   log=bench
   for packed in "$cpu_lib"/*.xz; do  # (Python's lzma: the machine may have no xz)
