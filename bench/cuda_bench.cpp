@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 
 #include "fp8kit/convert/cuda_convert.hpp"
 #include "fp8kit/ops/cuda_scaled_mm.hpp"
@@ -132,6 +133,13 @@ std::vector<CudaStreamResult> run_cuda_stream_bench(const std::string& which, st
       QuantizeOptions options;
       options.granularity = g;
       ops.push_back({"quantize " + g.name(), 5 * bytes / 4, [&, options] { cuda::quantize(matrix, options); }});
+    }
+    // cuda::dequantize of those codes back to float32 (reads 1 byte and writes 4 per element), as the CPU's bench.
+    for (const Granularity& g : {Granularity::tensor(), Granularity::block(128, 128)}) {
+      QuantizeOptions options;
+      options.granularity = g;
+      const auto q = std::make_shared<const cuda::QuantizedTensor>(cuda::quantize(matrix, options));
+      ops.push_back({"dequantize " + g.name(), 5 * bytes / 4, [q] { cuda::dequantize(*q); }});
     }
   }
   const std::function<void()> memcpy_run = [&] {

@@ -126,10 +126,11 @@ TEST_F(CudaQuantize, EveryGranularityIsTheCpusBitForBit) {
   EXPECT_EQ(cases, 3 * 3 * (6 * 4 + 2 * 2));
 }
 
-// Many CUDA blocks meeting in one amax (atomics), a tensor larger than one grid pass, and bfloat16 output of
-// dequantize (the float32 value rounded once).
+// Many CUDA blocks meeting in one amax (atomics), a tensor larger than one grid pass of the per-tensor kernels (4096
+// blocks of 256 threads, 4 vectors of four a thread: 16.7M elements), and bfloat16 output of dequantize (the float32
+// value rounded once).
 TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
-  const Tensor x = randn({1536, 4099}, 3);
+  const Tensor x = randn({4200, 4100}, 3);
   for (const Granularity& g : {Granularity::tensor(), Granularity::block(1, 128), Granularity::block(128, 128)}) {
     QuantizeOptions options;
     options.granularity = g;
@@ -144,16 +145,17 @@ TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
   }
 }
 
-// float32 rows whose blocks are 1 x bc with bc a multiple of 4 dividing the row (rows of 4096, 1 x 128, MX, 1 x 8)
-// take the vector kernel (four elements a load, one to four blocks a warp): the CPU's bits there too, special values
-// included.
+// float32 rows whose blocks are 1 x bc with bc a multiple of 4 dividing the row (rows of 4096; 1 x 8 to 1 x 512,
+// MX) take the vector kernels (four elements a load; up to 512, a few lanes a block, several blocks a warp): the
+// CPU's bits there too, special values included.
 TEST_F(CudaQuantize, AlignedRowBlocksTakeTheVectorKernel) {
   const Tensor host = values(96, 4096);
   const Tensor device_x = host.to(Device::cuda(0));
   int cases = 0;
   for (Format format : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz}) {
-    for (const Granularity& g : {Granularity::row(), Granularity::block(1, 128), Granularity::mx(),
-                                 Granularity::mx(MxScaleMode::kRceil), Granularity::block(1, 8)}) {
+    for (const Granularity& g :
+         {Granularity::row(), Granularity::block(1, 128), Granularity::mx(), Granularity::mx(MxScaleMode::kRceil),
+          Granularity::block(1, 8), Granularity::block(1, 256), Granularity::block(1, 512)}) {
       for (Overflow overflow : {Overflow::kSaturate, Overflow::kNonSaturating}) {
         QuantizeOptions options;
         options.format = format;
@@ -169,17 +171,18 @@ TEST_F(CudaQuantize, AlignedRowBlocksTakeTheVectorKernel) {
       }
     }
   }
-  EXPECT_EQ(cases, 30);
+  EXPECT_EQ(cases, 42);
 }
 
-// The four-element vector kernels at their edges: short row blocks (a lane a float4, several blocks a warp, several
-// warp steps at once) with block counts that fill no warp step evenly, and the tile kernel (a CUDA block a scaling
-// block) with partial tiles on the right and at the bottom, for every input dtype; the element-wise kernels take
+// The four-element vector kernels at their edges: short row blocks (up to four quads a lane, up to 32 lanes a block,
+// several blocks a warp) with block counts that fill no warp evenly, the kernels holding a block in registers (a
+// warp a block up to 1024 elements, the CUDA block up to 4096) and the two-pass tile kernel beyond, with partial
+// blocks on the right and at the bottom, for every input dtype, and their dequantize; the element-wise kernels take
 // the shapes these do not (odd columns), as EveryGranularityIsTheCpusBitForBit checks.
 TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
   int cases = 0;
   for (const auto& [rows, cols] :
-       std::vector<std::pair<std::int64_t, std::int64_t>>{{37, 128}, {300, 260}, {129, 1028}}) {
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{37, 128}, {300, 260}, {129, 1028}, {19, 1536}}) {
     const Tensor host = values(rows, cols);
     for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
       const Tensor x = dtype == DType::float32 ? host : host.to(dtype);
@@ -187,7 +190,9 @@ TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
       for (const Granularity& g :
            {Granularity::block(1, 4), Granularity::block(1, 16), Granularity::block(1, 32), Granularity::block(1, 64),
             Granularity::block(1, 128), Granularity::mx(), Granularity::block(128, 128), Granularity::block(2, 512),
-            Granularity::block(64, 16), Granularity::block(32, 32)}) {
+            Granularity::block(64, 16), Granularity::block(32, 32), Granularity::row(), Granularity::block(4, 1024),
+            Granularity::block(256, 128), Granularity::block(1, 256), Granularity::block(1, 512),
+            Granularity::block(1, 8)}) {
         for (Format format : {Format::e4m3fn, Format::e5m2fnuz}) {
           QuantizeOptions options;
           options.format = format;
@@ -195,16 +200,22 @@ TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
           const std::string what = std::string(name(dtype)) + " " + std::string(name(format)) + " " + g.name() + " " +
                                    std::to_string(rows) + "x" + std::to_string(cols);
           const ScaledTensor want = quantize(x, options);
-          const ScaledTensor back = cuda::quantize(device_x, options).to_host();
+          const cuda::QuantizedTensor got = cuda::quantize(device_x, options);
+          const ScaledTensor back = got.to_host();
           EXPECT_TRUE(back.data == want.data) << what;
           EXPECT_EQ(bits_of(back.scale_inv), bits_of(want.scale_inv)) << what;
           EXPECT_EQ(bits_of(back.scale_e8m0), bits_of(want.scale_e8m0)) << what;
+          // And back to the input's dtype on the device (four codes a thread where the blocks' columns come in
+          // fours): the CPU's values.
+          const Tensor dq = cuda::dequantize(got, dtype).to(Device::cpu());
+          const Tensor cpu = dequantize(want, dtype);
+          EXPECT_EQ(std::memcmp(dq.data_ptr(), cpu.data_ptr(), static_cast<std::size_t>(cpu.nbytes())), 0) << what;
           ++cases;
         }
       }
     }
   }
-  EXPECT_EQ(cases, 3 * 3 * 10 * 2);
+  EXPECT_EQ(cases, 4 * 3 * 16 * 2);
 }
 
 TEST_F(CudaQuantize, RefusesWhatItCannotQuantize) {

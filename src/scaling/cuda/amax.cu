@@ -70,9 +70,8 @@ __device__ void merge_block(Partial p, unsigned long long* result) {
 __global__ void amax_kernel(const float* x, std::int64_t n, bool vectors, unsigned long long* result) {
   Partial p;
   grid_stride<4>(
-      n, vectors,
-      [&](std::int64_t i) {
-        const Vec16<float> v = *reinterpret_cast<const Vec16<float>*>(x + i);
+      n, vectors, [&](std::int64_t i) { return *reinterpret_cast<const Vec16<float>*>(x + i); },
+      [&](std::int64_t, const Vec16<float>& v) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) see(v.e[j], p);
       },
@@ -86,9 +85,8 @@ __global__ void cast_amax_kernel(const float* in, std::uint8_t* out, std::int64_
                                  unsigned long long* result) {
   Partial p;
   grid_stride<4>(
-      n, vectors,
-      [&](std::int64_t i) {
-        const Vec16<float> v = *reinterpret_cast<const Vec16<float>*>(in + i);
+      n, vectors, [&](std::int64_t i) { return *reinterpret_cast<const Vec16<float>*>(in + i); },
+      [&](std::int64_t i, const Vec16<float>& v) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) see(v.e[j], p);
         std::uint32_t word;
@@ -131,7 +129,8 @@ AmaxResult amax(const float* x, std::int64_t n, int device) {
   use_device(device);
   if (n == 0) return {};
   return with_result(device, "amax", [&](unsigned long long* result) {
-    amax_kernel<<<blocks_for_vectors<4>(n, 4096), kThreads, 0, stream_of(device)>>>(x, n, vector_aligned<4>(x), result);
+    const bool vectors = vector_aligned<4>(x);
+    amax_kernel<<<blocks_for_vectors<4>(n, vectors, 4096), kThreads, 0, stream_of(device)>>>(x, n, vectors, result);
   });
 }
 
@@ -140,11 +139,11 @@ AmaxResult cast_to_fp8_with_amax(const float* in, std::uint8_t* out, std::int64_
   use_device(device);
   if (n == 0) return {};
   const EncodeSpec spec{options.format, options.overflow, options.rounding};
+  const bool vectors = vector_aligned<4>(in) && vector_aligned<4>(out);
   return with_result(device, "the fused cast and amax", [&](unsigned long long* result) {
     with_format(options.format, [&]<Format F>() {
-      cast_amax_kernel<F><<<blocks_for_vectors<4>(n, 4096), kThreads, 0, stream_of(device)>>>(
-          in, out, n, vector_aligned<4>(in) && vector_aligned<4>(out), options.scale, spec, options.seed,
-          options.stream_offset, result);
+      cast_amax_kernel<F><<<blocks_for_vectors<4>(n, vectors, 4096), kThreads, 0, stream_of(device)>>>(
+          in, out, n, vectors, options.scale, spec, options.seed, options.stream_offset, result);
     });
   });
 }

@@ -1,11 +1,12 @@
 // cuda::quantize and cuda::dequantize (scaling/cuda_quantize.hpp). Blocked granularities (row, column, any block,
 // MX): one group of threads per scaling block; the group takes the block's amax (the largest finite |x|, as float
 // bits: non-negative floats order as their unsigned bits), turns it into the block's scales with the CPU's formula,
-// and encodes the block with the CPU's codec. Where the shapes allow four-element vector loads: float32 1 x bc rows
-// (bc <= 128: a lane holds its four elements, several blocks in flight a warp; longer rows: a warp a block) and
-// blocks of at least 1024 elements (128 x 128: a CUDA block a scaling block); elsewhere element-wise, a warp for
-// blocks of at most 1024 elements, the CUDA block for larger ones. Per tensor: an amax pass into one device word, a
-// one-thread kernel for the scale, and the encode reading it from device memory: no host sync anywhere.
+// and encodes the block with the CPU's codec. Where the shapes allow four-element vector loads (quads): 1 x bc rows
+// with bc <= 512 a few lanes a block, several blocks a warp, and blocks of up to 4096 elements (rows of 4096, 32 x
+// 32, ...) held in registers, a warp a block up to 1024 elements, the CUDA block above: each block read from memory
+// once; larger blocks (128 x 128) a CUDA block each, read twice. Elsewhere element-wise, a warp for blocks of at
+// most 1024 elements, the CUDA block for larger ones. Per tensor: an amax pass into one device word, a one-thread
+// kernel for the scale, and the encode reading it from device memory: no host sync anywhere.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -66,82 +67,156 @@ __device__ inline std::uint32_t encode_quad(const Quad<T>& q, float multiplier, 
   return word;
 }
 
-// 1 x bc blocks of more than 128 elements of a float32 matrix (rows; bc a multiple of 4, cols a multiple of bc): a
-// warp a block over its quads, the amax reduced with shuffles, the block read again and its codes stored four at a
-// time. The same values in the same formula as quantize_blocks.
-template <Format F>
-__global__ void quantize_rows4(const Quad<float>* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
-                               std::int64_t blocks, ScaleSpec spec, EncodeSpec encode, std::uint32_t* codes,
-                               float* scale_inv, std::uint8_t* e8m0) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; b < blocks;
-       b += warps) {
-    const std::int64_t base = (b / grid_cols) * cols4 + (b % grid_cols) * bc4;
-    unsigned m = 0;
-#pragma unroll 4
-    for (std::int64_t i = lane; i < bc4; i += 32) m = max(m, finite_magnitude(x[base + i]));
-    m = __reduce_max_sync(0xFFFFFFFFu, m);
-    // Every lane computes the same scales from the same amax; the first one stores them.
-    float si = 0.0f;
-    std::uint8_t code = 0;
-    const float multiplier = block_scale(__uint_as_float(m), spec, &si, &code);
-    if (lane == 0) {
-      scale_inv[b] = si;
-      if (e8m0 != nullptr) e8m0[b] = code;
-    }
-    for (std::int64_t i = lane; i < bc4; i += 32) codes[base + i] = encode_quad<F>(x[base + i], multiplier, encode);
+// The origin of scaling block b of a grid with grid_cols blocks a row: its first row and quad column; 32-bit
+// division where the block count allows (a 64-bit division is a long software routine on the GPU).
+__device__ inline void block_origin(std::int64_t b, std::int64_t blocks, std::int64_t grid_cols, std::int64_t br,
+                                    std::int64_t bc4, std::int64_t* r0, std::int64_t* c0) {
+  if (blocks <= 0xFFFFFFFFll) {
+    const auto b32 = static_cast<std::uint32_t>(b), cols32 = static_cast<std::uint32_t>(grid_cols);
+    *r0 = static_cast<std::int64_t>(b32 / cols32) * br;
+    *c0 = static_cast<std::int64_t>(b32 % cols32) * bc4;
+  } else {
+    *r0 = (b / grid_cols) * br;
+    *c0 = (b % grid_cols) * bc4;
   }
 }
 
-constexpr int kShortRowSteps = 4;  // the warp steps of quantize_short_rows4 in flight
+constexpr int kShortRowQuads = 4;  // the quads a lane of quantize_short_rows4 holds
 
-// 1 x bc blocks of at most 128 float32 elements (1 x 128, MX's 1 x 32; bc / 4 dividing 32, cols a multiple of bc):
-// lanes = bc / 4 lanes a block, each holding one quad of it (so the block is read once), 32 / lanes blocks a warp,
-// and kShortRowSteps of the warp's grid-stride steps loaded before the first is reduced: one float4 a lane in flight
-// at a time left the H200 at 0.29x of memcpy's bandwidth for 1 x 128 and MX.
-template <Format F>
-__global__ void quantize_short_rows4(const Quad<float>* x, std::int64_t cols4, std::int64_t bc4, std::int64_t grid_cols,
-                                     std::int64_t blocks, int lanes, ScaleSpec spec, EncodeSpec encode,
-                                     std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
-  constexpr int kUnroll = kShortRowSteps;
+// 1 x bc blocks of up to 512 elements whose quads spread over a power of two of lanes, kShortRowQuads a lane (1 x
+// 128: 8 lanes; MX's 1 x 32: 2; 1 x 16: 1; 1 x 4 and 1 x 8 one lane holding all), cols a multiple of bc, so that
+// block b's quads are b * bc4 ...: no division. 32 / lanes blocks a warp, the block read once; the amax shuffled
+// between its lanes, its scales computed by each of them (the same value). (A lane a quad and a block's scales per
+// quad measured 0.27-0.32x of memcpy for MX and 1 x 128 on the H200: too many instructions a quad.)
+template <Format F, typename T>
+__global__ void quantize_short_rows4(const Quad<T>* x, std::int64_t bc4, std::int64_t blocks, int lanes, ScaleSpec spec,
+                                     EncodeSpec encode, std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
+  constexpr int kQ = kShortRowQuads;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int sub = lane % lanes;
+  const int quads = static_cast<int>(bc4) / lanes;  // this lane's (bc4 = lanes * quads)
   const std::int64_t per_warp = 32 / lanes;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (std::int64_t w0 = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-       w0 * per_warp < blocks; w0 += kUnroll * warps) {
-    std::int64_t b[kUnroll], at[kUnroll];
-    Quad<float> v[kUnroll];
+  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       w * per_warp < blocks; w += warps) {
+    const std::int64_t b = w * per_warp + lane / lanes;
+    const bool active = b < blocks;
+    const std::int64_t first = b * bc4 + sub;  // quad k of this lane: first + k * lanes
+    Quad<T> v[kQ];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      b[u] = (w0 + u * warps) * per_warp + lane / lanes;
-      at[u] = b[u] < blocks ? (b[u] / grid_cols) * cols4 + (b[u] % grid_cols) * bc4 + sub : -1;
-      v[u] = at[u] >= 0 ? x[at[u]] : Quad<float>{};
+    for (int k = 0; k < kQ; ++k) {
+      if (active && k < quads) v[k] = x[first + k * lanes];
+    }
+    unsigned m = 0;
+#pragma unroll
+    for (int k = 0; k < kQ; ++k) {
+      if (active && k < quads) m = max(m, finite_magnitude(v[k]));
+    }
+    for (int offset = lanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+    if (!active) continue;  // (after the shuffles, which every lane of the warp takes)
+    float si = 0.0f;
+    std::uint8_t code = 0;
+    const float multiplier = block_scale(__uint_as_float(m), spec, &si, &code);
+    if (sub == 0) {
+      scale_inv[b] = si;
+      if (e8m0 != nullptr) e8m0[b] = code;
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      unsigned m = finite_magnitude(v[u]);
-      for (int offset = lanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
-      if (at[u] < 0) continue;  // (after the shuffles, which every lane of the warp takes)
+    for (int k = 0; k < kQ; ++k) {
+      if (k < quads) codes[first + k * lanes] = encode_quad<F>(v[k], multiplier, encode);
+    }
+  }
+}
+
+// The lanes a block of quantize_short_rows4 takes for 1 x bc blocks (bc a multiple of 4), or 0 where it takes none.
+inline int short_row_lanes(std::int64_t bc) {
+  const std::int64_t bc4 = bc / 4;
+  if (bc4 < kShortRowQuads) return 1;
+  const std::int64_t lanes = bc4 / kShortRowQuads;
+  return bc4 % kShortRowQuads == 0 && lanes <= 32 && 32 % lanes == 0 ? static_cast<int>(lanes) : 0;
+}
+
+// The largest blocks quantize_held takes: GROUP threads holding K quads each.
+template <int GROUP, int K>
+constexpr std::int64_t kHeldElems = std::int64_t{4} * GROUP* K;
+
+// Blocks of at most kHeldElems<GROUP, K> elements whose columns and the matrix's come in fours (rows of up to 4096,
+// 32 x 32, ...): GROUP threads a scaling block (a warp, or the CUDA block) with its quads in registers, K a thread,
+// so that the block is read from memory once: the amax reduced over the group, the block's scales, then the codes
+// from the registers, four a store. (Reading a row of 4096 twice, the second time from L2, measured 0.52x of
+// memcpy on the H200, this 0.70x. For 128 x 128, 16 quads a thread of 256 measured 0.44x, the two reads of
+// quantize_tiles4 0.51x: two CUDA blocks an SM, each waiting on its loads before it computes.)
+template <Format F, typename T, int GROUP, int K>
+__global__ void __launch_bounds__(kThreads)
+    quantize_held(const Quad<T>* x, std::int64_t rows, std::int64_t cols4, std::int64_t br, std::int64_t bc4,
+                  std::int64_t grid_cols, std::int64_t blocks, ScaleSpec spec, EncodeSpec encode, std::uint32_t* codes,
+                  float* scale_inv, std::uint8_t* e8m0) {
+  static_assert(GROUP == 32 || GROUP == kThreads, "a group is a warp or the CUDA block (group_max)");
+  constexpr int kGroups = kThreads / GROUP;
+  __shared__ unsigned warp_max[kThreads / 32];
+  __shared__ float multipliers[kGroups];
+  const int group = static_cast<int>(threadIdx.x) / GROUP, lane = static_cast<int>(threadIdx.x) % GROUP;
+  // Every thread runs the same iterations (the barriers of a CUDA-block group); a group past the last block idles.
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kGroups; base < blocks;
+       base += static_cast<std::int64_t>(gridDim.x) * kGroups) {
+    const std::int64_t b = base + group;
+    const bool active = b < blocks;
+    std::int64_t r0 = 0, c0 = 0;
+    if (active) block_origin(b, blocks, grid_cols, br, bc4, &r0, &c0);
+    const int h = active ? static_cast<int>(min(br, rows - r0)) : 0;
+    const int w = active ? static_cast<int>(min(bc4, cols4 - c0)) : 1;
+    const std::int64_t origin = r0 * cols4 + c0;
+    // Quad lane + k * GROUP of the block is at row i / w, column i % w: fn(k, its index) for each of this thread's,
+    // stepped from the first without dividing (and recomputed for the stores rather than held in registers).
+    const int dr = GROUP / w, dc = GROUP % w;
+    const auto each_quad = [&](auto&& fn) {
+      int r = lane / w, c = lane % w;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (r < h) fn(k, origin + static_cast<std::int64_t>(r) * cols4 + c);
+        r += dr;
+        c += dc;
+        if (c >= w) {
+          c -= w;
+          ++r;
+        }
+      }
+    };
+    Quad<T> v[K];
+    each_quad([&](int k, std::int64_t at) { v[k] = x[at]; });
+    unsigned m = 0;
+    each_quad([&](int k, std::int64_t) { m = max(m, finite_magnitude(v[k])); });
+    m = group_max<GROUP>(m, warp_max);
+    float multiplier = 0.0f;
+    if constexpr (GROUP == 32) {  // every lane computes the warp's scales; the first stores them
       float si = 0.0f;
       std::uint8_t code = 0;
-      const float multiplier = block_scale(__uint_as_float(m), spec, &si, &code);
-      if (sub == 0) {
-        scale_inv[b[u]] = si;
-        if (e8m0 != nullptr) e8m0[b[u]] = code;
+      multiplier = block_scale(__uint_as_float(m), spec, &si, &code);
+      if (lane == 0 && active) {
+        scale_inv[b] = si;
+        if (e8m0 != nullptr) e8m0[b] = code;
       }
-      codes[at[u]] = encode_quad<F>(v[u], multiplier, encode);
+    } else {
+      std::uint8_t unused_code = 0;
+      if (lane == 0 && active) {
+        multipliers[group] =
+            block_scale(__uint_as_float(m), spec, scale_inv + b, e8m0 != nullptr ? e8m0 + b : &unused_code);
+      }
+      __syncthreads();
+      multiplier = multipliers[group];
     }
+    // (No barrier before the next block: its first shared write, in group_max, follows a barrier that every thread
+    // reaches only after reading this block's words.)
+    each_quad([&](int k, std::int64_t at) { codes[at] = encode_quad<F>(v[k], multiplier, encode); });
   }
 }
 
 constexpr std::int64_t kMaxTileQuads = (std::int64_t{1} << 31) - 1 - kThreads;  // quantize_tiles4's int indices
 
-// Blocks of at least 4 x kThreads elements whose columns and the matrix's come in fours (128 x 128, ...): one CUDA
-// block per scaling block, its threads over the block's quads with 32-bit index arithmetic inside the block, the
-// amax reduced over the CUDA block, then the quads read again (from L1/L2) and encoded, four codes a store. (The
-// element-wise kernel below divided 64-bit indices per element: 0.18x of memcpy's bandwidth for 128 x 128 on the
+// Blocks larger than quantize_held takes whose columns and the matrix's come in fours (128 x 128): one CUDA block per
+// scaling block, its threads over the block's quads with 32-bit index arithmetic inside the block, the amax reduced
+// over the CUDA block, then the quads read again (from L2 where it still holds them) and encoded, four codes a store.
+// (The element-wise kernel below divided 64-bit indices per element: 0.18x of memcpy's bandwidth for 128 x 128 on the
 // H200.) A scaling block of kMaxTileQuads quads or more (2^33 elements) goes element-wise instead.
 template <Format F, typename T>
 __global__ void quantize_tiles4(const Quad<T>* x, std::int64_t rows, std::int64_t cols4, std::int64_t br,
@@ -151,7 +226,8 @@ __global__ void quantize_tiles4(const Quad<T>* x, std::int64_t rows, std::int64_
   __shared__ float shared_multiplier;
   std::uint8_t unused_code = 0;
   for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const std::int64_t r0 = (b / grid_cols) * br, c0 = (b % grid_cols) * bc4;
+    std::int64_t r0 = 0, c0 = 0;
+    block_origin(b, blocks, grid_cols, br, bc4, &r0, &c0);
     const int h = static_cast<int>(min(br, rows - r0)), w = static_cast<int>(min(bc4, cols4 - c0));
     const int quads = h * w;
     const Quad<T>* in = x + r0 * cols4 + c0;
@@ -215,16 +291,42 @@ __global__ void tensor_scale_kernel(const unsigned* amax_bits, ScaleSpec spec, f
   *multiplier = block_scale(__uint_as_float(*amax_bits), spec, scale_inv, e8m0 != nullptr ? e8m0 : &unused_code);
 }
 
+// The dequantize: each CUDA block first fills a shared-memory table of the format's 256 decoded values, then
+// out = narrow(table[code] * the code's block scale_inv), as the CPU computes it. Where the columns and the block's
+// come in fours (a quad of codes lies in one row and one block) and the pointers allow, a thread takes four codes
+// (one 32-bit load) and stores their four results at once; with `narrow32` (the matrix, the block and the grid
+// within 32 bits) a quad's block is found with 32-bit division (the 64-bit division per element this kernel did
+// before is a long software routine on the GPU).
 template <Format F, typename T>
 __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t br,
-                                  std::int64_t bc, std::int64_t grid_cols, const float* scale_inv, T* out) {
-  constexpr FormatDescriptor d = descriptor(F);
-  const std::int64_t n = rows * cols;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const std::int64_t r = i / cols, c = i % cols;
-    narrow(scaled(codec_detail::decode_code(d, codes[i]), scale_inv[(r / br) * grid_cols + c / bc]), out + i);
+                                  std::int64_t bc, std::int64_t grid_cols, const float* scale_inv, T* out, bool vectors,
+                                  bool narrow32) {
+  __shared__ float table[256];
+  for (int c = static_cast<int>(threadIdx.x); c < 256; c += static_cast<int>(blockDim.x)) {
+    constexpr FormatDescriptor d = descriptor(F);
+    table[c] = codec_detail::decode_code(d, static_cast<std::uint8_t>(c));
   }
+  __syncthreads();
+  const auto scale_of = [&](std::int64_t i) {
+    if (narrow32) {
+      const auto i32 = static_cast<std::uint32_t>(i), cols32 = static_cast<std::uint32_t>(cols);
+      const std::uint32_t r = i32 / cols32, c = i32 % cols32;
+      return scale_inv[(r / static_cast<std::uint32_t>(br)) * static_cast<std::uint32_t>(grid_cols) +
+                       c / static_cast<std::uint32_t>(bc)];
+    }
+    const std::int64_t r = i / cols, c = i % cols;
+    return scale_inv[(r / br) * grid_cols + c / bc];
+  };
+  grid_stride<4>(
+      rows * cols, vectors, [&](std::int64_t i) { return *reinterpret_cast<const std::uint32_t*>(codes + i); },
+      [&](std::int64_t i, std::uint32_t word) {
+        const float s = scale_of(i);
+        Quad<T> q;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) narrow(scaled(table[(word >> (8 * j)) & 0xFFu], s), &q.e[j]);
+        *reinterpret_cast<Quad<T>*>(out + i) = q;
+      },
+      [&](std::int64_t i) { narrow(scaled(table[codes[i]], scale_of(i)), out + i); });
 }
 
 }  // namespace
@@ -291,28 +393,29 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
         const Tensor multiplier = empty({}, DType::float32, x.device());
         auto* bits = static_cast<unsigned*>(amax_bits.data_ptr());
         auto* m = static_cast<float*>(multiplier.data_ptr());
-        amax_bits_kernel<<<blocks_for_vectors<Vec16<T>::kElems>(n, 4096), kThreads, 0, stream>>>(in, n, bits, nullptr);
+        launch_amax_bits(in, n, bits, nullptr, stream);
         tensor_scale_kernel<<<1, 1, 0, stream>>>(bits, spec, m, scale_inv, e8m0);
-        encode_tensor_kernel<F>
-            <<<blocks_for_vectors<Vec16<T>::kElems>(n), kThreads, 0, stream>>>(in, n, m, encode, codes);
-      } else if (std::is_same_v<T, float> && br == 1 && bc % 4 == 0 && cols % bc == 0 &&
-                 (bc > 128 || 32 % (bc / 4) == 0)) {
-        const std::int64_t bc4 = bc / 4;
-        const auto* quads = reinterpret_cast<const Quad<float>*>(in);
-        auto* words = reinterpret_cast<std::uint32_t*>(codes);
-        if (bc4 <= 32) {
-          // kShortRowSteps warp steps a warp: the grid covers the blocks in that many passes.
-          const auto lanes = static_cast<int>(bc4);
-          const std::int64_t warps = ceil_div(ceil_div(blocks * lanes, 32), kShortRowSteps);
-          const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(warps, kThreads / 32), 65536));
-          quantize_short_rows4<F><<<grid, kThreads, 0, stream>>>(quads, cols / 4, bc4, grid_cols, blocks, lanes, spec,
-                                                                 encode, words, scale_inv, e8m0);
+        launch_encode_tensor<F>(in, n, m, encode, codes, stream);
+      } else if (br == 1 && bc % 4 == 0 && cols % bc == 0 && short_row_lanes(bc) != 0) {
+        const int lanes = short_row_lanes(bc);
+        const std::int64_t warps = ceil_div(blocks, 32 / lanes);
+        const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(warps, kThreads / 32), 65536));
+        quantize_short_rows4<F, T>
+            <<<grid, kThreads, 0, stream>>>(reinterpret_cast<const Quad<T>*>(in), bc / 4, blocks, lanes, spec, encode,
+                                            reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
+      } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems <= kHeldElems<kThreads, 4>) {
+        const auto held = [&]<int GROUP, int K>() {
+          const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(blocks, kThreads / GROUP), 65536));
+          quantize_held<F, T, GROUP, K><<<grid, kThreads, 0, stream>>>(
+              reinterpret_cast<const Quad<T>*>(in), rows, cols / 4, br, bc / 4, grid_cols, blocks, spec, encode,
+              reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
+        };
+        if (block_elems <= kHeldElems<32, 8>) {
+          held.template operator()<32, 8>();
         } else {
-          const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(blocks, kThreads / 32), 65536));
-          quantize_rows4<F><<<grid, kThreads, 0, stream>>>(quads, cols / 4, bc4, grid_cols, blocks, spec, encode, words,
-                                                           scale_inv, e8m0);
+          held.template operator()<kThreads, 4>();
         }
-      } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems >= 4 * kThreads && block_elems / 4 < kMaxTileQuads) {
+      } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems / 4 < kMaxTileQuads) {
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
         quantize_tiles4<F, T><<<grid, kThreads, 0, stream>>>(reinterpret_cast<const Quad<T>*>(in), rows, cols / 4, br,
                                                              bc / 4, grid_cols, blocks, spec, encode,
@@ -356,10 +459,15 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
   if (rows * cols == 0) return out;
   const auto* codes = static_cast<const std::uint8_t*>(q.codes.data_ptr());
   const auto* scales = static_cast<const float*>(q.scale_inv.data_ptr());
+  constexpr std::int64_t kMax32 = 0xFFFFFFFFll;
+  const bool narrow32 = rows * cols < kMax32 && block_rows <= kMax32 && block_cols <= kMax32 && grid_cols <= kMax32;
   with_float_type(dtype, "cuda::dequantize: the output", [&]<typename T>() {
+    auto* o = static_cast<T*>(out.data_ptr());
+    const bool vectors = cols % 4 == 0 && block_cols % 4 == 0 && reinterpret_cast<std::uintptr_t>(codes) % 4 == 0 &&
+                         vector_aligned<4>(o);
     with_format(q.format, [&]<Format F>() {
-      dequantize_kernel<F, T><<<blocks_for(rows * cols), kThreads, 0, stream_of(device)>>>(
-          codes, rows, cols, block_rows, block_cols, grid_cols, scales, static_cast<T*>(out.data_ptr()));
+      dequantize_kernel<F, T><<<blocks_for_vectors<4>(rows * cols, vectors), kThreads, 0, stream_of(device)>>>(
+          codes, rows, cols, block_rows, block_cols, grid_cols, scales, o, vectors, narrow32);
     });
   });
   check_launch("cuda::dequantize", device);

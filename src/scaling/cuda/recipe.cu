@@ -159,17 +159,14 @@ QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Ov
   const cudaStream_t stream = stream_of(state.device_);
   with_float_type(x.dtype(), "cuda::quantize_delayed: x", [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
-    if (n != 0)
-      amax_bits_kernel<<<blocks_for_vectors<Vec16<T>::kElems>(n, 4096), kThreads, 0, stream>>>(in, n, amax_bits,
-                                                                                               amax_bits + 1);
+    if (n != 0) launch_amax_bits(in, n, amax_bits, amax_bits + 1, stream);
     delayed_scale_kernel<<<1, 1, 0, stream>>>(
         amax_bits, amax_bits + 1, spec_of(state.config_), static_cast<const float*>(state.scale_.data_ptr()),
         static_cast<Meta*>(state.meta_.data_ptr()), static_cast<float*>(state.history_.data_ptr()), m,
         static_cast<float*>(q.scale_inv.data_ptr()));
     if (n == 0) return;
     with_format(format, [&]<Format F>() {
-      encode_tensor_kernel<F><<<blocks_for_vectors<Vec16<T>::kElems>(n), kThreads, 0, stream>>>(
-          in, n, m, encode, static_cast<std::uint8_t*>(q.codes.data_ptr()));
+      launch_encode_tensor<F>(in, n, m, encode, static_cast<std::uint8_t*>(q.codes.data_ptr()), stream);
     });
   });
   check_launch("cuda::quantize_delayed", state.device_);
