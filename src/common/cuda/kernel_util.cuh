@@ -81,8 +81,8 @@ inline bool vector_aligned(const P* p) {
 }
 
 // The groups of kElems elements a thread loads before it works on the first (grid_stride): with one 16-byte load a
-// thread in flight the H200's casts measured 0.45-0.85x of device memcpy, the memory system waiting on each thread's
-// single request between its computations.
+// thread in flight the H200's encodes measured 0.71x (bfloat16) and 0.85x (float32) of device memcpy, with four
+// (and the pair conversion of encode_group) 0.85-0.92x and 0.99x.
 constexpr int kBatch = 4;
 
 // Blocks for `n` elements handled by grid_stride: kElems at a time, kBatch groups a thread where `vectors`, one

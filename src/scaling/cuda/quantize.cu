@@ -86,8 +86,10 @@ constexpr int kShortRowQuads = 4;  // the quads a lane of quantize_short_rows4 h
 // 1 x bc blocks of up to 512 elements whose quads spread over a power of two of lanes, kShortRowQuads a lane (1 x
 // 128: 8 lanes; MX's 1 x 32: 2; 1 x 16: 1; 1 x 4 and 1 x 8 one lane holding all), cols a multiple of bc, so that
 // block b's quads are b * bc4 ...: no division. 32 / lanes blocks a warp, the block read once; the amax shuffled
-// between its lanes, its scales computed by each of them (the same value). (A lane a quad and a block's scales per
-// quad measured 0.27-0.32x of memcpy for MX and 1 x 128 on the H200: too many instructions a quad.)
+// between its lanes, its scales computed by each of them (the same value). (On the H200 this layout measured 0.35x
+// of memcpy for 1 x 128 and 0.25x for MX, about what a lane a quad with a block's scales computed per quad did: the
+// instructions a quad were not what held them, the software codec was, for every product at or beyond 448: see
+// encode_group.)
 template <Format F, typename T>
 __global__ void quantize_short_rows4(const Quad<T>* x, std::int64_t bc4, std::int64_t blocks, int lanes, ScaleSpec spec,
                                      EncodeSpec encode, std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
@@ -144,7 +146,7 @@ constexpr std::int64_t kHeldElems = std::int64_t{4} * GROUP* K;
 // 32 x 32, ...): GROUP threads a scaling block (a warp, or the CUDA block) with its quads in registers, K a thread,
 // so that the block is read from memory once: the amax reduced over the group, the block's scales, then the codes
 // from the registers, four a store. (Reading a row of 4096 twice, the second time from L2, measured 0.52x of
-// memcpy on the H200, this 0.70x. For 128 x 128, 16 quads a thread of 256 measured 0.44x, the two reads of
+// memcpy on the H200, this 0.70-0.73x. For 128 x 128, 16 quads a thread of 256 measured 0.44x, the two reads of
 // quantize_tiles4 0.51x: two CUDA blocks an SM, each waiting on its loads before it computes.)
 template <Format F, typename T, int GROUP, int K>
 __global__ void __launch_bounds__(kThreads)

@@ -17,8 +17,8 @@ __device__ inline unsigned finite_magnitude(float v) {
 }
 
 // The largest finite_magnitude of a group of elements: one float maximum of |x| an element (NaN drops out of
-// fmaxf), the elements looked at again only where an Inf came out. (These kernels are bound by their instruction
-// count on the H200: 4.2 TB/s leaves some 40 instructions an element, fewer for integer ones.)
+// fmaxf), the elements looked at again only where an Inf came out. (At the H200's 4.2 TB/s every instruction an
+// element counts: memcpy's rate leaves some 40 a float32 element, fewer where they are integer ones.)
 template <typename T, int N>
 __device__ inline unsigned finite_magnitude(const Elems<T, N>& v) {
   float m = 0.0f;
