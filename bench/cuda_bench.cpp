@@ -15,6 +15,7 @@
 #include "fp8kit/ops/cuda_scaled_mm.hpp"
 #include "fp8kit/scaling/cuda_amax.hpp"
 #include "fp8kit/scaling/cuda_quantize.hpp"
+#include "fp8kit/scaling/cuda_recipe.hpp"
 #include "fp8kit/tensor/cuda.hpp"
 #include "fp8kit/tensor/tensor.hpp"
 #include "ops/cuda/cublaslt.hpp"
@@ -133,6 +134,16 @@ std::vector<CudaStreamResult> run_cuda_stream_bench(const std::string& which, st
       QuantizeOptions options;
       options.granularity = g;
       ops.push_back({"quantize " + g.name(), 5 * bytes / 4, [&, options] { cuda::quantize(matrix, options); }});
+    }
+    // cuda::quantize_delayed per tensor with a calibrated state (e4m3fn, a history of 16): the scale comes from the
+    // history, so the amax pass records this step's amax and encodes in the same read.
+    {
+      DelayedScalingConfig config;
+      config.history_length = 16;
+      auto state = std::make_shared<cuda::DelayedScalingState>(config, device);
+      cuda::quantize_delayed(matrix, *state);
+      cuda::update(*state);
+      ops.push_back({"quantize delayed", 5 * bytes / 4, [&matrix, state] { cuda::quantize_delayed(matrix, *state); }});
     }
     // cuda::dequantize of those codes back to float32 (reads 1 byte and writes 4 per element), as the CPU's bench.
     for (const Granularity& g : {Granularity::tensor(), Granularity::block(128, 128)}) {

@@ -124,11 +124,21 @@ TEST_F(CudaRecipe, RefusesWhatItCannotQuantize) {
   expect_error([&] { cuda::quantize_delayed(ones({4}), state); }, ErrorKind::kInvalidArgument, {"x is on cpu"});
   expect_error([&] { cuda::quantize_delayed(zeros({4}, DType::int8, Device::cuda(0)), state); },
                ErrorKind::kInvalidArgument, {"int8"});
-  // bfloat16 input: the same codes as its float32 widening.
-  const Tensor x = input(1).to(DType::bfloat16);
-  DelayedScaling cpu(DelayedScalingConfig{});
-  const ScaledTensor want = cpu_step(x.to(DType::float32), cpu, Overflow::kSaturate);
-  EXPECT_TRUE(cuda::quantize_delayed(x.to(Device::cuda(0)), state).to_host().data == want.data);
+  // bfloat16 and float16 input: the same codes as their float32 widening, before the state is calibrated (amax,
+  // then the encode) and after it (one pass that does both), at every step.
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    cuda::DelayedScalingState gpu(DelayedScalingConfig{}, 0);
+    DelayedScaling cpu(DelayedScalingConfig{});
+    for (int step = 0; step < 6; ++step) {
+      const Tensor x = input(step).to(dtype);
+      const ScaledTensor want = cpu_step(x.to(DType::float32), cpu, Overflow::kSaturate);
+      EXPECT_TRUE(cuda::quantize_delayed(x.to(Device::cuda(0)), gpu).to_host().data == want.data)
+          << name(dtype) << ", step " << step;
+      cpu.update();
+      cuda::update(gpu);
+    }
+    EXPECT_TRUE(cpu.calibrated()) << name(dtype);
+  }
 }
 
 }  // namespace

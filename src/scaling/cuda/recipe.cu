@@ -1,6 +1,7 @@
 // Delayed scaling on the device (scaling/cuda_recipe.hpp): the state in device memory, the history a ring (the roll
-// moves an index, not the window), the quantization as three kernels in a row (the amax of x, one thread for this
-// step's scale and the record, the encode reading that scale) and the update as one CUDA block. The arithmetic is
+// moves an index, not the window), the quantization as three kernels in a row (the amax of x, which also encodes x
+// once the state is calibrated; one thread for this step's scale and the record; the encode reading that scale,
+// which returns at once where the first did it) and the update as one CUDA block. The arithmetic is
 // DelayedScaling's (src/scaling/recipe.cpp) and prepare_operand's (src/nn/precision.cpp), operation for operation.
 #include <cuda_runtime_api.h>
 
@@ -61,6 +62,21 @@ __global__ void delayed_scale_kernel(const unsigned* amax_bits, const unsigned* 
   *slot0 = (bad || isnan(*slot0)) ? __uint_as_float(0x7FC00000u) : fmaxf(*slot0, amax);
   *multiplier = scale;
   *scale_inv = 1.0f / scale;
+}
+
+// The amax pass of a step, which once the state is calibrated also encodes x: this step's scale is then the state's
+// whatever x holds (delayed_scale_kernel keeps it), so x is read once, and the encode after delayed_scale_kernel
+// returns at once (its skip is meta->calibrated). Before that the pass only records the amax, and the encode waits
+// for the scale computed from it.
+template <Format F, typename T>
+__global__ void delayed_amax_kernel(const T* x, std::int64_t n, bool vectors, unsigned* amax_bits, unsigned* nonfinite,
+                                    const Meta* meta, const float* state_scale, EncodeSpec encode,
+                                    std::uint8_t* codes) {
+  const bool calibrated = meta->calibrated != 0;
+  const float scale = *state_scale;
+  amax_bits_pass(x, n, vectors, amax_bits, nonfinite, [&](std::int64_t i, const auto& v) {
+    if (calibrated) encode_at<F, T>(i, v, scale, encode, codes);
+  });
 }
 
 // DelayedScaling::update(): one CUDA block (the window's fmax split over its threads).
@@ -157,16 +173,21 @@ QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Ov
   auto* m = static_cast<float*>(multiplier.data_ptr());
   const EncodeSpec encode{format, overflow, Rounding::kNearestEven};
   const cudaStream_t stream = stream_of(state.device_);
+  auto* meta = static_cast<Meta*>(state.meta_.data_ptr());
+  const auto* state_scale = static_cast<const float*>(state.scale_.data_ptr());
+  auto* codes = static_cast<std::uint8_t*>(q.codes.data_ptr());
   with_float_type(x.dtype(), "cuda::quantize_delayed: x", [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
-    if (n != 0) launch_amax_bits(in, n, amax_bits, amax_bits + 1, stream);
-    delayed_scale_kernel<<<1, 1, 0, stream>>>(
-        amax_bits, amax_bits + 1, spec_of(state.config_), static_cast<const float*>(state.scale_.data_ptr()),
-        static_cast<Meta*>(state.meta_.data_ptr()), static_cast<float*>(state.history_.data_ptr()), m,
-        static_cast<float*>(q.scale_inv.data_ptr()));
-    if (n == 0) return;
     with_format(format, [&]<Format F>() {
-      launch_encode_tensor<F>(in, n, m, encode, static_cast<std::uint8_t*>(q.codes.data_ptr()), stream);
+      const bool vectors = tensor_vectors(in, codes);
+      if (n != 0) {
+        delayed_amax_kernel<F><<<blocks_for_vectors<Vec16<T>::kElems>(n, vectors, 4096), kThreads, 0, stream>>>(
+            in, n, vectors, amax_bits, amax_bits + 1, meta, state_scale, encode, codes);
+      }
+      delayed_scale_kernel<<<1, 1, 0, stream>>>(amax_bits, amax_bits + 1, spec_of(state.config_), state_scale, meta,
+                                                static_cast<float*>(state.history_.data_ptr()), m,
+                                                static_cast<float*>(q.scale_inv.data_ptr()));
+      if (n != 0) launch_encode_tensor<F>(in, n, m, encode, codes, stream, &meta->calibrated);
     });
   });
   check_launch("cuda::quantize_delayed", state.device_);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda/kernel_util.cuh"
 #include "fp8kit/format/codec_inline.hpp"
@@ -45,9 +46,12 @@ __device__ unsigned group_max(unsigned m, unsigned* warp_max) {
 }
 
 // The finite amax of x[0, n) merged into *result (atomicMax of float bits); *nonfinite set to 1 when x holds a NaN
-// or an Inf (when nonfinite is not null). 16 bytes a load where `vectors` (launch_amax_bits).
-template <typename T>
-__global__ void amax_bits_kernel(const T* x, std::int64_t n, bool vectors, unsigned* result, unsigned* nonfinite) {
+// or an Inf (when nonfinite is not null); and also(i, group) for each 16-byte group the pass loads (a Vec16<T> at
+// element i: where `vectors`) and also(i, element) for each element it loads alone, so that a kernel can do more
+// with what it read in the same pass.
+template <typename T, typename Also>
+__device__ void amax_bits_pass(const T* x, std::int64_t n, bool vectors, unsigned* result, unsigned* nonfinite,
+                               Also&& also) {
   __shared__ unsigned warp_max[kThreads / 32];
   unsigned m = 0;
   bool bad = false;
@@ -58,49 +62,79 @@ __global__ void amax_bits_kernel(const T* x, std::int64_t n, bool vectors, unsig
   constexpr int kElems = Vec16<T>::kElems;
   grid_stride<kElems>(
       n, vectors, [&](std::int64_t i) { return *reinterpret_cast<const Vec16<T>*>(x + i); },
-      [&](std::int64_t, const Vec16<T>& v) {
+      [&](std::int64_t i, const Vec16<T>& v) {
 #pragma unroll
         for (int j = 0; j < kElems; ++j) see(widen(v.e[j]));
+        also(i, v);
       },
-      [&](std::int64_t i) { see(widen(x[i])); });
+      [&](std::int64_t i) {
+        const T v = x[i];
+        see(widen(v));
+        also(i, v);
+      });
   m = group_max<kThreads>(m, warp_max);
   if (threadIdx.x == 0) atomicMax(result, m);
   if (nonfinite != nullptr && __any_sync(0xFFFFFFFFu, bad) && threadIdx.x % 32 == 0) atomicOr(nonfinite, 1u);
 }
 
-// codes = encode(x * *multiplier) (the multiplier read from device memory, applied as the CPU applies it). 16 bytes
-// of x a load where `vectors` (launch_encode_tensor).
+// amax_bits_pass alone. 16 bytes a load where `vectors` (launch_amax_bits).
+template <typename T>
+__global__ void amax_bits_kernel(const T* x, std::int64_t n, bool vectors, unsigned* result, unsigned* nonfinite) {
+  amax_bits_pass(x, n, vectors, result, nonfinite, [](std::int64_t, const auto&) {});
+}
+
+// codes[i] = encode(x * scale) for a 16-byte group of x at element i (Vec16<T>) or for one element, as the CPU
+// encodes (the multiplier applied as the CPU applies it).
+template <Format F, typename T, typename V>
+__device__ inline void encode_at(std::int64_t i, const V& v, float scale, const EncodeSpec& encode,
+                                 std::uint8_t* codes) {
+  if constexpr (std::is_same_v<V, T>) {
+    codes[i] = encode_value<F>(scaled(widen(v), scale), encode, 0u);
+  } else {
+    static_assert(std::is_same_v<V, Vec16<T>>, "a 16-byte group or one element");
+    constexpr int kElems = Vec16<T>::kElems;
+    std::uint32_t words[kElems / 4];
+    encode_group<F>(v, scale, encode, 0, 0, words);
+    store_codes<kElems>(codes + i, words);
+  }
+}
+
+// codes = encode(x * *multiplier) (the multiplier read from device memory). 16 bytes of x a load where `vectors`
+// (launch_encode_tensor). Where `skip` is not null and *skip is not zero it returns at once (the codes were written
+// by an earlier pass).
 template <Format F, typename T>
 __global__ void encode_tensor_kernel(const T* x, std::int64_t n, bool vectors, const float* multiplier,
-                                     EncodeSpec encode, std::uint8_t* codes) {
+                                     EncodeSpec encode, std::uint8_t* codes, const int* skip) {
+  if (skip != nullptr && *skip != 0) return;
   constexpr int kElems = Vec16<T>::kElems;
   const float scale = *multiplier;
   grid_stride<kElems>(
       n, vectors, [&](std::int64_t i) { return *reinterpret_cast<const Vec16<T>*>(x + i); },
-      [&](std::int64_t i, const Vec16<T>& v) {
-        std::uint32_t words[kElems / 4];
-        encode_group<F>(v, scale, encode, 0, 0, words);
-        store_codes<kElems>(codes + i, words);
-      },
-      [&](std::int64_t i) { codes[i] = encode_value<F>(scaled(widen(x[i]), scale), encode, 0u); });
+      [&](std::int64_t i, const Vec16<T>& v) { encode_at<F, T>(i, v, scale, encode, codes); },
+      [&](std::int64_t i) { encode_at<F, T>(i, x[i], scale, encode, codes); });
 }
 
-// The two kernels above over x[0, n) on `stream` (n > 0), 16 bytes of x a load where x is aligned to 16 and the
-// codes to their group's size.
+// Whether the kernels above take x 16 bytes at a time: x aligned to 16 and the codes (when there are any) to their
+// group's size.
+template <typename T>
+inline bool tensor_vectors(const T* x, const std::uint8_t* codes) {
+  constexpr int kElems = Vec16<T>::kElems;
+  return vector_aligned<kElems>(x) && reinterpret_cast<std::uintptr_t>(codes) % kElems == 0;
+}
+
+// The two kernels above over x[0, n) on `stream` (n > 0).
 template <typename T>
 void launch_amax_bits(const T* x, std::int64_t n, unsigned* result, unsigned* nonfinite, cudaStream_t stream) {
-  constexpr int kElems = Vec16<T>::kElems;
-  const bool vectors = vector_aligned<kElems>(x);
-  amax_bits_kernel<<<blocks_for_vectors<kElems>(n, vectors, 4096), kThreads, 0, stream>>>(x, n, vectors, result,
-                                                                                          nonfinite);
+  const bool vectors = tensor_vectors<T>(x, nullptr);
+  amax_bits_kernel<<<blocks_for_vectors<Vec16<T>::kElems>(n, vectors, 4096), kThreads, 0, stream>>>(x, n, vectors,
+                                                                                                    result, nonfinite);
 }
 template <Format F, typename T>
 void launch_encode_tensor(const T* x, std::int64_t n, const float* multiplier, EncodeSpec encode, std::uint8_t* codes,
-                          cudaStream_t stream) {
-  constexpr int kElems = Vec16<T>::kElems;
-  const bool vectors = vector_aligned<kElems>(x) && reinterpret_cast<std::uintptr_t>(codes) % kElems == 0;
-  encode_tensor_kernel<F>
-      <<<blocks_for_vectors<kElems>(n, vectors), kThreads, 0, stream>>>(x, n, vectors, multiplier, encode, codes);
+                          cudaStream_t stream, const int* skip = nullptr) {
+  const bool vectors = tensor_vectors(x, codes);
+  encode_tensor_kernel<F><<<blocks_for_vectors<Vec16<T>::kElems>(n, vectors), kThreads, 0, stream>>>(
+      x, n, vectors, multiplier, encode, codes, skip);
 }
 
 }  // namespace fp8kit::cuda_detail
