@@ -8,7 +8,7 @@
 // small-M products with B as N x K as out^T = B A^T, so the big weight matrix is the left operand (decoded row by
 // row) and the small activations are packed once. Unblocked scales: C holds the running FP32 sum across K panels
 // and the scales are applied once at the end. Blocked scales: each K block's sum is scaled into C.
-// GEMV path (M <= kGemvMaxM, or the level's gemv_bf16_max_m for left operands exact in bfloat16; weights N x K):
+// GEMV path (M <= kGemvMaxM, or the level's gemv_max_m for left operands exact in bfloat16; weights N x K):
 // threads split the weight rows in fixed chunks (the result does not depend on the thread count), each chunk taking
 // the left rows kGemvRows at a time; A's rows (or the activations) are converted to FP32 (and bfloat16) once.
 #include <algorithm>
