@@ -127,15 +127,20 @@ TEST_F(CudaQuantize, EveryGranularityIsTheCpusBitForBit) {
 }
 
 // Many CUDA blocks meeting in one amax (atomics), a tensor larger than one grid pass of the per-tensor kernels (4096
-// blocks of 256 threads, 4 vectors of four a thread: 16.7M elements), and bfloat16 output of dequantize (the float32
-// value rounded once).
+// blocks of 256 threads, 4 vectors of four a thread: 16.7M elements), blocked kernels whose persistent grids take
+// many steps (128 x 128 over 1089 blocks and MX over 270k, each more than the GPU holds at once), and bfloat16
+// output of dequantize (the float32 value rounded once).
 TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
-  const Tensor x = randn({4200, 4100}, 3);
-  for (const Granularity& g : {Granularity::tensor(), Granularity::block(1, 128), Granularity::block(128, 128)}) {
+  const Tensor odd = randn({4200, 4100}, 3), even = randn({2112, 4096}, 5);
+  for (const auto& [x, g] : std::vector<std::pair<const Tensor*, Granularity>>{{&odd, Granularity::tensor()},
+                                                                               {&odd, Granularity::block(1, 128)},
+                                                                               {&odd, Granularity::block(128, 128)},
+                                                                               {&even, Granularity::mx()},
+                                                                               {&even, Granularity::block(1, 16)}}) {
     QuantizeOptions options;
     options.granularity = g;
-    const ScaledTensor want = quantize(x, options);
-    const cuda::QuantizedTensor got = cuda::quantize(x.to(Device::cuda(0)), options);
+    const ScaledTensor want = quantize(*x, options);
+    const cuda::QuantizedTensor got = cuda::quantize(x->to(Device::cuda(0)), options);
     const ScaledTensor back = got.to_host();
     EXPECT_TRUE(back.data == want.data) << g.name();
     EXPECT_EQ(bits_of(back.scale_inv), bits_of(want.scale_inv)) << g.name();
@@ -192,7 +197,7 @@ TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
             Granularity::block(1, 128), Granularity::mx(), Granularity::block(128, 128), Granularity::block(2, 512),
             Granularity::block(64, 16), Granularity::block(32, 32), Granularity::row(), Granularity::block(4, 1024),
             Granularity::block(256, 128), Granularity::block(1, 256), Granularity::block(1, 512),
-            Granularity::block(1, 8)}) {
+            Granularity::block(1, 8), Granularity::block(3, 2048)}) {
         for (Format format : {Format::e4m3fn, Format::e5m2fnuz}) {
           QuantizeOptions options;
           options.format = format;
@@ -215,7 +220,7 @@ TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
       }
     }
   }
-  EXPECT_EQ(cases, 4 * 3 * 16 * 2);
+  EXPECT_EQ(cases, 4 * 3 * 17 * 2);
 }
 
 TEST_F(CudaQuantize, RefusesWhatItCannotQuantize) {

@@ -222,6 +222,24 @@ __device__ inline void store_codes(std::uint8_t* out, const std::uint32_t* words
   }
 }
 
+// Division of 32-bit unsigned integers by a divisor fixed at launch, as a multiply-high, an add and a shift (a
+// 32-bit division is a dozen instructions or more on the GPU, a 64-bit one a long routine): n / d for every n and
+// every d >= 1 below 2^32, with l = ceil(log2 d) and m = floor(2^32 (2^l - d) / d) + 1 (the round-up method of
+// Granlund and Montgomery, the sum taken in 64 bits so that no n overflows it; checked on the CPU for d from 1 to
+// 5000, powers of two and their neighbours, 2^32 - 1 and random divisors, against n at the edges and at random).
+struct FastDiv {
+  std::uint32_t d = 1, m = 1;
+  int l = 0;
+  FastDiv() = default;
+  explicit FastDiv(std::uint32_t divisor) : d(divisor) {
+    while ((std::uint64_t{1} << l) < d) ++l;
+    m = static_cast<std::uint32_t>(((std::uint64_t{1} << 32) * ((std::uint64_t{1} << l) - d)) / d + 1);
+  }
+  __device__ std::uint32_t div(std::uint32_t n) const {
+    return static_cast<std::uint32_t>((static_cast<std::uint64_t>(__umulhi(m, n)) + n) >> l);
+  }
+};
+
 // Makes `device` current for the launches that follow; a device the driver does not show (no driver, an index past
 // the last) is Error(kUnsupported) naming it. Every entry point calls it first, also for an empty input.
 inline void use_device(int device) {

@@ -2,9 +2,10 @@
 // MX): one group of threads per scaling block; the group takes the block's amax (the largest finite |x|, as float
 // bits: non-negative floats order as their unsigned bits), turns it into the block's scales with the CPU's formula,
 // and encodes the block with the CPU's codec. Where the shapes allow four-element vector loads (quads): 1 x bc rows
-// with bc <= 512 a few lanes a block, several blocks a warp, and blocks of up to 4096 elements (rows of 4096, 32 x
-// 32, ...) held in registers, a warp a block up to 1024 elements, the CUDA block above: each block read from memory
-// once; larger blocks (128 x 128) a CUDA block each, read twice. Elsewhere element-wise, a warp for blocks of at
+// with bc <= 512 a few lanes a block, several blocks a warp, and blocks of up to 16384 elements (rows of 4096, 32 x
+// 32, 128 x 128, ...) held in registers, a warp a block up to 1024 elements, the CUDA block above (of 1024 threads
+// beyond 4096, the next block's loads in flight): each block read from memory once; larger blocks (256 x 128) a
+// CUDA block each, read twice. Elsewhere element-wise, a warp for blocks of at
 // most 1024 elements, the CUDA block for larger ones. Per tensor: an amax pass into one device word, a one-thread
 // kernel for the scale, and the encode reading it from device memory: no host sync anywhere.
 #include <cuda_runtime_api.h>
@@ -81,37 +82,66 @@ __device__ inline void block_origin(std::int64_t b, std::int64_t blocks, std::in
   }
 }
 
-constexpr int kShortRowQuads = 4;  // the quads a lane of quantize_short_rows4 holds
+// The grid of a kernel that strides over its work: at most `wanted` CUDA blocks of `threads`, and where
+// `persistent`, at most as many as the current device holds at once (each then takes several steps of the grid, the
+// next one's loads issued before it works on this one: PREFETCH below). (Asking the occupancy is a host call of a
+// few microseconds, hidden behind the kernels already queued.)
+template <typename Kernel>
+unsigned grid_for(Kernel kernel, int threads, std::int64_t wanted, bool persistent) {
+  std::int64_t cap = 65536;
+  if (persistent) {
+    int per_sm = 0, sms = 0, device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && per_sm > 0) {
+      cap = std::min<std::int64_t>(cap, std::int64_t{per_sm} * sms);
+    }
+  }
+  return static_cast<unsigned>(std::max<std::int64_t>(std::min(wanted, cap), 1));
+}
 
-// 1 x bc blocks of up to 512 elements whose quads spread over a power of two of lanes, kShortRowQuads a lane (1 x
-// 128: 8 lanes; MX's 1 x 32: 2; 1 x 16: 1; 1 x 4 and 1 x 8 one lane holding all), cols a multiple of bc, so that
-// block b's quads are b * bc4 ...: no division. 32 / lanes blocks a warp, the block read once; the amax shuffled
-// between its lanes, its scales computed by each of them (the same value). (On the H200 this layout measured 0.35x
-// of memcpy for 1 x 128 and 0.25x for MX, about what a lane a quad with a block's scales computed per quad did: the
-// instructions a quad were not what held them, the software codec was, for every product at or beyond 448: see
-// encode_group.)
-template <Format F, typename T>
-__global__ void quantize_short_rows4(const Quad<T>* x, std::int64_t bc4, std::int64_t blocks, int lanes, ScaleSpec spec,
-                                     EncodeSpec encode, std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
-  constexpr int kQ = kShortRowQuads;
+// 1 x bc blocks of up to 32 * KQ quads whose quads spread over a power of two of lanes, KQ a lane (KQ = 4: 1 x 128
+// on 8 lanes, 1 x 16 on one; KQ = 2: MX's 1 x 32 on 4; blocks of fewer quads on one lane holding all), cols a
+// multiple of bc, so that block b's quads are b * bc4 ...: no division. 32 / lanes blocks a warp, the block read
+// once; the amax shuffled between its lanes, its scales computed by each of them (the same value). With PREFETCH
+// the grid is persistent and a warp loads its next step's quads before it works on this one's. Measured on the
+// H200 (float32, 256 MiB, ratio to memcpy): 1 x 128 0.96x with four quads a lane (two: 0.74x, 0.87x prefetched;
+// eight: 0.80x); MX 0.65x with four, 0.76x with two, 0.83x with two prefetched. (Before encode_group took products
+// at 448 and beyond to the pair conversion, 1 x 128 measured 0.35x and MX 0.25x here.)
+template <Format F, typename T, int KQ, bool PREFETCH>
+__global__ void quantize_short_rows(const Quad<T>* x, std::int64_t bc4, std::int64_t blocks, int lanes, ScaleSpec spec,
+                                    EncodeSpec encode, std::uint32_t* codes, float* scale_inv, std::uint8_t* e8m0) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int sub = lane % lanes;
   const int quads = static_cast<int>(bc4) / lanes;  // this lane's (bc4 = lanes * quads)
   const std::int64_t per_warp = 32 / lanes;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-       w * per_warp < blocks; w += warps) {
+  // The quads of this lane at warp step w (quad k at first + k * lanes) into v, where its block exists.
+  const auto load = [&](std::int64_t w, Quad<T>* v) {
+    const std::int64_t b = w * per_warp + lane / lanes;
+#pragma unroll
+    for (int k = 0; k < KQ; ++k) {
+      if (b < blocks && k < quads) v[k] = x[b * bc4 + sub + k * lanes];
+    }
+  };
+  std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  Quad<T> next[KQ];
+  if constexpr (PREFETCH) load(w, next);
+  for (; w * per_warp < blocks; w += warps) {
     const std::int64_t b = w * per_warp + lane / lanes;
     const bool active = b < blocks;
-    const std::int64_t first = b * bc4 + sub;  // quad k of this lane: first + k * lanes
-    Quad<T> v[kQ];
+    const std::int64_t first = b * bc4 + sub;
+    Quad<T> v[KQ];
+    if constexpr (PREFETCH) {
 #pragma unroll
-    for (int k = 0; k < kQ; ++k) {
-      if (active && k < quads) v[k] = x[first + k * lanes];
+      for (int k = 0; k < KQ; ++k) v[k] = next[k];
+      load(w + warps, next);
+    } else {
+      load(w, v);
     }
     unsigned m = 0;
 #pragma unroll
-    for (int k = 0; k < kQ; ++k) {
+    for (int k = 0; k < KQ; ++k) {
       if (active && k < quads) m = max(m, finite_magnitude(v[k]));
     }
     for (int offset = lanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
@@ -124,18 +154,23 @@ __global__ void quantize_short_rows4(const Quad<T>* x, std::int64_t bc4, std::in
       if (e8m0 != nullptr) e8m0[b] = code;
     }
 #pragma unroll
-    for (int k = 0; k < kQ; ++k) {
+    for (int k = 0; k < KQ; ++k) {
       if (k < quads) codes[first + k * lanes] = encode_quad<F>(v[k], multiplier, encode);
     }
   }
 }
 
-// The lanes a block of quantize_short_rows4 takes for 1 x bc blocks (bc a multiple of 4), or 0 where it takes none.
+// The quads a lane of quantize_short_rows holds for 1 x bc blocks: two up to 1 x 32 (MX), four beyond.
+inline int short_row_quads(std::int64_t bc) {
+  return bc <= 32 ? 2 : 4;
+}
+
+// The lanes a block of quantize_short_rows takes for 1 x bc blocks (bc a multiple of 4), or 0 where it takes none.
 inline int short_row_lanes(std::int64_t bc) {
-  const std::int64_t bc4 = bc / 4;
-  if (bc4 < kShortRowQuads) return 1;
-  const std::int64_t lanes = bc4 / kShortRowQuads;
-  return bc4 % kShortRowQuads == 0 && lanes <= 32 && 32 % lanes == 0 ? static_cast<int>(lanes) : 0;
+  const std::int64_t bc4 = bc / 4, quads = short_row_quads(bc);
+  if (bc4 < quads) return 1;
+  const std::int64_t lanes = bc4 / quads;
+  return bc4 % quads == 0 && lanes <= 32 && 32 % lanes == 0 ? static_cast<int>(lanes) : 0;
 }
 
 // The largest blocks quantize_held takes: GROUP threads holding K quads each.
@@ -143,51 +178,80 @@ template <int GROUP, int K>
 constexpr std::int64_t kHeldElems = std::int64_t{4} * GROUP* K;
 
 // Blocks of at most kHeldElems<GROUP, K> elements whose columns and the matrix's come in fours (rows of up to 4096,
-// 32 x 32, ...): GROUP threads a scaling block (a warp, or the CUDA block) with its quads in registers, K a thread,
-// so that the block is read from memory once: the amax reduced over the group, the block's scales, then the codes
-// from the registers, four a store. (Reading a row of 4096 twice, the second time from L2, measured 0.52x of
-// memcpy on the H200, this 0.70-0.73x. For 128 x 128, 16 quads a thread of 256 measured 0.44x, the two reads of
-// quantize_tiles4 0.51x: two CUDA blocks an SM, each waiting on its loads before it computes.)
-template <Format F, typename T, int GROUP, int K>
-__global__ void __launch_bounds__(kThreads)
+// 32 x 32, 128 x 128, ...): CUDA blocks of THREADS, GROUP threads a scaling block (a warp, or the CUDA block) with
+// its quads in registers, K a thread, so that the block is read from memory once: the amax reduced over the group,
+// the block's scales, then the codes from the registers, four a store. With PREFETCH the grid is persistent and a
+// group loads its next block's quads before it works on this one. Measured on the H200 (float32, 256 MiB, ratio to
+// memcpy): rows of 4096 0.89x with 256 threads of 4 quads (prefetched 0.77x; 512 x 2: 0.69x; read twice, the second
+// time from L2: 0.52x); 128 x 128 0.74x with 1024 threads of 4 quads prefetched (not prefetched 0.62x; 512 x 8
+// prefetched 0.70x; quantize_tiles4's two reads 0.63x, 256 threads of 16 quads 0.44x).
+template <Format F, typename T, int THREADS, int GROUP, int K, bool PREFETCH>
+__global__ void __launch_bounds__(THREADS)
     quantize_held(const Quad<T>* x, std::int64_t rows, std::int64_t cols4, std::int64_t br, std::int64_t bc4,
                   std::int64_t grid_cols, std::int64_t blocks, ScaleSpec spec, EncodeSpec encode, std::uint32_t* codes,
                   float* scale_inv, std::uint8_t* e8m0) {
-  static_assert(GROUP == 32 || GROUP == kThreads, "a group is a warp or the CUDA block (group_max)");
-  constexpr int kGroups = kThreads / GROUP;
-  __shared__ unsigned warp_max[kThreads / 32];
+  static_assert(GROUP == 32 || GROUP == THREADS, "a group is a warp or the CUDA block (group_max)");
+  constexpr int kGroups = THREADS / GROUP;
+  __shared__ unsigned warp_max[THREADS / 32];
   __shared__ float multipliers[kGroups];
   const int group = static_cast<int>(threadIdx.x) / GROUP, lane = static_cast<int>(threadIdx.x) % GROUP;
+  struct Where {  // a scaling block's rows and quad columns (none past the last block), and its first quad
+    int h = 0, w = 1;
+    std::int64_t origin = 0;
+  };
+  const auto where = [&](std::int64_t b) {
+    Where o;
+    if (b < blocks) {
+      std::int64_t r0 = 0, c0 = 0;
+      block_origin(b, blocks, grid_cols, br, bc4, &r0, &c0);
+      o.h = static_cast<int>(min(br, rows - r0));
+      o.w = static_cast<int>(min(bc4, cols4 - c0));
+      o.origin = r0 * cols4 + c0;
+    }
+    return o;
+  };
+  // Quad lane + k * GROUP of block o is at row i / w, column i % w: fn(k, its index) for each of this thread's,
+  // stepped from the first without dividing (and recomputed for the stores rather than held in registers).
+  const auto each_quad = [&](const Where& o, auto&& fn) {
+    const int dr = GROUP / o.w, dc = GROUP % o.w;
+    int r = lane / o.w, c = lane % o.w;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (r < o.h) fn(k, o.origin + static_cast<std::int64_t>(r) * cols4 + c);
+      r += dr;
+      c += dc;
+      if (c >= o.w) {
+        c -= o.w;
+        ++r;
+      }
+    }
+  };
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kGroups;
+  std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kGroups;
+  Quad<T> next[K];
+  Where next_at;
+  if constexpr (PREFETCH) {
+    next_at = where(base + group);
+    each_quad(next_at, [&](int k, std::int64_t at) { next[k] = x[at]; });
+  }
   // Every thread runs the same iterations (the barriers of a CUDA-block group); a group past the last block idles.
-  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kGroups; base < blocks;
-       base += static_cast<std::int64_t>(gridDim.x) * kGroups) {
+  for (; base < blocks; base += step) {
     const std::int64_t b = base + group;
     const bool active = b < blocks;
-    std::int64_t r0 = 0, c0 = 0;
-    if (active) block_origin(b, blocks, grid_cols, br, bc4, &r0, &c0);
-    const int h = active ? static_cast<int>(min(br, rows - r0)) : 0;
-    const int w = active ? static_cast<int>(min(bc4, cols4 - c0)) : 1;
-    const std::int64_t origin = r0 * cols4 + c0;
-    // Quad lane + k * GROUP of the block is at row i / w, column i % w: fn(k, its index) for each of this thread's,
-    // stepped from the first without dividing (and recomputed for the stores rather than held in registers).
-    const int dr = GROUP / w, dc = GROUP % w;
-    const auto each_quad = [&](auto&& fn) {
-      int r = lane / w, c = lane % w;
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (r < h) fn(k, origin + static_cast<std::int64_t>(r) * cols4 + c);
-        r += dr;
-        c += dc;
-        if (c >= w) {
-          c -= w;
-          ++r;
-        }
-      }
-    };
     Quad<T> v[K];
-    each_quad([&](int k, std::int64_t at) { v[k] = x[at]; });
+    Where o;
+    if constexpr (PREFETCH) {
+      o = next_at;
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] = next[k];
+      next_at = where(b + step);
+      each_quad(next_at, [&](int k, std::int64_t at) { next[k] = x[at]; });
+    } else {
+      o = where(b);
+      each_quad(o, [&](int k, std::int64_t at) { v[k] = x[at]; });
+    }
     unsigned m = 0;
-    each_quad([&](int k, std::int64_t) { m = max(m, finite_magnitude(v[k])); });
+    each_quad(o, [&](int k, std::int64_t) { m = max(m, finite_magnitude(v[k])); });
     m = group_max<GROUP>(m, warp_max);
     float multiplier = 0.0f;
     if constexpr (GROUP == 32) {  // every lane computes the warp's scales; the first stores them
@@ -209,13 +273,13 @@ __global__ void __launch_bounds__(kThreads)
     }
     // (No barrier before the next block: its first shared write, in group_max, follows a barrier that every thread
     // reaches only after reading this block's words.)
-    each_quad([&](int k, std::int64_t at) { codes[at] = encode_quad<F>(v[k], multiplier, encode); });
+    each_quad(o, [&](int k, std::int64_t at) { codes[at] = encode_quad<F>(v[k], multiplier, encode); });
   }
 }
 
 constexpr std::int64_t kMaxTileQuads = (std::int64_t{1} << 31) - 1 - kThreads;  // quantize_tiles4's int indices
 
-// Blocks larger than quantize_held takes whose columns and the matrix's come in fours (128 x 128): one CUDA block per
+// Blocks larger than quantize_held takes whose columns and the matrix's come in fours (256 x 128): one CUDA block per
 // scaling block, its threads over the block's quads with 32-bit index arithmetic inside the block, the amax reduced
 // over the CUDA block, then the quads read again (from L2 where it still holds them) and encoded, four codes a store.
 // (The element-wise kernel below divided 64-bit indices per element: 0.18x of memcpy's bandwidth for 128 x 128 on the
@@ -297,12 +361,12 @@ __global__ void tensor_scale_kernel(const unsigned* amax_bits, ScaleSpec spec, f
 // out = narrow(table[code] * the code's block scale_inv), as the CPU computes it. Where the columns and the block's
 // come in fours (a quad of codes lies in one row and one block) and the pointers allow, a thread takes four codes
 // (one 32-bit load) and stores their four results at once; with `narrow32` (the matrix, the block and the grid
-// within 32 bits) a quad's block is found with 32-bit division (the 64-bit division per element this kernel did
-// before is a long software routine on the GPU).
+// within 32 bits) a quad's block is found with FastDiv by the columns and the block's shape (a 32-bit division
+// there measured 0.60-0.64x of memcpy on the H200 with four per quad; the 64-bit one this kernel did at first, 0.18x).
 template <Format F, typename T>
 __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t br,
                                   std::int64_t bc, std::int64_t grid_cols, const float* scale_inv, T* out, bool vectors,
-                                  bool narrow32) {
+                                  bool narrow32, FastDiv by_cols, FastDiv by_br, FastDiv by_bc) {
   __shared__ float table[256];
   for (int c = static_cast<int>(threadIdx.x); c < 256; c += static_cast<int>(blockDim.x)) {
     constexpr FormatDescriptor d = descriptor(F);
@@ -311,10 +375,9 @@ __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, 
   __syncthreads();
   const auto scale_of = [&](std::int64_t i) {
     if (narrow32) {
-      const auto i32 = static_cast<std::uint32_t>(i), cols32 = static_cast<std::uint32_t>(cols);
-      const std::uint32_t r = i32 / cols32, c = i32 % cols32;
-      return scale_inv[(r / static_cast<std::uint32_t>(br)) * static_cast<std::uint32_t>(grid_cols) +
-                       c / static_cast<std::uint32_t>(bc)];
+      const auto i32 = static_cast<std::uint32_t>(i);
+      const std::uint32_t r = by_cols.div(i32), c = i32 - r * by_cols.d;
+      return scale_inv[by_br.div(r) * static_cast<std::uint32_t>(grid_cols) + by_bc.div(c)];
     }
     const std::int64_t r = i / cols, c = i % cols;
     return scale_inv[(r / br) * grid_cols + c / bc];
@@ -400,22 +463,31 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
         launch_encode_tensor<F>(in, n, m, encode, codes, stream);
       } else if (br == 1 && bc % 4 == 0 && cols % bc == 0 && short_row_lanes(bc) != 0) {
         const int lanes = short_row_lanes(bc);
-        const std::int64_t warps = ceil_div(blocks, 32 / lanes);
-        const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(warps, kThreads / 32), 65536));
-        quantize_short_rows4<F, T>
-            <<<grid, kThreads, 0, stream>>>(reinterpret_cast<const Quad<T>*>(in), bc / 4, blocks, lanes, spec, encode,
-                                            reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
-      } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems <= kHeldElems<kThreads, 4>) {
-        const auto held = [&]<int GROUP, int K>() {
-          const auto grid = static_cast<unsigned>(std::min<std::int64_t>(ceil_div(blocks, kThreads / GROUP), 65536));
-          quantize_held<F, T, GROUP, K><<<grid, kThreads, 0, stream>>>(
+        const std::int64_t warps = ceil_div(blocks, 32 / lanes), wanted = ceil_div(warps, kThreads / 32);
+        const auto short_rows = [&]<int KQ, bool PREFETCH>() {
+          const auto kernel = quantize_short_rows<F, T, KQ, PREFETCH>;
+          kernel<<<grid_for(kernel, kThreads, wanted, PREFETCH), kThreads, 0, stream>>>(
+              reinterpret_cast<const Quad<T>*>(in), bc / 4, blocks, lanes, spec, encode,
+              reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
+        };
+        if (short_row_quads(bc) == 2) {
+          short_rows.template operator()<2, true>();
+        } else {
+          short_rows.template operator()<4, false>();
+        }
+      } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems <= kHeldElems<1024, 4>) {
+        const auto held = [&]<int THREADS, int GROUP, int K, bool PREFETCH>() {
+          const auto kernel = quantize_held<F, T, THREADS, GROUP, K, PREFETCH>;
+          kernel<<<grid_for(kernel, THREADS, ceil_div(blocks, THREADS / GROUP), PREFETCH), THREADS, 0, stream>>>(
               reinterpret_cast<const Quad<T>*>(in), rows, cols / 4, br, bc / 4, grid_cols, blocks, spec, encode,
               reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
         };
         if (block_elems <= kHeldElems<32, 8>) {
-          held.template operator()<32, 8>();
+          held.template operator()<kThreads, 32, 8, false>();
+        } else if (block_elems <= kHeldElems<kThreads, 4>) {
+          held.template operator()<kThreads, kThreads, 4, false>();
         } else {
-          held.template operator()<kThreads, 4>();
+          held.template operator()<1024, 1024, 4, true>();
         }
       } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems / 4 < kMaxTileQuads) {
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
@@ -468,8 +540,12 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
     const bool vectors = cols % 4 == 0 && block_cols % 4 == 0 && reinterpret_cast<std::uintptr_t>(codes) % 4 == 0 &&
                          vector_aligned<4>(o);
     with_format(q.format, [&]<Format F>() {
+      const auto divisor = [&](std::int64_t d) {
+        return narrow32 ? FastDiv(static_cast<std::uint32_t>(d)) : FastDiv();
+      };
       dequantize_kernel<F, T><<<blocks_for_vectors<4>(rows * cols, vectors), kThreads, 0, stream_of(device)>>>(
-          codes, rows, cols, block_rows, block_cols, grid_cols, scales, o, vectors, narrow32);
+          codes, rows, cols, block_rows, block_cols, grid_cols, scales, o, vectors, narrow32, divisor(cols),
+          divisor(block_rows), divisor(block_cols));
     });
   });
   check_launch("cuda::dequantize", device);
