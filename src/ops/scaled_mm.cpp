@@ -334,6 +334,26 @@ bool rebias(const std::vector<float>& x, Format weights, bool left_is_fp8, std::
   return true;
 }
 
+}  // namespace
+
+void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int64_t kblock, float* out) {
+  for (std::int64_t i = 0; i < m; ++i) {
+    const float* from = x + i * k;
+    float* to = out + i * k;
+    for (std::int64_t k0 = 0; k0 < k; k0 += kblock) {
+      const std::int64_t k1 = std::min(k, k0 + kblock);
+      std::int64_t c = k0;
+      for (; c + 64 <= k1; c += 64) {
+        for (int b = 0; b < 4; ++b)
+          for (int l = 0; l < 16; ++l) to[c + 16 * b + l] = from[c + 4 * l + b];
+      }
+      for (; c < k1; ++c) to[c] = from[c];
+    }
+  }
+}
+
+namespace {
+
 void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Operand& b, float* out) {
   // The left rows in FP32 (and bfloat16 where they are exact in it), once; rebiased when that is exact.
   std::vector<float> x(static_cast<std::size_t>(p.m * p.k)), x_rebiased;
@@ -348,6 +368,13 @@ void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Opera
   }
   if (!fast.bf16_input && rebias(x, b.format, a.codes != nullptr, x_rebiased, in.sum_scale))
     in.rebiased = x_rebiased.data();
+  std::vector<float> x_lanes;  // the fast kernel's order, where it reads another (lane_order)
+  if (fast.lane_order) {
+    const float* source = in.rebiased != nullptr ? in.rebiased : in.x;
+    x_lanes.resize(x.size());
+    to_gemv_lane_order(source, p.m, p.k, p.kstep, x_lanes.data());
+    (in.rebiased != nullptr ? in.rebiased : in.x) = x_lanes.data();
+  }
   const GemvInput plain{x.data(), p.k};
   const GemvKernel& exact = *scalar_mm_kernels().gemv_f32;  // for rows the fast kernel declines
   const std::int64_t chunks = ceil_div(p.n, kGemvChunk);

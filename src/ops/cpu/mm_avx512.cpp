@@ -10,11 +10,15 @@
 // ((c << (23 - m)) & (sign | magnitude field)), the FP8 value times 2^(bias - 127) (as a float subnormal for FP8
 // subnormals); the driver folds 2^(127 - bias) into the activations where that is exact, else one multiply per
 // weight restores it. Inf/NaN codes (found per 64 bytes) and DAZ on the calling thread make the kernel decline, and
-// the driver recomputes those rows exactly.
+// the driver recomputes those rows exactly. Whole 64-byte chunks are decoded without sign extension: each byte is
+// brought to the top of its 16-bit half and shifted arithmetically into place (split_lanes, decode_lane), so the
+// 16 floats of one vector are the codes 4i + b of the chunk, and the driver hands this kernel its activations in
+// that order (GemvKernel::lane_order).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "mm_kernels.hpp"
 #include "tile_avx512.hpp"
@@ -121,6 +125,31 @@ template <int kShift, bool kRebiased>
   return _mm512_mul_ps(bits, d.rebias);
 }
 
+// A 64-byte load of codes split for decode_lane: in each 16-bit half of each 32-bit lane, the half's high byte
+// (`odd`) and its low byte (`even`) at the top of the half, shifted arithmetically down by 24 - kShift (so the
+// code's sign fills the bits above its magnitude). Three single-cycle integer operations for 64 codes.
+struct LaneCodes {
+  __m512i odd, even;
+};
+template <int kShift>
+[[gnu::always_inline]] inline LaneCodes split_lanes(__m512i codes64) {
+  return {_mm512_srai_epi16(codes64, 24 - kShift), _mm512_srai_epi16(_mm512_slli_epi16(codes64, 8), 24 - kShift)};
+}
+
+// The 16 codes 4i + kByte (i = 0..15) of the load decoded as decode16 does: bytes 3 and 2 are already in the upper
+// half of their lane (one AND with the fields), bytes 1 and 0 move up by 16 first (two operations). decode16's sign
+// extension is a lane-crossing operation; with it the one-thread float32 GEMV was bound by the decode on Zen 4 (a
+// microbenchmark of the loop over weights in L1: 14 GB/s with it, 23-24 shifting each byte to the top of its
+// 32-bit lane, 29 with these 16-bit shifts).
+template <bool kRebiased, int kByte>
+[[gnu::always_inline]] inline __m512 decode_lane(const LaneCodes& c, const Decode& d) {
+  const __m512i half = kByte % 2 == 1 ? c.odd : c.even;
+  const __m512i top = kByte >= 2 ? half : _mm512_slli_epi32(half, 16);
+  const __m512 bits = _mm512_castsi512_ps(_mm512_and_si512(top, d.fields));
+  if constexpr (kRebiased) return bits;
+  return _mm512_mul_ps(bits, d.rebias);
+}
+
 [[gnu::always_inline]] inline __mmask64 special64(__m512i codes, const Decode& d) {
   const __m512i masked = _mm512_and_si512(codes, d.special_mask);
   return _mm512_cmpeq_epi8_mask(masked, d.special_value);
@@ -144,28 +173,34 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
     for (int i = 0; i < kM; ++i)
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_setzero_ps();
-    // 64 weights per row per step (sign-extended straight from memory, 16 at a time); the rest of the block under
-    // masks (code 0 is +0 in every format).
+    // 64 weights per row per step, one load, decoded a byte of each 32-bit lane at a time (x is in lane order:
+    // its 16 values for byte b at kk + 16b); the rest of the block 16 at a time under masks, in x's own order
+    // (code 0 is +0 in every format).
     std::int64_t kk = k0;
     for (; kk + 64 <= k1; kk += 64) {
+      LaneCodes codes[kR];
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
         prefetch(kk, r, 64);
-        special |= special64(_mm512_loadu_si512(rows[r] + kk), d);
+        const __m512i loaded = _mm512_loadu_si512(rows[r] + kk);
+        special |= special64(loaded, d);
+        codes[r] = split_lanes<kShift>(loaded);
       }
-#pragma GCC unroll 4
-      for (int s = 0; s < 64; s += 16) {
+      const auto step = [&](auto byte) {
         __m512 xs[kM];
 #pragma GCC unroll 4
-        for (int i = 0; i < kM; ++i) xs[i] = _mm512_loadu_ps(x + i * ldx + kk + s);
+        for (int i = 0; i < kM; ++i) xs[i] = _mm512_loadu_ps(x + i * ldx + kk + 16 * byte());
 #pragma GCC unroll 4
         for (int r = 0; r < kR; ++r) {
-          const __m512 wv =
-              decode16<kShift, kRebiased>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + kk + s)), d);
+          const __m512 wv = decode_lane<kRebiased, byte()>(codes[r], d);
 #pragma GCC unroll 4
           for (int i = 0; i < kM; ++i) acc[i][r] = _mm512_fmadd_ps(xs[i], wv, acc[i][r]);
         }
-      }
+      };
+      step(std::integral_constant<int, 0>{});
+      step(std::integral_constant<int, 1>{});
+      step(std::integral_constant<int, 2>{});
+      step(std::integral_constant<int, 3>{});
     }
     for (; kk < k1; kk += 16) {
       const std::int64_t len = std::min<std::int64_t>(16, k1 - kk);
@@ -259,6 +294,6 @@ constinit const GemmKernel kAvx512Gemm{.name = "avx512-fma 12x32",
                                        .pack_right = &pack_f32,
                                        .accumulate = &accumulate_avx512,
                                        .scale_accumulate = &scale_accumulate_avx512};
-constinit const GemvKernel kAvx512Gemv{"avx512-gemv", KernelContract::kFp32Bound, false, &gemv_avx512};
+constinit const GemvKernel kAvx512Gemv{"avx512-gemv", KernelContract::kFp32Bound, false, &gemv_avx512, true};
 
 }  // namespace fp8kit::mm_detail

@@ -192,7 +192,15 @@ struct GemvKernel {
   KernelContract contract;
   bool bf16_input;  // reads x_bf16 (and declines when it is null)
   GemvFn run;
+  // Reads x and rebiased in byte-lane order (to_gemv_lane_order): a 64-byte load of codes decodes into four
+  // vectors of 16 by shifts within each 32-bit lane, code 4i + b landing in lane i of vector b.
+  bool lane_order = false;
 };
+
+// The activations for a GEMV kernel with lane_order: m rows of k (row i at x + i * k) reordered so that, within
+// each K block of kblock elements, every whole 64-element chunk from the block's start (elements c to c + 63) holds
+// x[c + 4i + b] at c + 16b + i; the rest of a block (fewer than 64) keeps its order.
+void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int64_t kblock, float* out);
 
 // The epilogue of one output row, the same arithmetic at every level: v = row[j]; where `sa` is given (the raw
 // sums of an unblocked GEMM) v = fma(v * *sa, sb(j, 0), 0), the reference's scaling; then + bias[j] (bias not
