@@ -336,16 +336,17 @@ bool rebias(const std::vector<float>& x, Format weights, bool left_is_fp8, std::
 
 }  // namespace
 
-void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int64_t kblock, float* out) {
+void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int64_t kblock, int chunk, float* out) {
+  const int lanes = chunk / 4;
   for (std::int64_t i = 0; i < m; ++i) {
     const float* from = x + i * k;
     float* to = out + i * k;
     for (std::int64_t k0 = 0; k0 < k; k0 += kblock) {
       const std::int64_t k1 = std::min(k, k0 + kblock);
       std::int64_t c = k0;
-      for (; c + 64 <= k1; c += 64) {
+      for (; c + chunk <= k1; c += chunk) {
         for (int b = 0; b < 4; ++b)
-          for (int l = 0; l < 16; ++l) to[c + 16 * b + l] = from[c + 4 * l + b];
+          for (int l = 0; l < lanes; ++l) to[c + lanes * b + l] = from[c + 4 * l + b];
       }
       for (; c < k1; ++c) to[c] = from[c];
     }
@@ -368,11 +369,11 @@ void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Opera
   }
   if (!fast.bf16_input && rebias(x, b.format, a.codes != nullptr, x_rebiased, in.sum_scale))
     in.rebiased = x_rebiased.data();
-  std::vector<float> x_lanes;  // the fast kernel's order, where it reads another (lane_order)
-  if (fast.lane_order) {
+  std::vector<float> x_lanes;  // the fast kernel's order, where it reads another (lane_chunk)
+  if (fast.lane_chunk != 0) {
     const float* source = in.rebiased != nullptr ? in.rebiased : in.x;
     x_lanes.resize(x.size());
-    to_gemv_lane_order(source, p.m, p.k, p.kstep, x_lanes.data());
+    to_gemv_lane_order(source, p.m, p.k, p.kstep, fast.lane_chunk, x_lanes.data());
     (in.rebiased != nullptr ? in.rebiased : in.x) = x_lanes.data();
   }
   const GemvInput plain{x.data(), p.k};

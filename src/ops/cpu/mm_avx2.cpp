@@ -10,12 +10,16 @@
 // for FP8 subnormals too; one multiply by 2^(127 - bias) makes it exact. Codes with no float equivalent this way
 // (Inf/NaN of e4m3fn and e5m2, the fnuz NaN 0x80) are detected per 32 bytes: the kernel then reports failure and
 // the driver recomputes those rows exactly. Flush-subnormal-inputs mode (DAZ) would break the decode of FP8
-// subnormals: the kernel checks the MXCSR of the thread it runs on and declines when DAZ is set.
+// subnormals: the kernel checks the MXCSR of the thread it runs on and declines when DAZ is set. Whole 32-byte
+// chunks are decoded without sign extension, as the AVX-512 GEMV does (split_lanes, decode_lane: each byte brought
+// to the top of its 16-bit half and shifted arithmetically into place), vector b holding the codes 4i + b; the
+// driver hands the kernel its activations in that order (GemvKernel::lane_chunk = 32).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "fp8kit/common/cpu.hpp"
 #include "mm_kernels.hpp"
@@ -157,6 +161,28 @@ template <int kShift, bool kRebiased>
   return _mm256_mul_ps(bits, d.rebias);
 }
 
+// A 32-byte load of codes split for decode_lane: in each 16-bit half of each 32-bit lane, the half's high byte
+// (`odd`) and its low byte (`even`) at the top of the half, shifted arithmetically down by 24 - kShift.
+struct LaneCodes {
+  __m256i odd, even;
+};
+template <int kShift>
+[[gnu::always_inline]] inline LaneCodes split_lanes(__m256i codes32) {
+  return {_mm256_srai_epi16(codes32, 24 - kShift), _mm256_srai_epi16(_mm256_slli_epi16(codes32, 8), 24 - kShift)};
+}
+
+// The 8 codes 4i + kByte (i = 0..7) of the load decoded as decode8 does (bytes 3 and 2 are in the upper half of
+// their lane already, bytes 1 and 0 move up by 16): in-lane shifts and masks where decode8's sign extension crosses
+// lanes. A loop microbenchmark on Zen 4 with the weights in L1: 8.4 GB/s with decode8, 17.5 with this.
+template <bool kRebiased, int kByte>
+[[gnu::always_inline]] inline __m256 decode_lane(const LaneCodes& c, const Decode& d) {
+  const __m256i half = kByte % 2 == 1 ? c.odd : c.even;
+  const __m256i top = kByte >= 2 ? half : _mm256_slli_epi32(half, 16);
+  const __m256 bits = _mm256_castsi256_ps(_mm256_and_si256(top, d.fields));
+  if constexpr (kRebiased) return bits;
+  return _mm256_mul_ps(bits, d.rebias);
+}
+
 [[gnu::always_inline]] inline __m256i special32(__m256i codes, const Decode& d) {
   const __m256i masked = _mm256_and_si256(codes, d.special_mask);
   return _mm256_cmpeq_epi8(masked, d.special_value);
@@ -199,24 +225,33 @@ bool gemv_rows(const Decode& d, std::int64_t j, std::int64_t k, std::int64_t kbl
       }
       (void)kk;
     };
+    // 32 weights per row per step, one load, decoded a byte of each 32-bit lane at a time (x is in lane order: its
+    // 8 values for byte b at kk + 8b); the rest of the block 8 at a time in x's own order.
     std::int64_t kk = k0;
     for (; kk + 32 <= k1; kk += 32) {
+      LaneCodes codes[kR];
 #pragma GCC unroll 4
       for (int r = 0; r < kR; ++r) {
         prefetch(kk, r, 32);
-        special =
-            _mm256_or_si256(special, special32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + kk)), d));
+        const __m256i loaded = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + kk));
+        special = _mm256_or_si256(special, special32(loaded, d));
+        codes[r] = split_lanes<kShift>(loaded);
       }
-#pragma GCC unroll 4
-      for (int s = 0; s < 32; s += 8) {
+      const auto step = [&](auto byte) {
         __m256 xs[kM];
-        __m128i codes[kR];
 #pragma GCC unroll 4
-        for (int i = 0; i < kM; ++i) xs[i] = _mm256_loadu_ps(x + i * ldx + kk + s);
+        for (int i = 0; i < kM; ++i) xs[i] = _mm256_loadu_ps(x + i * ldx + kk + 8 * byte());
 #pragma GCC unroll 4
-        for (int r = 0; r < kR; ++r) codes[r] = load8_bytes(rows[r] + kk + s);
-        step8(kk + s, xs, codes);
-      }
+        for (int r = 0; r < kR; ++r) {
+          const __m256 wv = decode_lane<kRebiased, byte()>(codes[r], d);
+#pragma GCC unroll 4
+          for (int i = 0; i < kM; ++i) acc[i][r] = _mm256_fmadd_ps(xs[i], wv, acc[i][r]);
+        }
+      };
+      step(std::integral_constant<int, 0>{});
+      step(std::integral_constant<int, 1>{});
+      step(std::integral_constant<int, 2>{});
+      step(std::integral_constant<int, 3>{});
     }
     // The rest of the block, 8 at a time; the last partial group zero-padded (code 0 is +0 in every format).
     for (; kk < k1; kk += 8) {
@@ -320,6 +355,6 @@ constinit const GemmKernel kAvx2Gemm{.name = "avx2-fma 6x16",
                                      .pack_right = &pack_f32,
                                      .accumulate = &accumulate_avx2,
                                      .scale_accumulate = &scale_accumulate_avx2};
-constinit const GemvKernel kAvx2Gemv{"avx2-gemv", KernelContract::kFp32Bound, false, &gemv_avx2};
+constinit const GemvKernel kAvx2Gemv{"avx2-gemv", KernelContract::kFp32Bound, false, &gemv_avx2, 32};
 
 }  // namespace fp8kit::mm_detail

@@ -13,7 +13,7 @@
 // the driver recomputes those rows exactly. Whole 64-byte chunks are decoded without sign extension: each byte is
 // brought to the top of its 16-bit half and shifted arithmetically into place (split_lanes, decode_lane), so the
 // 16 floats of one vector are the codes 4i + b of the chunk, and the driver hands this kernel its activations in
-// that order (GemvKernel::lane_order).
+// that order (GemvKernel::lane_chunk).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -294,6 +294,6 @@ constinit const GemmKernel kAvx512Gemm{.name = "avx512-fma 12x32",
                                        .pack_right = &pack_f32,
                                        .accumulate = &accumulate_avx512,
                                        .scale_accumulate = &scale_accumulate_avx512};
-constinit const GemvKernel kAvx512Gemv{"avx512-gemv", KernelContract::kFp32Bound, false, &gemv_avx512, true};
+constinit const GemvKernel kAvx512Gemv{"avx512-gemv", KernelContract::kFp32Bound, false, &gemv_avx512, 64};
 
 }  // namespace fp8kit::mm_detail

@@ -192,15 +192,16 @@ struct GemvKernel {
   KernelContract contract;
   bool bf16_input;  // reads x_bf16 (and declines when it is null)
   GemvFn run;
-  // Reads x and rebiased in byte-lane order (to_gemv_lane_order): a 64-byte load of codes decodes into four
-  // vectors of 16 by shifts within each 32-bit lane, code 4i + b landing in lane i of vector b.
-  bool lane_order = false;
+  // Where not 0, reads x and rebiased in byte-lane order over chunks of this many elements (the bytes of one
+  // vector load of codes: 64 for zmm, 32 for ymm; to_gemv_lane_order): the load decodes into four vectors by shifts
+  // within each 32-bit lane, code 4i + b landing in lane i of vector b.
+  int lane_chunk = 0;
 };
 
-// The activations for a GEMV kernel with lane_order: m rows of k (row i at x + i * k) reordered so that, within
-// each K block of kblock elements, every whole 64-element chunk from the block's start (elements c to c + 63) holds
-// x[c + 4i + b] at c + 16b + i; the rest of a block (fewer than 64) keeps its order.
-void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int64_t kblock, float* out);
+// The activations for a GEMV kernel with lane_chunk = chunk (4 L elements): m rows of k (row i at x + i * k)
+// reordered so that, within each K block of kblock elements, every whole chunk from the block's start (elements c
+// to c + 4L - 1) holds x[c + 4i + b] at c + L b + i; the rest of a block (less than a chunk) keeps its order.
+void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int64_t kblock, int chunk, float* out);
 
 // The epilogue of one output row, the same arithmetic at every level: v = row[j]; where `sa` is given (the raw
 // sums of an unblocked GEMM) v = fma(v * *sa, sb(j, 0), 0), the reference's scaling; then + bias[j] (bias not
