@@ -24,6 +24,7 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/half.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
+#include "ops/cpu/mm_kernels.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <omp.h>
@@ -471,6 +472,38 @@ TEST_P(ScaledMmFast, GemmBiasAndBfloat16Output) {
 }
 
 // Each level dispatches its own table's kernels (or the nearest level's below it) and says so.
+// The activation order of the GEMVs that decode a whole load of codes in place (lane_chunk 64 and 32): within each
+// K block, every whole chunk holds x[c + 4i + b] at c + L b + i (L = chunk / 4), the rest of the block in order;
+// every value lands once. K blocks of 96 and 200 leave partial chunks, K = 203 a partial block.
+TEST(GemvLaneOrder, ChunksOfEachKBlockArePermutedAndTheRestKept) {
+  const std::int64_t m = 2, k = 203;
+  std::vector<float> x(static_cast<std::size_t>(m * k));
+  for (std::size_t t = 0; t < x.size(); ++t) x[t] = static_cast<float>(t);
+  for (const int chunk : {32, 64}) {
+    for (const std::int64_t kblock : {std::int64_t{32}, std::int64_t{96}, std::int64_t{200}, k}) {
+      std::vector<float> out(x.size(), -1.0f);
+      mm_detail::to_gemv_lane_order(x.data(), m, k, kblock, chunk, out.data());
+      const std::int64_t lanes = chunk / 4;
+      const auto at = [k](std::int64_t i, std::int64_t c) { return static_cast<std::size_t>(i * k + c); };
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t k0 = 0; k0 < k; k0 += kblock) {
+          const std::int64_t k1 = std::min(k, k0 + kblock);
+          std::int64_t c = k0;
+          for (; c + chunk <= k1; c += chunk)
+            for (std::int64_t b = 0; b < 4; ++b)
+              for (std::int64_t l = 0; l < lanes; ++l)
+                EXPECT_EQ(out[at(i, c + lanes * b + l)], x[at(i, c + 4 * l + b)])
+                    << "chunk " << chunk << " kblock " << kblock;
+          for (; c < k1; ++c) EXPECT_EQ(out[at(i, c)], x[at(i, c)]) << "chunk " << chunk << " kblock " << kblock;
+        }
+      }
+      std::vector<float> sorted = out;
+      std::sort(sorted.begin(), sorted.end());
+      EXPECT_EQ(sorted, x) << "chunk " << chunk << " kblock " << kblock;
+    }
+  }
+}
+
 TEST_P(ScaledMmFast, DispatchReportsTheLevelsKernels) {
   const ScaledTensor a = random_quantized(40, 96, 1, Format::e4m3fn, Granularity::tensor());
   const ScaledTensor b = random_quantized(50, 96, 2, Format::e4m3fn, Granularity::tensor());
