@@ -101,8 +101,8 @@ unsigned grid_for(Kernel kernel, int threads, std::int64_t wanted, bool persiste
 }
 
 // 1 x bc blocks of up to 32 * KQ quads whose quads spread over a power of two of lanes, KQ a lane (KQ = 4: 1 x 128
-// on 8 lanes, 1 x 16 on one; KQ = 2: MX's 1 x 32 on 4; blocks of fewer quads on one lane holding all), cols a
-// multiple of bc, so that block b's quads are b * bc4 ...: no division. 32 / lanes blocks a warp, the block read
+// on 8 lanes, 1 x 64 on 4; KQ = 2: MX's 1 x 32 on 4, 1 x 16 on 2; blocks of fewer quads on one lane holding all), cols
+// a multiple of bc, so that block b's quads are b * bc4 ...: no division. 32 / lanes blocks a warp, the block read
 // once; the amax shuffled between its lanes, its scales computed by each of them (the same value). With PREFETCH
 // the grid is persistent and a warp loads its next step's quads before it works on this one's. Measured on the
 // H200 (float32, 256 MiB, ratio to memcpy): 1 x 128 0.96x with four quads a lane (two: 0.74x, 0.87x prefetched;
