@@ -471,7 +471,6 @@ TEST_P(ScaledMmFast, GemmBiasAndBfloat16Output) {
   }
 }
 
-// Each level dispatches its own table's kernels (or the nearest level's below it) and says so.
 // The activation order of the GEMVs that decode a whole load of codes in place (lane_chunk 64 and 32): within each
 // K block, every whole chunk holds x[c + 4i + b] at c + L b + i (L = chunk / 4), the rest of the block in order;
 // every value lands once. K blocks of 96 and 200 leave partial chunks, K = 203 a partial block.
@@ -504,6 +503,7 @@ TEST(GemvLaneOrder, ChunksOfEachKBlockArePermutedAndTheRestKept) {
   }
 }
 
+// Each level dispatches its own table's kernels (or the nearest level's below it) and says so.
 TEST_P(ScaledMmFast, DispatchReportsTheLevelsKernels) {
   const ScaledTensor a = random_quantized(40, 96, 1, Format::e4m3fn, Granularity::tensor());
   const ScaledTensor b = random_quantized(50, 96, 2, Format::e4m3fn, Granularity::tensor());

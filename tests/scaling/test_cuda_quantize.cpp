@@ -181,7 +181,8 @@ TEST_F(CudaQuantize, AlignedRowBlocksTakeTheVectorKernel) {
 
 // The four-element vector kernels at their edges: short row blocks (up to four quads a lane, up to 32 lanes a block,
 // several blocks a warp) with block counts that fill no warp evenly, the kernels holding a block in registers (a
-// warp a block up to 1024 elements, the CUDA block up to 4096) and the two-pass tile kernel beyond, with partial
+// warp a block up to 1024 elements, a CUDA block of 256 threads up to 4096, one of 1024 threads up to 16384: 128 x
+// 128, 3 x 2048) and the two-pass tile kernel beyond (256 x 128), with partial
 // blocks on the right and at the bottom, for every input dtype, and their dequantize; the element-wise kernels take
 // the shapes these do not (odd columns), as EveryGranularityIsTheCpusBitForBit checks.
 TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {

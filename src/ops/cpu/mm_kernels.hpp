@@ -105,7 +105,9 @@ struct GemmKernel {
 // operand is exact in bfloat16, the same rows as bfloat16 (for the kernels that multiply in bfloat16). `rebiased`,
 // when not null, is the float32 rows times 2^(127 - bias - c) exactly (bias: the weights' format's; the driver
 // checks nothing overflows), which lets a kernel use the FP8 codes' bit patterns as floats without multiplying
-// each by 2^(127 - bias); the sums it gets that way are then multiplied by sum_scale = 2^c.
+// each by 2^(127 - bias); the sums it gets that way are then multiplied by sum_scale = 2^c. For a kernel with
+// GemvKernel::lane_chunk set, the float32 rows it reads (rebiased where given, else x) come in that kernel's lane
+// order (to_gemv_lane_order), not in k order.
 struct GemvInput {
   const float* x = nullptr;
   std::int64_t ldx = 0;
