@@ -187,6 +187,10 @@ SafetensorsView parse_safetensors(std::span<const std::byte> file) {
   if (n > kSafetensorsMaxHeaderSize || n > after_length) {
     if (const auto pickle = pickle_signature(file))
       ST_FAIL("not a safetensors file but ", *pickle, ": ", kPickleAdvice);
+    // A safetensors header is a JSON object right after its length: anything else is another kind of file.
+    if (file.size() > 8 && file[8] != std::byte{'{'})
+      ST_FAIL("not a safetensors file: no JSON header ('{') after the 8-byte header length (those bytes read as ", n,
+              ")");
     if (n > kSafetensorsMaxHeaderSize) ST_FAIL("header length ", n, " exceeds the 100 MB limit");
     ST_FAIL("header length ", n, " runs past the end of the file (", after_length, " bytes follow the length)");
   }

@@ -2,6 +2,7 @@
 // message (the reference implementation's rules, plus duplicate keys and NUL in names); what it accepts, we do.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,15 @@ TEST(SafetensorsValidation, EveryMalformedFileHasItsOwnMessage) {
        "header length 18446744073709551615 exceeds the 100 MB limit"},
       {"header just over the limit", st_image("{}", 0, 100'000'001),
        "header length 100000001 exceeds the 100 MB limit"},
+      {"a text file",
+       [] {
+         const std::string text = "root:x:0:0:root:/root:/bin/bash\n";
+         std::vector<std::byte> bytes(text.size());
+         std::memcpy(bytes.data(), text.data(), text.size());
+         return bytes;
+       }(),
+       "not a safetensors file: no JSON header ('{') after the 8-byte header length (those bytes read as "
+       "3475222254926655346)"},
       {"header past the end", st_image("{}", 0, 100),
        "header length 100 runs past the end of the file (2 bytes follow the length)"},
       {"truncated header", st_image("{" + w12 + "}", 12, 200),
