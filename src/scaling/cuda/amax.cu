@@ -13,6 +13,7 @@
 #include "fp8kit/format/codec_inline.hpp"
 #include "fp8kit/scaling/cuda_amax.hpp"
 #include "fp8kit/tensor/tensor.hpp"
+#include "scaling/cuda/tensor_kernels.cuh"
 
 namespace fp8kit {
 namespace {
@@ -72,9 +73,7 @@ __device__ void merge_block(Partial p, unsigned long long* result) {
 // 64-bit counts, is several times the instructions; at memcpy's rate a float32 element has some 40 to spend, fewer
 // in a kernel that also encodes.)
 __device__ inline void see_group(const Vec16<float>& v, Partial& p) {
-  unsigned bits = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) bits = max(bits, __float_as_uint(v.e[j]) & 0x7FFFFFFFu);
+  const unsigned bits = magnitude_bits(v);
   if (bits < 0x7F800000u) {
     p.amax_bits = max(p.amax_bits, bits);
     return;

@@ -32,6 +32,17 @@ __device__ inline unsigned finite_magnitude(const Elems<T, N>& v) {
   return finite;
 }
 
+// The largest |x| of a group as float bits, NaN and Inf included (0x7F800000 an Inf, above it a NaN): one integer
+// maximum an element, so that one comparison of the result tells whether the whole group is finite (amax.cu's
+// counting pass and amax_bits_pass look at the elements one by one only where it is not).
+template <typename T, int N>
+__device__ inline unsigned magnitude_bits(const Elems<T, N>& v) {
+  unsigned bits = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) bits = max(bits, __float_as_uint(widen(v.e[j])) & 0x7FFFFFFFu);
+  return bits;
+}
+
 // The largest `m` of the GROUP threads of a group (warp shuffles, then the group's warps through shared memory).
 template <int GROUP>
 __device__ unsigned group_max(unsigned m, unsigned* warp_max) {
@@ -63,8 +74,13 @@ __device__ void amax_bits_pass(const T* x, std::int64_t n, bool vectors, unsigne
   grid_stride<kElems>(
       n, vectors, [&](std::int64_t i) { return *reinterpret_cast<const Vec16<T>*>(x + i); },
       [&](std::int64_t i, const Vec16<T>& v) {
+        const unsigned bits = magnitude_bits(v);
+        if (bits < 0x7F800000u) {
+          m = max(m, bits);
+        } else {
 #pragma unroll
-        for (int j = 0; j < kElems; ++j) see(widen(v.e[j]));
+          for (int j = 0; j < kElems; ++j) see(widen(v.e[j]));
+        }
         also(i, v);
       },
       [&](std::int64_t i) {
