@@ -716,11 +716,24 @@ def train_fp8_o2_storage_and_memory_breakdown():
 
 
 @test
+def train_eval_batches_sets_the_held_out_mean():
+    rows = []
+    for batches in ("1", "3"):
+        args = ("train", "--recipe", "fp32", "--steps", "2", "--eval-batches", batches, "--json", "--quiet")
+        rc, out, err = run(*args, timeout=300)
+        assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
+        rows.append(json.loads(out)[0])
+    assert [r["eval_batches"] for r in rows] == [1, 3], rows
+    # The same training (the evaluation never changes it), a mean over other held-out batches.
+    assert rows[0]["losses"] == rows[1]["losses"] and rows[0]["final_loss"] != rows[1]["final_loss"], rows
+
+
+@test
 def train_bad_usage_exit_2():
     for args in (("train", "--recipe", "fp9"), ("train", "--recipe", "fp32", "--compare", "bf16"),
                  ("train", "--steps", "0"), ("train", "--data", "/nonexistent/file.txt", "--steps", "1"),
                  ("train", "--on-nonfinite", "ignore"), ("train", "--optimizer-state", "int4"),
-                 ("train", "--master-weights", "fp16")):
+                 ("train", "--master-weights", "fp16"), ("train", "--eval-batches", "0")):
         rc, out, err = run(*args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, rc, out, err)
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",

@@ -52,6 +52,7 @@ struct TrainArgs {
   std::string recipe;
   std::string compare;
   std::int64_t steps = 400;
+  std::int64_t eval_batches = nn::TrainConfig{}.eval_batches;
   std::uint64_t seed = 1;
   std::int64_t batch = 0;  // 0: the model's default
   int threads = 0;
@@ -82,6 +83,7 @@ void check_same_settings(Communicator& comm, const TrainArgs& a) {
       {"--recipe", a.recipe},
       {"--compare", a.compare},
       {"--steps", std::to_string(a.steps)},
+      {"--eval-batches", std::to_string(a.eval_batches)},
       {"--seed", std::to_string(a.seed)},
       {"--batch", std::to_string(a.batch)},
       {"--data", a.data},
@@ -388,6 +390,9 @@ void train_run(TrainArgs a, Communicator* comm) {
     throw UsageError("--data is for --model gpt (the cnn trains on generated images)");
   }
   if (a.steps < 1) throw UsageError("--steps must be at least 1, got " + std::to_string(a.steps));
+  if (a.eval_batches < 1) {
+    throw UsageError("--eval-batches must be at least 1, got " + std::to_string(a.eval_batches));
+  }
   if (a.batch < 0 || (a.batch_given && a.batch == 0)) {
     throw UsageError("--batch must be at least 1, got " + std::to_string(a.batch));
   }
@@ -440,6 +445,7 @@ void train_run(TrainArgs a, Communicator* comm) {
   nn::TrainConfig config;
   config.model = a.model;
   config.steps = a.steps;
+  config.eval_batches = a.eval_batches;
   config.seed = a.seed;
   config.batch = a.batch;
   config.data_path = a.data;
@@ -618,6 +624,7 @@ void train_run(TrainArgs a, Communicator* comm) {
                           {"master_weights", r.master_weights},
                           {"peak_breakdown", breakdown},
                           {"steps", a.steps},
+                          {"eval_batches", a.eval_batches},
                           {"seed", a.seed},
                           {"final_loss", r.final_loss},
                           {"peak_bytes", r.peak_bytes},
@@ -693,7 +700,7 @@ void train_run(TrainArgs a, Communicator* comm) {
   std::fprintf(output(),
                "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
                " temporaries); step time: median; eval loss: held-out data, %lld batches\n",
-               static_cast<long long>(nn::TrainConfig{}.eval_batches));
+               static_cast<long long>(a.eval_batches));
   if (resumed) {
     std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",
                  a.resume.c_str(), static_cast<long long>(results.front().start_step));
@@ -756,6 +763,9 @@ void add_train_command(CLI::App& app) {
                   "Parameters and gradients in fp32, or bfloat16 with stochastic rounding (bf16-sr) or a Kahan "
                   "buffer (bf16-kahan); default: bf16-sr for fp8-o2, fp32 for the others");
   cmd->add_option("--steps", args->steps, "Training steps (default 400)");
+  cmd->add_option("--eval-batches", args->eval_batches,
+                  "Held-out batches the final loss is the mean of (default " +
+                      std::to_string(nn::TrainConfig{}.eval_batches) + ")");
   cmd->add_option("--seed", args->seed, "Seed of the data and the initialization (default 1)");
   cmd->add_option("--batch", args->batch, "Sequences (gpt) or images (cnn) per step (default 16 / 64)");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
