@@ -87,8 +87,8 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& path) {
       for (const char* pickled : {"pytorch_model.bin.index.json", "pytorch_model.bin"}) {
         if (fs::exists(path / pickled, ec)) refuse_pickle(path / pickled);
       }
-      FP8KIT_THROW(ErrorKind::kIo, "'", path.string(), "' holds neither ", kSafetensorsIndexName,
-                   " nor model.safetensors");
+      FP8KIT_THROW(ErrorKind::kInvalidArgument, "'", path.string(), "' holds neither ", kSafetensorsIndexName,
+                   " nor model.safetensors: give a .safetensors file, or a Hugging Face checkpoint directory");
     }
   } else {
     c.directory_ = path.parent_path().empty() ? fs::path(".") : path.parent_path();

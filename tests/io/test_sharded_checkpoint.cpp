@@ -243,9 +243,10 @@ TEST(ShardedCheckpoint, PickleCheckpointsAreRefused) {
 
   TempDir empty;
   const Error nothing = error_of([&] { (void)ShardedCheckpoint::open(empty.path()); });
-  EXPECT_EQ(nothing.kind(), ErrorKind::kIo);
-  EXPECT_EQ(std::string(nothing.what()),
-            "'" + empty.path().string() + "' holds neither model.safetensors.index.json nor model.safetensors");
+  EXPECT_EQ(nothing.kind(), ErrorKind::kInvalidArgument);  // bad input: the CLI's exit status 2
+  EXPECT_EQ(std::string(nothing.what()), "'" + empty.path().string() +
+                                             "' holds neither model.safetensors.index.json nor model.safetensors: give "
+                                             "a .safetensors file, or a Hugging Face checkpoint directory");
 }
 
 TEST(ShardedCheckpoint, ShardErrorsNameTheShard) {
