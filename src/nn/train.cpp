@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/format/codec.hpp"
 #include "fp8kit/nn/cnn.hpp"
 #include "fp8kit/nn/gpt.hpp"
 #include "fp8kit/tensor/memory.hpp"
@@ -40,7 +41,38 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// TrainConfig::perturb_seed: each nonzero finite value's magnitude one ulp up or down (its bits plus or minus one;
+// down only from the largest finite value, so that nothing becomes Inf), by bit 0 of stochastic_bits(seed, i), i
+// counting every element of every parameter in order.
+template <typename Bits>
+void perturb_values(std::span<Bits> values, std::uint64_t seed, std::uint64_t& index, Bits magnitude_mask,
+                    Bits inf_bits) {
+  for (Bits& v : values) {
+    const Bits magnitude = v & magnitude_mask;
+    const bool up = (stochastic_bits(seed, index++) & 1u) != 0;
+    if (magnitude == 0 || magnitude >= inf_bits) continue;
+    v = (up && magnitude + 1 < inf_bits) ? static_cast<Bits>(v + 1) : static_cast<Bits>(v - 1);
+  }
+}
+
 }  // namespace
+
+void perturb_by_one_ulp(std::span<Parameter* const> params, std::uint64_t seed) {
+  std::uint64_t index = 0;
+  for (Parameter* p : params) {
+    if (p->value.dtype() == DType::float32) {
+      const auto f = p->value.span<float>();
+      perturb_values(std::span<std::uint32_t>(reinterpret_cast<std::uint32_t*>(f.data()), f.size()), seed, index,
+                     std::uint32_t{0x7FFFFFFFu}, std::uint32_t{0x7F800000u});
+    } else {
+      FP8KIT_CHECK(p->value.dtype() == DType::bfloat16, "perturb_by_one_ulp: parameter '", p->name, "' is ",
+                   name(p->value.dtype()), ": float32 or bfloat16 values are moved");
+      const auto b = p->value.span<bfloat16>();
+      perturb_values(std::span<std::uint16_t>(reinterpret_cast<std::uint16_t*>(b.data()), b.size()), seed, index,
+                     std::uint16_t{0x7FFF}, std::uint16_t{0x7F80});
+    }
+  }
+}
 
 double learning_rate(const TrainConfig& c, std::int64_t step) {
   const double lr = c.adamw.lr;
@@ -149,6 +181,7 @@ Trainer::Trainer(const TrainConfig& config, const PrecisionRecipe& recipe, Profi
       trained_(params_),
       optimizer_(optimizer_options(config, recipe)) {
   for (Parameter* p : params_) set_master_dtype(*p, master_dtype(recipe.master_weights));
+  if (config.perturb_seed != 0) perturb_by_one_ulp(params_, config.perturb_seed);
   report_.log_scales = config.log_scales;
   ctx_.saved_dtype = recipe_.saved_dtype();
   ctx_.fp8_activations = recipe_.fp8_activations();

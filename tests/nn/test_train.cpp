@@ -41,6 +41,47 @@ TEST(Train, SameSeedAndRecipeGiveBitIdenticalLosses) {
   }
 }
 
+// TrainConfig::perturb_seed: every nonzero value one ulp away (up or down at random, about half each way), zeros
+// left alone, the same seed the same values, another seed other values; for float32 and bfloat16 master weights.
+TEST(Train, PerturbSeedMovesEveryInitialValueOneUlp) {
+  for (const char* name : {"fp32", "fp8-o2"}) {
+    const PrecisionRecipe recipe = *PrecisionRecipe::parse(name);
+    TrainConfig c = short_run(1);
+    const Trainer plain(c, recipe);
+    c.perturb_seed = 7;
+    const Trainer moved(c, recipe), again(c, recipe);
+    c.perturb_seed = 8;
+    const Trainer other(c, recipe);
+    std::int64_t up = 0, down = 0, zeros = 0, differ = 0;
+    for (std::size_t p = 0; p < plain.parameters().size(); ++p) {
+      const Tensor& a = plain.parameters()[p]->value;
+      const bool f32 = a.dtype() == DType::float32;
+      ASSERT_TRUE(f32 || a.dtype() == DType::bfloat16) << name;
+      const auto bits = [&](const Tensor& t, std::int64_t i) -> std::int64_t {
+        return f32 ? std::bit_cast<std::uint32_t>(t.data<float>()[i]) : t.data<bfloat16>()[i].bits;
+      };
+      for (std::int64_t i = 0; i < a.numel(); ++i) {
+        const std::int64_t b0 = bits(a, i), b1 = bits(moved.parameters()[p]->value, i);
+        ASSERT_EQ(b1, bits(again.parameters()[p]->value, i)) << name;
+        differ += bits(other.parameters()[p]->value, i) != b1;
+        const std::int64_t sign = f32 ? std::int64_t{1} << 31 : std::int64_t{1} << 15;
+        if ((b0 & (sign - 1)) == 0) {
+          ++zeros;
+          EXPECT_EQ(b1, b0) << name << " " << plain.parameters()[p]->name;
+          continue;
+        }
+        ASSERT_EQ(b1 & sign, b0 & sign) << name;  // the magnitude moves, the sign stays
+        ASSERT_TRUE(b1 == b0 + 1 || b1 == b0 - 1) << name << " " << plain.parameters()[p]->name << "[" << i << "]";
+        (b1 == b0 + 1 ? up : down) += 1;
+      }
+    }
+    EXPECT_GT(zeros, 0) << name;  // the biases and LayerNorm shifts start at zero
+    const double total = static_cast<double>(up + down);
+    EXPECT_NEAR(static_cast<double>(up) / total, 0.5, 0.02) << name << ": " << up << " up, " << down << " down";
+    EXPECT_GT(differ, static_cast<std::int64_t>(total / 3)) << name;
+  }
+}
+
 // The evaluation loss is a forward over held-out batches that leaves the model alone: after evaluate(), the
 // parameters and every delayed-scaling state (scale, history) are byte for byte what they were; and it is not a
 // training loss.

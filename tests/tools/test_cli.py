@@ -729,11 +729,33 @@ def train_eval_batches_sets_the_held_out_mean():
 
 
 @test
+def train_fp32_spread_measures_fp32_against_itself():
+    args = ("train", "--model", "cnn", "--compare", "fp32,bf16", "--steps", "40", "--eval-batches", "2",
+            "--fp32-spread", "2", "--json", "--quiet")
+    rc, out, err = run(*args, timeout=300)
+    assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
+    rows = {r["recipe"]: r for r in json.loads(out)}
+    spread = rows["fp32"]["fp32_spread"]
+    assert spread["runs"] == 2 and len(spread["final_losses"]) == 2, spread
+    fp32 = rows["fp32"]["final_loss"]
+    # One ulp of every initial weight, 40 steps later: other losses, close to fp32's.
+    assert all(loss != fp32 and abs(loss - fp32) < 0.2 * fp32 for loss in spread["final_losses"]), (fp32, spread)
+    for gap, loss in zip(spread["loss_gaps"], spread["final_losses"]):
+        assert abs(gap - (loss - fp32) / fp32) < 1e-6, spread
+    assert "fp32_spread" not in rows["bf16"], rows["bf16"]
+    rc, out, err = run("train", "--model", "cnn", "--recipe", "fp32", "--steps", "5", "--eval-batches", "1",
+                       "--fp32-spread", "1", timeout=300)
+    assert rc == 0 and "fp32 against itself: 1 more runs" in out, (rc, out, err)
+
+
+@test
 def train_bad_usage_exit_2():
     for args in (("train", "--recipe", "fp9"), ("train", "--recipe", "fp32", "--compare", "bf16"),
                  ("train", "--steps", "0"), ("train", "--data", "/nonexistent/file.txt", "--steps", "1"),
                  ("train", "--on-nonfinite", "ignore"), ("train", "--optimizer-state", "int4"),
-                 ("train", "--master-weights", "fp16"), ("train", "--eval-batches", "0")):
+                 ("train", "--master-weights", "fp16"), ("train", "--eval-batches", "0"),
+                 ("train", "--fp32-spread", "-1"), ("train", "--recipe", "bf16", "--fp32-spread", "1"),
+                 ("train", "--recipe", "fp32", "--fp32-spread", "1", "--parallel", "ddp")):
         rc, out, err = run(*args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, rc, out, err)
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",

@@ -53,6 +53,7 @@ struct TrainArgs {
   std::string compare;
   std::int64_t steps = 400;
   std::int64_t eval_batches = nn::TrainConfig{}.eval_batches;
+  std::int64_t fp32_spread = 0;  // fp32 trained again this many times, each initial weight one ulp away
   std::uint64_t seed = 1;
   std::int64_t batch = 0;  // 0: the model's default
   int threads = 0;
@@ -84,6 +85,7 @@ void check_same_settings(Communicator& comm, const TrainArgs& a) {
       {"--compare", a.compare},
       {"--steps", std::to_string(a.steps)},
       {"--eval-batches", std::to_string(a.eval_batches)},
+      {"--fp32-spread", std::to_string(a.fp32_spread)},
       {"--seed", std::to_string(a.seed)},
       {"--batch", std::to_string(a.batch)},
       {"--data", a.data},
@@ -402,6 +404,17 @@ void train_run(TrainArgs a, Communicator* comm) {
   }
   if (a.conv_max_area < 1) throw UsageError("--fp8-conv-max-kernel-area must be at least 1");
   std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
+  if (a.fp32_spread < 0) throw UsageError("--fp32-spread must be 0 or more, got " + std::to_string(a.fp32_spread));
+  if (a.fp32_spread > 0) {
+    if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
+      throw UsageError("--fp32-spread measures fp32 against itself: put fp32 among the recipes (--compare fp32,...)");
+    }
+    if (a.parallel != "none" || !a.resume.empty() || !a.save_checkpoint.empty() || !a.export_fp8.empty()) {
+      throw UsageError(
+          "--fp32-spread trains its extra fp32 runs in this process from the start: leave out "
+          "--parallel, --resume, --save-checkpoint and --export-fp8");
+    }
+  }
   if (resumed && recipes.front().name() == resumed->recipe.name()) {
     // The checkpoint's settings (amax history, margin, ...), with the one the command line may change.
     const int area = recipes.front().fp8_conv_max_kernel_area;
@@ -601,6 +614,18 @@ void train_run(TrainArgs a, Communicator* comm) {
     }
   }
   if (quiet) return;
+  // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
+  // 1..K): how far fp32 lands from itself, the floor under every gap in the table.
+  std::vector<float> spread;
+  for (std::int64_t k = 1; k <= a.fp32_spread; ++k) {
+    nn::TrainConfig perturbed = config;
+    perturbed.perturb_seed = static_cast<std::uint64_t>(k);
+    perturbed.log_scales = false;
+    TrainProgress progress("fp32, perturbed " + std::to_string(k) + "/" + std::to_string(a.fp32_spread), a.steps);
+    spread.push_back(nn::train(perturbed, *nn::PrecisionRecipe::parse("fp32"), nullptr, [&](const nn::StepLog& s) {
+                       progress(s);
+                     }).final_loss);
+  }
   if (profiler) {
     Profiler combined;
     for (ProfileEvent& e : trace) combined.record(std::move(e));
@@ -664,6 +689,15 @@ void train_run(TrainArgs a, Communicator* comm) {
       }
       if (!a.save_checkpoint.empty()) o["checkpoint"] = a.save_checkpoint;
       if (!a.export_fp8.empty()) o["export_fp8"] = a.export_fp8;
+      if (&r == fp32 && !spread.empty()) {
+        nlohmann::json losses = nlohmann::json::array(), gaps = nlohmann::json::array();
+        for (const float l : spread) {
+          losses.push_back(std::isfinite(l) ? nlohmann::json(l) : nlohmann::json(nullptr));
+          gaps.push_back(std::isfinite(l) ? nlohmann::json((l - r.final_loss) / r.final_loss)
+                                          : nlohmann::json(nullptr));
+        }
+        o["fp32_spread"] = {{"runs", spread.size()}, {"final_losses", losses}, {"loss_gaps", gaps}};
+      }
       if (fp32 != nullptr) {
         o["memory_ratio"] = static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes);
         o["step_time_ratio"] = r.step_ms / fp32->step_ms;
@@ -701,6 +735,20 @@ void train_run(TrainArgs a, Communicator* comm) {
                "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
                " temporaries); step time: median; eval loss: held-out data, %lld batches\n",
                static_cast<long long>(a.eval_batches));
+  if (!spread.empty()) {
+    std::vector<double> gaps;
+    for (const float l : spread) gaps.push_back(100.0 * (l - fp32->final_loss) / fp32->final_loss);
+    const auto [lo, hi] = std::minmax_element(gaps.begin(), gaps.end());
+    const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / static_cast<double>(gaps.size());
+    double var = 0.0;
+    for (const double g : gaps) var += (g - mean) * (g - mean);
+    const std::string sd =
+        gaps.size() > 1 ? fmt::format(", sd {:.2f}%", std::sqrt(var / static_cast<double>(gaps.size() - 1))) : "";
+    std::fprintf(output(),
+                 "fp32 against itself: %zu more runs, each initial weight one ulp up or down: eval loss %+.2f%% .. "
+                 "%+.2f%%%s (a gap above inside that range is within fp32's own run-to-run spread)\n",
+                 gaps.size(), *lo, *hi, sd.c_str());
+  }
   if (resumed) {
     std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",
                  a.resume.c_str(), static_cast<long long>(results.front().start_step));
@@ -766,6 +814,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--eval-batches", args->eval_batches,
                   "Held-out batches the final loss is the mean of (default " +
                       std::to_string(nn::TrainConfig{}.eval_batches) + ")");
+  cmd->add_option("--fp32-spread", args->fp32_spread,
+                  "Train fp32 this many more times, each initial weight one ulp up or down, and report how far "
+                  "their eval losses land from fp32's (default 0)");
   cmd->add_option("--seed", args->seed, "Seed of the data and the initialization (default 1)");
   cmd->add_option("--batch", args->batch, "Sequences (gpt) or images (cnn) per step (default 16 / 64)");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");

@@ -41,6 +41,11 @@ struct TrainConfig {
   bool log_scales = false;
   std::int64_t final_loss_window = 10;  // train_loss is the mean of the last steps' losses
   std::int64_t eval_batches = 16;       // final_loss: the mean loss over this many held-out batches
+  // Nonzero: every nonzero initial parameter value is moved one unit in the last place of its dtype, up or down in
+  // magnitude by a counter-based draw of this seed (stochastic_bits(perturb_seed, its index among all the
+  // parameters' elements)), right after the model is built. How far a run lands from the unperturbed one measures
+  // the training's own sensitivity: the floor under any comparison of recipes (`fp8kit train --fp32-spread`).
+  std::uint64_t perturb_seed = 0;
   // Fault injection (tests, and `fp8kit train --inject-nan STEP` to see the guard work): at this step a NaN is
   // written into the first trained parameter's gradient after backward (a sharded run: every rank whose shard of
   // it is not empty, into its first element).
@@ -193,6 +198,11 @@ class Trainer {
   StepReport report_;
   Context ctx_;
 };
+
+// TrainConfig::perturb_seed's change, on its own: each nonzero finite float32 or bfloat16 value of `params` moved one
+// ulp up or down in magnitude (never to Inf) by bit 0 of stochastic_bits(seed, i), i counting every element of every
+// parameter in order. Another dtype is Error(kInvalidArgument) naming the parameter.
+void perturb_by_one_ulp(std::span<Parameter* const> params, std::uint64_t seed);
 
 // Throws Error(kInvalidArgument), one line, for a config train() cannot run (steps or eval_batches below 1); train()
 // checks it first, and so should a caller that does work of its own before (checkpoint hooks read files).
