@@ -745,7 +745,7 @@ def train_fp32_spread_measures_fp32_against_itself():
     assert "fp32_spread" not in rows["bf16"], rows["bf16"]
     rc, out, err = run("train", "--model", "cnn", "--recipe", "fp32", "--steps", "5", "--eval-batches", "1",
                        "--fp32-spread", "1", timeout=300)
-    assert rc == 0 and "fp32 against itself: 1 more runs" in out, (rc, out, err)
+    assert rc == 0 and "fp32 against itself: 1 more run, each initial weight one ulp" in out, (rc, out, err)
 
 
 @test

@@ -745,9 +745,9 @@ void train_run(TrainArgs a, Communicator* comm) {
     const std::string sd =
         gaps.size() > 1 ? fmt::format(", sd {:.2f}%", std::sqrt(var / static_cast<double>(gaps.size() - 1))) : "";
     std::fprintf(output(),
-                 "fp32 against itself: %zu more runs, each initial weight one ulp up or down: eval loss %+.2f%% .. "
+                 "fp32 against itself: %zu more run%s, each initial weight one ulp up or down: eval loss %+.2f%% .. "
                  "%+.2f%%%s (a gap above inside that range is within fp32's own run-to-run spread)\n",
-                 gaps.size(), *lo, *hi, sd.c_str());
+                 gaps.size(), gaps.size() == 1 ? "" : "s", *lo, *hi, sd.c_str());
   }
   if (resumed) {
     std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",
