@@ -45,8 +45,10 @@ double median(std::vector<double> v) {
 // down only from the largest finite value, so that nothing becomes Inf), by bit 0 of stochastic_bits(seed, i), i
 // counting every element of every parameter in order.
 template <typename Bits>
-void perturb_values(std::span<Bits> values, std::uint64_t seed, std::uint64_t& index, Bits magnitude_mask,
-                    Bits inf_bits) {
+void perturb_values(std::span<Bits> values, std::uint64_t seed, std::uint64_t& index) {
+  // float32's or bfloat16's: the sign is the top bit, Inf's magnitude an all-ones exponent.
+  constexpr Bits magnitude_mask = static_cast<Bits>(sizeof(Bits) == 4 ? 0x7FFFFFFFu : 0x7FFFu);
+  constexpr Bits inf_bits = static_cast<Bits>(sizeof(Bits) == 4 ? 0x7F800000u : 0x7F80u);
   for (Bits& v : values) {
     const Bits magnitude = v & magnitude_mask;
     const bool up = (stochastic_bits(seed, index++) & 1u) != 0;
@@ -62,14 +64,12 @@ void perturb_by_one_ulp(std::span<Parameter* const> params, std::uint64_t seed) 
   for (Parameter* p : params) {
     if (p->value.dtype() == DType::float32) {
       const auto f = p->value.span<float>();
-      perturb_values(std::span<std::uint32_t>(reinterpret_cast<std::uint32_t*>(f.data()), f.size()), seed, index,
-                     std::uint32_t{0x7FFFFFFFu}, std::uint32_t{0x7F800000u});
+      perturb_values(std::span<std::uint32_t>(reinterpret_cast<std::uint32_t*>(f.data()), f.size()), seed, index);
     } else {
       FP8KIT_CHECK(p->value.dtype() == DType::bfloat16, "perturb_by_one_ulp: parameter '", p->name, "' is ",
                    name(p->value.dtype()), ": float32 or bfloat16 values are moved");
       const auto b = p->value.span<bfloat16>();
-      perturb_values(std::span<std::uint16_t>(reinterpret_cast<std::uint16_t*>(b.data()), b.size()), seed, index,
-                     std::uint16_t{0x7FFF}, std::uint16_t{0x7F80});
+      perturb_values(std::span<std::uint16_t>(reinterpret_cast<std::uint16_t*>(b.data()), b.size()), seed, index);
     }
   }
 }

@@ -96,18 +96,12 @@ template <typename Kernel>
 unsigned grid_for(Kernel kernel, int threads, std::int64_t wanted, bool persistent, int shared = 0) {
   std::int64_t cap = 65536;
   if (persistent || shared > 0) {
-    struct Key {
-      const void* kernel;
-      int device, threads, shared;
-      bool operator<(const Key& o) const {
-        return std::tie(kernel, device, threads, shared) < std::tie(o.kernel, o.device, o.threads, o.shared);
-      }
-    };
+    // Per (kernel, device, threads, shared): the CUDA blocks the device holds at once (0: not known).
     static std::mutex mutex;
-    static std::map<Key, std::int64_t> resident;  // CUDA blocks the device holds at once (0: not known)
+    static std::map<std::tuple<const void*, int, int, int>, std::int64_t> resident;
     int device = 0;
     if (cudaGetDevice(&device) == cudaSuccess) {
-      const Key key{reinterpret_cast<const void*>(kernel), device, threads, shared};
+      const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, threads, shared);
       std::lock_guard lock(mutex);
       auto found = resident.find(key);
       if (found == resident.end()) {
