@@ -749,13 +749,57 @@ def train_fp32_spread_measures_fp32_against_itself():
 
 
 @test
+def train_seeds_summarizes_each_recipe_against_fp32_of_the_same_seed():
+    args = ("train", "--compare", "fp32,bf16", "--steps", "3", "--eval-batches", "1", "--seeds", "1,3-4",
+            "--fp32-spread", "1", "--json", "--quiet")
+    rc, out, err = run(*args, timeout=300)
+    assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
+    d = json.loads(out)
+    assert d["seeds"] == [1, 3, 4], d["seeds"]
+    assert [(r["seed"], r["recipe"]) for r in d["runs"]] == [(s, r) for s in (1, 3, 4) for r in ("fp32", "bf16")]
+    fp32 = {r["seed"]: r for r in d["runs"] if r["recipe"] == "fp32"}
+    bf16 = {r["seed"]: r for r in d["runs"] if r["recipe"] == "bf16"}
+    # Each seed trains on its own data from its own initialization.
+    assert len({r["losses"][0] for r in fp32.values()}) == 3, fp32
+    gaps = sorted((bf16[s]["final_loss"] - fp32[s]["final_loss"]) / fp32[s]["final_loss"] for s in (1, 3, 4))
+    summary = {r["recipe"]: r for r in d["summary"]}
+    b = summary["bf16"]
+    mean = sum(gaps) / 3
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / 2)
+    assert b["runs"] == 3 and b["nonfinite"] == 0, b
+    for key, want in (("median_gap", gaps[1]), ("mean_gap", mean), ("sd", sd), ("standard_error", sd / math.sqrt(3)),
+                      ("min_gap", gaps[0]), ("max_gap", gaps[2])):
+        assert abs(b[key] - want) <= 1e-6 * max(1e-6, abs(want)), (key, b[key], want)
+    ratios = sorted(bf16[s]["peak_bytes"] / fp32[s]["peak_bytes"] for s in (1, 3, 4))
+    assert abs(b["memory_ratio"] - ratios[1]) < 1e-9, (b, ratios)
+    assert summary["fp32"]["median_gap"] == 0 and summary["fp32"]["memory_ratio"] == 1, summary["fp32"]
+    # fp32 against itself: one perturbed run per seed, pooled.
+    self_gaps = [g for r in fp32.values() for g in r["fp32_spread"]["loss_gaps"]]
+    assert d["fp32_spread"]["runs"] == 3 and len(self_gaps) == 3, d
+    assert abs(d["fp32_spread"]["max_gap"] - max(self_gaps)) <= 1e-12, (d["fp32_spread"], self_gaps)
+    # The table: a line per seed (fp32's loss, bf16's gap), then the summary rows.
+    rc, out, err = run("train", "--compare", "fp32,bf16", "--steps", "2", "--eval-batches", "1", "--seeds", "2-3",
+                       "--quiet", timeout=300)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert "seeds 2-3" in lines[0], out
+    assert [l.split()[0] for l in lines[2:4]] == ["2", "3"] and lines[2].split()[2].endswith("%"), out
+    assert any(l.startswith("bf16 ") and l.split()[1] == "2" for l in lines), out
+    assert not any(l.startswith("fp32, one ulp") for l in lines), out
+
+
+@test
 def train_bad_usage_exit_2():
     for args in (("train", "--recipe", "fp9"), ("train", "--recipe", "fp32", "--compare", "bf16"),
                  ("train", "--steps", "0"), ("train", "--data", "/nonexistent/file.txt", "--steps", "1"),
                  ("train", "--on-nonfinite", "ignore"), ("train", "--optimizer-state", "int4"),
                  ("train", "--master-weights", "fp16"), ("train", "--eval-batches", "0"),
                  ("train", "--fp32-spread", "-1"), ("train", "--recipe", "bf16", "--fp32-spread", "1"),
-                 ("train", "--recipe", "fp32", "--fp32-spread", "1", "--parallel", "ddp")):
+                 ("train", "--recipe", "fp32", "--fp32-spread", "1", "--parallel", "ddp"),
+                 ("train", "--seeds", "3-1"), ("train", "--seeds", "1,1"), ("train", "--seeds", "1,x"),
+                 ("train", "--seeds", "-1"), ("train", "--seeds", ""), ("train", "--seeds", "1-5000"),
+                 ("train", "--seeds", "1-2", "--seed", "3"), ("train", "--seeds", "1-2", "--compare", "bf16,fp8-o2"),
+                 ("train", "--seeds", "1-2", "--plot", "loss.svg"), ("train", "--seeds", "1-2", "--parallel", "ddp")):
         rc, out, err = run(*args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, rc, out, err)
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",

@@ -55,6 +55,7 @@ struct TrainArgs {
   std::int64_t eval_batches = nn::TrainConfig{}.eval_batches;
   std::int64_t fp32_spread = 0;  // fp32 trained again this many times, each initial weight one ulp away
   std::uint64_t seed = 1;
+  std::string seeds;       // --seeds: a list of seeds, each trained under every recipe (empty: --seed alone)
   std::int64_t batch = 0;  // 0: the model's default
   int threads = 0;
   bool json = false;
@@ -70,8 +71,8 @@ struct TrainArgs {
   std::string optimizer_state, master_weights;  // empty: each recipe's own
   std::string inject_rank_failure;              // hidden: "RANK:STEP" or "RANK:STEP:kill" (the fault tests)
   // Which options were given: a resumed run takes the others from its checkpoint.
-  bool model_given = false, seed_given = false, batch_given = false, steps_given = false, data_given = false,
-       conv_area_given = false;
+  bool model_given = false, seed_given = false, seeds_given = false, batch_given = false, steps_given = false,
+       data_given = false, conv_area_given = false;
 };
 
 // Refuses, on every rank alike, a job whose ranks were given different settings (a launcher script that passes
@@ -87,6 +88,7 @@ void check_same_settings(Communicator& comm, const TrainArgs& a) {
       {"--eval-batches", std::to_string(a.eval_batches)},
       {"--fp32-spread", std::to_string(a.fp32_spread)},
       {"--seed", std::to_string(a.seed)},
+      {"--seeds", a.seeds},
       {"--batch", std::to_string(a.batch)},
       {"--data", a.data},
       {"--on-nonfinite", a.on_nonfinite},
@@ -171,6 +173,50 @@ RankFailure parse_rank_failure(const std::string& text) {
   }
   if (f.rank < 0 || f.step < 0) throw UsageError("--inject-rank-failure: '" + text + "' (rank and step are >= 0)");
   return f;
+}
+
+// --seeds LIST: seeds and inclusive ranges, comma-separated ("1-10", "1,2,5", "1-3,7"), each seed once.
+std::vector<std::uint64_t> parse_seeds(const std::string& text) {
+  constexpr std::size_t kMaxSeeds = 1000;
+  const auto number = [&](const std::string& item) {
+    std::size_t used = 0;
+    std::uint64_t v = 0;
+    try {
+      if (item.empty() || !std::isdigit(static_cast<unsigned char>(item[0]))) throw std::invalid_argument(item);
+      v = std::stoull(item, &used);
+    } catch (const std::logic_error&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size()) {
+      const std::string in = item == text ? "" : " in '" + text + "'";
+      throw UsageError("--seeds: '" + item + "'" + in + " is not a seed (use seeds and ranges: 1-10 or 1,2,5)");
+    }
+    return v;
+  };
+  std::vector<std::uint64_t> seeds;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const std::size_t dash = item.find('-', 1);
+    const std::uint64_t first = number(item.substr(0, dash));
+    const std::uint64_t last = dash == std::string::npos ? first : number(item.substr(dash + 1));
+    if (last < first)
+      throw UsageError("--seeds: the range '" + item + "' runs backwards; write it " + std::to_string(last) + "-" +
+                       std::to_string(first));
+    if (last - first >= kMaxSeeds || seeds.size() + (last - first + 1) > kMaxSeeds) {
+      throw UsageError("--seeds: '" + text + "' lists more than " + std::to_string(kMaxSeeds) + " seeds");
+    }
+    for (std::uint64_t s = first;; ++s) {
+      if (std::find(seeds.begin(), seeds.end(), s) != seeds.end()) {
+        throw UsageError("--seeds: seed " + std::to_string(s) + " is listed twice in '" + text + "'");
+      }
+      seeds.push_back(s);
+      if (s == last) break;
+    }
+  }
+  if (seeds.empty() || text.back() == ',')
+    throw UsageError("--seeds: '" + text + "' (use seeds and ranges: 1-10 or 1,2,5)");
+  return seeds;
 }
 
 namespace fs = std::filesystem;
@@ -378,6 +424,201 @@ void on_every_rank(Communicator* comm, const std::function<void()>& step) {
   });
 }
 
+// A double for JSON: null where it is not finite.
+nlohmann::json number_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+// (loss - fp32's) / fp32's: NaN where either is not finite.
+double loss_gap(double loss, double fp32) {
+  return std::isfinite(loss) && std::isfinite(fp32) ? (loss - fp32) / fp32 : NAN;
+}
+
+// One run's JSON object (`fp8kit train --json`): the recipe's result and, beside fp32's of the same seed, its ratios.
+nlohmann::json run_json(const TrainArgs& a, const nn::TrainResult& r, const nn::TrainResult* fp32, std::uint64_t seed) {
+  nlohmann::json breakdown = nlohmann::json::object();
+  for (std::size_t c = 0; c < kMemoryCategories; ++c) {
+    breakdown[std::string(name(static_cast<MemoryCategory>(c)))] = r.peak_by_category[c];
+  }
+  nlohmann::json o = {{"recipe", r.recipe},
+                      {"model", a.model},
+                      {"optimizer_state", r.optimizer_state},
+                      {"master_weights", r.master_weights},
+                      {"peak_breakdown", breakdown},
+                      {"steps", a.steps},
+                      {"eval_batches", a.eval_batches},
+                      {"seed", seed},
+                      {"final_loss", number_or_null(r.final_loss)},
+                      {"train_loss", number_or_null(r.train_loss)},
+                      {"peak_bytes", r.peak_bytes},
+                      {"step_ms", r.step_ms},
+                      {"skipped_steps", r.skipped_steps},
+                      {"parameters", r.parameters},
+                      {"threads", num_threads()},
+                      {"start_step", r.start_step},
+                      {"losses", r.losses}};
+  if (fp32 != nullptr) {
+    o["memory_ratio"] = static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes);
+    o["step_time_ratio"] = r.step_ms / fp32->step_ms;
+    o["loss_gap"] = number_or_null(loss_gap(r.final_loss, fp32->final_loss));
+  }
+  return o;
+}
+
+// fp32's object gains its --fp32-spread runs: their eval losses and gaps to the unperturbed run.
+void add_fp32_spread(nlohmann::json& o, const nn::TrainResult& fp32, const std::vector<float>& spread) {
+  if (spread.empty()) return;
+  nlohmann::json losses = nlohmann::json::array(), gaps = nlohmann::json::array();
+  for (const float l : spread) {
+    losses.push_back(number_or_null(l));
+    gaps.push_back(number_or_null(loss_gap(l, fp32.final_loss)));
+  }
+  o["fp32_spread"] = {{"runs", spread.size()}, {"final_losses", losses}, {"loss_gaps", gaps}};
+}
+
+// One seed's runs: a result per recipe (in --compare's order) and fp32's --fp32-spread eval losses.
+struct SeedRuns {
+  std::uint64_t seed = 0;
+  std::vector<nn::TrainResult> results;
+  std::vector<float> spread;
+  const nn::TrainResult* fp32() const {
+    for (const auto& r : results)
+      if (r.recipe == "fp32") return &r;
+    return nullptr;
+  }
+};
+
+// A sample's statistics (the finite values; `nonfinite` counts the others).
+struct Summary {
+  std::size_t n = 0, nonfinite = 0;
+  double median = NAN, mean = NAN, sd = NAN, se = NAN, min = NAN, max = NAN;
+};
+Summary summarize(const std::vector<double>& values) {
+  Summary s;
+  std::vector<double> v;
+  for (const double x : values) (std::isfinite(x) ? v.push_back(x) : void(++s.nonfinite));
+  s.n = v.size();
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  s.median = v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+  s.min = v.front();
+  s.max = v.back();
+  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  if (v.size() > 1) {
+    double ss = 0.0;
+    for (const double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(ss / static_cast<double>(v.size() - 1));
+    s.se = s.sd / std::sqrt(static_cast<double>(v.size()));
+  }
+  return s;
+}
+nlohmann::json summary_json(const Summary& s) {
+  return {{"runs", s.n},
+          {"nonfinite", s.nonfinite},
+          {"median_gap", number_or_null(s.median)},
+          {"mean_gap", number_or_null(s.mean)},
+          {"standard_error", number_or_null(s.se)},
+          {"sd", number_or_null(s.sd)},
+          {"min_gap", number_or_null(s.min)},
+          {"max_gap", number_or_null(s.max)}};
+}
+
+// `--seeds`: each seed's eval losses (fp32's, the others as gaps to it), then per recipe the gaps' median, mean and
+// standard error, sd and range, with the median memory and step-time ratios; fp32 against itself (--fp32-spread)
+// pooled over the seeds as the last row.
+void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
+  const std::vector<nn::TrainResult>& first = by_seed.front().results;
+  std::vector<Summary> gaps(first.size());
+  std::vector<double> memory(first.size(), NAN), time(first.size(), NAN);
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    std::vector<double> g, m, t;
+    for (const SeedRuns& s : by_seed) {
+      const nn::TrainResult &r = s.results[i], &fp32 = *s.fp32();
+      g.push_back(loss_gap(r.final_loss, fp32.final_loss));
+      m.push_back(static_cast<double>(r.peak_bytes) / static_cast<double>(fp32.peak_bytes));
+      t.push_back(r.step_ms / fp32.step_ms);
+    }
+    gaps[i] = summarize(g);
+    memory[i] = summarize(m).median;
+    time[i] = summarize(t).median;
+  }
+  std::vector<double> self;  // fp32 against itself, every seed's perturbed runs
+  for (const SeedRuns& s : by_seed)
+    for (const float l : s.spread) self.push_back(loss_gap(l, s.fp32()->final_loss));
+  const Summary spread = summarize(self);
+
+  if (a.json) {
+    nlohmann::json seeds = nlohmann::json::array(), runs = nlohmann::json::array(), summary = nlohmann::json::array();
+    for (const SeedRuns& s : by_seed) {
+      seeds.push_back(s.seed);
+      for (const auto& r : s.results) {
+        nlohmann::json o = run_json(a, r, s.fp32(), s.seed);
+        if (&r == s.fp32()) add_fp32_spread(o, r, s.spread);
+        runs.push_back(std::move(o));
+      }
+    }
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      nlohmann::json o = summary_json(gaps[i]);
+      o["recipe"] = first[i].recipe;
+      o["memory_ratio"] = number_or_null(memory[i]);
+      o["step_time_ratio"] = number_or_null(time[i]);
+      summary.push_back(std::move(o));
+    }
+    nlohmann::json out = {{"seeds", seeds}, {"runs", runs}, {"summary", summary}};
+    if (!self.empty()) out["fp32_spread"] = summary_json(spread);
+    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::fprintf(output(), "model %s, %lld parameters; data: %s; %lld steps, seeds %s, %d threads\n", a.model.c_str(),
+               static_cast<long long>(first.front().parameters), first.front().data.c_str(),
+               static_cast<long long>(a.steps), a.seeds.c_str(), num_threads());
+  const auto pct = [](double v) { return std::isfinite(v) ? fmt::format("{:+.2f}%", 100.0 * v) : std::string("-"); };
+  // Each seed: fp32's eval loss, the other recipes' gaps to it, fp32 against itself.
+  std::string head = fmt::format("{:<8}", "seed");
+  for (const auto& r : first) head += fmt::format(" {:>14}", r.recipe);
+  if (!self.empty()) head += "   fp32, one ulp (--fp32-spread)";
+  std::fprintf(output(), "%s\n", head.c_str());
+  for (const SeedRuns& s : by_seed) {
+    std::string line = fmt::format("{:<8}", s.seed);
+    for (const auto& r : s.results) {
+      line += &r == s.fp32() ? fmt::format(" {:>14.4f}", static_cast<double>(r.final_loss))
+                             : fmt::format(" {:>14}", pct(loss_gap(r.final_loss, s.fp32()->final_loss)));
+    }
+    if (!s.spread.empty()) {
+      std::vector<double> g;
+      for (const float l : s.spread) g.push_back(loss_gap(l, s.fp32()->final_loss));
+      const Summary own = summarize(g);
+      line += "   " + pct(own.min) + " .. " + pct(own.max);
+    }
+    std::fprintf(output(), "%s\n", line.c_str());
+  }
+  std::fprintf(output(), "\n%-18s %6s %9s %20s %8s %20s %9s %10s\n", "against fp32", "runs", "median", "mean +- s.e.",
+               "sd", "min .. max", "memory", "step time");
+  const auto row = [&](const std::string& label, const Summary& g, const std::string& mem, const std::string& t) {
+    const std::string mean =
+        std::isfinite(g.se) ? pct(g.mean) + " +- " + fmt::format("{:.2f}%", 100.0 * g.se) : pct(g.mean);
+    const std::string sd = std::isfinite(g.sd) ? fmt::format("{:.2f}%", 100.0 * g.sd) : "-";
+    const std::string n = g.nonfinite ? fmt::format("{} (+{} not finite)", g.n, g.nonfinite) : std::to_string(g.n);
+    std::fprintf(output(), "%-18s %6s %9s %20s %8s %20s %9s %10s\n", label.c_str(), n.c_str(), pct(g.median).c_str(),
+                 mean.c_str(), sd.c_str(), (pct(g.min) + " .. " + pct(g.max)).c_str(), mem.c_str(), t.c_str());
+  };
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    if (first[i].recipe == "fp32") continue;
+    row(first[i].recipe, gaps[i], fmt::format("{:.2f}x", memory[i]), fmt::format("{:.2f}x", time[i]));
+  }
+  if (!self.empty()) row("fp32, one ulp", spread, "-", "-");
+  std::fprintf(output(),
+               "gap: eval loss (held-out data, %lld batch%s) against fp32's of the same seed; s.e.: sd / sqrt(runs); "
+               "memory, step time: medians of the ratios to fp32's\n",
+               static_cast<long long>(a.eval_batches), a.eval_batches == 1 ? "" : "es");
+  if (!self.empty()) {
+    std::fprintf(output(),
+                 "fp32, one ulp: fp32 trained again with each initial weight one ulp away, against fp32 of the same "
+                 "seed: a recipe's gaps inside that spread are fp32's own run-to-run variation\n");
+  }
+}
+
 // The run, on each rank of a run over ranks (`comm`; nullptr without --parallel).
 void train_run(TrainArgs a, Communicator* comm) {
   // Every rank's settings the same, before anything is read. From there on every rank checks the same options;
@@ -413,6 +654,21 @@ void train_run(TrainArgs a, Communicator* comm) {
       throw UsageError(
           "--fp32-spread trains its extra fp32 runs in this process from the start: leave out "
           "--parallel, --resume, --save-checkpoint and --export-fp8");
+    }
+  }
+  std::vector<std::uint64_t> seeds{a.seed};
+  if (a.seeds_given) {
+    if (a.seed_given) throw UsageError("give --seed or --seeds, not both");
+    seeds = parse_seeds(a.seeds);
+    if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
+      throw UsageError(
+          "--seeds compares every recipe with fp32 of the same seed: put fp32 among the recipes (--compare fp32,...)");
+    }
+    if (a.parallel != "none" || !a.resume.empty() || !a.save_checkpoint.empty() || !a.export_fp8.empty() ||
+        !a.plot.empty() || !a.profile.empty() || !a.log_scales.empty()) {
+      throw UsageError(
+          "--seeds trains every seed's runs in this process and prints their summary: leave out --parallel, --resume, "
+          "--save-checkpoint, --export-fp8, --plot, --profile and --log-scales (or give one seed with --seed)");
     }
   }
   if (resumed && recipes.front().name() == resumed->recipe.name()) {
@@ -503,129 +759,139 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (!a.profile.empty()) profiler.emplace();
   if (comm && profiler) comm->set_profiler(&*profiler);  // the collectives' events, with their bytes
 
-  std::vector<nn::TrainResult> results;
+  std::vector<SeedRuns> by_seed;       // each seed's runs (one seed unless --seeds)
   std::vector<bool> identical;         // --parallel: every rank's weights the same after each run
   std::vector<CommStats> comm_bytes;   // --parallel: what this rank handed to MPI over each run's steps
   std::vector<GatherCounts> gathered;  // --parallel fsdp: what each run's weight gathers carried
   std::vector<std::vector<Profiler::Summary>> summaries;
   std::vector<ProfileEvent> trace;
-  for (std::size_t ri = 0; ri < recipes.size(); ++ri) {
-    const nn::PrecisionRecipe& recipe = recipes[ri];
-    TrainProgress progress(recipe.name(), a.steps);
-    if (profiler) profiler->clear();
-    auto on_step = [&](const nn::StepLog& s) {
-      progress(s);
-      if (scale_log) {
-        for (const nn::ScaleRecord& r : s.scales) {
-          nlohmann::json line = {{"recipe", recipe.name()},
-                                 {"step", s.step},
-                                 {"layer", r.layer},
-                                 {"role", std::string(nn::name(r.role))},
-                                 {"amax", r.amax},
-                                 {"scale", r.scale},
-                                 {"underflow_fraction", r.underflow_fraction},
-                                 {"saturated", r.saturated},
-                                 {"nonfinite", r.nonfinite}};
-          if (!std::isfinite(r.amax)) line["amax"] = nullptr;
-          *scale_log << line.dump() << "\n";
-        }
-      }
-    };
-    if (comm) {
-      std::optional<Fsdp> sharded;
-      if (fsdp) sharded.emplace(*comm, *grad_payload, nn::batch_size(config));
-      nn::TrainHooks base;
-      if (!quiet) base.on_step = on_step;
-      std::int64_t step = 0;  // the step this rank is in, for a failure's line
-      base.resume = [&](nn::Trainer&, nn::TrainProgress& p) { step = p.next_step; };  // after a checkpoint's
-      // The steps' counts, recorded after the last step (before FSDP's last gather and the replica check), or at
-      // the end when no step ran (a resumed run with none left): per rank the largest count (ranks with uneven
-      // shards hand over different bytes); FSDP's gathers summed over ranks.
-      bool recorded = false;
-      const auto record = [&] {
-        if (recorded) return;
-        recorded = true;
-        CommStats s = comm->stats();
-        for (std::uint64_t CommStats::*c :
-             {&CommStats::all_gather_bytes, &CommStats::reduce_scatter_bytes, &CommStats::all_reduce_bytes,
-              &CommStats::broadcast_bytes, &CommStats::all_to_all_bytes}) {
-          s.*c = static_cast<std::uint64_t>(max_over_ranks(*comm, static_cast<std::int64_t>(s.*c)));
-        }
-        comm_bytes.push_back(s);
-        GatherCounts g = sharded ? sharded->gathered() : GatherCounts{};
-        for (auto* counts : {&g.gemm_weights, &g.other_parameters}) {
-          for (auto& [carried, count] : *counts) {
-            count.bytes = static_cast<std::uint64_t>(sum_over_ranks(*comm, static_cast<std::int64_t>(count.bytes)));
+  for (const std::uint64_t seed : seeds) {
+    config.seed = seed;
+    const std::string of_seed = a.seeds_given ? ", seed " + std::to_string(seed) : "";
+    std::vector<nn::TrainResult> results;
+    for (std::size_t ri = 0; ri < recipes.size(); ++ri) {
+      const nn::PrecisionRecipe& recipe = recipes[ri];
+      TrainProgress progress(recipe.name() + of_seed, a.steps);
+      if (profiler) profiler->clear();
+      auto on_step = [&](const nn::StepLog& s) {
+        progress(s);
+        if (scale_log) {
+          for (const nn::ScaleRecord& r : s.scales) {
+            nlohmann::json line = {{"recipe", recipe.name()},
+                                   {"step", s.step},
+                                   {"layer", r.layer},
+                                   {"role", std::string(nn::name(r.role))},
+                                   {"amax", r.amax},
+                                   {"scale", r.scale},
+                                   {"underflow_fraction", r.underflow_fraction},
+                                   {"saturated", r.saturated},
+                                   {"nonfinite", r.nonfinite}};
+            if (!std::isfinite(r.amax)) line["amax"] = nullptr;
+            *scale_log << line.dump() << "\n";
           }
         }
-        gathered.push_back(std::move(g));
       };
-      base.after_step = [&](nn::Trainer&, const nn::TrainProgress& p) {
-        step = p.next_step;
-        if (p.next_step == config.steps) record();
-      };
-      base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
-        record();
-        identical.push_back(replicas_identical(*comm, t.model()));
-      };
-      // Checkpoints and the export: gathered whole (fsdp) and written by rank 0; a resume is read by every rank.
-      TrainCheckpointOptions rank_options = checkpoint_options;
-      rank_options.around_write = sharded ? sharded->around_write() : rank_zero_writes(*comm);
-      nn::check_train_config(config);
-      std::optional<TrainCheckpointer> checkpointer;  // reads the checkpoint to resume and the data: agreed
-      on_every_rank(comm, [&] { checkpointer.emplace(config, recipe, rank_options); });
-      TrainCheckpointer& checkpoints = *checkpointer;
-      comm->reset_stats();  // the run's collectives from here (not the agreement above)
-      nn::TrainHooks hooks = sharded ? sharded->hooks(checkpoints.hooks(std::move(base)))
-                                     : data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config),
-                                                           checkpoints.hooks(std::move(base)));
-      if (inject_failure.rank == comm->rank()) {
-        // Right after this rank's forward of the step: the others go on into the loss's all-reduce and wait there.
-        hooks.agree_loss = [&, agree = std::move(hooks.agree_loss)](nn::Trainer& t, float loss) {
-          if (step == inject_failure.step) {
-            if (inject_failure.kill) std::raise(SIGKILL);
-            throw std::runtime_error("injected failure (--inject-rank-failure)");
+      if (comm) {
+        std::optional<Fsdp> sharded;
+        if (fsdp) sharded.emplace(*comm, *grad_payload, nn::batch_size(config));
+        nn::TrainHooks base;
+        if (!quiet) base.on_step = on_step;
+        std::int64_t step = 0;  // the step this rank is in, for a failure's line
+        base.resume = [&](nn::Trainer&, nn::TrainProgress& p) { step = p.next_step; };  // after a checkpoint's
+        // The steps' counts, recorded after the last step (before FSDP's last gather and the replica check), or at
+        // the end when no step ran (a resumed run with none left): per rank the largest count (ranks with uneven
+        // shards hand over different bytes); FSDP's gathers summed over ranks.
+        bool recorded = false;
+        const auto record = [&] {
+          if (recorded) return;
+          recorded = true;
+          CommStats s = comm->stats();
+          for (std::uint64_t CommStats::*c :
+               {&CommStats::all_gather_bytes, &CommStats::reduce_scatter_bytes, &CommStats::all_reduce_bytes,
+                &CommStats::broadcast_bytes, &CommStats::all_to_all_bytes}) {
+            s.*c = static_cast<std::uint64_t>(max_over_ranks(*comm, static_cast<std::int64_t>(s.*c)));
           }
-          return agree(t, loss);
+          comm_bytes.push_back(s);
+          GatherCounts g = sharded ? sharded->gathered() : GatherCounts{};
+          for (auto* counts : {&g.gemm_weights, &g.other_parameters}) {
+            for (auto& [carried, count] : *counts) {
+              count.bytes = static_cast<std::uint64_t>(sum_over_ranks(*comm, static_cast<std::int64_t>(count.bytes)));
+            }
+          }
+          gathered.push_back(std::move(g));
         };
+        base.after_step = [&](nn::Trainer&, const nn::TrainProgress& p) {
+          step = p.next_step;
+          if (p.next_step == config.steps) record();
+        };
+        base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+          record();
+          identical.push_back(replicas_identical(*comm, t.model()));
+        };
+        // Checkpoints and the export: gathered whole (fsdp) and written by rank 0; a resume is read by every rank.
+        TrainCheckpointOptions rank_options = checkpoint_options;
+        rank_options.around_write = sharded ? sharded->around_write() : rank_zero_writes(*comm);
+        nn::check_train_config(config);
+        std::optional<TrainCheckpointer> checkpointer;  // reads the checkpoint to resume and the data: agreed
+        on_every_rank(comm, [&] { checkpointer.emplace(config, recipe, rank_options); });
+        TrainCheckpointer& checkpoints = *checkpointer;
+        comm->reset_stats();  // the run's collectives from here (not the agreement above)
+        nn::TrainHooks hooks = sharded ? sharded->hooks(checkpoints.hooks(std::move(base)))
+                                       : data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config),
+                                                             checkpoints.hooks(std::move(base)));
+        if (inject_failure.rank == comm->rank()) {
+          // Right after this rank's forward of the step: the others go on into the loss's all-reduce and wait there.
+          hooks.agree_loss = [&, agree = std::move(hooks.agree_loss)](nn::Trainer& t, float loss) {
+            if (step == inject_failure.step) {
+              if (inject_failure.kill) std::raise(SIGKILL);
+              throw std::runtime_error("injected failure (--inject-rank-failure)");
+            }
+            return agree(t, loss);
+          };
+        }
+        try {
+          results.push_back(nn::train(config, recipe, profiler ? &*profiler : nullptr, hooks));
+          results.back().peak_bytes = max_over_ranks(*comm, results.back().peak_bytes);  // per rank, the largest
+        } catch (const nn::NonfiniteAbort&) {
+          throw;  // on every rank at the same step (the guard's verdict is agreed): rank 0 reports it
+        } catch (const AgreedError&) {
+          throw;  // a failed checkpoint write, say: every rank knows, rank 0 reports it
+        } catch (const std::exception& e) {
+          if (comm->size() > 1) end_job(*comm, recipe.name(), step, e.what());
+          throw;
+        }
+      } else {
+        results.push_back(
+            train_with_checkpoints(config, recipe, checkpoint_options, profiler ? &*profiler : nullptr, on_step));
       }
-      try {
-        results.push_back(nn::train(config, recipe, profiler ? &*profiler : nullptr, hooks));
-        results.back().peak_bytes = max_over_ranks(*comm, results.back().peak_bytes);  // per rank, the largest
-      } catch (const nn::NonfiniteAbort&) {
-        throw;  // on every rank at the same step (the guard's verdict is agreed): rank 0 reports it
-      } catch (const AgreedError&) {
-        throw;  // a failed checkpoint write, say: every rank knows, rank 0 reports it
-      } catch (const std::exception& e) {
-        if (comm->size() > 1) end_job(*comm, recipe.name(), step, e.what());
-        throw;
+      if (profiler) {
+        summaries.push_back(profiler->summary());
+        for (ProfileEvent e : profiler->events()) {
+          e.args["recipe"] = recipe.name();
+          e.track = static_cast<int>(ri);
+          trace.push_back(std::move(e));
+        }
       }
-    } else {
-      results.push_back(
-          train_with_checkpoints(config, recipe, checkpoint_options, profiler ? &*profiler : nullptr, on_step));
     }
-    if (profiler) {
-      summaries.push_back(profiler->summary());
-      for (ProfileEvent e : profiler->events()) {
-        e.args["recipe"] = recipe.name();
-        e.track = static_cast<int>(ri);
-        trace.push_back(std::move(e));
-      }
+    if (quiet) return;
+    // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
+    // 1..K): how far fp32 lands from itself, the floor under every gap in the table.
+    std::vector<float> spread;
+    for (std::int64_t k = 1; k <= a.fp32_spread; ++k) {
+      nn::TrainConfig perturbed = config;
+      perturbed.perturb_seed = static_cast<std::uint64_t>(k);
+      perturbed.log_scales = false;
+      TrainProgress progress("fp32, perturbed " + std::to_string(k) + "/" + std::to_string(a.fp32_spread) + of_seed,
+                             a.steps);
+      spread.push_back(nn::train(perturbed, *nn::PrecisionRecipe::parse("fp32"), nullptr, [&](const nn::StepLog& s) {
+                         progress(s);
+                       }).final_loss);
     }
+    by_seed.push_back({seed, std::move(results), std::move(spread)});
   }
-  if (quiet) return;
-  // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
-  // 1..K): how far fp32 lands from itself, the floor under every gap in the table.
-  std::vector<float> spread;
-  for (std::int64_t k = 1; k <= a.fp32_spread; ++k) {
-    nn::TrainConfig perturbed = config;
-    perturbed.perturb_seed = static_cast<std::uint64_t>(k);
-    perturbed.log_scales = false;
-    TrainProgress progress("fp32, perturbed " + std::to_string(k) + "/" + std::to_string(a.fp32_spread), a.steps);
-    spread.push_back(nn::train(perturbed, *nn::PrecisionRecipe::parse("fp32"), nullptr, [&](const nn::StepLog& s) {
-                       progress(s);
-                     }).final_loss);
-  }
+  if (a.seeds_given) return print_seeds(a, by_seed);
+  const std::vector<nn::TrainResult>& results = by_seed.front().results;
+  const std::vector<float>& spread = by_seed.front().spread;
   if (profiler) {
     Profiler combined;
     for (ProfileEvent& e : trace) combined.record(std::move(e));
@@ -639,28 +905,7 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (a.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : results) {
-      nlohmann::json breakdown = nlohmann::json::object();
-      for (std::size_t c = 0; c < kMemoryCategories; ++c) {
-        breakdown[std::string(name(static_cast<MemoryCategory>(c)))] = r.peak_by_category[c];
-      }
-      nlohmann::json o = {{"recipe", r.recipe},
-                          {"model", a.model},
-                          {"optimizer_state", r.optimizer_state},
-                          {"master_weights", r.master_weights},
-                          {"peak_breakdown", breakdown},
-                          {"steps", a.steps},
-                          {"eval_batches", a.eval_batches},
-                          {"seed", a.seed},
-                          {"final_loss", r.final_loss},
-                          {"peak_bytes", r.peak_bytes},
-                          {"step_ms", r.step_ms},
-                          {"skipped_steps", r.skipped_steps},
-                          {"parameters", r.parameters},
-                          {"threads", num_threads()},
-                          {"start_step", r.start_step},
-                          {"losses", r.losses}};
-      if (!std::isfinite(r.final_loss)) o["final_loss"] = nullptr;
-      o["train_loss"] = std::isfinite(r.train_loss) ? nlohmann::json(r.train_loss) : nlohmann::json(nullptr);
+      nlohmann::json o = run_json(a, r, fp32, a.seed);
       if (comm) {
         const std::size_t i = static_cast<std::size_t>(&r - results.data());
         const std::int64_t ran = a.steps - r.start_step;  // this process's steps (a resumed run: from its step)
@@ -689,22 +934,7 @@ void train_run(TrainArgs a, Communicator* comm) {
       }
       if (!a.save_checkpoint.empty()) o["checkpoint"] = a.save_checkpoint;
       if (!a.export_fp8.empty()) o["export_fp8"] = a.export_fp8;
-      if (&r == fp32 && !spread.empty()) {
-        nlohmann::json losses = nlohmann::json::array(), gaps = nlohmann::json::array();
-        for (const float l : spread) {
-          losses.push_back(std::isfinite(l) ? nlohmann::json(l) : nlohmann::json(nullptr));
-          gaps.push_back(std::isfinite(l) ? nlohmann::json((l - r.final_loss) / r.final_loss)
-                                          : nlohmann::json(nullptr));
-        }
-        o["fp32_spread"] = {{"runs", spread.size()}, {"final_losses", losses}, {"loss_gaps", gaps}};
-      }
-      if (fp32 != nullptr) {
-        o["memory_ratio"] = static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes);
-        o["step_time_ratio"] = r.step_ms / fp32->step_ms;
-        o["loss_gap"] = std::isfinite(r.final_loss)
-                            ? nlohmann::json((r.final_loss - fp32->final_loss) / fp32->final_loss)
-                            : nlohmann::json(nullptr);
-      }
+      if (&r == fp32) add_fp32_spread(o, r, spread);
       out.push_back(o);
     }
     std::fprintf(output(), "%s\n", out.dump(2).c_str());
@@ -733,8 +963,8 @@ void train_run(TrainArgs a, Communicator* comm) {
   }
   std::fprintf(output(),
                "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
-               " temporaries); step time: median; eval loss: held-out data, %lld batches\n",
-               static_cast<long long>(a.eval_batches));
+               " temporaries); step time: median; eval loss: held-out data, %lld batch%s\n",
+               static_cast<long long>(a.eval_batches), a.eval_batches == 1 ? "" : "es");
   if (!spread.empty()) {
     std::vector<double> gaps;
     for (const float l : spread) gaps.push_back(100.0 * (l - fp32->final_loss) / fp32->final_loss);
@@ -818,6 +1048,9 @@ void add_train_command(CLI::App& app) {
                   "Train fp32 this many more times, each initial weight one ulp up or down, and report how far "
                   "their eval losses land from fp32's (default 0)");
   cmd->add_option("--seed", args->seed, "Seed of the data and the initialization (default 1)");
+  cmd->add_option("--seeds", args->seeds,
+                  "Train every recipe on each of these seeds (1-10, 1,2,5) and summarize each recipe's eval loss "
+                  "against fp32's of the same seed: median, mean and standard error, spread");
   cmd->add_option("--batch", args->batch, "Sequences (gpt) or images (cnn) per step (default 16 / 64)");
   cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--data", args->data, "Train the GPT on this text file instead of the generated corpus");
@@ -859,6 +1092,7 @@ void add_train_command(CLI::App& app) {
     TrainArgs a = *args;
     a.model_given = cmd->count("--model") > 0;
     a.seed_given = cmd->count("--seed") > 0;
+    a.seeds_given = cmd->count("--seeds") > 0;
     a.batch_given = cmd->count("--batch") > 0;
     a.steps_given = cmd->count("--steps") > 0;
     a.data_given = cmd->count("--data") > 0;
