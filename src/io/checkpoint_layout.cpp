@@ -359,6 +359,15 @@ struct PairInfo {
   bool mx_scale = false;
 };
 
+// DeepSeek-V4's block scales: a deepseek `weight_scale_inv` of E8M0 codes (F8_E8M0, or U8) over the configured block
+// grid of a 2-D weight, each block's dequantization scale 2^(code - 127). (E8M0 codes of another shape are MX scales.)
+bool deepseek_e8m0_blocks(CheckpointLayout layout, const SafetensorsTensor& weight, const SafetensorsTensor& scale,
+                          const QuantizationConfig& config) {
+  if (layout != CheckpointLayout::kDeepSeek || weight.shape.size() != 2 || scale.shape.size() != 2) return false;
+  return scale.shape[0] == ceil_div(weight.shape[0], config.block_rows) &&
+         scale.shape[1] == ceil_div(weight.shape[1], config.block_cols);
+}
+
 PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, const SafetensorsTensor& scale,
                       const QuantizationConfig& config, const std::map<std::string, std::string>& native_metadata) {
   FP8KIT_CHECK(is_fp8_dtype(weight.dtype), detail::quoted(weight.name), " is ", name(weight.dtype),
@@ -387,7 +396,8 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
     if (fields.count("overflow") && fields.at("overflow") == "non-saturating") p.overflow = Overflow::kNonSaturating;
     FP8KIT_CHECK(p.mx_scale == (p.granularity.kind == Granularity::Kind::kMx), pair, ": a native ",
                  p.granularity.name(), " scale is ", p.mx_scale ? "F32" : "F8_E8M0");
-  } else if (layout == CheckpointLayout::kMxfp8 || p.mx_scale) {
+  } else if (layout == CheckpointLayout::kMxfp8 ||
+             (p.mx_scale && !deepseek_e8m0_blocks(layout, weight, scale, config))) {
     FP8KIT_CHECK(p.mx_scale, pair, ": an MXFP8 scale holds U8 or F8_E8M0 E8M0 codes");
     p.granularity = Granularity::mx();
   } else {
@@ -453,7 +463,7 @@ ScaledTensor load_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTe
   const std::vector<float> scale_inv = dequantization_scales(p, scale);
   m.scale_inv.resize(scale_inv.size());
   std::copy(scale_inv.begin(), scale_inv.end(), m.scale_inv.begin());
-  if (p.mx_scale) {
+  if (p.granularity.kind == Granularity::Kind::kMx) {
     const auto* codes = reinterpret_cast<const std::uint8_t*>(scale.bytes.data());
     m.scale_e8m0.assign(codes, codes + p.grid);
   }

@@ -242,7 +242,9 @@ TEST(CheckpointLayout, ScaleNamesShapesAndDtypes) {
     EXPECT_EQ(s.shape, c.shape);
     EXPECT_EQ(image.at("m.weight").dtype, SafetensorsDType::F8_E4M3);
   }
-  // DeepSeek's block scale is amax/448 of each 128x128 block (edge blocks: what remains).
+  // DeepSeek's block scale is the dequantization scale of each 128x128 block (edge blocks: what remains): the
+  // reciprocal of the quantization scale 448/amax, each rounded once in float32 (Transformer Engine's scale_inv),
+  // within an ulp of amax/448.
   const Tensor w32 = w.to(DType::float32);
   const Image ds = serialize(
       quantize_checkpoint_tensor("m.weight", w, QuantScheme::kFp8Block, Format::e4m3fn, CheckpointLayout::kDeepSeek));
@@ -255,7 +257,7 @@ TEST(CheckpointLayout, ScaleNamesShapesAndDtypes) {
           amax = std::max(amax, std::fabs(w32.data<float>()[r * 257 + c]));
         }
       }
-      EXPECT_NEAR(scale.data<float>()[br * 3 + bc], amax / 448.0f, amax / 448.0f * 1e-6f);
+      EXPECT_EQ(scale.data<float>()[br * 3 + bc], 1.0f / (448.0f / amax)) << br << "," << bc;
     }
   }
   // Native metadata says everything needed to get the tensor back.
@@ -474,6 +476,49 @@ TEST(CheckpointLayout, DeepSeekHandWrittenEdgeBlocks) {
       ASSERT_EQ(out.data<float>()[r * cols + c], expect) << r << "," << c;
     }
   }
+}
+
+// DeepSeek-V4 stores the block scales as F8_E8M0 codes: over the configured block grid they are block scales
+// (2^(code - 127) each), through both dequantize paths; E8M0 codes over the MX grid stay MX scales.
+TEST(CheckpointLayout, DeepSeekE8m0BlockScales) {
+  const std::int64_t rows = 200, cols = 300;
+  Tensor codes = empty({rows, cols}, DType::float8_e4m3fn);
+  for (std::int64_t i = 0; i < rows * cols; ++i)
+    codes.data<std::uint8_t>()[i] = static_cast<std::uint8_t>((i * 37) % 126);
+  const std::vector<std::uint8_t> sv = {118, 127, 130, 121, 125, 0};  // 2^-9, 1, 8, 2^-6, 2^-2, 2^-127
+  Tensor scale = empty({2, 3}, DType::float8_e8m0fnu);
+  std::copy(sv.begin(), sv.end(), scale.data<std::uint8_t>());
+  const std::vector<SafetensorsEntry> entries = {safetensors_entry("x.weight", codes),
+                                                 safetensors_entry("x.weight_scale_inv", scale)};
+  std::vector<std::byte> bytes = serialize_safetensors(entries);
+  const SafetensorsView v = parse_safetensors(std::span<const std::byte>(bytes));
+  const SafetensorsTensor& w = v.tensors[0].name == "x.weight" ? v.tensors[0] : v.tensors[1];
+  const SafetensorsTensor& s = v.tensors[0].name == "x.weight" ? v.tensors[1] : v.tensors[0];
+  ASSERT_EQ(s.dtype, SafetensorsDType::F8_E8M0);
+  EXPECT_EQ(scale_granularity(CheckpointLayout::kDeepSeek, w, s).name(), "block:128x128");
+  const Tensor out = dequantize_checkpoint_tensor(CheckpointLayout::kDeepSeek, w, s, DType::float32);
+  std::vector<float> into(static_cast<std::size_t>(rows * cols));
+  dequantize_checkpoint_tensor_into(CheckpointLayout::kDeepSeek, w, s, DType::float32,
+                                    std::as_writable_bytes(std::span(into)));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const int e = sv[static_cast<std::size_t>((r / 128) * 3 + c / 128)] - 127;
+      const float expect =
+          decode_to_float(Format::e4m3fn, codes.data<std::uint8_t>()[r * cols + c]) * std::ldexp(1.0f, e);
+      ASSERT_EQ(out.data<float>()[r * cols + c], expect) << r << "," << c;
+      ASSERT_EQ(into[static_cast<std::size_t>(r * cols + c)], expect) << r << "," << c;
+    }
+  }
+  // The same codes over the MX grid ([rows, cols / 32]): MX scales, as before.
+  Tensor mx = empty({rows, 10}, DType::float8_e8m0fnu);
+  std::fill_n(mx.data<std::uint8_t>(), rows * 10, std::uint8_t{127});
+  const std::vector<SafetensorsEntry> mx_entries = {safetensors_entry("x.weight", codes),
+                                                    safetensors_entry("x.weight_scale_inv", mx)};
+  bytes = serialize_safetensors(mx_entries);
+  const SafetensorsView m = parse_safetensors(std::span<const std::byte>(bytes));
+  const SafetensorsTensor& mw = m.tensors[0].name == "x.weight" ? m.tensors[0] : m.tensors[1];
+  const SafetensorsTensor& ms = m.tensors[0].name == "x.weight" ? m.tensors[1] : m.tensors[0];
+  EXPECT_EQ(scale_granularity(CheckpointLayout::kDeepSeek, mw, ms).kind, Granularity::Kind::kMx);
 }
 
 // quantize_checkpoint_tensor_into reads float64 weights and weights the file does not align to their element size

@@ -122,8 +122,9 @@ std::string input_scale_name(std::string_view weight_name);
 // Reads a quantized weight and its scale tensor as fp8kit's ScaledTensor, the granularity decided by the scale's
 // shape (one element: per tensor; [out,1] or [out]: per channel; U8/F8_E8M0 [out, ceil(in/32)]: MX; another 2-D
 // grid: blocks of `block_rows` x `block_cols`). Native weights take granularity, block shape, format and original
-// dtype from `native_metadata` (the file's __metadata__). Scales in BF16/F16 are widened exactly to float32; MX
-// codes become 2^(code-127). Throws Error(kInvalidArgument) naming the tensors when a shape or dtype does not fit.
+// dtype from `native_metadata` (the file's __metadata__). Scales in BF16/F16 are widened exactly to float32; E8M0
+// codes (U8 or F8_E8M0: MX scales, or DeepSeek-V4's block scales over the configured block grid) become
+// 2^(code-127). Throws Error(kInvalidArgument) naming the tensors when a shape or dtype does not fit.
 ScaledTensor load_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTensor& weight,
                                     const SafetensorsTensor& scale, const QuantizationConfig& config = {},
                                     const std::map<std::string, std::string>& native_metadata = {});
