@@ -106,6 +106,16 @@ def main():
         check("inspect analysis", r.returncode == 0 and tensors["act"]["e4m3fn_holds_at"] == "tensor" and
               abs(tensors["act"]["e4m3fn_sqnr_db"] - t["sqnr_db"]) < 1e-9 and "e4m3fn_holds_at" not in tensors["ids"],
               r.stderr + r.stdout[:300])
+        # A tensor that e4m3fn holds exactly has no SQNR: "exact", null (not 0 dB, the worst score).
+        exact = os.path.join(d, "exact.safetensors")
+        save_file({"halves": np.array([[3.5, -0.5], [0.0, 1.5]], dtype=np.float32)}, exact)
+        r = run(exe, "inspect", exact)
+        check("inspect exact text", r.returncode == 0 and "e4m3fn holds at 'tensor' (exact)" in r.stdout,
+              r.stdout + r.stderr)
+        r = run(exe, "inspect", exact, "--json")
+        halves = json.loads(r.stdout)["tensors"][0] if r.returncode == 0 else {}
+        check("inspect exact json", halves.get("e4m3fn_holds_at") == "tensor" and halves["e4m3fn_sqnr_db"] is None,
+              r.stdout + r.stderr)
         r = run(exe, "inspect", st, "--json", "--no-analysis")
         check("inspect --no-analysis", r.returncode == 0 and
               all("e4m3fn_holds_at" not in x for x in json.loads(r.stdout)["tensors"]), r.stderr)

@@ -53,7 +53,10 @@ std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
 
 std::string analysis_text(const Fp8Analysis& a) {
   if (a.best) {
-    return fmt::format("e4m3fn holds at '{}' ({:.1f} dB)", a.best->granularity.name(), a.best->d.sqnr_db.value_or(0.0));
+    const QuantDiagnostics& d = a.best->d;
+    // No SQNR: no error (exact), or no signal to measure one against.
+    const std::string sqnr = d.sqnr_db ? fmt::format("{:.1f} dB", *d.sqnr_db) : d.exact ? "exact" : "no signal";
+    return fmt::format("e4m3fn holds at '{}' ({})", a.best->granularity.name(), sqnr);
   }
   return fmt::format("e4m3fn does not hold (best {:.1f} dB)", a.best_sqnr_db);
 }
@@ -120,7 +123,10 @@ void run_inspect(const InspectArgs& args) {
       if (const std::optional<Fp8Analysis> a = analysis_of(*t)) {
         e["e4m3fn_holds_at"] =
             a->best ? nlohmann::ordered_json(a->best->granularity.name()) : nlohmann::ordered_json(nullptr);
-        e["e4m3fn_sqnr_db"] = a->best ? a->best->d.sqnr_db.value_or(0.0) : a->best_sqnr_db;
+        // null where the analysis has none: the tensor comes back exactly (as `fp8kit analyze` prints it).
+        e["e4m3fn_sqnr_db"] = !a->best             ? nlohmann::ordered_json(a->best_sqnr_db)
+                              : a->best->d.sqnr_db ? nlohmann::ordered_json(*a->best->d.sqnr_db)
+                                                   : nlohmann::ordered_json(nullptr);
       }
       fmt::print(output(), "{}\n    {}", first ? "" : ",", str(e));
       first = false;
