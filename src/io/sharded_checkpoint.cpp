@@ -188,9 +188,13 @@ std::vector<const SafetensorsTensor*> ShardedCheckpoint::tensors() const {
 
 // ---------------------------------------------------------------- writing
 
-std::vector<fs::path> write_sharded_safetensors(const fs::path& directory, std::span<const SafetensorsEntry> entries,
-                                                const std::map<std::string, std::string>& metadata,
-                                                const ShardOptions& options) {
+StagedShards::StagedShards(StagedShards&&) noexcept = default;
+StagedShards& StagedShards::operator=(StagedShards&&) noexcept = default;
+StagedShards::~StagedShards() = default;  // each uncommitted AtomicFile removes its temporary file
+
+StagedShards stage_sharded_safetensors(const fs::path& directory, std::span<const SafetensorsEntry> entries,
+                                       const std::map<std::string, std::string>& metadata,
+                                       const ShardOptions& options) {
   FP8KIT_CHECK(is_plain_file_name(options.prefix), "shard prefix ", detail::quoted(options.prefix),
                " must be a plain file name");
   FP8KIT_CHECK(options.max_shard_bytes > 0, "max_shard_bytes must be positive");
@@ -220,46 +224,59 @@ std::vector<fs::path> write_sharded_safetensors(const fs::path& directory, std::
   }
   if (runs.empty()) runs.emplace_back(0, 0);  // no tensors: one empty file
 
-  const bool sharded = runs.size() > 1;
-  const std::string index_name = options.prefix + ".safetensors.index.json";
-  std::vector<std::string> files;
+  StagedShards staged;
+  staged.directory_ = directory;
+  staged.prefix_ = options.prefix;
+  staged.sharded_ = runs.size() > 1;
+  staged.index_name_ = options.prefix + ".safetensors.index.json";
   json weight_map = json::object();
-  std::vector<std::unique_ptr<AtomicFile>> pending;
   for (std::size_t s = 0; s < runs.size(); ++s) {
-    files.push_back(sharded ? shard_name(options.prefix, s, runs.size()) : options.prefix + ".safetensors");
+    staged.files_.push_back(staged.sharded_ ? shard_name(options.prefix, s, runs.size())
+                                            : options.prefix + ".safetensors");
     const auto run = entries.subspan(runs[s].first, runs[s].second - runs[s].first);
-    for (const SafetensorsEntry& e : run) weight_map[e.name] = files.back();
-    pending.push_back(std::make_unique<AtomicFile>(directory / files.back()));
-    detail::write_safetensors_to(*pending.back(), run, metadata);
+    for (const SafetensorsEntry& e : run) weight_map[e.name] = staged.files_.back();
+    staged.pending_.push_back(std::make_unique<AtomicFile>(directory / staged.files_.back()));
+    detail::write_safetensors_to(*staged.pending_.back(), run, metadata);
   }
-  for (auto& f : pending) f->sync();  // the slow part, before the first rename
-  if (sharded) {
+  for (auto& f : staged.pending_) f->sync();  // the slow part, before the first rename
+  if (staged.sharded_) {
     // Hugging Face's layout: sorted keys, two-space indent, a final newline.
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     const std::string text = index.dump(2) + "\n";
-    pending.push_back(std::make_unique<AtomicFile>(directory / index_name));
-    pending.back()->write(std::as_bytes(std::span<const char>(text)));
-    pending.back()->sync();
-    files.push_back(index_name);
+    staged.pending_.push_back(std::make_unique<AtomicFile>(directory / staged.index_name_));
+    staged.pending_.back()->write(std::as_bytes(std::span<const char>(text)));
+    staged.pending_.back()->sync();
+    staged.files_.push_back(staged.index_name_);
   }
-  for (auto& f : pending) f->commit();  // the index (when there is one) last: the commit point
+  return staged;
+}
+
+std::vector<fs::path> StagedShards::commit() {
+  for (auto& f : pending_) f->commit();  // the index (when there is one) last: the commit point
 
   // Files of an earlier checkpoint with this prefix that this one does not use.
-  const std::set<std::string> written(files.begin(), files.end());
+  const std::set<std::string> written(files_.begin(), files_.end());
   bool removed = false;
-  for (const auto& item : fs::directory_iterator(directory, ec)) {
+  std::error_code ec;
+  for (const auto& item : fs::directory_iterator(directory_, ec)) {
     const std::string file = item.path().filename().string();
-    const bool stale_shard = is_shard_name(file, options.prefix);
-    const bool stale_index = !sharded && file == index_name;
+    const bool stale_shard = is_shard_name(file, prefix_);
+    const bool stale_index = !sharded_ && file == index_name_;
     if ((stale_shard || stale_index) && !written.contains(file) && item.is_regular_file(ec)) {
       removed = fs::remove(item.path(), ec) || removed;
     }
   }
-  if (removed) sync_directory(directory);
+  if (removed) sync_directory(directory_);
 
   std::vector<fs::path> paths;
-  for (const std::string& f : files) paths.push_back(directory / f);
+  for (const std::string& f : files_) paths.push_back(directory_ / f);
   return paths;
+}
+
+std::vector<fs::path> write_sharded_safetensors(const fs::path& directory, std::span<const SafetensorsEntry> entries,
+                                                const std::map<std::string, std::string>& metadata,
+                                                const ShardOptions& options) {
+  return stage_sharded_safetensors(directory, entries, metadata, options).commit();
 }
 
 }  // namespace fp8kit

@@ -129,6 +129,31 @@ TEST(ShardedCheckpoint, RewritesRemoveTheFilesOfTheEarlierCheckpointOnly) {
   expect_same_tensors(ShardedCheckpoint::open(dir.path()), m);
 }
 
+// A staged write is invisible until commit(): the directory lists what it did (an earlier checkpoint's files and
+// no temporary file) until then, and the same as write_sharded_safetensors's after; dropped uncommitted, nothing.
+TEST(ShardedCheckpoint, StagedWritesShowNothingUntilCommitted) {
+  TempDir dir;
+  const Model m;
+  ShardOptions options;
+  options.max_shard_bytes = 100;
+  write_sharded_safetensors(dir.path(), m.entries, {}, options);  // 4 shards
+  const std::vector<std::string> before = list_dir(dir.path());
+  options.max_shard_bytes = 250;
+  {
+    StagedShards dropped = stage_sharded_safetensors(dir.path(), m.entries, {}, options);
+    EXPECT_GT(list_dir(dir.path()).size(), before.size());  // the temporary files, beside the old checkpoint
+  }
+  EXPECT_EQ(list_dir(dir.path()), before);
+  StagedShards staged = stage_sharded_safetensors(dir.path(), m.entries, {}, options);
+  StagedShards moved = std::move(staged);
+  const std::vector<std::filesystem::path> files = moved.commit();
+  EXPECT_EQ(files.size(), 3u);  // two shards and the index
+  EXPECT_EQ(list_dir(dir.path()),
+            (std::vector<std::string>{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                      "model.safetensors.index.json"}));
+  expect_same_tensors(ShardedCheckpoint::open(dir.path()), m);
+}
+
 TEST(ShardedCheckpoint, WriterChecksBeforeWriting) {
   TempDir dir;
   const Model m;

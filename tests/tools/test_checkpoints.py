@@ -244,6 +244,41 @@ def check_model_directory_files(exe, root, rng):
                 check("model directory dequantize: 1_Pooling kept",
                       os.path.exists(os.path.join(out + "-bf16", "1_Pooling", "config.json")))
     check("model directory: the input untouched", digest(src) == before)
+    check_all_or_nothing(exe, root, src)
+
+
+def check_all_or_nothing(exe, root, src):
+    """A directory output is written whole or not at all: every file is staged and synced before the first rename.
+    A failure after the weights are written (here: a companion's folder cannot be created, a file stands in its
+    place) leaves an existing output (--force) byte for byte as it was, with no temporary files; an output that
+    cannot be created is an I/O error (exit 1); a directory holding only an interrupted write's temporary files
+    counts as empty."""
+    out = os.path.join(root, "aon-out")
+    os.makedirs(out)
+    old = {"model.safetensors": b"old weights", "config.json": b'{"old": true}', "1_Pooling": b"a file, not a folder"}
+    for name, data in old.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    before = digest(out)
+    r = run(exe, "quantize", src, out, "--layout", "deepseek", "--force")
+    check("all or nothing: exit 1 (I/O), one line", r.returncode == 1 and "1_Pooling" in r.stderr and
+          len(r.stderr.strip().splitlines()) == 1, r.stderr)
+    check("all or nothing: the output as it was", digest(out) == before and sorted(os.listdir(out)) == sorted(old),
+          str(sorted(os.listdir(out))))
+    blocker = os.path.join(root, "aon-file")
+    with open(blocker, "w") as f:
+        f.write("x")
+    r = run(exe, "quantize", src, os.path.join(blocker, "sub"), "--layout", "deepseek")
+    check("cannot create the output directory: exit 1", r.returncode == 1 and "cannot create directory" in r.stderr,
+          f"rc={r.returncode} {r.stderr}")
+    leftover = os.path.join(root, "aon-leftover")
+    os.makedirs(leftover)
+    with open(os.path.join(leftover, ".model.safetensors.tmp-12345-0"), "wb") as f:
+        f.write(b"half a file")
+    r = run(exe, "quantize", src, leftover, "--layout", "deepseek")
+    check("an interrupted write's temporary file: not 'not empty'", r.returncode == 0, r.stderr)
+    check("an interrupted write's temporary file: removed by the next write",
+          not os.path.exists(os.path.join(leftover, ".model.safetensors.tmp-12345-0")), str(os.listdir(leftover)))
 
 
 def check_inspect_memory(exe, root):

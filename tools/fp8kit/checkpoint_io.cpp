@@ -20,6 +20,7 @@
 #include <system_error>
 
 #include "cli_common.hpp"
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/io/atomic_file.hpp"
 
 namespace fp8kit::cli {
@@ -33,10 +34,12 @@ std::string read_text(const fs::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  AtomicFile file(path);
-  file.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
-  file.commit();
+// `text` staged for `path`: written and synced, renamed into place by commit().
+std::unique_ptr<AtomicFile> stage_text(const fs::path& path, const std::string& text) {
+  auto file = std::make_unique<AtomicFile>(path);
+  file->write(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  file->sync();
+  return file;
 }
 
 // Files of a model directory that travel with the weights, at `relative` below it: everything but the checkpoint
@@ -58,19 +61,35 @@ bool is_companion_file(const fs::path& relative) {
   return !is_pickle_path(relative);
 }
 
-// `from` copied to `to` crash-safely (AtomicFile: a temporary, fsync, rename), in 8 MiB pieces.
-void copy_file_atomically(const fs::path& from, const fs::path& to) {
+// `from` staged as a copy at `to` (AtomicFile: a temporary, synced; commit() renames it), in 8 MiB pieces.
+std::unique_ptr<AtomicFile> stage_copy(const fs::path& from, const fs::path& to) {
   std::ifstream in(from, std::ios::binary);
   if (!in) throw UsageError("cannot read '" + from.string() + "'");
-  AtomicFile file(to);
+  auto file = std::make_unique<AtomicFile>(to);
   std::vector<char> buffer(std::size_t{8} << 20);
   while (in) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
     const auto got = static_cast<std::size_t>(in.gcount());
-    if (got > 0) file.write(std::as_bytes(std::span<const char>(buffer.data(), got)));
+    if (got > 0) file->write(std::as_bytes(std::span<const char>(buffer.data(), got)));
   }
   if (in.bad()) throw UsageError("reading '" + from.string() + "' failed");
-  file.commit();
+  file->sync();
+  return file;
+}
+
+// A name AtomicFile gives its temporary files (".<name>.tmp-<pid>-<n>"): what an interrupted write leaves behind.
+bool is_temporary_name(const std::string& name) {
+  return name.size() > 1 && name[0] == '.' && name.find(".tmp-") != std::string::npos;
+}
+
+// A directory that holds nothing, or only the temporary files of an interrupted write (the next write of those
+// names removes them).
+bool is_empty_output(const fs::path& directory) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(directory, ec)) {
+    if (!is_temporary_name(e.path().filename().string()) || !e.is_regular_file(ec)) return false;
+  }
+  return !ec;
 }
 
 }  // namespace
@@ -159,7 +178,7 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
     if (fs::exists(o, ec) && !fs::is_directory(o, ec)) {
       throw UsageError("'" + out + "' is a file; the input is a directory, so the output is a directory");
     }
-    if (fs::is_directory(o, ec) && !fs::is_empty(o, ec) && !force) {
+    if (fs::is_directory(o, ec) && !is_empty_output(o) && !force) {
       throw UsageError("'" + out + "' exists and is not empty; pass --force to write into it");
     }
   } else {
@@ -188,15 +207,29 @@ std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string
   }
   ShardOptions shards;
   if (!max_shard_size.empty()) shards.max_shard_bytes = parse_shard_size(max_shard_size);
+  // Every file is written and synced before the first is renamed into place, the weights' index last: a failure
+  // while writing (a full disk, an unreadable file to copy) leaves OUT as it was, and a directory this command
+  // created is removed again.
   std::error_code ec;
+  const bool created = !fs::exists(o, ec);
   fs::create_directories(o, ec);
-  if (ec) throw UsageError("cannot create directory '" + out + "': " + ec.message());
-  write_sharded_safetensors(o, entries, metadata, shards);
-  if (config_json) write_text_atomically(o / "config.json", *config_json);
-  return copy_companion_files(in.path, o);
+  if (ec) FP8KIT_THROW(ErrorKind::kIo, "cannot create directory '", out, "': ", ec.message());
+  try {
+    StagedShards weights = stage_sharded_safetensors(o, entries, metadata, shards);
+    std::vector<std::unique_ptr<AtomicFile>> others;
+    if (config_json) others.push_back(stage_text(o / "config.json", *config_json));
+    const std::size_t copied = stage_companion_files(in.path, o, others);
+    for (auto& f : others) f->commit();
+    weights.commit();
+    return copied;
+  } catch (...) {
+    if (created) fs::remove_all(o, ec);  // only what this command made: the staged files are gone already
+    throw;
+  }
 }
 
-std::size_t copy_companion_files(const fs::path& from, const fs::path& to) {
+std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
+                                  std::vector<std::unique_ptr<AtomicFile>>& staged) {
   std::size_t copied = 0;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(from, ec); !ec && it != fs::recursive_directory_iterator();
@@ -208,9 +241,11 @@ std::size_t copy_companion_files(const fs::path& from, const fs::path& to) {
     }
     if (!it->is_regular_file(ec) || !is_companion_file(relative)) continue;  // is_regular_file follows symlinks
     fs::create_directories((to / relative).parent_path(), ec);
-    if (ec)
-      throw UsageError("cannot create directory '" + (to / relative).parent_path().string() + "': " + ec.message());
-    copy_file_atomically(it->path(), to / relative);
+    if (ec) {
+      FP8KIT_THROW(ErrorKind::kIo, "cannot create directory '", (to / relative).parent_path().string(),
+                   "': ", ec.message());
+    }
+    staged.push_back(stage_copy(it->path(), to / relative));
     ++copied;
   }
   if (ec) throw UsageError("cannot list '" + from.string() + "': " + ec.message());

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cli_common.hpp"
+#include "fp8kit/io/atomic_file.hpp"
 #include "fp8kit/io/safetensors.hpp"
 #include "fp8kit/io/sharded_checkpoint.hpp"
 
@@ -35,8 +37,10 @@ CheckpointInput open_checkpoint_input(const std::string& path);
 void check_output(const CheckpointInput& in, const std::string& out, bool force, const std::string& max_shard_size);
 
 // Writes the entries to OUT: one file (write_safetensors), or a directory (created when missing) of shards with
-// an index (write_sharded_safetensors), plus `config_json` as config.json and the input directory's other files
-// (copy_companion_files), each written crash-safely.
+// an index (stage_sharded_safetensors), plus `config_json` as config.json and the input directory's other files
+// (stage_companion_files): all written and synced before any is renamed into place (the index last), so a failure
+// while writing leaves OUT as it was (a directory it created is removed). An existing directory (--force) keeps
+// its files that the output does not replace, less an earlier checkpoint's stale shards.
 // `max_shard_size` ("5GB" when empty) splits a directory's shards; given for a file output, it is a UsageError.
 // Returns the number of other files copied (0 for a file output).
 std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string& out,
@@ -44,12 +48,14 @@ std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string
                                     const std::map<std::string, std::string>& metadata,
                                     const std::optional<std::string>& config_json, const std::string& max_shard_size);
 
-// Copies every file of the model directory `from` that is not the checkpoint itself into `to`, subfolders
-// included, at the same relative paths, each crash-safely: tokenizer and generation configs, sentence-transformers'
-// modules.json, 1_Pooling/, 2_Dense/ (its weights as they are), onnx/, README. Not copied: the top-level
-// .safetensors shards, their index and config.json (written anew), pickles (never read) and hidden files and
-// folders. Symlinks to files are copied as their contents. Returns how many files it copied.
-std::size_t copy_companion_files(const std::filesystem::path& from, const std::filesystem::path& to);
+// Stages (AtomicFile, synced, not yet renamed: the caller commits them) a copy of every file of the model
+// directory `from` that is not the checkpoint itself at the same relative path below `to`, subfolders included:
+// tokenizer and generation configs, sentence-transformers' modules.json, 1_Pooling/, 2_Dense/ (its weights as they
+// are), onnx/, README. Not copied: the top-level .safetensors shards, their index and config.json (written anew),
+// pickles (never read) and hidden files and folders. Symlinks to files are copied as their contents. Returns how
+// many files it staged.
+std::size_t stage_companion_files(const std::filesystem::path& from, const std::filesystem::path& to,
+                                  std::vector<std::unique_ptr<AtomicFile>>& staged);
 
 // "; 3 other files copied" for a summary line (empty for none).
 inline std::string other_files(std::size_t files) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -64,6 +65,38 @@ struct ShardOptions {
   // of one shard "<prefix>.safetensors" without an index.
   std::string prefix = "model";
 };
+
+class AtomicFile;
+
+// A sharded checkpoint written but not yet visible (stage_sharded_safetensors): every shard and the index in
+// temporary files beside their names, synced. commit() renames them into place, the index last, and removes what an
+// earlier checkpoint of the same prefix left that this one does not use; destroyed uncommitted, it removes its
+// temporary files and the directory is as it was. A caller with more files to write (a config.json, a model's other
+// files) stages them too and commits them all together, after the last byte is on disk.
+class StagedShards {
+ public:
+  StagedShards(StagedShards&&) noexcept;
+  StagedShards& operator=(StagedShards&&) noexcept;
+  ~StagedShards();
+  // The renames, then the removals. Returns the files written, shards first.
+  std::vector<std::filesystem::path> commit();
+
+ private:
+  friend StagedShards stage_sharded_safetensors(const std::filesystem::path&, std::span<const SafetensorsEntry>,
+                                                const std::map<std::string, std::string>&, const ShardOptions&);
+  StagedShards() = default;
+  std::filesystem::path directory_;
+  std::string prefix_, index_name_;
+  bool sharded_ = false;
+  std::vector<std::string> files_;
+  std::vector<std::unique_ptr<AtomicFile>> pending_;
+};
+
+// write_sharded_safetensors up to the renames: everything written and synced, nothing visible until commit().
+StagedShards stage_sharded_safetensors(const std::filesystem::path& directory,
+                                       std::span<const SafetensorsEntry> entries,
+                                       const std::map<std::string, std::string>& metadata = {},
+                                       const ShardOptions& options = {});
 
 // Splits `entries` into shards in their order (a new shard starts when the next tensor would pass the limit)
 // and writes them into `directory` (which must exist), each shard with `metadata` as its `__metadata__`, then
