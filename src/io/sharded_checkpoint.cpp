@@ -123,6 +123,8 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& path) {
   const auto map = root.find("weight_map");
   if (map == root.end()) INDEX_FAIL("the index has no \"weight_map\"");
   if (!map->is_object()) INDEX_FAIL("\"weight_map\" must be an object, not ", json_kind(*map));
+  // Nothing to read: a checkpoint without tensors is one model.safetensors, never an index (save_pretrained).
+  if (map->empty()) INDEX_FAIL("\"weight_map\" is empty: the index lists no tensor");
   std::map<std::string, std::vector<std::string>> by_shard;  // shard file -> its tensors
   for (const auto& [tensor, file] : map->items()) {
     if (!file.is_string())

@@ -210,6 +210,7 @@ TEST(ShardedCheckpoint, EveryInconsistentOrHostileIndexIsRefused) {
        "unexpected end of input; expected string literal"},
       {R"({"metadata": {}})", "the index has no \"weight_map\""},
       {R"({"weight_map": []})", "\"weight_map\" must be an object, not an array"},
+      {R"({"weight_map": {}})", "\"weight_map\" is empty: the index lists no tensor"},
       {R"({"metadata": 3, "weight_map": {}})", "\"metadata\" must be an object, not a number"},
       {R"({"weight_map": {"a": 1}})", "weight_map maps 'a' to a number, not a file name"},
       {R"({"weight_map": {"a": "s1.safetensors", "a": "s1.safetensors"}})",
