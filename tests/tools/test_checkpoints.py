@@ -245,6 +245,29 @@ def check_model_directory_files(exe, root, rng):
                       os.path.exists(os.path.join(out + "-bf16", "1_Pooling", "config.json")))
     check("model directory: the input untouched", digest(src) == before)
     check_all_or_nothing(exe, root, src)
+    check_metadata_carried(exe, root, rng)
+
+
+def check_metadata_carried(exe, root, rng):
+    """The input's __metadata__ travels to the output of convert, quantize and dequantize (a diffusion checkpoint's
+    notes, a modelspec), "format" set to "pt"; fp8kit's own native-layout keys are written by quantize and dropped
+    by dequantize."""
+    src = os.path.join(root, "meta.safetensors")
+    save_file({"blocks.0.attn.weight": rng.normal(0, 0.05, (64, 32)).astype(np.float32)}, src,
+              metadata={"format": "tf", "modelspec.title": "a model", "notes": '{"x": [1]}'})
+    kept = {"modelspec.title": "a model", "notes": '{"x": [1]}', "format": "pt"}
+    steps = [("convert", src, "meta-f16.safetensors", "--to", "f16"),
+             ("quantize", src, "meta-q.safetensors", "--layout", "native", "--scheme", "fp8-tensor"),
+             ("dequantize", os.path.join(root, "meta-q.safetensors"), "meta-dq.safetensors")]
+    for cmd, inp, out, *opts in steps:
+        r = run(exe, cmd, inp, os.path.join(root, out), *opts)
+        check(f"metadata {cmd}: exit 0", r.returncode == 0, r.stderr)
+        if r.returncode != 0:
+            continue
+        _, meta, _ = read_st(os.path.join(root, out))
+        own = {k: v for k, v in meta.items() if k.startswith("fp8kit.")}
+        check(f"metadata {cmd}: the input's kept", {k: meta.get(k) for k in kept} == kept, str(meta))
+        check(f"metadata {cmd}: fp8kit's own only where quantized", bool(own) == (cmd == "quantize"), str(meta))
 
 
 def check_all_or_nothing(exe, root, src):

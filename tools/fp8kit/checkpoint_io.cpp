@@ -195,6 +195,15 @@ std::uint64_t parse_shard_size(const std::string& text) {
   return bytes;
 }
 
+std::map<std::string, std::string> carried_metadata(const CheckpointInput& in) {
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : in.metadata) {
+    if (!key.starts_with("fp8kit.")) out.emplace(key, value);
+  }
+  out["format"] = "pt";
+  return out;
+}
+
 std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string& out,
                                     std::vector<SafetensorsEntry> entries,
                                     const std::map<std::string, std::string>& metadata,

@@ -36,6 +36,10 @@ CheckpointInput open_checkpoint_input(const std::string& path);
 // counts as existing), and a valid --max-shard-size only for a directory. Each failure is a UsageError.
 void check_output(const CheckpointInput& in, const std::string& out, bool force, const std::string& max_shard_size);
 
+// The __metadata__ an output keeps from its input (every shard's, merged): each key but fp8kit's own (`fp8kit.*`,
+// the native layout's description, written anew by quantize and stale once dequantized), and "format" "pt".
+std::map<std::string, std::string> carried_metadata(const CheckpointInput& in);
+
 // Writes the entries to OUT: one file (write_safetensors), or a directory (created when missing) of shards with
 // an index (stage_sharded_safetensors), plus `config_json` as config.json and the input directory's other files
 // (stage_companion_files): all written and synced before any is renamed into place (the index last), so a failure

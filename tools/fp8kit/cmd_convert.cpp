@@ -70,7 +70,7 @@ void run_convert(const ConvertArgs& args) {
     config_out = j.dump(2) + "\n";
   }
   const std::size_t files_copied =
-      write_checkpoint_output(in, args.out, std::move(entries), {{"format", "pt"}}, config_out, args.max_shard_size);
+      write_checkpoint_output(in, args.out, std::move(entries), carried_metadata(in), config_out, args.max_shard_size);
   progress.reset();
   if (args.json) {
     CheckpointReport r{"convert",

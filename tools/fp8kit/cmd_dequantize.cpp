@@ -83,7 +83,7 @@ void run_dequantize(const DequantizeArgs& args) {
     entries.push_back(safetensors_entry(*t));
     ++copied;
   }
-  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::map<std::string, std::string> metadata = carried_metadata(in);  // the input's, less fp8kit's own
   std::optional<std::string> config_out;
   if (in.config) {
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(*in.config, nullptr, false);

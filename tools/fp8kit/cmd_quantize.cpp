@@ -95,7 +95,7 @@ void run_quantize(const QuantizeArgs& args) {
   auto cache = std::make_shared<ScaleCache>();
   auto progress = std::make_shared<Progress>("quantize");
   std::vector<SafetensorsEntry> entries;
-  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::map<std::string, std::string> metadata = carried_metadata(in);  // the input's, less fp8kit's own
   std::vector<std::string> ignored;  // 2-D float weights left as they are, for the quantization_config
   std::size_t quantized = 0;
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
