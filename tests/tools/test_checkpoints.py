@@ -184,6 +184,13 @@ def check_foreign_files(exe, root, rng):
         check(f"foreign {layout}: dequantized to the reference formula", r.returncode == 0 and sorted(d) == ["m.weight"] and
               np.array_equal(d["m.weight"], reference_dequant(ref, tensors["m.weight"], tensors[scale])), r.stderr)
         check(f"foreign {layout}: close to the original", np.all(np.abs(d["m.weight"] - w) <= 0.07 * np.abs(w) + 1e-5))
+    # Two layouts in one file (a DeepSeek pair beside a compressed-tensors one) would come out half quantized.
+    mixed = os.path.join(root, "foreign-mixed.safetensors")
+    save_file({"a.weight": q_ds, "a.weight_scale_inv": s_ds, "b.weight": q_ct, "b.weight_scale": s_ct}, mixed)
+    r = run(exe, "dequantize", mixed, mixed + ".out.safetensors")
+    check("foreign mixed layouts: refused in one line", one_line_error(r, "dequantize") and
+          "'b.weight' has its scale as 'b.weight_scale'" in r.stderr and not os.path.exists(mixed + ".out.safetensors"),
+          r.stderr)
 
 
 def check_model_directory_files(exe, root, rng):

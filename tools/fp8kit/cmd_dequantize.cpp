@@ -79,7 +79,19 @@ void run_dequantize(const DequantizeArgs& args) {
       continue;
     }
     if (dropped.count(t->name) || is_activation_scale(t->name)) continue;
-    if (tensor_dtype(t->dtype) && is_fp8(*tensor_dtype(t->dtype))) ++unscaled_fp8;
+    if (tensor_dtype(t->dtype) && is_fp8(*tensor_dtype(t->dtype))) {
+      // A scale under another layout's name: two layouts in one checkpoint, which would come out half quantized.
+      for (const CheckpointLayout other :
+           {CheckpointLayout::kDeepSeek, CheckpointLayout::kNative, CheckpointLayout::kCompressedTensors}) {
+        if (const std::string s = scale_name(t->name, other); in.checkpoint.find(s) != nullptr) {
+          throw UsageError("'" + t->name + "' has its scale as '" + s + "', but this checkpoint reads as " +
+                           std::string(name(layout)) + " (" + detection.evidence + "), whose scale would be '" +
+                           scale_name(t->name, layout) +
+                           "': one checkpoint is read in one layout: rename its scales to one layout's names");
+        }
+      }
+      ++unscaled_fp8;
+    }
     entries.push_back(safetensors_entry(*t));
     ++copied;
   }
