@@ -373,6 +373,7 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
   FP8KIT_CHECK(is_fp8_dtype(weight.dtype), detail::quoted(weight.name), " is ", name(weight.dtype),
                ", not an FP8 weight (F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ)");
   PairInfo p;
+  bool guessed_block = false;  // the scale is neither a tensor's nor a channel's: then it must be the block grid
   p.format = *fp8_format(*tensor_dtype(weight.dtype));
   const std::int64_t cols = weight.shape.empty() ? 1 : weight.shape.back();
   const std::int64_t n = numel_of(weight.shape);
@@ -410,6 +411,7 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
       p.granularity = Granularity::row();
     } else {
       p.granularity = Granularity::block(config.block_rows, config.block_cols);
+      guessed_block = true;
     }
   }
   if (!p.mx_scale) {
@@ -424,6 +426,8 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
       numel_of(scale.shape) == p.grid &&
       (scale.shape.size() != 2 || p.granularity.kind == Granularity::Kind::kTensor ||
        p.granularity.kind == Granularity::Kind::kRow || (scale.shape[0] == gr && scale.shape[1] == gc));
+  FP8KIT_CHECK(shape_ok || !guessed_block, pair, ": the scale fits no granularity: one element (tensor), [", p.rows,
+               ", 1] or [", p.rows, "] (channel), or [", gr, ", ", gc, "] (", p.granularity.name(), ")");
   FP8KIT_CHECK(shape_ok, pair, ": the scale does not fit ", p.granularity.name(), " granularity (", gr, " x ", gc,
                " scales expected)");
   return p;

@@ -441,7 +441,8 @@ TEST(CheckpointLayout, Refusals) {
       std::string(error_of([&] {
                     load_checkpoint_tensor(CheckpointLayout::kDeepSeek, weight, scale, QuantizationConfig{{}, 64, 64});
                   }).what())
-          .find("does not fit block:64x64"),
+          .find("the scale fits no granularity: one element (tensor), [300, 1] or [300] (channel), or [5, 4] "
+                "(block:64x64)"),
       std::string::npos);
   EXPECT_NE(std::string(error_of([&] { load_checkpoint_tensor(CheckpointLayout::kDeepSeek, scale, scale); }).what())
                 .find("not an FP8 weight"),
