@@ -465,7 +465,10 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
 
   if (diagnostics != nullptr) {
     *diagnostics = measure(x, q, multiplier, total);
-    if (options.granularity.kind == Granularity::Kind::kTensor) diagnostics->scale = multiplier[0];
+    // An empty matrix has no block: its scale is the formula's for amax 0 (1, Transformer Engine's guard).
+    if (options.granularity.kind == Granularity::Kind::kTensor) {
+      diagnostics->scale = multiplier.empty() ? 1.0f : multiplier[0];
+    }
   }
 }
 

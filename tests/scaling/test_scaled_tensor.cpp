@@ -52,6 +52,14 @@ TEST(ScaledTensor, ScalarAndEmpty) {
   EXPECT_EQ(s.shape(), Shape{});  // a 0-d tensor stays 0-d
   const ScaledTensor e = quantize(zeros(Shape{0, 8}, DType::float32), QuantizeOptions{});
   EXPECT_EQ(dequantize(e).numel(), 0);
+  // With diagnostics (what fp8kit analyze asks for): an empty matrix has no block; its scale is amax 0's, 1.
+  for (const DType dtype : {DType::float32, DType::bfloat16}) {
+    QuantDiagnostics d;
+    const ScaledTensor ed = quantize(zeros(Shape{0, 8}, dtype).matrix(), QuantizeOptions{}, &d);
+    EXPECT_EQ(d.scale, std::optional<float>(1.0f)) << name(dtype);
+    EXPECT_TRUE(d.exact);
+    EXPECT_EQ(d.count, 0u);
+  }
 }
 
 // The one type for matrices and tensors: a matrix quantized has the matrix's shape and float32 as its origin, and

@@ -37,12 +37,17 @@ std::string sqnr_text(const QuantDiagnostics& d) {
   return d.exact ? "exact" : "-";
 }
 
+// "SQNR 31.6 dB", or "exact" where nothing was lost (no SQNR: no error to measure).
+std::string sqnr_phrase(const QuantDiagnostics& d) {
+  return d.sqnr_db ? "SQNR " + sqnr_text(d) + " dB" : d.exact ? "exact" : "no SQNR";
+}
+
 std::string verdict(const std::vector<Row>& rows) {
   // e4m3fn's precision is the point of FP8 for weights and activations; among holders prefer coarse, then SQNR
   const Row* best = best_holding(rows);
   if (best != nullptr) {
-    return fmt::format("verdict: {} holds this tensor at '{}' granularity (SQNR {} dB, {:.3f}% underflow, 0 saturated)",
-                       name(best->format), best->granularity.name(), sqnr_text(best->d),
+    return fmt::format("verdict: {} holds this tensor at '{}' granularity ({}, {:.3f}% underflow, 0 saturated)",
+                       name(best->format), best->granularity.name(), sqnr_phrase(best->d),
                        100.0 * best->d.underflow_fraction());
   }
   const Row* top = nullptr;
@@ -53,8 +58,8 @@ std::string verdict(const std::vector<Row>& rows) {
   return fmt::format(
       "verdict: no combination tried holds this tensor (SQNR >= {:.0f} dB, <= {:.1f}% underflow, none "
       "saturated); "
-      "best: {} '{}' at {} dB, {:.3f}% underflow, {} saturated",
-      kGoodSqnrDb, 100.0 * kMaxUnderflowFraction, name(top->format), top->granularity.name(), sqnr_text(top->d),
+      "best: {} '{}' with {}, {:.3f}% underflow, {} saturated",
+      kGoodSqnrDb, 100.0 * kMaxUnderflowFraction, name(top->format), top->granularity.name(), sqnr_phrase(top->d),
       100.0 * top->d.underflow_fraction(), top->d.saturated_count);
 }
 

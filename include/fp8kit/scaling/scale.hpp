@@ -20,7 +20,8 @@ struct ScaleOptions {
 // The quantization scale for a tensor (or block) with this amax, for `format`'s largest finite value:
 //   amax NaN or +-Inf -> previous_scale (Transformer Engine keeps the last good scale)
 //   amax = max(amax, epsilon); amax == 0 -> previous_scale (nothing to scale)
-//   scale = fp8_max / amax / 2^margin, rounded once to float; if that overflows float -> FLT_MAX
+//   scale = fp8_max / amax / 2^margin, rounded once to float; if that overflows float -> FLT_MAX, below FLT_MIN
+//   (a large margin) -> FLT_MIN (so that 1 / scale stays finite)
 //   kPowerOfTwoDown: the largest power of two <= scale
 float compute_scale(float amax, Format format, const ScaleOptions& options = {}, float previous_scale = 1.0f);
 

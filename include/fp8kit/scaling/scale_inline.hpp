@@ -30,7 +30,9 @@ FP8KIT_HD inline float scale_from_amax(float amax, float fp8_max, const ScaleOpt
   float scale = fp8_max / a;
   if (options.margin != 0) scale = ldexpf(scale, -options.margin);
   if ((std::bit_cast<std::uint32_t>(scale) & 0x7FFFFFFFu) == 0x7F800000u) scale = 3.40282347e38f;  // FLT_MAX
-  if (scale == 0.0f) scale = std::bit_cast<float>(1u);  // a huge amax: the smallest positive scale
+  // A large margin can take it below float's normal range, where 1 / scale would be Inf (and dequantizing NaN): the
+  // smallest normal float instead, whose inverse 2^126 is finite.
+  if (scale < 1.17549435e-38f) scale = 1.17549435e-38f;  // FLT_MIN
   if (options.rounding == ScaleRounding::kPowerOfTwoDown) {
     int exponent = 0;
     frexpf(scale, &exponent);  // scale = m * 2^exponent, 0.5 <= m < 1
