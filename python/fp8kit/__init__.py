@@ -3,24 +3,25 @@ PyTorch tensors, over the fp8kit C++ library.
 
     import numpy as np, fp8kit
     q = fp8kit.cast(np.array([448.0, 449.0, 465.0], np.float32), "e4m3fn")   # ml_dtypes float8_e4m3fn array
-    fp8kit.cast(q, "float32")                                                  # back: [448, 448, 448] (saturated)
+    fp8kit.cast(q, "float32")              # back: [448, 448, nan] (465 overflows; saturate=True gives 448)
 
 Outputs follow the input: NumPy in, NumPy out; torch in, torch out. Contiguous inputs are read in place (no copy);
 non-contiguous ones are copied once into a contiguous array first. Errors are ValueError (a bad value: an unknown
-format, a negative thread count), TypeError (an unsupported array or dtype) and OSError (files), with fp8kit's
-one-line message.
+format or a dtype fp8kit does not cast, a thread count below 1), TypeError (an argument of the wrong type: not an
+array, a dtype or an int where one is expected) and OSError (files), with fp8kit's one-line message.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, as_bits, empty_like_of, kind_of, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, as_bits, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -53,15 +54,20 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
     """Casts x to `dtype`, exactly as fp8kit's C++ library does (bit-identical to the scalar codec).
 
     x: a NumPy array (float32, float64, float16, ml_dtypes.bfloat16, or an ml_dtypes FP8 dtype), a torch.Tensor
-       of those, anything else with __dlpack__, or what NumPy turns into an array (lists, scalars: as float32).
+       of those, anything else with __dlpack__, or what NumPy turns into an array (lists and scalars of Python
+       floats as float64, each value rounded once from its exact double; ints as float64).
     dtype: "e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu" (or "float8_e4m3fn" ...), "float32", "bfloat16",
        "float16", "float64"; or the ml_dtypes / NumPy / torch dtype object.
     To FP8 from float32, bfloat16, float16: q = encode(x * scale), rounded once (the bulk SIMD kernels).
       saturate: False (the default, as ml_dtypes and PyTorch <= 2.11 .to()): overflow gives Inf (e5m2) or NaN;
         True (CUDA's satfinite, Transformer Engine, torchao): the largest finite value.
       scale: the quantization scale, multiplied in float32 before the cast (None: 1).
-      rounding: "nearest" (ties to even) or "stochastic" (seeded: `seed`, default 0; the same seed gives the same
-        bits on every run and thread count).
+      rounding: "nearest" (ties to even) or "stochastic" (seeded: `seed`, 0 .. 2^64 - 1, default 0; the same seed
+        gives the same bits on every run and thread count, and the same draw at each position of every call: casting
+        the same values every step with one seed rounds them the same way each time, so pass a new seed per step,
+        e.g. the step number). Without saturate, a value between the largest finite one and the next step past
+        it is rounded up into NaN (e4m3fn) or Inf (e5m2) with the probability of rounding up: stochastic rounding
+        of values near the top of the range wants saturate=True.
     From FP8 to float32, bfloat16, float16: x = decode(q) * scale (exact when scale is None).
     Every other pair (float64, FP8 to FP8, float to float): each element rounded once from its exact value, under
     `saturate` for an FP8 target.
@@ -83,8 +89,10 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         stochastic = True
     else:
         raise ValueError(f"rounding must be 'nearest' or 'stochastic', not {rounding!r}")
-    if threads is not None and type(threads) is not int:
-        raise TypeError(f"threads must be an int, not {type(threads).__name__}")
+    if threads is not None:
+        threads = check_threads(threads)
+    if seed is not None:
+        seed = check_int("seed", seed, 0, 2**64 - 1)
     to_fp8 = src.dtype_name in _KERNEL_WIDE and target in _FP8_SET
     from_fp8 = src.dtype_name in _FP8_SET and target in _KERNEL_WIDE
     if stochastic and not to_fp8:
@@ -210,12 +218,18 @@ def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, sat
         raise ValueError("MX scales are powers of two: scale_rounding is 'floor' or 'rceil' for mx32")
     if not is_mx and scale_rounding in ("floor", "rceil"):
         raise ValueError(f"scale_rounding {scale_rounding!r} is for mx32")
+    if granularity.endswith("-rceil") and scale_rounding == "floor":
+        raise ValueError(f"granularity {granularity!r} takes RCEIL scales, scale_rounding 'floor' contradicts it")
     if scale_rounding == "rceil":
         granularity = granularity + "-rceil" if not granularity.endswith("-rceil") else granularity
+    margin = check_int("margin", margin, -(2**31), 2**31 - 1)
+    if is_mx and margin != 0:
+        raise ValueError("margin does not apply to mx32: its E8M0 scales come from each block's amax by OCP's rule")
+    threads = check_threads(threads)
     kind = kind_of(x)
     src, name, bits = _wide_matrix_input(x, kind, "quantize", threads)
     rows, cols = _matrix_shape(src.shape)
-    q = _fp8kit.quantize(bits.reshape(-1), name, rows, cols, target, granularity, bool(saturate), int(margin),
+    q = _fp8kit.quantize(bits.reshape(-1), name, rows, cols, target, granularity, bool(saturate), margin,
                          scale_rounding == "pow2", threads)
     return ScaledTensor(q, kind, src.shape, name)
 
@@ -227,6 +241,7 @@ def dequantize(q: ScaledTensor, dtype: Any = "float32", *, threads: Optional[int
     target = resolve_dtype(dtype)
     if target not in _KERNEL_WIDE:
         raise ValueError(f"dequantize gives float32, bfloat16 or float16, not {target}")
+    threads = check_threads(threads)
     like = q.data
     result, bits = empty_like_of(like, q._kind, q.shape, target, None)
     if bits.size:
@@ -238,6 +253,9 @@ def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) 
     """max |x| over the finite elements: a float for granularity "tensor", else a float32 array with one value per
     block of the granularity (as quantize's scale_inv is laid out). x is read as float32 (other float types are
     converted first: a copy)."""
+    if not isinstance(granularity, str):
+        raise TypeError(f"granularity must be a string ({_GRANULARITIES}), not {type(granularity).__name__}")
+    threads = check_threads(threads)
     kind = kind_of(x)
     src = as_bits(x, kind)
     bits = src.bits
@@ -279,6 +297,7 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
     bias: N float32 values or None. out_dtype: "float32" or "bfloat16".
     Returns an (M, N) array of a's kind. The kernel is the level's (fp8kit.conversion_kernel() for the casts;
     docs/gemm.md for the GEMMs and their results contract)."""
+    threads = check_threads(threads)
     kind = kind_of(a)
     sa, sb = as_bits(a, kind), None
     if kind_of(b) != kind:
@@ -366,6 +385,7 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
     for g in granularity_names:
         if not isinstance(g, str):
             raise TypeError(f"granularity must be a string ({_GRANULARITIES}), not {type(g).__name__}")
+    threads = check_threads(threads)
     src, name, bits = _wide_matrix_input(x, kind_of(x), "analyze", threads)
     rows, cols = _matrix_shape(src.shape)
     result = _fp8kit.analyze(bits.reshape(-1), name, rows, cols, formats_, granularity_names, bool(saturate), threads)
@@ -383,8 +403,21 @@ def _path(p: Any, what: str) -> str:
         raise TypeError(f"{what} must be a path (str or os.PathLike), not {type(p).__name__}") from None
 
 
+# The CLI's options in the commands' messages, as the Python functions spell them.
+_PYTHON_SPELLING = {"--force": "force=True", "--scheme": "scheme", "--layout": "layout", "--format": "format",
+                    "--ignore": "ignore", "--scale-fmt": "scale_fmt", "--max-shard-size": "max_shard_size",
+                    "--to": "to", "--saturate": "saturate=True", "--no-saturate": "saturate=False"}
+_CLI_OPTION = re.compile(r"--[a-z][a-z0-9-]*")
+
+
 def _command(args: list) -> Any:
-    return json.loads(_fp8kit.command(args))
+    try:
+        return json.loads(_fp8kit.command(args))
+    except (ValueError, OSError, RuntimeError) as e:
+        message = _CLI_OPTION.sub(lambda m: _PYTHON_SPELLING.get(m.group(0), m.group(0)), str(e))
+        if message == str(e):
+            raise
+        raise type(e)(message) from None
 
 
 _CLI_DTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",

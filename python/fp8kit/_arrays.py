@@ -36,6 +36,8 @@ def resolve_dtype(dtype: Any) -> str:
     """The canonical name of a dtype given as a name ("e4m3fn", "float8_e4m3fn", "bfloat16"), a NumPy / ml_dtypes
     dtype or scalar type, or a torch dtype. ValueError for a name fp8kit does not know, TypeError for other
     objects."""
+    if dtype is None:  # np.dtype(None) would be float64
+        raise TypeError(f"dtype must be given: a name ({_KNOWN}), a NumPy/ml_dtypes dtype or a torch dtype")
     if isinstance(dtype, str):
         name = _NAME_OF_STRING.get(dtype)
         if name is not None:
@@ -54,7 +56,29 @@ def resolve_dtype(dtype: Any) -> str:
     for name, known in _NUMPY.items():
         if np_dtype == known:
             return name
+    if np_dtype.byteorder == ">" and np_dtype.newbyteorder("=") in _NAME_OF_NUMPY:
+        raise ValueError(f"fp8kit reads native (little-endian) byte order, not {np_dtype}: convert first with "
+                         f".astype('{np_dtype.newbyteorder('=').str}')")
     raise ValueError(f"fp8kit does not cast {np_dtype} (use {_KNOWN})")
+
+
+def check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """An integer argument, checked: TypeError for anything but an int (bool included), ValueError outside
+    [lo, hi]; what the library would otherwise get from nanobind's multi-line signature error."""
+    if type(value) is not int and not isinstance(value, np.integer):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
+    return int(value)
+
+
+def check_threads(threads: Optional[int]) -> Optional[int]:
+    """threads: None (all cores) or 1 .. 2^31 - 1 (what OpenMP takes)."""
+    if threads is None:
+        return None
+    if type(threads) is int and threads < 1:  # the library's own wording
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    return check_int("threads", threads, 1, 2**31 - 1)
 
 
 class Source:
@@ -108,7 +132,11 @@ def as_bits(x: Any, kind: str) -> Source:
         if hasattr(x, "__dlpack__"):
             x = np.from_dlpack(x)
         else:
-            x = np.asarray(x, dtype=np.float32)
+            # Lists, scalars, buffers: as NumPy types them (Python floats are doubles: rounded once from there);
+            # Python ints and bools as float64.
+            x = np.asarray(x)
+            if x.dtype.kind in "biu":
+                x = x.astype(np.float64)
     name = resolve_dtype(x.dtype)
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
@@ -123,9 +151,13 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
             flags = out.flags
             if out.dtype == _NUMPY[name] and out.shape == shape and flags.c_contiguous and flags.writeable:
                 return out, out
-        if kind_of(out) != kind:
-            raise TypeError(f"out must be a {'torch.Tensor' if kind == 'torch' else 'NumPy array'} like the input")
-        out_name = resolve_dtype(out.dtype)
+        if kind_of(out) != kind or (kind == "numpy" and not isinstance(out, np.ndarray)):
+            raise TypeError(f"out must be a {'torch.Tensor' if kind == 'torch' else 'NumPy array'} like the input, "
+                            f"not {type(out).__name__}")
+        try:
+            out_name = resolve_dtype(out.dtype)
+        except ValueError:
+            raise ValueError(f"out is {out.dtype} {tuple(out.shape)}; the result is {name} {tuple(shape)}") from None
         if out_name != name or tuple(out.shape) != tuple(shape):
             raise ValueError(f"out is {out_name} {tuple(out.shape)}; the result is {name} {tuple(shape)}")
         if kind == "torch":

@@ -195,6 +195,35 @@ def test_errors():
         fp8kit.cast(x, "e4m3fn", out=np.empty(2, ml_dtypes.float8_e5m2))
     with pytest.raises(TypeError, match="dtype must be"):
         fp8kit.cast(x, 3.5)
+    with pytest.raises(TypeError, match="dtype must be given"):
+        fp8kit.cast(x, None)  # not NumPy's default float64
+    with pytest.raises(TypeError, match="out must be a NumPy array like the input, not list"):
+        fp8kit.cast(x, "e4m3fn", out=[0, 0])
+    with pytest.raises(ValueError, match="out is uint8"):
+        fp8kit.cast(x, "e4m3fn", out=np.zeros(2, np.uint8))
+    with pytest.raises(ValueError, match=r"astype\('<f4'\)"):
+        fp8kit.cast(x.astype(">f4"), "e4m3fn")
+    # Integer arguments: checked here in one line, not by the binding's signature dump.
+    for kwargs, error, message in ((dict(threads=2**40), ValueError, "threads must be between 1 and"),
+                                   (dict(threads=True), TypeError, "threads must be an int, not bool"),
+                                   (dict(rounding="stochastic", seed=-1), ValueError, "seed must be between 0 and"),
+                                   (dict(rounding="stochastic", seed=2**64), ValueError, "seed must be between"),
+                                   (dict(rounding="stochastic", seed=1.5), TypeError, "seed must be an int"),
+                                   (dict(rounding="stochastic", seed="7"), TypeError, "seed must be an int")):
+        with pytest.raises(error, match=message) as e:
+            fp8kit.cast(x, "e4m3fn", **kwargs)
+        assert "\n" not in str(e.value)
+    assert fp8kit.cast(x, "e4m3fn", rounding="stochastic", seed=np.uint64(2**64 - 1)).shape == (2,)
+
+
+def test_python_floats_are_rounded_once():
+    """Lists, scalars and buffers of doubles go to FP8 from their exact values: 464.0000001 is past e4m3fn's
+    overflow threshold 464 (NaN), where rounding through float32 (464.0, a tie) would give 448."""
+    over = 464.0000001
+    for x in (over, [over], np.float64(over), memoryview(np.array([over]))):
+        assert np.isnan(fp8kit.cast(x, "e4m3fn").astype(np.float32)).all(), x
+        assert (fp8kit.cast(x, "e4m3fn", saturate=True).astype(np.float32) == 448).all(), x
+    assert fp8kit.cast([1, 2, True], "float32").tolist() == [1.0, 2.0, 1.0]  # ints and bools as numbers
 
 
 def test_torch_tensors_in_and_out():

@@ -130,13 +130,13 @@ def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):
     src, _ = model
     dst = tmp_path / "exists.safetensors"
     dst.write_bytes(b"keep me")
-    with pytest.raises(ValueError, match="exists; pass --force"):
+    with pytest.raises(ValueError, match=r"exists; pass force=True to replace it"):  # the Python spelling
         fp8kit.quantize_checkpoint(src, dst, "fp8-block")
     assert dst.read_bytes() == b"keep me"
     assert fp8kit.quantize_checkpoint(src, dst, "fp8-block", force=True)["quantized"] == 2
     with pytest.raises(ValueError, match="does not exist"):
         fp8kit.inspect(tmp_path / "missing.safetensors")
-    with pytest.raises(ValueError, match="unknown --scheme 'fp8-row'"):
+    with pytest.raises(ValueError, match="unknown scheme 'fp8-row'"):
         fp8kit.quantize_checkpoint(src, tmp_path / "x.safetensors", "fp8-row")
     with pytest.raises(ValueError, match="already quantized"):
         fp8kit.quantize_checkpoint(dst, tmp_path / "y.safetensors", "fp8-block")

@@ -97,6 +97,34 @@ def test_errors():
         fp8kit.quantize(x).dequantize("e5m2")
     with pytest.raises(ValueError, match="unknown granularity"):
         fp8kit.amax(x, "tile")
+    with pytest.raises(TypeError, match="granularity must be a string"):
+        fp8kit.amax(x, None)
+    with pytest.raises(TypeError, match="margin must be an int"):
+        fp8kit.quantize(x, margin=1.5)
+    with pytest.raises(ValueError, match="margin does not apply to mx32"):
+        fp8kit.quantize(x, "e4m3fn", "mx32", margin=1)
+    with pytest.raises(ValueError, match="contradicts"):
+        fp8kit.quantize(x, "e4m3fn", "mx32-rceil", scale_rounding="floor")
+    for call in (lambda: fp8kit.quantize(x, threads=2.0), lambda: fp8kit.quantize(x).dequantize(threads="2"),
+                 lambda: fp8kit.analyze(x, threads=2.0), lambda: fp8kit.amax(x, threads=2.0)):
+        with pytest.raises(TypeError, match="threads must be an int"):
+            call()
+
+
+def test_a_margin_past_floats_range_keeps_the_scales_finite():
+    """scale = 448 / amax / 2^margin underflows float for a large margin: the scale is then FLT_MIN, so its inverse
+    (2^126) and the dequantized values stay finite (the codes are zeros)."""
+    q = fp8kit.quantize(np.float32([1.0, -2.0, 3.0]), margin=200)
+    assert np.isfinite(q.scale_inv).all() and q.scale_inv[0, 0] == np.float32(2.0**126)
+    assert np.array_equal(q.dequantize(), np.zeros(3, np.float32))
+
+
+def test_empty_arrays_quantize_and_analyze():
+    for shape in ((0,), (0, 4), (5, 0), (3, 0, 4)):
+        x = np.zeros(shape, np.float32)
+        rows = fp8kit.analyze(x, granularity=("tensor", "row", "mx32"))
+        assert [r["holds"] for r in rows] == [True, True, True], rows
+        assert fp8kit.quantize(x).dequantize().shape == shape
 
 
 def test_torch_tensors():
