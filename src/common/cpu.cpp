@@ -225,6 +225,8 @@ void set_max_isa(std::optional<Isa> cap) {
 
 void set_num_threads(int n) {
   FP8KIT_CHECK(n >= 1, "thread count must be at least 1, got ", n);
+  FP8KIT_CHECK(n <= kMaxThreads, "thread count must be at most ", kMaxThreads, ", got ", n,
+               " (more threads than cores only share them)");
   omp_set_num_threads(n);
 }
 

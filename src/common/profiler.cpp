@@ -58,6 +58,11 @@ void Profiler::clear() {
 void Profiler::write_chrome_trace(const std::string& path) const {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   FP8KIT_CHECK(static_cast<bool>(out), "cannot write the trace to '", path, "' (check the directory exists)");
+  write_chrome_trace(out);
+  FP8KIT_CHECK(static_cast<bool>(out), "writing the trace to '", path, "' failed (disk full?)");
+}
+
+void Profiler::write_chrome_trace(std::ostream& out) const {
   out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   const std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < events_.size(); ++i) {
@@ -74,7 +79,6 @@ void Profiler::write_chrome_trace(const std::string& path) const {
     out << "}}" << (i + 1 < events_.size() ? ",\n" : "\n");
   }
   out << "]}\n";
-  FP8KIT_CHECK(static_cast<bool>(out), "writing the trace to '", path, "' failed (disk full?)");
 }
 
 std::vector<Profiler::Summary> Profiler::summary() const {

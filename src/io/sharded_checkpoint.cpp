@@ -264,7 +264,8 @@ std::vector<fs::path> StagedShards::commit() {
     const std::string file = item.path().filename().string();
     const bool stale_shard = is_shard_name(file, prefix_);
     const bool stale_index = !sharded_ && file == index_name_;
-    if ((stale_shard || stale_index) && !written.contains(file) && item.is_regular_file(ec)) {
+    const bool stale_single = sharded_ && file == prefix_ + ".safetensors";  // loaders would read it first
+    if ((stale_shard || stale_index || stale_single) && !written.contains(file) && item.is_regular_file(ec)) {
       removed = fs::remove(item.path(), ec) || removed;
     }
   }

@@ -127,6 +127,13 @@ TEST(ShardedCheckpoint, RewritesRemoveTheFilesOfTheEarlierCheckpointOnly) {
             (std::vector<std::string>{"config.json", "model-1-of-2.safetensors", "model-extra.safetensors",
                                       "model.safetensors", "other-00001-of-00002.safetensors"}));
   expect_same_tensors(ShardedCheckpoint::open(dir.path()), m);
+  write_sharded_safetensors(dir.path(), m.entries, {}, options);  // shards again: the single file goes
+  EXPECT_EQ(
+      list_dir(dir.path()),
+      (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                "model-1-of-2.safetensors", "model-extra.safetensors", "model.safetensors.index.json",
+                                "other-00001-of-00002.safetensors"}));
+  expect_same_tensors(ShardedCheckpoint::open(dir.path()), m);
 }
 
 // A staged write is invisible until commit(): the directory lists what it did (an earlier checkpoint's files and

@@ -648,6 +648,11 @@ def main():
              "quantize", "--max-shard-size"),
             (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size", "0MiB"],
              "quantize", "--max-shard-size"),
+            (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size", ""],
+             "quantize", "--max-shard-size: an empty value"),
+            (["convert", src, os.path.join(src, "out"), "--to", "f16"], "convert", "is inside the input directory"),
+            (["convert", single, os.path.join(root, "nodir", "x.safetensors"), "--to", "f16"], "convert",
+             "does not exist; create it first"),
         ]
         for args, command, text in bad:
             r = run(exe, *args)

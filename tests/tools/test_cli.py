@@ -799,12 +799,45 @@ def train_bad_usage_exit_2():
                  ("train", "--seeds", "3-1"), ("train", "--seeds", "1,1"), ("train", "--seeds", "1,x"),
                  ("train", "--seeds", "-1"), ("train", "--seeds", ""), ("train", "--seeds", "1-5000"),
                  ("train", "--seeds", "1-2", "--seed", "3"), ("train", "--seeds", "1-2", "--compare", "bf16,fp8-o2"),
-                 ("train", "--seeds", "1-2", "--plot", "loss.svg"), ("train", "--seeds", "1-2", "--parallel", "ddp")):
+                 ("train", "--seeds", "1-2", "--plot", "loss.svg"), ("train", "--seeds", "1-2", "--parallel", "ddp"),
+                 # integers parsed strictly (CLI11 clamped them), empty values refused, threads capped
+                 ("train", "--steps", "99999999999999999999"), ("train", "--seed", "-1"), ("train", "--steps", "0x10"),
+                 ("train", "--batch", "1.5"), ("train", "--threads", "100000"), ("train", "--compare", ""),
+                 ("train", "--steps", "3", "--inject-nan", "3"), ("train", "--inject-nan", "-5"),
+                 ("train", "--data", "."), ("train", "--plot", "/nonexistent-dir/loss.svg"),
+                 ("train", "--plot", "p.svg", "--profile", "p.svg"), ("bench", "bogus"), ("bench", "gemm", "--reps", "x"),
+                 ("bench", "convert", "--isa", "")):
         rc, out, err = run(*args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, rc, out, err)
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",
                        "abort")
     assert rc == 1 and "non-finite gradient" in err and "step 1" in err, (rc, err)
+
+
+@test
+def train_never_writes_over_its_inputs_and_writes_outputs_whole():
+    with tempfile.TemporaryDirectory() as d:
+        text = os.path.join(d, "text.txt")
+        with open(text, "w") as f:
+            f.write("the quick brown fox jumps over the lazy dog. " * 200)
+        with open(text, "rb") as f:
+            before = f.read()
+        for option in ("--log-scales", "--plot", "--profile"):
+            rc, out, err = run("train", "--steps", "2", "--data", text, option, text)
+            assert rc == 2 and "is the --data file" in err, (option, rc, err)
+        with open(text, "rb") as f:
+            assert f.read() == before
+        # A run that aborts leaves a whole log of the steps before (an earlier file stays whole until then).
+        log = os.path.join(d, "scales.jsonl")
+        with open(log, "w") as f:
+            f.write("an earlier log\n")
+        rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "4", "--inject-nan", "2", "--on-nonfinite",
+                           "abort", "--log-scales", log)
+        assert rc == 1, (rc, err)
+        with open(log) as f:
+            rows = [json.loads(line) for line in f]
+        assert rows and {r["step"] for r in rows} == {0, 1}, sorted({r["step"] for r in rows})
+        assert not [n for n in os.listdir(d) if ".tmp-" in n], os.listdir(d)
 
 
 def main():

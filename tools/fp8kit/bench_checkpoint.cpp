@@ -120,10 +120,11 @@ void run_bench_checkpoint(const CheckpointBenchArgs& args) {
   const std::uint64_t needed = bytes * 2 + bytes / 2 + bytes + bytes * 4 + bytes;
   const fs::space_info space = fs::space(parent, ec);
   if (!ec && space.available < needed + (std::uint64_t{1} << 30)) {
-    throw UsageError(fmt::format(
-        "--bytes {} needs {:.1f} GB free in '{}' and {:.1f} GB is; use a smaller size or "
-        "--dir on a larger disk",
-        args.bytes, static_cast<double>(needed) / 1e9, parent.string(), static_cast<double>(space.available) / 1e9));
+    throw UsageError(
+        fmt::format("--bytes {} needs {} free in '{}' (its files, and 1 GiB to spare) and {} is; use a smaller size or "
+                    "--dir on a larger disk",
+                    args.bytes, byte_size_text(needed + (std::uint64_t{1} << 30)), parent.string(),
+                    byte_size_text(space.available)));
   }
   const std::int64_t cols = std::max<std::int64_t>(64, static_cast<std::int64_t>(bytes / kWeightsPerFile / kRows / 2));
   ScratchDir dir{parent / fmt::format("fp8kit-bench-checkpoint-{}", ::getpid())};

@@ -174,7 +174,17 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
       if (fs::equivalent(o, shard.path(), ec)) throw UsageError("'" + out + "' is part of the input");
     }
   }
+  const fs::path parent = o.parent_path().empty() ? fs::path(".") : o.parent_path();
+  if (!fs::exists(o, ec) && !in.is_directory && !fs::is_directory(parent, ec)) {
+    throw UsageError("the directory '" + parent.string() + "' of '" + out + "' does not exist; create it first");
+  }
   if (in.is_directory) {
+    // Inside the input, the output would be copied into itself as the model's other files on the next run.
+    const fs::path input = fs::weakly_canonical(in.path, ec), output = fs::weakly_canonical(o, ec);
+    const auto [stop, rest] = std::mismatch(input.begin(), input.end(), output.begin(), output.end());
+    if (stop == input.end() && rest != output.end()) {
+      throw UsageError("'" + out + "' is inside the input directory '" + in.path.string() + "'; write it elsewhere");
+    }
     if (fs::exists(o, ec) && !fs::is_directory(o, ec)) {
       throw UsageError("'" + out + "' is a file; the input is a directory, so the output is a directory");
     }

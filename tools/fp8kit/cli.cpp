@@ -29,6 +29,20 @@ class OutputScope {
   std::FILE* before_;
 };
 
+// An option given an empty value ("--compare ''", "--isa ''") is refused rather than read as not given: every named
+// option of every command that takes a value, flags aside.
+void refuse_empty_values(CLI::App& app) {
+  const CLI::Validator non_empty(
+      [](std::string& value) {
+        return value.empty() ? std::string("an empty value (give one, or leave the option out)") : "";
+      },
+      "", "non-empty");
+  for (CLI::Option* option : app.get_options()) {
+    if (option->nonpositional() && option->get_expected_min() > 0) option->check(non_empty);
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_empty_values(*sub);
+}
+
 std::unique_ptr<CLI::App> make_app() {
   auto app = std::make_unique<CLI::App>("fp8kit: exact FP8 formats, conversions, and the tools around them.", "fp8kit");
   app->set_version_flag("--version", std::string(kVersion));
@@ -43,6 +57,7 @@ std::unique_ptr<CLI::App> make_app() {
   add_quantize_command(*app);
   add_convert_command(*app);
   add_info_command(*app);
+  refuse_empty_values(*app);
   clear_quiet_flag();
   return app;
 }
@@ -60,8 +75,11 @@ std::string command_name(const CLI::App& app) {
 // A parse error as the user should read it: CLI11 reports a missing command before an unknown one; name the token
 // the user typed instead.
 UsageError parse_failure(const CLI::App& app, const CLI::ParseError& e) {
-  if (app.get_subcommands().empty() && !app.remaining().empty()) {
-    return UsageError("unknown command or option '" + app.remaining().front() + "' (see --help)");
+  // The deepest command selected ("fp8kit bench" for "fp8kit bench bogus") and what it did not take.
+  const CLI::App* at = &app;
+  while (!at->get_subcommands().empty()) at = at->get_subcommands().front();
+  if (!at->remaining().empty() && (at == &app || at->get_require_subcommand_min() > 0)) {
+    return UsageError("unknown command or option '" + at->remaining().front() + "' (see --help)");
   }
   return UsageError(std::string(e.what()) + " (see --help)");
 }

@@ -6,11 +6,15 @@
 #include <unistd.h>
 
 #include <bit>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <new>
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/dist/communicator.hpp"
+#include "fp8kit/io/atomic_file.hpp"
 
 namespace fp8kit::cli {
 
@@ -27,6 +31,10 @@ int report_error(const std::string& command, const std::exception_ptr& error) {
   } catch (const Error& e) {
     message = e.what();
     status = e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kParse ? 2 : 1;
+  } catch (const std::bad_alloc&) {
+    message =
+        "out of memory: what was asked needs more memory than this machine can give (std::bad_alloc); try "
+        "smaller sizes";
   } catch (const std::exception& e) {
     message = e.what();
   }
@@ -47,6 +55,37 @@ std::string known_format_names() {
   }
   return names;
 }
+
+std::string byte_size_text(std::uint64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes) / 1024.0;
+  std::size_t u = 0;
+  while (v >= 1024.0 && u + 1 < std::size(units)) v /= 1024.0, ++u;
+  return fmt::format("{:.1f} {}", v, units[u]);
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  AtomicFile file(path);
+  file.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  file.commit();
+}
+
+template <typename T>
+T parse_integer_option(const std::string& option, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [stop, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || stop != end) {
+    const std::string shown = text.empty() ? "(nothing)" : "'" + text + "'";
+    throw UsageError(option + ": " + shown + " is not an integer in " + std::to_string(std::numeric_limits<T>::min()) +
+                     " .. " + std::to_string(std::numeric_limits<T>::max()));
+  }
+  return value;
+}
+template int parse_integer_option<int>(const std::string&, const std::string&);
+template std::int64_t parse_integer_option<std::int64_t>(const std::string&, const std::string&);
+template std::uint64_t parse_integer_option<std::uint64_t>(const std::string&, const std::string&);
 
 std::vector<Format> parse_format_list(std::string_view text) {
   std::vector<Format> formats;

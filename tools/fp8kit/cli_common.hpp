@@ -43,6 +43,26 @@ void add_quantize_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 
+// An integer option's value, strictly: decimal digits, a leading '-' only for a signed T, within T's range. Anything
+// else ("", "1.5", "0x10", "12abc", "-1" for an unsigned T, a value past the range, which CLI11's own conversion
+// would clamp) is a UsageError naming the option and the range.
+template <typename T>
+T parse_integer_option(const std::string& option, const std::string& text);
+
+// An integer option parsed by parse_integer_option into `target` (which must outlive the app).
+template <typename T>
+CLI::Option* add_integer_option(CLI::App* cmd, const std::string& name, T& target, const std::string& description) {
+  return cmd->add_option_function<std::string>(
+      name, [&target, name](const std::string& text) { target = parse_integer_option<T>(name, text); }, description);
+}
+
+// A byte count for people: "512 B", "4.0 KiB", "3.2 MiB", "1.5 GiB".
+std::string byte_size_text(std::uint64_t bytes);
+
+// `text` as the file `path`, crash-safely (a temporary file, fsync, rename: an existing file stays whole until the new
+// one is complete). Throws fp8kit::Error (kIo) naming the path when it cannot.
+void write_text_file(const std::string& path, const std::string& text);
+
 // "e4m3fn,e5m2" -> formats; an unknown name is a UsageError naming it and listing the known ones.
 std::vector<Format> parse_format_list(std::string_view text);
 

@@ -125,6 +125,11 @@ void run_analyze(const AnalyzeArgs& args) {
     }
     std::string name = args.tensor;
     if (name.empty()) {
+      if (floating.empty()) {
+        throw UsageError("'" + args.file +
+                         "' holds no float32, float16, bfloat16 or float64 tensor: nothing to analyze (fp8kit inspect "
+                         "lists what it holds)");
+      }
       if (floating.size() != 1) {
         throw UsageError("'" + args.file + "' holds " + std::to_string(floating.size()) +
                          " floating-point tensors: choose one with --tensor NAME (fp8kit inspect lists them)");
@@ -189,7 +194,8 @@ void run_analyze(const AnalyzeArgs& args) {
 
 void add_analyze_command(CLI::App& app) {
   auto args = std::make_shared<AnalyzeArgs>();
-  CLI::App* cmd = app.add_subcommand("analyze", "Does FP8 hold this tensor, and at which granularity? (.npy files)");
+  CLI::App* cmd = app.add_subcommand(
+      "analyze", "Does FP8 hold this tensor, and at which granularity? (.npy and .safetensors files)");
   cmd->add_option("FILE", args->file, "A NumPy .npy file or a .safetensors file (floating tensors, any shape)")
       ->required();
   cmd->add_option("--tensor", args->tensor, "The tensor to analyze in a multi-tensor file");

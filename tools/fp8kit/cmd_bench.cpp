@@ -72,6 +72,9 @@ void check_memory(std::size_t needed, const std::string& bytes_text, const char*
 // --threads N: just N; absent (0): one thread, then all of them.
 std::vector<int> thread_counts(int requested) {
   if (requested < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(requested));
+  if (requested > kMaxThreads) {
+    throw UsageError("--threads must be at most " + std::to_string(kMaxThreads) + ", got " + std::to_string(requested));
+  }
   if (requested > 0) return {requested};
   std::vector<int> counts = {1};
   if (num_threads() > 1) counts.push_back(num_threads());
@@ -247,8 +250,8 @@ void run_bench_convert(const BenchArgs& args) {
     std::fprintf(output(), "%s\n", out.dump(2).c_str());
     return;
   }
-  fmt::print(output(), "conversion kernels vs memcpy of the same {} MiB array ({} repetitions, medians; CPU: {})\n",
-             options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
+  fmt::print(output(), "conversion kernels vs memcpy of the same {} array ({} repetitions, medians; CPU: {})\n",
+             byte_size_text(options.bytes), options.reps, cpu.empty() ? "unknown" : cpu);
   fmt::print(output(), "GB/s counts input + output bytes; memcpy counts its reads + writes\n\n");
   fmt::print(output(), "{:<16} {:<7} {:<15} {:>6} {:>7} {:>9} {:>12} {:>7}\n", "op", "isa", "overflow", "scale",
              "threads", "GB/s", "memcpy GB/s", "ratio");
@@ -649,9 +652,9 @@ void add_bench_command(CLI::App& app) {
     auto args = std::make_shared<BenchArgs>();
     CLI::App* cmd = bench->add_subcommand(name, help);
     cmd->add_flag("--json", args->json, "Print a JSON array instead of the table");
-    cmd->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
+    add_integer_option(cmd, "--threads", args->threads, "Thread count (default: 1, then all cores)");
     cmd->add_option("--bytes", args->bytes, std::string("Size of the ") + what + ", e.g. 256M (default 256M)");
-    cmd->add_option("--reps", args->reps, "Repetitions per measurement (default 11)");
+    add_integer_option(cmd, "--reps", args->reps, "Repetitions per measurement (default 11)");
     cmd->add_option("--isa", args->isa, kIsaHelp);
     cmd->add_option("--device", args->device,
                     "cpu (default), cuda or cuda:N: the CUDA kernels against device-to-device cudaMemcpy");
@@ -670,7 +673,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* gemm = bench->add_subcommand(
       "gemm", "FP8 GEMM and GEMV against OpenBLAS sgemm and sgemv, oneDNN's bf16 matmul and the read probe");
   gemm->add_flag("--json", args->json, "Print a JSON array instead of the table");
-  gemm->add_option("--threads", args->threads, "Thread count (default: 1, then all cores)");
+  add_integer_option(gemm, "--threads", args->threads, "Thread count (default: 1, then all cores)");
   gemm->add_option("--isa", args->isa, kIsaHelp);
   gemm->add_option("--device", args->device,
                    "cpu (default), cuda or cuda:N: cuda::scaled_mm against direct cuBLASLt FP8 and bf16 calls (shapes "
@@ -679,21 +682,22 @@ void add_bench_command(CLI::App& app) {
                                          "Comma list of gemm:S (S^3), gemm:MxNxK, gemv:NxK (N x K weights) (default "
                                          "gemm:2048,gemm:4096,gemm:16x4096x4096,gemm:64x4096x4096,gemv:8192x8192,"
                                          "gemv:16384x8192)");
-  CLI::Option* reps = gemm->add_option(
-      "--reps", args->reps, "Repetitions per measurement (default 5 per GEMM, 3 from 4096^3 on, 11 per GEMV)");
+  CLI::Option* reps = add_integer_option(
+      gemm, "--reps", args->reps,
+      "Repetitions per measurement (default per GEMM 15 below 1024^3, 5 below 4096^3, 3 from it on; 11 per GEMV)");
   auto peak_json = std::make_shared<bool>(false);
   auto peak_reps = std::make_shared<int>(5);
   CLI::App* peak = bench->add_subcommand(
       "peak", "Arithmetic instruction peaks on one thread (FP32 FMA, vdpbf16ps, AMX tdpbf16ps): what bounds the GEMMs");
   peak->add_flag("--json", *peak_json, "Print a JSON array instead of the table");
-  peak->add_option("--reps", *peak_reps, "Repetitions per instruction (default 5)");
+  add_integer_option(peak, "--reps", *peak_reps, "Repetitions per instruction (default 5)");
   peak->callback([peak_json, peak_reps] { run_bench_peak(*peak_json, *peak_reps); });
   auto checkpoint = std::make_shared<CheckpointBenchArgs>();
   CLI::App* ck = bench->add_subcommand(
       "checkpoint", "quantize, dequantize and convert of a generated checkpoint against cp + fsync on the same disk");
   ck->add_flag("--json", checkpoint->json, "Print a JSON array instead of the table");
   ck->add_option("--bytes", checkpoint->bytes, "Size of the bf16 checkpoint (the f32 one is twice it; default 1GiB)");
-  ck->add_option("--reps", checkpoint->reps, "Repetitions of each command and copy, interleaved (default 5)");
+  add_integer_option(ck, "--reps", checkpoint->reps, "Repetitions of each command and copy, interleaved (default 5)");
   ck->add_option("--dir", checkpoint->dir, "Where to write the files (default: the temporary directory, /tmp)");
   ck->callback([checkpoint] { run_bench_checkpoint(*checkpoint); });
   auto comm_json = std::make_shared<bool>(false);
@@ -704,7 +708,7 @@ void add_bench_command(CLI::App& app) {
   comm->add_flag("--json", *comm_json, "Print a JSON array instead of the table (rank 0 prints)");
   comm->add_option("--sizes", *comm_sizes,
                    "Comma list of payload sizes (bytes of the fp32 payload; default 1MiB,4MiB,16MiB,64MiB,256MiB)");
-  comm->add_option("--reps", *comm_reps, "Repetitions per measurement (default 5)");
+  add_integer_option(comm, "--reps", *comm_reps, "Repetitions per measurement (default 5)");
   comm->callback([comm_json, comm_sizes, comm_reps] { run_bench_comm(*comm_json, *comm_sizes, *comm_reps); });
   gemm->callback([args, shapes, reps] {
     args->shapes_given = shapes->count() > 0;

@@ -3,10 +3,13 @@
 // training checkpoints (save, resume) and the FP8 inference export of one recipe's run.
 #include <fmt/core.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
+
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,6 +24,7 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/dist/data_parallel.hpp"
 #include "fp8kit/dist/fsdp.hpp"
+#include "fp8kit/io/atomic_file.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/io/fp8_export.hpp"
 #include "fp8kit/io/train_checkpoint.hpp"
@@ -72,7 +76,7 @@ struct TrainArgs {
   std::string inject_rank_failure;              // hidden: "RANK:STEP" or "RANK:STEP:kill" (the fault tests)
   // Which options were given: a resumed run takes the others from its checkpoint.
   bool model_given = false, seed_given = false, seeds_given = false, batch_given = false, steps_given = false,
-       data_given = false, conv_area_given = false;
+       data_given = false, conv_area_given = false, inject_nan_given = false;
 };
 
 // Refuses, on every rank alike, a job whose ranks were given different settings (a launcher script that passes
@@ -285,8 +289,7 @@ class TrainProgress {
 
 // Loss curves as an SVG polyline per recipe (log-free, steps on x, loss on y).
 void write_plot(const std::string& path, const std::vector<nn::TrainResult>& results) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw UsageError("--plot: cannot write '" + path + "'");
+  std::ostringstream out;
   const double w = 720, h = 420, left = 60, right = 150, top = 20, bottom = 40;
   float lo = INFINITY, hi = -INFINITY;
   std::size_t steps = 1;
@@ -323,8 +326,32 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
                        top + 16 + 18 * static_cast<double>(i), color, results[i].recipe);
   }
   out << "</svg>\n";
-  if (!out) throw UsageError("--plot: writing '" + path + "' failed");
+  write_text_file(path, out.str());
 }
+
+// --log-scales: JSON lines written to a temporary file as the run goes and renamed over the path at the end, or
+// when a step aborts the run (the log up to it, whole): an earlier file of that name stays as it was until then.
+class ScaleLog {
+ public:
+  explicit ScaleLog(const std::string& path) : file_(path) {}
+  void line(const std::string& text) {
+    buffer_ += text;
+    buffer_ += '\n';
+    if (buffer_.size() >= (std::size_t{1} << 20)) flush();
+  }
+  void commit() {
+    flush();
+    file_.commit();
+  }
+
+ private:
+  void flush() {
+    file_.write(std::as_bytes(std::span<const char>(buffer_.data(), buffer_.size())));
+    buffer_.clear();
+  }
+  AtomicFile file_;
+  std::string buffer_;
+};
 
 // Whether two paths name the same file (or would, once written).
 bool same_path(const std::string& a, const std::string& b) {
@@ -409,6 +436,49 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
     throw UsageError("--save-checkpoint and --export-fp8 name the same file; give two paths");
   }
   return info;
+}
+
+// The files a run reads (--data, --resume) and writes (--log-scales, --plot, --profile, --save-checkpoint,
+// --export-fp8), checked before any work, so that no output replaces an input or another output and a long run
+// never ends in "cannot write": each output's directory exists and is writable.
+void check_train_files(const TrainArgs& a) {
+  std::error_code ec;
+  if (!a.data.empty() && fs::is_directory(a.data, ec)) {
+    throw UsageError("--data: '" + a.data + "' is a directory; give a text file");
+  }
+  const std::pair<const char*, std::string> inputs[] = {{"--data", a.data}, {"--resume", a.resume}};
+  const std::pair<const char*, std::string> outputs[] = {{"--log-scales", a.log_scales},
+                                                         {"--plot", a.plot},
+                                                         {"--profile", a.profile},
+                                                         {"--save-checkpoint", a.save_checkpoint},
+                                                         {"--export-fp8", a.export_fp8}};
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    const auto& [option, path] = outputs[i];
+    if (path.empty()) continue;
+    for (const auto& [input, in] : inputs) {
+      if (!in.empty() && same_path(path, in)) {
+        throw UsageError(std::string(option) + ": '" + path + "' is the " + input + " file; write to another path");
+      }
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (!outputs[j].second.empty() && same_path(path, outputs[j].second)) {
+        throw UsageError(std::string(outputs[j].first) + " and " + option + " name the same file; give two paths");
+      }
+    }
+    const bool directory_ok = i == 4;  // the export may be a directory
+    if (!directory_ok && fs::is_directory(path, ec)) {
+      throw UsageError(std::string(option) + ": '" + path + "' is a directory; give a file name");
+    }
+    const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+    if (!fs::is_directory(parent, ec)) {
+      throw UsageError(std::string(option) + ": the directory '" + parent.string() +
+                       "' does not exist; create it first");
+    }
+    if (::access(parent.c_str(), W_OK) != 0) {
+      throw UsageError(std::string(option) + ": cannot write into '" + parent.string() + "' (" + std::strerror(errno) +
+                       "); choose a writable directory");
+    }
+  }
 }
 
 // `step` on every rank of a run over ranks, its outcome agreed (agree_on_error: a failure on any rank is every rank's,
@@ -626,6 +696,7 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (comm) check_same_settings(*comm, a);
   std::optional<TrainCheckpointInfo> resumed;
   on_every_rank(comm, [&] { resumed = prepare_checkpoints(a); });
+  on_every_rank(comm, [&] { check_train_files(a); });
   if (a.model != "gpt" && a.model != "cnn") {
     throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
   }
@@ -639,11 +710,18 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (a.batch < 0 || (a.batch_given && a.batch == 0)) {
     throw UsageError("--batch must be at least 1, got " + std::to_string(a.batch));
   }
-  if (a.threads < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(a.threads));
+  if (a.threads < 0 || a.threads > kMaxThreads) {
+    throw UsageError("--threads must be between 1 and " + std::to_string(kMaxThreads) + ", got " +
+                     std::to_string(a.threads));
+  }
   if (a.on_nonfinite != "skip" && a.on_nonfinite != "abort") {
     throw UsageError("--on-nonfinite: '" + a.on_nonfinite + "' (use skip or abort)");
   }
   if (a.conv_max_area < 1) throw UsageError("--fp8-conv-max-kernel-area must be at least 1");
+  if (a.inject_nan_given && (a.inject_nan < 0 || a.inject_nan >= a.steps)) {
+    throw UsageError("--inject-nan " + std::to_string(a.inject_nan) + ": the run's steps are 0 .. " +
+                     std::to_string(a.steps - 1));
+  }
   std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
   if (a.fp32_spread < 0) throw UsageError("--fp32-spread must be 0 or more, got " + std::to_string(a.fp32_spread));
   if (a.fp32_spread > 0) {
@@ -749,11 +827,9 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (comm) config = data_parallel_config(*comm, config);
   const bool quiet = comm && comm->rank() != 0;  // one report, from rank 0
   if (quiet) config.log_scales = false;
-  std::optional<std::ofstream> scale_log;
+  std::optional<ScaleLog> scale_log;
   on_every_rank(comm, [&] {  // only rank 0 opens it; every rank refuses together
-    if (!config.log_scales) return;
-    scale_log.emplace(a.log_scales, std::ios::binary | std::ios::trunc);
-    if (!*scale_log) throw UsageError("--log-scales: cannot write '" + a.log_scales + "'");
+    if (config.log_scales) scale_log.emplace(a.log_scales);
   });
   std::optional<Profiler> profiler;
   if (!a.profile.empty()) profiler.emplace();
@@ -765,137 +841,145 @@ void train_run(TrainArgs a, Communicator* comm) {
   std::vector<GatherCounts> gathered;  // --parallel fsdp: what each run's weight gathers carried
   std::vector<std::vector<Profiler::Summary>> summaries;
   std::vector<ProfileEvent> trace;
-  for (const std::uint64_t seed : seeds) {
-    config.seed = seed;
-    const std::string of_seed = a.seeds_given ? ", seed " + std::to_string(seed) : "";
-    std::vector<nn::TrainResult> results;
-    for (std::size_t ri = 0; ri < recipes.size(); ++ri) {
-      const nn::PrecisionRecipe& recipe = recipes[ri];
-      TrainProgress progress(recipe.name() + of_seed, a.steps);
-      if (profiler) profiler->clear();
-      auto on_step = [&](const nn::StepLog& s) {
-        progress(s);
-        if (scale_log) {
-          for (const nn::ScaleRecord& r : s.scales) {
-            nlohmann::json line = {{"recipe", recipe.name()},
-                                   {"step", s.step},
-                                   {"layer", r.layer},
-                                   {"role", std::string(nn::name(r.role))},
-                                   {"amax", r.amax},
-                                   {"scale", r.scale},
-                                   {"underflow_fraction", r.underflow_fraction},
-                                   {"saturated", r.saturated},
-                                   {"nonfinite", r.nonfinite}};
-            if (!std::isfinite(r.amax)) line["amax"] = nullptr;
-            *scale_log << line.dump() << "\n";
-          }
-        }
-      };
-      if (comm) {
-        std::optional<Fsdp> sharded;
-        if (fsdp) sharded.emplace(*comm, *grad_payload, nn::batch_size(config));
-        nn::TrainHooks base;
-        if (!quiet) base.on_step = on_step;
-        std::int64_t step = 0;  // the step this rank is in, for a failure's line
-        base.resume = [&](nn::Trainer&, nn::TrainProgress& p) { step = p.next_step; };  // after a checkpoint's
-        // The steps' counts, recorded after the last step (before FSDP's last gather and the replica check), or at
-        // the end when no step ran (a resumed run with none left): per rank the largest count (ranks with uneven
-        // shards hand over different bytes); FSDP's gathers summed over ranks.
-        bool recorded = false;
-        const auto record = [&] {
-          if (recorded) return;
-          recorded = true;
-          CommStats s = comm->stats();
-          for (std::uint64_t CommStats::*c :
-               {&CommStats::all_gather_bytes, &CommStats::reduce_scatter_bytes, &CommStats::all_reduce_bytes,
-                &CommStats::broadcast_bytes, &CommStats::all_to_all_bytes}) {
-            s.*c = static_cast<std::uint64_t>(max_over_ranks(*comm, static_cast<std::int64_t>(s.*c)));
-          }
-          comm_bytes.push_back(s);
-          GatherCounts g = sharded ? sharded->gathered() : GatherCounts{};
-          for (auto* counts : {&g.gemm_weights, &g.other_parameters}) {
-            for (auto& [carried, count] : *counts) {
-              count.bytes = static_cast<std::uint64_t>(sum_over_ranks(*comm, static_cast<std::int64_t>(count.bytes)));
+  try {
+    for (const std::uint64_t seed : seeds) {
+      config.seed = seed;
+      const std::string of_seed = a.seeds_given ? ", seed " + std::to_string(seed) : "";
+      std::vector<nn::TrainResult> results;
+      for (std::size_t ri = 0; ri < recipes.size(); ++ri) {
+        const nn::PrecisionRecipe& recipe = recipes[ri];
+        TrainProgress progress(recipe.name() + of_seed, a.steps);
+        if (profiler) profiler->clear();
+        auto on_step = [&](const nn::StepLog& s) {
+          progress(s);
+          if (scale_log) {
+            for (const nn::ScaleRecord& r : s.scales) {
+              nlohmann::json line = {{"recipe", recipe.name()},
+                                     {"step", s.step},
+                                     {"layer", r.layer},
+                                     {"role", std::string(nn::name(r.role))},
+                                     {"amax", r.amax},
+                                     {"scale", r.scale},
+                                     {"underflow_fraction", r.underflow_fraction},
+                                     {"saturated", r.saturated},
+                                     {"nonfinite", r.nonfinite}};
+              if (!std::isfinite(r.amax)) line["amax"] = nullptr;
+              scale_log->line(line.dump());
             }
           }
-          gathered.push_back(std::move(g));
         };
-        base.after_step = [&](nn::Trainer&, const nn::TrainProgress& p) {
-          step = p.next_step;
-          if (p.next_step == config.steps) record();
-        };
-        base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
-          record();
-          identical.push_back(replicas_identical(*comm, t.model()));
-        };
-        // Checkpoints and the export: gathered whole (fsdp) and written by rank 0; a resume is read by every rank.
-        TrainCheckpointOptions rank_options = checkpoint_options;
-        rank_options.around_write = sharded ? sharded->around_write() : rank_zero_writes(*comm);
-        nn::check_train_config(config);
-        std::optional<TrainCheckpointer> checkpointer;  // reads the checkpoint to resume and the data: agreed
-        on_every_rank(comm, [&] { checkpointer.emplace(config, recipe, rank_options); });
-        TrainCheckpointer& checkpoints = *checkpointer;
-        comm->reset_stats();  // the run's collectives from here (not the agreement above)
-        nn::TrainHooks hooks = sharded ? sharded->hooks(checkpoints.hooks(std::move(base)))
-                                       : data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config),
-                                                             checkpoints.hooks(std::move(base)));
-        if (inject_failure.rank == comm->rank()) {
-          // Right after this rank's forward of the step: the others go on into the loss's all-reduce and wait there.
-          hooks.agree_loss = [&, agree = std::move(hooks.agree_loss)](nn::Trainer& t, float loss) {
-            if (step == inject_failure.step) {
-              if (inject_failure.kill) std::raise(SIGKILL);
-              throw std::runtime_error("injected failure (--inject-rank-failure)");
+        if (comm) {
+          std::optional<Fsdp> sharded;
+          if (fsdp) sharded.emplace(*comm, *grad_payload, nn::batch_size(config));
+          nn::TrainHooks base;
+          if (!quiet) base.on_step = on_step;
+          std::int64_t step = 0;  // the step this rank is in, for a failure's line
+          base.resume = [&](nn::Trainer&, nn::TrainProgress& p) { step = p.next_step; };  // after a checkpoint's
+          // The steps' counts, recorded after the last step (before FSDP's last gather and the replica check), or at
+          // the end when no step ran (a resumed run with none left): per rank the largest count (ranks with uneven
+          // shards hand over different bytes); FSDP's gathers summed over ranks.
+          bool recorded = false;
+          const auto record = [&] {
+            if (recorded) return;
+            recorded = true;
+            CommStats s = comm->stats();
+            for (std::uint64_t CommStats::*c :
+                 {&CommStats::all_gather_bytes, &CommStats::reduce_scatter_bytes, &CommStats::all_reduce_bytes,
+                  &CommStats::broadcast_bytes, &CommStats::all_to_all_bytes}) {
+              s.*c = static_cast<std::uint64_t>(max_over_ranks(*comm, static_cast<std::int64_t>(s.*c)));
             }
-            return agree(t, loss);
+            comm_bytes.push_back(s);
+            GatherCounts g = sharded ? sharded->gathered() : GatherCounts{};
+            for (auto* counts : {&g.gemm_weights, &g.other_parameters}) {
+              for (auto& [carried, count] : *counts) {
+                count.bytes = static_cast<std::uint64_t>(sum_over_ranks(*comm, static_cast<std::int64_t>(count.bytes)));
+              }
+            }
+            gathered.push_back(std::move(g));
           };
+          base.after_step = [&](nn::Trainer&, const nn::TrainProgress& p) {
+            step = p.next_step;
+            if (p.next_step == config.steps) record();
+          };
+          base.finish = [&](nn::Trainer& t, const nn::TrainProgress&) {
+            record();
+            identical.push_back(replicas_identical(*comm, t.model()));
+          };
+          // Checkpoints and the export: gathered whole (fsdp) and written by rank 0; a resume is read by every rank.
+          TrainCheckpointOptions rank_options = checkpoint_options;
+          rank_options.around_write = sharded ? sharded->around_write() : rank_zero_writes(*comm);
+          nn::check_train_config(config);
+          std::optional<TrainCheckpointer> checkpointer;  // reads the checkpoint to resume and the data: agreed
+          on_every_rank(comm, [&] { checkpointer.emplace(config, recipe, rank_options); });
+          TrainCheckpointer& checkpoints = *checkpointer;
+          comm->reset_stats();  // the run's collectives from here (not the agreement above)
+          nn::TrainHooks hooks = sharded ? sharded->hooks(checkpoints.hooks(std::move(base)))
+                                         : data_parallel_hooks(*comm, *grad_payload, nn::batch_size(config),
+                                                               checkpoints.hooks(std::move(base)));
+          if (inject_failure.rank == comm->rank()) {
+            // Right after this rank's forward of the step: the others go on into the loss's all-reduce and wait there.
+            hooks.agree_loss = [&, agree = std::move(hooks.agree_loss)](nn::Trainer& t, float loss) {
+              if (step == inject_failure.step) {
+                if (inject_failure.kill) std::raise(SIGKILL);
+                throw std::runtime_error("injected failure (--inject-rank-failure)");
+              }
+              return agree(t, loss);
+            };
+          }
+          try {
+            results.push_back(nn::train(config, recipe, profiler ? &*profiler : nullptr, hooks));
+            results.back().peak_bytes = max_over_ranks(*comm, results.back().peak_bytes);  // per rank, the largest
+          } catch (const nn::NonfiniteAbort&) {
+            throw;  // on every rank at the same step (the guard's verdict is agreed): rank 0 reports it
+          } catch (const AgreedError&) {
+            throw;  // a failed checkpoint write, say: every rank knows, rank 0 reports it
+          } catch (const std::exception& e) {
+            if (comm->size() > 1) end_job(*comm, recipe.name(), step, e.what());
+            throw;
+          }
+        } else {
+          results.push_back(
+              train_with_checkpoints(config, recipe, checkpoint_options, profiler ? &*profiler : nullptr, on_step));
         }
-        try {
-          results.push_back(nn::train(config, recipe, profiler ? &*profiler : nullptr, hooks));
-          results.back().peak_bytes = max_over_ranks(*comm, results.back().peak_bytes);  // per rank, the largest
-        } catch (const nn::NonfiniteAbort&) {
-          throw;  // on every rank at the same step (the guard's verdict is agreed): rank 0 reports it
-        } catch (const AgreedError&) {
-          throw;  // a failed checkpoint write, say: every rank knows, rank 0 reports it
-        } catch (const std::exception& e) {
-          if (comm->size() > 1) end_job(*comm, recipe.name(), step, e.what());
-          throw;
+        if (profiler) {
+          summaries.push_back(profiler->summary());
+          for (ProfileEvent e : profiler->events()) {
+            e.args["recipe"] = recipe.name();
+            e.track = static_cast<int>(ri);
+            trace.push_back(std::move(e));
+          }
         }
-      } else {
-        results.push_back(
-            train_with_checkpoints(config, recipe, checkpoint_options, profiler ? &*profiler : nullptr, on_step));
       }
-      if (profiler) {
-        summaries.push_back(profiler->summary());
-        for (ProfileEvent e : profiler->events()) {
-          e.args["recipe"] = recipe.name();
-          e.track = static_cast<int>(ri);
-          trace.push_back(std::move(e));
-        }
+      if (quiet) return;
+      // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
+      // 1..K): how far fp32 lands from itself, the floor under every gap in the table.
+      std::vector<float> spread;
+      for (std::int64_t k = 1; k <= a.fp32_spread; ++k) {
+        nn::TrainConfig perturbed = config;
+        perturbed.perturb_seed = static_cast<std::uint64_t>(k);
+        perturbed.log_scales = false;
+        TrainProgress progress("fp32, perturbed " + std::to_string(k) + "/" + std::to_string(a.fp32_spread) + of_seed,
+                               a.steps);
+        spread.push_back(nn::train(perturbed, *nn::PrecisionRecipe::parse("fp32"), nullptr, [&](const nn::StepLog& s) {
+                           progress(s);
+                         }).final_loss);
       }
+      by_seed.push_back({seed, std::move(results), std::move(spread)});
     }
-    if (quiet) return;
-    // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
-    // 1..K): how far fp32 lands from itself, the floor under every gap in the table.
-    std::vector<float> spread;
-    for (std::int64_t k = 1; k <= a.fp32_spread; ++k) {
-      nn::TrainConfig perturbed = config;
-      perturbed.perturb_seed = static_cast<std::uint64_t>(k);
-      perturbed.log_scales = false;
-      TrainProgress progress("fp32, perturbed " + std::to_string(k) + "/" + std::to_string(a.fp32_spread) + of_seed,
-                             a.steps);
-      spread.push_back(nn::train(perturbed, *nn::PrecisionRecipe::parse("fp32"), nullptr, [&](const nn::StepLog& s) {
-                         progress(s);
-                       }).final_loss);
-    }
-    by_seed.push_back({seed, std::move(results), std::move(spread)});
+  } catch (const nn::NonfiniteAbort&) {
+    if (scale_log) scale_log->commit();  // the log up to the step that aborted the run, whole
+    throw;
   }
+  if (scale_log) scale_log->commit();
   if (a.seeds_given) return print_seeds(a, by_seed);
   const std::vector<nn::TrainResult>& results = by_seed.front().results;
   const std::vector<float>& spread = by_seed.front().spread;
   if (profiler) {
     Profiler combined;
     for (ProfileEvent& e : trace) combined.record(std::move(e));
-    combined.write_chrome_trace(a.profile);
+    std::ostringstream trace_json;
+    combined.write_chrome_trace(trace_json);
+    write_text_file(a.profile, trace_json.str());
   }
   if (!a.plot.empty()) write_plot(a.plot, results);
 
@@ -1040,19 +1124,19 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--master-weights", args->master_weights,
                   "Parameters and gradients in fp32, or bfloat16 with stochastic rounding (bf16-sr) or a Kahan "
                   "buffer (bf16-kahan); default: bf16-sr for fp8-o2, fp32 for the others");
-  cmd->add_option("--steps", args->steps, "Training steps (default 400)");
-  cmd->add_option("--eval-batches", args->eval_batches,
-                  "Held-out batches the final loss is the mean of (default " +
-                      std::to_string(nn::TrainConfig{}.eval_batches) + ")");
-  cmd->add_option("--fp32-spread", args->fp32_spread,
-                  "Train fp32 this many more times, each initial weight one ulp up or down, and report how far "
-                  "their eval losses land from fp32's (default 0)");
-  cmd->add_option("--seed", args->seed, "Seed of the data and the initialization (default 1)");
+  add_integer_option(cmd, "--steps", args->steps, "Training steps (default 400)");
+  add_integer_option(cmd, "--eval-batches", args->eval_batches,
+                     "Held-out batches the final loss is the mean of (default " +
+                         std::to_string(nn::TrainConfig{}.eval_batches) + ")");
+  add_integer_option(cmd, "--fp32-spread", args->fp32_spread,
+                     "Train fp32 this many more times, each initial weight one ulp up or down, and report how far "
+                     "their eval losses land from fp32's (default 0)");
+  add_integer_option(cmd, "--seed", args->seed, "Seed of the data and the initialization (default 1)");
   cmd->add_option("--seeds", args->seeds,
                   "Train every recipe on each of these seeds (1-10, 1,2,5) and summarize each recipe's eval loss "
                   "against fp32's of the same seed: median, mean and standard error, spread");
-  cmd->add_option("--batch", args->batch, "Sequences (gpt) or images (cnn) per step (default 16 / 64)");
-  cmd->add_option("--threads", args->threads, "Threads (default: all cores)");
+  add_integer_option(cmd, "--batch", args->batch, "Sequences (gpt) or images (cnn) per step (default 16 / 64)");
+  add_integer_option(cmd, "--threads", args->threads, "Threads (default: all cores)");
   cmd->add_option("--data", args->data, "Train the GPT on this text file instead of the generated corpus");
   add_quiet_flag(cmd);
   cmd->add_flag("--json", args->json, "Print a JSON array, one object per recipe");
@@ -1061,12 +1145,13 @@ void add_train_command(CLI::App& app) {
                   "Write a Chrome trace (Perfetto, chrome://tracing) and print per-op tables");
   cmd->add_option("--log-scales", args->log_scales, "Write per-step amax/scale/underflow/saturation as JSON lines");
   cmd->add_option("--on-nonfinite", args->on_nonfinite, "skip (default) or abort on NaN/Inf in an amax or gradient");
-  cmd->add_option("--inject-nan", args->inject_nan, "Write a NaN into a gradient at this step (to see the guard)");
-  cmd->add_option("--fp8-conv-max-kernel-area", args->conv_max_area,
-                  "FP8 convolutions only up to this kernel area (default 32)");
+  add_integer_option(cmd, "--inject-nan", args->inject_nan,
+                     "Write a NaN into a gradient at this step (to see the guard)");
+  add_integer_option(cmd, "--fp8-conv-max-kernel-area", args->conv_max_area,
+                     "FP8 convolutions only up to this kernel area (default 32)");
   cmd->add_option("--save-checkpoint", args->save_checkpoint,
                   "Write a training checkpoint (.safetensors) after the last step (and every --checkpoint-every)");
-  cmd->add_option("--checkpoint-every", args->checkpoint_every, "Also write the checkpoint every N steps");
+  add_integer_option(cmd, "--checkpoint-every", args->checkpoint_every, "Also write the checkpoint every N steps");
   cmd->add_option("--resume", args->resume,
                   "Continue the run of this checkpoint (its model, recipe, seed, batch, steps, data unless given)");
   cmd->add_option("--export-fp8", args->export_fp8,
@@ -1097,6 +1182,7 @@ void add_train_command(CLI::App& app) {
     a.steps_given = cmd->count("--steps") > 0;
     a.data_given = cmd->count("--data") > 0;
     a.conv_area_given = cmd->count("--fp8-conv-max-kernel-area") > 0;
+    a.inject_nan_given = cmd->count("--inject-nan") > 0;
     run(a);
   });
 }

@@ -67,7 +67,11 @@ std::optional<std::string> isa_from_environment();
 // while other threads run kernels.
 void set_max_isa(std::optional<Isa> cap);
 
-// Threads used by bulk operations (default: OpenMP's default, usually the number of cores). n >= 1.
+// The most threads set_num_threads takes: past it a thread count only oversubscribes the cores (and OpenMP runtimes
+// fail to start that many threads: libgomp aborts at 100000).
+inline constexpr int kMaxThreads = 1024;
+// Threads used by bulk operations (default: OpenMP's default, usually the number of cores). 1 <= n <= kMaxThreads,
+// else Error(kInvalidArgument).
 void set_num_threads(int n);
 int num_threads();
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <mutex>
 #include <string>
@@ -29,7 +30,10 @@ class Profiler {
   const std::vector<ProfileEvent>& events() const { return events_; }
   void clear();
 
-  // Chrome trace JSON ({"traceEvents": [{"ph": "X", ...}]}); throws fp8kit::Error when the file cannot be written.
+  // Chrome trace JSON ({"traceEvents": [{"ph": "X", ...}]}) into `out`.
+  void write_chrome_trace(std::ostream& out) const;
+  // The same into a file (written in place: fp8kit train writes it through a temporary file and a rename); throws
+  // fp8kit::Error when it cannot be written.
   void write_chrome_trace(const std::string& path) const;
 
   // Per (name, path, reason): calls and total time, sorted by total time, longest first.
