@@ -93,7 +93,7 @@ def scaled_mm(
 class DelayedScaling:
     def __init__(
         self,
-        format: str = "e4m3fn",
+        format: Any = "e4m3fn",
         history_length: int = 1024,
         algorithm: str = "max",
         margin: int = 0,

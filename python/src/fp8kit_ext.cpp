@@ -538,20 +538,28 @@ NB_MODULE(_fp8kit, m) {
       "scale. Each step: quantize with .scale, then update(amax) with the step's amax.")
       .def(
           "__init__",
-          [](fp8kit::DelayedScaling* self, const std::string& format, int history_length, const std::string& algorithm,
-             int margin, std::optional<float> ema_decay) {
-            if (history_length < 1)
+          [](fp8kit::DelayedScaling* self, nb::handle format, std::int64_t history_length, const std::string& algorithm,
+             std::int64_t margin, std::optional<float> ema_decay) {
+            if (history_length < 1 || history_length > (std::int64_t{1} << 24))
               throw nb::value_error(
-                  ("history_length must be at least 1, got " + std::to_string(history_length)).c_str());
+                  ("history_length must be between 1 and 2^24, got " + std::to_string(history_length)).c_str());
+            if (margin < -127 || margin > 127)
+              throw nb::value_error(("margin must be between -127 and 127, got " + std::to_string(margin)).c_str());
+            // A name, or a dtype object (ml_dtypes, NumPy, torch) named as the rest of the package names it.
+            std::string name =
+                nb::isinstance<nb::str>(format)
+                    ? nb::cast<std::string>(format)
+                    : nb::cast<std::string>(nb::module_::import_("fp8kit._arrays").attr("resolve_dtype")(format));
+            if (name.starts_with("float8_")) name = name.substr(7);
             if (algorithm != "max" && algorithm != "most_recent")
               throw nb::value_error(("algorithm must be 'max' or 'most_recent', not '" + algorithm + "'").c_str());
             if (ema_decay && !(*ema_decay >= 0.0f && *ema_decay < 1.0f))
               throw nb::value_error("ema_decay must be in [0, 1)");
             fp8kit::DelayedScalingConfig config;
-            config.format = format_named(format);
-            config.history_length = history_length;
+            config.format = format_named(name);
+            config.history_length = static_cast<int>(history_length);
             config.algorithm = algorithm == "max" ? fp8kit::AmaxCompute::kMax : fp8kit::AmaxCompute::kMostRecent;
-            config.margin = margin;
+            config.margin = static_cast<int>(margin);
             config.ema_decay = ema_decay;
             new (self) fp8kit::DelayedScaling(config);
           },

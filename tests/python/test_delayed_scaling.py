@@ -65,4 +65,19 @@ def test_errors():
         fp8kit.DelayedScaling("e3m4")
     with pytest.raises(ValueError, match="ema_decay"):
         fp8kit.DelayedScaling(ema_decay=1.5)
+    with pytest.raises(ValueError, match="history_length must be between 1 and 2\\^24"):
+        fp8kit.DelayedScaling(history_length=2**40)  # a one-line error, not the binding's signature dump
+    with pytest.raises(ValueError, match="margin must be between"):
+        fp8kit.DelayedScaling(margin=1000)
     assert math.isfinite(fp8kit.DelayedScaling().scale)
+
+
+def test_the_format_as_a_dtype_object():
+    import ml_dtypes
+    import numpy as np
+    for spelling in (ml_dtypes.float8_e5m2, np.dtype(ml_dtypes.float8_e5m2), "float8_e5m2", "e5m2"):
+        d = fp8kit.DelayedScaling(spelling, history_length=4)
+        d.update(1.0)
+        assert d.format == "e5m2" and d.scale == 57344.0, spelling
+    with pytest.raises(ValueError, match="unknown FP8 format"):
+        fp8kit.DelayedScaling(np.float32)
