@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, as_bits, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, as_bits, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -55,7 +55,8 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
 
     x: a NumPy array (float32, float64, float16, ml_dtypes.bfloat16, or an ml_dtypes FP8 dtype), a torch.Tensor
        of those, anything else with __dlpack__, or what NumPy turns into an array (lists and scalars of Python
-       floats as float64, each value rounded once from its exact double; ints as float64).
+       floats as float64, each value rounded once from its exact double; ints as float64; with `scale` or
+       stochastic rounding, whose kernels read float32, as float32).
     dtype: "e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu" (or "float8_e4m3fn" ...), "float32", "bfloat16",
        "float16", "float64"; or the ml_dtypes / NumPy / torch dtype object.
     To FP8 from float32, bfloat16, float16: q = encode(x * scale), rounded once (the bulk SIMD kernels).
@@ -93,12 +94,17 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         threads = check_threads(threads)
     if seed is not None:
         seed = check_int("seed", seed, 0, 2**64 - 1)
+    if ((stochastic or scale is not None) and src.dtype_name == "float64" and kind == "numpy"
+            and not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__")):
+        # A list or scalar with a scale or stochastic rounding: the kernels that do those read float32.
+        src = Source(src.bits.astype(np.float32), "float32", src.shape)
     to_fp8 = src.dtype_name in _KERNEL_WIDE and target in _FP8_SET
     from_fp8 = src.dtype_name in _FP8_SET and target in _KERNEL_WIDE
+    hint = " (x is float64: cast x.astype(np.float32))" if src.dtype_name == "float64" else ""
     if stochastic and not to_fp8:
-        raise ValueError("rounding='stochastic' is for casts from float32, bfloat16 or float16 to FP8")
+        raise ValueError(f"rounding='stochastic' is for casts from float32, bfloat16 or float16 to FP8{hint}")
     if scale is not None and not (to_fp8 or from_fp8):
-        raise ValueError("scale is for casts between float32, bfloat16 or float16 and FP8")
+        raise ValueError(f"scale is for casts between float32, bfloat16 or float16 and FP8{hint}")
     result, result_bits = empty_like_of(x, kind, src.shape, target, out)
     flat_in, flat_out = src.bits, result_bits  # the library reads and writes them as flat, contiguous arrays
     if flat_in.size == 0:

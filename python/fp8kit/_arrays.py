@@ -73,12 +73,13 @@ def check_int(name: str, value: Any, lo: int, hi: int) -> int:
 
 
 def check_threads(threads: Optional[int]) -> Optional[int]:
-    """threads: None (all cores) or 1 .. 1024 (the library's kMaxThreads: more only oversubscribes the cores)."""
+    """threads: None (all cores) or 1 .. the library's kMaxThreads (more only oversubscribes the cores)."""
     if threads is None:
         return None
     if type(threads) is int and threads < 1:  # the library's own wording
         raise ValueError(f"threads must be at least 1, got {threads}")
-    return check_int("threads", threads, 1, 1024)
+    from . import _fp8kit
+    return check_int("threads", threads, 1, _fp8kit.max_threads)
 
 
 class Source:

@@ -484,6 +484,7 @@ NB_MODULE(_fp8kit, m) {
     }
   });
   m.attr("__version__") = fp8kit::kVersion;
+  m.attr("max_threads") = fp8kit::kMaxThreads;  // what set_num_threads takes at most
   m.def("formats", &formats, "Every FP8 format fp8kit knows, as `fp8kit formats --json` lists them.");
   m.def("cast_to_fp8", &cast_to_fp8, nb::arg("input"), nb::arg("kind"), nb::arg("out"), nb::arg("format"),
         nb::arg("saturate"), nb::arg("scale"), nb::arg("stochastic"), nb::arg("seed"), nb::arg("threads").none(),
@@ -538,13 +539,12 @@ NB_MODULE(_fp8kit, m) {
       "scale. Each step: quantize with .scale, then update(amax) with the step's amax.")
       .def(
           "__init__",
-          [](fp8kit::DelayedScaling* self, nb::handle format, std::int64_t history_length, const std::string& algorithm,
-             std::int64_t margin, std::optional<float> ema_decay) {
-            if (history_length < 1 || history_length > (std::int64_t{1} << 24))
-              throw nb::value_error(
-                  ("history_length must be between 1 and 2^24, got " + std::to_string(history_length)).c_str());
-            if (margin < -127 || margin > 127)
-              throw nb::value_error(("margin must be between -127 and 127, got " + std::to_string(margin)).c_str());
+          [](fp8kit::DelayedScaling* self, nb::handle format, nb::handle history, const std::string& algorithm,
+             nb::handle margin_value, std::optional<float> ema_decay) {
+            // The package's own checks (one-line TypeError / ValueError), as every other function's integers.
+            const nb::object check_int = nb::module_::import_("fp8kit._arrays").attr("check_int");
+            const int history_length = nb::cast<int>(check_int("history_length", history, 1, 1 << 24));
+            const int margin = nb::cast<int>(check_int("margin", margin_value, -127, 127));
             // A name, or a dtype object (ml_dtypes, NumPy, torch) named as the rest of the package names it.
             std::string name =
                 nb::isinstance<nb::str>(format)
@@ -557,9 +557,9 @@ NB_MODULE(_fp8kit, m) {
               throw nb::value_error("ema_decay must be in [0, 1)");
             fp8kit::DelayedScalingConfig config;
             config.format = format_named(name);
-            config.history_length = static_cast<int>(history_length);
+            config.history_length = history_length;
             config.algorithm = algorithm == "max" ? fp8kit::AmaxCompute::kMax : fp8kit::AmaxCompute::kMostRecent;
-            config.margin = static_cast<int>(margin);
+            config.margin = margin;
             config.ema_decay = ema_decay;
             new (self) fp8kit::DelayedScaling(config);
           },

@@ -253,6 +253,12 @@ StagedShards stage_sharded_safetensors(const fs::path& directory, std::span<cons
   return staged;
 }
 
+std::vector<fs::path> StagedShards::destinations() const {
+  std::vector<fs::path> paths;
+  for (const std::string& f : files_) paths.push_back(directory_ / f);
+  return paths;
+}
+
 std::vector<fs::path> StagedShards::commit() {
   for (auto& f : pending_) f->commit();  // the index (when there is one) last: the commit point
 
@@ -270,10 +276,7 @@ std::vector<fs::path> StagedShards::commit() {
     }
   }
   if (removed) sync_directory(directory_);
-
-  std::vector<fs::path> paths;
-  for (const std::string& f : files_) paths.push_back(directory_ / f);
-  return paths;
+  return destinations();
 }
 
 std::vector<fs::path> write_sharded_safetensors(const fs::path& directory, std::span<const SafetensorsEntry> entries,

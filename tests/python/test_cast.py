@@ -224,6 +224,11 @@ def test_python_floats_are_rounded_once():
         assert np.isnan(fp8kit.cast(x, "e4m3fn").astype(np.float32)).all(), x
         assert (fp8kit.cast(x, "e4m3fn", saturate=True).astype(np.float32) == 448).all(), x
     assert fp8kit.cast([1, 2, True], "float32").tolist() == [1.0, 2.0, 1.0]  # ints and bools as numbers
+    # With a scale or stochastic rounding (kernels that read float32) a list is read as float32, as before.
+    assert fp8kit.cast([1.0, 2.5], "e4m3fn", scale=2.0).astype(np.float32).tolist() == [2.0, 5.0]
+    assert fp8kit.cast(3.0, "e4m3fn", rounding="stochastic", seed=1).astype(np.float32) == 3.0
+    with pytest.raises(ValueError, match=r"x is float64: cast x.astype\(np.float32\)"):
+        fp8kit.cast(np.array([1.0]), "e4m3fn", scale=2.0)
 
 
 def test_torch_tensors_in_and_out():

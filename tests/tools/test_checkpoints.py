@@ -295,6 +295,14 @@ def check_all_or_nothing(exe, root, src):
           len(r.stderr.strip().splitlines()) == 1, r.stderr)
     check("all or nothing: the output as it was", digest(out) == before and sorted(os.listdir(out)) == sorted(old),
           str(sorted(os.listdir(out))))
+    # A directory where a file goes (README.md here) is found before the first rename: nothing renamed either.
+    os.remove(os.path.join(out, "1_Pooling"))
+    os.makedirs(os.path.join(out, "README.md"))
+    before = digest(out)
+    r = run(exe, "quantize", src, out, "--layout", "deepseek", "--force")
+    check("all or nothing: a directory in the way, exit 1", r.returncode == 1 and "README.md" in r.stderr, r.stderr)
+    check("all or nothing: nothing renamed", digest(out) == before and
+          sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors"], str(sorted(os.listdir(out))))
     blocker = os.path.join(root, "aon-file")
     with open(blocker, "w") as f:
         f.write("x")

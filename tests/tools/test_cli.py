@@ -838,6 +838,17 @@ def train_never_writes_over_its_inputs_and_writes_outputs_whole():
             rows = [json.loads(line) for line in f]
         assert rows and {r["step"] for r in rows} == {0, 1}, sorted({r["step"] for r in rows})
         assert not [n for n in os.listdir(d) if ".tmp-" in n], os.listdir(d)
+        # The export creates its directory, parents included (README: --export-fp8 model-fp8/); a plot written
+        # through a symlink leaves the link a link.
+        target = os.path.join(d, "real.svg")
+        with open(target, "w") as f:
+            f.write("old")
+        os.symlink(target, os.path.join(d, "link.svg"))
+        rc, out, err = run("train", "--recipe", "fp8-delayed", "--steps", "1", "--quiet", "--export-fp8",
+                           os.path.join(d, "new", "model-fp8") + "/", "--plot", os.path.join(d, "link.svg"))
+        assert rc == 0, err
+        assert os.path.isfile(os.path.join(d, "new", "model-fp8", "model.safetensors")), os.listdir(d)
+        assert os.path.islink(os.path.join(d, "link.svg")) and open(target).read().startswith("<svg")
 
 
 def main():

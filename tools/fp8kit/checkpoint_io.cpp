@@ -13,7 +13,9 @@
 #endif
 
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -64,7 +66,7 @@ bool is_companion_file(const fs::path& relative) {
 // `from` staged as a copy at `to` (AtomicFile: a temporary, synced; commit() renames it), in 8 MiB pieces.
 std::unique_ptr<AtomicFile> stage_copy(const fs::path& from, const fs::path& to) {
   std::ifstream in(from, std::ios::binary);
-  if (!in) throw UsageError("cannot read '" + from.string() + "'");
+  if (!in) FP8KIT_THROW(ErrorKind::kIo, "cannot read '", from.string(), "': ", std::strerror(errno));
   auto file = std::make_unique<AtomicFile>(to);
   std::vector<char> buffer(std::size_t{8} << 20);
   while (in) {
@@ -72,7 +74,7 @@ std::unique_ptr<AtomicFile> stage_copy(const fs::path& from, const fs::path& to)
     const auto got = static_cast<std::size_t>(in.gcount());
     if (got > 0) file->write(std::as_bytes(std::span<const char>(buffer.data(), got)));
   }
-  if (in.bad()) throw UsageError("reading '" + from.string() + "' failed");
+  if (in.bad()) FP8KIT_THROW(ErrorKind::kIo, "reading '", from.string(), "' failed: ", std::strerror(errno));
   file->sync();
   return file;
 }
@@ -162,6 +164,7 @@ CheckpointInput open_checkpoint_input(const std::string& path) {
 }
 
 void check_output(const CheckpointInput& in, const std::string& out, bool force, const std::string& max_shard_size) {
+  if (out.empty()) throw UsageError("OUT is empty: give the output's path");
   if (!max_shard_size.empty()) {
     if (!in.is_directory) throw UsageError("--max-shard-size applies to directory outputs");
     parse_shard_size(max_shard_size);
@@ -180,9 +183,10 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
   }
   if (in.is_directory) {
     // Inside the input, the output would be copied into itself as the model's other files on the next run.
-    const fs::path input = fs::weakly_canonical(in.path, ec), output = fs::weakly_canonical(o, ec);
+    std::error_code in_ec, out_ec;
+    const fs::path input = fs::weakly_canonical(in.path, in_ec), output = fs::weakly_canonical(o, out_ec);
     const auto [stop, rest] = std::mismatch(input.begin(), input.end(), output.begin(), output.end());
-    if (stop == input.end() && rest != output.end()) {
+    if (!in_ec && !out_ec && stop == input.end() && rest != output.end()) {
       throw UsageError("'" + out + "' is inside the input directory '" + in.path.string() + "'; write it elsewhere");
     }
     if (fs::exists(o, ec) && !fs::is_directory(o, ec)) {
@@ -226,29 +230,56 @@ std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string
   }
   ShardOptions shards;
   if (!max_shard_size.empty()) shards.max_shard_bytes = parse_shard_size(max_shard_size);
-  // Every file is written and synced before the first is renamed into place, the weights' index last: a failure
-  // while writing (a full disk, an unreadable file to copy) leaves OUT as it was, and a directory this command
-  // created is removed again.
-  std::error_code ec;
-  const bool created = !fs::exists(o, ec);
-  fs::create_directories(o, ec);
-  if (ec) FP8KIT_THROW(ErrorKind::kIo, "cannot create directory '", out, "': ", ec.message());
+  // Every file is written and synced before the first is renamed into place: a failure while writing (a full disk,
+  // an unreadable file to copy, a folder that cannot be made) leaves OUT as it was, the folders this command made
+  // removed again. Before the renames, no destination may be a directory (the one way a rename then fails); the
+  // weights go first, their index last, then config.json and the other files.
+  std::vector<fs::path> made;  // folders this command created, outermost first
   try {
+    make_directories(o, made);
     StagedShards weights = stage_sharded_safetensors(o, entries, metadata, shards);
     std::vector<std::unique_ptr<AtomicFile>> others;
     if (config_json) others.push_back(stage_text(o / "config.json", *config_json));
-    const std::size_t copied = stage_companion_files(in.path, o, others);
-    for (auto& f : others) f->commit();
+    const std::size_t copied = stage_companion_files(in.path, o, others, made);
+    std::vector<fs::path> destinations = weights.destinations();
+    for (const auto& f : others) destinations.push_back(f->destination());
+    for (const fs::path& d : destinations) {
+      std::error_code ec;
+      if (fs::is_directory(d, ec)) {
+        FP8KIT_THROW(ErrorKind::kIo, "cannot write '", d.string(), "': a directory of that name is in the way");
+      }
+    }
     weights.commit();
+    for (auto& f : others) f->commit();
     return copied;
   } catch (...) {
-    if (created) fs::remove_all(o, ec);  // only what this command made: the staged files are gone already
+    // The staged files are gone already (AtomicFile); what is left of the folders made is empty.
+    std::error_code ec;
+    for (auto it = made.rbegin(); it != made.rend(); ++it) fs::remove(*it, ec);
     throw;
   }
 }
 
+void make_directories(const fs::path& directory, std::vector<fs::path>& made) {
+  std::error_code ec;
+  std::vector<fs::path> missing;  // innermost first
+  for (fs::path p = directory; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    fs::create_directory(*it, ec);
+    if (ec) FP8KIT_THROW(ErrorKind::kIo, "cannot create directory '", it->string(), "': ", ec.message());
+    made.push_back(*it);
+  }
+  if (!fs::is_directory(directory, ec)) {
+    FP8KIT_THROW(ErrorKind::kIo, "cannot create directory '", directory.string(),
+                 "': a file of that name is in the way");
+  }
+}
+
 std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
-                                  std::vector<std::unique_ptr<AtomicFile>>& staged) {
+                                  std::vector<std::unique_ptr<AtomicFile>>& staged, std::vector<fs::path>& made) {
   std::size_t copied = 0;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(from, ec); !ec && it != fs::recursive_directory_iterator();
@@ -259,15 +290,11 @@ std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
       continue;
     }
     if (!it->is_regular_file(ec) || !is_companion_file(relative)) continue;  // is_regular_file follows symlinks
-    fs::create_directories((to / relative).parent_path(), ec);
-    if (ec) {
-      FP8KIT_THROW(ErrorKind::kIo, "cannot create directory '", (to / relative).parent_path().string(),
-                   "': ", ec.message());
-    }
+    make_directories((to / relative).parent_path(), made);
     staged.push_back(stage_copy(it->path(), to / relative));
     ++copied;
   }
-  if (ec) throw UsageError("cannot list '" + from.string() + "': " + ec.message());
+  if (ec) FP8KIT_THROW(ErrorKind::kIo, "cannot list '", from.string(), "': ", ec.message());
   return copied;
 }
 

@@ -58,8 +58,14 @@ std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string
 // are), onnx/, README. Not copied: the top-level .safetensors shards, their index and config.json (written anew),
 // pickles (never read) and hidden files and folders. Symlinks to files are copied as their contents. Returns how
 // many files it staged.
+// Folders it creates are appended to `made` (outermost first), for the caller to remove if the write fails.
 std::size_t stage_companion_files(const std::filesystem::path& from, const std::filesystem::path& to,
-                                  std::vector<std::unique_ptr<AtomicFile>>& staged);
+                                  std::vector<std::unique_ptr<AtomicFile>>& staged,
+                                  std::vector<std::filesystem::path>& made);
+
+// Creates `directory` and its missing parents, appending each one created to `made` (outermost first); Error(kIo)
+// naming the folder that cannot be made.
+void make_directories(const std::filesystem::path& directory, std::vector<std::filesystem::path>& made);
 
 // "; 3 other files copied" for a summary line (empty for none).
 inline std::string other_files(std::size_t files) {

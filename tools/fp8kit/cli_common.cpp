@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <bit>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <new>
 
@@ -65,10 +68,26 @@ std::string byte_size_text(std::uint64_t bytes) {
   return fmt::format("{:.1f} {}", v, units[u]);
 }
 
+std::optional<std::filesystem::path> atomic_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return fs::path(path);
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  const fs::path target = fs::canonical(path, ec);
+  return ec ? fs::path(path) : target;
+}
+
 void write_text_file(const std::string& path, const std::string& text) {
-  AtomicFile file(path);
-  file.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
-  file.commit();
+  if (const std::optional<std::filesystem::path> target = atomic_target(path)) {
+    AtomicFile file(*target);
+    file.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
+    file.commit();
+    return;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::app);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.flush();
+  if (!out) FP8KIT_THROW(ErrorKind::kIo, "cannot write '", path, "': ", std::strerror(errno));
 }
 
 template <typename T>

@@ -6,9 +6,12 @@
 
 #include <cstdint>
 #include <exception>
+#include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "cli.hpp"
@@ -52,15 +55,22 @@ T parse_integer_option(const std::string& option, const std::string& text);
 // An integer option parsed by parse_integer_option into `target` (which must outlive the app).
 template <typename T>
 CLI::Option* add_integer_option(CLI::App* cmd, const std::string& name, T& target, const std::string& description) {
-  return cmd->add_option_function<std::string>(
-      name, [&target, name](const std::string& text) { target = parse_integer_option<T>(name, text); }, description);
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&target, name](const std::string& text) { target = parse_integer_option<T>(name, text); }, description)
+      ->type_name(std::is_signed_v<T> ? "INT" : "UINT");
 }
 
 // A byte count for people: "512 B", "4.0 KiB", "3.2 MiB", "1.5 GiB".
 std::string byte_size_text(std::uint64_t bytes);
 
+// Where an output file `path` is written through a temporary file and a rename: the path, or what an existing symlink
+// there points to (the link stays a link); nothing for an existing file that is not a regular file (a device, a
+// pipe, /dev/stdout), which is written in place.
+std::optional<std::filesystem::path> atomic_target(const std::string& path);
+
 // `text` as the file `path`, crash-safely (a temporary file, fsync, rename: an existing file stays whole until the new
-// one is complete). Throws fp8kit::Error (kIo) naming the path when it cannot.
+// one is complete; see atomic_target). Throws fp8kit::Error (kIo) naming the path when it cannot.
 void write_text_file(const std::string& path, const std::string& text);
 
 // "e4m3fn,e5m2" -> formats; an unknown name is a UsageError naming it and listing the known ones.

@@ -342,11 +342,7 @@ CastSetup make_setup(const CastArgs& args) {
     throw UsageError("--rounding: unknown rounding " + quote_token(args.rounding) + " (known: nearest, stochastic)");
   }
   setup.overflow = args.overflow.overflow();
-  const char* seed_end = args.seed.data() + args.seed.size();
-  const auto [seed_ptr, seed_ec] = std::from_chars(args.seed.data(), seed_end, setup.seed);
-  if (args.seed.empty() || seed_ptr != seed_end || seed_ec != std::errc()) {
-    throw UsageError("--seed: " + quote_token(args.seed) + " is not an integer in 0..2^64-1");
-  }
+  setup.seed = parse_integer_option<std::uint64_t>("--seed", args.seed);
   setup.json = args.json;
   for (Format f : setup.formats) {
     std::vector<CastSetup::CodeText> texts(256);

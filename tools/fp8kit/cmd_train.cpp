@@ -182,21 +182,7 @@ RankFailure parse_rank_failure(const std::string& text) {
 // --seeds LIST: seeds and inclusive ranges, comma-separated ("1-10", "1,2,5", "1-3,7"), each seed once.
 std::vector<std::uint64_t> parse_seeds(const std::string& text) {
   constexpr std::size_t kMaxSeeds = 1000;
-  const auto number = [&](const std::string& item) {
-    std::size_t used = 0;
-    std::uint64_t v = 0;
-    try {
-      if (item.empty() || !std::isdigit(static_cast<unsigned char>(item[0]))) throw std::invalid_argument(item);
-      v = std::stoull(item, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size()) {
-      const std::string in = item == text ? "" : " in '" + text + "'";
-      throw UsageError("--seeds: '" + item + "'" + in + " is not a seed (use seeds and ranges: 1-10 or 1,2,5)");
-    }
-    return v;
-  };
+  const auto number = [&](const std::string& item) { return parse_integer_option<std::uint64_t>("--seeds", item); };
   std::vector<std::uint64_t> seeds;
   std::stringstream ss(text);
   std::string item;
@@ -333,7 +319,14 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
 // when a step aborts the run (the log up to it, whole): an earlier file of that name stays as it was until then.
 class ScaleLog {
  public:
-  explicit ScaleLog(const std::string& path) : file_(path) {}
+  explicit ScaleLog(const std::string& path) {
+    if (const std::optional<fs::path> target = atomic_target(path)) {
+      file_.emplace(*target);
+    } else {
+      stream_.open(path, std::ios::binary | std::ios::app);  // a device or a pipe: written as it goes
+      if (!stream_) FP8KIT_THROW(ErrorKind::kIo, "--log-scales: cannot write '", path, "': ", std::strerror(errno));
+    }
+  }
   void line(const std::string& text) {
     buffer_ += text;
     buffer_ += '\n';
@@ -341,15 +334,21 @@ class ScaleLog {
   }
   void commit() {
     flush();
-    file_.commit();
+    if (file_) file_->commit();
+    stream_.flush();
   }
 
  private:
   void flush() {
-    file_.write(std::as_bytes(std::span<const char>(buffer_.data(), buffer_.size())));
+    if (file_) {
+      file_->write(std::as_bytes(std::span<const char>(buffer_.data(), buffer_.size())));
+    } else {
+      stream_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+    }
     buffer_.clear();
   }
-  AtomicFile file_;
+  std::optional<AtomicFile> file_;
+  std::ofstream stream_;
   std::string buffer_;
 };
 
@@ -441,15 +440,16 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
 // The files a run reads (--data, --resume) and writes (--log-scales, --plot, --profile, --save-checkpoint,
 // --export-fp8), checked before any work, so that no output replaces an input or another output and a long run
 // never ends in "cannot write": each output's directory exists and is writable.
-void check_train_files(const TrainArgs& a) {
+void check_train_files(const TrainArgs& a, bool writes_reports) {
   std::error_code ec;
   if (!a.data.empty() && fs::is_directory(a.data, ec)) {
     throw UsageError("--data: '" + a.data + "' is a directory; give a text file");
   }
   const std::pair<const char*, std::string> inputs[] = {{"--data", a.data}, {"--resume", a.resume}};
-  const std::pair<const char*, std::string> outputs[] = {{"--log-scales", a.log_scales},
-                                                         {"--plot", a.plot},
-                                                         {"--profile", a.profile},
+  // The reports only the first rank writes (not compared across ranks), then the checkpoints.
+  const std::pair<const char*, std::string> outputs[] = {{"--log-scales", writes_reports ? a.log_scales : ""},
+                                                         {"--plot", writes_reports ? a.plot : ""},
+                                                         {"--profile", writes_reports ? a.profile : ""},
                                                          {"--save-checkpoint", a.save_checkpoint},
                                                          {"--export-fp8", a.export_fp8}};
   for (std::size_t i = 0; i < std::size(outputs); ++i) {
@@ -465,17 +465,28 @@ void check_train_files(const TrainArgs& a) {
         throw UsageError(std::string(outputs[j].first) + " and " + option + " name the same file; give two paths");
       }
     }
-    const bool directory_ok = i == 4;  // the export may be a directory
-    if (!directory_ok && fs::is_directory(path, ec)) {
+    const fs::path p(path);
+    // A device or a pipe (--log-scales /dev/stdout) is written as it is: nothing more to check.
+    if (fs::exists(p, ec) && !fs::is_regular_file(p, ec) && !fs::is_directory(p, ec)) continue;
+    // The export may be a directory, which it creates with its parents: then the nearest folder that exists is
+    // where it writes.
+    const bool export_directory = i == 4 && p.extension() != ".safetensors";
+    if (!export_directory && fs::is_directory(p, ec)) {
       throw UsageError(std::string(option) + ": '" + path + "' is a directory; give a file name");
     }
-    const fs::path parent = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
-    if (!fs::is_directory(parent, ec)) {
-      throw UsageError(std::string(option) + ": the directory '" + parent.string() +
-                       "' does not exist; create it first");
+    fs::path where = export_directory ? p : p.parent_path();
+    if (export_directory) {
+      while (!where.empty() && !fs::exists(where, ec)) where = where.parent_path();
     }
-    if (::access(parent.c_str(), W_OK) != 0) {
-      throw UsageError(std::string(option) + ": cannot write into '" + parent.string() + "' (" + std::strerror(errno) +
+    if (where.empty()) where = ".";
+    if (!fs::is_directory(where, ec)) {
+      throw UsageError(std::string(option) + ": " +
+                       (fs::exists(where, ec)
+                            ? "'" + where.string() + "' is a file, not a directory"
+                            : "the directory '" + where.string() + "' does not exist; create it first"));
+    }
+    if (::access(where.c_str(), W_OK) != 0) {
+      throw UsageError(std::string(option) + ": cannot write into '" + where.string() + "' (" + std::strerror(errno) +
                        "); choose a writable directory");
     }
   }
@@ -696,7 +707,7 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (comm) check_same_settings(*comm, a);
   std::optional<TrainCheckpointInfo> resumed;
   on_every_rank(comm, [&] { resumed = prepare_checkpoints(a); });
-  on_every_rank(comm, [&] { check_train_files(a); });
+  on_every_rank(comm, [&] { check_train_files(a, comm == nullptr || comm->rank() == 0); });
   if (a.model != "gpt" && a.model != "cnn") {
     throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
   }

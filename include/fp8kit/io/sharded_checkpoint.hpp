@@ -70,16 +70,19 @@ class AtomicFile;
 
 // A sharded checkpoint written but not yet visible (stage_sharded_safetensors): every shard and the index in
 // temporary files beside their names, synced. commit() renames them into place, the index last, and removes what an
-// earlier checkpoint of the same prefix left that this one does not use; destroyed uncommitted, it removes its
-// temporary files and the directory is as it was. A caller with more files to write (a config.json, a model's other
-// files) stages them too and commits them all together, after the last byte is on disk.
+// earlier checkpoint of the same prefix left that this one does not use; destroyed without commit() having been
+// called, it removes its temporary files and the directory is as it was. A caller with more files to write (a
+// config.json, a model's other files) stages them too and commits them all together, after the last byte is on disk.
 class StagedShards {
  public:
   StagedShards(StagedShards&&) noexcept;
   StagedShards& operator=(StagedShards&&) noexcept;
   ~StagedShards();
-  // The renames, then the removals. Returns the files written, shards first.
+  // The renames, then the removals. Returns the files written, shards first. A rename that fails (a directory in
+  // the way, the disk gone) throws with the files renamed before it in place: check the destinations first.
   std::vector<std::filesystem::path> commit();
+  // Where commit() will put the files, shards first, the index last.
+  std::vector<std::filesystem::path> destinations() const;
 
  private:
   friend StagedShards stage_sharded_safetensors(const std::filesystem::path&, std::span<const SafetensorsEntry>,
