@@ -116,11 +116,14 @@ TEST(ShardedCheckpoint, RewritesRemoveTheFilesOfTheEarlierCheckpointOnly) {
   write_sharded_safetensors(dir.path(), m.entries, {}, options);  // 4 shards
   options.max_shard_bytes = 250;
   write_sharded_safetensors(dir.path(), m.entries, {}, options);  // [40, 40, 40, 8] | [200, 4, 0]
-  EXPECT_EQ(
-      list_dir(dir.path()),
-      (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                                "model-1-of-2.safetensors", "model-extra.safetensors", "model.safetensors.index.json",
-                                "other-00001-of-00002.safetensors"}));
+  const std::vector<std::string> two_shards = {"config.json",
+                                               "model-00001-of-00002.safetensors",
+                                               "model-00002-of-00002.safetensors",
+                                               "model-1-of-2.safetensors",
+                                               "model-extra.safetensors",
+                                               "model.safetensors.index.json",
+                                               "other-00001-of-00002.safetensors"};
+  EXPECT_EQ(list_dir(dir.path()), two_shards);
   expect_same_tensors(ShardedCheckpoint::open(dir.path()), m);
   write_sharded_safetensors(dir.path(), m.entries);  // one shard: the index and the shards go
   EXPECT_EQ(list_dir(dir.path()),
@@ -128,11 +131,7 @@ TEST(ShardedCheckpoint, RewritesRemoveTheFilesOfTheEarlierCheckpointOnly) {
                                       "model.safetensors", "other-00001-of-00002.safetensors"}));
   expect_same_tensors(ShardedCheckpoint::open(dir.path()), m);
   write_sharded_safetensors(dir.path(), m.entries, {}, options);  // shards again: the single file goes
-  EXPECT_EQ(
-      list_dir(dir.path()),
-      (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                                "model-1-of-2.safetensors", "model-extra.safetensors", "model.safetensors.index.json",
-                                "other-00001-of-00002.safetensors"}));
+  EXPECT_EQ(list_dir(dir.path()), two_shards);
   expect_same_tensors(ShardedCheckpoint::open(dir.path()), m);
 }
 
