@@ -539,8 +539,8 @@ NB_MODULE(_fp8kit, m) {
       "scale. Each step: quantize with .scale, then update(amax) with the step's amax.")
       .def(
           "__init__",
-          [](fp8kit::DelayedScaling* self, nb::handle format, nb::handle history, const std::string& algorithm,
-             nb::handle margin_value, std::optional<float> ema_decay) {
+          [](fp8kit::DelayedScaling* self, nb::handle format, nb::handle history, nb::handle algorithm_value,
+             nb::handle margin_value, nb::handle ema_value) {
             // The package's own checks (one-line TypeError / ValueError), as every other function's integers.
             const nb::object check_int = nb::module_::import_("fp8kit._arrays").attr("check_int");
             const int history_length = nb::cast<int>(check_int("history_length", history, 1, 1 << 24));
@@ -551,6 +551,21 @@ NB_MODULE(_fp8kit, m) {
                     ? nb::cast<std::string>(format)
                     : nb::cast<std::string>(nb::module_::import_("fp8kit._arrays").attr("resolve_dtype")(format));
             if (name.starts_with("float8_")) name = name.substr(7);
+            if (!nb::isinstance<nb::str>(algorithm_value)) {
+              throw nb::type_error(("algorithm must be 'max' or 'most_recent', not " +
+                                    nb::cast<std::string>(nb::str(nb::type_name(algorithm_value.type()))))
+                                       .c_str());
+            }
+            const std::string algorithm = nb::cast<std::string>(algorithm_value);
+            std::optional<float> ema_decay;
+            if (!ema_value.is_none()) {
+              if (!nb::isinstance<nb::float_>(ema_value) && !nb::isinstance<nb::int_>(ema_value)) {
+                throw nb::type_error(("ema_decay must be None or a number, not " +
+                                      nb::cast<std::string>(nb::str(nb::type_name(ema_value.type()))))
+                                         .c_str());
+              }
+              ema_decay = nb::cast<float>(nb::float_(ema_value));
+            }
             if (algorithm != "max" && algorithm != "most_recent")
               throw nb::value_error(("algorithm must be 'max' or 'most_recent', not '" + algorithm + "'").c_str());
             if (ema_decay && !(*ema_decay >= 0.0f && *ema_decay < 1.0f))

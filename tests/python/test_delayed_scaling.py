@@ -71,6 +71,10 @@ def test_errors():
         fp8kit.DelayedScaling(margin=1000)
     with pytest.raises(TypeError, match="history_length must be an int, not float"):
         fp8kit.DelayedScaling(history_length=2.5)
+    with pytest.raises(TypeError, match="algorithm must be 'max' or 'most_recent', not int"):
+        fp8kit.DelayedScaling(algorithm=3)
+    with pytest.raises(TypeError, match="ema_decay must be None or a number, not str"):
+        fp8kit.DelayedScaling(ema_decay="0.5")
     assert math.isfinite(fp8kit.DelayedScaling().scale)
 
 
