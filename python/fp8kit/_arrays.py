@@ -10,6 +10,10 @@ from typing import Any, Optional
 import ml_dtypes
 import numpy as np
 
+from . import _fp8kit
+
+_MAX_THREADS = _fp8kit.max_threads  # the library's kMaxThreads
+
 # The dtypes fp8kit knows, by their canonical (PyTorch) names, and their NumPy dtypes.
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 _NUMPY = {
@@ -78,8 +82,7 @@ def check_threads(threads: Optional[int]) -> Optional[int]:
         return None
     if type(threads) is int and threads < 1:  # the library's own wording
         raise ValueError(f"threads must be at least 1, got {threads}")
-    from . import _fp8kit
-    return check_int("threads", threads, 1, _fp8kit.max_threads)
+    return check_int("threads", threads, 1, _MAX_THREADS)
 
 
 class Source:

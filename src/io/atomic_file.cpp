@@ -53,6 +53,18 @@ void remove_abandoned(const std::filesystem::path& directory, const std::string&
 
 }  // namespace
 
+bool is_temporary_file_name(std::string_view filename) {
+  const std::size_t tmp = filename.rfind(".tmp-");
+  if (filename.size() < 2 || filename[0] != '.' || tmp == std::string_view::npos || tmp < 2) return false;
+  // "<pid>-<n>" after it
+  const std::string_view rest = filename.substr(tmp + 5);
+  const std::size_t dash = rest.find('-');
+  const auto digits = [](std::string_view d) {
+    return !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  return dash != std::string_view::npos && digits(rest.substr(0, dash)) && digits(rest.substr(dash + 1));
+}
+
 AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::move(destination)) {
   FP8KIT_CHECK(!destination_.filename().empty(), "cannot write '", destination_.string(), "': not a file name");
   const std::filesystem::path directory = directory_of(destination_);

@@ -57,6 +57,12 @@ TEST(AtomicFile, CommitRenamesTheTemporaryFileIntoPlace) {
     AtomicFile f(dir / "out.bin");
     EXPECT_EQ(f.temporary_path().parent_path(), dir.path());
     EXPECT_TRUE(f.temporary_path().filename().string().starts_with(".out.bin.tmp-" + std::to_string(::getpid()) + "-"));
+    // The name is recognized as one (an output directory holding only such files counts as empty).
+    EXPECT_TRUE(is_temporary_file_name(f.temporary_path().filename().string()));
+    for (const char* other : {"out.bin", ".out.bin", ".out.bin.tmp-", ".out.bin.tmp-12", ".out.bin.tmp-12-x",
+                              "out.bin.tmp-1-2", ".tmp-1-2"}) {
+      EXPECT_FALSE(is_temporary_file_name(other)) << other;
+    }
     f.write(std::span(bytes).first(10));
     f.write(std::span(bytes).subspan(10));
     EXPECT_EQ(list_dir(dir.path()), std::vector<std::string>{f.temporary_path().filename().string()});

@@ -824,7 +824,7 @@ def train_never_writes_over_its_inputs_and_writes_outputs_whole():
             before = f.read()
         for option in ("--log-scales", "--plot", "--profile"):
             rc, out, err = run("train", "--steps", "2", "--data", text, option, text)
-            assert rc == 2 and "is the --data file" in err, (option, rc, err)
+            assert rc == 2 and "is the training data" in err, (option, rc, err)
         with open(text, "rb") as f:
             assert f.read() == before
         # A run that aborts leaves a whole log of the steps before (an earlier file stays whole until then).

@@ -79,17 +79,12 @@ std::unique_ptr<AtomicFile> stage_copy(const fs::path& from, const fs::path& to)
   return file;
 }
 
-// A name AtomicFile gives its temporary files (".<name>.tmp-<pid>-<n>"): what an interrupted write leaves behind.
-bool is_temporary_name(const std::string& name) {
-  return name.size() > 1 && name[0] == '.' && name.find(".tmp-") != std::string::npos;
-}
-
 // A directory that holds nothing, or only the temporary files of an interrupted write (the next write of those
 // names removes them).
 bool is_empty_output(const fs::path& directory) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(directory, ec)) {
-    if (!is_temporary_name(e.path().filename().string()) || !e.is_regular_file(ec)) return false;
+    if (!is_temporary_file_name(e.path().filename().string()) || !e.is_regular_file(ec)) return false;
   }
   return !ec;
 }

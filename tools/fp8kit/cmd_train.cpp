@@ -420,20 +420,6 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
   }
   if (!a.save_checkpoint.empty()) check_train_output("--save-checkpoint", a.save_checkpoint, a.force, false);
   if (!a.export_fp8.empty()) check_train_output("--export-fp8", a.export_fp8, a.force, true);
-  const std::vector<std::pair<std::string, std::string>> outputs = {{"--save-checkpoint", a.save_checkpoint},
-                                                                    {"--export-fp8", a.export_fp8}};
-  for (const auto& [option, path] : outputs) {
-    if (path.empty()) continue;
-    if (!a.resume.empty() && same_path(path, a.resume)) {
-      throw UsageError(option + ": '" + path + "' is the checkpoint to resume from; write to another path");
-    }
-    if (!a.data.empty() && same_path(path, a.data)) {
-      throw UsageError(option + ": '" + path + "' is the training data; write to another path");
-    }
-  }
-  if (!a.save_checkpoint.empty() && !a.export_fp8.empty() && same_path(a.save_checkpoint, a.export_fp8)) {
-    throw UsageError("--save-checkpoint and --export-fp8 name the same file; give two paths");
-  }
   return info;
 }
 
@@ -445,7 +431,8 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
   if (!a.data.empty() && fs::is_directory(a.data, ec)) {
     throw UsageError("--data: '" + a.data + "' is a directory; give a text file");
   }
-  const std::pair<const char*, std::string> inputs[] = {{"--data", a.data}, {"--resume", a.resume}};
+  const std::pair<const char*, std::string> inputs[] = {{"the training data", a.data},
+                                                        {"the checkpoint to resume from", a.resume}};
   // The reports only the first rank writes (not compared across ranks), then the checkpoints.
   const std::pair<const char*, std::string> outputs[] = {{"--log-scales", writes_reports ? a.log_scales : ""},
                                                          {"--plot", writes_reports ? a.plot : ""},
@@ -457,7 +444,7 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
     if (path.empty()) continue;
     for (const auto& [input, in] : inputs) {
       if (!in.empty() && same_path(path, in)) {
-        throw UsageError(std::string(option) + ": '" + path + "' is the " + input + " file; write to another path");
+        throw UsageError(std::string(option) + ": '" + path + "' is " + input + "; write to another path");
       }
     }
     for (std::size_t j = 0; j < i; ++j) {
@@ -1062,17 +1049,13 @@ void train_run(TrainArgs a, Communicator* comm) {
                static_cast<long long>(a.eval_batches), a.eval_batches == 1 ? "" : "es");
   if (!spread.empty()) {
     std::vector<double> gaps;
-    for (const float l : spread) gaps.push_back(100.0 * (l - fp32->final_loss) / fp32->final_loss);
-    const auto [lo, hi] = std::minmax_element(gaps.begin(), gaps.end());
-    const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / static_cast<double>(gaps.size());
-    double var = 0.0;
-    for (const double g : gaps) var += (g - mean) * (g - mean);
-    const std::string sd =
-        gaps.size() > 1 ? fmt::format(", sd {:.2f}%", std::sqrt(var / static_cast<double>(gaps.size() - 1))) : "";
+    for (const float l : spread) gaps.push_back(100.0 * loss_gap(l, fp32->final_loss));
+    const Summary g = summarize(gaps);
+    const std::string sd = std::isfinite(g.sd) ? fmt::format(", sd {:.2f}%", g.sd) : "";
     std::fprintf(output(),
                  "fp32 against itself: %zu more run%s, each initial weight one ulp up or down: eval loss %+.2f%% .. "
                  "%+.2f%%%s (a gap above inside that range is within fp32's own run-to-run spread)\n",
-                 gaps.size(), gaps.size() == 1 ? "" : "s", *lo, *hi, sd.c_str());
+                 gaps.size(), gaps.size() == 1 ? "" : "s", g.min, g.max, sd.c_str());
   }
   if (resumed) {
     std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <span>
+#include <string_view>
 
 namespace fp8kit {
 
@@ -44,6 +45,10 @@ class AtomicFile {
   bool synced_ = false;
   bool committed_ = false;
 };
+
+// Whether `filename` (no directory) is one AtomicFile gives its temporary files (".<name>.tmp-<pid>-<n>"): what an
+// interrupted write leaves behind, and the next write of <name> removes.
+bool is_temporary_file_name(std::string_view filename);
 
 // fsyncs a directory so that renames and removals in it are durable. Filesystems that cannot sync a directory
 // (EINVAL) are accepted silently; other failures throw Error(kIo).
