@@ -233,7 +233,8 @@ MatrixRef matrix(const Input& in, const std::string& kind, std::int64_t rows, st
 Granularity granularity_named(const std::string& text) {
   if (const std::optional<Granularity> g = Granularity::parse(text)) return *g;
   throw nb::value_error(("unknown granularity '" + text +
-                         "' (use tensor, row, col, block:RxC such as block:1x128 or block:128x128, mx32, mx32-rceil)")
+                         "' (use tensor, row, col, block:RxC with sides 1..2147483648 such as block:1x128 or "
+                         "block:128x128, mx32, mx32-rceil)")
                             .c_str());
 }
 

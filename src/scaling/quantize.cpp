@@ -53,11 +53,21 @@ std::optional<Granularity> Granularity::parse(std::string_view text) {
     if (er != std::errc() || ec != std::errc() || pr != shape.data() + x || pc != shape.data() + shape.size()) {
       return std::nullopt;
     }
-    if (r < 1 || c < 1) return std::nullopt;
+    if (r < 1 || c < 1 || r > kMaxBlockSide || c > kMaxBlockSide) return std::nullopt;
     return block(r, c);
   }
   return std::nullopt;
 }
+
+namespace {
+std::int64_t checked_block_side(const Granularity& g, std::int64_t side) {
+  FP8KIT_CHECK_KIND(side >= 1 && side <= Granularity::kMaxBlockSide, ErrorKind::kInvalidArgument, "granularity ",
+                    g.kind == Granularity::Kind::kMx ? "mx" : "block", " with a ", g.block_rows, "x", g.block_cols,
+                    " block: each side must be 1..", Granularity::kMaxBlockSide,
+                    " (make it with Granularity::block(rows, cols) or parse(\"block:RxC\"))");
+  return side;
+}
+}  // namespace
 
 std::int64_t Granularity::rows_per_block(std::int64_t rows) const {
   switch (kind) {
@@ -68,7 +78,7 @@ std::int64_t Granularity::rows_per_block(std::int64_t rows) const {
     case Kind::kMx:
       return 1;
     case Kind::kBlock:
-      return block_rows;
+      return checked_block_side(*this, block_rows);
   }
   return 1;
 }
@@ -82,7 +92,7 @@ std::int64_t Granularity::cols_per_block(std::int64_t cols) const {
       return 1;
     case Kind::kBlock:
     case Kind::kMx:
-      return block_cols;
+      return checked_block_side(*this, block_cols);
   }
   return 1;
 }

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/tensor/memory.hpp"
@@ -381,6 +382,42 @@ TEST(Quantize, GranularityNames) {
   EXPECT_FALSE(Granularity::parse("block:1x").has_value());
   EXPECT_FALSE(Granularity::parse("blocks").has_value());
   EXPECT_FALSE(Granularity::parse("mx16").has_value());
+  // Block sides up to 2^31: a larger one (9223372036854775807 overflowed the grid's arithmetic) is not a granularity.
+  EXPECT_FALSE(Granularity::parse("block:1x9223372036854775807").has_value());
+  EXPECT_FALSE(Granularity::parse("block:2147483649x1").has_value());
+  EXPECT_EQ(Granularity::parse("block:1x2147483648")->block_cols, Granularity::kMaxBlockSide);
+}
+
+// A block larger than the matrix is one block along that side; a hand-built block with a side of 0 (the default
+// Granularity{kBlock}) is refused in one line instead of dividing by zero.
+TEST(Quantize, BlockSidesOutOfRangeAreRefusedAndHugeOnesAreOneBlock) {
+  EXPECT_EQ(ceil_div(std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::max()), 1);
+  EXPECT_EQ(ceil_div(6, std::numeric_limits<std::int64_t>::max()), 1);
+  EXPECT_EQ(ceil_div(0, 5), 0);
+  EXPECT_EQ(ceil_div(129, 128), 2);
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  const ScaledTensor q = quantize(MatrixRef{x.data(), 2, 3},
+                                  {Format::e4m3fn, Overflow::kSaturate, *Granularity::parse("block:1x2147483648")});
+  EXPECT_EQ(q.grid_rows(), 2);
+  EXPECT_EQ(q.grid_cols(), 1);
+  const ScaledTensor per_row =
+      quantize(MatrixRef{x.data(), 2, 3}, {Format::e4m3fn, Overflow::kSaturate, Granularity::row()});
+  EXPECT_TRUE(std::equal(q.data.begin(), q.data.end(), per_row.data.begin(), per_row.data.end()));
+  EXPECT_TRUE(std::equal(q.scale_inv.begin(), q.scale_inv.end(), per_row.scale_inv.begin(), per_row.scale_inv.end()));
+  for (const Granularity& bad :
+       {Granularity::block(1, 0), Granularity::block(0, 0), Granularity{Granularity::Kind::kBlock},
+        Granularity::block(1, Granularity::kMaxBlockSide + 1)}) {
+    // What scaled_mm asks of a hand-built operand (it divided by zero there).
+    ScaledTensor hand_built = q;
+    hand_built.granularity = bad;
+    testing::expect_error([&] { (void)hand_built.grid_cols(); }, ErrorKind::kInvalidArgument,
+                          {"each side must be 1..2147483648"}, bad.name());
+    testing::expect_error(
+        [&] {
+          quantize(MatrixRef{x.data(), 2, 3}, {Format::e4m3fn, Overflow::kSaturate, bad});
+        },
+        ErrorKind::kInvalidArgument, {"block"}, bad.name());
+  }
 }
 
 // bfloat16 and float16 matrices quantize as their float32 widening does, bit for bit, at every granularity, with rows

@@ -78,8 +78,9 @@ void run_analyze(const AnalyzeArgs& args) {
         args.granularities.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     const auto g = Granularity::parse(token);
     if (!g) {
-      throw UsageError("unknown granularity '" + token +
-                       "' (use tensor, row, col, block:RxC such as block:1x128, mx32, mx32-rceil)");
+      throw UsageError(
+          "unknown granularity '" + token +
+          "' (use tensor, row, col, block:RxC with sides 1..2147483648 such as block:1x128, mx32, mx32-rceil)");
     }
     granularities.push_back(*g);
     if (comma == std::string::npos) break;

@@ -30,9 +30,9 @@ void amax_blocks(MatrixRef x, std::int64_t block_rows, std::int64_t block_cols, 
 // The amax kernels in force (their ISA level's table name: "avx512", "avx2", "scalar").
 std::string_view amax_kernel();
 
-// ceil(a / b) for the block grid.
+// ceil(a / b) for the block grid (b >= 1); for a >= 0 without the overflow of (a + b - 1) / b.
 constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
+  return a >= 0 ? a / b + (a % b != 0 ? 1 : 0) : (a + b - 1) / b;
 }
 
 }  // namespace fp8kit

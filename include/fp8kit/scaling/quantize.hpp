@@ -32,6 +32,9 @@ struct Granularity {
   std::int64_t block_rows = 0;  // kBlock: the block shape; kMx: 1 x block_cols (32)
   std::int64_t block_cols = 0;
   MxScaleMode mx_mode = MxScaleMode::kFloor;
+  // The largest block side: the block grid's arithmetic stays far from int64 overflow (a block larger than the
+  // matrix is one block along that side).
+  static constexpr std::int64_t kMaxBlockSide = std::int64_t{1} << 31;
 
   static Granularity tensor() { return {Kind::kTensor}; }
   static Granularity row() { return {Kind::kRow}; }
@@ -42,7 +45,8 @@ struct Granularity {
   // "tensor", "row", "col", "block:1x128", "mx32" (FLOOR), "mx32-rceil".
   std::string name() const;
   static std::optional<Granularity> parse(std::string_view text);
-  // The block shape on a rows x cols matrix (tensor: the whole matrix; row: 1 x cols; column: rows x 1).
+  // The block shape on a rows x cols matrix (tensor: the whole matrix; row: 1 x cols; column: rows x 1). A block
+  // or MX granularity whose side is not in 1..kMaxBlockSide (a hand-built one) throws Error(kInvalidArgument).
   std::int64_t rows_per_block(std::int64_t rows) const;
   std::int64_t cols_per_block(std::int64_t cols) const;
 };
