@@ -571,6 +571,9 @@ def bench_device_cuda_refusals():
     check_usage_error(["bench", "convert", "--device", "cuda:x"], "use cpu, cuda or cuda:N")
     check_usage_error(["bench", "scaling", "--device", "cuda", "--threads", "2"], "leave them out with --device cuda")
     check_usage_error(["bench", "gemm", "--device", "cuda", "--isa", "avx2"], "leave them out with --device cuda")
+    # --threads 0 is a thread count like -1 (it ran the default sweep, and passed the --device cuda check)
+    check_usage_error(["bench", "gemm", "--threads", "0"], "--threads must be at least 1, got 0")
+    check_usage_error(["bench", "scaling", "--device", "cuda", "--threads", "0"], "leave them out with --device cuda")
     if run_json("info", "--json")["cuda_runtime"]["devices"]:
         return
     for which in ("convert", "scaling", "gemm"):

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -69,9 +70,14 @@ void check_memory(std::size_t needed, const std::string& bytes_text, const char*
   }
 }
 
-// --threads N: just N; absent (0): one thread, then all of them.
+// --threads N: just N; absent (kThreadsAbsent): one thread, then all of them.
+constexpr int kThreadsAbsent = std::numeric_limits<int>::min();
+
 std::vector<int> thread_counts(int requested) {
-  if (requested < 0) throw UsageError("--threads must be at least 1, got " + std::to_string(requested));
+  if (requested == kThreadsAbsent)
+    requested = 0;
+  else if (requested < 1)
+    throw UsageError("--threads must be at least 1, got " + std::to_string(requested));
   if (requested > kMaxThreads) {
     throw UsageError("--threads must be at most " + std::to_string(kMaxThreads) + ", got " + std::to_string(requested));
   }
@@ -83,7 +89,7 @@ std::vector<int> thread_counts(int requested) {
 
 struct BenchArgs {
   bool json = false;
-  int threads = 0;
+  int threads = kThreadsAbsent;
   std::string bytes = "256M";
   int reps = 11;
   std::string isa;             // --isa
@@ -104,7 +110,7 @@ std::optional<int> cuda_device(const std::string& text) {
 
 // `bench convert|scaling --device cuda`: the CUDA kernels against device-to-device memcpy.
 void run_cuda_stream(const BenchArgs& args, const std::string& which, int device) {
-  if (!args.isa.empty() || args.threads != 0 || !args.ops.empty()) {
+  if (!args.isa.empty() || args.threads != kThreadsAbsent || !args.ops.empty()) {
     throw UsageError("--isa, --threads and --ops choose CPU kernels: leave them out with --device cuda");
   }
   if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
@@ -305,7 +311,7 @@ void run_bench_scaling(const BenchArgs& args) {
 
 struct GemmArgs {
   bool json = false;
-  int threads = 0;
+  int threads = kThreadsAbsent;
   std::string isa;
   std::string shapes;  // "" (not given): the default shapes
   bool shapes_given = false;
@@ -389,7 +395,7 @@ nlohmann::json positive_or_null(double v) {
 
 // `bench gemm --device cuda`: cuda::scaled_mm against a direct cuBLASLt FP8 call and a cuBLASLt bf16 matmul.
 void run_cuda_gemm(const GemmArgs& args, int device) {
-  if (!args.isa.empty() || args.threads != 0) {
+  if (!args.isa.empty() || args.threads != kThreadsAbsent) {
     throw UsageError("--isa and --threads choose CPU kernels: leave them out with --device cuda");
   }
   if (args.reps_given && args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
