@@ -34,15 +34,35 @@ void all_reduce_amax(Communicator& comm, std::span<float> amaxes) {
 
 ScaledTensor quantize_shard(Communicator& comm, MatrixRef shard, const QuantizeOptions& options) {
   if (options.granularity.kind != Granularity::Kind::kTensor) return quantize(shard, options);
+  // Checked on every rank before the amax agreement, an empty shard's too: a refusal on some ranks only would leave
+  // the others waiting in it.
+  FP8KIT_CHECK(shard.dtype == DType::float32 || shard.dtype == DType::bfloat16 || shard.dtype == DType::float16,
+               "quantize_shard: the shard is ", name(shard.dtype), "; quantize float32, bfloat16 or float16 matrices");
+  // A bfloat16 / float16 shard widened to float32 (exact): its amax and codes are those of the 16-bit values.
+  std::vector<float> wide;
+  MatrixRef x = shard;
+  if (shard.dtype != DType::float32) {
+    wide.resize(static_cast<std::size_t>(shard.numel()));
+    for (std::int64_t r = 0; r < shard.rows; ++r) {
+      float* o = wide.data() + r * shard.cols;
+      for (std::int64_t c = 0; c < shard.cols; ++c) {
+        o[c] =
+            shard.dtype == DType::bfloat16 ? shard.row<bfloat16>(r)[c].to_float() : shard.row<float16>(r)[c].to_float();
+      }
+    }
+    x = MatrixRef{wide.data(), shard.rows, shard.cols};
+  }
   float all = 0.0f;
   AmaxResult local;
-  if (shard.numel() > 0) amax_blocks(shard, shard.rows, shard.cols, std::span<float>(&all, 1), &local);
+  if (x.numel() > 0) amax_blocks(x, x.rows, x.cols, std::span<float>(&all, 1), &local);
   // The finite maximum, as quantize() takes it for the whole matrix (its NaN and Inf elements encode as they do
   // there).
   float amax = local.amax;
   all_reduce_amax(comm, std::span<float>(&amax, 1));
-  return quantize_with_scale(shard, options.format, compute_scale(amax, options.format, options.scale),
-                             options.overflow);
+  ScaledTensor q =
+      quantize_with_scale(x, options.format, compute_scale(amax, options.format, options.scale), options.overflow);
+  q.original_dtype = shard.dtype;
+  return q;
 }
 
 namespace {

@@ -22,16 +22,17 @@ class MpiRuntime {
       ++users();
       return;
     }
+    // MPI_Initialized stays true after MPI_Finalize: ask about the finalize first.
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    FP8KIT_CHECK_KIND(!finalized, ErrorKind::kUnsupported,
+                      "MPI was finalized in this process and cannot start again (keep one communicator for the run)");
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (initialized) {
       ++users();  // the application started MPI: it finalizes it too
       return;
     }
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    FP8KIT_CHECK_KIND(!finalized, ErrorKind::kUnsupported,
-                      "MPI was finalized in this process and cannot start again (keep one communicator for the run)");
     int provided = 0;
     // FUNNELED: OpenMP threads compute, only the calling thread calls MPI.
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);

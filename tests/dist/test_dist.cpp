@@ -200,6 +200,25 @@ TEST(Fp8Collectives, AllGatherOfShardsIsTheWholeQuantization) {
   }
 }
 
+// bfloat16 shards per tensor: every rank agrees on the amax (an empty shard's rank too: it refused bfloat16 and left
+// the others waiting in the agreement), and the gathered codes are quantize()'s of the whole bfloat16 matrix.
+TEST(Fp8Collectives, Bfloat16ShardsPerTensorAreTheWholeQuantization) {
+  for (std::int64_t rows : {1, 131}) {
+    const std::int64_t cols = 65;
+    const std::vector<float> x = values_of(0, static_cast<std::size_t>(rows * cols), 9);
+    std::vector<bfloat16> xb(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) xb[i] = bfloat16(x[i]);
+    const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()};
+    const RowShard s = shard_rows(rows, 1, comm().rank(), comm().size());
+    const ScaledTensor mine = quantize_shard(comm(), MatrixRef(xb.data() + s.begin * cols, s.rows(), cols), o);
+    EXPECT_EQ(mine.original_dtype, DType::bfloat16);
+    const ScaledTensor got = all_gather_rows(comm(), mine, rows);
+    const ScaledTensor want = quantize(MatrixRef(xb.data(), rows, cols), o);
+    EXPECT_EQ(got.data, want.data) << rows;
+    EXPECT_EQ(got.scale_inv, want.scale_inv) << rows;
+  }
+}
+
 // The transpose of a row-major matrix (rows x cols -> cols x rows).
 std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t cols) {
   std::vector<float> t(static_cast<std::size_t>(rows * cols));
