@@ -76,8 +76,9 @@ struct ShardHeader {
   std::int64_t cut;                                        // shards are whole multiples of it along the axis
   std::uint32_t scale_bits;                                // per tensor: the one scale
   std::uint8_t format, overflow, kind, mx_mode;
-  std::uint8_t valid;  // the shard's buffers hold what its shape and granularity need
-  std::uint8_t padding[7];
+  std::uint8_t valid;           // the shard's buffers hold what its shape and granularity need
+  std::uint8_t original_dtype;  // what was quantized (dequantize's default target): rank 0's is the gather's
+  std::uint8_t padding[6];
 };
 
 std::string describe(const ShardHeader& h) {
@@ -160,6 +161,7 @@ ScaledTensor gather_shards(Communicator& comm, const ScaledTensor& shard, std::i
   mine.overflow = static_cast<std::uint8_t>(shard.overflow);
   mine.kind = static_cast<std::uint8_t>(shard.granularity.kind);
   mine.mx_mode = static_cast<std::uint8_t>(shard.granularity.mx_mode);
+  mine.original_dtype = static_cast<std::uint8_t>(shard.original_dtype);
   // A cut across blocks would split a block's scale between ranks.
   mine.valid = buffers_fit(shard) && mine.cut % block_of_cut == 0 ? 1 : 0;
   std::vector<ShardHeader> all(n);
@@ -206,6 +208,7 @@ ScaledTensor gather_shards(Communicator& comm, const ScaledTensor& shard, std::i
   out.format = shard.format;
   out.overflow = shard.overflow;
   out.granularity = shard.granularity;
+  out.original_dtype = static_cast<DType>(all[0].original_dtype);
   out.rows = rows_axis ? total : shard.rows;
   out.cols = rows_axis ? shard.cols : total;
   // The codes, every shard's in rank order.

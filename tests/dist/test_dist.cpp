@@ -214,6 +214,7 @@ TEST(Fp8Collectives, Bfloat16ShardsPerTensorAreTheWholeQuantization) {
     EXPECT_EQ(mine.original_dtype, DType::bfloat16);
     const ScaledTensor got = all_gather_rows(comm(), mine, rows);
     const ScaledTensor want = quantize(MatrixRef(xb.data(), rows, cols), o);
+    EXPECT_EQ(got.original_dtype, DType::bfloat16) << rows;  // the gather kept it (dequantize's default target)
     EXPECT_EQ(got.data, want.data) << rows;
     EXPECT_EQ(got.scale_inv, want.scale_inv) << rows;
   }
