@@ -207,7 +207,7 @@ TEST(Fp8Collectives, Bfloat16ShardsPerTensorAreTheWholeQuantization) {
     const std::int64_t cols = 65;
     const std::vector<float> x = values_of(0, static_cast<std::size_t>(rows * cols), 9);
     std::vector<bfloat16> xb(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) xb[i] = bfloat16(x[i]);
+    for (std::size_t i = 0; i < x.size(); ++i) xb[i] = bfloat16::from_float(x[i]);
     const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()};
     const RowShard s = shard_rows(rows, 1, comm().rank(), comm().size());
     const ScaledTensor mine = quantize_shard(comm(), MatrixRef(xb.data() + s.begin * cols, s.rows(), cols), o);
