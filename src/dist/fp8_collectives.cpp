@@ -43,13 +43,7 @@ ScaledTensor quantize_shard(Communicator& comm, MatrixRef shard, const QuantizeO
   MatrixRef x = shard;
   if (shard.dtype != DType::float32) {
     wide.resize(static_cast<std::size_t>(shard.numel()));
-    for (std::int64_t r = 0; r < shard.rows; ++r) {
-      float* o = wide.data() + r * shard.cols;
-      for (std::int64_t c = 0; c < shard.cols; ++c) {
-        o[c] =
-            shard.dtype == DType::bfloat16 ? shard.row<bfloat16>(r)[c].to_float() : shard.row<float16>(r)[c].to_float();
-      }
-    }
+    widen_rows(shard, 0, shard.rows, wide.data());
     x = MatrixRef{wide.data(), shard.rows, shard.cols};
   }
   float all = 0.0f;

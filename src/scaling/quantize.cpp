@@ -131,10 +131,9 @@ constexpr std::int64_t kKernelMinRun = 16;
 
 void check_shape(MatrixRef x, const Granularity& g) {
   x.element<float>("quantize");
-  if (g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) {
-    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ", g.block_rows,
-                 "x", g.block_cols);
-  }
+  // The block's sides, checked where the block grid is asked for (Granularity::rows_per_block / cols_per_block).
+  (void)g.rows_per_block(x.rows);
+  (void)g.cols_per_block(x.cols);
 }
 
 }  // namespace
@@ -319,6 +318,22 @@ void cast_rows(MatrixRef x, std::uint8_t* codes, const CastOptions& options) {
 
 }  // namespace
 
+void widen_rows(MatrixRef x, std::int64_t r0, std::int64_t rows, float* out) {
+  FP8KIT_CHECK((x.dtype == DType::bfloat16 || x.dtype == DType::float16) && r0 >= 0 && rows >= 0 && r0 + rows <= x.rows,
+               "widen_rows: rows ", r0, " to ", r0 + rows, " of a ", x.rows, "-row ", name(x.dtype),
+               " matrix (a bfloat16 or float16 one, rows within it)");
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* o = out + r * x.cols;
+    if (x.dtype == DType::bfloat16) {
+      const auto* in = reinterpret_cast<const std::uint16_t*>(x.row<bfloat16>(r0 + r));
+      for (std::int64_t c = 0; c < x.cols; ++c) o[c] = std::bit_cast<float>(static_cast<std::uint32_t>(in[c]) << 16);
+    } else {
+      const float16* in = x.row<float16>(r0 + r);
+      for (std::int64_t c = 0; c < x.cols; ++c) o[c] = in[c].to_float();
+    }
+  }
+}
+
 ScaledTensor quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics) {
   ScaledTensor q;
   quantize_into(x, options, q, diagnostics);
@@ -482,20 +497,6 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
   }
 }
 
-// Rows [r0, r0 + rows) of a bfloat16 or float16 matrix as float32 (exact), contiguous, into `out`.
-void widen_rows(MatrixRef x, std::int64_t r0, std::int64_t rows, float* out) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* o = out + r * x.cols;
-    if (x.dtype == DType::bfloat16) {
-      const auto* in = reinterpret_cast<const std::uint16_t*>(x.row<bfloat16>(r0 + r));
-      for (std::int64_t c = 0; c < x.cols; ++c) o[c] = std::bit_cast<float>(static_cast<std::uint32_t>(in[c]) << 16);
-    } else {
-      const float16* in = x.row<float16>(r0 + r);
-      for (std::int64_t c = 0; c < x.cols; ++c) o[c] = in[c].to_float();
-    }
-  }
-}
-
 // bfloat16 / float16 matrices without a float32 copy of the whole: per tensor, an amax pass over rows widened a
 // chunk at a time, then the bulk 16-bit scaled encode; per row, block and MX, chunks of whole block rows (about
 // kChunkElements) widened into a per-thread buffer and quantized by quantize_float, the chunks split over threads.
@@ -562,10 +563,9 @@ void check_input(MatrixRef x, const Granularity& g) {
   FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16 || x.dtype == DType::float16,
                "quantize: the input is ", name(x.dtype), "; quantize float32, bfloat16 or float16 matrices");
   x.check("quantize", x.dtype);
-  if (g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) {
-    FP8KIT_CHECK(g.block_rows >= 1 && g.block_cols >= 1, "quantize: block shape must be positive, got ", g.block_rows,
-                 "x", g.block_cols);
-  }
+  // The block's sides, checked where the block grid is asked for (Granularity::rows_per_block / cols_per_block).
+  (void)g.rows_per_block(x.rows);
+  (void)g.cols_per_block(x.cols);
 }
 
 }  // namespace

@@ -125,6 +125,10 @@ void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTen
 ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow = Overflow::kSaturate,
                                  QuantDiagnostics* diagnostics = nullptr);
 
+// Rows [r0, r0 + rows) of a bfloat16 or float16 matrix as float32 (exact), contiguous into `out` (rows * x.cols
+// floats): how quantize computes on 16-bit inputs, for a caller that needs their float32 values (quantize_shard).
+void widen_rows(MatrixRef x, std::int64_t r0, std::int64_t rows, float* out);
+
 // out has rows * cols elements: decode(code) * scale_inv of its block, in float32.
 void dequantize(const ScaledTensor& q, std::span<float> out);
 
