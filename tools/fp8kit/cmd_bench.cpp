@@ -74,17 +74,16 @@ void check_memory(std::size_t needed, const std::string& bytes_text, const char*
 constexpr int kThreadsAbsent = std::numeric_limits<int>::min();
 
 std::vector<int> thread_counts(int requested) {
-  if (requested == kThreadsAbsent)
-    requested = 0;
-  else if (requested < 1)
-    throw UsageError("--threads must be at least 1, got " + std::to_string(requested));
+  if (requested == kThreadsAbsent) {
+    std::vector<int> counts = {1};
+    if (num_threads() > 1) counts.push_back(num_threads());
+    return counts;
+  }
+  if (requested < 1) throw UsageError("--threads must be at least 1, got " + std::to_string(requested));
   if (requested > kMaxThreads) {
     throw UsageError("--threads must be at most " + std::to_string(kMaxThreads) + ", got " + std::to_string(requested));
   }
-  if (requested > 0) return {requested};
-  std::vector<int> counts = {1};
-  if (num_threads() > 1) counts.push_back(num_threads());
-  return counts;
+  return {requested};
 }
 
 struct BenchArgs {
