@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, as_bits, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, as_bits, check_bool, check_int, check_real, check_threads, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -94,6 +94,10 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         threads = check_threads(threads)
     if seed is not None:
         seed = check_int("seed", seed, 0, 2**64 - 1)
+    if type(saturate) is not bool:
+        saturate = check_bool("saturate", saturate)
+    if scale is not None and type(scale) is not float:
+        scale = check_real("scale", scale)
     if ((stochastic or scale is not None) and src.dtype_name == "float64" and kind == "numpy"
             and not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__")):
         # A list or scalar with a scale or stochastic rounding: the kernels that do those read float32.
@@ -107,6 +111,9 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         raise ValueError(f"scale is for casts between float32, bfloat16 or float16 and FP8{hint}")
     result, result_bits = empty_like_of(x, kind, src.shape, target, out)
     flat_in, flat_out = src.bits, result_bits  # the library reads and writes them as flat, contiguous arrays
+    if out is not None and np.may_share_memory(flat_in, flat_out):
+        # The kernels read a block while they write another: x would be overwritten before it is read.
+        raise ValueError("out shares memory with x; cast into a separate array")
     if flat_in.size == 0:
         return result
     if to_fp8:
@@ -235,7 +242,8 @@ def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, sat
     kind = kind_of(x)
     src, name, bits = _wide_matrix_input(x, kind, "quantize", threads)
     rows, cols = _matrix_shape(src.shape)
-    q = _fp8kit.quantize(bits.reshape(-1), name, rows, cols, target, granularity, bool(saturate), margin,
+    saturate = check_bool("saturate", saturate)
+    q = _fp8kit.quantize(bits.reshape(-1), name, rows, cols, target, granularity, saturate, margin,
                          scale_rounding == "pow2", threads)
     return ScaledTensor(q, kind, src.shape, name)
 
@@ -379,9 +387,13 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
     format and granularity: one name each (then one dict is returned) or sequences of them (then a list of dicts,
     formats outer, as the CLI prints them). x: float32, bfloat16, float16 or float64 (rounded to float32 first),
     any shape, its last dimension the row."""
-    single = isinstance(format, str) and isinstance(granularity, str)
-    format_names = [format] if isinstance(format, str) else list(format)
-    granularity_names = [granularity] if isinstance(granularity, str) else list(granularity)
+    def one(v: Any) -> bool:  # a name or a dtype object (ml_dtypes.float8_e4m3fn), not a sequence of them
+        return isinstance(v, str) or not isinstance(v, (list, tuple))
+
+    single = one(format) and one(granularity)
+    format_names = [format] if one(format) else list(format)
+    granularity_names = [granularity] if one(granularity) else list(granularity)
+    saturate = check_bool("saturate", saturate)
     formats_ = []
     for f in format_names:
         name = resolve_dtype(f)
@@ -394,7 +406,7 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
     threads = check_threads(threads)
     src, name, bits = _wide_matrix_input(x, kind_of(x), "analyze", threads)
     rows, cols = _matrix_shape(src.shape)
-    result = _fp8kit.analyze(bits.reshape(-1), name, rows, cols, formats_, granularity_names, bool(saturate), threads)
+    result = _fp8kit.analyze(bits.reshape(-1), name, rows, cols, formats_, granularity_names, saturate, threads)
     return result[0] if single else result
 
 

@@ -76,6 +76,20 @@ def check_int(name: str, value: Any, lo: int, hi: int) -> int:
     return int(value)
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """A flag: True or False (NumPy's bool too); anything else, a truthy string included, is a TypeError."""
+    if type(value) is bool or isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
+
+
+def check_real(name: str, value: Any) -> float:
+    """A real number (int, float, NumPy's), as a float; a string, a bool or anything else is a TypeError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    return float(value)
+
+
 def check_threads(threads: Optional[int]) -> Optional[int]:
     """threads: None (all cores) or 1 .. the library's kMaxThreads (more only oversubscribes the cores)."""
     if threads is None:

@@ -285,6 +285,11 @@ nb::tuple amax_matrix(Input in, std::int64_t rows, std::int64_t cols, const std:
   return nb::make_tuple(result, total.nan_count, total.inf_count);
 }
 
+// A number argument (int, float or NumPy's; not a string or a bool), by the package's own check: one-line TypeError.
+float number_arg(const char* name, nb::handle value) {
+  return nb::cast<float>(nb::module_::import_("fp8kit._arrays").attr("check_real")(name, value));
+}
+
 // A ScaledTensor over a copy of `codes` (rows x cols) with `scales` (float32) at `granularity`.
 ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::int64_t rows, std::int64_t cols,
                             const Input& scales, const std::string& granularity, const char* what) {
@@ -299,7 +304,11 @@ ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::
   const auto* c = static_cast<const std::uint8_t*>(codes.data());
   q.data.assign(c, c + rows * cols);
   const std::size_t blocks = static_cast<std::size_t>(q.grid_rows() * q.grid_cols());
-  if (elements(scales, 32, "the scales") != blocks) {
+  const std::size_t given = elements(scales, 32, "the scales");
+  if (blocks == 0 && given == 1 && q.granularity.kind == Granularity::Kind::kTensor) {
+    return q;  // an empty matrix has no block, but torch._scaled_mm takes its per-tensor scale all the same
+  }
+  if (given != blocks) {
     throw nb::value_error((std::string("the scales of ") + what + " must hold " + std::to_string(blocks) +
                            " values for granularity " + granularity + ", not " + std::to_string(scales.size()))
                               .c_str());
@@ -547,6 +556,7 @@ NB_MODULE(_fp8kit, m) {
             const int history_length = nb::cast<int>(check_int("history_length", history, 1, 1 << 24));
             const int margin = nb::cast<int>(check_int("margin", margin_value, -127, 127));
             // A name, or a dtype object (ml_dtypes, NumPy, torch) named as the rest of the package names it.
+            if (format.is_none()) throw nb::type_error("format must be a format name or dtype, not None");
             std::string name =
                 nb::isinstance<nb::str>(format)
                     ? nb::cast<std::string>(format)
@@ -579,7 +589,7 @@ NB_MODULE(_fp8kit, m) {
             config.ema_decay = ema_decay;
             new (self) fp8kit::DelayedScaling(config);
           },
-          nb::arg("format") = "e4m3fn", nb::arg("history_length") = 1024, nb::arg("algorithm") = "max",
+          nb::arg("format").none() = "e4m3fn", nb::arg("history_length") = 1024, nb::arg("algorithm") = "max",
           nb::arg("margin") = 0, nb::arg("ema_decay").none() = nb::none())
       .def_prop_ro("scale", &fp8kit::DelayedScaling::scale, "The quantization scale to use now (q = cast(x * scale)).")
       .def_prop_ro("scale_inv", &fp8kit::DelayedScaling::scale_inv, "1 / scale: what a GEMM or checkpoint takes.")
@@ -596,12 +606,13 @@ NB_MODULE(_fp8kit, m) {
                    "Whether an update has computed the scale from a finite, nonzero amax (until then: scale 1).")
       .def_prop_ro("format",
                    [](const fp8kit::DelayedScaling& d) { return std::string(fp8kit::name(d.config().format)); })
-      .def("record", &fp8kit::DelayedScaling::record, nb::arg("amax"),
-           "Records an amax of the current step (the maximum of the calls since the last update).")
+      .def(
+          "record", [](fp8kit::DelayedScaling& d, nb::handle amax) { d.record(number_arg("amax", amax)); },
+          nb::arg("amax"), "Records an amax of the current step (the maximum of the calls since the last update).")
       .def(
           "update",
-          [](fp8kit::DelayedScaling& d, std::optional<float> amax) {
-            if (amax) d.record(*amax);
+          [](fp8kit::DelayedScaling& d, nb::handle amax) {
+            if (!amax.is_none()) d.record(number_arg("amax", amax));
             d.update();
           },
           nb::arg("amax").none() = nb::none(),
@@ -617,7 +628,13 @@ NB_MODULE(_fp8kit, m) {
           "The whole state (config, scale, history, smoothing) as versioned bytes, for checkpoints.")
       .def_static(
           "from_state",
-          [](nb::bytes state) {
+          [](nb::handle given) {
+            if (!nb::isinstance<nb::bytes>(given)) {
+              throw nb::type_error(("state must be bytes (what DelayedScaling.state() returns), not " +
+                                    nb::cast<std::string>(nb::str(nb::type_name(given.type()))))
+                                       .c_str());
+            }
+            const auto state = nb::borrow<nb::bytes>(given);
             return fp8kit::DelayedScaling::deserialize(
                 std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state.c_str()), state.size()));
           },

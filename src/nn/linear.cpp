@@ -14,11 +14,20 @@ GemmCall gemm_call(const Context& ctx, Linear& layer, const char* what) {
   return detail::layer_gemm_call(ctx, layer.fp8, "linear." + layer.name() + "." + what);
 }
 
+// The layer's name, once its sizes are checked: a layer without inputs or outputs is refused where it is made, not
+// in its first GEMM.
+const std::string& checked_name(const std::string& name, std::int64_t in_features, std::int64_t out_features) {
+  FP8KIT_CHECK(in_features >= 1 && out_features >= 1, "linear ", name,
+               ": in_features and out_features must be at least 1, got ", in_features, " and ", out_features);
+  return name;
+}
+
 }  // namespace
 
 Linear::Linear(std::string name, std::int64_t in_features, std::int64_t out_features, bool with_bias,
                std::uint64_t seed, double init_std, const PrecisionRecipe* recipe)
-    : weight(make_parameter(name + ".weight", {out_features, in_features}, init_std, seed)),
+    : weight(make_parameter(checked_name(name, in_features, out_features) + ".weight", {out_features, in_features},
+                            init_std, seed)),
       fp8(name, recipe != nullptr ? *recipe : PrecisionRecipe{}),
       in_features_(in_features),
       out_features_(out_features) {

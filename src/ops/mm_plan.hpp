@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 
 #include "cpu/mm_kernels.hpp"
@@ -24,6 +25,21 @@ MmPlan plan_shapes(const char* op, std::int64_t a_rows, std::int64_t a_cols, std
                    bool nk, std::span<const float> bias);
 // An output buffer must hold exactly M x N floats.
 void check_output(const char* op, const MmPlan& p, std::size_t out_size);
+
+// An input's memory: its name in errors, its first byte and how many bytes from there it reads.
+struct InputBytes {
+  const char* what;
+  const void* data;
+  std::size_t bytes;
+};
+InputBytes input_bytes(const char* what, const MatrixRef& x);  // first row's start to last row's end
+template <typename T>
+InputBytes input_bytes(const char* what, std::span<const T> x) {
+  return {what, x.data(), x.size_bytes()};
+}
+// An output must not share memory with an input: the kernels read the inputs while they write the output (a
+// panel or a row at a time), so the result would depend on the order of the writes.
+void check_apart(const char* op, std::span<const float> out, std::initializer_list<InputBytes> inputs);
 
 // Validates scaled_mm operands and options; throws fp8kit::Error (kInvalidArgument) naming what does not fit.
 MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options);

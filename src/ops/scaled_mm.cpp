@@ -41,10 +41,11 @@ std::string_view name(MmPath path) {
   return "?";
 }
 
-double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, double max_scale) {
+double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, double max_scale, double max_operand) {
   constexpr double u = 0x1p-24;
   const double kd = static_cast<double>(std::max<std::int64_t>(k, 1));
-  return (2.0 * kd + 8.0) * u * abs_products + 2.0 * u * abs_exact + 2.0 * kd * 0x1p-126 * max_scale;
+  return (2.0 * kd + 8.0) * u * abs_products + 2.0 * u * abs_exact +
+         2.0 * kd * 0x1p-126 * std::max(1.0, max_operand) * max_scale;
 }
 
 MmKernels mm_kernels() {
@@ -479,6 +480,12 @@ float scaled_mm_into(const ScaledTensor& a, const ScaledTensor& b, std::span<flo
                      MmDispatch* dispatch) {
   const mm_detail::MmPlan p = mm_detail::plan_scaled_mm(a, b, options);
   mm_detail::check_output("scaled_mm", p, out.size());
+  using mm_detail::input_bytes;
+  mm_detail::check_apart(
+      "scaled_mm", out,
+      {input_bytes("A's codes", std::span(a.data)), input_bytes("A's scales", std::span(a.scale_inv)),
+       input_bytes("B's codes", std::span(b.data)), input_bytes("B's scales", std::span(b.scale_inv)),
+       input_bytes("the bias", options.bias)});
   const bool nk = options.b_layout == BLayout::kNK;
   const MmDispatch taken =
       mm_detail::run(p, mm_detail::fp8_operand(a, p.m, p.k, true), mm_detail::fp8_operand(b, p.n, p.k, nk), out.data());
@@ -512,6 +519,8 @@ void matmul(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<float> out, st
   const bool nk = b_layout == BLayout::kNK;
   const mm_detail::MmPlan p = mm_detail::plan_shapes("matmul", a.rows, a.cols, b.rows, b.cols, nk, bias);
   mm_detail::check_output("matmul", p, out.size());
+  using mm_detail::input_bytes;
+  mm_detail::check_apart("matmul", out, {input_bytes("A", a), input_bytes("B", b), input_bytes("the bias", bias)});
   // Always the FP32 FMA kernels: bit-identical to matmul_reference at every level.
   mm_detail::gemm(*mm_detail::active_mm_kernels().gemm_f32, p, mm_detail::float_operand(a, p.m, p.k, true),
                   mm_detail::float_operand(b, p.n, p.k, nk), out.data());
@@ -524,6 +533,9 @@ void matmul_reference(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<floa
   const bool nk = b_layout == BLayout::kNK;
   const mm_detail::MmPlan p = mm_detail::plan_shapes("matmul_reference", a.rows, a.cols, b.rows, b.cols, nk, bias);
   mm_detail::check_output("matmul_reference", p, out.size());
+  using mm_detail::input_bytes;
+  mm_detail::check_apart("matmul_reference", out,
+                         {input_bytes("A", a), input_bytes("B", b), input_bytes("the bias", bias)});
   const mm_detail::Operand left = mm_detail::float_operand(a, p.m, p.k, true);
   const mm_detail::Operand right = mm_detail::float_operand(b, p.n, p.k, nk);
   for (std::int64_t i = 0; i < p.m; ++i) {
@@ -539,6 +551,10 @@ void matmul_reference(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<floa
 void fp8_weight_mm(MatrixRef x, const ScaledTensor& w, std::span<float> out, std::span<const float> bias,
                    MmDispatch* dispatch) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
+  using mm_detail::input_bytes;
+  mm_detail::check_apart("fp8_weight_mm", out,
+                         {input_bytes("the activations", x), input_bytes("the weights' codes", std::span(w.data)),
+                          input_bytes("the weights' scales", std::span(w.scale_inv)), input_bytes("the bias", bias)});
   const MmDispatch taken = mm_detail::run(p, mm_detail::float_operand(x, p.m, p.k, true),
                                           mm_detail::fp8_operand(w, p.n, p.k, true), out.data());
   if (dispatch != nullptr) *dispatch = taken;
@@ -547,6 +563,8 @@ void fp8_weight_mm(MatrixRef x, const ScaledTensor& w, std::span<float> out, std
 
 void fp8_weight_mm_reference(MatrixRef x, const ScaledTensor& w, std::span<float> out, std::span<const float> bias) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
+  mm_detail::check_apart("fp8_weight_mm_reference", out,
+                         {mm_detail::input_bytes("the activations", x), mm_detail::input_bytes("the bias", bias)});
   const mm_detail::Operand left = mm_detail::float_operand(x, p.m, p.k, true);
   for (std::int64_t i = 0; i < p.m; ++i) {
     for (std::int64_t j = 0; j < p.n; ++j) {

@@ -2,6 +2,7 @@
 // It is the specification the GEMM kernels are tested against, not a fast path.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
@@ -66,11 +67,17 @@ void check_b_granularity(const char* what, const ScaledTensor& b, bool nk) {
 
 MmPlan plan_shapes(const char* op, std::int64_t a_rows, std::int64_t a_cols, std::int64_t b_rows, std::int64_t b_cols,
                    bool nk, std::span<const float> bias) {
+  FP8KIT_CHECK(a_rows >= 0 && a_cols >= 0 && b_rows >= 0 && b_cols >= 0, op, ": negative shape (A ", a_rows, "x",
+               a_cols, ", B ", b_rows, "x", b_cols, ")");
   MmPlan p;
   p.m = a_rows;
   p.k = a_cols;
   p.n = nk ? b_rows : b_cols;
   const std::int64_t kb = nk ? b_cols : b_rows;
+  std::int64_t mn = 0;
+  FP8KIT_CHECK(!__builtin_mul_overflow(p.m, p.n, &mn) &&
+                   mn <= std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(sizeof(float)),
+               op, ": an ", p.m, "x", p.n, " output has more elements than memory can address");
   FP8KIT_CHECK(kb == p.k, op, ": A is ", p.m, "x", p.k, " but B has K = ", kb,
                nk ? " (B given as N x K)" : " (B given as K x N)");
   FP8KIT_CHECK(bias.empty() || static_cast<std::int64_t>(bias.size()) == p.n, op, ": bias has ", bias.size(),
@@ -84,6 +91,21 @@ MmPlan plan_shapes(const char* op, std::int64_t a_rows, std::int64_t a_cols, std
 void check_output(const char* op, const MmPlan& p, std::size_t out_size) {
   FP8KIT_CHECK(static_cast<std::int64_t>(out_size) == p.m * p.n, op, ": the output has ", out_size, " elements, ", p.m,
                "x", p.n, " needs ", p.m * p.n);
+}
+
+InputBytes input_bytes(const char* what, const MatrixRef& x) {
+  if (x.rows <= 0 || x.cols <= 0) return {what, x.data, 0};
+  return {what, x.data, static_cast<std::size_t>(((x.rows - 1) * x.stride() + x.cols) * element_size(x.dtype))};
+}
+
+void check_apart(const char* op, std::span<const float> out, std::initializer_list<InputBytes> inputs) {
+  const auto out_begin = reinterpret_cast<std::uintptr_t>(out.data());
+  const std::uintptr_t out_end = out_begin + out.size_bytes();
+  for (const InputBytes& in : inputs) {
+    const auto begin = reinterpret_cast<std::uintptr_t>(in.data);
+    FP8KIT_CHECK(in.bytes == 0 || out.empty() || begin + in.bytes <= out_begin || out_end <= begin, op,
+                 ": the output shares memory with ", in.what, "; write it to a separate buffer");
+  }
 }
 
 MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options) {

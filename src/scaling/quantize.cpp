@@ -111,6 +111,12 @@ static_assert(kMxConstants[static_cast<std::size_t>(Format::e4m3fn)].emax_elem =
 static_assert(kMxConstants[static_cast<std::size_t>(Format::e5m2)].emax_elem == 15);
 }  // namespace
 
+void check_element_format(Format format, const char* who) {
+  FP8KIT_CHECK(format != Format::e8m0fnu, who,
+               ": e8m0fnu is MX's scale format (unsigned powers of two, no zero) and holds no quantized values; "
+               "quantize into e4m3fn, e5m2, e4m3fnuz or e5m2fnuz");
+}
+
 std::uint8_t mx_scale_code(float amax, Format element_format, MxScaleMode mode) {
   const MxConstants& k = kMxConstants[static_cast<std::size_t>(element_format)];
   return scale_detail::mx_code(amax, k.emax_elem, k.max_reciprocal, mode == MxScaleMode::kRceil);
@@ -262,6 +268,7 @@ QuantDiagnostics measure(MatrixRef x, const ScaledTensor& q, const std::vector<f
   // to the largest finite code, i.e. at or above the overflow threshold the encoder uses.
   const float threshold = overflow_threshold(q.format);
   double signal = 0.0, noise = 0.0;
+  std::uint64_t lost = 0;  // finite inputs that came back NaN or Inf
   for (std::int64_t r = 0; r < x.rows; ++r) {
     const float* row = x.row<float>(r);
     for (std::int64_t c = 0; c < x.cols; ++c) {
@@ -275,7 +282,10 @@ QuantDiagnostics measure(MatrixRef x, const ScaledTensor& q, const std::vector<f
         ++d.nonzero_finite;
         if (dq == 0.0) ++d.underflow_count;
       }
-      if (!std::isfinite(dq)) continue;
+      if (!std::isfinite(dq)) {
+        ++lost;  // not exact, whatever else was counted (overflow without saturation is counted above too)
+        continue;
+      }
       const double err = std::fabs(xi - dq);
       signal += xi * xi;
       noise += err * err;
@@ -283,7 +293,7 @@ QuantDiagnostics measure(MatrixRef x, const ScaledTensor& q, const std::vector<f
       if (xi != 0.0) d.max_rel_error = std::max(d.max_rel_error, err / std::fabs(xi));
     }
   }
-  d.exact = noise == 0.0 && d.saturated_count == 0;
+  d.exact = noise == 0.0 && d.saturated_count == 0 && lost == 0;
   if (signal > 0.0 && noise > 0.0) d.sqnr_db = 10.0 * std::log10(signal / noise);
   return d;
 }
@@ -559,7 +569,9 @@ void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& 
   }
 }
 
-void check_input(MatrixRef x, const Granularity& g) {
+void check_input(MatrixRef x, const QuantizeOptions& options) {
+  const Granularity& g = options.granularity;
+  check_element_format(options.format, "quantize");
   FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16 || x.dtype == DType::float16,
                "quantize: the input is ", name(x.dtype), "; quantize float32, bfloat16 or float16 matrices");
   x.check("quantize", x.dtype);
@@ -571,7 +583,7 @@ void check_input(MatrixRef x, const Granularity& g) {
 }  // namespace
 
 void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, QuantDiagnostics* diagnostics) {
-  check_input(x, options.granularity);
+  check_input(x, options);
   describe(x, options, q);
   q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
   if (x.dtype == DType::float32) return quantize_float(x, options, q, q.data.data(), diagnostics);
@@ -583,7 +595,7 @@ void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q,
 }
 
 void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q) {
-  check_input(x, options.granularity);
+  check_input(x, options);
   describe(x, options, q);
   q.data.clear();
   if (x.dtype == DType::float32) return quantize_float(x, options, q, nullptr, nullptr);
@@ -591,7 +603,7 @@ void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTen
 }
 
 void quantize_codes_into(MatrixRef x, const QuantizeOptions& options, std::span<std::uint8_t> codes, ScaledTensor& q) {
-  check_input(x, options.granularity);
+  check_input(x, options);
   FP8KIT_CHECK(codes.size() == static_cast<std::size_t>(x.numel()), "quantize_codes_into: ", codes.size(),
                " bytes for the codes of a ", x.rows, "x", x.cols, " matrix");
   describe(x, options, q);
@@ -603,6 +615,10 @@ void quantize_codes_into(MatrixRef x, const QuantizeOptions& options, std::span<
 ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow,
                                  QuantDiagnostics* diagnostics) {
   check_shape(x, Granularity::tensor());
+  check_element_format(format, "quantize_with_scale");
+  // 0 would dequantize every code through 1 / 0, NaN or Inf would encode every value as NaN: never a scale.
+  FP8KIT_CHECK(std::isfinite(scale) && scale > 0.0f, "quantize_with_scale: the scale must be finite and positive, got ",
+               scale);
   ScaledTensor q;
   q.format = format;
   q.overflow = overflow;

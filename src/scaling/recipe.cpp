@@ -57,12 +57,31 @@ void DelayedScaling::update() {
   history_[0] = 0.0f;
 }
 
+namespace {
+
+// The values update() and record() can leave in a state: a finite positive scale, a finite smoothed amax >= 0, and
+// history amaxes >= 0, Inf or NaN (record keeps both). A state given others (by hand, or from damaged bytes) is
+// refused rather than quantizing with them.
+void check_state_values(float scale, std::optional<float> smoothed, std::span<const float> history, ErrorKind kind) {
+  FP8KIT_CHECK_KIND(std::isfinite(scale) && scale > 0.0f, kind,
+                    "delayed scaling: the scale must be finite and positive, got ", scale);
+  FP8KIT_CHECK_KIND(!smoothed || (std::isfinite(*smoothed) && *smoothed >= 0.0f), kind,
+                    "delayed scaling: the smoothed amax must be finite and >= 0, got ", smoothed.value_or(0.0f));
+  for (std::size_t i = 0; i < history.size(); ++i) {
+    FP8KIT_CHECK_KIND(!(history[i] < 0.0f), kind, "delayed scaling: history amax ", i, " is negative (", history[i],
+                      "); amaxes are magnitudes");
+  }
+}
+
+}  // namespace
+
 DelayedScaling DelayedScaling::from_parts(const DelayedScalingConfig& config, float scale,
                                           std::optional<float> smoothed, bool calibrated,
                                           std::span<const float> history) {
   DelayedScaling state(config);
   FP8KIT_CHECK(history.size() == state.history_.size(), "delayed scaling: a history of ", history.size(),
                " amaxes for a history length of ", config.history_length);
+  check_state_values(scale, smoothed, history, ErrorKind::kInvalidArgument);
   state.scale_ = scale;
   state.smoothed_ = smoothed;
   state.calibrated_ = calibrated;
@@ -141,22 +160,26 @@ DelayedScaling DelayedScaling::deserialize(std::span<const std::uint8_t> bytes) 
   FP8KIT_CHECK_KIND(algorithm <= 1, ErrorKind::kParse, "delayed scaling state: unknown amax algorithm ", algorithm);
   config.algorithm = static_cast<AmaxCompute>(algorithm);
   config.margin = static_cast<int>(in.u32());
-  const bool has_ema = in.u32() != 0;
+  const auto flag = [&](const char* what) {
+    const std::uint32_t v = in.u32();
+    FP8KIT_CHECK_KIND(v <= 1, ErrorKind::kParse, "delayed scaling state: bad ", what, " flag ", v);
+    return v == 1;
+  };
+  const bool has_ema = flag("EMA");
   const float ema = in.f32();
   if (has_ema) config.ema_decay = ema;
   DelayedScaling state(config);
   state.scale_ = in.f32();
-  const bool has_smoothed = in.u32() != 0;
+  const bool has_smoothed = flag("smoothed");
   const float smoothed = in.f32();
   if (has_smoothed) state.smoothed_ = smoothed;
-  const std::uint32_t calibrated = version >= 2 ? in.u32() : 0;
-  FP8KIT_CHECK_KIND(calibrated <= 1, ErrorKind::kParse, "delayed scaling state: bad calibrated flag ", calibrated);
+  const bool calibrated = version >= 2 && flag("calibrated");
   for (float& a : state.history_) a = in.f32();
+  check_state_values(state.scale_, state.smoothed_, state.history_, ErrorKind::kParse);
   // Version 1 did not say: a state whose scale moved or whose history holds an amax has been updated.
   state.calibrated_ =
-      calibrated == 1 ||
-      (version == 1 && (state.scale_ != 1.0f ||
-                        std::any_of(state.history_.begin(), state.history_.end(), [](float a) { return a != 0.0f; })));
+      calibrated || (version == 1 && (state.scale_ != 1.0f || std::any_of(state.history_.begin(), state.history_.end(),
+                                                                          [](float a) { return a != 0.0f; })));
   FP8KIT_CHECK_KIND(in.done(), ErrorKind::kParse, "delayed scaling state: trailing bytes");
   return state;
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/linear.hpp"
 #include "fp8kit/tensor/memory.hpp"
 
@@ -124,6 +125,20 @@ TEST(Linear, Fp32ExactToFp64Rounding) {
   EXPECT_LT(rel_error(r.dw, e.dw), 1e-6);
   EXPECT_LT(rel_error(r.db, e.db), 1e-6);
   EXPECT_EQ(r.saved_bytes, rows * in * 4);
+}
+
+// A layer without inputs or outputs is refused where it is made, naming it (it failed in its first GEMM).
+TEST(Linear, ZeroOrNegativeFeaturesAreRefusedAtConstruction) {
+  for (const auto& [in, out] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {4, 0}, {-1, 4}}) {
+    try {
+      Linear layer("fc", in, out, true, 1);
+      ADD_FAILURE() << in << " x " << out << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("linear fc: in_features and out_features must be at least 1"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Linear, EveryRecipeCloseToFp32) {

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "fp8kit/common/error.hpp"
@@ -164,8 +166,8 @@ TEST(ScaledMm, RefusesWhatDoesNotFit) {
   const ScaledTensor b128x4 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(128, 128), {}});
   EXPECT_THROW(scaled_mm_reference(mx, b128x4), Error);  // K blocks 32 vs 128
-  const ScaledTensor e8 =
-      quantize(MatrixRef{x.data(), 4, 256}, {Format::e8m0fnu, Overflow::kSaturate, Granularity::tensor(), {}});
+  ScaledTensor e8 = e4;                                  // made by hand: quantize refuses e8m0fnu too
+  e8.format = Format::e8m0fnu;
   EXPECT_THROW(scaled_mm_reference(e8, e4), Error);  // e8m0fnu is a scale format
   const ScaledTensor a64 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 64), {}});
@@ -175,6 +177,46 @@ TEST(ScaledMm, RefusesWhatDoesNotFit) {
   EXPECT_THROW(scaled_mm_reference(e4, e4, {BLayout::kNK, DType::float16}), Error);
   const std::vector<float> bias(3);
   EXPECT_THROW(scaled_mm_reference(e4, e4, {BLayout::kNK, DType::float32, bias}), Error);
+  // Hand-made shapes: negative, or an output of 2^33 x 2^33 with K = 0 (it was allocated, and segfaulted).
+  ScaledTensor negative = e4;
+  negative.rows = -4;
+  negative.cols = -256;
+  ScaledTensor huge = quantize(MatrixRef{x.data(), 0, 0}, {});
+  huge.rows = std::int64_t{1} << 33;
+  for (const auto* bad : {&negative, &huge}) {
+    EXPECT_THROW(scaled_mm_reference(*bad, *bad), Error);
+    EXPECT_THROW(scaled_mm(*bad, *bad), Error);
+  }
+}
+
+// An output that shares memory with an input is refused: the kernels read the inputs while they write it, and from
+// K of a few hundred on the result depended on the order of the writes.
+TEST(ScaledMm, OutputSharingAnInputIsRefused) {
+  const std::int64_t n = 320;
+  auto x = random_matrix(n, n, 3, false);
+  const auto w = random_matrix(n, n, 4, false);
+  const ScaledTensor qw = quantize(MatrixRef{w.data(), n, n}, {});
+  const MatrixRef a{x.data(), n, n}, b{w.data(), n, n};
+  const std::span<float> aliased(x.data(), x.size());
+  for (const auto& call : std::vector<std::function<void()>>{
+           [&] { matmul(a, b, BLayout::kNK, aliased); }, [&] { matmul_reference(a, b, BLayout::kNK, aliased); },
+           [&] { fp8_weight_mm(a, qw, aliased); }, [&] { fp8_weight_mm_reference(a, qw, aliased); },
+           // A over x's second half, the output over x's middle: a partial overlap.
+           [&] {
+             matmul(MatrixRef{x.data() + n * n / 2, n / 2, n}, b, BLayout::kNK,
+                    std::span(x.data() + n * n / 4, n * n / 2));
+           }}) {
+    try {
+      call();
+      ADD_FAILURE() << "an aliased output was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("shares memory with"), std::string::npos) << e.what();
+    }
+  }
+  ScaledTensor qa = quantize(MatrixRef{x.data(), n, n}, {});
+  std::vector<float> out(static_cast<std::size_t>(n * n));
+  EXPECT_NO_THROW(scaled_mm_into(qa, qw, out, {}));  // apart: fine
+  EXPECT_NO_THROW(matmul(a, b, BLayout::kNK, out));
 }
 
 }  // namespace

@@ -1124,6 +1124,32 @@ TEST_P(WeightMm, GemmKeepsItsContractLargeManyPanels) {
   }
 }
 
+// bfloat16 activations below 2^-126 against weights near 448: vdpbf16ps and AMX read them as zero, dropping products
+// up to 2^-126 * 448 each, 448 times the flush term of a bound without the operand's size (which this broke: about
+// 2^-113 lost against 2^-116.8). Within mm_error_bound with max_operand = the largest |weight|, on both paths.
+TEST_P(WeightMm, SubnormalBfloat16ActivationsWithinTheFlushTerm) {
+  const std::int64_t n = 8, k = 300;
+  std::vector<float> weights(static_cast<std::size_t>(n * k));
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    weights[i] = (i % 3 == 0 ? -1.0f : 1.0f) * (448.0f - (i % 5) * 16.0f);
+  const ScaledTensor w = quantize(MatrixRef{weights.data(), n, k}, {});  // per tensor: scale 1
+  ASSERT_EQ(w.scale_inv[0], 1.0f);
+  for (const std::int64_t m : {std::int64_t{2}, std::int64_t{40}}) {
+    std::vector<float> values(static_cast<std::size_t>(m * k));
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = std::ldexp(i % 2 ? 1.5f : -1.0f, -127 - int(i % 4));
+    const Activations x = make_activations(values, m, k, DType::bfloat16);
+    std::vector<float> out(static_cast<std::size_t>(m * n));
+    MmDispatch dispatch;
+    fp8_weight_mm(x.view(), w, out, {}, &dispatch);
+    const Exact want = exact_weight_mm(x, w);
+    for (std::size_t o = 0; o < out.size(); ++o) {
+      const double bound = mm_error_bound(k, want.abs_sum[o], std::fabs(want.value[o]), 1.0, 448.0);
+      EXPECT_LE(std::fabs(out[o] - want.value[o]), bound) << "M " << m << ", element " << o << ": " << out[o] << " vs "
+                                                          << want.value[o] << " [" << dispatch.kernel << "]";
+    }
+  }
+}
+
 // Every M the GEMV path takes at the level (bfloat16 activations beyond kGemvMaxM where the level groups the rows;
 // float32 ones beyond it take the GEMM, within the same bound).
 TEST_P(WeightMm, GemvWithinFp32Bound) {

@@ -213,7 +213,29 @@ def test_errors():
         with pytest.raises(error, match=message) as e:
             fp8kit.cast(x, "e4m3fn", **kwargs)
         assert "\n" not in str(e.value)
+    # A flag and a number that were taken by truthiness and float(): "no" saturated, "2" scaled by 2.
+    for kwargs, message in ((dict(saturate="no"), "saturate must be True or False, not str"),
+                            (dict(saturate=1), "saturate must be True or False, not int"),
+                            (dict(scale="2"), "scale must be a number, not str"),
+                            (dict(scale=True), "scale must be a number, not bool")):
+        with pytest.raises(TypeError, match=message):
+            fp8kit.cast(x, "e4m3fn", **kwargs)
     assert fp8kit.cast(x, "e4m3fn", rounding="stochastic", seed=np.uint64(2**64 - 1)).shape == (2,)
+    assert fp8kit.cast(x, "e4m3fn", saturate=np.True_, scale=np.float32(2)).view(np.uint8).tolist() == [0x40, 0x48]
+
+
+def test_out_sharing_memory_with_x_is_refused():
+    # The kernels read a block of x while they write another: an out over x's own memory (float32 -> bfloat16 into
+    # x's first half, say) came back corrupted without a word.
+    x = np.linspace(-3, 3, 4096, dtype=np.float32)
+    want = fp8kit.cast(x, "bfloat16")
+    wide = x.copy()
+    with pytest.raises(ValueError, match="out shares memory with x"):
+        fp8kit.cast(wide, "bfloat16", out=wide.view(ml_dtypes.bfloat16)[:4096])
+    with pytest.raises(ValueError, match="out shares memory with x"):
+        fp8kit.cast(wide, "e4m3fn", out=wide.view(ml_dtypes.float8_e4m3fn)[:4096])
+    assert np.array_equal(wide, x)  # refused before anything was written
+    assert np.array_equal(fp8kit.cast(x, "bfloat16", out=np.empty(4096, ml_dtypes.bfloat16)), want)
 
 
 def test_python_floats_are_rounded_once():

@@ -75,6 +75,22 @@ def test_errors():
         fp8kit.DelayedScaling(algorithm=3)
     with pytest.raises(TypeError, match="ema_decay must be None or a number, not str"):
         fp8kit.DelayedScaling(ema_decay="0.5")
+    # One-line errors where the binding printed its signatures.
+    d = fp8kit.DelayedScaling()
+    for call, message in ((lambda: d.record("3"), "amax must be a number, not str"),
+                          (lambda: d.update("3"), "amax must be a number, not str"),
+                          (lambda: fp8kit.DelayedScaling(format=None), "format must be a format name or dtype, not None"),
+                          (lambda: fp8kit.DelayedScaling.from_state("abc"), "state must be bytes")):
+        with pytest.raises(TypeError, match=message) as e:
+            call()
+        assert "\n" not in str(e.value)
+    d.update(np.float32(2.0))
+    assert d.scale == 224.0
+    # A state whose values no update leaves (here a scale of 0) is refused, not used.
+    state = bytearray(fp8kit.DelayedScaling().state())
+    state[32:36] = b"\0\0\0\0"
+    with pytest.raises(ValueError, match="scale must be finite and positive"):
+        fp8kit.DelayedScaling.from_state(bytes(state))
     assert math.isfinite(fp8kit.DelayedScaling().scale)
 
 

@@ -109,6 +109,22 @@ def test_errors():
                  lambda: fp8kit.analyze(x, threads=2.0), lambda: fp8kit.amax(x, threads=2.0)):
         with pytest.raises(TypeError, match="threads must be an int"):
             call()
+    with pytest.raises(TypeError, match="saturate must be True or False, not str"):
+        fp8kit.quantize(x, saturate="no")
+    with pytest.raises(TypeError, match="saturate must be True or False, not str"):
+        fp8kit.analyze(x, saturate="no")
+    # e8m0fnu holds MX's scales, not values: -1 came back NaN and the measure called it exact.
+    with pytest.raises(ValueError, match="e8m0fnu is MX's scale format"):
+        fp8kit.quantize(-x, "e8m0fnu")
+    with pytest.raises(ValueError, match="e8m0fnu is MX's scale format"):
+        fp8kit.analyze(-x, "e8m0fnu")
+
+
+def test_analyze_takes_a_format_as_a_dtype_object():
+    x = np.linspace(-2, 2, 64, dtype=np.float32).reshape(2, 32)
+    assert fp8kit.analyze(x, ml_dtypes.float8_e4m3fn, "row") == fp8kit.analyze(x, "e4m3fn", "row")
+    rows = fp8kit.analyze(x, [ml_dtypes.float8_e5m2, "e4m3fn"], "tensor")
+    assert [r["format"] for r in rows] == ["e5m2", "e4m3fn"]
 
 
 def test_a_margin_past_floats_range_keeps_the_scales_finite():

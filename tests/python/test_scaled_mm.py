@@ -65,6 +65,16 @@ def test_errors():
         fp8kit.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(7, np.float32))
 
 
+def test_empty_products_take_per_tensor_scales():
+    # torch._scaled_mm takes one-value scales whatever M, N and K are; an empty side has no block, but the scale is
+    # still the per-tensor one (it was refused as "must hold 0 values").
+    for m, k, n in ((0, 32, 8), (4, 0, 8), (4, 32, 0)):
+        a = np.ones((m, k), ml_dtypes.float8_e4m3fn)
+        b = np.ones((n, k), ml_dtypes.float8_e4m3fn).T
+        out = fp8kit.scaled_mm(a, b, 2.0, 3.0)
+        assert out.shape == (m, n) and np.array_equal(out, np.zeros((m, n), np.float32)), (m, k, n)
+
+
 def test_torch_matches_torch_scaled_mm_semantics():
     torch = pytest.importorskip("torch")
     a = torch.randn(16, 64).to(torch.float8_e4m3fn)

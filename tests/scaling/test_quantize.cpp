@@ -482,6 +482,16 @@ TEST(Quantize, RejectsBadArguments) {
   const ScaledTensor q = quantize(MatrixRef{x.data(), 2, 3}, {});
   std::vector<float> wrong(5);
   EXPECT_THROW(dequantize(q, wrong), Error);
+  // e8m0fnu holds MX's scales, not values (no sign, no zero: -1 and 0 came back NaN and 2^-127, and the diagnostics
+  // called it exact); a given scale must be finite and positive (0 dequantized through 1 / 0).
+  for (const Granularity& g : {Granularity::tensor(), Granularity::row(), Granularity::mx()}) {
+    EXPECT_THROW(quantize(MatrixRef{x.data(), 2, 3}, {Format::e8m0fnu, Overflow::kSaturate, g}), Error) << g.name();
+  }
+  EXPECT_THROW(quantize_with_scale(MatrixRef{x.data(), 2, 3}, Format::e8m0fnu, 1.0f), Error);
+  for (const float scale :
+       {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    EXPECT_THROW(quantize_with_scale(MatrixRef{x.data(), 2, 3}, Format::e4m3fn, scale), Error) << scale;
+  }
 }
 
 TEST(Quantize, LargeParallelMatchesSerial) {

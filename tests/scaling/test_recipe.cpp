@@ -2,9 +2,11 @@
 // no-roll rule, NaN/Inf/0/tiny amaxes, EMA smoothing, and the serialized state.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "fp8kit/common/error.hpp"
@@ -192,6 +194,44 @@ TEST(DelayedScaling, CalibratedAfterTheFirstRealUpdate) {
   auto bad_flag = s.serialize();
   bad_flag[44] = 7;
   EXPECT_THROW(DelayedScaling::deserialize(bad_flag), Error);
+}
+
+// A state holds what update() and record() can leave: damaged bytes or hand-made parts with a scale that is not
+// finite and positive, a negative amax, or a flag other than 0/1 are refused, not quantized with.
+TEST(DelayedScaling, ImpossibleStatesAreRefused) {
+  DelayedScaling s(DelayedScalingConfig{Format::e4m3fn, 2});
+  s.record(3.0f);
+  const std::vector<std::uint8_t> good = s.serialize();
+  const auto with_u32 = [&](std::size_t offset, std::uint32_t v) {
+    auto b = good;
+    for (int i = 0; i < 4; ++i) b[offset + static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(v >> (8 * i));
+    return b;
+  };
+  const auto refused = [](const std::vector<std::uint8_t>& b, const std::string& needle) {
+    try {
+      DelayedScaling::deserialize(b);
+      ADD_FAILURE() << "accepted; expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kParse) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  EXPECT_NO_THROW(DelayedScaling::deserialize(good));
+  // Byte offsets: has_ema 24, scale 32, has_smoothed 36, calibrated 44, history 48.
+  for (const float bad :
+       {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    refused(with_u32(32, std::bit_cast<std::uint32_t>(bad)), "scale must be finite and positive");
+  }
+  refused(with_u32(24, 7), "bad EMA flag");
+  refused(with_u32(36, 2), "bad smoothed flag");
+  refused(with_u32(48, std::bit_cast<std::uint32_t>(-2.0f)), "history amax 0 is negative");
+  // NaN and Inf amaxes are what record() keeps: read back as they were.
+  EXPECT_TRUE(std::isnan(DelayedScaling::deserialize(with_u32(48, 0x7FC00000u)).history()[0]));
+  const DelayedScalingConfig config{Format::e4m3fn, 2};
+  const std::vector<float> history{0.0f, 1.0f};
+  EXPECT_THROW(DelayedScaling::from_parts(config, 0.0f, std::nullopt, false, history), Error);
+  EXPECT_THROW(DelayedScaling::from_parts(config, 1.0f, -1.0f, false, history), Error);
+  EXPECT_NO_THROW(DelayedScaling::from_parts(config, 2.0f, 1.0f, true, history));
 }
 
 TEST(CurrentScaling, IsTheScaleFormula) {

@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -30,13 +31,18 @@ TEST(Scale, Table) {
     EXPECT_EQ(compute_scale(kInf, f, {}, 2.5f), 2.5f);  // non-finite: previous scale
     EXPECT_EQ(compute_scale(-kInf, f, {}, 2.5f), 2.5f);
     EXPECT_EQ(compute_scale(kNaN, f, {}, 2.5f), 2.5f);
-    EXPECT_EQ(compute_scale(1e-40f, f, {}, 2.5f), FLT_MAX);              // the scale overflows float: FLT_MAX
+    EXPECT_EQ(compute_scale(1e-40f, f, {}, 2.5f), FLT_MAX);  // the scale overflows float: FLT_MAX
     // A margin that takes it below float's normal range: FLT_MIN, whose inverse is finite.
-    for (const int margin : {160, 200, 100000}) {
+    for (const int margin : {160, 200, 100000, INT_MAX}) {
       EXPECT_EQ(compute_scale(1.0f, f, ScaleOptions{margin}), FLT_MIN) << margin;
       EXPECT_TRUE(std::isfinite(dequantization_scale(compute_scale(1.0f, f, ScaleOptions{margin}))));
     }
-    EXPECT_EQ(compute_scale(FLT_MAX, f), fp8_max / FLT_MAX);  // normal: no margin gets there alone
+    // And a negative one beyond float's range: FLT_MAX, INT_MIN included (its negation is not an int).
+    for (const int margin : {-300, -100000, INT_MIN}) {
+      EXPECT_EQ(compute_scale(1.0f, f, ScaleOptions{margin}), FLT_MAX) << margin;
+      EXPECT_EQ(compute_scale(FLT_MAX, f, ScaleOptions{margin}), FLT_MAX) << margin;
+    }
+    EXPECT_EQ(compute_scale(FLT_MAX, f), fp8_max / FLT_MAX);             // normal: no margin gets there alone
     EXPECT_EQ(compute_scale(3.5f, f), fp8_max / 3.5f);                   // 448 / 3.5 = 128
     EXPECT_EQ(compute_scale(3.5f, f, ScaleOptions{1}), fp8_max / 7.0f);  // margin 1 halves it
     EXPECT_EQ(compute_scale(3.5f, f, ScaleOptions{-2}), fp8_max / 3.5f * 4.0f);

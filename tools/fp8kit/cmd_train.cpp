@@ -431,6 +431,10 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
   if (!a.data.empty() && fs::is_directory(a.data, ec)) {
     throw UsageError("--data: '" + a.data + "' is a directory; give a text file");
   }
+  if (!a.data.empty() && !std::ifstream(a.data, std::ios::binary)) {
+    // Here, where every rank's verdict is agreed, rather than when training reads it (one line, not a job ended).
+    throw UsageError("--data: cannot read '" + a.data + "' (" + std::strerror(errno) + "); check the path");
+  }
   const std::pair<const char*, std::string> inputs[] = {{"the training data", a.data},
                                                         {"the checkpoint to resume from", a.resume}};
   // The reports only the first rank writes (not compared across ranks), then the checkpoints.
@@ -687,8 +691,10 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
   }
 }
 
-// The run, on each rank of a run over ranks (`comm`; nullptr without --parallel).
-void train_run(TrainArgs a, Communicator* comm) {
+// The run, on each rank of a run over ranks (`comm`; nullptr without --parallel). `checked`, when given, turns true
+// where the checks end and training begins: before it, whatever fails fails on every rank alike (the same settings,
+// the files agreed), after it a rank can fail alone.
+void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
   // Every rank's settings the same, before anything is read. From there on every rank checks the same options;
   // what can still differ (the files each rank sees) is agreed.
   if (comm) check_same_settings(*comm, a);
@@ -781,7 +787,8 @@ void train_run(TrainArgs a, Communicator* comm) {
   if (!parallel && inject_failure.rank >= 0) throw UsageError("--inject-rank-failure needs --parallel ddp or fsdp");
   nn::TrainConfig defaults;
   defaults.model = a.model;
-  if (comm && (a.batch_given ? a.batch : nn::batch_size(defaults)) < comm->size()) {
+  // a.batch: the option's, else a resumed checkpoint's, else 0 (the model's default).
+  if (comm && (a.batch > 0 ? a.batch : nn::batch_size(defaults)) < comm->size()) {
     // The same on every rank: all refuse together.
     throw UsageError("--parallel " + a.parallel + " over " + std::to_string(comm->size()) +
                      " ranks needs a global --batch of at least " + std::to_string(comm->size()) +
@@ -839,6 +846,7 @@ void train_run(TrainArgs a, Communicator* comm) {
   std::vector<GatherCounts> gathered;  // --parallel fsdp: what each run's weight gathers carried
   std::vector<std::vector<Profiler::Summary>> summaries;
   std::vector<ProfileEvent> trace;
+  if (checked) *checked = true;
   try {
     for (const std::uint64_t seed : seeds) {
       config.seed = seed;
@@ -1089,14 +1097,18 @@ void run(const TrainArgs& a) {
   if (a.parallel == "none") return train_run(a, nullptr);
   const std::unique_ptr<Communicator> comm = world_communicator();
   int status = 0;
+  bool checked = false;
   try {
-    train_run(a, comm.get());
+    train_run(a, comm.get(), &checked);
   } catch (const UsageError&) {
     status = report_error("fp8kit train", std::current_exception());
   } catch (const AgreedError&) {
     status = report_error("fp8kit train", std::current_exception());
   } catch (const nn::NonfiniteAbort&) {
     status = report_error("fp8kit train", std::current_exception());
+  } catch (const Error&) {
+    if (checked) throw;
+    status = report_error("fp8kit train", std::current_exception());  // a check's refusal: every rank's
   }
   comm->barrier();
   if (status != 0) throw ReportedError(status);

@@ -37,13 +37,17 @@ std::string_view name(MmPath path);
 
 // The kFp32Bound contract for one output (docs/gemm.md derives it): with `k` the K length, `abs_products` the exact
 // sum over k of |a_k * b_k * scale_a * scale_b| (scales of the k's block), `abs_exact` the exact |result| (bias
-// included) and `max_scale` the largest |scale_a * scale_b| of its blocks,
-//   |out - exact| <= (2k + 8) u abs_products + 2 u abs_exact + 2 k 2^-126 max_scale,   u = 2^-24.
+// included), `max_scale` the largest |scale_a * scale_b| of its blocks and `max_operand` the largest |value| of
+// either operand before its scales (a decoded FP8 code, an activation),
+//   |out - exact| <= (2k + 8) u abs_products + 2 u abs_exact + 2 k 2^-126 max(1, max_operand) max_scale,
+//   u = 2^-24.
 // (2k + 8) u: at most k - 1 roundings of the sum in any order (products of FP8 or bfloat16 values are exact in
 // FP32; a float32 activation times a weight rounds once more), two per K block for its scales and one per block
-// added, and the bias; 2 u |exact|: the last additions; the last term: one flushed subnormal per operation.
+// added, and the bias; 2 u |exact|: the last additions; the last term: the subnormal flushes of vdpbf16ps and AMX,
+// per k one input read as zero (a bfloat16 a below 2^-126 drops a * b, less than 2^-126 |b|) and one result.
 // A bfloat16 output adds its own rounding (2^-8 relative) on top.
-double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, double max_scale = 1.0);
+double mm_error_bound(std::int64_t k, double abs_products, double abs_exact, double max_scale = 1.0,
+                      double max_operand = 1.0);
 
 // What computed one product: the path, the kernel, its contract and its ISA level.
 struct MmDispatch {

@@ -51,8 +51,12 @@ struct Granularity {
   std::int64_t cols_per_block(std::int64_t cols) const;
 };
 
+// Throws Error(kInvalidArgument) naming `who` when values cannot be quantized into `format`: e8m0fnu is MX's scale
+// format (unsigned powers of two, no zero), so a negative or zero input would come back NaN or 2^-127.
+void check_element_format(Format format, const char* who);
+
 struct QuantizeOptions {
-  Format format = Format::e4m3fn;
+  Format format = Format::e4m3fn;  // any format but e8m0fnu (check_element_format)
   Overflow overflow = Overflow::kSaturate;
   Granularity granularity = Granularity::tensor();
   ScaleOptions scale;  // margin, epsilon, power-of-two rounding (not used by MX, whose scales are E8M0)

@@ -28,7 +28,10 @@ FP8KIT_HD inline float scale_from_amax(float amax, float fp8_max, const ScaleOpt
   // One correctly rounded float division (the same result as dividing in double and rounding once: 53 >= 2*24+2);
   // the margin's power of two is exact unless the scale leaves float's normal range.
   float scale = fp8_max / a;
-  if (options.margin != 0) scale = ldexpf(scale, -options.margin);
+  // fp8_max / a lies within 2^-121 .. 2^166, so any margin beyond +-512 ends at FLT_MIN or FLT_MAX as +-512 does;
+  // the bound keeps -margin defined (INT_MIN).
+  const int margin = options.margin < -512 ? -512 : (options.margin > 512 ? 512 : options.margin);
+  if (margin != 0) scale = ldexpf(scale, -margin);
   if ((std::bit_cast<std::uint32_t>(scale) & 0x7FFFFFFFu) == 0x7F800000u) scale = 3.40282347e38f;  // FLT_MAX
   // A large margin can take it below float's normal range, where 1 / scale would be Inf (and dequantizing NaN): the
   // smallest normal float instead, whose inverse 2^126 is finite.

@@ -498,6 +498,7 @@ ScaledTensor QuantizedTensor::to_host() const {
 QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
   FP8KIT_CHECK(!x.device().is_cpu(), "cuda::quantize: x is on the CPU: call fp8kit::quantize, or move x with ",
                ".to(Device::cuda(i))");
+  check_element_format(options.format, "cuda::quantize");
   const int device = x.device().index;
   use_device(device);
   const MatrixRef shape = x.matrix();
