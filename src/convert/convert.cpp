@@ -140,11 +140,13 @@ void SegmentEncoder::encode(std::span<const float> in, std::span<std::uint8_t> o
 }
 
 void SegmentEncoder::encode_segments(std::span<const float> in, std::span<std::uint8_t> out, std::size_t segment,
-                                     std::span<const float> scales, std::size_t prefetch_ahead_bytes) const {
+                                     std::span<const float> scales, std::size_t prefetch_ahead_bytes,
+                                     Stores stores) const {
   check_segments("SegmentEncoder::encode_segments", in.size(), out.size(), segment, scales.size());
   if (in.empty()) return;
   convert_detail::EncodeParams p = params_->encode;
   p.prefetch_ahead_bytes = prefetch_ahead_bytes;
+  p.streaming_stores = stores == Stores::kStreaming;
   params_->kernels->encode_f32_segments(in.data(), out.data(), in.size(), segment, scales.data(), p);
 }
 

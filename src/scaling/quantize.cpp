@@ -12,6 +12,7 @@
 
 #include "common/parallel.hpp"
 #include "cpu/amax_kernels.hpp"
+#include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/scaling/scale_inline.hpp"
@@ -391,11 +392,11 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
     const bool segmented = bc % 32 == 0;
     const auto amax_segments = scaling_detail::active_amax_kernels().amax_segments;
     const bool parallel = x.numel() >= detail::kParallelStreamElements && grid_rows > 1;
-    // The encodes below keep plain stores for the codes, whatever their size: with streaming stores
-    // (once ScaledTensor's buffer was
-    // 64-byte aligned and they could run) the fused quantize measured slower on the AMX Xeon, 2 threads: per row
-    // 0.82x -> 0.73x memcpy, 1x128 0.80x -> 0.72x, 128x128 0.68x -> 0.67x, MX 0.70x -> 0.67x (as for the bulk
-    // AVX-512 encoder, which writes a quarter of what it reads; the decoders stream).
+    // Large outputs take streaming stores where the encoder writes whole 64-byte lines (the AVX-512 one): a plain
+    // store first reads the line it writes, 6 bytes of DRAM traffic per element instead of 5 (docs/scaling.md,
+    // "Streaming stores, measured again"). The AVX2 encoder's 32-byte ones measured no faster.
+    const Stores stores =
+        active_isa() >= Isa::kAvx512 ? stores_for(static_cast<std::size_t>(x.numel())) : Stores::kCached;
     auto scales_of = [&](std::int64_t gr) { return multiplier.data() + gr * grid_cols; };
     // Segmented blocks (a multiple of 32 columns): row r's block maxima into its band's amax slots (the band's
     // first row writes them).
@@ -423,7 +424,7 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
       encoder.encode_segments(std::span<const float>(x.row<float>(r), cols),
                               std::span<std::uint8_t>(codes + r * x.cols, cols), static_cast<std::size_t>(bc),
                               std::span<const float>(band_scales, static_cast<std::size_t>(grid_cols)),
-                              prefetch_ahead_bytes);
+                              prefetch_ahead_bytes, stores);
     };
     if (segmented && br > 1) {
       // Tall bands (128x128: 2 MiB of float32 each) do not stay in L1, and the encode's second read comes from

@@ -494,6 +494,20 @@ TEST(Quantize, RejectsBadArguments) {
   }
 }
 
+// Outputs of 16 MiB and more take streaming stores for their codes at the AVX-512 levels (a plain store reads the
+// line first): the same bits as the element-by-element reference, per row and through the 128x128 pipeline.
+TEST(Quantize, LargeOutputsStreamedAreTheReferencesBits) {
+  const std::int64_t rows = 4100, cols = 4096;  // 16.02 Mi codes, and a short last 128-row band
+  const auto x = gaussian(static_cast<std::size_t>(rows * cols), 17, 3.0f);
+  for (const Granularity& g : {Granularity::row(), Granularity::block(128, 128), Granularity::mx()}) {
+    const QuantizeOptions o{Format::e4m3fn, Overflow::kSaturate, g};
+    const ScaledTensor got = quantize(MatrixRef{x.data(), rows, cols}, o);
+    const ScaledTensor want = reference_quantize(x, rows, cols, o);
+    EXPECT_TRUE(got.data == want.data) << g.name();
+    EXPECT_EQ(got.scale_inv, want.scale_inv) << g.name();
+  }
+}
+
 TEST(Quantize, LargeParallelMatchesSerial) {
   // 600 rows: five 128-row bands (the last 88 rows) over the threads, so the tall-band pipeline (encode one band
   // while reading the next) meets an uneven split and a short last band.

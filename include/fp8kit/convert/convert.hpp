@@ -67,9 +67,10 @@ class SegmentEncoder {
   // out[i] = encode(in[i] * scales[i / segment]): one scale per segment of `segment` elements (the last may be
   // shorter; scales.size() must be their count). With prefetch_ahead_bytes > 0 the kernel prefetches that far past
   // each input position instead of its own short distance: a caller that reads there next (quantize's amax pass over
-  // the next block row) finds the data in cache.
+  // the next block row) finds the data in cache. kStreaming writes 64-byte aligned output with non-temporal stores.
   void encode_segments(std::span<const float> in, std::span<std::uint8_t> out, std::size_t segment,
-                       std::span<const float> scales, std::size_t prefetch_ahead_bytes = 0) const;
+                       std::span<const float> scales, std::size_t prefetch_ahead_bytes = 0,
+                       Stores stores = Stores::kCached) const;
 
  private:
   struct Params;
