@@ -124,8 +124,13 @@ MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const Scaled
   const bool a_blocked = is_blocked(a), b_blocked = is_blocked(b);
   const std::int64_t kba = a_blocked ? a.block_cols() : p.k;
   const std::int64_t kbb = b_blocked ? (nk ? b.block_cols() : b.block_rows()) : p.k;
+  // MX blocks run along a matrix's rows: on B given as K x N that is along N, so its K blocks are 1 long.
+  const bool b_mx_across_n = !nk && b.granularity.kind == Kind::kMx;
   FP8KIT_CHECK(!(a_blocked && b_blocked) || kba == kbb, "scaled_mm: A's K blocks (", kba, ") and B's (", kbb,
-               ") differ; use the same K block size on both sides");
+               ") differ; ",
+               b_mx_across_n ? "B is given as K x N, where MX blocks run along N: quantize B as N x K (its rows along "
+                               "K) and pass BLayout::kNK"
+                             : "use the same K block size on both sides");
   p.blocked = a_blocked || b_blocked;
   p.kstep = std::max<std::int64_t>(1, a_blocked ? kba : (b_blocked ? kbb : p.k));
   p.sa = ScaleIndex{a.scale_inv.data()};

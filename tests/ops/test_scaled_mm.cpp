@@ -166,7 +166,16 @@ TEST(ScaledMm, RefusesWhatDoesNotFit) {
   const ScaledTensor b128x4 =
       quantize(MatrixRef{x.data(), 4, 256}, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(128, 128), {}});
   EXPECT_THROW(scaled_mm_reference(mx, b128x4), Error);  // K blocks 32 vs 128
-  ScaledTensor e8 = e4;                                  // made by hand: quantize refuses e8m0fnu too
+  // MX on both sides with B as K x N: B's MX blocks run along N; the error says how to lay B out.
+  try {
+    const ScaledTensor mx_kn =
+        quantize(MatrixRef{x.data(), 256, 4}, {Format::e4m3fn, Overflow::kSaturate, Granularity::mx(), {}});
+    scaled_mm_reference(mx, mx_kn, {BLayout::kKN});
+    ADD_FAILURE() << "mx32 x mx32 with B as K x N was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quantize B as N x K"), std::string::npos) << e.what();
+  }
+  ScaledTensor e8 = e4;  // made by hand: quantize refuses e8m0fnu too
   e8.format = Format::e8m0fnu;
   EXPECT_THROW(scaled_mm_reference(e8, e4), Error);  // e8m0fnu is a scale format
   const ScaledTensor a64 =
