@@ -251,8 +251,31 @@ def check_model_directory_files(exe, root, rng):
                 check("model directory dequantize: 1_Pooling kept",
                       os.path.exists(os.path.join(out + "-bf16", "1_Pooling", "config.json")))
     check("model directory: the input untouched", digest(src) == before)
+    check_many_companions(exe, root, rng)
     check_all_or_nothing(exe, root, src)
     check_metadata_carried(exe, root, rng)
+
+
+def check_many_companions(exe, root, rng):
+    """More companion files than the soft limit on open files (each staged copy holds its temporary file open until
+    the commit): the command raises its soft limit to the hard one and copies them all."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 400:
+        print(f"skip: many companions (the hard limit on open files is {hard})")
+        return
+    src = os.path.join(root, "many-files")
+    os.makedirs(os.path.join(src, "extra"))
+    save_file({"fc.weight": rng.normal(0, 0.1, (16, 32)).astype(np.float32)}, os.path.join(src, "model.safetensors"))
+    for i in range(300):
+        with open(os.path.join(src, "extra", f"{i}.txt"), "w") as f:
+            f.write(str(i))
+    out = os.path.join(root, "many-files-q")
+    p = subprocess.run([exe, "quantize", src, out, "--layout", "native", "--scheme", "fp8-tensor", "--json"], capture_output=True, text=True,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard)))
+    check("many companions: exit 0", p.returncode == 0, p.stderr)
+    if p.returncode == 0:
+        check("many companions: all copied", json.loads(p.stdout).get("files_copied") == 300, p.stdout)
 
 
 def check_metadata_carried(exe, root, rng):

@@ -12,6 +12,8 @@
 #include <malloc.h>
 #endif
 
+#include <sys/resource.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -275,6 +277,12 @@ void make_directories(const fs::path& directory, std::vector<fs::path>& made) {
 
 std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
                                   std::vector<std::unique_ptr<AtomicFile>>& staged, std::vector<fs::path>& made) {
+  // Each staged copy holds its temporary file open (its lock) until the commit: a model directory of more files than
+  // the soft limit on open files (often 1024) would fail half way. The soft limit goes up to the hard one first.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);  // best effort: with the lower limit, a failure still names the file
+  }
   std::size_t copied = 0;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(from, ec); !ec && it != fs::recursive_directory_iterator();
