@@ -9,10 +9,12 @@
 #include "common/no_cuda.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/scaling/cuda_recipe.hpp"
+#include "fp8kit/scaling/quantize.hpp"
 
 namespace fp8kit {
 
 DelayedScaling::DelayedScaling(const DelayedScalingConfig& config) : config_(config) {
+  check_element_format(config.format, "delayed scaling");
   FP8KIT_CHECK(config.history_length >= 1, "delayed scaling: history length must be at least 1, got ",
                config.history_length);
   FP8KIT_CHECK(!config.ema_decay || (*config.ema_decay >= 0.0f && *config.ema_decay < 1.0f),

@@ -63,6 +63,8 @@ def test_errors():
         fp8kit.DelayedScaling(algorithm="mean")
     with pytest.raises(ValueError, match="unknown FP8 format"):
         fp8kit.DelayedScaling("e3m4")
+    with pytest.raises(ValueError, match="e8m0fnu is MX's scale format"):
+        fp8kit.DelayedScaling("e8m0fnu")
     with pytest.raises(ValueError, match="ema_decay"):
         fp8kit.DelayedScaling(ema_decay=1.5)
     with pytest.raises(ValueError, match="history_length must be between 1 and 16777216"):

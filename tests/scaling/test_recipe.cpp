@@ -229,6 +229,7 @@ TEST(DelayedScaling, ImpossibleStatesAreRefused) {
   EXPECT_TRUE(std::isnan(DelayedScaling::deserialize(with_u32(48, 0x7FC00000u)).history()[0]));
   const DelayedScalingConfig config{Format::e4m3fn, 2};
   const std::vector<float> history{0.0f, 1.0f};
+  EXPECT_THROW(DelayedScaling(DelayedScalingConfig{Format::e8m0fnu, 2}), Error);  // a scale format, not a value one
   EXPECT_THROW(DelayedScaling::from_parts(config, 0.0f, std::nullopt, false, history), Error);
   EXPECT_THROW(DelayedScaling::from_parts(config, 1.0f, -1.0f, false, history), Error);
   EXPECT_NO_THROW(DelayedScaling::from_parts(config, 2.0f, 1.0f, true, history));
