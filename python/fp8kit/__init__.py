@@ -387,12 +387,15 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
     format and granularity: one name each (then one dict is returned) or sequences of them (then a list of dicts,
     formats outer, as the CLI prints them). x: float32, bfloat16, float16 or float64 (rounded to float32 first),
     any shape, its last dimension the row."""
-    def one(v: Any) -> bool:  # a name or a dtype object (ml_dtypes.float8_e4m3fn), not a sequence of them
-        return isinstance(v, str) or not isinstance(v, (list, tuple))
+    def names(v: Any) -> Optional[list]:  # several names (any iterable), or None for one (a name or a dtype object)
+        if isinstance(v, (str, type, np.dtype)) or type(v).__name__ == "dtype" or not hasattr(v, "__iter__"):
+            return None
+        return list(v)
 
-    single = one(format) and one(granularity)
-    format_names = [format] if one(format) else list(format)
-    granularity_names = [granularity] if one(granularity) else list(granularity)
+    format_names, granularity_names = names(format), names(granularity)
+    single = format_names is None and granularity_names is None
+    format_names = [format] if format_names is None else format_names
+    granularity_names = [granularity] if granularity_names is None else granularity_names
     saturate = check_bool("saturate", saturate)
     formats_ = []
     for f in format_names:

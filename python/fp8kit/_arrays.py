@@ -84,10 +84,14 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def check_real(name: str, value: Any) -> float:
-    """A real number (int, float, NumPy's), as a float; a string, a bool or anything else is a TypeError."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-    return float(value)
+    """A real number as a float: an int, a float, NumPy's, or one value of an array or tensor (what float() takes,
+    torch.Tensor.max() included); a string, bytes, a bool, or an array of several values is a TypeError."""
+    if not isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)):
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise TypeError(f"{name} must be a number, not {type(value).__name__}")
 
 
 def check_threads(threads: Optional[int]) -> Optional[int]:

@@ -563,8 +563,10 @@ void fp8_weight_mm(MatrixRef x, const ScaledTensor& w, std::span<float> out, std
 
 void fp8_weight_mm_reference(MatrixRef x, const ScaledTensor& w, std::span<float> out, std::span<const float> bias) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
+  using mm_detail::input_bytes;
   mm_detail::check_apart("fp8_weight_mm_reference", out,
-                         {mm_detail::input_bytes("the activations", x), mm_detail::input_bytes("the bias", bias)});
+                         {input_bytes("the activations", x), input_bytes("the weights' codes", std::span(w.data)),
+                          input_bytes("the weights' scales", std::span(w.scale_inv)), input_bytes("the bias", bias)});
   const mm_detail::Operand left = mm_detail::float_operand(x, p.m, p.k, true);
   for (std::int64_t i = 0; i < p.m; ++i) {
     for (std::int64_t j = 0; j < p.n; ++j) {

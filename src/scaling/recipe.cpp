@@ -61,14 +61,14 @@ void DelayedScaling::update() {
 
 namespace {
 
-// The values update() and record() can leave in a state: a finite positive scale, a finite smoothed amax >= 0, and
-// history amaxes >= 0, Inf or NaN (record keeps both). A state given others (by hand, or from damaged bytes) is
-// refused rather than quantizing with them.
+// The values update() and record() can leave in a state: a finite positive scale, a smoothed amax >= 0 (+Inf when
+// the average of amaxes near FLT_MAX rounds up), and history amaxes >= 0, Inf or NaN (record keeps both). A state
+// given others (by hand, or from damaged bytes) is refused rather than quantizing with them.
 void check_state_values(float scale, std::optional<float> smoothed, std::span<const float> history, ErrorKind kind) {
   FP8KIT_CHECK_KIND(std::isfinite(scale) && scale > 0.0f, kind,
                     "delayed scaling: the scale must be finite and positive, got ", scale);
-  FP8KIT_CHECK_KIND(!smoothed || (std::isfinite(*smoothed) && *smoothed >= 0.0f), kind,
-                    "delayed scaling: the smoothed amax must be finite and >= 0, got ", smoothed.value_or(0.0f));
+  FP8KIT_CHECK_KIND(!smoothed || *smoothed >= 0.0f, kind, "delayed scaling: the smoothed amax must be >= 0, got ",
+                    smoothed.value_or(0.0f));
   for (std::size_t i = 0; i < history.size(); ++i) {
     FP8KIT_CHECK_KIND(!(history[i] < 0.0f), kind, "delayed scaling: history amax ", i, " is negative (", history[i],
                       "); amaxes are magnitudes");

@@ -88,6 +88,10 @@ def test_errors():
         assert "\n" not in str(e.value)
     d.update(np.float32(2.0))
     assert d.scale == 224.0
+    d.update(np.array(4.0))  # one value of an array (a 0-d array, a tensor's .max()) is a number too
+    assert d.scale == 112.0
+    with pytest.raises(TypeError, match="amax must be a number, not ndarray"):
+        d.record(np.array([1.0, 2.0]))
     # A state whose values no update leaves (here a scale of 0) is refused, not used.
     state = bytearray(fp8kit.DelayedScaling().state())
     state[32:36] = b"\0\0\0\0"

@@ -125,6 +125,10 @@ def test_analyze_takes_a_format_as_a_dtype_object():
     assert fp8kit.analyze(x, ml_dtypes.float8_e4m3fn, "row") == fp8kit.analyze(x, "e4m3fn", "row")
     rows = fp8kit.analyze(x, [ml_dtypes.float8_e5m2, "e4m3fn"], "tensor")
     assert [r["format"] for r in rows] == ["e5m2", "e4m3fn"]
+    assert fp8kit.analyze(x, np.dtype(ml_dtypes.float8_e5m2), "tensor")["format"] == "e5m2"
+    rows = fp8kit.analyze(x, (f for f in ("e4m3fn", "e5m2")), np.array(["tensor", "row"]))  # any iterable of names
+    assert [(r["format"], r["granularity"]) for r in rows] == [("e4m3fn", "tensor"), ("e4m3fn", "row"),
+                                                               ("e5m2", "tensor"), ("e5m2", "row")]
 
 
 def test_a_margin_past_floats_range_keeps_the_scales_finite():

@@ -83,7 +83,8 @@ def main():
         for args, needle in [((bad,), "not a valid .npy"), ((ints,), "'<i4'"), ((pt,), "pickle"),
                              ((os.path.join(d, "missing.npy"),), "missing.npy"),
                              ((path, "--granularity", "block:0x4"), "block:0x4"),
-                             ((path, "--format", "e4m3"), "e4m3"), ((path, "--tensor", "w"), "--tensor"),
+                             ((path, "--format", "e4m3"), "e4m3"), ((path, "--format", "e5m2,e8m0fnu"), "MX's scale format"),
+                             ((path, "--tensor", "w"), "--tensor"),
                              ((path, "--saturate", "--no-saturate"), "contradict")]:
             r = run(exe, "analyze", *args)
             lines = r.stderr.strip().splitlines()

@@ -805,7 +805,8 @@ def train_bad_usage_exit_2():
                  ("train", "--seeds", "1-2", "--plot", "loss.svg"), ("train", "--seeds", "1-2", "--parallel", "ddp"),
                  # integers parsed strictly (CLI11 clamped them), empty values refused, threads capped
                  ("train", "--steps", "99999999999999999999"), ("train", "--seed", "-1"), ("train", "--steps", "0x10"),
-                 ("train", "--batch", "1.5"), ("train", "--threads", "100000"), ("train", "--compare", ""),
+                 ("train", "--batch", "1.5"), ("train", "--threads", "100000"), ("train", "--threads", "0"),
+                 ("train", "--compare", ""),
                  ("train", "--steps", "3", "--inject-nan", "3"), ("train", "--inject-nan", "-5"),
                  ("train", "--data", "."), ("train", "--plot", "/nonexistent-dir/loss.svg"),
                  ("train", "--plot", "p.svg", "--profile", "p.svg"), ("bench", "bogus"), ("bench", "gemm", "--reps", "x"),

@@ -191,13 +191,20 @@ def refusals_before_training_are_one_line_from_rank_0():
             refused(["--recipe", "fp8-delayed", "--export-fp8", os.path.join(d, "x.safetensors"), "--export-scheme",
                      "mxfp8", "--export-layout", "deepseek"], "deepseek")
         # Training text that cannot be read: refused with the other files, not when training reads it.
-        refused(["--data", os.path.join(d, "missing.txt")], "--data: cannot read")
+        refused(["--data", os.path.join(d, "missing.txt")], "--data: there is no file")
         # A resumed run's global batch is its checkpoint's: one image cannot be split over two ranks.
         ckpt = os.path.join(d, "one.safetensors")
         p = subprocess.run([BINARY, "train", "--model", "cnn", "--recipe", "fp32", "--steps", "1", "--batch", "1",
                             "--save-checkpoint", ckpt], capture_output=True, text=True, timeout=120, env=MPI_ENV)
         assert p.returncode == 0, p.stderr
         refused(["--resume", ckpt], "needs a global --batch of at least 2")
+    # --threads may differ between ranks; a bad value on one rank is said by rank 0, and no rank waits for it.
+    script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then t=0; else t=1; fi; '
+              f'exec "{BINARY}" train --steps 1 --parallel ddp --threads $t')
+    p = subprocess.run(under_mpirun(MPIRUN, 2, ["sh", "-c", script]), capture_output=True, text=True, timeout=120,
+                       env=MPI_ENV)
+    lines = fp8kit_lines(p.stderr)
+    assert p.returncode == 2 and len(lines) == 1 and "rank 1: --threads must be between 1" in lines[0], p.stderr
 
 
 @test

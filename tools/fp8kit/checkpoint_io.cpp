@@ -32,6 +32,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Each staged copy holds its temporary file open (its lock) until the commit: a model directory of more files than
+// the soft limit on open files (often 1024) would fail half way. While one lives, the soft limit is the hard one
+// (best effort: with the lower limit a failure still names the file); then it is what it was, for the process
+// (Python's, when the commands run in it) may use select(), which takes no descriptor past 1024.
+class OpenFileLimitRaised {
+ public:
+  OpenFileLimitRaised() {
+    if (getrlimit(RLIMIT_NOFILE, &before_) != 0 || before_.rlim_cur >= before_.rlim_max) return;
+    rlimit raised = before_;
+    raised.rlim_cur = raised.rlim_max;
+    raised_ = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+  }
+  ~OpenFileLimitRaised() {
+    if (raised_) setrlimit(RLIMIT_NOFILE, &before_);
+  }
+  OpenFileLimitRaised(const OpenFileLimitRaised&) = delete;
+  OpenFileLimitRaised& operator=(const OpenFileLimitRaised&) = delete;
+
+ private:
+  rlimit before_{};
+  bool raised_ = false;
+};
+
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError("cannot read '" + path.string() + "'");
@@ -235,6 +258,7 @@ std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string
   try {
     make_directories(o, made);
     StagedShards weights = stage_sharded_safetensors(o, entries, metadata, shards);
+    const OpenFileLimitRaised limit;  // outlives the staged files below
     std::vector<std::unique_ptr<AtomicFile>> others;
     if (config_json) others.push_back(stage_text(o / "config.json", *config_json));
     const std::size_t copied = stage_companion_files(in.path, o, others, made);
@@ -277,12 +301,6 @@ void make_directories(const fs::path& directory, std::vector<fs::path>& made) {
 
 std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
                                   std::vector<std::unique_ptr<AtomicFile>>& staged, std::vector<fs::path>& made) {
-  // Each staged copy holds its temporary file open (its lock) until the commit: a model directory of more files than
-  // the soft limit on open files (often 1024) would fail half way. The soft limit goes up to the hard one first.
-  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &files);  // best effort: with the lower limit, a failure still names the file
-  }
   std::size_t copied = 0;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(from, ec); !ec && it != fs::recursive_directory_iterator();

@@ -71,6 +71,13 @@ nlohmann::json number_or_null(std::optional<double> v) {
 void run_analyze(const AnalyzeArgs& args) {
   const Overflow overflow = args.overflow_flags.overflow();
   const std::vector<Format> formats = parse_format_list(args.formats);
+  for (Format f : formats) {
+    if (f == Format::e8m0fnu) {
+      throw UsageError(
+          "--format: e8m0fnu is MX's scale format and holds no values; analyze e4m3fn, e5m2, e4m3fnuz "
+          "or e5m2fnuz (the mx32 granularity gives e8m0fnu scales)");
+    }
+  }
   std::vector<Granularity> granularities;
   for (std::size_t start = 0; start <= args.granularities.size();) {
     const std::size_t comma = args.granularities.find(',', start);

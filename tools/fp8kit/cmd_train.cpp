@@ -76,14 +76,14 @@ struct TrainArgs {
   std::string inject_rank_failure;              // hidden: "RANK:STEP" or "RANK:STEP:kill" (the fault tests)
   // Which options were given: a resumed run takes the others from its checkpoint.
   bool model_given = false, seed_given = false, seeds_given = false, batch_given = false, steps_given = false,
-       data_given = false, conv_area_given = false, inject_nan_given = false;
+       data_given = false, conv_area_given = false, inject_nan_given = false, threads_given = false;
 };
 
 // Refuses, on every rank alike, a job whose ranks were given different settings (a launcher script that passes
 // another seed or recipe to one rank trains nonsense that looks fine): each setting that shapes the run or its
 // files, of every rank, all-gathered and compared with rank 0's; the first that differs is named with both values.
 // (What only rank 0 writes — --json, --plot, --profile, --log-scales — and --threads may differ.)
-void check_same_settings(Communicator& comm, const TrainArgs& a) {
+void check_same_settings(Communicator& comm, const TrainArgs& a, const char* given = "was given") {
   const std::pair<const char*, std::string> settings[] = {
       {"--model", a.model},
       {"--recipe", a.recipe},
@@ -132,7 +132,7 @@ void check_same_settings(Communicator& comm, const TrainArgs& a) {
     for (std::size_t i = 0; i < std::size(settings); ++i) {
       if (values[r][i] == values[0][i]) continue;
       const auto shown = [](const std::string& v) { return v.empty() ? std::string("(not given)") : "'" + v + "'"; };
-      throw UsageError("rank " + std::to_string(r) + " was given " + settings[i].first + " " + shown(values[r][i]) +
+      throw UsageError("rank " + std::to_string(r) + " " + given + " " + settings[i].first + " " + shown(values[r][i]) +
                        ", rank 0 " + shown(values[0][i]) +
                        ": every rank of a job trains the same run (launch them all with the same options)");
     }
@@ -433,7 +433,8 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
   }
   if (!a.data.empty() && !std::ifstream(a.data, std::ios::binary)) {
     // Here, where every rank's verdict is agreed, rather than when training reads it (one line, not a job ended).
-    throw UsageError("--data: cannot read '" + a.data + "' (" + std::strerror(errno) + "); check the path");
+    throw UsageError("--data: " + std::string(fs::exists(a.data, ec) ? "cannot read '" : "there is no file '") +
+                     a.data + "'; check the path");
   }
   const std::pair<const char*, std::string> inputs[] = {{"the training data", a.data},
                                                         {"the checkpoint to resume from", a.resume}};
@@ -698,8 +699,16 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
   // Every rank's settings the same, before anything is read. From there on every rank checks the same options;
   // what can still differ (the files each rank sees) is agreed.
   if (comm) check_same_settings(*comm, a);
+  on_every_rank(comm, [&] {  // --threads may differ between ranks (a machine each): checked on each, agreed
+    if (a.threads_given && (a.threads < 1 || a.threads > kMaxThreads)) {
+      throw UsageError("--threads must be between 1 and " + std::to_string(kMaxThreads) + ", got " +
+                       std::to_string(a.threads));
+    }
+  });
   std::optional<TrainCheckpointInfo> resumed;
   on_every_rank(comm, [&] { resumed = prepare_checkpoints(a); });
+  // What each rank's copy of the checkpoint set (a copy per node could differ): the same on every rank.
+  if (comm && resumed) check_same_settings(*comm, a, "read from its checkpoint");
   on_every_rank(comm, [&] { check_train_files(a, comm == nullptr || comm->rank() == 0); });
   if (a.model != "gpt" && a.model != "cnn") {
     throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
@@ -713,10 +722,6 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
   }
   if (a.batch < 0 || (a.batch_given && a.batch == 0)) {
     throw UsageError("--batch must be at least 1, got " + std::to_string(a.batch));
-  }
-  if (a.threads < 0 || a.threads > kMaxThreads) {
-    throw UsageError("--threads must be between 1 and " + std::to_string(kMaxThreads) + ", got " +
-                     std::to_string(a.threads));
   }
   if (a.on_nonfinite != "skip" && a.on_nonfinite != "abort") {
     throw UsageError("--on-nonfinite: '" + a.on_nonfinite + "' (use skip or abort)");
@@ -1189,6 +1194,7 @@ void add_train_command(CLI::App& app) {
     a.data_given = cmd->count("--data") > 0;
     a.conv_area_given = cmd->count("--fp8-conv-max-kernel-area") > 0;
     a.inject_nan_given = cmd->count("--inject-nan") > 0;
+    a.threads_given = cmd->count("--threads") > 0;
     run(a);
   });
 }

@@ -67,7 +67,8 @@ class SegmentEncoder {
   // out[i] = encode(in[i] * scales[i / segment]): one scale per segment of `segment` elements (the last may be
   // shorter; scales.size() must be their count). With prefetch_ahead_bytes > 0 the kernel prefetches that far past
   // each input position instead of its own short distance: a caller that reads there next (quantize's amax pass over
-  // the next block row) finds the data in cache. kStreaming writes 64-byte aligned output with non-temporal stores.
+  // the next block row) finds the data in cache. kStreaming writes the output with non-temporal stores where it is
+  // aligned for them (64 bytes for the AVX-512 kernels, 16 for the AVX2 ones; elsewhere plain stores).
   void encode_segments(std::span<const float> in, std::span<std::uint8_t> out, std::size_t segment,
                        std::span<const float> scales, std::size_t prefetch_ahead_bytes = 0,
                        Stores stores = Stores::kCached) const;
