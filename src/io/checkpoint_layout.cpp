@@ -9,6 +9,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
+#include "fp8kit/scaling/quantize.hpp"
 #include "io/strict_json.hpp"
 
 namespace fp8kit {
@@ -194,45 +195,60 @@ std::optional<std::string> layout_refusal(CheckpointLayout layout, QuantScheme s
 // ---------------------------------------------------------------- config.json
 
 std::optional<QuantizationConfig> parse_quantization_config(std::string_view config_json) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(config_json);
-  } catch (const nlohmann::json::exception& e) {
-    FP8KIT_THROW(ErrorKind::kParse, "config.json is not valid JSON: ", detail::nlohmann_reason(e.what()));
-  }
+  // Strictly, as the headers: UTF-8, no duplicate key, and nested at most 64 deep (the parsed value is freed level by
+  // level: a file nested 100000 deep overflowed the stack).
+  const nlohmann::json j = detail::parse_strict_json(
+      config_json, "config.json", 64, [](std::span<const std::string> parents, const std::string& key) {
+        std::string where;
+        for (const std::string& p : parents) where += (where.empty() ? "" : ".") + p;
+        return "config.json has the key " + detail::quoted(key) + " twice" +
+               (where.empty() ? std::string() : " in " + detail::quoted(where));
+      });
   if (!j.is_object() || !j.contains("quantization_config") || !j["quantization_config"].is_object()) {
     return std::nullopt;
   }
   const nlohmann::json& q = j["quantization_config"];
   QuantizationConfig out;
-  const std::string method = q.value("quant_method", std::string());
-  auto block_from = [&out](const nlohmann::json& b) {
-    if (b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer() &&
-        b[0].get<std::int64_t>() > 0 && b[1].get<std::int64_t>() > 0) {
-      out.block_rows = b[0].get<std::int64_t>();
-      out.block_cols = b[1].get<std::int64_t>();
-      return true;
-    }
-    return false;
+  // A string field, or "" when absent; any other kind is a malformed config, not a layout to guess.
+  const auto text_field = [&q](const char* key) {
+    if (!q.contains(key)) return std::string();
+    FP8KIT_CHECK_KIND(q[key].is_string(), ErrorKind::kParse, "config.json: quantization_config.", key,
+                      " must be a string, not ", detail::json_kind(q[key]));
+    return q[key].get<std::string>();
+  };
+  const std::string method = text_field("quant_method");
+  // A block shape [rows, cols] of positive integers (at most Granularity's largest side), or a malformed config.
+  auto block_from = [&out](const nlohmann::json& b, const char* field) {
+    const auto side = [](const nlohmann::json& v) {
+      return v.is_number_unsigned() && v.get<std::uint64_t>() >= 1 &&
+             v.get<std::uint64_t>() <= static_cast<std::uint64_t>(Granularity::kMaxBlockSide);
+    };
+    FP8KIT_CHECK_KIND(b.is_array() && b.size() == 2 && side(b[0]) && side(b[1]), ErrorKind::kParse,
+                      "config.json: ", field, " must be [rows, cols], two integers from 1 to ",
+                      Granularity::kMaxBlockSide, ", not ", detail::printable(b.dump()).substr(0, 80));
+    out.block_rows = b[0].get<std::int64_t>();
+    out.block_cols = b[1].get<std::int64_t>();
+    return true;
   };
   if (method == "compressed-tensors") {
     out.layout = CheckpointLayout::kCompressedTensors;
     if (q.contains("config_groups") && q["config_groups"].is_object()) {
       for (const auto& [key, group] : q["config_groups"].items()) {
         if (group.is_object() && group.contains("weights") && group["weights"].is_object() &&
-            group["weights"].contains("block_structure")) {
-          block_from(group["weights"]["block_structure"]);
+            group["weights"].contains("block_structure") && !group["weights"]["block_structure"].is_null()) {
+          block_from(group["weights"]["block_structure"], "a config group's weights.block_structure");
         }
       }
     }
   } else if (method == "fbgemm_fp8") {
     out.layout = CheckpointLayout::kFbgemm;
   } else if (method == "modelopt" || method == "fp8kit") {
-    const std::string algo = q.value("quant_algo", std::string());
+    const std::string algo = text_field("quant_algo");
     if (method == "fp8kit") out.layout = CheckpointLayout::kNative;
     if (algo == "MXFP8") out.layout = CheckpointLayout::kMxfp8;
   } else if (method.find("fp8") != std::string::npos) {  // vLLM: a quant_method containing "fp8" is serialized FP8
-    const bool block = q.contains("weight_block_size") && block_from(q["weight_block_size"]);
+    const bool block = q.contains("weight_block_size") && !q["weight_block_size"].is_null() &&
+                       block_from(q["weight_block_size"], "quantization_config.weight_block_size");
     out.layout = block ? CheckpointLayout::kDeepSeek : CheckpointLayout::kAutoFp8;
   }
   return out;
@@ -535,6 +551,12 @@ void dequantize_checkpoint_tensor_into(CheckpointLayout layout, const Safetensor
 std::optional<std::string> skip_reason(std::string_view name_view, SafetensorsDType dtype, const Shape& shape,
                                        const std::vector<std::regex>& ignore) {
   const std::string name(name_view);
+  // std::regex matches by recursion, a few frames per character: a name of 20000 characters overflowed the stack
+  // on '(a|b)*c'. Real tensor names are a few hundred characters at most.
+  constexpr std::size_t kMaxMatchedName = 4096;
+  FP8KIT_CHECK(ignore.empty() || name.size() <= kMaxMatchedName, "tensor ", detail::quoted(name.substr(0, 40)),
+               "... has a name of ", name.size(), " characters, longer than --ignore patterns are matched against (",
+               kMaxMatchedName, "); leave out --ignore for this checkpoint");
   for (const std::regex& r : ignore) {
     if (std::regex_search(name, r)) return "matches --ignore";
   }

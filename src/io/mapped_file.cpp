@@ -15,7 +15,8 @@
 namespace fp8kit::detail {
 
 MappedFile::MappedFile(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO (or a device) given as a checkpoint is refused below instead of waiting for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     FP8KIT_THROW(ErrorKind::kIo, "cannot open '", path.string(), "' for reading: ", std::strerror(err));
@@ -28,8 +29,11 @@ MappedFile::MappedFile(const std::filesystem::path& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    FP8KIT_THROW(ErrorKind::kIo, "'", path.string(), "' is not a regular file",
-                 S_ISDIR(st.st_mode) ? " (it is a directory)" : "");
+    FP8KIT_THROW(ErrorKind::kInvalidArgument, "'", path.string(), "' is not a regular file",
+                 S_ISDIR(st.st_mode)    ? " (it is a directory)"
+                 : S_ISFIFO(st.st_mode) ? " (it is a pipe)"
+                                        : " (a device or a socket)",
+                 "; give a file");
   }
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ > 0) {

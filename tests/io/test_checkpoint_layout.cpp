@@ -309,7 +309,28 @@ TEST(CheckpointLayout, DetectionFromConfig) {
   // nlohmann quotes the bytes it stopped at; from an untrusted config.json they come out escaped (found by
   // fuzz/fuzz_layout: a 0xFF byte reached the message raw).
   const std::string bad = error_of([] { parse_quantization_config("{\"a\": 1,\xff\x1b[2J}"); }).what();
-  EXPECT_NE(bad.find("\\xff"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("0xff"), std::string::npos) << bad;  // not UTF-8 (checked before the JSON)
+  const std::string escaped = error_of([] { parse_quantization_config("{\"a\": 1,\x1b[2J}"); }).what();
+  EXPECT_TRUE(std::all_of(escaped.begin(), escaped.end(), [](char c) { return c >= 0x20 && c < 0x7F; })) << escaped;
+  // Malformed configs are refused (kParse), not guessed at: nesting past 64 (100000 levels overflowed the stack), a
+  // duplicate key, a quant_method that is not a string, a block shape that is not two positive integers.
+  for (
+      const std::string& config :
+      {"{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}", std::string(R"({"a": 1, "a": 2})"),
+       std::string(R"({"quantization_config":{"quant_method":5}})"),
+       std::string(R"({"quantization_config":{"quant_method":"fp8","weight_block_size":[0,0]}})"),
+       std::string(R"({"quantization_config":{"quant_method":"fp8","weight_block_size":[128]}})"),
+       std::string(R"({"quantization_config":{"quant_method":"fp8","weight_block_size":[128.5,128]}})"),
+       std::string(R"({"quantization_config":{"quant_method":"fp8","weight_block_size":[-128,128]}})"),
+       std::string(R"({"quantization_config":{"quant_method":"fp8","weight_block_size":"128"}})"),
+       std::string(
+           R"({"quantization_config":{"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"block_structure":[64]}}}}})")}) {
+    EXPECT_EQ(error_of([&] { parse_quantization_config(config); }).kind(), ErrorKind::kParse) << config.substr(0, 100);
+  }
+  // null where a layout has no block shape (compressed-tensors writes block_structure: null) is no block.
+  EXPECT_EQ(
+      parse_quantization_config(R"({"quantization_config":{"quant_method":"fp8","weight_block_size":null}})")->layout,
+      CheckpointLayout::kAutoFp8);
   EXPECT_TRUE(std::all_of(bad.begin(), bad.end(), [](char c) { return c >= 0x20 && c < 0x7F; })) << bad;
   // Every layout's own quantization_config is detected as that layout.
   for (CheckpointLayout l : kAllCheckpointLayouts) {
@@ -401,6 +422,12 @@ TEST(CheckpointLayout, DefaultIgnoreRules) {
   const std::vector<std::regex> ignore = {std::regex("layers\\.0\\."), std::regex("v_proj$")};
   EXPECT_EQ(skip_reason("model.layers.0.mlp.up_proj.weight", bf, m, ignore), "matches --ignore");
   EXPECT_FALSE(skip_reason("model.layers.1.mlp.up_proj.weight", bf, m, ignore));
+  // A name too long to match by std::regex's recursion (20000 characters overflowed the stack) is refused when
+  // there are patterns; without them it is only a name.
+  const std::string long_name = std::string(20000, 'a') + ".weight";
+  EXPECT_THROW(skip_reason(long_name, bf, m, {std::regex("(a|b)*c")}), Error);
+  EXPECT_FALSE(skip_reason(long_name, bf, m));
+  EXPECT_EQ(skip_reason(std::string(4000, 'a') + "c.weight", bf, m, {std::regex("(a|b)*c")}), "matches --ignore");
 }
 
 TEST(CheckpointLayout, Refusals) {

@@ -1,6 +1,7 @@
 // safetensors: the dtype registry, round trips of every dtype with metadata, the writer's layout (byte for byte
 // the reference writer's), Tensor conversions both ways, the writer's input checks and the pickle refusal.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -362,8 +363,14 @@ TEST(Safetensors, OpenErrorsNameTheFile) {
   EXPECT_EQ(missing.kind(), ErrorKind::kIo);
   EXPECT_NE(std::string(missing.what()).find("No such file or directory"), std::string::npos);
   const Error directory = error_of([&] { (void)SafetensorsFile::open(dir.path()); });
-  EXPECT_EQ(directory.kind(), ErrorKind::kIo);
+  EXPECT_EQ(directory.kind(), ErrorKind::kInvalidArgument);
   EXPECT_NE(std::string(directory.what()).find("is a directory"), std::string::npos);
+  // A pipe is refused at once (it waited for a writer forever), as a device is.
+  ASSERT_EQ(::mkfifo((dir / "pipe.safetensors").c_str(), 0600), 0);
+  const Error pipe = error_of([&] { (void)SafetensorsFile::open(dir / "pipe.safetensors"); });
+  EXPECT_EQ(pipe.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_NE(std::string(pipe.what()).find("is not a regular file (it is a pipe)"), std::string::npos) << pipe.what();
+  EXPECT_EQ(error_of([] { (void)SafetensorsFile::open("/dev/null"); }).kind(), ErrorKind::kInvalidArgument);
   test_files::write_text(dir / "empty.safetensors", "");
   const Error empty = error_of([&] { (void)SafetensorsFile::open(dir / "empty.safetensors"); });
   EXPECT_EQ(empty.kind(), ErrorKind::kParse);

@@ -252,8 +252,21 @@ def check_model_directory_files(exe, root, rng):
                       os.path.exists(os.path.join(out + "-bf16", "1_Pooling", "config.json")))
     check("model directory: the input untouched", digest(src) == before)
     check_many_companions(exe, root, rng)
+    check_json_with_a_non_utf8_path(exe, root, rng)
     check_all_or_nothing(exe, root, src)
     check_metadata_carried(exe, root, rng)
+
+
+def check_json_with_a_non_utf8_path(exe, root, rng):
+    """A path that is not UTF-8 (Linux allows any bytes) in a --json report: the byte as U+FFFD and exit 0 (the
+    JSON library threw after the output was written: exit 1)."""
+    src = os.fsencode(root) + b"/w\xfe.safetensors"
+    save_file({"fc.weight": rng.normal(0, 0.1, (16, 32)).astype(np.float32)}, os.fsdecode(src))
+    p = subprocess.run([exe, "quantize", src, os.path.join(root, "w-q.safetensors"), "--scheme", "fp8-tensor",
+                        "--json"], capture_output=True)
+    check("non-UTF-8 path: exit 0", p.returncode == 0, p.stderr)
+    if p.returncode == 0:
+        check("non-UTF-8 path: the byte as U+FFFD", json.loads(p.stdout)["input"].endswith("w\ufffd.safetensors"))
 
 
 def check_many_companions(exe, root, rng):

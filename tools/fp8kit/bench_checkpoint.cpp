@@ -195,7 +195,7 @@ void run_bench_checkpoint(const CheckpointBenchArgs& args) {
                      {"dir", parent.string()},
                      {"cpu", cpu}});
     }
-    fmt::print(output(), "{}\n", out.dump(2));
+    fmt::print(output(), "{}\n", json_text(out));
     return;
   }
   fmt::print(

@@ -26,6 +26,7 @@
 #include "cli_common.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/atomic_file.hpp"
+#include "fp8kit/io/checkpoint_layout.hpp"
 
 namespace fp8kit::cli {
 namespace fs = std::filesystem;
@@ -131,7 +132,7 @@ void print_json_report(const CheckpointReport& r) {
   j["bytes_out"] = r.bytes_out;
   j["seconds"] = r.seconds;
   for (const auto& [key, value] : r.details) j[key] = value;
-  fmt::print(output(), "{}\n", j.dump(2));
+  fmt::print(output(), "{}\n", json_text(j));
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -176,7 +177,12 @@ CheckpointInput open_checkpoint_input(const std::string& path) {
   const fs::path p(path);
   if (!fs::exists(p, ec)) throw UsageError("'" + path + "' does not exist");
   CheckpointInput in{p, fs::is_directory(p, ec), ShardedCheckpoint::open(p), std::nullopt, {}};
-  if (in.is_directory && fs::is_regular_file(p / "config.json", ec)) in.config = read_text(p / "config.json");
+  if (in.is_directory && fs::is_regular_file(p / "config.json", ec)) {
+    in.config = read_text(p / "config.json");
+    // Checked strictly once, before any command parses it (nesting, UTF-8, duplicate keys, the quantization_config's
+    // fields): a config.json nested 100000 deep overflowed the stack of the commands' own parse.
+    (void)parse_quantization_config(*in.config);
+  }
   for (const SafetensorsFile& shard : in.checkpoint.shards()) {
     in.metadata.insert(shard.metadata().begin(), shard.metadata().end());
   }

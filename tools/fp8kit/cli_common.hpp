@@ -61,6 +61,14 @@ CLI::Option* add_integer_option(CLI::App* cmd, const std::string& name, T& targe
       ->type_name(std::is_signed_v<T> ? "INT" : "UINT");
 }
 
+// A report's JSON text (`indent` < 0: one line). Bytes that are not UTF-8 (in a path, or a tensor name from an
+// untrusted file) come out as U+FFFD: nlohmann throws on them by default, which failed a command after its output
+// was written.
+template <typename Json>
+std::string json_text(const Json& j, int indent = 2) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
 // A byte count for people: "512 B", "4.0 KiB", "3.2 MiB", "1.5 GiB".
 std::string byte_size_text(std::uint64_t bytes);
 

@@ -181,7 +181,7 @@ void run_analyze(const AnalyzeArgs& args) {
                      {"max_rel_error", number_or_null(r.d.max_rel_error)},
                      {"holds", r.holds()}});
     }
-    fmt::print(output(), "{}\n", out.dump(2));
+    fmt::print(output(), "{}\n", json_text(out));
     return;
   }
   fmt::print(output(), "{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file,

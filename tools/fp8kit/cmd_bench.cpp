@@ -129,7 +129,7 @@ void run_cuda_stream(const BenchArgs& args, const std::string& which, int device
                      {"baseline_gbps", r.memcpy_gbps},
                      {"ratio", r.ratio}});
     }
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   fmt::print(output(), "CUDA {} kernels against cudaMemcpy device to device of the {} input (medians of {} rounds)\n",
@@ -252,7 +252,7 @@ void run_bench_convert(const BenchArgs& args) {
       row["elements"] = r.elements;
       out.push_back(row);
     }
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   fmt::print(output(), "conversion kernels vs memcpy of the same {} array ({} repetitions, medians; CPU: {})\n",
@@ -290,7 +290,7 @@ void run_bench_scaling(const BenchArgs& args) {
       row["format"] = r.op == "quantize" || r.op == "dequantize" ? nlohmann::json("e4m3fn") : nlohmann::json(nullptr);
       out.push_back(row);
     }
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   fmt::print(output(),
@@ -424,7 +424,7 @@ void run_cuda_gemm(const GemmArgs& args, int device) {
                      {"vs_bf16", r.vs_bf16},
                      {"peak_tflops", positive_or_null(r.peak_tflops)}});
     }
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   fmt::print(output(),
@@ -495,7 +495,7 @@ void run_bench_gemm(const GemmArgs& args) {
                      {"openblas_config", blas.config},
                      {"cpu", cpu}});
     }
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   std::string thread_list, rep_list;
@@ -560,7 +560,7 @@ void run_bench_peak(bool json, int reps) {
                      {"skipped", ran ? nlohmann::json(nullptr) : nlohmann::json(r.skipped)},
                      {"cpu", cpu}});
     }
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   fmt::print(output(), "arithmetic instruction peaks on one thread ({} repetitions, medians; CPU: {})\n", reps,
@@ -623,7 +623,7 @@ void run_bench_comm(bool json, const std::string& sizes_text, int reps) {
                      {"reps", reps},
                      {"cpu", cpu}});
     }
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   fmt::print(output(),

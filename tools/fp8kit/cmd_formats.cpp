@@ -127,7 +127,7 @@ void add_formats_command(CLI::App& app) {
     if (*json) {
       nlohmann::ordered_json out = nlohmann::ordered_json::array();
       for (Format f : kAllFormats) out.push_back(format_json(descriptor(f)));
-      std::fprintf(output(), "%s\n", out.dump(2).c_str());
+      std::fprintf(output(), "%s\n", json_text(out).c_str());
       return;
     }
     print_table();

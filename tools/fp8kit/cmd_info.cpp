@@ -74,7 +74,7 @@ void run_info(const InfoOptions& o) {
                          {"unavailable", cuda::unavailable_reason()},
                          {"cublaslt", cuda::cublaslt_version()}};
     j["mpi"] = build.mpi;
-    std::fprintf(output(), "%s\n", j.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(j).c_str());
     return;
   }
   std::fprintf(output(), "fp8kit %s (%s build, %s)\n", std::string(build.version).c_str(),

@@ -104,7 +104,7 @@ void run_inspect(const InspectArgs& args) {
 
   if (args.json) {
     // One object, written as it is made: the tensors one per line.
-    const auto str = [](const nlohmann::ordered_json& j) { return j.dump(); };
+    const auto str = [](const nlohmann::ordered_json& j) { return json_text(j, -1); };
     fmt::print(output(),
                "{{\n  \"path\": {},\n  \"shards\": {},\n  \"layout\": {},\n  \"evidence\": {},\n  "
                "\"total_bytes\": {},\n  \"tensors\": [",

@@ -640,7 +640,7 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
     }
     nlohmann::json out = {{"seeds", seeds}, {"runs", runs}, {"summary", summary}};
     if (!self.empty()) out["fp32_spread"] = summary_json(spread);
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   std::fprintf(output(), "model %s, %lld parameters; data: %s; %lld steps, seeds %s, %d threads\n", a.model.c_str(),
@@ -875,7 +875,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
                                      {"saturated", r.saturated},
                                      {"nonfinite", r.nonfinite}};
               if (!std::isfinite(r.amax)) line["amax"] = nullptr;
-              scale_log->line(line.dump());
+              scale_log->line(json_text(line, -1));
             }
           }
         };
@@ -1032,7 +1032,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
       if (&r == fp32) add_fp32_spread(o, r, spread);
       out.push_back(o);
     }
-    std::fprintf(output(), "%s\n", out.dump(2).c_str());
+    std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
   std::fprintf(output(), "model %s, %lld parameters; data: %s; %lld steps, seed %llu, %d threads\n", a.model.c_str(),
