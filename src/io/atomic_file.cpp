@@ -67,6 +67,15 @@ bool is_temporary_file_name(std::string_view filename) {
 
 AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::move(destination)) {
   FP8KIT_CHECK(!destination_.filename().empty(), "cannot write '", destination_.string(), "': not a file name");
+  // The rename would replace whatever is there: a device (/dev/null) or a pipe would become a regular file. Only a
+  // regular file (or a link to one, which stat follows) is written over.
+  if (struct stat existing {}; ::stat(destination_.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+    FP8KIT_THROW(ErrorKind::kInvalidArgument, "cannot write '", destination_.string(), "': it is ",
+                 S_ISDIR(existing.st_mode)    ? "a directory"
+                 : S_ISFIFO(existing.st_mode) ? "a pipe"
+                                              : "a device or a socket",
+                 ", not a regular file; give a file name");
+  }
   const std::filesystem::path directory = directory_of(destination_);
   std::string prefix(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
   prefix += destination_.filename().string();

@@ -255,6 +255,9 @@ bool same_config(const DelayedScalingConfig& a, const DelayedScalingConfig& b) {
 
 std::string data_fingerprint(const TrainConfig& config) {
   if (config.data_path.empty()) return {};
+  std::error_code ec;
+  FP8KIT_CHECK(!fs::is_directory(config.data_path, ec), "the training text '", config.data_path,
+               "' is a directory; give a text file");
   std::ifstream in(config.data_path, std::ios::binary);
   FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", config.data_path, "' (check the path)");
   detail::Fingerprint f;

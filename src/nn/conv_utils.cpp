@@ -138,7 +138,9 @@ Tensor col2im(const Context& ctx, const Tensor& cols, const ConvGeometry& g) {
 Tensor rows_to_nchw(const Context& ctx, const Tensor& rows, std::int64_t n, std::int64_t h, std::int64_t w) {
   ScopedEvent event(ctx.profiler, "rows_to_nchw");
   FP8KIT_CHECK(rows.dtype() == DType::float32, "rows_to_nchw: rows must be float32, got ", name(rows.dtype()));
-  FP8KIT_CHECK(n >= 0 && h >= 0 && w >= 0, "rows_to_nchw: sizes must be >= 0, got N=", n, " H=", h, " W=", w);
+  std::int64_t nh = 0, nhw = 0;
+  FP8KIT_CHECK(n >= 0 && h >= 0 && w >= 0 && !__builtin_mul_overflow(n, h, &nh) && !__builtin_mul_overflow(nh, w, &nhw),
+               "rows_to_nchw: sizes must be >= 0 with N*H*W within int64, got N=", n, " H=", h, " W=", w);
   FP8KIT_CHECK(rows.dim() == 2 && rows.size(0) == n * h * w, "rows_to_nchw: rows ", shape_string(rows.shape()),
                " must be (N*H*W, C) with N*H*W = ", n * h * w);
   const std::int64_t C = rows.size(1), hw = h * w;

@@ -32,6 +32,8 @@ Gpt::Gpt(const GptConfig& c, const PrecisionRecipe& recipe)
       embed_("transformer", c.vocab, c.seq_len, c.channels, kInitStd, c.seed),
       ln_f_("transformer.ln_f", c.channels),
       head_("lm_head", c.channels, c.vocab, false, c.seed + 7, kInitStd, recipe) {
+  FP8KIT_CHECK(c.heads >= 1 && c.layers >= 1, "gpt: heads and layers must be at least 1, got ", c.heads, " and ",
+               c.layers);
   FP8KIT_CHECK(c.channels % c.heads == 0, "gpt: channels (", c.channels, ") must be a multiple of heads (", c.heads,
                ")");
   const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.layers));

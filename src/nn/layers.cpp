@@ -52,10 +52,18 @@ Shape with_last(Shape shape, std::int64_t last) {
 }
 
 // grad[ids[n], :] += dy[n, :] for n in order, in parallel over column chunks (deterministic with repeated ids).
-void scatter_add_rows(Tensor& grad, const Tensor& ids, const Tensor& dy) {
+void scatter_add_rows(Tensor& grad, const Tensor& ids, const Tensor& dy, const char* layer) {
   const std::int64_t channels = grad.size(-1);
+  FP8KIT_CHECK(ids.dtype() == DType::int64, layer,
+               ".backward: no saved ids (run forward first, and give backward that forward's Saved)");
   const std::int64_t n_rows = ids.numel();
   const std::int64_t* id = ids.data<std::int64_t>();
+  // The saved ids index this layer's rows: a Saved of a larger table would write past the gradient.
+  const std::int64_t table_rows = grad.size(0);
+  for (std::int64_t n = 0; n < n_rows; ++n) {
+    FP8KIT_CHECK(id[n] >= 0 && id[n] < table_rows, layer, ".backward: saved id ", id[n], " is outside this table's ",
+                 table_rows, " rows (a Saved of another layer?)");
+  }
   const float* g = dy.data<float>();
   float* out = grad.data<float>();
   const std::int64_t chunks = (channels + kColumnChunk - 1) / kColumnChunk;
@@ -141,6 +149,12 @@ Tensor LayerNorm::backward(const Context& ctx, const Tensor& dy, const Saved& sa
   ScopedEvent event(ctx.profiler, "layernorm.backward");
   const std::int64_t channels = weight.value.numel();
   check_float32(dy, "layernorm", "dy");
+  // A Saved of this layer's forward: C channels per row, one rstd per row (one of another layer read past them).
+  const Shape& saved_shape = saved.x_hat.shape();
+  FP8KIT_CHECK(!saved_shape.empty() && saved_shape.back() == channels && saved.rstd.dtype() == DType::float32 &&
+                   saved.rstd.numel() * channels == saved.x_hat.numel(),
+               "layernorm.backward: no saved forward of ", channels,
+               " channels (run forward first, and give backward that forward's Saved)");
   check_same_shape(dy, saved.x_hat.shape(), "layernorm", "dy");
   const Tensor x_hat = load_activation(saved.x_hat);
   const std::int64_t rows = x_hat.matrix().rows;
@@ -372,9 +386,12 @@ Tensor Embedding::forward(const Context& ctx, const Tensor& ids, Saved& saved) c
 void Embedding::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
   ScopedEvent event(ctx.profiler, "embedding.backward");
   check_float32(dy, "embedding", "dy");
+  FP8KIT_CHECK(saved.ids.dtype() == DType::int64,
+               "embedding.backward: no saved ids (run forward first, and give backward that "
+               "forward's Saved)");
   check_same_shape(dy, with_last(saved.ids.shape(), weight.value.size(1)), "embedding", "dy");
   GradientAccumulator dw(weight);
-  scatter_add_rows(dw.tensor(), saved.ids, dy);
+  scatter_add_rows(dw.tensor(), saved.ids, dy, "embedding");
   dw.commit();
 }
 
@@ -420,9 +437,13 @@ void TokenPositionEmbedding::backward(const Context& ctx, const Tensor& dy, cons
   ScopedEvent event(ctx.profiler, "token_position_embedding.backward");
   const std::int64_t channels = wte.weight.value.size(1);
   check_float32(dy, "token_position_embedding", "dy");
+  FP8KIT_CHECK(saved.tokens.dtype() == DType::int64 && saved.tokens.dim() == 2 &&
+                   saved.tokens.size(1) <= wpe.weight.value.size(0),
+               "token_position_embedding.backward: no saved tokens of at most ", wpe.weight.value.size(0),
+               " positions (run forward first, and give backward that forward's Saved)");
   check_same_shape(dy, with_last(saved.tokens.shape(), channels), "token_position_embedding", "dy");
   GradientAccumulator dte(wte.weight), dpe(wpe.weight);
-  scatter_add_rows(dte.tensor(), saved.tokens, dy);
+  scatter_add_rows(dte.tensor(), saved.tokens, dy, "token_position_embedding");
   dte.commit();
   // wpe.grad[t] += sum_b dy[b, t]: one thread per position, batches in order.
   const std::int64_t batch = saved.tokens.size(0), steps = saved.tokens.size(1);

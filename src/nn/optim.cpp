@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "common/parallel.hpp"
@@ -148,12 +149,30 @@ DType master_dtype(MasterWeights master) {
   return master == MasterWeights::kFloat32 ? DType::float32 : DType::bfloat16;
 }
 
+namespace {
+
+// The options every step uses (checked at construction and again by each step: options() can change them). The
+// update runs in float32: lr and weight_decay must be finite there, and eps positive (with eps 0, an element whose
+// gradient and moments are 0 divides 0 by 0).
+void check_options(const AdamWOptions& o) {
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  FP8KIT_CHECK(o.lr >= 0.0 && o.lr <= kFloatMax, "adamw: lr must be finite and >= 0, got ", o.lr);
+  FP8KIT_CHECK(o.beta1 >= 0.0 && o.beta1 < 1.0, "adamw: beta1 must be in [0, 1), got ", o.beta1);
+  FP8KIT_CHECK(o.beta2 >= 0.0 && o.beta2 < 1.0, "adamw: beta2 must be in [0, 1), got ", o.beta2);
+  FP8KIT_CHECK(static_cast<float>(o.eps) > 0.0f && o.eps <= kFloatMax,
+               "adamw: eps must be positive and finite in float32 (at least about 1.4e-45), got ", o.eps);
+  FP8KIT_CHECK(o.weight_decay >= 0.0 && o.lr * o.weight_decay <= kFloatMax,
+               "adamw: weight_decay must be finite and >= 0, got ", o.weight_decay);
+  FP8KIT_CHECK(static_cast<unsigned>(o.moments) <= static_cast<unsigned>(MomentStorage::kFp8) &&
+                   static_cast<unsigned>(o.master) <= static_cast<unsigned>(MasterWeights::kBf16Kahan),
+               "adamw: unknown moment storage or master weights (", static_cast<unsigned>(o.moments), ", ",
+               static_cast<unsigned>(o.master), ")");
+}
+
+}  // namespace
+
 AdamW::AdamW(AdamWOptions options) : options_(options) {
-  FP8KIT_CHECK(options.lr >= 0.0, "adamw: lr must be >= 0, got ", options.lr);
-  FP8KIT_CHECK(options.beta1 >= 0.0 && options.beta1 < 1.0, "adamw: beta1 must be in [0, 1), got ", options.beta1);
-  FP8KIT_CHECK(options.beta2 >= 0.0 && options.beta2 < 1.0, "adamw: beta2 must be in [0, 1), got ", options.beta2);
-  FP8KIT_CHECK(options.eps >= 0.0, "adamw: eps must be >= 0, got ", options.eps);
-  FP8KIT_CHECK(options.weight_decay >= 0.0, "adamw: weight_decay must be >= 0, got ", options.weight_decay);
+  check_options(options_);
 }
 
 namespace {
@@ -256,8 +275,30 @@ std::int64_t AdamW::part_alignment() const {
   return options_.master == MasterWeights::kBf16Stochastic ? 4 : 1;
 }
 
+// A parameter's state as the options in force store it: the moments' dtype, the FP8 moments' scale blocks, the
+// Kahan buffer. A state made under other options (options() changed, or a checkpoint of another recipe) is refused
+// before any update; the kernels would read it as the wrong type.
+void AdamW::check_state(const Parameter& p, const State& s) const {
+  const MomentStorage moments = options_.moments;
+  const DType want = moments == MomentStorage::kFloat32    ? DType::float32
+                     : moments == MomentStorage::kBfloat16 ? DType::bfloat16
+                                                           : DType::float8_e4m3fn;
+  const std::int64_t blocks = ceil_div(p.value.numel(), kMomentBlock);
+  const bool kahan = options_.master == MasterWeights::kBf16Kahan;
+  FP8KIT_CHECK(
+      s.m.dtype() == want && s.v.dtype() == want && s.v.shape() == p.value.shape() &&
+          (moments != MomentStorage::kFp8 || (s.m_scale.dtype() == DType::float32 && s.m_scale.numel() == blocks &&
+                                              s.v_scale.dtype() == DType::float32 && s.v_scale.numel() == blocks)) &&
+          (!kahan || (s.compensation.dtype() == DType::bfloat16 && s.compensation.shape() == p.value.shape())),
+      "adamw: parameter '", p.name, "' has optimizer state of ", name(s.m.dtype()), " moments, not the ", name(moments),
+      " moments", kahan ? " and Kahan buffer" : "",
+      " the options store: the options changed after its first step, or a checkpoint of another recipe was "
+      "loaded (start a new AdamW, or load the state its options match)");
+}
+
 void AdamW::step(std::span<Parameter* const> params, Profiler* profiler) {
   ScopedEvent event(profiler, "adamw.step", "optimizer");
+  check_options(options_);
   std::set<std::string> seen;
   const std::int64_t alignment = part_alignment();
   for (const Parameter* p : params) {
@@ -271,6 +312,7 @@ void AdamW::step(std::span<Parameter* const> params, Profiler* profiler) {
     const auto it = state_.find(p->name);
     FP8KIT_CHECK(it == state_.end() || it->second.m.shape() == p->value.shape(), "adamw: parameter '", p->name,
                  "' changed shape since its optimizer state was created");
+    if (it != state_.end()) check_state(*p, it->second);
   }
   // Everything is checked before anything is updated: a refused step changes nothing.
   const AdamWOptions& o = options_;

@@ -361,6 +361,7 @@ RecipeOperand prepare_operand(const GemmCall& call, TensorRole role, const Tenso
 }
 
 Tensor recipe_gemm(const GemmCall& call, const RecipeOperand& a, const RecipeOperand& b, std::span<const float> bias) {
+  FP8KIT_CHECK(call.recipe != nullptr, "recipe_gemm (", call.op, "): the call has no recipe");
   FP8KIT_CHECK(a.cols() == b.cols(), "recipe_gemm (", call.op, "): A is ", a.rows(), "x", a.cols(), ", B is ", b.rows(),
                "x", b.cols(), " (N x K): K differs");
   ScopedEvent event(call.profiler, call.op, "gemm");

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -29,6 +30,9 @@ constexpr std::int64_t kDefaultCnnBatch = 64;                // images of kCnnIm
 constexpr std::int64_t kCnnImageSize = 32;
 
 std::string read_text(const std::string& path) {
+  std::error_code ec;
+  FP8KIT_CHECK(!std::filesystem::is_directory(path, ec), "the training text '", path,
+               "' is a directory; give a text file");
   std::ifstream in(path, std::ios::binary);
   FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", path, "' (check the path)");
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -90,6 +94,7 @@ Batch Dataset::eval_batch(std::int64_t /*index*/) const {
 }
 
 float evaluate(Model& model, const Dataset& data, const PrecisionRecipe& recipe, std::int64_t batches) {
+  FP8KIT_CHECK(batches >= 1, "evaluate: batches must be at least 1, got ", batches);
   StepReport report;
   Context ctx;
   ctx.saved_dtype = recipe.saved_dtype();
@@ -306,6 +311,8 @@ StepLog Trainer::run_step(std::int64_t step, const TrainHooks& hooks, TrainProgr
 void check_train_config(const TrainConfig& config) {
   FP8KIT_CHECK(config.steps >= 1, "train: steps must be at least 1, got ", config.steps);
   FP8KIT_CHECK(config.eval_batches >= 1, "train: eval_batches must be at least 1, got ", config.eval_batches);
+  FP8KIT_CHECK(config.final_loss_window >= 1, "train: final_loss_window must be at least 1, got ",
+               config.final_loss_window);
 }
 
 TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,

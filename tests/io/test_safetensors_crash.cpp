@@ -113,6 +113,24 @@ TEST(AtomicFile, FailuresAreIoErrorsNamingThePath) {
   }
 }
 
+// The rename replaces what is at the destination: a pipe or a device there is refused, not turned into a regular
+// file (saving a checkpoint to /dev/null as root replaced the device node).
+TEST(AtomicFile, RefusesToReplaceAPipeOrADevice) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo((dir / "pipe").c_str(), 0600), 0);
+  for (const std::filesystem::path& p : {dir / "pipe", std::filesystem::path("/dev/null"), dir.path()}) {
+    try {
+      AtomicFile f(p);
+      ADD_FAILURE() << "would replace " << p;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(dir / "pipe"));
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+}
+
 TEST(SafetensorsCrashSafety, AFailingDataSourceLeavesTheOldFileAndNoTemporary) {
   for (int failing = 0; failing < 3; ++failing) {
     SCOPED_TRACE(failing);

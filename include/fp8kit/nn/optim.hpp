@@ -114,6 +114,9 @@ class AdamW {
   const std::map<std::string, State>& state() const { return state_; }
 
  private:
+  // Refuses a state that the options in force do not store (step() checks every parameter's before any update).
+  void check_state(const Parameter& p, const State& s) const;
+
   AdamWOptions options_;
   std::map<std::string, State> state_;
 };

@@ -1,0 +1,134 @@
+// Bad input to the training library is refused with one-line fp8kit::Errors, where each of these crashed (abort,
+// segfault, SIGFPE), hung, wrote past a buffer, or went on with NaN (found by an audit of the public API).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "fp8kit/nn/conv_utils.hpp"
+#include "fp8kit/nn/gpt.hpp"
+#include "fp8kit/nn/layers.hpp"
+#include "fp8kit/nn/optim.hpp"
+#include "fp8kit/nn/train.hpp"
+
+namespace fp8kit::nn {
+namespace {
+
+using testing::expect_error;
+
+// A state made under other options (options() changed, a checkpoint of another recipe) was read as the wrong type
+// inside the OpenMP loop: std::terminate. Now refused before anything changes.
+TEST(Refusals, AdamWStateOfOtherOptions) {
+  AdamW opt;
+  Parameter p = make_parameter("p", {2}, 0.5, 1);
+  p.grad = ones({2});
+  Parameter* ps[] = {&p};
+  opt.step(ps);
+  const std::vector<float> before(p.value.span<float>().begin(), p.value.span<float>().end());
+  opt.options().moments = MomentStorage::kFp8;
+  expect_error([&] { opt.step(ps); }, ErrorKind::kInvalidArgument, {"adamw: parameter 'p'", "fp8 moments"});
+  EXPECT_EQ(opt.state().at("p").step, 1);  // nothing changed
+  EXPECT_EQ(std::vector<float>(p.value.span<float>().begin(), p.value.span<float>().end()), before);
+  opt.options().moments = MomentStorage::kFloat32;
+  EXPECT_NO_THROW(opt.step(ps));
+}
+
+// lr Inf, eps 0 (0 / 0 where gradient and moments are 0) and the like gave NaN weights without a word, also when set
+// through options() after construction.
+TEST(Refusals, AdamWOptionsThatMakeNaN) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [lr, eps, decay] : std::vector<std::tuple<double, double, double>>{{inf, 1e-8, 0.0},
+                                                                                      {1e300, 1e-8, 0.0},
+                                                                                      {nan, 1e-8, 0.0},
+                                                                                      {1e-3, 0.0, 0.0},
+                                                                                      {1e-3, 1e-50, 0.0},
+                                                                                      {1e-3, 1e-8, inf}}) {
+    AdamWOptions o;
+    o.lr = lr;
+    o.eps = eps;
+    o.weight_decay = decay;
+    EXPECT_THROW(AdamW{o}, Error) << lr << " " << eps << " " << decay;
+  }
+  AdamW opt;
+  Parameter p = make_parameter("p", {2}, 0.5, 1);
+  p.grad = zeros({2});
+  Parameter* ps[] = {&p};
+  opt.options().beta1 = 1.0;
+  expect_error([&] { opt.step(ps); }, ErrorKind::kInvalidArgument, {"beta1"});
+}
+
+TEST(Refusals, GptWithoutHeadsOrLayers) {
+  for (const auto& [heads, layers] : {std::pair<std::int64_t, std::int64_t>{0, 1}, {-2, 1}, {1, 0}, {1, -1}}) {
+    GptConfig c;
+    c.heads = heads;
+    c.layers = layers;
+    expect_error([&] { Gpt m(c, *PrecisionRecipe::parse("fp32")); }, ErrorKind::kInvalidArgument,
+                 {"gpt: heads and layers must be at least 1"});
+  }
+}
+
+// A backward without its forward, or with the Saved of a same-type layer of another size, read and wrote past the
+// buffers (segfaults; garbage in the gradients of a smaller one).
+TEST(Refusals, BackwardWithoutItsForward) {
+  const Context ctx;
+  LayerNorm small("small", 4), big("big", 8);
+  LayerNorm::Saved none;
+  expect_error(
+      [&] {
+        small.backward(ctx, ones({2, 4}), none);
+      },
+      ErrorKind::kInvalidArgument, {"layernorm.backward: no saved forward of 4 channels"});
+  LayerNorm::Saved of_small;
+  (void)small.forward(ctx, ones({2, 4}), of_small);
+  expect_error(
+      [&] {
+        big.backward(ctx, ones({2, 4}), of_small);
+      },
+      ErrorKind::kInvalidArgument, {"no saved forward of 8 channels"});
+
+  Embedding table("table", 100, 2, 0.02, 1), smaller("smaller", 3, 2, 0.02, 2);
+  Tensor ids = zeros({1}, DType::int64);
+  ids.data<std::int64_t>()[0] = 99;
+  Embedding::Saved of_table;
+  (void)table.forward(ctx, ids, of_table);
+  smaller.weight.grad = zeros({3, 2});
+  expect_error(
+      [&] {
+        smaller.backward(ctx, ones({1, 2}), of_table);
+      },
+      ErrorKind::kInvalidArgument, {"embedding.backward: saved id 99 is outside this table's 3 rows"});
+  EXPECT_EQ(smaller.weight.grad.span<float>()[0], 0.0f);
+  expect_error(
+      [&] {
+        smaller.backward(ctx, ones({1, 2}), Embedding::Saved{});
+      },
+      ErrorKind::kInvalidArgument, {"embedding.backward: no saved ids"});
+}
+
+TEST(Refusals, TrainConfigAndSizes) {
+  TrainConfig c;
+  c.steps = 2;
+  c.batch = 1;
+  c.eval_batches = 1;
+  for (const std::int64_t window : {std::int64_t{0}, std::numeric_limits<std::int64_t>::min()}) {
+    c.final_loss_window = window;  // INT64_MIN segfaulted, 0 gave a NaN train loss
+    expect_error([&] { (void)train(c, *PrecisionRecipe::parse("fp32")); }, ErrorKind::kInvalidArgument,
+                 {"final_loss_window must be at least 1"});
+  }
+  c.final_loss_window = 1;
+  c.data_path = std::filesystem::temp_directory_path().string();  // escaped as std::ios_base::failure
+  expect_error([&] { (void)train(c, *PrecisionRecipe::parse("fp32")); }, ErrorKind::kInvalidArgument,
+               {"is a directory"});
+  // N*H*W past int64 wrapped to 0, passed the check and looped 2^32 times.
+  expect_error(
+      [] {
+        (void)rows_to_nchw(Context{}, zeros({0, 0}), std::int64_t{1} << 32, std::int64_t{1} << 32, 1);
+      },
+      ErrorKind::kInvalidArgument, {"rows_to_nchw: sizes"});
+}
+
+}  // namespace
+}  // namespace fp8kit::nn
