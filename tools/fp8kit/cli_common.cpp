@@ -21,6 +21,19 @@
 
 namespace fp8kit::cli {
 
+std::string one_line(std::string_view text) {
+  std::string line;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7F) {
+      line += fmt::format("\\x{:02x}", c);
+    } else {
+      line += ch;
+    }
+  }
+  return line;
+}
+
 int report_error(const std::string& command, const std::exception_ptr& error) {
   std::string message;
   int status = 1;
@@ -43,8 +56,9 @@ int report_error(const std::string& command, const std::exception_ptr& error) {
   }
   // Under mpirun every rank reaches the same verdict on its arguments and settings: rank 0 says it, once. (A rank
   // that fails on its own in the middle of a run says so itself, naming its rank, and ends the job: fp8kit train.)
+  const std::string line = one_line(message);
   if (launcher_rank() == 0) {
-    std::fprintf(stderr, "%s: %s\n", command.c_str(), message.c_str());
+    std::fprintf(stderr, "%s: %s\n", command.c_str(), line.c_str());
     std::fflush(stderr);
   }
   return status;

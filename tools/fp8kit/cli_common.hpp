@@ -69,6 +69,10 @@ std::string json_text(const Json& j, int indent = 2) {
   return j.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
+// `text` on one line, as errors and tables print untrusted names and paths: control bytes (a newline, a terminal
+// escape) as \xNN; other bytes (UTF-8) as they are.
+std::string one_line(std::string_view text);
+
 // A byte count for people: "512 B", "4.0 KiB", "3.2 MiB", "1.5 GiB".
 std::string byte_size_text(std::uint64_t bytes);
 

@@ -184,7 +184,7 @@ void run_analyze(const AnalyzeArgs& args) {
     fmt::print(output(), "{}\n", json_text(out));
     return;
   }
-  fmt::print(output(), "{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", args.file,
+  fmt::print(output(), "{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", one_line(args.file),
              source_dtype, shape.empty() ? "scalar" : shape_string(shape), rows, view.cols,
              overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
              results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count);

@@ -145,18 +145,19 @@ void run_inspect(const InspectArgs& args) {
     fmt::print(output(), "{}]\n}}\n", first ? "" : "\n  ");
     return;
   }
-  fmt::print(output(), "{}: {} tensors in {} shard{}, {} bytes\n", args.file, in.checkpoint.size(),
+  fmt::print(output(), "{}: {} tensors in {} shard{}, {} bytes\n", one_line(args.file), in.checkpoint.size(),
              in.checkpoint.shards().size(), in.checkpoint.shards().size() == 1 ? "" : "s", total);
-  fmt::print(output(), "layout: {} ({})\n", layout, detection.evidence);
+  fmt::print(output(), "layout: {} ({})\n", layout, one_line(detection.evidence));
   fmt::print(output(), "quantized weights: {}\n", weights.size());
   std::size_t width = 4;
-  for (const SafetensorsTensor* t : in.checkpoint.tensors()) width = std::max(width, t->name.size());
+  for (const SafetensorsTensor* t : in.checkpoint.tensors()) width = std::max(width, one_line(t->name).size());
   width = std::min<std::size_t>(width, 72);
   fmt::print(output(), "{:<{}} {:<11} {:<18} {:>12}  {}\n", "name", width, "dtype", "shape", "bytes", "role");
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     const std::optional<Fp8Analysis> a = analysis_of(*t);
-    fmt::print(output(), "{:<{}} {:<11} {:<18} {:>12}  {}\n", t->name, width, name(t->dtype), shape_string(t->shape),
-               t->bytes.size(), role.count(t->name) ? role.at(t->name) : (a ? analysis_text(*a) : ""));
+    fmt::print(output(), "{:<{}} {:<11} {:<18} {:>12}  {}\n", one_line(t->name), width, name(t->dtype),
+               shape_string(t->shape), t->bytes.size(),
+               role.count(t->name) ? role.at(t->name) : (a ? analysis_text(*a) : ""));
   }
 }
 
