@@ -70,7 +70,7 @@ AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::mo
   // The rename would replace whatever is there: a device (/dev/null) or a pipe would become a regular file. Only a
   // regular file (or a link to one, which stat follows) is written over.
   if (struct stat existing {}; ::stat(destination_.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
-    FP8KIT_THROW(ErrorKind::kInvalidArgument, "cannot write '", destination_.string(), "': it is ",
+    FP8KIT_THROW(ErrorKind::kIo, "cannot write '", destination_.string(), "': it is ",
                  S_ISDIR(existing.st_mode)    ? "a directory"
                  : S_ISFIFO(existing.st_mode) ? "a pipe"
                                               : "a device or a socket",

@@ -450,10 +450,21 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
 }
 
 // The pair's dequantization scales as float32, one per block: MX codes as 2^(code-127), others widened exactly.
+// The dequantization scales as float32: finite and >= 0 (0: a block of zeros some writers give scale 0). NaN, an
+// infinity, a negative scale or the E8M0 NaN code (255) come from a damaged file: refused, not dequantized into NaN,
+// Inf or weights of the wrong sign.
 std::vector<float> dequantization_scales(const PairInfo& p, const SafetensorsTensor& scale) {
-  if (!p.mx_scale) return scale_values(scale);
-  std::vector<float> out(static_cast<std::size_t>(p.grid));
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = e8m0_to_float(static_cast<std::uint8_t>(scale.bytes[i]));
+  std::vector<float> out;
+  if (!p.mx_scale) {
+    out = scale_values(scale);
+  } else {
+    out.resize(static_cast<std::size_t>(p.grid));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = e8m0_to_float(static_cast<std::uint8_t>(scale.bytes[i]));
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    FP8KIT_CHECK_KIND(std::isfinite(out[i]) && out[i] >= 0.0f, ErrorKind::kParse, detail::quoted(scale.name),
+                      ": scale ", i, " is ", out[i], "; a dequantization scale is finite and >= 0 (a damaged file?)");
+  }
   return out;
 }
 

@@ -252,6 +252,7 @@ def check_model_directory_files(exe, root, rng):
                       os.path.exists(os.path.join(out + "-bf16", "1_Pooling", "config.json")))
     check("model directory: the input untouched", digest(src) == before)
     check_many_companions(exe, root, rng)
+    check_damaged_scales_refused(exe, root, rng)
     check_json_with_a_non_utf8_path(exe, root, rng)
     check_all_or_nothing(exe, root, src)
     check_metadata_carried(exe, root, rng)
@@ -267,6 +268,21 @@ def check_json_with_a_non_utf8_path(exe, root, rng):
     check("non-UTF-8 path: exit 0", p.returncode == 0, p.stderr)
     if p.returncode == 0:
         check("non-UTF-8 path: the byte as U+FFFD", json.loads(p.stdout)["input"].endswith("w\ufffd.safetensors"))
+
+
+def check_damaged_scales_refused(exe, root, rng):
+    """A scale that is NaN, infinite or negative (a damaged file) is refused, exit 2 naming the scale; it was
+    dequantized into NaN, Inf or weights of the wrong sign with exit 0. A scale of 0 (a block of zeros) is read."""
+    w = rng.normal(0, 1, (4, 4)).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+    for label, value in (("nan", np.nan), ("inf", np.inf), ("negative", -1.0), ("zero", 0.0)):
+        src = os.path.join(root, f"scale-{label}.safetensors")
+        save_file({"l.weight": w, "l.weight_scale_inv": np.array([[value]], np.float32)}, src)
+        r = run(exe, "dequantize", src, os.path.join(root, f"scale-{label}-bf16.safetensors"))
+        if label == "zero":
+            check("damaged scales: a zero scale is read", r.returncode == 0, r.stderr)
+        else:
+            check(f"damaged scales: {label} refused", r.returncode == 2 and "l.weight_scale_inv" in r.stderr
+                  and r.stderr.count("\n") == 1, r.stderr)
 
 
 def check_many_companions(exe, root, rng):

@@ -17,7 +17,9 @@ namespace fp8kit {
 // keep their bytes. A process killed before commit() leaves only its temporary file behind; the next AtomicFile for
 // the same destination removes it (a temporary file is locked with flock(2) while its writer lives, so only those
 // of dead writers go).
-// Every failure throws Error(kIo) naming the path and the OS's reason. Not copyable or movable.
+// A destination that exists and is not a regular file (a directory, a pipe, a device such as /dev/null) is refused:
+// the rename would replace it. Every failure throws Error(kIo) naming the path and the OS's reason. Not copyable or
+// movable.
 class AtomicFile {
  public:
   explicit AtomicFile(std::filesystem::path destination);
