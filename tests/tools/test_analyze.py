@@ -58,6 +58,10 @@ def main():
         r = run(exe, "analyze", p2, "--json", "--format", "e4m3fn", "--granularity", "tensor,block:1x32,mx32-rceil")
         rows = json.loads(r.stdout)
         check("nonfinite counted", all(x["nonfinite_count"] == 1 for x in rows))
+        # ... and named beside the verdict, which measures the finite values only (an all-NaN tensor "held" exactly)
+        table = run(exe, "analyze", p2).stdout
+        check("verdict names the non-finite value", "1 value is NaN or infinite" in table.strip().splitlines()[-1],
+              table[-300:])
         by = {x["granularity"]: x for x in rows}
         check("finer blocks underflow less", by["block:1x32"]["underflow_fraction"] < by["tensor"]["underflow_fraction"],
               f"{by['block:1x32']['underflow_fraction']} vs {by['tensor']['underflow_fraction']}")

@@ -43,12 +43,19 @@ std::string sqnr_phrase(const QuantDiagnostics& d) {
 }
 
 std::string verdict(const std::vector<Row>& rows) {
+  // The measures cover the finite values: NaN and Inf ones (and float64 values past float32's range, which read as
+  // Inf) are named beside whatever the verdict says, never hidden behind "holds".
+  const std::uint64_t nonfinite = rows.empty() ? 0 : rows[0].d.nonfinite_count;
+  const std::string unmeasured =
+      nonfinite == 0 ? ""
+                     : fmt::format("; {} value{} NaN or infinite (or past float32's range) and not measured", nonfinite,
+                                   nonfinite == 1 ? " is" : "s are");
   // e4m3fn's precision is the point of FP8 for weights and activations; among holders prefer coarse, then SQNR
   const Row* best = best_holding(rows);
   if (best != nullptr) {
-    return fmt::format("verdict: {} holds this tensor at '{}' granularity ({}, {:.3f}% underflow, 0 saturated)",
-                       name(best->format), best->granularity.name(), sqnr_phrase(best->d),
-                       100.0 * best->d.underflow_fraction());
+    return fmt::format("verdict: {} holds {}this tensor at '{}' granularity ({}, {:.3f}% underflow, 0 saturated){}",
+                       name(best->format), nonfinite == 0 ? "" : "the finite values of ", best->granularity.name(),
+                       sqnr_phrase(best->d), 100.0 * best->d.underflow_fraction(), unmeasured);
   }
   const Row* top = nullptr;
   for (const Row& r : rows) {
@@ -56,11 +63,12 @@ std::string verdict(const std::vector<Row>& rows) {
   }
   if (top == nullptr) return "verdict: nothing was analyzed";
   return fmt::format(
-      "verdict: no combination tried holds this tensor (SQNR >= {:.0f} dB, <= {:.1f}% underflow, none "
-      "saturated); "
-      "best: {} '{}' with {}, {:.3f}% underflow, {} saturated",
-      kGoodSqnrDb, 100.0 * kMaxUnderflowFraction, name(top->format), top->granularity.name(), sqnr_phrase(top->d),
-      100.0 * top->d.underflow_fraction(), top->d.saturated_count);
+             "verdict: no combination tried holds this tensor (SQNR >= {:.0f} dB, <= {:.1f}% underflow, none "
+             "saturated); "
+             "best: {} '{}' with {}, {:.3f}% underflow, {} saturated",
+             kGoodSqnrDb, 100.0 * kMaxUnderflowFraction, name(top->format), top->granularity.name(),
+             sqnr_phrase(top->d), 100.0 * top->d.underflow_fraction(), top->d.saturated_count) +
+         unmeasured;
 }
 
 nlohmann::json number_or_null(std::optional<double> v) {

@@ -31,6 +31,7 @@ struct InspectArgs {
 struct Fp8Analysis {
   std::optional<AnalysisRow> best;  // none holds when empty
   double best_sqnr_db = 0.0;        // the best SQNR tried, when none holds
+  std::uint64_t nonfinite = 0;      // NaN and Inf values (not measured)
 };
 
 std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
@@ -47,18 +48,21 @@ std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
       analyze(m, std::span(&e4m3fn, 1), default_analysis_granularities(), Overflow::kSaturate);
   Fp8Analysis a;
   if (const AnalysisRow* best = best_holding(rows)) a.best = *best;
+  if (!rows.empty()) a.nonfinite = rows[0].d.nonfinite_count;
   for (const AnalysisRow& r : rows) a.best_sqnr_db = std::max(a.best_sqnr_db, r.d.sqnr_db.value_or(0.0));
   return a;
 }
 
 std::string analysis_text(const Fp8Analysis& a) {
+  // NaN and Inf values are not measured: said beside the verdict, not hidden behind "holds".
+  const std::string nonfinite = a.nonfinite == 0 ? "" : fmt::format("; {} NaN/Inf not measured", a.nonfinite);
   if (a.best) {
     const QuantDiagnostics& d = a.best->d;
     // No SQNR: no error (exact), or no signal to measure one against.
     const std::string sqnr = d.sqnr_db ? fmt::format("{:.1f} dB", *d.sqnr_db) : d.exact ? "exact" : "no signal";
-    return fmt::format("e4m3fn holds at '{}' ({})", a.best->granularity.name(), sqnr);
+    return fmt::format("e4m3fn holds at '{}' ({}{})", a.best->granularity.name(), sqnr, nonfinite);
   }
-  return fmt::format("e4m3fn does not hold (best {:.1f} dB)", a.best_sqnr_db);
+  return fmt::format("e4m3fn does not hold (best {:.1f} dB{})", a.best_sqnr_db, nonfinite);
 }
 
 void run_inspect(const InspectArgs& args) {
