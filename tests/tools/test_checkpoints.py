@@ -711,6 +711,9 @@ def main():
             (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size", ""],
              "quantize", "--max-shard-size: an empty value"),
             (["convert", src, os.path.join(src, "out"), "--to", "f16"], "convert", "is inside the input directory"),
+            # a directory input written to a name ending in .safetensors made a directory of that name
+            (["quantize", src, os.path.join(root, "x15.safetensors"), "--scheme", "fp8-block"], "quantize",
+             "give a directory name"),
             (["convert", single, os.path.join(root, "nodir", "x.safetensors"), "--to", "f16"], "convert",
              "does not exist; create it first"),
         ]
@@ -724,7 +727,8 @@ def main():
         check_foreign_files(exe, root, rng)
         check_model_directory_files(exe, root, rng)
         check_progress(exe, root, src)
-        check("no output left by refused commands", not any(os.path.exists(os.path.join(root, f"x{i}")) for i in range(15)))
+        check("no output left by refused commands", not any(os.path.exists(os.path.join(root, f"x{i}")) for i in range(15))
+              and not os.path.exists(os.path.join(root, "x15.safetensors")))
         check("input directory still untouched", digest(src) == src_digest)
     return summary()
 

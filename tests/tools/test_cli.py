@@ -797,7 +797,7 @@ def train_bad_usage_exit_2():
                  ("train", "--steps", "0"), ("train", "--data", "/nonexistent/file.txt", "--steps", "1"),
                  ("train", "--on-nonfinite", "ignore"), ("train", "--optimizer-state", "int4"),
                  ("train", "--master-weights", "fp16"), ("train", "--eval-batches", "0"),
-                 ("train", "--fp32-spread", "-1"), ("train", "--recipe", "bf16", "--fp32-spread", "1"),
+                 ("train", "--fp32-spread", "-1"), ("train", "--fp32-spread", "99999999999"), ("train", "--recipe", "bf16", "--fp32-spread", "1"),
                  ("train", "--recipe", "fp32", "--fp32-spread", "1", "--parallel", "ddp"),
                  ("train", "--seeds", "3-1"), ("train", "--seeds", "1,1"), ("train", "--seeds", "1,x"),
                  ("train", "--seeds", "-1"), ("train", "--seeds", ""), ("train", "--seeds", "1-5000"),

@@ -218,6 +218,11 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
     if (fs::exists(o, ec) && !fs::is_directory(o, ec)) {
       throw UsageError("'" + out + "' is a file; the input is a directory, so the output is a directory");
     }
+    if (!fs::exists(o, ec) && o.extension() == ".safetensors") {
+      throw UsageError("'" + out +
+                       "' names a .safetensors file, but the input is a directory, so the output is a "
+                       "directory (of shards, config.json and the other files): give a directory name");
+    }
     if (fs::is_directory(o, ec) && !is_empty_output(o) && !force) {
       throw UsageError("'" + out + "' exists and is not empty; pass --force to write into it");
     }

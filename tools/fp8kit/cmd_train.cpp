@@ -179,9 +179,11 @@ RankFailure parse_rank_failure(const std::string& text) {
   return f;
 }
 
+// The most seeds --seeds lists, and the most extra fp32 runs --fp32-spread asks for (each a whole training run).
+constexpr std::size_t kMaxSeeds = 1000;
+
 // --seeds LIST: seeds and inclusive ranges, comma-separated ("1-10", "1,2,5", "1-3,7"), each seed once.
 std::vector<std::uint64_t> parse_seeds(const std::string& text) {
-  constexpr std::size_t kMaxSeeds = 1000;
   const auto number = [&](const std::string& item) { return parse_integer_option<std::uint64_t>("--seeds", item); };
   std::vector<std::uint64_t> seeds;
   std::stringstream ss(text);
@@ -732,7 +734,10 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
                      std::to_string(a.steps - 1));
   }
   std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
-  if (a.fp32_spread < 0) throw UsageError("--fp32-spread must be 0 or more, got " + std::to_string(a.fp32_spread));
+  if (a.fp32_spread < 0 || a.fp32_spread > static_cast<std::int64_t>(kMaxSeeds)) {
+    throw UsageError("--fp32-spread must be 0 to " + std::to_string(kMaxSeeds) + " (extra fp32 runs per seed), got " +
+                     std::to_string(a.fp32_spread));
+  }
   if (a.fp32_spread > 0) {
     if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
       throw UsageError("--fp32-spread measures fp32 against itself: put fp32 among the recipes (--compare fp32,...)");
