@@ -74,7 +74,7 @@ AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::mo
                  S_ISDIR(existing.st_mode)    ? "a directory"
                  : S_ISFIFO(existing.st_mode) ? "a pipe"
                                               : "a device or a socket",
-                 ", not a regular file; give a file name");
+                 ", not a regular file (the destination was not touched); give a file name");
   }
   const std::filesystem::path directory = directory_of(destination_);
   std::string prefix(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12

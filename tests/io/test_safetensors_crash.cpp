@@ -148,7 +148,9 @@ TEST(SafetensorsCrashSafety, AFailingDataSourceLeavesTheOldFileAndNoTemporary) {
 
 TEST(SafetensorsCrashSafety, AFailedRenameLeavesNoTemporary) {
   TempDir dir;
-  std::filesystem::create_directory(dir / "model.safetensors");  // rename(2) cannot replace a directory by a file
+  // rename(2) cannot replace a directory by a file: refused before anything is written (AtomicFile checks what is
+  // at the destination), with no temporary left behind.
+  std::filesystem::create_directory(dir / "model.safetensors");
   test_files::write_text(dir / "model.safetensors" / "keep", "x");
   const std::vector<std::byte> four = pattern_bytes(4, 1);
   const std::vector<SafetensorsEntry> entries = {{"a", SafetensorsDType::F32, {1}, four, {}}};
