@@ -14,6 +14,9 @@
 namespace fp8kit::nn {
 
 Parameter make_parameter(std::string name, Shape shape, double stddev, std::uint64_t seed, double fill) {
+  // NaN or a negative stddev gave zeros, Inf infinite weights, a NaN fill NaN ones: never what was meant.
+  FP8KIT_CHECK(stddev >= 0.0 && std::isfinite(stddev) && std::isfinite(fill), "parameter '", name,
+               "': the initial stddev must be finite and >= 0 and the fill finite, got ", stddev, " and ", fill);
   Parameter p;
   p.name = std::move(name);
   {

@@ -108,6 +108,7 @@ Tensor LayerNorm::forward(const Context& ctx, const Tensor& x, Saved& saved) con
   check_float32(x, "layernorm", "x");
   FP8KIT_CHECK(x.dim() >= 1 && x.size(-1) == channels, "layernorm: x has shape ", shape_string(x.shape()),
                ", expected (..., ", channels, ")");
+  FP8KIT_CHECK(eps >= 0.0f && std::isfinite(eps), "layernorm: eps must be finite and >= 0, got ", eps);
   const std::int64_t rows = x.matrix().rows;
   Tensor y = empty(x.shape(), DType::float32);
   Tensor x_hat = empty(x.shape(), DType::float32);

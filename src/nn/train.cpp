@@ -79,6 +79,8 @@ void perturb_by_one_ulp(std::span<Parameter* const> params, std::uint64_t seed) 
 }
 
 double learning_rate(const TrainConfig& c, std::int64_t step) {
+  FP8KIT_CHECK(step >= 0 && c.warmup_steps >= 0, "learning_rate: step and warmup_steps must be >= 0, got ", step,
+               " and ", c.warmup_steps);
   const double lr = c.adamw.lr;
   if (step < c.warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
   const double progress = static_cast<double>(step - c.warmup_steps) /
@@ -313,6 +315,12 @@ void check_train_config(const TrainConfig& config) {
   FP8KIT_CHECK(config.eval_batches >= 1, "train: eval_batches must be at least 1, got ", config.eval_batches);
   FP8KIT_CHECK(config.final_loss_window >= 1, "train: final_loss_window must be at least 1, got ",
                config.final_loss_window);
+  FP8KIT_CHECK(config.warmup_steps >= 0, "train: warmup_steps must be >= 0, got ", config.warmup_steps);
+  // A rank's part of each batch: part `index` of `count` (count 1: the whole batch).
+  FP8KIT_CHECK(config.batch_shard.count >= 1 && config.batch_shard.index >= 0 &&
+                   config.batch_shard.index < config.batch_shard.count,
+               "train: batch_shard must be part index 0..count-1 of count >= 1, got ", config.batch_shard.index, " of ",
+               config.batch_shard.count);
 }
 
 TrainResult train(const TrainConfig& config, const PrecisionRecipe& recipe, Profiler* profiler,

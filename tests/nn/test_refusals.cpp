@@ -122,6 +122,32 @@ TEST(Refusals, TrainConfigAndSizes) {
   c.data_path = std::filesystem::temp_directory_path().string();  // escaped as std::ios_base::failure
   expect_error([&] { (void)train(c, *PrecisionRecipe::parse("fp32")); }, ErrorKind::kInvalidArgument,
                {"is a directory"});
+  c.data_path.clear();
+  for (const auto& [index, count] : {std::pair<int, int>{5, 0}, {3, 1}, {-1, 2}}) {
+    c.batch_shard = {index, count};  // was ignored: the whole batch trained
+    expect_error([&] { (void)train(c, *PrecisionRecipe::parse("fp32")); }, ErrorKind::kInvalidArgument,
+                 {"batch_shard must be part index"});
+  }
+  c.batch_shard = {};
+  c.warmup_steps = -1;
+  expect_error([&] { (void)train(c, *PrecisionRecipe::parse("fp32")); }, ErrorKind::kInvalidArgument,
+               {"warmup_steps must be >= 0"});
+  c.warmup_steps = 0;
+  expect_error([&] { (void)learning_rate(c, -1); }, ErrorKind::kInvalidArgument, {"learning_rate"});  // was NaN
+  // NaN or negative init stddevs gave zeros, a NaN fill NaN weights; a NaN eps NaN outputs.
+  for (const double bad : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    expect_error([&] { (void)make_parameter("w", {2}, bad, 1); }, ErrorKind::kInvalidArgument, {"parameter 'w'"});
+  }
+  expect_error([] { (void)make_parameter("w", {2}, 0.0, 1, std::nan("")); }, ErrorKind::kInvalidArgument,
+               {"the fill finite"});
+  LayerNorm ln("ln", 4);
+  ln.eps = std::nanf("");
+  LayerNorm::Saved saved;
+  expect_error(
+      [&] {
+        (void)ln.forward(Context{}, ones({1, 4}), saved);
+      },
+      ErrorKind::kInvalidArgument, {"layernorm: eps"});
   // N*H*W past int64 wrapped to 0, passed the check and looped 2^32 times.
   expect_error(
       [] {
