@@ -15,8 +15,12 @@ namespace fp8kit {
 
 DelayedScaling::DelayedScaling(const DelayedScalingConfig& config) : config_(config) {
   check_element_format(config.format, "delayed scaling");
-  FP8KIT_CHECK(config.history_length >= 1, "delayed scaling: history length must be at least 1, got ",
-               config.history_length);
+  // The bounds Python's DelayedScaling and the serialized state keep: a history of 2^31 amaxes was 8 GiB allocated
+  // per tensor role, and a margin past +-127 takes every scale past float's range (all codes 0, or all saturated).
+  FP8KIT_CHECK(config.history_length >= 1 && config.history_length <= (1 << 24),
+               "delayed scaling: history length must be 1 to 16777216, got ", config.history_length);
+  FP8KIT_CHECK(config.margin >= -127 && config.margin <= 127, "delayed scaling: margin must be -127 to 127, got ",
+               config.margin);
   FP8KIT_CHECK(!config.ema_decay || (*config.ema_decay >= 0.0f && *config.ema_decay < 1.0f),
                "delayed scaling: EMA decay must be in [0, 1), got ", config.ema_decay.value_or(0.0f));
   history_.assign(static_cast<std::size_t>(config.history_length), 0.0f);

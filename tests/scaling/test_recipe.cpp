@@ -230,6 +230,8 @@ TEST(DelayedScaling, ImpossibleStatesAreRefused) {
   const DelayedScalingConfig config{Format::e4m3fn, 2};
   const std::vector<float> history{0.0f, 1.0f};
   EXPECT_THROW(DelayedScaling(DelayedScalingConfig{Format::e8m0fnu, 2}), Error);  // a scale format, not a value one
+  EXPECT_THROW(DelayedScaling(DelayedScalingConfig{Format::e4m3fn, 2, AmaxCompute::kMax, 1000}), Error);  // margin
+  EXPECT_THROW(DelayedScaling(DelayedScalingConfig{Format::e4m3fn, (1 << 24) + 1}), Error);  // history length
   EXPECT_THROW(DelayedScaling::from_parts(config, 0.0f, std::nullopt, false, history), Error);
   EXPECT_THROW(DelayedScaling::from_parts(config, 1.0f, -1.0f, false, history), Error);
   EXPECT_NO_THROW(DelayedScaling::from_parts(config, 2.0f, 1.0f, true, history));
