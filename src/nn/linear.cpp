@@ -74,8 +74,10 @@ Tensor Linear::backward(const Context& ctx, Tensor&& dy, Saved& saved) {
   Tensor dy2 = dy.reshape({-1, out});
   dy = Tensor();
   const std::int64_t rows = dy2.size(0);
-  FP8KIT_CHECK(saved.input_t.cols() == rows, "linear ", name(), ": backward with ", rows, " rows, forward had ",
-               saved.input_t.cols());
+  // The Saved of this layer's forward (x^T: in x rows), checked before any gradient is added to.
+  FP8KIT_CHECK(saved.input_t.cols() == rows && saved.input_t.rows() == in, "linear ", name(), ": backward with ", rows,
+               " rows of ", out, " outputs, but the saved forward is ", saved.input_t.rows(), " x ",
+               saved.input_t.cols(), " (run forward first, and give backward that forward's Saved)");
   // dx = dy W (A = dy (R, out), B = W^T (in, out) as N x K) and dW = dy^T x (A = dy^T (out, R), B = x^T (in, R) as
   // N x K). dy's operand and the bias gradient (column sums) first; then dy^T's operand, the exact transpose of dy's
   // when its scales allow (dy's float32 storage, when handed over and not shared by the operands, is freed before it

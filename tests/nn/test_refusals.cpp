@@ -11,6 +11,7 @@
 #include "fp8kit/nn/conv_utils.hpp"
 #include "fp8kit/nn/gpt.hpp"
 #include "fp8kit/nn/layers.hpp"
+#include "fp8kit/nn/linear.hpp"
 #include "fp8kit/nn/optim.hpp"
 #include "fp8kit/nn/train.hpp"
 
@@ -106,6 +107,20 @@ TEST(Refusals, BackwardWithoutItsForward) {
         smaller.backward(ctx, ones({1, 2}), Embedding::Saved{});
       },
       ErrorKind::kInvalidArgument, {"embedding.backward: no saved ids"});
+}
+
+// A Linear's backward given another layer's Saved added to the bias gradient before it refused.
+TEST(Refusals, LinearBackwardWithAnotherLayersSaved) {
+  const Context ctx;
+  Linear a("a", 3, 2, true, 1), b("b", 5, 2, true, 2);
+  Linear::Saved of_a;
+  (void)a.forward(ctx, ones({4, 3}), of_a);
+  expect_error(
+      [&] {
+        (void)b.backward(ctx, ones({4, 2}), of_a);
+      },
+      ErrorKind::kInvalidArgument, {"linear b: backward with 4 rows of 2 outputs, but the saved forward is 3 x 4"});
+  for (const float g : b.bias->grad.span<float>()) EXPECT_EQ(g, 0.0f);
 }
 
 TEST(Refusals, TrainConfigAndSizes) {
