@@ -342,6 +342,9 @@ Tensor Relu::forward(const Context& ctx, const Tensor& x, Saved& saved) {
 Tensor Relu::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
   ScopedEvent event(ctx.profiler, "relu.backward");
   check_float32(dy, "relu", "dy");
+  FP8KIT_CHECK(saved.positive.dtype() == DType::bool_,
+               "relu.backward: no saved forward (run forward first, and give "
+               "backward that forward's Saved)");
   check_same_shape(dy, saved.positive.shape(), "relu", "dy");
   Tensor dx = empty(dy.shape(), DType::float32);
   const bool* mask = saved.positive.data<bool>();
@@ -532,6 +535,10 @@ void cross_entropy_gradient(const Context& ctx, float dloss, const Tensor& logit
   ScopedEvent event(ctx.profiler, "cross_entropy.backward");
   const std::int64_t vocab = logits.size(-1);
   const std::int64_t rows = logits.matrix().rows;
+  FP8KIT_CHECK(saved.targets.dtype() == DType::int64 && saved.targets.numel() == rows &&
+                   saved.logsumexp.dtype() == DType::float32 && saved.logsumexp.numel() == rows,
+               "cross_entropy.backward: no saved forward (run forward first, and give backward that forward's Saved "
+               "once: the rvalue overload takes it)");
   const float scale = static_cast<float>(static_cast<double>(dloss) / static_cast<double>(rows));
   const float* in = logits.data<float>();
   const float* lse = saved.logsumexp.data<float>();

@@ -107,6 +107,15 @@ TEST(Refusals, BackwardWithoutItsForward) {
         smaller.backward(ctx, ones({1, 2}), Embedding::Saved{});
       },
       ErrorKind::kInvalidArgument, {"embedding.backward: no saved ids"});
+  // Relu and cross entropy said "Tensor::data<T>(): T is the element type of ..." instead.
+  expect_error([&] { (void)Relu::backward(ctx, ones({2}), Relu::Saved{}); }, ErrorKind::kInvalidArgument,
+               {"relu.backward: no saved forward"});
+  CrossEntropy::Saved ce;
+  const Tensor targets = zeros({2}, DType::int64);
+  (void)CrossEntropy::forward(ctx, ones({2, 3}), targets, ce);
+  (void)CrossEntropy::backward(ctx, 1.0f, std::move(ce));
+  expect_error([&] { (void)CrossEntropy::backward(ctx, 1.0f, std::move(ce)); }, ErrorKind::kInvalidArgument,
+               {"cross_entropy.backward: no saved forward"});
 }
 
 // A Linear's backward given another layer's Saved added to the bias gradient before it refused.
