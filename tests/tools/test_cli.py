@@ -812,7 +812,8 @@ def train_bad_usage_exit_2():
                  ("train", "--plot", "p.svg", "--profile", "p.svg"), ("bench", "bogus"), ("bench", "gemm", "--reps", "x"),
                  ("bench", "convert", "--isa", ""),
                  # control bytes in what is echoed (a name, a path) come out escaped: still one line
-                 ("cast", "--to", "e4m3fn\n\x1b[31mx", "1"), ("analyze", "no\nsuch.npy")):
+                 ("cast", "--to", "e4m3fn\n\x1b[31mx", "1"), ("analyze", "no\nsuch.npy"),
+                 ("cast", "--seed", "5", "1.1")):
         rc, out, err = run(*args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, rc, out, err)
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",

@@ -66,6 +66,7 @@ struct CastArgs {
   OverflowFlags overflow;
   std::string rounding = "nearest";
   std::string seed = "0";  // parsed here: CLI11 would wrap "-1" to 2^64 - 1
+  bool seed_given = false;
   bool json = false;
   std::vector<std::string> values;  // never filled: see add_cast_command
 };
@@ -343,6 +344,9 @@ CastSetup make_setup(const CastArgs& args) {
   }
   setup.overflow = args.overflow.overflow();
   setup.seed = parse_integer_option<std::uint64_t>("--seed", args.seed);
+  if (args.seed_given && setup.rounding != Rounding::kStochastic) {
+    throw UsageError("--seed is for --rounding stochastic (nearest rounding draws nothing)");
+  }
   setup.json = args.json;
   for (Format f : setup.formats) {
     std::vector<CastSetup::CodeText> texts(256);
@@ -439,7 +443,10 @@ void add_cast_command(CLI::App& app) {
       ->check(CLI::Validator([](const std::string&) { return std::string("a value"); }, "", "value"));
   cast->validate_positionals();
   cast->allow_extras();
-  cast->callback([args, cast] { run_cast(*args, cast->remaining()); });
+  cast->callback([args, cast] {
+    args->seed_given = cast->count("--seed") > 0;
+    run_cast(*args, cast->remaining());
+  });
 }
 
 }  // namespace fp8kit::cli
