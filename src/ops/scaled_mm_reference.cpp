@@ -22,8 +22,7 @@ bool is_blocked(const ScaledTensor& x) {
 }
 
 void check_element_format(const char* what, const ScaledTensor& x) {
-  FP8KIT_CHECK(x.format != Format::e8m0fnu, what, " is e8m0fnu, a scale format: its elements must be e4m3fn, e5m2, ",
-               "e4m3fnuz or e5m2fnuz");
+  fp8kit::check_element_format(x.format, what);  // the scaling layer's rule: e8m0fnu holds scales, not values
   FP8KIT_CHECK(static_cast<std::int64_t>(x.data.size()) == x.rows * x.cols, what, " has ", x.data.size(),
                " codes for a ", x.rows, "x", x.cols, " matrix");
   FP8KIT_CHECK(static_cast<std::int64_t>(x.scale_inv.size()) == x.grid_rows() * x.grid_cols(), what, " has ",
