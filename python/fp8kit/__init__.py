@@ -137,11 +137,14 @@ def _matrix_shape(shape: tuple) -> tuple[int, int]:
     return rows, cols
 
 
-def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int]) -> tuple:
+def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int], keep_float64: bool = False) -> tuple:
     """x for the matrix kernels (quantize, analyze): (its Source, the dtype they read, the array they read), float32,
-    bfloat16 and float16 as they are, float64 rounded to float32 first (a copy); anything else a ValueError."""
+    bfloat16 and float16 as they are, float64 rounded to float32 first (a copy) unless keep_float64 (analyze rounds
+    it itself and counts what the rounding loses); anything else a ValueError."""
     src = as_bits(x, kind)
     name, bits = src.dtype_name, src.bits
+    if name == "float64" and keep_float64:
+        return src, name, bits
     if name == "float64":
         bits = np.empty(src.shape, np.float32)
         _fp8kit.convert(src.bits, "float64", bits, "float32", False, threads)
@@ -385,8 +388,9 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
     nothing saturated, <= 0.1% of the nonzeros flushed to zero).
 
     format and granularity: one name each (then one dict is returned) or sequences of them (then a list of dicts,
-    formats outer, as the CLI prints them). x: float32, bfloat16, float16 or float64 (rounded to float32 first),
-    any shape, its last dimension the row."""
+    formats outer, as the CLI prints them). x: float32, bfloat16, float16 or float64 (rounded to float32 first:
+    values past its range count as non-finite, nonzero values it reads as 0 as underflow), any shape, its last
+    dimension the row."""
     def names(v: Any) -> Optional[list]:  # several names (any iterable), or None for one (a name or a dtype object)
         if isinstance(v, (str, type, np.dtype)) or type(v).__name__ == "dtype" or not hasattr(v, "__iter__"):
             return None
@@ -407,7 +411,7 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
         if not isinstance(g, str):
             raise TypeError(f"granularity must be a string ({_GRANULARITIES}), not {type(g).__name__}")
     threads = check_threads(threads)
-    src, name, bits = _wide_matrix_input(x, kind_of(x), "analyze", threads)
+    src, name, bits = _wide_matrix_input(x, kind_of(x), "analyze", threads, keep_float64=True)
     rows, cols = _matrix_shape(src.shape)
     result = _fp8kit.analyze(bits.reshape(-1), name, rows, cols, formats_, granularity_names, saturate, threads)
     return result[0] if single else result

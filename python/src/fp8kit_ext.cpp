@@ -219,10 +219,11 @@ void convert_elements(Input in, std::string_view from, Array out, std::string_vi
   });
 }
 
-// A rows x cols matrix over the bits of float32, bfloat16 or float16 elements (`kind`).
-MatrixRef matrix(const Input& in, const std::string& kind, std::int64_t rows, std::int64_t cols) {
+// A rows x cols matrix over the bits of float32, bfloat16 or float16 elements (`kind`; float64 where float64_ok).
+MatrixRef matrix(const Input& in, const std::string& kind, std::int64_t rows, std::int64_t cols,
+                 bool float64_ok = false) {
   const DType d = dtype_named(kind);
-  if (d != DType::float32 && d != DType::bfloat16 && d != DType::float16)
+  if (d != DType::float32 && d != DType::bfloat16 && d != DType::float16 && !(float64_ok && d == DType::float64))
     throw nb::value_error(("quantize takes float32, bfloat16 or float16, not " + kind).c_str());
   if (rows < 0 || cols < 0 ||
       elements(in, 8 * static_cast<int>(element_size(d)), "the input") != static_cast<std::size_t>(rows * cols))
@@ -361,12 +362,12 @@ nb::object number_or_none(std::optional<double> v) {
   return nb::cast(*v);
 }
 
-// `fp8kit analyze --json`'s rows for a matrix of float32, bfloat16 or float16 elements: one dict per format x
+// `fp8kit analyze --json`'s rows for a matrix of float32, bfloat16, float16 or float64 elements: one dict per format x
 // granularity, with the same keys.
 nb::list analyze_matrix(Input in, const std::string& kind, std::int64_t rows, std::int64_t cols,
                         const std::vector<std::string>& format_names, const std::vector<std::string>& granularity_names,
                         bool saturate, std::optional<int> threads) {
-  const MatrixRef x = matrix(in, kind, rows, cols);
+  const MatrixRef x = matrix(in, kind, rows, cols, /*float64_ok=*/true);  // analyze() rounds it, counting losses
   std::vector<Format> formats;
   for (const std::string& f : format_names) formats.push_back(format_named(f));
   std::vector<Granularity> granularities;

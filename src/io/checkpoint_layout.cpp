@@ -630,10 +630,12 @@ void reencode(MatrixRef x, const ScaledTensor& q, std::uint8_t* codes) {
 // alone: an amax pass, no encode).
 enum class CodesTo { kScaledTensor, kBuffer, kNowhere };
 
-// What quantize_checkpoint_tensor, quantize_checkpoint_tensor_into and quantize_checkpoint_scale share: x quantized
-// into m (its codes as `to` says; `codes` is the buffer), the scales the layout's dtype rounds rounded and the codes
-// re-encoded with them, and the scale tensor of the plan.
-Tensor quantize_planned(const std::string& name, MatrixRef x, const std::vector<PlannedTensor>& plan,
+// What quantize_checkpoint_tensor, quantize_checkpoint_tensor_into and quantize_checkpoint_scale share: x (read
+// from a weight of dtype `source`) quantized into m (its codes as `to` says; `codes` is the buffer), the scales the
+// layout's dtype rounds rounded and the codes re-encoded with them, and the scale tensor of the plan. A weight
+// holding NaN or Inf is refused: saturation would store an infinity as the largest finite value with no trace, and
+// the scale of its block comes from the finite values alone.
+Tensor quantize_planned(const std::string& name, MatrixRef x, DType source, const std::vector<PlannedTensor>& plan,
                         QuantScheme scheme, Format format, ScaleRounding scale_rounding, ScaledTensor& m, CodesTo to,
                         std::span<std::uint8_t> codes = {}) {
   FP8KIT_CHECK(scale_rounding == ScaleRounding::kExact || scheme != QuantScheme::kMxfp8, "'", name,
@@ -641,17 +643,22 @@ Tensor quantize_planned(const std::string& name, MatrixRef x, const std::vector<
   ScaleOptions scale_options;
   scale_options.rounding = scale_rounding;
   const QuantizeOptions options{format, Overflow::kSaturate, granularity_of(scheme), scale_options};
+  AmaxResult input;
   switch (to) {
     case CodesTo::kScaledTensor:
-      quantize_into(x, options, m);
+      quantize_into(x, options, m, nullptr, &input);
       codes = std::span<std::uint8_t>(m.data.data(), m.data.size());
       break;
     case CodesTo::kBuffer:
-      quantize_codes_into(x, options, codes, m);
+      quantize_codes_into(x, options, codes, m, &input);
       break;
     case CodesTo::kNowhere:
-      quantize_scales_into(x, options, m);
+      quantize_scales_into(x, options, m, &input);
   }
+  FP8KIT_CHECK(!input.has_nonfinite(), detail::quoted(name), " holds ", input.inf_count, " infinite and ",
+               input.nan_count, " NaN values",
+               source == DType::float64 ? " (float64 values past float32's range count as infinite)" : "",
+               "; FP8 would hide them: repair the weight, or leave it unquantized (fp8kit quantize --ignore)");
   const DType sdtype = plan[1].dtype;
 
   // Scales the layout's dtype rounds (compressed-tensors in BF16/F16): round them, then re-encode the codes.
@@ -727,8 +734,8 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
       planned_checkpoint_tensors(name, tensor.shape(), tensor.dtype(), scheme, format, layout);
   const Tensor in = tensor.dtype() == DType::float64 ? tensor.to(DType::float32) : tensor;
   QuantizedCheckpointTensor out;
-  const Tensor scale = quantize_planned(name, matrix_of(in.raw(), in.dtype(), tensor.shape()), plan, scheme, format,
-                                        scale_rounding, out.scaled, CodesTo::kScaledTensor);
+  const Tensor scale = quantize_planned(name, matrix_of(in.raw(), in.dtype(), tensor.shape()), tensor.dtype(), plan,
+                                        scheme, format, scale_rounding, out.scaled, CodesTo::kScaledTensor);
   out.scaled.original_shape = tensor.shape();
   out.scaled.original_dtype = tensor.dtype();
   out.tensors.push_back({plan[0].name, out.scaled.codes()});
@@ -760,8 +767,9 @@ Tensor quantize_mapped(const SafetensorsTensor& weight, QuantScheme scheme, Form
     read_as = copy.dtype();
   }
   ScaledTensor m;
-  return quantize_planned(weight.name, matrix_of(data, read_as, weight.shape), plan, scheme, format, scale_rounding, m,
-                          to, std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(codes.data()), codes.size()));
+  return quantize_planned(weight.name, matrix_of(data, read_as, weight.shape), *dtype, plan, scheme, format,
+                          scale_rounding, m, to,
+                          std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(codes.data()), codes.size()));
 }
 
 }  // namespace

@@ -34,12 +34,6 @@ namespace {
 
 constexpr auto kParallelThreshold = static_cast<std::size_t>(detail::kParallelStreamElements);
 
-void merge(AmaxResult& into, const AmaxResult& part) {
-  into.amax = std::max(into.amax, part.amax);
-  into.nan_count += part.nan_count;
-  into.inf_count += part.inf_count;
-}
-
 }  // namespace
 
 AmaxResult amax(std::span<const float> x) {
@@ -58,7 +52,7 @@ AmaxResult amax(std::span<const float> x) {
     const std::size_t end = std::min(x.size(), begin + per);
     kernel(x.data() + begin, end - begin, parts[static_cast<std::size_t>(t)]);
   }
-  for (const AmaxResult& part : parts) merge(total, part);
+  for (const AmaxResult& part : parts) total.merge(part);
   return total;
 }
 
@@ -94,13 +88,13 @@ void amax_blocks(MatrixRef x, std::int64_t block_rows, std::int64_t block_cols, 
           scaling_detail::amax_scalar(row + c0, static_cast<std::size_t>(c1 - c0), seg);
         }
         block_amax[gc] = std::max(block_amax[gc], seg.amax);
-        merge(part, seg);
+        part.merge(seg);
       }
     }
   }
   if (total != nullptr) {
     *total = AmaxResult{};
-    for (const AmaxResult& part : parts) merge(*total, part);
+    for (const AmaxResult& part : parts) total->merge(part);
   }
 }
 

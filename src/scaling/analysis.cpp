@@ -1,6 +1,9 @@
 // The holding criteria, the analysis loop and the choice of the best granularity.
 #include "fp8kit/scaling/analysis.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 namespace fp8kit {
 
 bool holds(const QuantDiagnostics& d) {
@@ -29,6 +32,35 @@ std::vector<Granularity> default_analysis_granularities() {
 
 std::vector<AnalysisRow> analyze(MatrixRef x, std::span<const Format> formats,
                                  std::span<const Granularity> granularities, Overflow overflow) {
+  if (x.dtype == DType::float64) {
+    // Rounded to float32 as .float() does: values past its range become Inf (counted as non-finite), nonzero ones
+    // below half its smallest subnormal become 0 and are counted as underflow in every row.
+    x.check("analyze", DType::float64);
+    std::vector<float> narrow(static_cast<std::size_t>(x.rows * x.cols));
+    std::uint64_t flushed = 0;
+    double largest_flushed = 0.0;
+    for (std::int64_t r = 0; r < x.rows; ++r) {
+      const double* in = x.row<double>(r);
+      float* out = narrow.data() + r * x.cols;
+      for (std::int64_t c = 0; c < x.cols; ++c) {
+        out[c] = static_cast<float>(in[c]);
+        if (in[c] != 0.0 && out[c] == 0.0f) {
+          ++flushed;
+          largest_flushed = std::max(largest_flushed, std::fabs(in[c]));
+        }
+      }
+    }
+    std::vector<AnalysisRow> rows = analyze(MatrixRef{narrow.data(), x.rows, x.cols}, formats, granularities, overflow);
+    for (AnalysisRow& row : rows) {
+      if (flushed == 0) break;
+      row.d.nonzero_finite += flushed;
+      row.d.underflow_count += flushed;
+      row.d.exact = false;
+      row.d.max_abs_error = std::max(row.d.max_abs_error, largest_flushed);
+      row.d.max_rel_error = std::max(row.d.max_rel_error, 1.0);  // a value that became 0
+    }
+    return rows;
+  }
   std::vector<AnalysisRow> rows;
   rows.reserve(formats.size() * granularities.size());
   ScaledTensor codes;  // reused: one buffer for every quantization

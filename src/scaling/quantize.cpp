@@ -368,9 +368,10 @@ void describe(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q) {
 }
 
 // The float32 quantization: q described (describe()), the codes written to `codes` (rows x cols, row-major; none
-// when it is null: the scales alone). With `diagnostics`, q.data must be the codes.
+// when it is null: the scales alone). With `diagnostics`, q.data must be the codes. `input`, when given, receives
+// x's amax and non-finite counts (from the amax pass, at no extra cost).
 void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, std::uint8_t* codes,
-                    QuantDiagnostics* diagnostics) {
+                    QuantDiagnostics* diagnostics, AmaxResult* input = nullptr) {
   const std::int64_t br = q.block_rows(), bc = q.block_cols();
   const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
   const auto blocks = static_cast<std::size_t>(grid_rows * grid_cols);
@@ -492,12 +493,9 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
         }
       }
     }
-    for (const AmaxResult& part : parts) {
-      total.amax = std::max(total.amax, part.amax);
-      total.nan_count += part.nan_count;
-      total.inf_count += part.inf_count;
-    }
+    for (const AmaxResult& part : parts) total.merge(part);
   }
+  if (input != nullptr) *input = total;
 
   if (diagnostics != nullptr) {
     *diagnostics = measure(x, q, multiplier, total);
@@ -513,14 +511,15 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
 // kChunkElements) widened into a per-thread buffer and quantized by quantize_float, the chunks split over threads.
 // The blocks never cross a chunk, so the result is quantize_float's on the widened matrix, bit for bit. Per column
 // (one block row of all the rows) widens the whole matrix.
-void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, std::uint8_t* codes) {
+void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, std::uint8_t* codes,
+                     AmaxResult* input) {
   constexpr std::int64_t kChunkElements = std::int64_t{1} << 18;  // 1 MiB of float32
   const std::int64_t br = q.block_rows(), grid_cols = q.grid_cols();
   const bool parallel = x.numel() >= detail::kParallelStreamElements;
   if (options.granularity.kind == Granularity::Kind::kColumn || x.cols == 0 || x.rows == 0) {
     std::vector<float> all(static_cast<std::size_t>(x.numel()));
     widen_rows(x, 0, x.rows, all.data());
-    quantize_float(MatrixRef{all.data(), x.rows, x.cols}, options, q, codes, nullptr);
+    quantize_float(MatrixRef{all.data(), x.rows, x.cols}, options, q, codes, nullptr, input);
     return;
   }
   const std::int64_t band_rows =
@@ -528,17 +527,24 @@ void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& 
   const std::int64_t chunk_rows = band_rows * std::max<std::int64_t>(1, kChunkElements / (band_rows * x.cols));
   const std::int64_t chunks = ceil_div(x.rows, chunk_rows);
   auto rows_of = [&](std::int64_t c) { return std::min(x.rows, (c + 1) * chunk_rows) - c * chunk_rows; };
+  std::vector<AmaxResult> parts(static_cast<std::size_t>(chunks));  // each chunk's amax and non-finite counts
+  auto merged = [&parts] {
+    AmaxResult total;  // amax over the finite elements, as amax_of gives it
+    for (const AmaxResult& part : parts) total.merge(part);
+    return total;
+  };
   if (options.granularity.kind == Granularity::Kind::kTensor) {
-    float amax_all = 0.0f;  // over the finite elements, as amax_of gives it
-#pragma omp parallel for schedule(static) reduction(max : amax_all) if (parallel && chunks > 1)
+#pragma omp parallel for schedule(static) if (parallel && chunks > 1)
     for (std::int64_t c = 0; c < chunks; ++c) {
       thread_local std::vector<float> rows;
       rows.resize(static_cast<std::size_t>(rows_of(c) * x.cols));
       widen_rows(x, c * chunk_rows, rows_of(c), rows.data());
-      amax_all = std::max(amax_all, amax(rows).amax);
+      parts[static_cast<std::size_t>(c)] = amax(rows);
     }
+    const AmaxResult total = merged();
+    if (input != nullptr) *input = total;
     std::vector<float> multiplier(1);
-    block_scale(amax_all, options, q, multiplier, 0);
+    block_scale(total.amax, options, q, multiplier, 0);
     if (codes == nullptr) return;
     const CastOptions cast{options.format, options.overflow, Rounding::kNearestEven, multiplier[0]};
     const auto n = static_cast<std::size_t>(x.numel());
@@ -563,11 +569,13 @@ void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& 
     widen_rows(x, r0, n, rows.data());
     const MatrixRef chunk{rows.data(), n, x.cols};
     describe(chunk, options, part);
-    quantize_float(chunk, options, part, codes == nullptr ? nullptr : codes + r0 * x.cols, nullptr);
+    quantize_float(chunk, options, part, codes == nullptr ? nullptr : codes + r0 * x.cols, nullptr,
+                   &parts[static_cast<std::size_t>(c)]);
     const auto b0 = static_cast<std::size_t>((r0 / br) * grid_cols);
     std::copy(part.scale_inv.begin(), part.scale_inv.end(), q.scale_inv.data() + b0);
     if (!part.scale_e8m0.empty()) std::copy(part.scale_e8m0.begin(), part.scale_e8m0.end(), q.scale_e8m0.data() + b0);
   }
+  if (input != nullptr) *input = merged();
 }
 
 void check_input(MatrixRef x, const QuantizeOptions& options) {
@@ -583,34 +591,36 @@ void check_input(MatrixRef x, const QuantizeOptions& options) {
 
 }  // namespace
 
-void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, QuantDiagnostics* diagnostics) {
+void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, QuantDiagnostics* diagnostics,
+                   AmaxResult* input) {
   check_input(x, options);
   describe(x, options, q);
   q.data.resize(static_cast<std::size_t>(x.rows * x.cols));
-  if (x.dtype == DType::float32) return quantize_float(x, options, q, q.data.data(), diagnostics);
-  if (diagnostics == nullptr) return quantize_narrow(x, options, q, q.data.data());
+  if (x.dtype == DType::float32) return quantize_float(x, options, q, q.data.data(), diagnostics, input);
+  if (diagnostics == nullptr) return quantize_narrow(x, options, q, q.data.data(), input);
   // Diagnostics compare with the input: measured on the widened matrix.
   std::vector<float> all(static_cast<std::size_t>(x.numel()));
   widen_rows(x, 0, x.rows, all.data());
-  quantize_float(MatrixRef{all.data(), x.rows, x.cols}, options, q, q.data.data(), diagnostics);
+  quantize_float(MatrixRef{all.data(), x.rows, x.cols}, options, q, q.data.data(), diagnostics, input);
 }
 
-void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q) {
+void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q, AmaxResult* input) {
   check_input(x, options);
   describe(x, options, q);
   q.data.clear();
-  if (x.dtype == DType::float32) return quantize_float(x, options, q, nullptr, nullptr);
-  quantize_narrow(x, options, q, nullptr);
+  if (x.dtype == DType::float32) return quantize_float(x, options, q, nullptr, nullptr, input);
+  quantize_narrow(x, options, q, nullptr, input);
 }
 
-void quantize_codes_into(MatrixRef x, const QuantizeOptions& options, std::span<std::uint8_t> codes, ScaledTensor& q) {
+void quantize_codes_into(MatrixRef x, const QuantizeOptions& options, std::span<std::uint8_t> codes, ScaledTensor& q,
+                         AmaxResult* input) {
   check_input(x, options);
   FP8KIT_CHECK(codes.size() == static_cast<std::size_t>(x.numel()), "quantize_codes_into: ", codes.size(),
                " bytes for the codes of a ", x.rows, "x", x.cols, " matrix");
   describe(x, options, q);
   q.data.clear();
-  if (x.dtype == DType::float32) return quantize_float(x, options, q, codes.data(), nullptr);
-  quantize_narrow(x, options, q, codes.data());
+  if (x.dtype == DType::float32) return quantize_float(x, options, q, codes.data(), nullptr, input);
+  quantize_narrow(x, options, q, codes.data(), input);
 }
 
 ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overflow overflow,

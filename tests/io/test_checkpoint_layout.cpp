@@ -7,9 +7,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/io/sharded_checkpoint.hpp"
@@ -581,6 +583,46 @@ TEST(CheckpointLayout, QuantizeIntoFloat64AndMisalignedWeights) {
     EXPECT_THROW(quantize_checkpoint_tensor_into(view.tensors[0], QuantScheme::kFp8Block, Format::e4m3fn,
                                                  CheckpointLayout::kDeepSeek, ScaleRounding::kExact, short_buffer),
                  Error);
+  }
+}
+
+// A weight with NaN or Inf, or a float64 value past float32's range, is refused by every scheme and entry point
+// (saturation would store the infinity as the largest finite value, and the scale ignores it), naming the weight.
+TEST(CheckpointLayout, NonFiniteWeightsAreRefused) {
+  const std::int64_t rows = 256, cols = 256;
+  for (DType dtype : {DType::float64, DType::bfloat16, DType::float32}) {
+    for (double bad : {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN(), 1e300}) {
+      if (bad == 1e300 && dtype != DType::float64) continue;
+      Tensor w = make_weight(rows, cols, dtype, 5).to(DType::float64);
+      w.data<double>()[rows * cols - 7] = bad;
+      w = w.to(dtype);
+      for (QuantScheme scheme : kAllQuantSchemes) {
+        SCOPED_TRACE(std::string(name(dtype)) + " " + std::to_string(bad) + " " + std::string(name(scheme)));
+        const CheckpointLayout layout = scheme == QuantScheme::kMxfp8      ? CheckpointLayout::kMxfp8
+                                        : scheme == QuantScheme::kFp8Block ? CheckpointLayout::kDeepSeek
+                                                                           : CheckpointLayout::kCompressedTensors;
+        testing::expect_error([&] { (void)quantize_checkpoint_tensor("m.weight", w, scheme, Format::e4m3fn, layout); },
+                              ErrorKind::kInvalidArgument,
+                              {"'m.weight' holds", dtype == DType::float64 ? "past float32's range" : "--ignore"});
+        const std::string header = "{\"m.weight\":{\"dtype\":\"" + std::string(name(safetensors_dtype(dtype))) +
+                                   "\",\"shape\":[256,256],\"data_offsets\":[0," + std::to_string(w.nbytes()) + "]}}";
+        std::vector<std::byte> image(8 + header.size() + static_cast<std::size_t>(w.nbytes()));
+        for (int i = 0; i < 8; ++i)
+          image[static_cast<std::size_t>(i)] = static_cast<std::byte>(header.size() >> (8 * i));
+        std::memcpy(image.data() + 8, header.data(), header.size());
+        std::memcpy(image.data() + 8 + header.size(), w.raw(), static_cast<std::size_t>(w.nbytes()));
+        const SafetensorsView view = parse_safetensors(std::span<const std::byte>(image));
+        std::vector<std::byte> codes(static_cast<std::size_t>(w.numel()));
+        testing::expect_error(
+            [&] {
+              (void)quantize_checkpoint_tensor_into(view.tensors[0], scheme, Format::e4m3fn, layout,
+                                                    ScaleRounding::kExact, codes);
+            },
+            ErrorKind::kInvalidArgument, {"'m.weight' holds"});
+        testing::expect_error([&] { (void)quantize_checkpoint_scale(view.tensors[0], scheme, Format::e4m3fn, layout); },
+                              ErrorKind::kInvalidArgument, {"'m.weight' holds"});
+      }
+    }
   }
 }
 

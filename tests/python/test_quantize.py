@@ -3,6 +3,8 @@ one scale formula (fp8_max / amax, rounded once to float32; codes = the saturati
 16-bit inputs as their float32 widening, MX scales as powers of two, the codes as a view that outlives its
 ScaledTensor, and the errors."""
 import gc
+import importlib.util
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -137,6 +139,23 @@ def test_a_margin_past_floats_range_keeps_the_scales_finite():
     q = fp8kit.quantize(np.float32([1.0, -2.0, 3.0]), margin=200)
     assert np.isfinite(q.scale_inv).all() and q.scale_inv[0, 0] == np.float32(2.0**126)
     assert np.array_equal(q.dequantize(), np.zeros(3, np.float32))
+
+
+def test_analyze_float64_counts_what_float32_loses():
+    """float64 is rounded to float32 before quantizing: nonzero values it reads as 0 are underflow in every row (they
+    were reported exact), values past its range non-finite; the rest as the float32 array gives it."""
+    tiny = np.full((4, 32), 1e-50)
+    for r in fp8kit.analyze(tiny, ("e4m3fn", "e5m2"), ("tensor", "mx32")):
+        assert r["underflow_count"] == 128 and not r["exact"] and not r["holds"] and r["max_rel_error"] == 1.0, r
+    x = np.random.default_rng(2).normal(0, 1, (4, 64))
+    want = fp8kit.analyze(x.astype(np.float32), "e4m3fn", "row")
+    assert fp8kit.analyze(x, "e4m3fn", "row") == want
+    x[1, 5], x[2, 7] = 1e300, -1e-60
+    got = fp8kit.analyze(x, "e4m3fn", "row")
+    assert got["nonfinite_count"] == 1 and got["underflow_count"] == want["underflow_count"] + 1, got
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+        import torch
+        assert fp8kit.analyze(torch.from_numpy(tiny), "e4m3fn", "tensor")["underflow_count"] == 128
 
 
 def test_empty_arrays_quantize_and_analyze():

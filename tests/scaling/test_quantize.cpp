@@ -463,6 +463,20 @@ TEST(Quantize, SixteenBitInputsMatchTheirFloat32Widening) {
         quantize(x, options, &dn);
         quantize(MatrixRef{widened.data(), rows, cols}, options, &dw);
         EXPECT_EQ(dn.sqnr_db, dw.sqnr_db);
+        // The input's amax and non-finite counts from the amax pass, whichever call and width (one NaN, one Inf).
+        float finite_amax = 0.0f;
+        for (float v : widened) finite_amax = std::isfinite(v) ? std::max(finite_amax, std::fabs(v)) : finite_amax;
+        for (int path = 0; path < 6; ++path) {
+          const MatrixRef in = path % 2 == 0 ? x : MatrixRef{widened.data(), rows, cols};
+          AmaxResult stats;
+          ScaledTensor q;
+          if (path < 2) quantize_into(in, options, q, nullptr, &stats);
+          if (path >= 2 && path < 4) quantize_codes_into(in, options, codes, q, &stats);
+          if (path >= 4) quantize_scales_into(in, options, q, &stats);
+          EXPECT_EQ(stats.nan_count, 1u) << path;
+          EXPECT_EQ(stats.inf_count, 1u) << path;
+          EXPECT_EQ(stats.amax, finite_amax) << path;
+        }
       }
     }
   }

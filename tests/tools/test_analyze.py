@@ -130,6 +130,32 @@ def main():
             lines = r.stderr.strip().splitlines()
             check(f"safetensors error {needle}", r.returncode == 2 and len(lines) == 1 and needle in lines[0],
                   f"rc={r.returncode} stderr={r.stderr!r}")
+        # float64 is read as float32: nonzero values below its range are underflow in every row (they were read as 0
+        # and reported exact, 0% underflow); values past it are non-finite. Empty leading dimensions keep the row.
+        tiny = os.path.join(d, "tiny64.npy")
+        np.save(tiny, rng.normal(0, 1e-50, size=(8, 32)))
+        r = run(exe, "analyze", tiny, "--json")
+        rows = json.loads(r.stdout) if r.returncode == 0 else []
+        check("float64 below float32: all underflow", len(rows) == 8 and all(
+            x["underflow_count"] == 256 and x["underflow_fraction"] == 1.0 and not x["exact"] and not x["holds"]
+            and x["max_rel_error"] == 1.0 for x in rows), r.stdout[:400] + r.stderr)
+        part = rng.normal(0, 1, size=(8, 128))
+        part[0, :4] = [1e-50, -1e-60, 1e300, 0.0]
+        np.save(tiny, part)
+        r = run(exe, "analyze", tiny, "--json", "--granularity", "tensor")
+        rows = json.loads(r.stdout) if r.returncode == 0 else []
+        check("float64 with a few outside float32", len(rows) == 2 and all(
+            x["nonfinite_count"] == 1 and x["underflow_count"] >= 2 for x in rows), r.stdout[:400] + r.stderr)
+        r_st = os.path.join(d, "tiny64.safetensors")
+        save_file({"w": np.full((4, 4), 1e-46)}, r_st)
+        r = run(exe, "inspect", r_st)
+        check("inspect float64 below float32 does not hold", r.returncode == 0 and "does not hold" in r.stdout,
+              r.stdout + r.stderr)
+        for shape, view in (((0, 16), "0 x 16"), ((16, 0), "16 x 0"), ((2, 0, 5), "0 x 5")):
+            np.save(tiny, np.zeros(shape, np.float32))
+            r = run(exe, "analyze", tiny)
+            check(f"empty {shape} viewed as {view}", r.returncode == 0 and f"viewed as {view};" in r.stdout,
+                  r.stdout[:200] + r.stderr)
         r = run(exe, "analyze", "--help")
         check("help", r.returncode == 0 and "granularity" in r.stdout)
     return summary()

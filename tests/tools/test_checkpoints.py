@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
-NP = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+NP = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
       "F8_E5M2": ml_dtypes.float8_e5m2, "U8": np.uint8, "F8_E8M0": np.uint8, "I64": np.int64}
 
 
@@ -253,6 +253,7 @@ def check_model_directory_files(exe, root, rng):
     check("model directory: the input untouched", digest(src) == before)
     check_many_companions(exe, root, rng)
     check_damaged_scales_refused(exe, root, rng)
+    check_nonfinite_weights_refused(exe, root, rng)
     check_json_with_a_non_utf8_path(exe, root, rng)
     check_all_or_nothing(exe, root, src)
     check_metadata_carried(exe, root, rng)
@@ -283,6 +284,32 @@ def check_damaged_scales_refused(exe, root, rng):
         else:
             check(f"damaged scales: {label} refused", r.returncode == 2 and "l.weight_scale_inv" in r.stderr
                   and r.stderr.count("\n") == 1, r.stderr)
+
+
+def check_nonfinite_weights_refused(exe, root, rng):
+    """A weight holding Inf or NaN, or a float64 weight with a value past float32's range, is refused by every
+    scheme (exit 2, one line naming the weight, no output): saturation stored the infinity as 448 times the scale,
+    with exit 0. Under --ignore the weight is copied as it is and the others quantized."""
+    cases = {"inf-f32": (np.float32, np.inf), "nan-bf16": (ml_dtypes.bfloat16, np.nan), "big-f64": (np.float64, 1e300)}
+    for label, (dtype, bad) in cases.items():
+        w = rng.normal(0, 1, (8, 256))
+        w[3, 200] = bad
+        src = os.path.join(root, f"nonfinite-{label}.safetensors")
+        save_file({"l.weight": w.astype(dtype), "m.weight": rng.normal(0, 1, (8, 256)).astype(dtype)}, src)
+        for scheme in ("fp8-tensor", "fp8-channel", "fp8-block", "mxfp8"):
+            out = os.path.join(root, f"nonfinite-{label}-{scheme}.safetensors")
+            r = run(exe, "quantize", src, out, "--scheme", scheme)
+            check(f"non-finite weight {label} {scheme}: refused",
+                  one_line_error(r, "quantize") and "'l.weight'" in r.stderr and not os.path.exists(out), r.stderr)
+            if label == "big-f64":
+                check("non-finite weight: the float64 range named", "past float32's range" in r.stderr, r.stderr)
+        out = os.path.join(root, f"nonfinite-{label}-ignored.safetensors")
+        r = run(exe, "quantize", src, out, "--scheme", "fp8-tensor", "--ignore", "^l\\.weight$")
+        check(f"non-finite weight {label}: --ignore copies it", r.returncode == 0, r.stderr)
+        if r.returncode == 0:
+            t, _, _ = read_st(out)
+            check(f"non-finite weight {label}: copied bit for bit",
+                  t["l.weight"].tobytes() == w.astype(dtype).tobytes() and t["m.weight"].dtype == ml_dtypes.float8_e4m3fn)
 
 
 def check_many_companions(exe, root, rng):

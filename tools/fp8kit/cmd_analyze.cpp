@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -116,6 +117,7 @@ void run_analyze(const AnalyzeArgs& args) {
   std::vector<float> values;
   std::vector<std::int64_t> shape;
   std::string source_dtype;
+  std::vector<double> values64;  // float64 data as it is: analyze() rounds it and counts what float32 loses
   if (ext == ".npy") {
     if (!args.tensor.empty()) {
       throw UsageError("--tensor selects a tensor inside a .safetensors file; '" + args.file +
@@ -127,7 +129,12 @@ void run_analyze(const AnalyzeArgs& args) {
     } catch (const Error& e) {
       throw UsageError(e.what());
     }
-    values = array.to_float32();
+    if (array.dtype == NpyDType::kFloat64) {
+      values64.resize(static_cast<std::size_t>(array.numel()));
+      std::memcpy(values64.data(), array.data.data(), values64.size() * sizeof(double));
+    } else {
+      values = array.to_float32();
+    }
     shape.assign(array.shape.begin(), array.shape.end());
     source_dtype = array.descr;
   } else {
@@ -158,16 +165,22 @@ void run_analyze(const AnalyzeArgs& args) {
       throw UsageError("tensor '" + name + "' is " + std::string(fp8kit::name(t->dtype)) +
                        ": analyze takes F32, F16, BF16 or F64 tensors");
     }
-    const Tensor f32 = to_tensor(*t).to(DType::float32);
-    values.assign(f32.span<float>().begin(), f32.span<float>().end());
+    if (t->dtype == SafetensorsDType::F64) {
+      values64.resize(t->bytes.size() / sizeof(double));
+      std::memcpy(values64.data(), t->bytes.data(), t->bytes.size());
+    } else {
+      const Tensor f32 = to_tensor(*t).to(DType::float32);
+      values.assign(f32.span<float>().begin(), f32.span<float>().end());
+    }
     shape.assign(t->shape.begin(), t->shape.end());
     source_dtype = std::string(fp8kit::name(t->dtype)) + " '" + name + "'";
   }
-  const auto numel = static_cast<std::int64_t>(values.size());
-  const std::int64_t cols = shape.empty() ? 1 : std::max<std::int64_t>(shape.back(), 1);
-  const std::int64_t rows = numel == 0 ? 0 : numel / cols;
-  const MatrixRef view{values.data(), rows, numel == 0 ? 0 : cols};
-
+  // The last dimension is the row; the leading ones are the rows (so [0, 16] is 0 x 16 and [16, 0] is 16 x 0).
+  const std::int64_t cols = shape.empty() ? 1 : shape.back();
+  std::int64_t rows = 1;
+  for (std::size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  const MatrixRef view =
+      values64.empty() ? MatrixRef{values.data(), rows, cols} : MatrixRef{values64.data(), DType::float64, rows, cols};
   const std::vector<Row> results = analyze(view, formats, granularities, overflow);
   if (args.json) {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
@@ -192,10 +205,13 @@ void run_analyze(const AnalyzeArgs& args) {
     fmt::print(output(), "{}\n", json_text(out));
     return;
   }
-  fmt::print(output(), "{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite\n", one_line(args.file),
+  fmt::print(output(), "{}: {} {}, viewed as {} x {}; {} overflow; amax {:.6g}, {} non-finite{}\n", one_line(args.file),
              source_dtype, shape.empty() ? "scalar" : shape_string(shape), rows, view.cols,
              overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
-             results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count);
+             results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count,
+             values64.empty()
+                 ? ""
+                 : " (float64 read as float32: values past its range count as non-finite, below it as underflow)");
   fmt::print(output(), "{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale",
              "SQNR dB", "underflow", "saturated", "max rel err", "holds");
   for (const Row& r : results) {

@@ -40,9 +40,9 @@ std::optional<Fp8Analysis> analyze_tensor(const SafetensorsTensor& t) {
                   *dtype == DType::float64)) {
     return std::nullopt;
   }
-  const Tensor x = to_tensor(t).to(DType::float32);
+  const Tensor x = to_tensor(t);
   if (x.numel() == 0) return std::nullopt;
-  const MatrixRef m = x.matrix();  // float32
+  const MatrixRef m = x.matrix();  // analyze() takes every floating dtype (float64 rounded, its losses counted)
   const Format e4m3fn = Format::e4m3fn;
   const std::vector<AnalysisRow> rows =
       analyze(m, std::span(&e4m3fn, 1), default_analysis_granularities(), Overflow::kSaturate);

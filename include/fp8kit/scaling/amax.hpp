@@ -15,6 +15,12 @@ struct AmaxResult {
   std::uint64_t nan_count = 0;
   std::uint64_t inf_count = 0;
   bool has_nonfinite() const { return nan_count + inf_count != 0; }
+  // This and another part of the same data: the larger amax, the counts summed.
+  void merge(const AmaxResult& part) {
+    amax = amax < part.amax ? part.amax : amax;
+    nan_count += part.nan_count;
+    inf_count += part.inf_count;
+  }
 };
 
 // Over all elements (SIMD, and threads for large inputs).

@@ -35,7 +35,11 @@ struct AnalysisRow {
 };
 
 // x quantized (scales computed as quantize() computes them, with ScaleOptions' defaults) for each format, then each
-// granularity, in that order; the codes are dropped, the diagnostics kept.
+// granularity, in that order; the codes are dropped, the diagnostics kept. x is float32, bfloat16, float16 or
+// float64; float64 is rounded to float32 first (as .float() does): values past float32's range read as Inf (counted
+// in nonfinite_count, not measured), and nonzero values below half its smallest subnormal (2^-150) read as 0 and are
+// counted as underflow in every row: no float32 or E8M0 scale lifts them to an FP8 subnormal, so every format and
+// granularity loses them.
 std::vector<AnalysisRow> analyze(MatrixRef x, std::span<const Format> formats,
                                  std::span<const Granularity> granularities, Overflow overflow = Overflow::kSaturate);
 

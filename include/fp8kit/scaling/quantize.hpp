@@ -116,13 +116,16 @@ struct QuantDiagnostics {
 // the result is bit for bit that of the float32 matrix. out.original_dtype is x's dtype.
 ScaledTensor quantize(MatrixRef x, const QuantizeOptions& options, QuantDiagnostics* diagnostics = nullptr);
 // The same into an existing ScaledTensor, reusing its buffers when they are large enough (no allocation then).
+// `input`, here and below, when given, receives x's amax and its NaN and Inf counts from the amax pass (no extra
+// pass: a caller that must refuse non-finite inputs checks it, as checkpoint quantization does).
 void quantize_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& out,
-                   QuantDiagnostics* diagnostics = nullptr);
+                   QuantDiagnostics* diagnostics = nullptr, AmaxResult* input = nullptr);
 // The same with the codes written to `codes` (rows x cols bytes, row-major) instead of out.data, which is left empty:
 // for a caller that owns where the codes go (a checkpoint writer's buffer). out has the scales and the description.
-void quantize_codes_into(MatrixRef x, const QuantizeOptions& options, std::span<std::uint8_t> codes, ScaledTensor& out);
+void quantize_codes_into(MatrixRef x, const QuantizeOptions& options, std::span<std::uint8_t> codes, ScaledTensor& out,
+                         AmaxResult* input = nullptr);
 // The scales alone (the amax pass, no encode): out.data empty, the scales quantize would give.
-void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& out);
+void quantize_scales_into(MatrixRef x, const QuantizeOptions& options, ScaledTensor& out, AmaxResult* input = nullptr);
 // Per-tensor quantization with a scale given rather than computed (delayed scaling's, or one from a checkpoint):
 // codes = the cast of x * scale to `format` under `overflow`, scale_inv = 1 / scale. With `diagnostics`, what was
 // lost, measured exactly as quantize() measures it (amax and non-finite counts included; d.scale = scale).
