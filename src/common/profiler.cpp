@@ -63,7 +63,7 @@ void Profiler::write_chrome_trace(const std::string& path) const {
 }
 
 void Profiler::write_chrome_trace(std::ostream& out) const {
-  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  out << kChromeTraceStart << "\n";
   const std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < events_.size(); ++i) {
     const ProfileEvent& e = events_[i];

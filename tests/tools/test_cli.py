@@ -834,10 +834,27 @@ def train_never_writes_over_its_inputs_and_writes_outputs_whole():
             assert rc == 2 and "is the training data" in err, (option, rc, err)
         with open(text, "rb") as f:
             assert f.read() == before
-        # A run that aborts leaves a whole log of the steps before (an earlier file stays whole until then).
+        # A report replaces an earlier report of its kind (a rerun) or an empty file, never a file that is something
+        # else unless --force says so.
+        reports = {"--log-scales": os.path.join(d, "s.jsonl"), "--plot": os.path.join(d, "p.svg"),
+                   "--profile": os.path.join(d, "t.json")}
+        for option, path in reports.items():
+            with open(path, "w") as f:
+                f.write("notes the user keeps\n")
+            rc, out, err = run("train", "--steps", "1", "--quiet", option, path)
+            assert rc == 2 and "is not a report fp8kit train wrote" in err and "--force" in err, (option, rc, err)
+            assert open(path).read() == "notes the user keeps\n", option
+            rc, out, err = run("train", "--steps", "1", "--quiet", option, path, "--force")
+            assert rc == 0 and open(path).read() != "notes the user keeps\n", (option, rc, err)
+            rc, out, err = run("train", "--steps", "1", "--quiet", option, path)  # a rerun replaces its own report
+            assert rc == 0, (option, rc, err)
+            open(path, "w").close()
+            rc, out, err = run("train", "--steps", "1", "--quiet", option, path)  # an empty file holds nothing
+            assert rc == 0 and os.path.getsize(path) > 0, (option, rc, err)
+        # A run that aborts leaves a whole log of the steps before (an earlier log stays whole until then).
         log = os.path.join(d, "scales.jsonl")
         with open(log, "w") as f:
-            f.write("an earlier log\n")
+            f.write('{"amax":1.0,"layer":"an earlier log","recipe":"fp8-current","step":0}\n')
         rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "4", "--inject-nan", "2", "--on-nonfinite",
                            "abort", "--log-scales", log)
         assert rc == 1, (rc, err)
@@ -852,7 +869,7 @@ def train_never_writes_over_its_inputs_and_writes_outputs_whole():
             f.write("old")
         os.symlink(target, os.path.join(d, "link.svg"))
         rc, out, err = run("train", "--recipe", "fp8-delayed", "--steps", "1", "--quiet", "--export-fp8",
-                           os.path.join(d, "new", "model-fp8") + "/", "--plot", os.path.join(d, "link.svg"))
+                           os.path.join(d, "new", "model-fp8") + "/", "--plot", os.path.join(d, "link.svg"), "--force")
         assert rc == 0, err
         assert os.path.isfile(os.path.join(d, "new", "model-fp8", "model.safetensors")), os.listdir(d)
         assert os.path.islink(os.path.join(d, "link.svg")) and open(target).read().startswith("<svg")

@@ -276,6 +276,23 @@ class TrainProgress {
 };
 
 // Loss curves as an SVG polyline per recipe (log-free, steps on x, loss on y).
+// The beginnings of the reports train writes, by which a later run knows a file it may replace without --force (a
+// file of the same name that is anything else is the user's, and kept).
+constexpr std::string_view kPlotSignature = "<!-- fp8kit train --plot -->";
+constexpr std::string_view kScaleLogStart = "{\"amax\":";  // JSON lines, keys sorted: amax, layer, ...
+
+// Whether `path` (an existing regular file) is empty or a report of `option` that train wrote.
+bool replaceable_report(const std::string& option, const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string head(1024, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(in.gcount()));
+  if (head.empty()) return true;
+  if (option == "--plot") return head.starts_with("<svg ") && head.find(kPlotSignature) != std::string::npos;
+  if (option == "--profile") return head.starts_with(Profiler::kChromeTraceStart);
+  return head.starts_with(kScaleLogStart) && head.find("\"layer\":") != std::string::npos;
+}
+
 void write_plot(const std::string& path, const std::vector<nn::TrainResult>& results) {
   std::ostringstream out;
   const double w = 720, h = 420, left = 60, right = 150, top = 20, bottom = 40;
@@ -289,6 +306,7 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
   if (!(hi > lo)) hi = lo + 1;
   static const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
   out << fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\n", w, h);
+  out << kPlotSignature << "\n";  // what a later run looks for before it replaces the file
   out << fmt::format("<rect width=\"{}\" height=\"{}\" fill=\"white\"/>\n", w, h);
   out << fmt::format("<text x=\"{}\" y=\"14\" font-size=\"12\">training loss</text>\n", left);
   const double pw = w - left - right, ph = h - top - bottom;
@@ -399,7 +417,11 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
     throw UsageError(
         "--export-scheme, --export-layout and --export-input-scales need --export-fp8 PATH (where to write)");
   }
-  if (a.force && !any) throw UsageError("--force replaces the outputs of --save-checkpoint and --export-fp8; give one");
+  if (a.force && !any && a.plot.empty() && a.profile.empty() && a.log_scales.empty()) {
+    throw UsageError(
+        "--force replaces the outputs of --save-checkpoint, --export-fp8, --plot, --profile and --log-scales; give "
+        "one");
+  }
   if (!any) return std::nullopt;
   if (!a.compare.empty()) {
     throw UsageError("--save-checkpoint, --resume and --export-fp8 take one run: give --recipe R, not --compare");
@@ -467,6 +489,11 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
     const bool export_directory = i == 4 && p.extension() != ".safetensors";
     if (!export_directory && fs::is_directory(p, ec)) {
       throw UsageError(std::string(option) + ": '" + path + "' is a directory; give a file name");
+    }
+    // A report replaces an earlier one of its kind (a rerun), never a file that is something else.
+    if (i < 3 && !a.force && fs::is_regular_file(p, ec) && !replaceable_report(option, p)) {
+      throw UsageError(std::string(option) + ": '" + path + "' exists and is not a report fp8kit train wrote; " +
+                       "pass --force to replace it, or give another path");
     }
     fs::path where = export_directory ? p : p.parent_path();
     if (export_directory) {
@@ -1186,7 +1213,9 @@ void add_train_command(CLI::App& app) {
                   "in their GEMM's format, FP8 under FP8 recipes)");
   cmd->add_option("--grad-reduce", args->grad_reduce,
                   "Gradient payload of --parallel ddp|fsdp: fp32 (default), bf16, fp8 (e5m2), e4m3, e5m2");
-  cmd->add_flag("--force", args->force, "Replace existing --save-checkpoint / --export-fp8 outputs");
+  cmd->add_flag("--force", args->force,
+                "Replace existing --save-checkpoint / --export-fp8 outputs, and --plot / --profile / --log-scales "
+                "files that are not earlier reports of train");
   // Hidden: the fault tests' switch (a rank that throws, or kills itself, at a step).
   cmd->add_option("--inject-rank-failure", args->inject_rank_failure, "")->group("");
   cmd->callback([args, cmd] {

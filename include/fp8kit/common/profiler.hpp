@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,7 +31,9 @@ class Profiler {
   const std::vector<ProfileEvent>& events() const { return events_; }
   void clear();
 
-  // Chrome trace JSON ({"traceEvents": [{"ph": "X", ...}]}) into `out`.
+  // Chrome trace JSON ({"traceEvents": [{"ph": "X", ...}]}) into `out`, beginning with kChromeTraceStart (by which
+  // fp8kit train knows an earlier trace it may replace).
+  static constexpr std::string_view kChromeTraceStart = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
   void write_chrome_trace(std::ostream& out) const;
   // The same into a file (written in place: fp8kit train writes it through a temporary file and a rename); throws
   // fp8kit::Error when it cannot be written.
