@@ -53,6 +53,47 @@ void remove_abandoned(const std::filesystem::path& directory, const std::string&
 
 }  // namespace
 
+void check_writable_destination(const std::filesystem::path& destination, bool directory) {
+  std::error_code ec;
+  FP8KIT_CHECK(directory || !destination.filename().empty(), "cannot write '", destination.string(),
+               "': not a file name");
+  const auto status = std::filesystem::status(destination, ec);
+  if (std::filesystem::exists(status)) {
+    if (directory) {
+      if (!std::filesystem::is_directory(status)) {
+        FP8KIT_THROW(ErrorKind::kIo, "cannot write into '", destination.string(),
+                     "': it is a file, not a directory; give a directory or a .safetensors file name");
+      }
+    } else if (!std::filesystem::is_regular_file(status)) {
+      FP8KIT_THROW(ErrorKind::kIo, "cannot write '", destination.string(), "': it is ",
+                   std::filesystem::is_directory(status) ? "a directory" : "not a regular file", "; give a file name");
+    }
+  }
+  // Where the first file is created: the file's directory, or the nearest folder of the directory that exists.
+  std::filesystem::path where = directory ? destination : directory_of(destination);
+  if (directory) {
+    while (!where.empty() && !std::filesystem::exists(where, ec)) where = where.parent_path();
+    if (where.empty()) where = ".";
+  }
+  if (!std::filesystem::is_directory(where, ec)) {
+    FP8KIT_THROW(ErrorKind::kIo, "cannot write '", destination.string(), "': ",
+                 std::filesystem::exists(where, ec)
+                     ? "'" + where.string() + "' is a file, not a directory"
+                     : "the directory '" + where.string() + "' does not exist; create it first");
+  }
+  // A file created and removed at once says it (access(2) would not: root passes it on a read-only mount or /proc).
+  const std::filesystem::path probe =
+      where / (".fp8kit-write-probe-" + std::to_string(::getpid()) + "-" + std::to_string(g_sequence.fetch_add(1)));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    FP8KIT_THROW(ErrorKind::kIo, "cannot write '", destination.string(), "': cannot write into '", where.string(),
+                 "' (", std::strerror(err), "); choose a writable directory");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 bool is_temporary_file_name(std::string_view filename) {
   const std::size_t tmp = filename.rfind(".tmp-");
   if (filename.size() < 2 || filename[0] != '.' || tmp == std::string_view::npos || tmp < 2) return false;
@@ -69,7 +110,7 @@ AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::mo
   FP8KIT_CHECK(!destination_.filename().empty(), "cannot write '", destination_.string(), "': not a file name");
   // The rename would replace whatever is there: a device (/dev/null) or a pipe would become a regular file. Only a
   // regular file (or a link to one, which stat follows) is written over.
-  if (struct stat existing {}; ::stat(destination_.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+  if (struct stat existing{}; ::stat(destination_.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
     FP8KIT_THROW(ErrorKind::kIo, "cannot write '", destination_.string(), "': it is ",
                  S_ISDIR(existing.st_mode)    ? "a directory"
                  : S_ISFIFO(existing.st_mode) ? "a pipe"

@@ -15,6 +15,7 @@
 #include "common/fingerprint.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
+#include "fp8kit/io/atomic_file.hpp"
 #include "fp8kit/io/fp8_export.hpp"
 #include "fp8kit/io/safetensors.hpp"
 #include "fp8kit/scaling/amax.hpp"
@@ -502,6 +503,13 @@ TrainCheckpointer::TrainCheckpointer(const TrainConfig& config, const PrecisionR
                "--export-scheme and --export-layout need --export-fp8 PATH (where to write)");
   if (!o.export_fp8.empty()) {
     export_options_ = resolve_fp8_export(recipe, o.export_scheme, o.export_layout, o.export_input_scales);
+  }
+  // Where the results go, checked now rather than after the run (here, where this process writes them; with
+  // around_write, the process that writes is the caller's to check).
+  if (!o.around_write && !o.save_checkpoint.empty()) check_writable_destination(o.save_checkpoint);
+  if (!o.around_write && !o.export_fp8.empty()) {
+    const std::filesystem::path p(o.export_fp8);
+    check_writable_destination(p, /*directory=*/p.extension() != ".safetensors");
   }
   if (!o.save_checkpoint.empty()) fingerprint_ = data_fingerprint(config);
   if (!o.resume_from.empty()) {

@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 
+#include "expect_error.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/io/fp8_export.hpp"
@@ -36,6 +37,7 @@ class TempDir {
   }
   ~TempDir() { fs::remove_all(path_); }
   fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const { return path_; }
 
  private:
   static std::string current_test_name() {
@@ -244,6 +246,40 @@ TEST(TrainCheckpoint, EveryStatePieceRoundTrips) {
 
 // The checkpointer's hooks keep the caller's: each of resume, after_step and finish runs the checkpoint work first
 // (the file is there when the caller's hook runs), then the caller's.
+// Destinations that cannot be written are refused when the checkpointer is built, before any step: a missing
+// directory, a directory or a device where a file goes, a file where the export directory goes. With around_write
+// the caller decides where the writes happen, and checks.
+TEST(TrainCheckpoint, UnwritableDestinationsAreRefusedBeforeTheRun) {
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
+  const TrainConfig c = run_of("gpt", 1);
+  std::ofstream(dir / "a-file") << "x";
+  const std::pair<std::string, std::string> saves[] = {
+      {(dir / "missing" / "ck.safetensors").string(), "does not exist; create it first"},
+      {dir.path().string(), "is a directory"},
+      {"/dev/null", "not a regular file"},
+      {(dir / "a-file" / "ck.safetensors").string(), "is a file, not a directory"},
+      {"/proc/ck.safetensors", "cannot write into '/proc'"}};  // a probe file, where access(2) passes for root
+  for (const auto& [path, why] : saves) {
+    TrainCheckpointOptions o;
+    o.save_checkpoint = path;
+    testing::expect_error([&] { TrainCheckpointer checkpoints(c, recipe, o); }, ErrorKind::kIo, {path, why});
+    o.around_write = [](Trainer&, bool, const std::function<void()>&) {};
+    EXPECT_NO_THROW(TrainCheckpointer(c, recipe, o));
+  }
+  TrainCheckpointOptions e;
+  e.export_fp8 = (dir / "a-file").string();
+  testing::expect_error([&] { TrainCheckpointer checkpoints(c, recipe, e); }, ErrorKind::kIo,
+                        {"a-file", "is a file, not a directory"});
+  e.export_fp8 = (dir / "a-file" / "deeper" / "model").string();
+  testing::expect_error([&] { TrainCheckpointer checkpoints(c, recipe, e); }, ErrorKind::kIo,
+                        {"is a file, not a directory"});
+  e.export_fp8 = (dir / "new" / "deeper" / "model").string();  // created with its parents when written
+  EXPECT_NO_THROW(TrainCheckpointer(c, recipe, e));
+  EXPECT_FALSE(fs::exists(dir / "new"));  // checked, not created
+  for (const auto& entry : fs::directory_iterator(dir.path())) EXPECT_EQ(entry.path().filename(), "a-file");
+}
+
 TEST(TrainCheckpoint, HooksKeepTheCallersOwn) {
   const TempDir dir;
   const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp32");

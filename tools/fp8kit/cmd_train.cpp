@@ -482,33 +482,18 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
       }
     }
     const fs::path p(path);
-    // A device or a pipe (--log-scales /dev/stdout) is written as it is: nothing more to check.
-    if (fs::exists(p, ec) && !fs::is_regular_file(p, ec) && !fs::is_directory(p, ec)) continue;
-    // The export may be a directory, which it creates with its parents: then the nearest folder that exists is
-    // where it writes.
-    const bool export_directory = i == 4 && p.extension() != ".safetensors";
-    if (!export_directory && fs::is_directory(p, ec)) {
-      throw UsageError(std::string(option) + ": '" + path + "' is a directory; give a file name");
-    }
+    // A report to a device or a pipe (--log-scales /dev/stdout) is written as it is: nothing more to check.
+    if (i < 3 && fs::exists(p, ec) && !fs::is_regular_file(p, ec) && !fs::is_directory(p, ec)) continue;
     // A report replaces an earlier one of its kind (a rerun), never a file that is something else.
     if (i < 3 && !a.force && fs::is_regular_file(p, ec) && !replaceable_report(option, p)) {
       throw UsageError(std::string(option) + ": '" + path + "' exists and is not a report fp8kit train wrote; " +
                        "pass --force to replace it, or give another path");
     }
-    fs::path where = export_directory ? p : p.parent_path();
-    if (export_directory) {
-      while (!where.empty() && !fs::exists(where, ec)) where = where.parent_path();
-    }
-    if (where.empty()) where = ".";
-    if (!fs::is_directory(where, ec)) {
-      throw UsageError(std::string(option) + ": " +
-                       (fs::exists(where, ec)
-                            ? "'" + where.string() + "' is a file, not a directory"
-                            : "the directory '" + where.string() + "' does not exist; create it first"));
-    }
-    if (::access(where.c_str(), W_OK) != 0) {
-      throw UsageError(std::string(option) + ": cannot write into '" + where.string() + "' (" + std::strerror(errno) +
-                       "); choose a writable directory");
+    try {
+      // The export may be a directory, which it creates with its parents.
+      check_writable_destination(p, /*directory=*/i == 4 && p.extension() != ".safetensors");
+    } catch (const Error& e) {
+      throw UsageError(std::string(option) + ": " + e.what());
     }
   }
 }

@@ -48,6 +48,13 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Checks, before a long computation, that its result could be written there: a file `destination` (written with
+// AtomicFile) is not a directory, a pipe or a device, and its directory exists and is writable; a `directory`
+// destination (created with its parents, then written into) is not a file, and the nearest folder of its path that
+// exists is a writable directory. Throws Error(kIo) naming the path and the fix. A check, not a promise: a disk
+// that fills up or permissions that change before the write still fail there.
+void check_writable_destination(const std::filesystem::path& destination, bool directory = false);
+
 // Whether `filename` (no directory) is one AtomicFile gives its temporary files (".<name>.tmp-<pid>-<n>"): what an
 // interrupted write leaves behind, and the next write of <name> removes.
 bool is_temporary_file_name(std::string_view filename);

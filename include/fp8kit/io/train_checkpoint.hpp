@@ -96,7 +96,8 @@ struct TrainCheckpointOptions {
 };
 
 // The checkpoint phase of a run: constructed before anything else (validates the options, reads and checks the
-// checkpoint to resume from, so that a bad request fails before any work); hooks() plugs it into nn::train():
+// checkpoint to resume from, and, without around_write, checks that the checkpoint and export destinations can be
+// written (check_writable_destination), so that a bad request fails before any work); hooks() plugs it into nn::train():
 // resume right after the model and the optimizer are built, a save after each step's update every
 // checkpoint_every steps and after the last, and at the end the last save when no step ran and the FP8 export.
 class TrainCheckpointer {
