@@ -38,24 +38,32 @@ Shape weight_shape(const std::string& name, std::int64_t in_channels, std::int64
   return {out_channels, in_channels, w.kernel_h, w.kernel_w};
 }
 
-// He (Kaiming) normal for ReLU: sqrt(2 / fan_in).
-double he_std(std::int64_t fan_in) {
-  return std::sqrt(2.0 / static_cast<double>(fan_in));
+// The weights' standard deviation: init_std, or He (Kaiming) normal for ReLU, sqrt(2 / fan_in), where it is <= 0.
+double weight_std(const std::string& name, double init_std, std::int64_t in_channels, const Window2d& w) {
+  FP8KIT_CHECK(std::isfinite(init_std), "conv2d ", name,
+               ": init_std must be finite (0 or less: He initialization), got ", init_std);
+  if (init_std > 0) return init_std;
+  const double fan_in =
+      static_cast<double>(in_channels) * static_cast<double>(w.kernel_h) * static_cast<double>(w.kernel_w);
+  return std::sqrt(2.0 / fan_in);
 }
 
 }  // namespace
 
 std::string fp8_conv_fallback_reason(const PrecisionRecipe& recipe, const Window2d& window) {
   if (!recipe.is_fp8()) return {};
-  const std::int64_t area = window.kernel_h * window.kernel_w;
-  if (area <= recipe.fp8_conv_max_kernel_area) return {};
-  return "kernel area " + std::to_string(area) + " > " + std::to_string(recipe.fp8_conv_max_kernel_area);
+  std::int64_t area = 0;  // a product past int64 is past every limit
+  if (!__builtin_mul_overflow(window.kernel_h, window.kernel_w, &area) && area <= recipe.fp8_conv_max_kernel_area)
+    return {};
+  const std::string text =
+      area > 0 ? std::to_string(area) : std::to_string(window.kernel_h) + " x " + std::to_string(window.kernel_w);
+  return "kernel area " + text + " > " + std::to_string(recipe.fp8_conv_max_kernel_area);
 }
 
 Conv2d::Conv2d(std::string name, std::int64_t in_channels, std::int64_t out_channels, Window2d window_, bool with_bias,
                std::uint64_t seed, double init_std, const PrecisionRecipe* recipe)
     : weight(make_parameter(name + ".weight", weight_shape(name, in_channels, out_channels, window_),
-                            init_std > 0 ? init_std : he_std(in_channels * window_.kernel_h * window_.kernel_w), seed)),
+                            weight_std(name, init_std, in_channels, window_), seed)),
       window(window_),
       fp8(name, recipe != nullptr ? *recipe : PrecisionRecipe{}),
       in_channels_(in_channels),

@@ -49,6 +49,13 @@ ConvGeometry ConvGeometry::make(const Shape& input, const Window2d& window) {
   g.window = window;
   g.out_h = output_size("height", g.height, window.kernel_h, window.stride_h, window.pad_h);
   g.out_w = output_size("width", g.width, window.kernel_w, window.stride_w, window.pad_w);
+  // rows(), cols() and the im2col matrix they span stay countable in int64 (kernel 2^31 x 2^31 alone is 2^62).
+  std::int64_t rows = 0, cols = 0, elements = 0;
+  FP8KIT_CHECK(!__builtin_mul_overflow(g.batch, g.out_h, &rows) && !__builtin_mul_overflow(rows, g.out_w, &rows) &&
+                   !__builtin_mul_overflow(g.channels, window.kernel_h, &cols) &&
+                   !__builtin_mul_overflow(cols, window.kernel_w, &cols) &&
+                   !__builtin_mul_overflow(rows, cols, &elements),
+               "conv geometry: ", describe(g), " has an im2col matrix (N*OH*OW x C*kh*kw) past 2^63 elements");
   return g;
 }
 

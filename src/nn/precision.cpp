@@ -73,7 +73,10 @@ const RecipeRow kRecipes[] = {
 };
 
 const RecipeRow& row_of(RecipeKind kind) {
-  return kRecipes[static_cast<std::size_t>(kind)];
+  const auto i = static_cast<std::size_t>(kind);
+  FP8KIT_CHECK(i < std::size(kRecipes), "precision recipe: kind ", i, " is not a RecipeKind (0 to ",
+               std::size(kRecipes) - 1, ")");
+  return kRecipes[i];
 }
 
 // x as a float32 matrix, checked.

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "expect_error.hpp"
+#include "fp8kit/nn/conv2d.hpp"
 #include "fp8kit/nn/conv_utils.hpp"
 #include "fp8kit/nn/gpt.hpp"
 #include "fp8kit/nn/layers.hpp"
@@ -178,6 +180,34 @@ TEST(Refusals, TrainConfigAndSizes) {
         (void)rows_to_nchw(Context{}, zeros({0, 0}), std::int64_t{1} << 32, std::int64_t{1} << 32, 1);
       },
       ErrorKind::kInvalidArgument, {"rows_to_nchw: sizes"});
+}
+
+// A NaN or infinite init_std was taken as "0 or less" and gave He initialization without a word.
+TEST(Refusals, ConvInitStdAndSizesPastInt64) {
+  for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    expect_error([&] { Conv2d conv("c", 2, 3, Window2d::square(3), false, 1, bad); }, ErrorKind::kInvalidArgument,
+                 {"conv2d c: init_std must be finite"});
+  }
+  const Conv2d he("c", 2, 3, Window2d::square(3), false, 1, -1.0);  // 0 or less: He, as documented
+  EXPECT_TRUE(std::isfinite(he.weight.value.span<float>()[0]));
+  // kh * kw past int64 (signed overflow, undefined) for the fallback check: now a reason naming both sides.
+  const Window2d huge{std::int64_t{1} << 32, std::int64_t{1} << 32};
+  const std::string reason = fp8_conv_fallback_reason(*PrecisionRecipe::parse("fp8-delayed"), huge);
+  EXPECT_NE(reason.find("kernel area 4294967296 x 4294967296 > "), std::string::npos) << reason;
+  // rows() x cols() of a tiny input with a 2^31 kernel and padding: ~2^62 x 2^62 wrapped around.
+  const Window2d wide{std::int64_t{1} << 31, std::int64_t{1} << 31, 1, 1, std::int64_t{1} << 31, std::int64_t{1} << 31};
+  expect_error(
+      [&] {
+        (void)ConvGeometry::make({1, 1, 1, 1}, wide);
+      },
+      ErrorKind::kInvalidArgument, {"conv geometry", "past 2^63 elements"});
+}
+
+// A RecipeKind cast from a number past the table read past its end.
+TEST(Refusals, RecipeKindOutOfRange) {
+  PrecisionRecipe r;
+  r.kind = static_cast<RecipeKind>(200);
+  expect_error([&] { (void)r.name(); }, ErrorKind::kInvalidArgument, {"kind 200 is not a RecipeKind"});
 }
 
 }  // namespace
