@@ -737,6 +737,11 @@ def main():
              "quantize", "--max-shard-size"),
             (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size", ""],
              "quantize", "--max-shard-size: an empty value"),
+            # past uint64 (or 2^62 bytes) is too large, not "not a size"
+            (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size",
+              "18446744073709551616"], "quantize", "is too large (at most 2^62 bytes)"),
+            (["quantize", src, os.path.join(root, "x14"), "--scheme", "fp8-block", "--max-shard-size",
+              "4611686018427387905"], "quantize", "is too large"),
             (["convert", src, os.path.join(src, "out"), "--to", "f16"], "convert", "is inside the input directory"),
             # a directory input written to a name ending in .safetensors made a directory of that name
             (["quantize", src, os.path.join(root, "x15.safetensors"), "--scheme", "fp8-block"], "quantize",

@@ -810,7 +810,8 @@ def train_bad_usage_exit_2():
                  ("train", "--steps", "3", "--inject-nan", "3"), ("train", "--inject-nan", "-5"),
                  ("train", "--data", "."), ("train", "--plot", "/nonexistent-dir/loss.svg"),
                  ("train", "--plot", "p.svg", "--profile", "p.svg"), ("bench", "bogus"), ("bench", "gemm", "--reps", "x"),
-                 ("bench", "convert", "--isa", ""),
+                 ("bench", "convert", "--isa", ""), ("bench", "convert", "--isa", "avx2,all"),
+                 ("bench", "convert", "--isa", "scalar,scalar"),
                  # control bytes in what is echoed (a name, a path) come out escaped: still one line
                  ("cast", "--to", "e4m3fn\n\x1b[31mx", "1"), ("analyze", "no\nsuch.npy"),
                  ("cast", "--seed", "5", "1.1")):

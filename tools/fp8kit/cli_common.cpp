@@ -184,9 +184,12 @@ std::uint64_t parse_byte_size(const std::string& text, const std::string& option
   while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
   const std::string_view unit = std::string_view(text).substr(digits);
   for (const auto& u : kUnits) {
-    if (u.unit != unit || digits == 0 || digits > 15) continue;
-    const unsigned long long value = std::stoull(text.substr(0, digits));
-    if (value > (std::uint64_t{1} << 62) / u.bytes) throw UsageError(option + ": '" + text + "' is too large");
+    if (u.unit != unit || digits == 0) continue;
+    std::uint64_t value = 0;  // any number of digits: one past uint64 is too large, not malformed
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + digits, value);
+    if (ec == std::errc::result_out_of_range || value > (std::uint64_t{1} << 62) / u.bytes) {
+      throw UsageError(option + ": '" + text + "' is too large (at most 2^62 bytes)");
+    }
     return value * u.bytes;
   }
   throw UsageError(option + ": '" + text +

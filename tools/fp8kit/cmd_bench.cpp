@@ -153,7 +153,10 @@ std::vector<Isa> bench_levels(const std::string& text) {
     const std::size_t comma = text.find(',', begin);
     const std::string item = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
     const std::optional<Isa> isa = parse_isa(item);
+    if (item == "all") throw UsageError("--isa: 'all' (every level this CPU runs) stands alone; give it or a list");
     if (!isa) throw UsageError("--isa: '" + item + "' is not an ISA level (use all or some of " + isa_names() + ")");
+    if (std::find(levels.begin(), levels.end(), *isa) != levels.end())
+      throw UsageError("--isa: " + item + " is named twice; name each level once");
     if (const std::string missing = missing_for(*isa); !missing.empty())
       throw UsageError("--isa: this CPU cannot run " + item + " (it lacks " + missing + ")");
     levels.push_back(*isa);
