@@ -17,6 +17,7 @@ class Fingerprint {
       h_ *= 0x100000001b3ull;
     }
   }
+  std::uint64_t value() const { return h_; }
   std::string hex() const {
     char text[17];
     std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h_));

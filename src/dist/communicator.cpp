@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <vector>
 
+#include "common/fingerprint.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/dist/nccl_communicator.hpp"
 #include "fp8kit/tensor/cuda.hpp"
@@ -18,6 +21,14 @@ namespace fp8kit {
 
 std::string_view name(ReduceOp op) {
   return op == ReduceOp::kSum ? "sum" : "max";
+}
+
+Communicator::Communicator() {
+  const char* v = std::getenv("FP8KIT_DIST_CHECK");
+  const std::string_view text = v == nullptr ? "" : v;
+  FP8KIT_CHECK(text.empty() || text == "0" || text == "1", "FP8KIT_DIST_CHECK='", text,
+               "' is not 0 or 1 (1: every collective first checks that all ranks make the same call)");
+  check_calls_ = text == "1";
 }
 
 std::string Communicator::where(std::string_view collective) const {
@@ -49,6 +60,46 @@ float combine(float a, float b, ReduceOp op) {
   return std::max(a, b);
 }
 
+// One rank's call as the call check compares it: 32 bytes, the same layout on every rank.
+struct CallRecord {
+  std::uint32_t collective = 0;  // an index into kCollectives
+  std::uint32_t refused = 0;     // this rank's own argument checks failed
+  std::uint64_t arg = 0;         // the op, or the root
+  std::uint64_t size = 0;        // elements or bytes, as the collective counts them
+  std::uint64_t counts = 0;      // a fingerprint of the counts (0: none)
+  bool same_call(const CallRecord& o) const {
+    return collective == o.collective && arg == o.arg && size == o.size && counts == o.counts;
+  }
+};
+static_assert(sizeof(CallRecord) == 32);
+
+constexpr std::string_view kCollectives[] = {"all_gather", "broadcast", "all_to_all", "reduce_scatter", "all_reduce"};
+
+std::uint64_t fingerprint(std::span<const std::size_t> counts) {
+  if (counts.empty()) return 0;
+  detail::Fingerprint f;
+  for (std::size_t c : counts) {
+    const auto v = static_cast<std::uint64_t>(c);
+    f.add(std::as_bytes(std::span<const std::uint64_t>(&v, 1)));
+  }
+  return f.value() == 0 ? 1 : f.value();
+}
+
+std::string describe_call(const CallRecord& r) {
+  const std::string_view name = r.collective < std::size(kCollectives) ? kCollectives[r.collective] : "?";
+  std::string text(name);
+  if (name == "broadcast") text += " from rank " + std::to_string(r.arg);
+  if (name == "reduce_scatter" || name == "all_reduce")
+    text += "(" + std::string(fp8kit::name(static_cast<ReduceOp>(r.arg))) + ")";
+  if (name != "all_to_all") text += " of " + std::to_string(r.size);
+  if (r.counts != 0) {
+    char hex[24];
+    std::snprintf(hex, sizeof hex, " (counts %08llx)", static_cast<unsigned long long>(r.counts >> 32));
+    text += hex;
+  }
+  return text;
+}
+
 }  // namespace
 
 CommEvent::CommEvent(Communicator& comm, std::string_view collective, std::string payload)
@@ -63,13 +114,70 @@ CommEvent::~CommEvent() {
   if (event_) event_->arg("bytes", std::to_string(comm_.stats().total_bytes() - before_));
 }
 
+void Communicator::begin_collective(std::string_view collective, std::uint64_t arg, std::uint64_t size,
+                                    std::span<const std::size_t> counts, std::span<const std::size_t> recv_counts,
+                                    const std::function<void()>& local) {
+  if (!check_calls_) return local();
+  std::exception_ptr refusal;
+  try {
+    local();
+  } catch (const Error&) {
+    refusal = std::current_exception();
+  }
+  CallRecord mine;
+  mine.collective = static_cast<std::uint32_t>(std::find(std::begin(kCollectives), std::end(kCollectives), collective) -
+                                               std::begin(kCollectives));
+  mine.refused = refusal ? 1 : 0;
+  mine.arg = arg;
+  mine.size = size;
+  mine.counts = collective == "all_to_all" ? 0 : fingerprint(counts);
+  const auto n = static_cast<std::size_t>(this->size());
+  std::vector<CallRecord> calls(n);
+  const std::vector<std::size_t> record_bytes(n, sizeof(CallRecord));
+  all_gather_bytes(std::as_bytes(std::span<const CallRecord>(&mine, 1)), std::as_writable_bytes(std::span(calls)),
+                   record_bytes);
+  if (std::any_of(calls.begin(), calls.end(), [&](const CallRecord& c) { return !c.same_call(calls[0]); })) {
+    std::string each;
+    for (std::size_t r = 0; r < n; ++r)
+      each += (r == 0 ? "rank 0 calls " : ", rank " + std::to_string(r) + " ") + describe_call(calls[r]);
+    FP8KIT_THROW(ErrorKind::kInvalidArgument, where(collective),
+                 ": the ranks' calls differ (FP8KIT_DIST_CHECK): ", each,
+                 "; every rank must make the same collective with the same sizes");
+  }
+  if (refusal) std::rethrow_exception(refusal);
+  for (std::size_t r = 0; r < n; ++r) {
+    if (calls[r].refused != 0) {
+      FP8KIT_THROW(ErrorKind::kInvalidArgument, where(collective), ": rank ", r,
+                   " refused its arguments (its own error says why), so no rank runs it");
+    }
+  }
+  if (collective != "all_to_all") return;
+  // Who sends whom how much: rank s's send count for r must be rank r's receive count from s.
+  std::vector<std::uint64_t> own(2 * n), all(2 * n * n);
+  for (std::size_t r = 0; r < n; ++r) {
+    own[r] = counts[r];
+    own[n + r] = recv_counts[r];
+  }
+  all_gather_bytes(std::as_bytes(std::span<const std::uint64_t>(own)), std::as_writable_bytes(std::span(all)),
+                   std::vector<std::size_t>(n, 2 * n * sizeof(std::uint64_t)));
+  for (std::size_t from = 0; from < n; ++from) {
+    for (std::size_t to = 0; to < n; ++to) {
+      const std::uint64_t sent = all[from * 2 * n + to], expected = all[to * 2 * n + n + from];
+      FP8KIT_CHECK(sent == expected, where(collective), ": rank ", from, " sends rank ", to, " ", sent,
+                   " bytes but rank ", to, " expects ", expected, " (FP8KIT_DIST_CHECK)");
+    }
+  }
+}
+
 void Communicator::all_gather(std::span<const std::byte> send, std::span<std::byte> recv,
                               std::span<const std::size_t> counts) {
   const CommEvent event(*this, "all_gather");
-  check_counts(
-      *this, "bytes", [this] { return where("all_gather"); }, counts, recv.size(), send.size());
-  FP8KIT_CHECK(recv.size() <= kMaxCollectiveBytes, where("all_gather"), ": ", recv.size(), " bytes pass the ",
-               kMaxCollectiveBytes, " bytes one collective moves (split the payload)");
+  begin_collective("all_gather", 0, recv.size(), counts, {}, [&] {
+    check_counts(
+        *this, "bytes", [this] { return where("all_gather"); }, counts, recv.size(), send.size());
+    FP8KIT_CHECK(recv.size() <= kMaxCollectiveBytes, where("all_gather"), ": ", recv.size(), " bytes pass the ",
+                 kMaxCollectiveBytes, " bytes one collective moves (split the payload)");
+  });
   ++stats_.calls;
   stats_.all_gather_bytes += send.size();
   all_gather_bytes(send, recv, counts);
@@ -77,10 +185,12 @@ void Communicator::all_gather(std::span<const std::byte> send, std::span<std::by
 
 void Communicator::broadcast(std::span<std::byte> data, int root) {
   const CommEvent event(*this, "broadcast");
-  FP8KIT_CHECK(root >= 0 && root < size(), where("broadcast"), ": root ", root, " is not a rank (0 to ", size() - 1,
-               ")");
-  FP8KIT_CHECK(data.size() <= kMaxCollectiveBytes, where("broadcast"), ": ", data.size(), " bytes pass the ",
-               kMaxCollectiveBytes, " bytes one collective moves (split the payload)");
+  begin_collective("broadcast", static_cast<std::uint64_t>(root), data.size(), {}, {}, [&] {
+    FP8KIT_CHECK(root >= 0 && root < size(), where("broadcast"), ": root ", root, " is not a rank (0 to ", size() - 1,
+                 ")");
+    FP8KIT_CHECK(data.size() <= kMaxCollectiveBytes, where("broadcast"), ": ", data.size(), " bytes pass the ",
+                 kMaxCollectiveBytes, " bytes one collective moves (split the payload)");
+  });
   ++stats_.calls;
   if (rank() == root) stats_.broadcast_bytes += data.size();
   broadcast_bytes(data, root);
@@ -89,15 +199,17 @@ void Communicator::broadcast(std::span<std::byte> data, int root) {
 void Communicator::all_to_all(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
                               std::span<std::byte> recv, std::span<const std::size_t> recv_counts) {
   const CommEvent event(*this, "all_to_all");
-  FP8KIT_CHECK(static_cast<int>(send_counts.size()) == size() && static_cast<int>(recv_counts.size()) == size(),
-               where("all_to_all"), ": ", send_counts.size(), " send and ", recv_counts.size(), " receive counts for ",
-               size(), " ranks (give one per rank)");
-  FP8KIT_CHECK(sum_of(send_counts) == send.size() && sum_of(recv_counts) == recv.size(), where("all_to_all"),
-               ": the counts add up to ", sum_of(send_counts), " and ", sum_of(recv_counts),
-               " bytes, the buffers hold ", send.size(), " and ", recv.size());
   const auto me = static_cast<std::size_t>(rank());
-  FP8KIT_CHECK(send_counts[me] == recv_counts[me], where("all_to_all"), ": this rank sends itself ", send_counts[me],
-               " bytes but expects ", recv_counts[me]);
+  begin_collective("all_to_all", 0, 0, send_counts, recv_counts, [&] {
+    FP8KIT_CHECK(static_cast<int>(send_counts.size()) == size() && static_cast<int>(recv_counts.size()) == size(),
+                 where("all_to_all"), ": ", send_counts.size(), " send and ", recv_counts.size(),
+                 " receive counts for ", size(), " ranks (give one per rank)");
+    FP8KIT_CHECK(sum_of(send_counts) == send.size() && sum_of(recv_counts) == recv.size(), where("all_to_all"),
+                 ": the counts add up to ", sum_of(send_counts), " and ", sum_of(recv_counts),
+                 " bytes, the buffers hold ", send.size(), " and ", recv.size());
+    FP8KIT_CHECK(send_counts[me] == recv_counts[me], where("all_to_all"), ": this rank sends itself ", send_counts[me],
+                 " bytes but expects ", recv_counts[me]);
+  });
   ++stats_.calls;
   stats_.all_to_all_bytes += send.size() - send_counts[me];
   all_to_all_bytes(send, send_counts, recv, recv_counts);
@@ -113,14 +225,16 @@ void Communicator::count_as(const CommStats& before, std::uint64_t CommStats::*i
 void Communicator::reduce_scatter(std::span<const float> send, std::span<float> recv,
                                   std::span<const std::size_t> counts, ReduceOp op) {
   const CommEvent event(*this, "reduce_scatter", std::string(name(op)));
-  check_counts(
-      *this, "floats", [this] { return where("reduce_scatter"); }, counts, send.size(), recv.size());
   const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
-  // From the counts alone, the same on every rank: every rank refuses together, none is left in the backend.
-  const std::size_t largest = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
-  FP8KIT_CHECK(std::max(send.size(), n * largest) <= kMaxCollectiveBytes / sizeof(float), where("reduce_scatter"), ": ",
-               send.size(), " floats in parts of up to ", largest, " pass the ", kMaxCollectiveBytes,
-               " bytes one collective moves (split the payload)");
+  begin_collective("reduce_scatter", static_cast<std::uint64_t>(op), send.size(), counts, {}, [&] {
+    check_counts(
+        *this, "floats", [this] { return where("reduce_scatter"); }, counts, send.size(), recv.size());
+    // From the counts alone, the same on every rank: every rank refuses together, none is left in the backend.
+    const std::size_t largest = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+    FP8KIT_CHECK(std::max(send.size(), n * largest) <= kMaxCollectiveBytes / sizeof(float), where("reduce_scatter"),
+                 ": ", send.size(), " floats in parts of up to ", largest, " pass the ", kMaxCollectiveBytes,
+                 " bytes one collective moves (split the payload)");
+  });
   // Part r of every rank's send goes to rank r: this rank receives its part from every rank, in rank order.
   std::vector<std::size_t> send_bytes(n), recv_bytes(n, recv.size() * sizeof(float));
   for (std::size_t r = 0; r < n; ++r) send_bytes[r] = counts[r] * sizeof(float);
@@ -138,6 +252,7 @@ void Communicator::reduce_scatter(std::span<const float> send, std::span<float> 
 
 void Communicator::all_reduce(std::span<float> data, ReduceOp op) {
   const CommEvent event(*this, "all_reduce", std::string(name(op)));
+  begin_collective("all_reduce", static_cast<std::uint64_t>(op), data.size(), {}, {}, [] {});
   const auto n = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
   // even_split's parts, each reduced by its owner, then gathered back.
   std::vector<std::size_t> counts(n), bytes(n);

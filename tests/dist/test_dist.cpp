@@ -34,6 +34,20 @@ Communicator& comm() {
   return *g_comm;
 }
 
+// The call throws fp8kit::Error (kInvalidArgument, one line) naming every part: on each rank, with the same call.
+template <class Call>
+void testing_expect_agreed_error(Call&& call, std::initializer_list<std::string> parts) {
+  try {
+    call();
+    ADD_FAILURE() << "rank " << comm().rank() << ": no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    for (const std::string& part : parts) EXPECT_NE(what.find(part), std::string::npos) << what;
+  }
+}
+
 // Rank r's deterministic floats: every rank can compute every other rank's.
 std::vector<float> values_of(int r, std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed * 7919u + static_cast<std::uint32_t>(r));
@@ -494,6 +508,47 @@ TEST(Communicator, AFailureOnOneRankIsEveryRanks) {
     EXPECT_EQ(e.rank, 0);
     EXPECT_EQ(e.kind(), ErrorKind::kInternal);
     EXPECT_EQ(std::string(e.what()), "boom");
+  }
+  comm().barrier();  // nobody was left inside a collective
+}
+
+// Call checks (FP8KIT_DIST_CHECK=1): ranks that call with different sizes, or whose own arguments are refused on one
+// rank only, all throw together naming each rank's call; without them, a rank's all_reduce of another length hung.
+// Calls that agree run as before, and the check's traffic is not counted.
+TEST(Communicator, CallChecksMakeMismatchesErrorsOnEveryRank) {
+  struct On {
+    On() { comm().check_calls(true); }
+    ~On() { comm().check_calls(false); }
+  } on;
+  const int n = comm().size(), me = comm().rank();
+  std::vector<float> same = values_of(me, 37, 9), plain = same;
+  comm().reset_stats();
+  comm().all_reduce(same, ReduceOp::kSum);
+  const CommStats checked = comm().stats();
+  comm().check_calls(false);
+  comm().reset_stats();
+  comm().all_reduce(plain, ReduceOp::kSum);
+  EXPECT_EQ(checked.total_bytes(), comm().stats().total_bytes());
+  EXPECT_EQ(same, plain);
+  comm().check_calls(true);
+  if (n > 1) {
+    std::vector<float> mine(static_cast<std::size_t>(10 + me));
+    testing_expect_agreed_error(
+        [&] { comm().all_reduce(mine, ReduceOp::kMax); },
+        {"the ranks' calls differ", "rank 0 calls all_reduce(max) of 10", "rank 1 all_reduce(max) of 11"});
+    // A refusal on the last rank only (its count for itself is not what it passes) is every rank's.
+    std::vector<std::size_t> counts(static_cast<std::size_t>(n), 2);
+    std::vector<float> send(2 * static_cast<std::size_t>(n)), recv(me == n - 1 ? 3 : 2);
+    testing_expect_agreed_error([&] { comm().reduce_scatter(send, recv, counts, ReduceOp::kSum); },
+                                {me == n - 1 ? "this rank's count is 2 floats but it passes 3"
+                                             : "rank " + std::to_string(n - 1) + " refused its arguments"});
+    // all_to_all: rank 0 sends rank 1 four bytes, rank 1 expects eight from it.
+    std::vector<std::size_t> sends(static_cast<std::size_t>(n), 4), recvs(static_cast<std::size_t>(n), 4);
+    if (me == 1) recvs[0] = 8;
+    std::vector<std::byte> out(4 * static_cast<std::size_t>(n)),
+        in(me == 1 ? 4 * static_cast<std::size_t>(n) + 4 : out.size());
+    testing_expect_agreed_error([&] { comm().all_to_all(out, sends, in, recvs); },
+                                {"rank 0 sends rank 1 4 bytes but rank 1 expects 8"});
   }
   comm().barrier();  // nobody was left inside a collective
 }

@@ -45,8 +45,15 @@ struct CommStats {
 };
 
 // One job's ranks. Not copyable; the MPI backend finalizes MPI when the last communicator it made goes away (RAII).
-// Every collective is called by every rank in the same order. Errors (sizes that do not fit, a backend failure)
-// throw fp8kit::Error naming the collective and this rank.
+// Every collective is called by every rank in the same order, with the same sizes (counts, element counts, root
+// and op alike on every rank). Errors (sizes that do not fit, a backend failure) throw fp8kit::Error naming the
+// collective and this rank. A rank that breaks the contract (all_reduce of 100 floats on one rank and 50 on
+// another) leaves the backend waiting or reading garbage, as MPI and NCCL do; with call checks on
+// (FP8KIT_DIST_CHECK=1 in the environment when the communicator is made, or check_calls(true)), every collective
+// first compares every rank's call (which collective, its op or root, its sizes, whether this rank's own argument
+// checks passed) through one all-gather of 32 bytes per rank, and all ranks throw together naming what each
+// rank called: the debugging mode of PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL, at one small collective more per
+// collective (not counted in stats()).
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -83,6 +90,9 @@ class Communicator {
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
+  // Call checks (above): on or off for every rank alike (a rank that checks waits in the check's all-gather).
+  void check_calls(bool on) { check_calls_ = on; }
+  bool checking_calls() const { return check_calls_; }
   // Where collectives record their events (CommEvent; null: nowhere). The profiler must outlive its use.
   void set_profiler(Profiler* profiler) { profiler_ = profiler; }
   Profiler* profiler() const { return profiler_; }
@@ -91,7 +101,7 @@ class Communicator {
   void count_as(const CommStats& before, std::uint64_t CommStats::*into);
 
  protected:
-  Communicator() = default;
+  Communicator();  // reads FP8KIT_DIST_CHECK (unset, 0 or 1)
   // The backend's primitives, called with checked sizes. all_gather_bytes: as all_gather. all_to_all_bytes: the
   // bytes send[send_offsets[r], + send_counts[r]) go to rank r, which receives them at recv_offsets[rank()] (every
   // rank passes its own view of the exchange).
@@ -104,8 +114,14 @@ class Communicator {
   std::string where(std::string_view collective) const;
 
  private:
+  // Runs this rank's argument checks (`local`, which throws fp8kit::Error), then, with call checks on, agrees with
+  // every rank on the call (see above); throws on every rank alike when any rank's call differs or was refused.
+  void begin_collective(std::string_view collective, std::uint64_t arg, std::uint64_t size,
+                        std::span<const std::size_t> counts, std::span<const std::size_t> recv_counts,
+                        const std::function<void()>& local);
   CommStats stats_;
   Profiler* profiler_ = nullptr;
+  bool check_calls_ = false;
 };
 
 // One collective as a profiler event on the communicator's profiler (when it has one): name "comm.<collective>",
