@@ -52,11 +52,11 @@ double weight_std(const std::string& name, double init_std, std::int64_t in_chan
 
 std::string fp8_conv_fallback_reason(const PrecisionRecipe& recipe, const Window2d& window) {
   if (!recipe.is_fp8()) return {};
-  std::int64_t area = 0;  // a product past int64 is past every limit
-  if (!__builtin_mul_overflow(window.kernel_h, window.kernel_w, &area) && area <= recipe.fp8_conv_max_kernel_area)
-    return {};
+  std::int64_t area = 0;
+  const bool past_int64 = __builtin_mul_overflow(window.kernel_h, window.kernel_w, &area);  // past every limit
+  if (!past_int64 && area <= recipe.fp8_conv_max_kernel_area) return {};
   const std::string text =
-      area > 0 ? std::to_string(area) : std::to_string(window.kernel_h) + " x " + std::to_string(window.kernel_w);
+      past_int64 ? std::to_string(window.kernel_h) + " x " + std::to_string(window.kernel_w) : std::to_string(area);
   return "kernel area " + text + " > " + std::to_string(recipe.fp8_conv_max_kernel_area);
 }
 

@@ -194,6 +194,9 @@ TEST(Refusals, ConvInitStdAndSizesPastInt64) {
   const Window2d huge{std::int64_t{1} << 32, std::int64_t{1} << 32};
   const std::string reason = fp8_conv_fallback_reason(*PrecisionRecipe::parse("fp8-delayed"), huge);
   EXPECT_NE(reason.find("kernel area 4294967296 x 4294967296 > "), std::string::npos) << reason;
+  const Window2d wraps_small{(std::int64_t{1} << 62) + 1, 4};  // wraps to 4, under the limit: no fallback said
+  EXPECT_NE(fp8_conv_fallback_reason(*PrecisionRecipe::parse("fp8-delayed"), wraps_small).find(" x 4 > "),
+            std::string::npos);
   // rows() x cols() of a tiny input with a 2^31 kernel and padding: ~2^62 x 2^62 wrapped around.
   const Window2d wide{std::int64_t{1} << 31, std::int64_t{1} << 31, 1, 1, std::int64_t{1} << 31, std::int64_t{1} << 31};
   expect_error(
