@@ -275,7 +275,6 @@ class TrainProgress {
   ProgressLine line_;
 };
 
-// Loss curves as an SVG polyline per recipe (log-free, steps on x, loss on y).
 // The beginnings of the reports train writes, by which a later run knows a file it may replace without --force (a
 // file of the same name that is anything else is the user's, and kept).
 constexpr std::string_view kPlotSignature = "<!-- fp8kit train --plot -->";
@@ -293,6 +292,7 @@ bool replaceable_report(const std::string& option, const fs::path& path) {
   return head.starts_with(kScaleLogStart) && head.find("\"layer\":") != std::string::npos;
 }
 
+// Loss curves as an SVG polyline per recipe (log-free, steps on x, loss on y).
 void write_plot(const std::string& path, const std::vector<nn::TrainResult>& results) {
   std::ostringstream out;
   const double w = 720, h = 420, left = 60, right = 150, top = 20, bottom = 40;
