@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, as_bits, check_bool, check_int, check_real, check_threads, empty_like_of, kind_of, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, as_bits, check_bool, check_float32, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -96,8 +96,8 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         seed = check_int("seed", seed, 0, 2**64 - 1)
     if type(saturate) is not bool:
         saturate = check_bool("saturate", saturate)
-    if scale is not None and type(scale) is not float:
-        scale = check_real("scale", scale)
+    if scale is not None:
+        scale = check_float32("scale", scale)
     if ((stochastic or scale is not None) and src.dtype_name == "float64" and kind == "numpy"
             and not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__")):
         # A list or scalar with a scale or stochastic rounding: the kernels that do those read float32.
@@ -291,8 +291,10 @@ def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) 
 
 def _scales_of(s: Any, what: str) -> np.ndarray:
     """A scale argument (a number, or a float32 NumPy array / torch tensor) as a contiguous float32 NumPy array."""
-    if isinstance(s, (int, float)) and not isinstance(s, bool):
-        return np.array([s], np.float32)
+    if s is None or isinstance(s, (str, bytes, bool, np.bool_)):
+        raise TypeError(f"{what} must be a number or a float32 array, not {type(s).__name__}")
+    if isinstance(s, (int, float, np.integer, np.floating)):
+        return np.array([check_float32(what, s)], np.float32)
     src = as_bits(s, kind_of(s))
     if src.dtype_name != "float32":
         raise TypeError(f"{what} must be float32 (as torch._scaled_mm's), not {src.dtype_name}")
@@ -324,6 +326,8 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
     if sa.dtype_name not in FP8:
         raise ValueError(f"a must be FP8, not {sa.dtype_name}")
     m, k = sa.shape
+    if not hasattr(b, "shape"):
+        raise TypeError(f"b must be an FP8 array (NumPy with an ml_dtypes dtype, or torch), not {type(b).__name__}")
     b_shape = tuple(b.shape)
     if len(b_shape) != 2 or b_shape[0] != k:
         raise ValueError(f"b must be (K, N) = ({k}, N), not {b_shape}")
@@ -422,10 +426,28 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
 # --json: what they return is the command's JSON report as a dict, and an error is the command's one-line message.
 
 def _path(p: Any, what: str) -> str:
+    """A path argument as text: str, bytes (decoded as the file system encodes names) or os.PathLike; a NUL byte is a
+    ValueError, as open() gives (the C++ side would stop at it and read or write another file)."""
     try:
-        return os.fspath(p)
+        path = os.fsdecode(os.fspath(p))
     except TypeError:
-        raise TypeError(f"{what} must be a path (str or os.PathLike), not {type(p).__name__}") from None
+        raise TypeError(f"{what} must be a path (str, bytes or os.PathLike), not {type(p).__name__}") from None
+    if "\0" in path:
+        raise ValueError(f"{what} holds a NUL byte ({path!r}); a path cannot contain one")
+    return path
+
+
+def _names(what: str, values: Any) -> list:
+    """One name or several (a str, or an iterable of str): anything else is a TypeError naming `what`."""
+    if isinstance(values, str):
+        return [values]
+    if isinstance(values, (bytes, bytearray)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{what} must be a string or a sequence of strings, not {type(values).__name__}")
+    out = list(values)
+    for v in out:
+        if not isinstance(v, str):
+            raise TypeError(f"{what} must hold strings, not {type(v).__name__}")
+    return out
 
 
 # The CLI's options in the commands' messages, as the Python functions spell them.
@@ -458,7 +480,7 @@ def inspect(path: Any, *, analysis: bool = True) -> dict:
     FP8 layout detected, or None) and evidence, total_bytes, tensors (name, dtype, shape, bytes, shard, role, and
     for high-precision tensors e4m3fn_holds_at / e4m3fn_sqnr_db unless analysis=False), quantized (weight, scale,
     input_scale, granularity)."""
-    args = ["inspect", "--quiet"] + ([] if analysis else ["--no-analysis"])
+    args = ["inspect", "--quiet"] + ([] if check_bool("analysis", analysis) else ["--no-analysis"])
     return _command(args + ["--json", "--", _path(path, "path")])
 
 
@@ -471,13 +493,15 @@ def quantize_checkpoint(src: Any, dst: Any, scheme: Optional[str] = None, layout
     CLI). ignore: regexes of tensors to leave as they are. scale_fmt: "float" or "ue8m0". The output is written
     crash-safely; an existing one is replaced only with force=True. Returns the command's JSON report (quantized,
     copied, bytes_in, bytes_out, seconds, scheme, format, layout, ...)."""
+    format_name = resolve_dtype(format)
+    if format_name not in ("float8_e4m3fn", "float8_e5m2"):
+        raise ValueError(f"format must be e4m3fn or e5m2, not {format!r}")
     args = ["quantize", "--quiet", "--json"] + _option("--scheme", scheme) + _option("--layout", layout)
-    args += ["--format", str(format), "--scale-fmt", str(scale_fmt)] + _option("--max-shard-size", max_shard_size)
-    if isinstance(ignore, str):
-        ignore = [ignore]
-    for regex in ignore:
-        args += ["--ignore", str(regex)]
-    if force:
+    args += ["--format", format_name[len("float8_"):], "--scale-fmt", str(scale_fmt)]
+    args += _option("--max-shard-size", max_shard_size)
+    for regex in _names("ignore", ignore):
+        args += ["--ignore", regex]
+    if check_bool("force", force):
         args.append("--force")
     return _command(args + ["--", _path(src, "src"), _path(dst, "dst")])
 
@@ -487,7 +511,7 @@ def dequantize_checkpoint(src: Any, dst: Any, to: Any = "bf16", *, max_shard_siz
     """`fp8kit dequantize SRC DST --to TO`: an FP8 checkpoint in any layout fp8kit detects back to bf16, f16 or
     f32 (scales dropped, quantization_config removed). Returns the command's JSON report."""
     args = ["dequantize", "--quiet", "--json", "--to", _CLI_DTYPE[resolve_dtype(to)]]
-    args += _option("--max-shard-size", max_shard_size) + (["--force"] if force else [])
+    args += _option("--max-shard-size", max_shard_size) + (["--force"] if check_bool("force", force) else [])
     return _command(args + ["--", _path(src, "src"), _path(dst, "dst")])
 
 
@@ -498,8 +522,8 @@ def convert_checkpoint(src: Any, dst: Any, to: Any, *, saturate: Optional[bool] 
     to Inf/NaN). Returns the command's JSON report."""
     args = ["convert", "--quiet", "--json", "--to", _CLI_DTYPE[resolve_dtype(to)]]
     if saturate is not None:
-        args.append("--saturate" if saturate else "--no-saturate")
-    args += _option("--max-shard-size", max_shard_size) + (["--force"] if force else [])
+        args.append("--saturate" if check_bool("saturate", saturate) else "--no-saturate")
+    args += _option("--max-shard-size", max_shard_size) + (["--force"] if check_bool("force", force) else [])
     return _command(args + ["--", _path(src, "src"), _path(dst, "dst")])
 
 
@@ -525,8 +549,12 @@ def load(path: Any) -> dict:
     p = _path(path, "path")
     config = ""
     if os.path.isdir(p) and os.path.isfile(os.path.join(p, "config.json")):
-        with open(os.path.join(p, "config.json"), encoding="utf-8") as f:
-            config = f.read()
+        try:
+            with open(os.path.join(p, "config.json"), encoding="utf-8") as f:
+                config = f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"'{os.path.join(p, 'config.json')}' is not UTF-8 text ({e.reason} at byte "
+                             f"{e.start}); repair or remove it") from None
     plain, quantized, _layout = _fp8kit.load(p, config)
     out: dict = {}
     for name, (dtype, shape, data) in plain.items():

@@ -89,9 +89,23 @@ def check_real(name: str, value: Any) -> float:
     if not isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)):
         try:
             return float(value)
+        except OverflowError:  # an int past float64's range
+            raise ValueError(f"{name} must be a number within float64's range, got an int of "
+                             f"{len(str(abs(value)))} digits") from None
         except (TypeError, ValueError, RuntimeError):
             pass
     raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+
+
+def check_float32(name: str, value: Any) -> float:
+    """check_real, then finite once rounded to float32 (what the library computes with): 1e300 is a ValueError, not
+    a silent infinity."""
+    v = check_real(name, value)
+    with np.errstate(over="ignore"):
+        rounded = np.float32(v)
+    if not np.isfinite(rounded):
+        raise ValueError(f"{name} must be a finite float32 value, got {value!r}")
+    return float(rounded)
 
 
 def check_threads(threads: Optional[int]) -> Optional[int]:

@@ -219,14 +219,21 @@ void convert_elements(Input in, std::string_view from, Array out, std::string_vi
   });
 }
 
+// Whether `n` elements are exactly a rows x cols matrix (rows * cols past int64 is not: it wrapped to 0, and an
+// empty buffer passed for a 2^62 x 4 matrix).
+bool holds_matrix(std::size_t n, std::int64_t rows, std::int64_t cols) {
+  std::int64_t product = 0;
+  return rows >= 0 && cols >= 0 && !__builtin_mul_overflow(rows, cols, &product) &&
+         static_cast<std::size_t>(product) == n;
+}
+
 // A rows x cols matrix over the bits of float32, bfloat16 or float16 elements (`kind`; float64 where float64_ok).
 MatrixRef matrix(const Input& in, const std::string& kind, std::int64_t rows, std::int64_t cols,
                  bool float64_ok = false) {
   const DType d = dtype_named(kind);
   if (d != DType::float32 && d != DType::bfloat16 && d != DType::float16 && !(float64_ok && d == DType::float64))
     throw nb::value_error(("quantize takes float32, bfloat16 or float16, not " + kind).c_str());
-  if (rows < 0 || cols < 0 ||
-      elements(in, 8 * static_cast<int>(element_size(d)), "the input") != static_cast<std::size_t>(rows * cols))
+  if (!holds_matrix(elements(in, 8 * static_cast<int>(element_size(d)), "the input"), rows, cols))
     throw nb::value_error("the input does not hold rows x cols elements");
   return MatrixRef(in.data(), d, rows, cols);
 }
@@ -294,7 +301,7 @@ float number_arg(const char* name, nb::handle value) {
 // A ScaledTensor over a copy of `codes` (rows x cols) with `scales` (float32) at `granularity`.
 ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::int64_t rows, std::int64_t cols,
                             const Input& scales, const std::string& granularity, const char* what) {
-  if (rows < 0 || cols < 0 || elements(codes, 8, what) != static_cast<std::size_t>(rows * cols))
+  if (!holds_matrix(elements(codes, 8, what), rows, cols))
     throw nb::value_error((std::string(what) + " does not hold rows x cols codes").c_str());
   ScaledTensor q;
   q.format = format_named(format);
@@ -569,19 +576,16 @@ NB_MODULE(_fp8kit, m) {
                                        .c_str());
             }
             const std::string algorithm = nb::cast<std::string>(algorithm_value);
-            std::optional<float> ema_decay;
-            if (!ema_value.is_none()) {
-              if (!nb::isinstance<nb::float_>(ema_value) && !nb::isinstance<nb::int_>(ema_value)) {
-                throw nb::type_error(("ema_decay must be None or a number, not " +
-                                      nb::cast<std::string>(nb::str(nb::type_name(ema_value.type()))))
-                                         .c_str());
-              }
-              ema_decay = nb::cast<float>(nb::float_(ema_value));
-            }
+            std::optional<float> ema_decay;  // a number as everywhere (NumPy's too), rounded to float32
+            if (!ema_value.is_none()) ema_decay = number_arg("ema_decay", ema_value);
             if (algorithm != "max" && algorithm != "most_recent")
               throw nb::value_error(("algorithm must be 'max' or 'most_recent', not '" + algorithm + "'").c_str());
-            if (ema_decay && !(*ema_decay >= 0.0f && *ema_decay < 1.0f))
-              throw nb::value_error("ema_decay must be in [0, 1)");
+            if (ema_decay && !(*ema_decay >= 0.0f && *ema_decay < 1.0f)) {
+              throw nb::value_error(("ema_decay must be in [0, 1) as a float32, got " +
+                                     nb::cast<std::string>(nb::repr(ema_value)) +
+                                     (*ema_decay == 1.0f ? " (it rounds to 1)" : ""))
+                                        .c_str());
+            }
             fp8kit::DelayedScalingConfig config;
             config.format = format_named(name);
             config.history_length = history_length;
@@ -590,8 +594,9 @@ NB_MODULE(_fp8kit, m) {
             config.ema_decay = ema_decay;
             new (self) fp8kit::DelayedScaling(config);
           },
-          nb::arg("format").none() = "e4m3fn", nb::arg("history_length") = 1024, nb::arg("algorithm") = "max",
-          nb::arg("margin") = 0, nb::arg("ema_decay").none() = nb::none())
+          // .none() everywhere: the checks above say what is wrong in one line, not nanobind's signature list.
+          nb::arg("format").none() = "e4m3fn", nb::arg("history_length").none() = 1024,
+          nb::arg("algorithm").none() = "max", nb::arg("margin").none() = 0, nb::arg("ema_decay").none() = nb::none())
       .def_prop_ro("scale", &fp8kit::DelayedScaling::scale, "The quantization scale to use now (q = cast(x * scale)).")
       .def_prop_ro("scale_inv", &fp8kit::DelayedScaling::scale_inv, "1 / scale: what a GEMM or checkpoint takes.")
       .def_prop_ro(
@@ -609,7 +614,8 @@ NB_MODULE(_fp8kit, m) {
                    [](const fp8kit::DelayedScaling& d) { return std::string(fp8kit::name(d.config().format)); })
       .def(
           "record", [](fp8kit::DelayedScaling& d, nb::handle amax) { d.record(number_arg("amax", amax)); },
-          nb::arg("amax"), "Records an amax of the current step (the maximum of the calls since the last update).")
+          nb::arg("amax").none(),
+          "Records an amax of the current step (the maximum of the calls since the last update).")
       .def(
           "update",
           [](fp8kit::DelayedScaling& d, nb::handle amax) {
@@ -645,7 +651,13 @@ NB_MODULE(_fp8kit, m) {
              const std::vector<std::uint8_t> bytes = d.serialize();
              return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
            })
-      .def("__setstate__", [](fp8kit::DelayedScaling* self, nb::bytes state) {
+      .def("__setstate__", [](fp8kit::DelayedScaling* self, nb::handle given) {
+        if (!nb::isinstance<nb::bytes>(given)) {
+          throw nb::type_error(("a DelayedScaling state must be bytes, not " +
+                                nb::cast<std::string>(nb::str(nb::type_name(given.type()))))
+                                   .c_str());
+        }
+        const auto state = nb::borrow<nb::bytes>(given);
         new (self) fp8kit::DelayedScaling(fp8kit::DelayedScaling::deserialize(
             std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state.c_str()), state.size())));
       });

@@ -224,6 +224,16 @@ def test_errors():
     assert fp8kit.cast(x, "e4m3fn", saturate=np.True_, scale=np.float32(2)).view(np.uint8).tolist() == [0x40, 0x48]
 
 
+def test_a_scale_past_float32s_range_is_refused():
+    """scale=1e300 became an infinite float32 scale (every code NaN) and 10**400 a bare OverflowError."""
+    x = np.ones(4, np.float32)
+    for bad in (1e300, -1e39, 10**400):
+        with pytest.raises(ValueError, match="scale must be a") as e:
+            fp8kit.cast(x, "e4m3fn", scale=bad)
+        assert "\n" not in str(e.value) and len(str(e.value)) < 200
+    assert fp8kit.cast(x, "e4m3fn", scale=np.float64(2.0)).astype(np.float32)[0] == 2.0
+
+
 def test_out_sharing_memory_with_x_is_refused():
     # The kernels read a block of x while they write another: an out over x's own memory (float32 -> bfloat16 into
     # x's first half, say) came back corrupted without a word.

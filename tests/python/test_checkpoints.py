@@ -155,6 +155,41 @@ def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):
         assert not p.exists()
 
 
+def test_flags_paths_and_names_are_checked_before_anything_is_written(model, tmp_path):
+    """force="no" replaced an existing output (read by its truthiness); a NUL byte cut a path short, so another file
+    was written or read; ignore=[None] became the regex 'None'; a non-UTF-8 config.json escaped as
+    UnicodeDecodeError. Each is now a one-line TypeError or ValueError, and nothing is written."""
+    src, _ = model
+    dst = tmp_path / "exists.safetensors"
+    dst.write_bytes(b"keep me")
+    for call in (lambda: fp8kit.quantize_checkpoint(src, dst, "fp8-block", force="no"),
+                 lambda: fp8kit.dequantize_checkpoint(src, dst, force=1),
+                 lambda: fp8kit.convert_checkpoint(src, dst, "e5m2", saturate="no", force=True),
+                 lambda: fp8kit.inspect(src, analysis="no"),
+                 lambda: fp8kit.quantize_checkpoint(src, tmp_path / "o.safetensors", "fp8-block", ignore=[None]),
+                 lambda: fp8kit.quantize_checkpoint(src, tmp_path / "o.safetensors", "fp8-block", ignore=5),
+                 lambda: fp8kit.quantize_checkpoint(src, tmp_path / "o.safetensors", "fp8-block", format=None)):
+        with pytest.raises(TypeError, match=r"must be|must hold|must be given") as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert dst.read_bytes() == b"keep me"
+    with pytest.raises(ValueError, match="NUL byte"):
+        fp8kit.quantize_checkpoint(src, str(dst) + "\0.bak", "fp8-block", force=True)
+    with pytest.raises(ValueError, match="NUL byte"):
+        fp8kit.load(str(src) + "\0x")
+    assert dst.read_bytes() == b"keep me" and not (tmp_path / "o.safetensors").exists()
+    assert set(fp8kit.load(os.fsencode(src))) == set(fp8kit.load(src))  # a bytes path is a path
+    out = tmp_path / "e5m2.safetensors"  # the format as a dtype object, as everywhere else
+    assert fp8kit.quantize_checkpoint(src, out, "fp8-tensor", layout="native", format=ml_dtypes.float8_e5m2)[
+        "format"] == "e5m2"
+    d = tmp_path / "bad-config"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(src.read_bytes())
+    (d / "config.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match="config.json' is not UTF-8 text"):
+        fp8kit.load(d)
+
+
 def test_a_path_that_looks_like_an_option(model, tmp_path, monkeypatch):
     src, _ = model
     monkeypatch.chdir(tmp_path)

@@ -75,14 +75,23 @@ def test_errors():
         fp8kit.DelayedScaling(history_length=2.5)
     with pytest.raises(TypeError, match="algorithm must be 'max' or 'most_recent', not int"):
         fp8kit.DelayedScaling(algorithm=3)
-    with pytest.raises(TypeError, match="ema_decay must be None or a number, not str"):
+    with pytest.raises(TypeError, match="ema_decay must be a number, not str"):
         fp8kit.DelayedScaling(ema_decay="0.5")
+    with pytest.raises(ValueError, match=r"ema_decay must be in \[0, 1\) as a float32, got 0.99999999999 \(it rounds to 1\)"):
+        fp8kit.DelayedScaling(ema_decay=0.99999999999)
+    with pytest.raises(ValueError, match="ema_decay must be a number within float64's range, got an int of 401 digits"):
+        fp8kit.DelayedScaling(ema_decay=10**400)
+    assert fp8kit.DelayedScaling(ema_decay=np.float32(0.5)).format == "e4m3fn"  # NumPy scalars, as everywhere
     # One-line errors where the binding printed its signatures.
     d = fp8kit.DelayedScaling()
     for call, message in ((lambda: d.record("3"), "amax must be a number, not str"),
                           (lambda: d.update("3"), "amax must be a number, not str"),
                           (lambda: fp8kit.DelayedScaling(format=None), "format must be a format name or dtype, not None"),
-                          (lambda: fp8kit.DelayedScaling.from_state("abc"), "state must be bytes")):
+                          (lambda: fp8kit.DelayedScaling.from_state("abc"), "state must be bytes"),
+                          (lambda: d.record(None), "amax must be a number, not NoneType"),
+                          (lambda: fp8kit.DelayedScaling(algorithm=None), "algorithm must be 'max' or 'most_recent', not NoneType"),
+                          (lambda: fp8kit.DelayedScaling(history_length=None), "history_length must be an int, not NoneType"),
+                          (lambda: fp8kit.DelayedScaling(margin=None), "margin must be an int, not NoneType")):
         with pytest.raises(TypeError, match=message) as e:
             call()
         assert "\n" not in str(e.value)

@@ -65,6 +65,23 @@ def test_errors():
         fp8kit.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(7, np.float32))
 
 
+def test_scales_and_b_that_are_not_what_they_should_be():
+    """None, a string or a bool as a scale said 'does not cast object' or named float64; a list as b raised
+    AttributeError; a scale past float32's range became an infinity (NaN products) or a bare OverflowError."""
+    a = np.ones((2, 3), np.float32).astype(ml_dtypes.float8_e4m3fn)
+    b = np.ones((3, 4), np.float32).astype(ml_dtypes.float8_e4m3fn)
+    for bad in (None, "1", True):
+        with pytest.raises(TypeError, match="scale_a must be a number or a float32 array"):
+            fp8kit.scaled_mm(a, b, bad, 1.0)
+    with pytest.raises(TypeError, match="b must be an FP8 array"):
+        fp8kit.scaled_mm(a, [[1.0] * 4] * 3, 1.0, 1.0)
+    for bad in (1e300, 10**400):
+        with pytest.raises(ValueError, match="scale_b must be a") as e:
+            fp8kit.scaled_mm(a, b, 1.0, bad)
+        assert "\n" not in str(e.value) and len(str(e.value)) < 200
+    assert fp8kit.scaled_mm(a, b, np.float64(2.0), np.int64(3))[0, 0] == 18.0  # NumPy scalars are numbers
+
+
 def test_empty_products_take_per_tensor_scales():
     # torch._scaled_mm takes one-value scales whatever M, N and K are; an empty side has no block, but the scale is
     # still the per-tensor one (it was refused as "must hold 0 values").
