@@ -396,6 +396,8 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
     values past its range count as non-finite, nonzero values it reads as 0 as underflow), any shape, its last
     dimension the row."""
     def names(v: Any) -> Optional[list]:  # several names (any iterable), or None for one (a name or a dtype object)
+        if isinstance(v, (bytes, bytearray)):  # would iterate into integers
+            raise TypeError(f"format and granularity take str names, not {type(v).__name__}")
         if isinstance(v, (str, type, np.dtype)) or type(v).__name__ == "dtype" or not hasattr(v, "__iter__"):
             return None
         return list(v)

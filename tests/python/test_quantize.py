@@ -122,6 +122,13 @@ def test_errors():
         fp8kit.analyze(-x, "e8m0fnu")
 
 
+def test_analyze_refuses_bytes_names():
+    x = np.ones((2, 32), np.float32)
+    for call in (lambda: fp8kit.analyze(x, "e4m3fn", b"tensor"), lambda: fp8kit.analyze(x, b"e4m3fn", "tensor")):
+        with pytest.raises(TypeError, match="take str names, not bytes"):  # was "... not 101" (iterated bytes)
+            call()
+
+
 def test_analyze_takes_a_format_as_a_dtype_object():
     x = np.linspace(-2, 2, 64, dtype=np.float32).reshape(2, 32)
     assert fp8kit.analyze(x, ml_dtypes.float8_e4m3fn, "row") == fp8kit.analyze(x, "e4m3fn", "row")
