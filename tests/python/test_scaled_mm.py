@@ -90,6 +90,14 @@ def test_empty_products_take_per_tensor_scales():
         b = np.ones((n, k), ml_dtypes.float8_e4m3fn).T
         out = fp8kit.scaled_mm(a, b, 2.0, 3.0)
         assert out.shape == (m, n) and np.array_equal(out, np.zeros((m, n), np.float32)), (m, k, n)
+    # K = 0 with row-wise scales of the right shapes (refused: "must hold 0 values"): zeros, plus the bias.
+    a = np.ones((4, 0), ml_dtypes.float8_e4m3fn)
+    b = np.ones((8, 0), ml_dtypes.float8_e4m3fn).T
+    bias = np.arange(8, dtype=np.float32)
+    out = fp8kit.scaled_mm(a, b, np.ones((4, 1), np.float32), np.ones((1, 8), np.float32), bias=bias)
+    assert np.array_equal(out, np.tile(bias, (4, 1)))
+    with pytest.raises(ValueError, match="scale_a must be one value"):
+        fp8kit.scaled_mm(a, b, np.ones((3, 1), np.float32), 1.0)  # shapes still checked
 
 
 def test_torch_matches_torch_scaled_mm_semantics():
