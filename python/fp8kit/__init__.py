@@ -368,9 +368,6 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
         raise ValueError(f"scale_b must be one value, (1, N) = (1, {n}) per column, (ceil(K/128), ceil(N/128)) = "
                          f"({kb}, {-(-n // 128)}) per 128x128 block or (ceil(K/128), N) = ({kb}, {n}) per 128x1 "
                          f"block, not {scales_b.shape}")
-    if k == 0:  # an empty K has no block to scale: every product is 0 whatever the (well-shaped) scales say
-        scales_a, a_granularity = np.ones((1, 1), np.float32), "tensor"
-        scales_b, b_granularity = np.ones((1, 1), np.float32), "tensor"
     target = resolve_dtype(out_dtype)
     if target not in ("float32", "bfloat16"):
         raise ValueError(f"out_dtype must be float32 or bfloat16, not {target}")

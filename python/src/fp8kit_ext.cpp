@@ -313,8 +313,10 @@ ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::
   q.data.assign(c, c + rows * cols);
   const std::size_t blocks = static_cast<std::size_t>(q.grid_rows() * q.grid_cols());
   const std::size_t given = elements(scales, 32, "the scales");
-  if (blocks == 0 && given == 1 && q.granularity.kind == Granularity::Kind::kTensor) {
-    return q;  // an empty matrix has no block, but torch._scaled_mm takes its per-tensor scale all the same
+  if (blocks == 0) {
+    // An empty matrix has no block, but torch._scaled_mm takes the scales of its shapes all the same (one value,
+    // or M x 1 rows of an M x 0 matrix): the package checked those shapes; every product is 0 whatever they hold.
+    return q;
   }
   if (given != blocks) {
     throw nb::value_error((std::string("the scales of ") + what + " must hold " + std::to_string(blocks) +
