@@ -134,8 +134,15 @@ def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):
         fp8kit.quantize_checkpoint(src, dst, "fp8-block")
     assert dst.read_bytes() == b"keep me"
     assert fp8kit.quantize_checkpoint(src, dst, "fp8-block", force=True)["quantized"] == 2
-    with pytest.raises(ValueError, match="does not exist"):
+    # A path that is not there is FileNotFoundError (an OSError, as load() and open() raise), not ValueError.
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         fp8kit.inspect(tmp_path / "missing.safetensors")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        fp8kit.quantize_checkpoint(tmp_path / "missing", tmp_path / "x.safetensors", "fp8-block")
+    with pytest.raises(FileNotFoundError, match="the directory '.*nowhere' of '.*' does not exist; create it first"):
+        fp8kit.quantize_checkpoint(src, tmp_path / "nowhere" / "x.safetensors", "fp8-block")
+    with pytest.raises(FileNotFoundError, match="missing.safetensors' does not exist"):
+        fp8kit.load(tmp_path / "missing.safetensors")
     with pytest.raises(ValueError, match="unknown scheme 'fp8-row'"):
         fp8kit.quantize_checkpoint(src, tmp_path / "x.safetensors", "fp8-row")
     with pytest.raises(ValueError, match="already quantized"):

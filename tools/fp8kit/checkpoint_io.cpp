@@ -58,7 +58,8 @@ class OpenFileLimitRaised {
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("cannot read '" + path.string() + "'");
+  std::error_code ec;
+  if (!in) throw PathError("cannot read '" + path.string() + "'", !fs::exists(path, ec));
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
@@ -175,7 +176,7 @@ void Progress::step(const std::string& name, std::uint64_t bytes) {
 CheckpointInput open_checkpoint_input(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
-  if (!fs::exists(p, ec)) throw UsageError("'" + path + "' does not exist");
+  if (!fs::exists(p, ec)) throw PathError("'" + path + "' does not exist", true);
   CheckpointInput in{p, fs::is_directory(p, ec), ShardedCheckpoint::open(p), std::nullopt, {}};
   if (in.is_directory && fs::is_regular_file(p / "config.json", ec)) {
     in.config = read_text(p / "config.json");
@@ -205,7 +206,7 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
   }
   const fs::path parent = o.parent_path().empty() ? fs::path(".") : o.parent_path();
   if (!fs::exists(o, ec) && !in.is_directory && !fs::is_directory(parent, ec)) {
-    throw UsageError("the directory '" + parent.string() + "' of '" + out + "' does not exist; create it first");
+    throw PathError("the directory '" + parent.string() + "' of '" + out + "' does not exist; create it first", true);
   }
   if (in.is_directory) {
     // Inside the input, the output would be copied into itself as the model's other files on the next run.

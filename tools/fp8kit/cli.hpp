@@ -15,6 +15,17 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A UsageError about a path the command reads or writes into: it does not exist (`missing`) or cannot be read. The
+// tool exits with status 2 all the same; the Python package raises FileNotFoundError / OSError for it, as open() does.
+class PathError : public UsageError {
+ public:
+  PathError(const std::string& message, bool missing) : UsageError(message), missing_(missing) {}
+  bool missing() const noexcept { return missing_; }
+
+ private:
+  bool missing_;
+};
+
 // Runs `fp8kit ARGS...` as the tool does (argv[0] is the program's name): output on stdout, each error said in one
 // line on stderr. Returns the exit status: 0 success, 2 bad usage or bad input, 1 any other failure.
 int run(int argc, const char* const* argv);

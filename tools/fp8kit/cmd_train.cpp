@@ -391,7 +391,7 @@ void check_train_output(const std::string& option, const std::string& path, bool
     if (fs::exists(p, ec) && !force) throw UsageError(option + ": '" + path + "' exists; pass --force to replace it");
     const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     if (!fs::is_directory(parent, ec)) {
-      throw UsageError(option + ": the directory '" + parent.string() + "' does not exist; create it first");
+      throw PathError(option + ": the directory '" + parent.string() + "' does not exist; create it first", true);
     }
   } else {
     if (fs::exists(p, ec) && !fs::is_directory(p, ec)) {
@@ -429,7 +429,7 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
   std::optional<TrainCheckpointInfo> info;
   if (!a.resume.empty()) {
     std::error_code ec;
-    if (!fs::exists(a.resume, ec)) throw UsageError("--resume: '" + a.resume + "' does not exist");
+    if (!fs::exists(a.resume, ec)) throw PathError("--resume: '" + a.resume + "' does not exist", true);
     info = read_train_checkpoint_info(a.resume);
     if (!a.model_given) a.model = info->model;
     if (!a.seed_given) a.seed = info->seed;
@@ -457,8 +457,10 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
   }
   if (!a.data.empty() && !std::ifstream(a.data, std::ios::binary)) {
     // Here, where every rank's verdict is agreed, rather than when training reads it (one line, not a job ended).
-    throw UsageError("--data: " + std::string(fs::exists(a.data, ec) ? "cannot read '" : "there is no file '") +
-                     a.data + "'; check the path");
+    const bool missing = !fs::exists(a.data, ec);
+    throw PathError(
+        "--data: " + std::string(missing ? "there is no file '" : "cannot read '") + a.data + "'; check the path",
+        missing);
   }
   const std::pair<const char*, std::string> inputs[] = {{"the training data", a.data},
                                                         {"the checkpoint to resume from", a.resume}};
