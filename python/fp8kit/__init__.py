@@ -8,7 +8,8 @@ PyTorch tensors, over the fp8kit C++ library.
 Outputs follow the input: NumPy in, NumPy out; torch in, torch out. Contiguous inputs are read in place (no copy);
 non-contiguous ones are copied once into a contiguous array first. Errors are ValueError (a bad value: an unknown
 format or a dtype fp8kit does not cast, a thread count below 1), TypeError (an argument of the wrong type: not an
-array, a dtype or an int where one is expected) and OSError (files), with fp8kit's one-line message.
+array, a dtype or an int where one is expected) and OSError (files; FileNotFoundError for a path that is not
+there), with fp8kit's one-line message.
 """
 from __future__ import annotations
 
@@ -163,13 +164,22 @@ class ScaledTensor:
       are the last dimension (per tensor (1, 1), per row (rows, 1), block:1x128 (rows, ceil(cols / 128)), ...).
     granularity ("tensor", "row", "col", "block:RxC", "mx32", "mx32-rceil"), format ("e4m3fn", ...), shape,
     original_dtype (what dequantize() returns by default). MX scales are powers of two (E8M0 codes' values).
+    Made by quantize() and load(); it pickles and deep-copies (codes and scales with it).
     """
 
     def __init__(self, q: Any, kind: str, shape: tuple, original_dtype: str):
+        if not isinstance(q, _fp8kit.ScaledTensor):
+            raise TypeError(f"ScaledTensor wraps what fp8kit.quantize() or fp8kit.load() made, not "
+                            f"{type(q).__name__}; use fp8kit.quantize(x, ...)")
+        if kind not in ("numpy", "torch"):
+            raise ValueError(f"kind must be 'numpy' or 'torch', not {kind!r}")
+        shape = tuple(check_int("shape", d, 0, 2**63 - 1) for d in shape)
+        if int(np.prod(shape, dtype=object)) != q.rows * q.cols:
+            raise ValueError(f"shape {shape} does not hold the {q.rows} x {q.cols} codes")
         self._q = q
         self._kind = kind
-        self.shape = tuple(shape)
-        self.original_dtype = original_dtype
+        self.shape = shape
+        self.original_dtype = resolve_dtype(original_dtype)
 
     @property
     def format(self) -> str:
@@ -547,8 +557,10 @@ def load(path: Any) -> dict:
     A quantized FP8 weight with its scales (any layout fp8kit detects: DeepSeek, compressed-tensors, AutoFP8,
     FBGEMM, MXFP8, native) is a ScaledTensor instead (the codes copied into it), with the granularity its scales
     say; its scale tensors are not listed on their own (input scales are). ValueError for a tensor NumPy cannot
-    hold (F4, F6), OSError for a file that cannot be read."""
+    hold (F4, F6), OSError for a file that cannot be read (FileNotFoundError for a path that is not there)."""
     p = _path(path, "path")
+    if not os.path.exists(p):  # as the checkpoint functions say it (the CLI's check), and open() raises it
+        raise FileNotFoundError(f"'{p}' does not exist")
     config = ""
     if os.path.isdir(p) and os.path.isfile(os.path.join(p, "config.json")):
         try:

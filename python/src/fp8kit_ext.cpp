@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -294,8 +295,20 @@ nb::tuple amax_matrix(Input in, std::int64_t rows, std::int64_t cols, const std:
 }
 
 // A number argument (int, float or NumPy's; not a string or a bool), by the package's own check: one-line TypeError.
-float number_arg(const char* name, nb::handle value) {
-  return nb::cast<float>(nb::module_::import_("fp8kit._arrays").attr("check_real")(name, value));
+double real_arg(const char* name, nb::handle value) {
+  return nb::cast<double>(nb::module_::import_("fp8kit._arrays").attr("check_real")(name, value));
+}
+
+// An amax for DelayedScaling: a number whose float32 rounding does not overflow (1e300 would be recorded as Inf, a step
+// that keeps the previous scale, although nothing overflowed); Inf and NaN themselves are recorded as they are.
+float amax_arg(nb::handle value) {
+  const double amax = real_arg("amax", value);
+  if (std::isfinite(amax) && !std::isfinite(static_cast<float>(amax))) {
+    throw nb::value_error(
+        ("amax must be within float32's range (scales are float32), got " + nb::cast<std::string>(nb::repr(value)))
+            .c_str());
+  }
+  return static_cast<float>(amax);
 }
 
 // A ScaledTensor over a copy of `codes` (rows x cols) with `scales` (float32) at `granularity`.
@@ -326,6 +339,62 @@ ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::
   const auto* s = static_cast<const float*>(scales.data());
   q.scale_inv.assign(s, s + blocks);
   return q;
+}
+
+// A ScaledTensor's whole state for pickle and copy.deepcopy: (version, format, saturating, granularity, rows, cols,
+// original dtype, codes, scale_inv, scale_e8m0) with the buffers as bytes (native byte order, as NumPy's pickles).
+constexpr int kScaledTensorStateVersion = 1;
+
+nb::tuple scaled_tensor_state(const ScaledTensor& q) {
+  const auto bytes = [](const void* p, std::size_t n) { return nb::bytes(static_cast<const char*>(p), n); };
+  return nb::make_tuple(kScaledTensorStateVersion, std::string(name(q.format)), q.overflow == Overflow::kSaturate,
+                        q.granularity.name(), q.rows, q.cols, std::string(name(q.original_dtype)),
+                        bytes(q.data.data(), q.data.size()), bytes(q.scale_inv.data(), q.scale_inv.size() * 4),
+                        bytes(q.scale_e8m0.data(), q.scale_e8m0.size()));
+}
+
+// The ScaledTensor a scaled_tensor_state gave, every field checked (a state is data: it may come from anywhere).
+ScaledTensor scaled_tensor_from_state(nb::handle given) {
+  const auto refuse = [](const std::string& what) {
+    throw nb::value_error(("not a ScaledTensor state (" + what + "); it comes from pickling a ScaledTensor").c_str());
+  };
+  if (!nb::isinstance<nb::tuple>(given)) refuse("a tuple is expected");
+  const auto state = nb::borrow<nb::tuple>(given);
+  if (state.size() != 10) refuse("10 fields are expected, not " + std::to_string(state.size()));
+  try {
+    if (const auto version = nb::cast<std::int64_t>(state[0]); version != kScaledTensorStateVersion)
+      refuse("version " + std::to_string(version) + "; this fp8kit reads version 1");
+    ScaledTensor q;
+    q.format = format_named(nb::cast<std::string>(state[1]));
+    q.overflow = nb::cast<bool>(state[2]) ? Overflow::kSaturate : Overflow::kNonSaturating;
+    q.granularity = granularity_named(nb::cast<std::string>(state[3]));
+    q.rows = nb::cast<std::int64_t>(state[4]);
+    q.cols = nb::cast<std::int64_t>(state[5]);
+    q.original_dtype = dtype_named(nb::cast<std::string>(state[6]));
+    const auto codes = nb::cast<nb::bytes>(state[7]), scales = nb::cast<nb::bytes>(state[8]),
+               e8m0 = nb::cast<nb::bytes>(state[9]);
+    if (!holds_matrix(codes.size(), q.rows, q.cols)) refuse("the codes do not hold rows x cols bytes");
+    const auto blocks = static_cast<std::size_t>(q.grid_rows() * q.grid_cols());
+    if (scales.size() != 4 * blocks) refuse("scale_inv does not hold one float32 per block");
+    const bool mx = q.granularity.kind == Granularity::Kind::kMx;
+    if (e8m0.size() != (mx ? blocks : 0)) refuse("the E8M0 scales do not match the granularity");
+    const auto* c = reinterpret_cast<const std::uint8_t*>(codes.c_str());
+    q.data.assign(c, c + codes.size());
+    std::vector<float> scale_inv(blocks);
+    std::memcpy(scale_inv.data(), scales.c_str(), scales.size());
+    q.scale_inv.assign(scale_inv.begin(), scale_inv.end());
+    const auto* m = reinterpret_cast<const std::uint8_t*>(e8m0.c_str());
+    q.scale_e8m0.assign(m, m + e8m0.size());
+    for (std::size_t b = 0; mx && b < blocks; ++b) {
+      const float expected = mx_scale_value(q.scale_e8m0[b]);  // bit for bit: code 0xFF is NaN
+      if (std::memcmp(&q.scale_inv[b], &expected, sizeof expected) != 0)
+        refuse("an MX scale differs from its E8M0 code");
+    }
+    return q;
+  } catch (const nb::cast_error&) {
+    refuse("a field of the wrong type");
+  }
+  return {};  // not reached: refuse throws
 }
 
 // out (m x n float32, or bfloat16 bits: `out_kind`) = scaled_mm(a, b) with torch._scaled_mm's semantics; returns
@@ -493,6 +562,8 @@ NB_MODULE(_fp8kit, m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
+    } catch (const fp8kit::cli::PathError& e) {
+      PyErr_SetString(e.missing() ? PyExc_FileNotFoundError : PyExc_OSError, e.what());
     } catch (const fp8kit::cli::UsageError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const fp8kit::Error& e) {
@@ -540,7 +611,11 @@ NB_MODULE(_fp8kit, m) {
       .def_prop_ro("original_dtype",
                    [](const fp8kit::ScaledTensor& q) { return std::string(fp8kit::name(q.original_dtype)); })
       .def_prop_ro("rows", [](const fp8kit::ScaledTensor& q) { return q.rows; })
-      .def_prop_ro("cols", [](const fp8kit::ScaledTensor& q) { return q.cols; });
+      .def_prop_ro("cols", [](const fp8kit::ScaledTensor& q) { return q.cols; })
+      .def("__getstate__", &scaled_tensor_state)
+      .def("__setstate__", [](fp8kit::ScaledTensor* self, nb::handle state) {
+        new (self) fp8kit::ScaledTensor(scaled_tensor_from_state(state));
+      });
   m.def("quantize", &quantize_matrix, nb::arg("input"), nb::arg("kind"), nb::arg("rows"), nb::arg("cols"),
         nb::arg("format"), nb::arg("granularity"), nb::arg("saturate"), nb::arg("margin"), nb::arg("pow2"),
         nb::arg("threads").none(), "Scaled quantization of a matrix (the fused amax + scale + encode).");
@@ -579,7 +654,7 @@ NB_MODULE(_fp8kit, m) {
             }
             const std::string algorithm = nb::cast<std::string>(algorithm_value);
             std::optional<float> ema_decay;  // a number as everywhere (NumPy's too), rounded to float32
-            if (!ema_value.is_none()) ema_decay = number_arg("ema_decay", ema_value);
+            if (!ema_value.is_none()) ema_decay = static_cast<float>(real_arg("ema_decay", ema_value));
             if (algorithm != "max" && algorithm != "most_recent")
               throw nb::value_error(("algorithm must be 'max' or 'most_recent', not '" + algorithm + "'").c_str());
             if (ema_decay && !(*ema_decay >= 0.0f && *ema_decay < 1.0f)) {
@@ -615,13 +690,13 @@ NB_MODULE(_fp8kit, m) {
       .def_prop_ro("format",
                    [](const fp8kit::DelayedScaling& d) { return std::string(fp8kit::name(d.config().format)); })
       .def(
-          "record", [](fp8kit::DelayedScaling& d, nb::handle amax) { d.record(number_arg("amax", amax)); },
+          "record", [](fp8kit::DelayedScaling& d, nb::handle amax) { d.record(amax_arg(amax)); },
           nb::arg("amax").none(),
           "Records an amax of the current step (the maximum of the calls since the last update).")
       .def(
           "update",
           [](fp8kit::DelayedScaling& d, nb::handle amax) {
-            if (!amax.is_none()) d.record(number_arg("amax", amax));
+            if (!amax.is_none()) d.record(amax_arg(amax));
             d.update();
           },
           nb::arg("amax").none() = nb::none(),

@@ -101,6 +101,15 @@ def test_errors():
     assert d.scale == 112.0
     with pytest.raises(TypeError, match="amax must be a number, not ndarray"):
         d.record(np.array([1.0, 2.0]))
+    # An amax past float32's range was recorded as Inf: a step that keeps the previous scale, with nothing said.
+    with pytest.raises(ValueError, match=r"amax must be within float32's range \(scales are float32\), got 1e\+300"):
+        d.update(1e300)
+    assert d.scale == 112.0 and d.amax_history[0] == 0.0  # nothing recorded
+    d.record(3.4028235e38)  # float32's largest is one
+    assert d.amax_history[0] == np.float32(3.4028235e38)
+    d.discard_step()
+    d.update(float("inf"))  # Inf itself is a step with Inf, as Transformer Engine takes it: the scale stays
+    assert d.scale == 112.0
     # A state whose values no update leaves (here a scale of 0) is refused, not used.
     state = bytearray(fp8kit.DelayedScaling().state())
     state[32:36] = b"\0\0\0\0"

@@ -2,8 +2,10 @@
 one scale formula (fp8_max / amax, rounded once to float32; codes = the saturating cast of x * scale, ml_dtypes' bits),
 16-bit inputs as their float32 widening, MX scales as powers of two, the codes as a view that outlives its
 ScaledTensor, and the errors."""
+import copy
 import gc
 import importlib.util
+import pickle
 import sys
 
 import ml_dtypes
@@ -179,3 +181,61 @@ def test_torch_tensors():
     q = fp8kit.quantize(x, "e4m3fn", "block:1x128")
     assert q.data.dtype == torch.float8_e4m3fn and isinstance(q.scale_inv, torch.Tensor)
     assert q.dequantize().dtype == torch.float32 and q.dequantize().shape == x.shape
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row", "col", "block:2x3", "mx32", "mx32-rceil"])
+def test_scaled_tensors_pickle_and_deep_copy(granularity):
+    """A ScaledTensor in a pickle (multiprocessing, a DataLoader worker, torch.save) or a deepcopy was refused
+    ("cannot pickle 'ScaledTensor' object"): it now carries its codes, scales and dtype, bit for bit."""
+    x = np.random.default_rng(7).standard_normal((5, 70)).astype(ml_dtypes.bfloat16)
+    q = fp8kit.quantize(x, "e5m2", granularity)
+    for r in (pickle.loads(pickle.dumps(q)), copy.deepcopy(q)):
+        assert (r.format, r.granularity, r.shape, r.original_dtype) == ("e5m2", granularity, (5, 70), "bfloat16")
+        assert np.array_equal(r.data.view(np.uint8), q.data.view(np.uint8))
+        assert np.array_equal(r.scale_inv.view(np.uint32), q.scale_inv.view(np.uint32))
+        assert np.array_equal(r.dequantize().view(np.uint16), q.dequantize().view(np.uint16))
+    deep = copy.deepcopy(q)
+    deep.data.view(np.uint8)[0, 0] ^= 1  # its own codes
+    assert not np.array_equal(deep.data.view(np.uint8), q.data.view(np.uint8))
+
+
+def test_a_scaled_tensor_state_is_checked_before_it_is_used():
+    q = fp8kit.quantize(np.ones((4, 64), np.float32), "e4m3fn", "mx32")
+    state = q._q.__getstate__()
+    blank = fp8kit._fp8kit.ScaledTensor.__new__(fp8kit._fp8kit.ScaledTensor)
+    bad_scale = bytearray(state[8])
+    bad_scale[0:4] = np.float32(3.0).tobytes()  # not the power of two its E8M0 code says
+    for i, value, message in ((7, state[7][:-1], "the codes do not hold rows x cols bytes"),
+                              (8, state[8][:-4], "scale_inv does not hold one float32 per block"),
+                              (8, bytes(bad_scale), "an MX scale differs from its E8M0 code"),
+                              (9, b"", "the E8M0 scales do not match the granularity"),
+                              (0, 2, "version 2; this fp8kit reads version 1"),
+                              (4, "4", "a field of the wrong type"),
+                              (3, "block:0x5", "unknown granularity")):
+        bad = list(state)
+        bad[i] = value
+        with pytest.raises(ValueError, match=message):
+            blank.__setstate__(tuple(bad))
+    with pytest.raises(ValueError, match="10 fields are expected, not 9"):
+        blank.__setstate__(state[:9])
+
+
+def test_the_scaled_tensor_constructor_checks_what_it_wraps():
+    q = fp8kit.quantize(np.ones((4, 6), np.float32))
+    with pytest.raises(TypeError, match="ScaledTensor wraps what fp8kit.quantize"):
+        fp8kit.ScaledTensor(np.ones(3), "numpy", (3,), "float32")
+    with pytest.raises(ValueError, match="kind must be 'numpy' or 'torch'"):
+        fp8kit.ScaledTensor(q._q, "jax", (4, 6), "float32")
+    with pytest.raises(ValueError, match=r"shape \(5, 6\) does not hold the 4 x 6 codes"):
+        fp8kit.ScaledTensor(q._q, "numpy", (5, 6), "float32")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        fp8kit.ScaledTensor(q._q, "numpy", (2, 12), "float33")
+    assert fp8kit.ScaledTensor(q._q, "numpy", (2, 2, 6), "bf16").dequantize().shape == (2, 2, 6)
+
+
+def test_torch_scaled_tensors_pickle_as_torch():
+    torch = pytest.importorskip("torch")
+    q = fp8kit.quantize(torch.randn(3, 40, dtype=torch.bfloat16), "e4m3fn", "row")
+    r = pickle.loads(pickle.dumps(q))
+    assert r.data.dtype == torch.float8_e4m3fn and r.dequantize().dtype == torch.bfloat16
+    assert torch.equal(r.dequantize(), q.dequantize())
