@@ -256,16 +256,9 @@ bool same_config(const DelayedScalingConfig& a, const DelayedScalingConfig& b) {
 
 std::string data_fingerprint(const TrainConfig& config) {
   if (config.data_path.empty()) return {};
-  std::error_code ec;
-  FP8KIT_CHECK(!fs::is_directory(config.data_path, ec), "the training text '", config.data_path,
-               "' is a directory; give a text file");
-  std::ifstream in(config.data_path, std::ios::binary);
-  FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", config.data_path, "' (check the path)");
+  const std::string text = nn::read_training_text(config.data_path);
   detail::Fingerprint f;
-  char buf[1 << 16];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    f.add(std::as_bytes(std::span<const char>(buf, static_cast<std::size_t>(in.gcount()))));
-  }
+  f.add(std::as_bytes(std::span<const char>(text)));
   return f.hex();
 }
 

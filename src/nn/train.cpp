@@ -29,15 +29,6 @@ constexpr std::size_t kHeldOutPercent = 10;                  // of a --data file
 constexpr std::int64_t kDefaultCnnBatch = 64;                // images of kCnnImageSize x kCnnImageSize
 constexpr std::int64_t kCnnImageSize = 32;
 
-std::string read_text(const std::string& path) {
-  std::error_code ec;
-  FP8KIT_CHECK(!std::filesystem::is_directory(path, ec), "the training text '", path,
-               "' is a directory; give a text file");
-  std::ifstream in(path, std::ios::binary);
-  FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", path, "' (check the path)");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -134,12 +125,21 @@ std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionReci
   return nullptr;
 }
 
+std::string read_training_text(const std::string& path) {
+  std::error_code ec;
+  FP8KIT_CHECK(!std::filesystem::is_directory(path, ec), "the training text '", path,
+               "' is a directory; give a text file");
+  std::ifstream in(path, std::ios::binary);
+  FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", path, "' (check the path)");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
   const std::int64_t batch = batch_size(config);
   if (config.model == "gpt") {
     const GptConfig g;
     if (!config.data_path.empty()) {
-      std::string text = read_text(config.data_path);
+      std::string text = read_training_text(config.data_path);
       const std::size_t held = text.size() * kHeldOutPercent / 100;
       FP8KIT_CHECK(held > static_cast<std::size_t>(g.seq_len) + 1, "the training text '", config.data_path, "' has ",
                    text.size(), " bytes; its last ", kHeldOutPercent, "% is held out for the evaluation loss and must ",

@@ -117,21 +117,23 @@ void run_analyze(const AnalyzeArgs& args) {
   std::vector<float> values;
   std::vector<std::int64_t> shape;
   std::string source_dtype;
-  std::vector<double> values64;  // float64 data as it is: analyze() rounds it and counts what float32 loses
+  // float64 data as it is (analyze() rounds it and counts what float32 loses): a .npy file's own buffer (aligned,
+  // as operator new aligns), a copy of a safetensors tensor (its offset in the mapped file need not be).
+  const double* values64 = nullptr;
+  std::vector<double> copy64;
+  NpyArray array;
   if (ext == ".npy") {
     if (!args.tensor.empty()) {
       throw UsageError("--tensor selects a tensor inside a .safetensors file; '" + args.file +
                        "' holds a single array");
     }
-    NpyArray array;
     try {
       array = load_npy(path);
     } catch (const Error& e) {
       throw UsageError(e.what());
     }
     if (array.dtype == NpyDType::kFloat64) {
-      values64.resize(static_cast<std::size_t>(array.numel()));
-      std::memcpy(values64.data(), array.data.data(), values64.size() * sizeof(double));
+      values64 = reinterpret_cast<const double*>(array.data.data());
     } else {
       values = array.to_float32();
     }
@@ -166,8 +168,9 @@ void run_analyze(const AnalyzeArgs& args) {
                        ": analyze takes F32, F16, BF16 or F64 tensors");
     }
     if (t->dtype == SafetensorsDType::F64) {
-      values64.resize(t->bytes.size() / sizeof(double));
-      std::memcpy(values64.data(), t->bytes.data(), t->bytes.size());
+      copy64.resize(t->bytes.size() / sizeof(double));
+      std::memcpy(copy64.data(), t->bytes.data(), t->bytes.size());
+      values64 = copy64.data();
     } else {
       const Tensor f32 = to_tensor(*t).to(DType::float32);
       values.assign(f32.span<float>().begin(), f32.span<float>().end());
@@ -180,7 +183,7 @@ void run_analyze(const AnalyzeArgs& args) {
   std::int64_t rows = 1;
   for (std::size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
   const MatrixRef view =
-      values64.empty() ? MatrixRef{values.data(), rows, cols} : MatrixRef{values64.data(), DType::float64, rows, cols};
+      values64 == nullptr ? MatrixRef{values.data(), rows, cols} : MatrixRef{values64, DType::float64, rows, cols};
   const std::vector<Row> results = analyze(view, formats, granularities, overflow);
   if (args.json) {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
@@ -209,7 +212,7 @@ void run_analyze(const AnalyzeArgs& args) {
              source_dtype, shape.empty() ? "scalar" : shape_string(shape), rows, view.cols,
              overflow == Overflow::kSaturate ? "saturating" : "non-saturating",
              results.empty() ? 0.0f : results[0].d.amax, results.empty() ? 0 : results[0].d.nonfinite_count,
-             values64.empty()
+             values64 == nullptr
                  ? ""
                  : " (float64 read as float32: values past its range count as non-finite, below it as underflow)");
   fmt::print(output(), "{:<9} {:<14} {:>12} {:>9} {:>11} {:>10} {:>12} {:>6}\n", "format", "granularity", "scale",

@@ -225,6 +225,10 @@ std::int64_t batch_size(const TrainConfig& config);
 // states and the optimizer are exactly as before. train() reports it as TrainResult::final_loss.
 float evaluate(Model& model, const Dataset& data, const PrecisionRecipe& recipe, std::int64_t batches);
 
+// The bytes of a --data training text (TrainConfig::data_path): a directory or a file that cannot be read is
+// Error(kInvalidArgument), one line. make_dataset reads it; a training checkpoint fingerprints it.
+std::string read_training_text(const std::string& path);
+
 // The model and data train() builds for a config (exposed for tests).
 std::unique_ptr<Model> make_model(const TrainConfig& config, const PrecisionRecipe& recipe);
 std::unique_ptr<Dataset> make_dataset(const TrainConfig& config);
