@@ -28,7 +28,9 @@ def test_the_table_and_the_argument_errors(capsys):
     out = capsys.readouterr().out
     assert "ml_dtypes astype" in out and "us per call" in out
     for args in (["--reps", "2"], ["--rounds", "0"], ["--threads", "0"], ["--threads", "x"], ["--elements", "8"],
-                 ["--elements", "lots"]):
+                 ["--elements", "lots"],
+                 # What the C++ benchmark it runs would refuse (a traceback from inside the run, before):
+                 ["--elements", "16"], ["--elements", "5G"], ["--threads", "1,100000"]):
         with pytest.raises(SystemExit) as e:
             bench.main(args)
         assert e.value.code == 2
