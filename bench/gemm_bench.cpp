@@ -18,6 +18,7 @@
 
 #include "bf16_baseline.hpp"
 #include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/format/half.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "fp8kit/scaling/quantize.hpp"
@@ -96,6 +97,8 @@ OpenBlas open_openblas() {
     const char* text = config();
     blas.info.config = text ? text : "";
     while (!blas.info.config.empty() && blas.info.config.back() == ' ') blas.info.config.pop_back();
+    if (const std::size_t at = blas.info.config.find("MAX_THREADS="); at != std::string::npos)
+      blas.info.max_threads = std::atoi(blas.info.config.c_str() + at + 12);
   }
   return blas;  // the handle stays open for the life of the process
 }
@@ -180,6 +183,10 @@ void apply_threads(int threads) {
   set_num_threads(threads);
   openblas().set_num_threads(threads);  // loads OpenBLAS (and starts its threads) before the OpenMP threads are bound
   bind_openmp_threads(threads);
+  // Every row says `threads`: a baseline on fewer (OpenBLAS past its MAX_THREADS) would flatter the ratio.
+  const int blas_threads = openblas().get_num_threads();
+  FP8KIT_CHECK(blas_threads == threads, "--threads ", threads, ": OpenBLAS runs ", blas_threads,
+               " threads for it; give at most ", blas_threads);
 }
 
 // The same values as bfloat16 bits (round to nearest even), for the BF16 baseline.
@@ -211,22 +218,27 @@ void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, s
   fill_normal(b.as<float>(), 12);
   const ScaledTensor qa = quantize(MatrixRef{a.as<const float>().data(), s.m, s.k}, e4m3fn(Granularity::tensor()));
   const ScaledTensor qb = quantize(MatrixRef{b.as<const float>().data(), s.n, s.k}, e4m3fn(Granularity::tensor()));
-  bool with_bf16 = options.bf16_baseline && bf16_library().available;
+  const bool bf16_wanted = options.bf16_baseline && bf16_library().available;
   std::vector<std::uint16_t> a16, b16;
-  std::unique_ptr<Bf16Gemm> bf16;
-  if (with_bf16) {
+  if (bf16_wanted) {
     a16 = to_bf16(a.as<const float>());
     b16 = to_bf16(b.as<const float>());
-    try {
-      bf16 = std::make_unique<Bf16Gemm>(s.m, s.n, s.k, a16.data(), b16.data(), c_bf16.as<float>().data());
-    } catch (const std::exception&) {
-      with_bf16 = false;  // oneDNN has no bf16 matmul for this shape on this CPU: the shape has no bf16-gemm row
-    }
   }
   const ScaledMmOptions mm{BLayout::kNK, DType::float32, {}};
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   for (int threads : options.threads) {
     apply_threads(threads);
+    // oneDNN fixes a primitive's thread count when it is created: one per thread count, made after apply_threads
+    // (a primitive made once ran the OpenMP count of its creation, OMP_NUM_THREADS=1 under a "threads 2" row).
+    std::unique_ptr<Bf16Gemm> bf16;
+    bool with_bf16 = bf16_wanted;
+    if (with_bf16) {
+      try {
+        bf16 = std::make_unique<Bf16Gemm>(s.m, s.n, s.k, a16.data(), b16.data(), c_bf16.as<float>().data());
+      } catch (const std::exception&) {
+        with_bf16 = false;  // oneDNN has no bf16 matmul for this shape on this CPU: the shape has no bf16-gemm row
+      }
+    }
     MmDispatch dispatch;
     volatile float sink = 0;
     const auto fp8 = [&] { sink = scaled_mm_into(qa, qb, c_fp8.as<float>().first(mn), mm, &dispatch); };

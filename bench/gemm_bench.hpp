@@ -43,6 +43,7 @@ struct OpenBlasInfo {
   std::string core;     // openblas_get_corename(): "Zen", "Haswell", ...
   std::string config;   // openblas_get_config(): version and build options ("" when the symbol is missing)
   std::string library;  // the file dlopen resolved
+  int max_threads = 0;  // the build's MAX_THREADS (from config): the most threads it runs; 0 where config omits it
 };
 
 // Loads libopenblas.so.0 once per process (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset first). Throws

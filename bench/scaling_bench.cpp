@@ -12,15 +12,15 @@
 namespace fp8kit::bench {
 namespace {
 
-constexpr std::int64_t kCols = 4096;
+constexpr std::int64_t kCols = kScalingBenchCols;
 
 }  // namespace
 
 std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
                                              const std::function<void(int, int)>& progress) {
-  const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(options.bytes / 4) / kCols);
-  const std::size_t n = static_cast<std::size_t>(rows * kCols);
-  const std::size_t bytes = n * 4;
+  const std::size_t bytes = scaling_bench_matrix_bytes(options.bytes);
+  const std::size_t n = bytes / 4;
+  const auto rows = static_cast<std::int64_t>(n) / kCols;
   Buffer x(bytes), copy_dst(bytes), back(bytes);
   {
     std::mt19937 rng(5);
@@ -44,11 +44,13 @@ std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,
                    const std::function<void()>& kernel, const std::function<void()>& baseline,
                    std::size_t baseline_bytes) {
       const bool probe = op == "read-bandwidth";
-      std::string kernel_name = probe ? ""
-                                      : std::string(amax_kernel()) + " amax" +
-                                            (op == "amax" ? ""
-                                                          : " + " + std::string(conversion_kernel()) +
-                                                                (op == "dequantize" ? " decode" : " encode"));
+      // amax: the amax kernel; quantize: amax then encode; dequantize: the decode alone (its scales are known).
+      const std::string amax_name = std::string(amax_kernel()) + " amax";
+      const std::string codec_name = std::string(conversion_kernel()) + (op == "dequantize" ? " decode" : " encode");
+      std::string kernel_name = probe              ? ""
+                                : op == "amax"     ? amax_name
+                                : op == "quantize" ? amax_name + " + " + codec_name
+                                                   : codec_name;
       results.push_back({std::move(op), std::move(granularity), std::move(baseline_name),
                          std::string(name(active_isa())), std::move(kernel_name),
                          measure(kernel, baseline, options.reps, threads, moved, baseline_bytes)});

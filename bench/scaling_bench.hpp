@@ -26,10 +26,18 @@ struct ScalingResult {
   Timing timing;
 };
 
+// The float32 matrix run_scaling_bench measures for options.bytes: rows x 4096 (at least one row), its bytes.
+inline constexpr std::int64_t kScalingBenchCols = 4096;
+constexpr std::size_t scaling_bench_matrix_bytes(std::size_t bytes) {
+  const std::size_t row = 4 * static_cast<std::size_t>(kScalingBenchCols);
+  return (bytes / row > 0 ? bytes / row : 1) * row;
+}
+
 // The memory run_scaling_bench allocates for options.bytes: the matrix, memcpy's destination, the dequantized copy
 // and the FP8 codes.
 constexpr std::size_t scaling_bench_memory(std::size_t bytes) {
-  return 3 * bytes + bytes / 4;
+  const std::size_t matrix = scaling_bench_matrix_bytes(bytes);
+  return 3 * matrix + matrix / 4;
 }
 
 std::vector<ScalingResult> run_scaling_bench(const ScalingBenchOptions& options,

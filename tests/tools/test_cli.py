@@ -7,10 +7,12 @@ import math
 import os
 import random
 import re
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checks import run_test_functions  # noqa: E402
@@ -415,12 +417,38 @@ def cast_bad_inputs():
 def bench_convert_small():
     rows = run_json("bench", "convert", "--bytes", "1M", "--reps", "3", "--json")
     assert len(rows) > 0
+    in_force = run_json("info", "--json")["isa"]
     for r in rows:
         assert isinstance(r["op"], str) and r["op"], r
         assert isinstance(r["threads"], int) and r["threads"] >= 1, r
         for key in ("gbps", "baseline_gbps", "ratio"):
             assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r)
         assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) <= 1e-6 * r["ratio"], r
+        assert r["reps"] == 3 and r["levels"] == [in_force], r  # without --isa: the level in force
+
+
+@test
+def bench_convert_measures_each_conversion_table_once():
+    # --isa all ran avx512, avx512-bf16 and amx as three blocks that could not be told apart (one table): each table
+    # is measured once, its rows name every level they stand for, and a line says which were folded.
+    levels = run_json("info", "--json")["levels"]
+    rc, out, err = run("bench", "convert", "--bytes", "64K", "--reps", "3", "--threads", "1", "--isa", "all",
+                       "--ops", "f32->e4m3fn")
+    assert rc == 0, err
+    rows = run_json("bench", "convert", "--bytes", "64K", "--reps", "3", "--threads", "1", "--isa", "all", "--ops",
+                    "f32->e4m3fn", "--json")
+    stood_for = []
+    for r in rows:
+        if r["levels"] not in stood_for:
+            stood_for.append(r["levels"])
+    assert [level for group in stood_for for level in group] == levels, (stood_for, levels)
+    kernels = {r["kernel"] for r in rows if r["op"] != "read-bandwidth"}
+    assert len(kernels) == len(stood_for), (kernels, stood_for)
+    folded = [group for group in stood_for if len(group) > 1]
+    for group in folded:
+        assert f"--isa {', '.join(group[1:])}: the same conversion kernels" in out, (group, out)
+    if not folded:
+        print("  (every level of this CPU has its own conversion table: nothing folded)")
 
 
 def close(a, b, rel=1e-9):
@@ -502,12 +530,34 @@ def bench_checkpoint_small():
 
 
 @test
+def bench_checkpoint_interrupted_removes_its_folder():
+    # A kill or Ctrl-C left the benchmark's folder of generated checkpoints behind (gigabytes at the default size):
+    # the benchmark now stops its child, removes the folder and ends by the same signal.
+    for sig, after in ((signal.SIGTERM, 0.3), (signal.SIGINT, 1.5), (signal.SIGHUP, 3.0)):
+        with tempfile.TemporaryDirectory() as d:
+            p = subprocess.Popen([BINARY, "bench", "checkpoint", "--bytes", "32MiB", "--reps", "80", "--dir", d],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            time.sleep(after)
+            p.send_signal(sig)
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == -sig, (sig, p.returncode, err)
+            assert os.listdir(d) == [], (sig, os.listdir(d))
+
+
+@test
 def size_options_share_one_syntax():
     # --bytes (and --max-shard-size, tests/tools/test_checkpoints.py) read B, KB/MB/GB (10^n) and KiB/MiB/GiB or K/M/G.
     for size, rows_of_4096 in (("1MiB", 64), ("1M", 64), ("1048576", 64), ("2MB", 122)):
         rows = run_json("bench", "scaling", "--bytes", size, "--reps", "3", "--threads", "1", "--json")
         probe = [r for r in rows if r["op"] == "read-bandwidth"][0]
         assert probe["bytes"] == rows_of_4096 * 4096 * 4, (size, probe)
+    for r in rows:  # dequantize runs no amax (its kernel said "amax + decode")
+        assert r["reps"] == 3, r
+        assert ("amax" in (r["kernel"] or "")) == (r["op"] in ("amax", "quantize")), r
+    # Below one row of 4096 the matrix is one row: the header said "0 MiB" for the 16 KiB it measured.
+    rc, out, err = run("bench", "scaling", "--bytes", "4K", "--reps", "3", "--threads", "1")
+    assert rc == 0 and "on a 16.0 KiB float32 matrix (1 x 4096" in out, (rc, out, err)
     check_usage_error(["bench", "convert", "--bytes", "5Gb"], "--bytes")
     check_usage_error(["bench", "convert", "--bytes", "1000"], "--bytes")
     # 16 GiB of wide array needs 146 GB of buffers: refused before anything is allocated, naming the memory.
@@ -653,6 +703,12 @@ def bench_gemm_bad_shapes():
         check_usage_error(["bench", "gemm", "--shapes", shapes], token)
     check_usage_error(["bench", "gemm", "--reps", "2"], "--reps")
     check_usage_error(["bench", "gemm", "--bytes", "1M"], "--bytes")
+    # Past OpenBLAS's MAX_THREADS the sgemm baseline ran fewer threads than its row said.
+    config = run_json("bench", "gemm", "--shapes", "gemm:8", "--reps", "3", "--threads", "1", "--json")[0]
+    limit = re.search(r"MAX_THREADS=(\d+)", config["openblas_config"] or "")
+    if limit and int(limit.group(1)) < 1024:
+        over = str(int(limit.group(1)) + 1)
+        check_usage_error(["bench", "gemm", "--shapes", "gemm:8", "--threads", over], "MAX_THREADS")
 
 
 @test

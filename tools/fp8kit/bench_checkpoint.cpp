@@ -5,6 +5,7 @@
 #include "bench_checkpoint.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,8 +13,10 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -27,6 +30,7 @@
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/io/safetensors.hpp"
 #include "fp8kit/tensor/tensor.hpp"
+#include "harness.hpp"
 
 extern char** environ;
 
@@ -35,6 +39,52 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::int64_t kRows = 4096;  // every weight is 4096 x cols, like a 4096-wide model's projections
+
+// Ctrl-C, a kill or a closed terminal during the benchmark: its folder holds gigabytes of generated checkpoints,
+// which must not stay behind. The handler only records the signal and ends the running child (both async-signal-safe);
+// the benchmark stops at its next check, its folder is removed as the stack unwinds, and the signal is raised again
+// with the disposition it had before, so that the caller sees the benchmark end by that signal.
+std::atomic<int> g_interrupted{0};
+std::atomic<pid_t> g_child{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<pid_t>::is_always_lock_free);
+
+extern "C" void on_interrupt(int signal) {
+  g_interrupted.store(signal);
+  if (const pid_t child = g_child.load(); child > 0) ::kill(child, SIGTERM);
+}
+
+struct Interrupted {
+  int signal;
+};
+
+void check_interrupted() {
+  if (const int signal = g_interrupted.load(); signal != 0) throw Interrupted{signal};
+}
+
+// The handlers for the benchmark's duration; the previous dispositions come back on destruction.
+class InterruptHandlers {
+ public:
+  InterruptHandlers() {
+    g_interrupted.store(0);
+    struct sigaction action {};
+    action.sa_handler = on_interrupt;
+    sigemptyset(&action.sa_mask);
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) {
+      ::sigaction(kSignals[i], nullptr, &previous_[i]);
+      // An ignored signal stays ignored (nohup, a background job of a script): it would not have ended the run.
+      if (previous_[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &action, nullptr);
+    }
+  }
+  ~InterruptHandlers() {
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  InterruptHandlers(const InterruptHandlers&) = delete;
+  InterruptHandlers& operator=(const InterruptHandlers&) = delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction previous_[std::size(kSignals)]{};
+};
 
 // Runs argv as a child process with its output discarded; throws naming the command when it fails.
 void run_child(const std::vector<std::string>& argv) {
@@ -48,9 +98,13 @@ void run_child(const std::vector<std::string>& argv) {
   const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) throw std::runtime_error("bench checkpoint: cannot run " + argv[0] + ": " + std::strerror(spawned));
+  g_child.store(pid);
+  if (g_interrupted.load() != 0) ::kill(pid, SIGTERM);  // a signal between the check and the spawn
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  g_child.store(0);
+  check_interrupted();  // a child ended by the handler did not fail: the benchmark was interrupted
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string line;
     for (const std::string& a : argv) line += (line.empty() ? "" : " ") + a;
@@ -73,6 +127,7 @@ void write_checkpoint(const fs::path& path, std::int64_t count, std::int64_t col
     SafetensorsEntry e{
         fmt::format("model.layers.{}.mlp.up_proj.weight", i), safetensors_dtype(dtype), {kRows, cols}, {}, {}};
     e.fill = [i, cols, dtype](std::span<std::byte> out) {
+      check_interrupted();  // between weights: the file being written is a temporary, removed as this unwinds
       Tensor w = randn({kRows, cols}, static_cast<std::uint64_t>(100 + i), DType::float32);
       for (float& v : w.span<float>()) v *= 0.02f;  // the size of a trained projection's weights
       convert(w.raw(), DType::float32, out.data(), dtype, w.numel());
@@ -80,11 +135,6 @@ void write_checkpoint(const fs::path& path, std::int64_t count, std::int64_t col
     entries.push_back(std::move(e));
   }
   write_safetensors(path, entries);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 double seconds_of(const std::function<void()>& f) {
@@ -102,9 +152,7 @@ struct ScratchDir {
   }
 };
 
-}  // namespace
-
-void run_bench_checkpoint(const CheckpointBenchArgs& args) {
+void run_checkpoint_bench(const CheckpointBenchArgs& args) {
   if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
   const std::uint64_t bytes = parse_byte_size(args.bytes, "--bytes");
   constexpr std::uint64_t kWeightsPerFile = 8;
@@ -178,12 +226,12 @@ void run_bench_checkpoint(const CheckpointBenchArgs& args) {
   progress.show("");
 
   const std::string cpu = cpu_features().brand;
-  const double copy_s[2] = {median(copies[0]), median(copies[1])};
+  const double copy_s[2] = {bench::median(copies[0]), bench::median(copies[1])};
   const std::uint64_t file_bytes[2] = {fs::file_size(bf16), fs::file_size(f32)};
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      const double t = median(times[i]);
+      const double t = bench::median(times[i]);
       out.push_back({{"op", ops[i].name},
                      {"input", ops[i].input},
                      {"seconds", t},
@@ -210,9 +258,28 @@ void run_bench_checkpoint(const CheckpointBenchArgs& args) {
              static_cast<double>(file_bytes[1]) / (1 << 20));
   fmt::print(output(), "{:<30} {:>10} {:>14} {:>8}\n", "op", "seconds", "cp+fsync s", "ratio");
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    const double t = median(times[i]);
+    const double t = bench::median(times[i]);
     fmt::print(output(), "{:<30} {:>10.3f} {:>14.3f} {:>7.2f}x\n", ops[i].name, t, copy_s[ops[i].baseline],
                copy_s[ops[i].baseline] / t);
+  }
+}
+
+}  // namespace
+
+void run_bench_checkpoint(const CheckpointBenchArgs& args) {
+  int signal = 0;
+  {
+    const InterruptHandlers handlers;
+    try {
+      run_checkpoint_bench(args);
+    } catch (const Interrupted& e) {
+      signal = e.signal;  // the scratch folder is gone: ScratchDir unwound
+    }
+  }
+  if (signal != 0) {
+    std::raise(signal);  // under the previous disposition: by default the process ends here, by that signal
+    throw std::runtime_error("bench checkpoint: interrupted by signal " + std::to_string(signal) +
+                             "; its files were removed");
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -202,8 +203,9 @@ class BenchProgress {
 };
 
 // The fields every benchmark row has in --json output.
-nlohmann::json timing_json(const bench::Timing& t, const std::string& baseline, const std::string& cpu) {
+nlohmann::json timing_json(const bench::Timing& t, int reps, const std::string& baseline, const std::string& cpu) {
   return {{"threads", t.threads},
+          {"reps", reps},
           {"bytes", t.bytes_moved},
           {"seconds", t.seconds},
           {"gbps", t.gbps},
@@ -235,20 +237,44 @@ void run_bench_convert(const BenchArgs& args) {
     if (comma == std::string::npos) break;
     begin = comma + 1;
   }
-  const std::vector<Isa> levels = bench_levels(args.isa);
+  // Levels that run the same conversion table (avx512, avx512-bf16 and amx share one: no conversion needs BF16
+  // or AMX instructions) are measured once, under the lowest of them; a row's `levels` are those it stands for.
+  std::vector<Isa> levels;
+  std::vector<std::vector<std::string>> same_as;  // per measured level: the --isa levels it stands for
+  std::vector<std::string> kernels;
+  for (Isa level : bench_levels(args.isa)) {
+    set_max_isa(level);
+    const std::string kernel(conversion_kernel());
+    const auto seen = std::find(kernels.begin(), kernels.end(), kernel);
+    if (seen == kernels.end()) {
+      levels.push_back(level);
+      kernels.push_back(kernel);
+      same_as.push_back({std::string(name(level))});
+    } else {
+      same_as[static_cast<std::size_t>(seen - kernels.begin())].emplace_back(name(level));
+    }
+  }
+  set_max_isa(std::nullopt);
   std::vector<bench::ConvertResult> results;
+  std::vector<std::size_t> block_of;  // per row: its index in `levels`
   {
     const BenchProgress progress("convert");
-    results = for_each_level<bench::ConvertResult>(
-        levels, [&] { return bench::run_convert_bench(options, std::cref(progress)); });
+    for (std::size_t i = 0; i < levels.size(); ++i) {
+      const std::vector<bench::ConvertResult> part = for_each_level<bench::ConvertResult>(
+          {levels[i]}, [&] { return bench::run_convert_bench(options, std::cref(progress)); });
+      results.insert(results.end(), part.begin(), part.end());
+      block_of.resize(results.size(), i);
+    }
   }
   const std::string cpu = cpu_features().brand;
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& r : results) {
-      nlohmann::json row = timing_json(r.timing, "memcpy", cpu);
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const bench::ConvertResult& r = results[i];
+      nlohmann::json row = timing_json(r.timing, options.reps, "memcpy", cpu);
       row["op"] = r.op;
       row["isa"] = r.isa;
+      row["levels"] = same_as[block_of[i]];
       row["kernel"] = r.kernel;
       row["overflow"] = string_or_null(r.overflow);
       row["scale"] = r.scale;
@@ -268,6 +294,13 @@ void run_bench_convert(const BenchArgs& args) {
                r.overflow.empty() ? "-" : r.overflow, r.scale, r.timing.threads, r.timing.gbps, r.timing.baseline_gbps,
                r.timing.ratio);
   }
+  for (std::size_t i = 0; i < levels.size(); ++i) {
+    if (same_as[i].size() < 2) continue;
+    std::string list;
+    for (std::size_t j = 1; j < same_as[i].size(); ++j) list += (j > 1 ? ", " : "") + same_as[i][j];
+    fmt::print(output(), "--isa {}: the same conversion kernels ({}) as {}, measured once\n", list, kernels[i],
+               same_as[i].front());
+  }
 }
 
 void run_bench_scaling(const BenchArgs& args) {
@@ -285,7 +318,7 @@ void run_bench_scaling(const BenchArgs& args) {
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : results) {
-      nlohmann::json row = timing_json(r.timing, r.baseline, cpu);
+      nlohmann::json row = timing_json(r.timing, options.reps, r.baseline, cpu);
       row["op"] = r.op;
       row["isa"] = r.isa;
       row["kernel"] = string_or_null(r.kernel);
@@ -297,9 +330,11 @@ void run_bench_scaling(const BenchArgs& args) {
     return;
   }
   fmt::print(output(),
-             "scaling kernels on a {} MiB float32 matrix (rows x 4096, e4m3fn, saturating; {} repetitions, medians; "
+             "scaling kernels on a {} float32 matrix ({} x {}, e4m3fn, saturating; {} repetitions, medians; "
              "CPU: {})\n",
-             options.bytes >> 20, options.reps, cpu.empty() ? "unknown" : cpu);
+             byte_size_text(bench::scaling_bench_matrix_bytes(options.bytes)),
+             bench::scaling_bench_matrix_bytes(options.bytes) / 4 / bench::kScalingBenchCols, bench::kScalingBenchCols,
+             options.reps, cpu.empty() ? "unknown" : cpu);
   fmt::print(output(),
              "GB/s counts bytes read + written; amax is compared with the read probe, the rest with memcpy\n\n");
   fmt::print(output(), "{:<15} {:<11} {:<15} {:>7} {:>9} {:<15} {:>13} {:>7}\n", "op", "isa", "granularity", "threads",
@@ -342,10 +377,12 @@ std::int64_t parse_dim(const std::string& text, const std::string& entry) {
   return value;
 }
 
-// Bytes the benchmark allocates for a shape: float32 operands and outputs for both sides, the FP8 copies.
+// Bytes the benchmark allocates for a shape. GEMM: the float32 operands (4 per element), their FP8 codes (1) and
+// bfloat16 copies (2), three float32 outputs (FP8, sgemm, bf16). GEMV: the float32 weights, their FP8 codes and the
+// read probe's copy of them.
 double gemm_buffer_bytes(const bench::GemmShape& s) {
   const auto m = static_cast<double>(s.m), n = static_cast<double>(s.n), k = static_cast<double>(s.k);
-  return s.gemv ? 6 * n * k : 5 * (m * k + n * k) + 8 * m * n;
+  return s.gemv ? 6 * n * k : 7 * (m * k + n * k) + 12 * m * n;
 }
 
 // "gemm:2048,gemm:1024x4096x512,gemv:8192x8192" -> shapes (gemm:S is S x S x S; gemv:NxK, N x K weights).
@@ -457,6 +494,21 @@ void run_bench_gemm(const GemmArgs& args) {
   options.threads = thread_counts(args.threads);
   const std::vector<Isa> levels = bench_levels(args.isa);
   const bench::OpenBlasInfo& blas = bench::load_openblas();  // fails here, before any work, when it is missing
+  if (blas.max_threads > 0) {
+    // Past its build's MAX_THREADS OpenBLAS runs fewer threads than asked: the baseline would not run the row's count.
+    if (args.threads != kThreadsAbsent && args.threads > blas.max_threads) {
+      throw UsageError(
+          fmt::format("--threads {}: OpenBLAS runs at most {} threads (its build's MAX_THREADS), so the "
+                      "sgemm/sgemv baselines would run fewer threads than fp8kit; give at most {}",
+                      args.threads, blas.max_threads, blas.max_threads));
+    }
+    for (int& t : options.threads) t = std::min(t, blas.max_threads);
+    options.threads.erase(std::unique(options.threads.begin(), options.threads.end()), options.threads.end());
+  }
+  const auto largest = std::max_element(options.shapes.begin(), options.shapes.end(), [](const auto& a, const auto& b) {
+    return gemm_buffer_bytes(a) < gemm_buffer_bytes(b);
+  });
+  check_memory(static_cast<std::size_t>(gemm_buffer_bytes(*largest)), "'" + largest->name() + "'", "--shapes");
   const bench::Bf16Library& bf16 = bench::bf16_library();
   std::vector<bench::GemmResult> results;
   {
