@@ -596,15 +596,18 @@ def bench_every_level():
     info = run_json("info", "--json")
     all_levels = ["scalar", "avx2", "avx512", "avx512-bf16", "amx"]
     rows = run_json("bench", "convert", "--bytes", "1M", "--reps", "3", "--threads", "1", "--isa", "all", "--json")
-    # One pass per level the CPU runs, in order; each pass's f32->e4m3fn kernel row carries the level of the table
+    # One pass per conversion table the CPU's levels run, in order (levels above avx512 run avx512's: one pass for
+    # them all, its rows' `levels` naming each); each pass's f32->e4m3fn kernel row carries the level of the table
     # it ran (the highest at or below the cap: conversions have tables up to avx512), then the scalar reference row.
     encodes = [r for r in rows if r["op"] == "f32->e4m3fn" and r["overflow"] == "saturate" and r["scale"] == 1]
-    assert len(encodes) == 2 * len(info["levels"]), ([r["isa"] for r in encodes], info["levels"])
+    passes = [encodes[i]["levels"] for i in range(0, len(encodes), 2)]
+    assert [level for levels in passes for level in levels] == info["levels"], (passes, info["levels"])
     order = ["scalar", "avx2", "avx512"]
-    for i, level in enumerate(info["levels"]):
+    for i, levels in enumerate(passes):
         kernel_row, reference_row = encodes[2 * i], encodes[2 * i + 1]
-        assert kernel_row["isa"] == order[min(all_levels.index(level), 2)], (kernel_row, level)
+        assert kernel_row["isa"] == order[min(all_levels.index(levels[0]), 2)], (kernel_row, levels)
         assert reference_row["isa"] == "scalar" and reference_row["kernel"] == "scalar", reference_row
+        assert reference_row["levels"] == levels, (reference_row, levels)
     check_usage_error(["bench", "convert", "--isa", "avx9"], "avx9")
     check_usage_error(["bench", "gemm", "--isa", "avx2,bogus"], "bogus")
     missing = [level for level in ("avx2", "avx512", "avx512-bf16", "amx") if level not in info["levels"]]
