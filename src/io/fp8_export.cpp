@@ -59,6 +59,15 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
                                        const Fp8ExportOptions& options) {
   if (auto refusal = layout_refusal(options.layout, options.scheme, options.format)) refuse(*refusal);
   const std::string scheme(name(options.scheme)), layout(name(options.layout)), format(name(options.format));
+  // What the weights were: float32, or bfloat16 under bf16 master weights (fp8-o2), every parameter alike.
+  const std::vector<Parameter*> params = model.parameters();
+  FP8KIT_CHECK(!params.empty(), "FP8 export: the ", config.model, " has no parameters");
+  const DType master = params.front()->value.dtype();
+  for (const Parameter* p : params) {
+    FP8KIT_CHECK_KIND(p->value.dtype() == master, ErrorKind::kInternal, "FP8 export: '", p->name, "' is ",
+                      name(p->value.dtype()), " where the other parameters are ", name(master));
+  }
+  const std::string original_dtype(name(master));
   std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"fp8kit.export.recipe", recipe.name()},
@@ -68,7 +77,7 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
       {"fp8kit.export.scheme", scheme},
       {"fp8kit.export.layout", layout},
       {"fp8kit.export.format", format},
-      {"fp8kit.export.original_dtype", "float32"},
+      {"fp8kit.export.original_dtype", original_dtype},
       {"fp8kit.export.overflow", "saturate"},
   };
   if (options.static_input_scales) {
@@ -83,8 +92,8 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
   Fp8ExportSummary summary;
   std::vector<NamedTensor> tensors;
   std::vector<std::string> ignored;  // 2-D weights left FP32, for the quantization_config
-  for (const Parameter* p : model.parameters()) {
-    if (skip_reason(p->name, SafetensorsDType::F32, p->value.shape())) {
+  for (const Parameter* p : params) {
+    if (skip_reason(p->name, safetensors_dtype(master), p->value.shape())) {
       if (is_linear_weight(*p)) ignored.push_back(p->name);
       summary.kept.push_back(p->name);
       tensors.push_back({p->name, p->value});
@@ -112,11 +121,11 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
     }
     metadata.insert(q.metadata.begin(), q.metadata.end());
     metadata["fp8kit.export.tensor." + p->name] =
-        "scheme=" + scheme + ";format=" + format + ";dtype=float32;overflow=saturate";
+        "scheme=" + scheme + ";format=" + format + ";dtype=" + original_dtype + ";overflow=saturate";
     summary.quantized.push_back(p->name);
   }
   FP8KIT_CHECK(!summary.quantized.empty(), "FP8 export: the ", config.model,
-               " has no 2-D linear weight to quantize (embeddings, norms, lm_head and convolutions stay FP32)");
+               " has no 2-D linear weight to quantize (embeddings, norms, lm_head and convolutions are not quantized)");
   std::vector<SafetensorsEntry> entries;
   for (const NamedTensor& t : tensors) {
     entries.push_back(safetensors_entry(t.name, t.tensor));
@@ -136,7 +145,7 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
   write_safetensors(summary.file, entries, metadata);
   nlohmann::ordered_json j = {
       {"fp8kit", {{"model", config.model}, {"recipe", recipe.name()}, {"seed", config.seed}, {"steps", steps_done}}},
-      {"torch_dtype", "float32"},
+      {"torch_dtype", original_dtype},
       {"quantization_config",
        nlohmann::ordered_json::parse(quantization_config_json(options.layout, options.scheme, options.format, ignored,
                                                               ScaleRounding::kExact, options.static_input_scales))},

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -227,6 +228,18 @@ TrainCheckpointInfo info_of(const SafetensorsFile& file) {
   info.data_fingerprint = m.text("data_fingerprint");
   info.recipe = m.recipe();
   info.skipped_steps = m.number<std::int64_t>("skipped_steps");
+  if (metadata.count(key("eval_batches")) != 0) {
+    info.eval_batches = m.number<std::int64_t>("eval_batches");
+    FP8KIT_CHECK_KIND(info.eval_batches >= 1, ErrorKind::kParse, quoted(path), ": __metadata__ '", key("eval_batches"),
+                      "' is ", info.eval_batches, ", not at least 1 (the file is damaged)");
+  }
+  if (metadata.count(key("on_nonfinite")) != 0) {
+    const std::string& policy = m.text("on_nonfinite");
+    FP8KIT_CHECK_KIND(policy == "skip" || policy == "abort", ErrorKind::kParse, quoted(path), ": __metadata__ '",
+                      key("on_nonfinite"), "' is ", detail::quoted(policy),
+                      ", not skip or abort (the file is damaged)");
+    info.on_nonfinite = policy == "abort" ? OnNonfinite::kAbort : OnNonfinite::kSkip;
+  }
   FP8KIT_CHECK_KIND(info.next_step >= 1 && info.next_step <= info.steps && info.skipped_steps >= 0 &&
                         info.skipped_steps <= info.next_step,
                     ErrorKind::kParse, quoted(path), ": __metadata__ says step ", info.next_step, " of ", info.steps,
@@ -250,6 +263,17 @@ const SafetensorsTensor& expect(const SafetensorsFile& file, const std::string& 
 bool same_config(const DelayedScalingConfig& a, const DelayedScalingConfig& b) {
   return a.format == b.format && a.history_length == b.history_length && a.algorithm == b.algorithm &&
          a.margin == b.margin && a.ema_decay == b.ema_decay;
+}
+
+// A restored tensor's values must be ones training leaves: finite (a NaN weight or moment reached every later step
+// through AdamW, and the run reported NaN losses as its result) and, for a second moment or a scale, not negative.
+void check_values(const Tensor& t, const std::string& ck, const std::string& name, bool nonnegative) {
+  const Tensor wide = t.dtype() == DType::float32 ? t : t.to(DType::float32);
+  const std::span<const float> v = wide.span<float>();
+  const auto bad =
+      std::find_if(v.begin(), v.end(), [&](float x) { return !std::isfinite(x) || (nonnegative && x < 0.0f); });
+  FP8KIT_CHECK_KIND(bad == v.end(), ErrorKind::kParse, ck, ": ", detail::quoted(name), " holds ", *bad, " at element ",
+                    bad - v.begin(), ", which training never leaves there (the file is damaged)");
 }
 
 }  // namespace
@@ -323,6 +347,8 @@ void save_train_checkpoint(const fs::path& path, const TrainConfig& config, cons
       {key("recipe"), recipe.name()},
       {key("recipe_settings"), recipe_settings(recipe)},
       {key("skipped_steps"), std::to_string(progress.skipped_steps)},
+      {key("eval_batches"), std::to_string(config.eval_batches)},
+      {key("on_nonfinite"), config.on_nonfinite == OnNonfinite::kAbort ? "abort" : "skip"},
   };
   write_safetensors(path, entries, metadata);
 }
@@ -395,6 +421,7 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
   for (const Parameter* p : params) {
     values.push_back(
         to_tensor(expect(file, p->name, safetensors_dtype(p->value.dtype()), p->value.shape(), "a parameter")));
+    check_values(values.back(), ck, p->name, false);
     by_name[p->name] = p;
     used.insert(p->name);
   }
@@ -420,6 +447,8 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
     s.m = to_tensor(expect(file, std::string(kExpAvg) + name, moments, shape, "AdamW's first moment"));
     s.v = to_tensor(expect(file, std::string(kExpAvgSq) + name, moments, shape, "AdamW's second moment"));
     used.insert({t.name, std::string(kExpAvg) + name, std::string(kExpAvgSq) + name});
+    check_values(s.m, ck, std::string(kExpAvg) + name, false);
+    check_values(s.v, ck, std::string(kExpAvgSq) + name, true);
     if (recipe.optimizer_state == MomentStorage::kFp8) {
       const Shape blocks{ceil_div(p->second->value.numel(), nn::kMomentBlock)};
       s.m_scale = to_tensor(
@@ -427,11 +456,14 @@ TrainProgress load_train_checkpoint(const fs::path& path, const TrainConfig& con
       s.v_scale = to_tensor(expect(file, std::string(kExpAvgSqScale) + name, SafetensorsDType::F32, blocks,
                                    "the second moment's scales"));
       used.insert({std::string(kExpAvgScale) + name, std::string(kExpAvgSqScale) + name});
+      check_values(s.m_scale, ck, std::string(kExpAvgScale) + name, true);
+      check_values(s.v_scale, ck, std::string(kExpAvgSqScale) + name, true);
     }
     if (recipe.master_weights == MasterWeights::kBf16Kahan) {
       s.compensation = to_tensor(expect(file, std::string(kCompensation) + name, SafetensorsDType::BF16, shape,
                                         "the master weights' Kahan compensation"));
       used.insert(std::string(kCompensation) + name);
+      check_values(s.compensation, ck, std::string(kCompensation) + name, false);
     }
     optim.emplace(name, std::move(s));
   }
@@ -489,7 +521,8 @@ TrainCheckpointer::TrainCheckpointer(const TrainConfig& config, const PrecisionR
                                      TrainCheckpointOptions options)
     : config_(config), recipe_(recipe), options_(std::move(options)) {
   const TrainCheckpointOptions& o = options_;
-  FP8KIT_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be at least 1, got ", o.checkpoint_every);
+  FP8KIT_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be at least 1 (or 0: only at the end), got ",
+               o.checkpoint_every);
   FP8KIT_CHECK(o.checkpoint_every == 0 || !o.save_checkpoint.empty(),
                "--checkpoint-every needs --save-checkpoint FILE (where to write)");
   FP8KIT_CHECK(o.export_fp8.empty() ? !o.export_scheme && !o.export_layout : true,

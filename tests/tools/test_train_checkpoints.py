@@ -66,6 +66,17 @@ def write_with_metadata(src, dst, edit):
         f.write(struct.pack("<Q", len(text)) + text + b[8 + n:])
 
 
+def write_with_bytes(src, dst, tensor, offset, raw):
+    """A copy of a safetensors file with bytes of one tensor's data replaced."""
+    with open(src, "rb") as f:
+        b = bytearray(f.read())
+    n = struct.unpack("<Q", b[:8])[0]
+    start = json.loads(b[8:8 + n])[tensor]["data_offsets"][0] + 8 + n + offset
+    b[start:start + len(raw)] = raw
+    with open(dst, "wb") as f:
+        f.write(b)
+
+
 def floats(raw):
     return struct.unpack(f"<{len(raw) // 4}f", raw)
 
@@ -80,21 +91,28 @@ def killed_run_resumes_bit_identically():
     with tempfile.TemporaryDirectory() as d:
         full, at2, resumed = (os.path.join(d, n) for n in ("full.safetensors", "at2.safetensors", "r.safetensors"))
         plot_a, plot_b = os.path.join(d, "a.svg"), os.path.join(d, "b.svg")
+        # --eval-batches is not part of the training state, but of what the run reports: the checkpoint records it
+        # (a resumed run evaluated 16 batches, another final loss, and reverted --on-nonfinite abort to skip).
         out, _ = run_ok("train", "--recipe", "fp8-delayed", "--steps", STEPS, "--json", "--save-checkpoint", full,
-                        "--plot", plot_a)
+                        "--plot", plot_a, "--eval-batches", "3")
         [a] = json.loads(out)
         assert a["start_step"] == 0 and len(a["losses"]) == 4 and a["checkpoint"] == full, a
         # The same run, killed at step 2 (the guard aborts on an injected NaN) after its step-2 checkpoint.
         rc, out, err = run("train", "--recipe", "fp8-delayed", "--steps", STEPS, "--save-checkpoint", at2,
-                           "--checkpoint-every", "2", "--inject-nan", "2", "--on-nonfinite", "abort")
+                           "--checkpoint-every", "2", "--inject-nan", "2", "--on-nonfinite", "abort",
+                           "--eval-batches", "3")
         assert rc == 1 and "step 2" in err, (rc, err)
         _, meta = read_st(at2)
         assert meta["fp8kit.train.next_step"] == "2" and meta["fp8kit.train.steps"] == "4", meta
+        assert meta["fp8kit.train.eval_batches"] == "3" and meta["fp8kit.train.on_nonfinite"] == "abort", meta
+        # A NaN injected before the resumed step was silently never injected.
+        check_usage_error(["train", "--resume", at2, "--inject-nan", "1"], "the run resumes at step 2")
         # Resumed with nothing but the checkpoint: model, recipe, seed, steps come from it.
         out, err = run_ok("train", "--resume", at2, "--json", "--save-checkpoint", resumed, "--plot", plot_b)
         assert err == "", err
         [b] = json.loads(out)
         assert b["start_step"] == 2 and b["recipe"] == "fp8-delayed" and b["steps"] == 4, b
+        assert b["eval_batches"] == 3, b
         assert a["losses"] == b["losses"], (a["losses"], b["losses"])  # exact: the shortest round-trip decimals
         assert a["final_loss"] == b["final_loss"], (a, b)
         assert a["skipped_steps"] == b["skipped_steps"] == 0
@@ -105,6 +123,8 @@ def killed_run_resumes_bit_identically():
         assert ta.keys() == tb.keys()
         for name in ta:
             assert ta[name] == tb[name], name
+        ma.pop("fp8kit.train.on_nonfinite")
+        assert mb.pop("fp8kit.train.on_nonfinite") == "abort"  # the killed run's policy, which the resume took
         assert ma == mb, (ma, mb)
         # The text table of a resumed run is the uninterrupted one's, plus where it resumed.
         out, _ = run_ok("train", "--resume", at2)
@@ -215,6 +235,9 @@ def refusals_are_one_line_with_status_2():
                 (["--save-checkpoint", new], "give --recipe"),
                 (["--recipe", "fp32", "--checkpoint-every", "2"], "needs --save-checkpoint"),
                 (["--recipe", "fp32", "--save-checkpoint", new, "--checkpoint-every", "-1"], "at least 1"),
+                (["--compare", "fp32,bf16,fp32"], "fp32 is listed twice"),
+                (["--compare", "fp32,"], "has an empty item"),
+                (["--compare", ",fp32"], "has an empty item"),
                 (["--recipe", "fp32", "--export-scheme", "fp8-block"], "need --export-fp8"),
                 (["--recipe", "fp32", "--export-fp8", new, "--export-scheme", "int4"], "unknown --export-scheme"),
                 (["--recipe", "fp32", "--export-fp8", new, "--export-layout", "gguf"], "unknown --export-layout"),
@@ -240,10 +263,57 @@ def refusals_are_one_line_with_status_2():
         with open(ck, "rb") as f, open(cut, "wb") as g:
             g.write(f.read()[:-100])
         check_usage_error(["train", "--resume", v2], "version 2 training checkpoint")
+        # Values training never leaves: a NaN weight or moment ran on through AdamW (every later loss NaN, exit 0), a
+        # negative second moment too.
+        tensors, _ = read_st(ck)
+        weight = next(n for n, (dtype, shape, _) in tensors.items() if dtype == "F32" and len(shape) == 2
+                      and not n.startswith("optim."))
+        for name, value, needle in ((weight, math.nan, "holds nan at element 1"),
+                                    ("optim.exp_avg_sq." + weight, -1.0, "holds -1 at element 1"),
+                                    ("optim.exp_avg." + weight, math.inf, "holds inf at element 1")):
+            damaged = os.path.join(d, "damaged.safetensors")
+            write_with_bytes(ck, damaged, name, 4, struct.pack("<f", value))
+            check_usage_error(["train", "--resume", damaged], needle)
+            check_usage_error(["train", "--resume", damaged], "(the file is damaged)")
         check_usage_error(["train", "--resume", bad], "not a number")
         check_usage_error(["train", "--resume", cut], "cut.safetensors")
         # A checkpoint past the steps asked for.
         check_usage_error(["train", "--resume", ck, "--steps", "1", "--save-checkpoint", new], "more than the 1")
+
+
+@test
+def bf16_master_weights_export_says_bfloat16():
+    """fp8-o2 keeps bf16 master weights: its export's unquantized tensors are BF16, and its metadata and config.json
+    said float32."""
+    with tempfile.TemporaryDirectory() as d:
+        ex = os.path.join(d, "ex")
+        run_ok("train", "--recipe", "fp8-o2", "--steps", "1", "--export-fp8", ex)
+        tensors, meta = read_st(os.path.join(ex, "model.safetensors"))
+        assert "BF16" in {dtype for dtype, _, _ in tensors.values()} and "F32" not in {
+            dtype for name, (dtype, _, _) in tensors.items() if not name.endswith("scale")}, tensors.keys()
+        assert meta["fp8kit.export.original_dtype"] == "bfloat16", meta
+        per_tensor = [v for k, v in meta.items() if k.startswith("fp8kit.export.tensor.")]
+        assert per_tensor and all(";dtype=bfloat16;" in v for v in per_tensor), per_tensor
+        with open(os.path.join(ex, "config.json")) as f:
+            assert json.load(f)["torch_dtype"] == "bfloat16"
+
+
+@test
+def outputs_are_compared_by_the_file_they_name():
+    """Two outputs naming one file through two spellings (q.safetensors, ./q.safetensors) passed the check: the export
+    replaced the checkpoint. An output inside the --export-fp8 directory was replaced by (or replaced) its files."""
+    with tempfile.TemporaryDirectory() as d:
+        def refused(args, needle):
+            p = subprocess.run([os.path.abspath(BINARY), "train", "--recipe", "fp8-delayed", "--steps", "1", *args],
+                               cwd=d, capture_output=True, text=True, timeout=300)
+            assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, (args, p)
+            assert os.listdir(d) == ["ed"], (args, os.listdir(d))
+
+        os.mkdir(os.path.join(d, "ed"))
+        refused(["--save-checkpoint", "q.safetensors", "--export-fp8", "./q.safetensors"], "name the same file")
+        refused(["--plot", "p.svg", "--log-scales", "ed/../p.svg"], "name the same file")
+        refused(["--save-checkpoint", "ed/model.safetensors", "--export-fp8", "ed"], "inside the --export-fp8 directory")
+        refused(["--plot", "./ed/config.json", "--export-fp8", "ed/"], "inside the --export-fp8 directory")
 
 
 def main():

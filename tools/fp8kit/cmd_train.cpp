@@ -76,7 +76,8 @@ struct TrainArgs {
   std::string inject_rank_failure;              // hidden: "RANK:STEP" or "RANK:STEP:kill" (the fault tests)
   // Which options were given: a resumed run takes the others from its checkpoint.
   bool model_given = false, seed_given = false, seeds_given = false, batch_given = false, steps_given = false,
-       data_given = false, conv_area_given = false, inject_nan_given = false, threads_given = false;
+       data_given = false, conv_area_given = false, inject_nan_given = false, threads_given = false,
+       eval_batches_given = false, on_nonfinite_given = false;
 };
 
 // Refuses, on every rank alike, a job whose ranks were given different settings (a launcher script that passes
@@ -233,9 +234,12 @@ std::vector<nn::PrecisionRecipe> parse_recipes(const TrainArgs& a) {
   if (!a.recipe.empty() && !a.compare.empty()) throw UsageError("give --recipe or --compare, not both");
   const std::string list = !a.recipe.empty() ? a.recipe : !a.compare.empty() ? a.compare : kDefaultCompare;
   std::vector<nn::PrecisionRecipe> out;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  const char* option = !a.recipe.empty() ? "--recipe" : "--compare";
+  for (std::size_t begin = 0;;) {
+    const std::size_t comma = list.find(',', begin);
+    const std::string item = list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    // getline let a trailing comma pass ("fp32," was fp32) where a leading one was an unknown recipe ''
+    if (item.empty()) throw UsageError(std::string(option) + ": '" + list + "' has an empty item; remove the comma");
     const auto r = nn::PrecisionRecipe::parse(item);
     if (!r) {
       throw UsageError("unknown recipe '" + item +
@@ -245,7 +249,13 @@ std::vector<nn::PrecisionRecipe> parse_recipes(const TrainArgs& a) {
     nn::PrecisionRecipe recipe = *r;
     recipe.fp8_conv_max_kernel_area = a.conv_max_area;
     apply_storage_options(a, recipe);
+    // A recipe twice trained it twice, the first row's ratios then against the second run (step time 1.17x "vs fp32").
+    if (std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.name() == recipe.name(); })) {
+      throw UsageError(std::string(option) + ": " + recipe.name() + " is listed twice; give each recipe once");
+    }
     out.push_back(recipe);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
   }
   if (out.empty()) throw UsageError("no recipe given");
   if (!a.recipe.empty() && out.size() != 1) throw UsageError("--recipe takes one recipe; use --compare for several");
@@ -373,10 +383,27 @@ class ScaleLog {
 };
 
 // Whether two paths name the same file (or would, once written).
+// The absolute, normal form of a path that may not exist yet (symbolic links resolved as far as it exists). Made
+// absolute first: weakly_canonical left "q.safetensors" relative and made "./q.safetensors" absolute, so the two
+// spellings of one file compared different.
+fs::path resolved(const std::string& path) {
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  const fs::path canonical = fs::weakly_canonical(ec ? fs::path(path) : absolute, ec);
+  return ec ? absolute.lexically_normal() : canonical;
+}
+
 bool same_path(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+  return resolved(a) == resolved(b);
+}
+
+// Whether `path` lies inside the directory `dir` (at any depth).
+bool inside(const std::string& path, const std::string& dir) {
+  const fs::path p = resolved(path), d = resolved(dir);
+  const auto [stop, rest] = std::mismatch(d.begin(), d.end(), p.begin(), p.end());
+  return stop == d.end() && rest != p.end();
 }
 
 // An output of `option` that train will write at the end: checked before any work, so that a long run never ends
@@ -408,7 +435,8 @@ void check_train_output(const std::string& option, const std::string& path, bool
 std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
   const bool any = !a.save_checkpoint.empty() || !a.resume.empty() || !a.export_fp8.empty();
   if (a.checkpoint_every < 0) {
-    throw UsageError("--checkpoint-every must be at least 1, got " + std::to_string(a.checkpoint_every));
+    throw UsageError("--checkpoint-every must be at least 1 (or 0, the default: only at the end), got " +
+                     std::to_string(a.checkpoint_every));
   }
   if (a.checkpoint_every > 0 && a.save_checkpoint.empty()) {
     throw UsageError("--checkpoint-every needs --save-checkpoint FILE (where to write)");
@@ -437,6 +465,9 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
     if (!a.steps_given) a.steps = info->steps;
     if (!a.data_given) a.data = info->data_path;
     if (!a.conv_area_given) a.conv_max_area = info->recipe.fp8_conv_max_kernel_area;
+    // Not part of the training state, but of what the uninterrupted run would have reported or done.
+    if (!a.eval_batches_given) a.eval_batches = info->eval_batches;
+    if (!a.on_nonfinite_given) a.on_nonfinite = info->on_nonfinite == nn::OnNonfinite::kAbort ? "abort" : "skip";
     if (a.recipe.empty()) a.recipe = info->recipe.name();
   }
   if (a.recipe.empty()) {
@@ -470,6 +501,7 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
                                                          {"--profile", writes_reports ? a.profile : ""},
                                                          {"--save-checkpoint", a.save_checkpoint},
                                                          {"--export-fp8", a.export_fp8}};
+  const bool export_directory = !a.export_fp8.empty() && fs::path(a.export_fp8).extension() != ".safetensors";
   for (std::size_t i = 0; i < std::size(outputs); ++i) {
     const auto& [option, path] = outputs[i];
     if (path.empty()) continue;
@@ -482,6 +514,12 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
       if (!outputs[j].second.empty() && same_path(path, outputs[j].second)) {
         throw UsageError(std::string(outputs[j].first) + " and " + option + " name the same file; give two paths");
       }
+    }
+    // An export directory is the export's: its files (model.safetensors, config.json, ...) would replace another
+    // output written there, or be replaced by it.
+    if (i != 4 && export_directory && inside(path, a.export_fp8)) {
+      throw UsageError(std::string(option) + ": '" + path + "' is inside the --export-fp8 directory '" + a.export_fp8 +
+                       "', which the export writes; give a path outside it");
     }
     const fs::path p(path);
     // A report to a device or a pipe (--log-scales /dev/stdout) is written as it is: nothing more to check.
@@ -746,6 +784,11 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
   if (a.inject_nan_given && (a.inject_nan < 0 || a.inject_nan >= a.steps)) {
     throw UsageError("--inject-nan " + std::to_string(a.inject_nan) + ": the run's steps are 0 .. " +
                      std::to_string(a.steps - 1));
+  }
+  if (a.inject_nan_given && resumed && a.inject_nan < resumed->next_step) {
+    throw UsageError("--inject-nan " + std::to_string(a.inject_nan) + ": the run resumes at step " +
+                     std::to_string(resumed->next_step) + ", after it; give a step " +
+                     std::to_string(resumed->next_step) + " .. " + std::to_string(a.steps - 1));
   }
   std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
   if (a.fp32_spread < 0 || a.fp32_spread > static_cast<std::int64_t>(kMaxSeeds)) {
@@ -1216,6 +1259,8 @@ void add_train_command(CLI::App& app) {
     a.conv_area_given = cmd->count("--fp8-conv-max-kernel-area") > 0;
     a.inject_nan_given = cmd->count("--inject-nan") > 0;
     a.threads_given = cmd->count("--threads") > 0;
+    a.eval_batches_given = cmd->count("--eval-batches") > 0;
+    a.on_nonfinite_given = cmd->count("--on-nonfinite") > 0;
     run(a);
   });
 }

@@ -42,17 +42,19 @@ Fp8ExportOptions resolve_fp8_export(const nn::PrecisionRecipe& recipe, std::opti
 struct Fp8ExportSummary {
   std::filesystem::path file;          // the safetensors file written
   std::vector<std::string> quantized;  // weight names, in parameter order
-  std::vector<std::string> kept;       // parameters left FP32 (skip_reason(): embeddings, norms, lm_head, biases, ...)
+  std::vector<std::string> kept;       // parameters left as they are (skip_reason(): embeddings, norms, lm_head, ...)
   std::uint64_t bytes = 0;             // of the tensors
 };
 
 // Writes the model's parameters as an inference checkpoint: the weights skip_reason() accepts (2-D float `.weight`
-// tensors other than embeddings, norms, lm_head; convolution weights are 4-D and stay FP32) quantized with
-// quantize_checkpoint_tensor() (saturating), every other parameter FP32 under its own name. `path` ending in
+// tensors other than embeddings, norms, lm_head; convolution weights are 4-D and stay as they are) quantized with
+// quantize_checkpoint_tensor() (saturating), every other parameter in the model's dtype (FP32, or BF16 under bf16
+// master weights) under its own name. `path` ending in
 // .safetensors is one file; any other path is a directory (created) holding model.safetensors and a config.json
 // with the layout's quantization_config. __metadata__: "format" "pt"; "fp8kit.export.*": recipe, model, seed,
-// steps, scheme, layout, format, original_dtype (float32), overflow (saturate); "fp8kit.export.tensor.<weight>" =
-// "scheme=...;format=...;dtype=float32;overflow=saturate" for each quantized weight; and the native layout's own
+// steps, scheme, layout, format, original_dtype (the parameters' dtype: float32 or bfloat16), overflow (saturate);
+// "fp8kit.export.tensor.<weight>" = "scheme=...;format=...;dtype=<original_dtype>;overflow=saturate" for each
+// quantized weight, config.json's torch_dtype the same; and the native layout's own
 // entries. Crash-safe (write_safetensors, AtomicFile). Throws Error(kInvalidArgument) when no weight is quantized.
 Fp8ExportSummary export_fp8_checkpoint(const std::filesystem::path& path, nn::Model& model,
                                        const nn::TrainConfig& config, const nn::PrecisionRecipe& recipe,

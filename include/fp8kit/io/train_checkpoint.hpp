@@ -38,6 +38,10 @@ struct TrainCheckpointInfo {
   std::string data_fingerprint;  // of the data file's bytes (16 hex digits); empty for generated data
   nn::PrecisionRecipe recipe;    // kind, mode and every setting (history length, margin, dispatcher rules)
   std::int64_t skipped_steps = 0;
+  // How the run evaluates and meets NaN/Inf: what a resumed run takes when they are not given again (neither changes
+  // the training state). Checkpoints written before they were recorded read as the defaults.
+  std::int64_t eval_batches = nn::TrainConfig{}.eval_batches;
+  nn::OnNonfinite on_nonfinite = nn::OnNonfinite::kSkip;
 };
 
 // Writes a checkpoint of the run `config` and `recipe` describe after `progress.next_step` steps, crash-safely
@@ -97,8 +101,8 @@ struct TrainCheckpointOptions {
 
 // The checkpoint phase of a run: constructed before anything else (validates the options, reads and checks the
 // checkpoint to resume from, and, without around_write, checks that the checkpoint and export destinations can be
-// written (check_writable_destination), so that a bad request fails before any work); hooks() plugs it into nn::train():
-// resume right after the model and the optimizer are built, a save after each step's update every
+// written (check_writable_destination), so that a bad request fails before any work); hooks() plugs it into
+// nn::train(): resume right after the model and the optimizer are built, a save after each step's update every
 // checkpoint_every steps and after the last, and at the end the last save when no step ran and the FP8 export.
 class TrainCheckpointer {
  public:
