@@ -157,8 +157,8 @@ def as_bits(x: Any, kind: str) -> Source:
             return Source(x, name, x.shape)
     if kind == "torch":
         if x.device.type != "cpu":
-            raise ValueError(f"the tensor is on {x.device}: fp8kit's CUDA backend does not exist yet; move it "
-                             f"with .cpu()")
+            raise ValueError(f"the tensor is on {x.device}: the Python package runs fp8kit's CPU kernels (its CUDA "
+                             f"backend is C++, docs/cuda.md); move it with .cpu()")
         name = resolve_dtype(x.dtype)
         t = x.detach()
         if not t.is_contiguous():
@@ -170,9 +170,13 @@ def as_bits(x: Any, kind: str) -> Source:
         else:
             # Lists, scalars, buffers: as NumPy types them (Python floats are doubles: rounded once from there);
             # Python ints and bools as float64.
+            original = x
             x = np.asarray(x)
             if x.dtype.kind in "biu":
                 x = x.astype(np.float64)
+            elif x.dtype.kind in "OUSV":  # object(), a dict, a string: not numbers at all
+                raise TypeError(f"fp8kit takes an array, a tensor or numbers, not {type(original).__name__} "
+                                f"(NumPy reads it as {x.dtype} elements)")
     name = resolve_dtype(x.dtype)
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)

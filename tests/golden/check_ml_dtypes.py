@@ -6,10 +6,12 @@ Checks, for every format ml_dtypes has: decoding of all 256 codes to float32, bf
 all 2^16 bfloat16 and float16 inputs; 2 million float32 inputs (random bits, random magnitudes, every code's
 value and midpoint with their float neighbours); float64 inputs. ml_dtypes casts only without saturation; the
 saturating results are checked against the non-saturating ones (overflow becomes +-max, all else is equal).
-Documented divergences (docs/formats.md) are counted and checked to be fp8kit's stated choice:
-  - e8m0fnu: ml_dtypes rounds subnormal inputs strictly between 2^-127 and 1.5 * 2^-127 up to 2^-126;
+Two differences of older ml_dtypes (docs/formats.md) are detected on the installed one; where it has them they are
+counted and checked to be fp8kit's stated choice, where it does not every input is compared:
+  - e8m0fnu: older ml_dtypes round subnormal inputs strictly between 2^-127 and 1.5 * 2^-127 up to 2^-126;
     fp8kit gives the nearest value, 2^-127.
-  - float64: ml_dtypes rounds through float32 first; only doubles that float32 holds exactly are compared.
+  - float64: older ml_dtypes round through float32 first (ml_dtypes#401); then only doubles that float32 holds
+    exactly are compared, else also doubles off them by a few float64 ulps (near every FP8 midpoint).
 """
 import os
 import subprocess
@@ -40,7 +42,15 @@ def ml_encode(fmt, x):
         return x.astype(getattr(ml_dtypes, "float8_" + fmt)).view(np.uint8)
 
 
+# What the installed ml_dtypes does where older ones differ from fp8kit.
+ML_E8M0_ROUNDS_SUBNORMALS_UP = int(np.float32(1.25 * 2.0**-127).reshape(1).astype(ml_dtypes.float8_e8m0fnu).view(
+    np.uint8)[0]) == 0x01
+ML_FLOAT64_ROUNDS_TWICE = float(np.float64([400 * (1 + 2.0**-40)]).astype(ml_dtypes.float8_e4m3fn)[0]) == 384.0
+
+
 def e8m0_divergent(x):
+    if not ML_E8M0_ROUNDS_SUBNORMALS_UP:
+        return np.zeros(len(x), bool)
     with np.errstate(all="ignore"):
         a = x.astype(np.float64)
     return (a > 2.0**-127) & (a < 1.5 * 2.0**-127)
@@ -93,6 +103,9 @@ def main():
     if len(sys.argv) != 2:
         print("usage: check_ml_dtypes.py PATH_TO_codec_dump", file=sys.stderr)
         return 2
+    print(f"ml_dtypes {ml_dtypes.__version__}: e8m0 subnormals "
+          f"{'rounded up (counted apart)' if ML_E8M0_ROUNDS_SUBNORMALS_UP else 'to nearest (compared)'}, float64 "
+          f"{'through float32 (float32-exact doubles only)' if ML_FLOAT64_ROUNDS_TWICE else 'rounded once (compared)'}")
     dump = sys.argv[1]
     rng = np.random.default_rng(7)
     all16 = np.arange(65536, dtype=np.uint32).astype(np.uint16)
@@ -113,6 +126,9 @@ def main():
         compare_encode(dump, fmt, "f32", float32_inputs(fmt, rng))
         with np.errstate(all="ignore"):
             f64 = float32_inputs(fmt, rng)[:300_000].astype(np.float64)
+        if not ML_FLOAT64_ROUNDS_TWICE:  # off the float32 values (midpoints included) by 1..4 float64 ulps
+            steps = rng.integers(-4, 5, len(f64)).astype(np.float64)
+            f64 = np.concatenate([f64, f64 + steps * np.spacing(f64)])
         compare_encode(dump, fmt, "f64", f64)
     return summary()
 

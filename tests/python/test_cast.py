@@ -197,6 +197,14 @@ def test_errors():
         fp8kit.cast(x, 3.5)
     with pytest.raises(TypeError, match="dtype must be given"):
         fp8kit.cast(x, None)  # not NumPy's default float64
+    # Objects that are not numbers at all were a ValueError "does not cast object" (docs: TypeError).
+    for thing, numpy_reads in ((object(), "object"), ({}, "object"), ("1.5", "<U3"), ([1.0, "a"], "<U32"),
+                               (None, "object")):
+        with pytest.raises(TypeError, match=f"takes an array, a tensor or numbers, not {type(thing).__name__} "
+                                            f"\\(NumPy reads it as {numpy_reads} elements\\)"):
+            fp8kit.cast(thing, "e4m3fn")
+    with pytest.raises(TypeError, match="not object"):
+        fp8kit.quantize(object())
     with pytest.raises(TypeError, match="out must be a NumPy array like the input, not list"):
         fp8kit.cast(x, "e4m3fn", out=[0, 0])
     with pytest.raises(ValueError, match="out is uint8"):
