@@ -32,6 +32,11 @@ __all__ = ["formats", "cast", "quantize", "dequantize", "amax", "analyze", "scal
            "conversion_kernel", "__version__"]
 
 
+def __dir__() -> list:
+    """The package's API (what tab completion offers), not the modules and helpers it imports (np, os, check_bool)."""
+    return sorted(__all__)
+
+
 def formats() -> list[dict[str, Any]]:
     """Every FP8 format fp8kit knows (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu), one dict each with the keys of
     `fp8kit formats --json`: name, torch_name, sign_bits, exponent_bits, mantissa_bits, bias, max, max_code,

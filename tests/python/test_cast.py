@@ -373,3 +373,12 @@ def test_torch_tensors_reach_the_library_without_a_copy():
     r = fp8kit.cast(torch.linspace(-1, 1, 64), torch.float8_e4m3fn, out=out)
     assert r is out and out.data_ptr() == pointer and torch.equal(out.float(), torch.linspace(-1, 1, 64).to(
         torch.float8_e4m3fn).float())
+
+
+def test_the_package_lists_its_api_not_its_imports():
+    """dir(fp8kit) (tab completion) offered np, os, json, re, Any and the argument checkers beside the API."""
+    listed = dir(fp8kit)
+    assert listed == sorted(fp8kit.__all__), listed
+    for name in fp8kit.__all__:
+        assert hasattr(fp8kit, name), name
+    assert "np" not in listed and "check_bool" not in listed

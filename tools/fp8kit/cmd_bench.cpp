@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
