@@ -228,6 +228,10 @@ TrainCheckpointInfo info_of(const SafetensorsFile& file) {
   info.data_fingerprint = m.text("data_fingerprint");
   info.recipe = m.recipe();
   info.skipped_steps = m.number<std::int64_t>("skipped_steps");
+  // Values no run writes (a hand-edited or damaged file): said as damage, not as a setting to resume with.
+  FP8KIT_CHECK_KIND(info.batch >= 1 && info.warmup_steps >= 0 && std::isfinite(info.adamw.lr) && info.adamw.lr >= 0,
+                    ErrorKind::kParse, quoted(path), ": __metadata__ says batch ", info.batch, ", warmup_steps ",
+                    info.warmup_steps, ", lr ", info.adamw.lr, ", which no run has (the file is damaged)");
   if (metadata.count(key("eval_batches")) != 0) {
     info.eval_batches = m.number<std::int64_t>("eval_batches");
     FP8KIT_CHECK_KIND(info.eval_batches >= 1, ErrorKind::kParse, quoted(path), ": __metadata__ '", key("eval_batches"),

@@ -276,6 +276,9 @@ def refusals_are_one_line_with_status_2():
             check_usage_error(["train", "--resume", damaged], needle)
             check_usage_error(["train", "--resume", damaged], "(the file is damaged)")
         check_usage_error(["train", "--resume", bad], "not a number")
+        for field, value in (("batch", "0"), ("lr", "nan"), ("warmup_steps", "-3")):
+            write_with_metadata(ck, bad, lambda m: m.update({"fp8kit.train." + field: value}))
+            check_usage_error(["train", "--resume", bad], "which no run has (the file is damaged)")
         check_usage_error(["train", "--resume", cut], "cut.safetensors")
         # A checkpoint past the steps asked for.
         check_usage_error(["train", "--resume", ck, "--steps", "1", "--save-checkpoint", new], "more than the 1")
