@@ -382,7 +382,6 @@ class ScaleLog {
   std::string buffer_;
 };
 
-// Whether two paths name the same file (or would, once written).
 // The absolute, normal form of a path that may not exist yet (symbolic links resolved as far as it exists). Made
 // absolute first: weakly_canonical left "q.safetensors" relative and made "./q.safetensors" absolute, so the two
 // spellings of one file compared different.
@@ -393,6 +392,7 @@ fs::path resolved(const std::string& path) {
   return ec ? absolute.lexically_normal() : canonical;
 }
 
+// Whether two paths name the same file (or would, once written).
 bool same_path(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
@@ -787,8 +787,8 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
   }
   if (a.inject_nan_given && resumed && a.inject_nan < resumed->next_step) {
     throw UsageError("--inject-nan " + std::to_string(a.inject_nan) + ": the run resumes at step " +
-                     std::to_string(resumed->next_step) + ", after it; give a step " +
-                     std::to_string(resumed->next_step) + " .. " + std::to_string(a.steps - 1));
+                     std::to_string(resumed->next_step) + "; give a step " + std::to_string(resumed->next_step) +
+                     " .. " + std::to_string(a.steps - 1));
   }
   std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
   if (a.fp32_spread < 0 || a.fp32_spread > static_cast<std::int64_t>(kMaxSeeds)) {
