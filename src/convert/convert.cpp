@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "common/disjoint.hpp"
 #include "common/no_cuda.hpp"
 #include "common/parallel.hpp"
 #include "cpu/convert_kernels.hpp"
@@ -59,6 +60,7 @@ void cast_to_fp8_impl(std::span<const In> in, std::span<std::uint8_t> out, const
                       convert_detail::EncodeFn<In> kernel) {
   FP8KIT_CHECK(in.size() == out.size(), "cast_to_fp8: input has ", in.size(), " elements but output has ", out.size());
   if (in.empty()) return;
+  detail::check_disjoint("cast_to_fp8", "the input", in.data(), in.size_bytes(), out.data(), out.size_bytes());
   convert_detail::EncodeParams params = convert_detail::make_encode_params(options);
   params.streaming_stores = out.size_bytes() >= kStreamingBytes;
   parallel_chunks(in.size(), [&](std::size_t begin, std::size_t end) {
@@ -74,6 +76,7 @@ void cast_from_fp8_impl(std::span<const std::uint8_t> in, Format format, std::sp
   FP8KIT_CHECK(in.size() == out.size(), "cast_from_fp8: input has ", in.size(), " elements but output has ",
                out.size());
   if (in.empty()) return;
+  detail::check_disjoint("cast_from_fp8", "the input", in.data(), in.size_bytes(), out.data(), out.size_bytes());
   const convert_detail::DecodeParams params{format, scale_inv, out.size_bytes() >= kStreamingBytes};
   parallel_chunks(in.size(), [&](std::size_t begin, std::size_t end) {
     kernel(in.data() + begin, out.data() + begin, end - begin, params);
@@ -134,6 +137,8 @@ void SegmentEncoder::encode(std::span<const float> in, std::span<std::uint8_t> o
   FP8KIT_CHECK(in.size() == out.size(), "SegmentEncoder::encode: input has ", in.size(), " elements but output has ",
                out.size());
   if (in.empty()) return;
+  detail::check_disjoint("SegmentEncoder::encode", "the input", in.data(), in.size_bytes(), out.data(),
+                         out.size_bytes());
   convert_detail::EncodeParams p = params_->encode;
   p.options.scale = scale;
   params_->kernels->encode_f32(in.data(), out.data(), in.size(), p);
@@ -144,6 +149,8 @@ void SegmentEncoder::encode_segments(std::span<const float> in, std::span<std::u
                                      Stores stores) const {
   check_segments("SegmentEncoder::encode_segments", in.size(), out.size(), segment, scales.size());
   if (in.empty()) return;
+  detail::check_disjoint("SegmentEncoder::encode_segments", "the input", in.data(), in.size_bytes(), out.data(),
+                         out.size_bytes());
   convert_detail::EncodeParams p = params_->encode;
   p.prefetch_ahead_bytes = prefetch_ahead_bytes;
   p.streaming_stores = stores == Stores::kStreaming;
@@ -154,6 +161,7 @@ void decode_segments(std::span<const std::uint8_t> in, Format format, std::span<
                      std::span<const float> scale_invs, Stores stores) {
   check_segments("decode_segments", in.size(), out.size(), segment, scale_invs.size());
   if (in.empty()) return;
+  detail::check_disjoint("decode_segments", "the input", in.data(), in.size_bytes(), out.data(), out.size_bytes());
   active_kernels().decode_f32_segments(in.data(), out.data(), in.size(), segment, scale_invs.data(),
                                        convert_detail::DecodeParams{format, 1.0f, stores == Stores::kStreaming});
 }

@@ -89,8 +89,12 @@ std::string describe_call(const CallRecord& r) {
   const std::string_view name = r.collective < std::size(kCollectives) ? kCollectives[r.collective] : "?";
   std::string text(name);
   if (name == "broadcast") text += " from rank " + std::to_string(r.arg);
-  if (name == "reduce_scatter" || name == "all_reduce")
-    text += "(" + std::string(fp8kit::name(static_cast<ReduceOp>(r.arg))) + ")";
+  if (name == "reduce_scatter" || name == "all_reduce") {
+    // Appended piece by piece: GCC 12 warned (-Wrestrict, a false positive) on "(" + std::string(...) + ")".
+    text += '(';
+    text += fp8kit::name(static_cast<ReduceOp>(r.arg));
+    text += ')';
+  }
   if (name != "all_to_all") text += " of " + std::to_string(r.size);
   if (r.counts != 0) {
     char hex[24];

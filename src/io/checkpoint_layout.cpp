@@ -386,6 +386,8 @@ bool deepseek_e8m0_blocks(CheckpointLayout layout, const SafetensorsTensor& weig
 
 PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, const SafetensorsTensor& scale,
                       const QuantizationConfig& config, const std::map<std::string, std::string>& native_metadata) {
+  weight.check_bytes();
+  scale.check_bytes();
   FP8KIT_CHECK(is_fp8_dtype(weight.dtype), detail::quoted(weight.name), " is ", name(weight.dtype),
                ", not an FP8 weight (F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ)");
   PairInfo p;
@@ -750,6 +752,7 @@ namespace {
 // does not align to their element size: a header whose length is not a multiple of 8).
 Tensor quantize_mapped(const SafetensorsTensor& weight, QuantScheme scheme, Format format, CheckpointLayout layout,
                        ScaleRounding scale_rounding, CodesTo to, std::span<std::byte> codes) {
+  weight.check_bytes();
   const std::optional<DType> dtype = tensor_dtype(weight.dtype);
   FP8KIT_CHECK(dtype.has_value(), detail::quoted(weight.name), " is ", name(weight.dtype),
                "; only float32, bfloat16, float16 and float64 tensors are quantized");

@@ -13,6 +13,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/half.hpp"
+#include "fp8kit/tensor/tensor.hpp"
 #include "io/strict_json.hpp"
 
 namespace fp8kit {
@@ -108,12 +109,18 @@ std::int64_t NpyArray::numel() const {
   // A zero anywhere first: (10^8, 10^11, 0) holds no elements, though the product of its first two overflows.
   if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;  // no overflow: parse_npy checked numel x itemsize against the file
+  for (std::int64_t d : shape) {
+    // parse_npy checked numel x itemsize against the file; an array built by hand is checked here.
+    FP8KIT_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), "NpyArray: shape ", shape_string(shape),
+                 " has a negative dimension or more elements than memory can hold");
+  }
   return n;
 }
 
 std::vector<float> NpyArray::to_float32() const {
   const auto n = static_cast<std::size_t>(numel());
+  FP8KIT_CHECK(data.size() == n * itemsize(dtype), "NpyArray: ", data.size(), " bytes for ", n, " elements of ", descr,
+               " (", n * itemsize(dtype), " bytes)");
   std::vector<float> out(n);
   for (std::size_t i = 0; i < n; ++i) {
     switch (dtype) {

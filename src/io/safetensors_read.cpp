@@ -172,6 +172,12 @@ std::uint64_t safetensors_byte_size(SafetensorsDType dtype, std::span<const std:
   return numel * bits / 8;
 }
 
+void SafetensorsTensor::check_bytes() const {
+  const std::uint64_t expected = safetensors_byte_size(dtype, shape);
+  FP8KIT_CHECK(bytes.size() == expected, "tensor ", detail::quoted(name), ": ", bytes.size(), " bytes for ",
+               fp8kit::name(dtype), " ", shape_string(shape), ", which takes ", expected);
+}
+
 std::int64_t SafetensorsTensor::numel() const {
   std::int64_t n = 1;
   for (std::int64_t d : shape) n *= d;
@@ -299,6 +305,7 @@ DType tensor_dtype_of(const SafetensorsTensor& t) {
 }  // namespace
 
 void convert_tensor_into(const SafetensorsTensor& t, DType to, Overflow overflow, std::span<std::byte> out) {
+  t.check_bytes();
   const DType from = tensor_dtype_of(t);
   const std::int64_t n = t.numel();
   FP8KIT_CHECK(out.size() == static_cast<std::size_t>(n) * element_size(to), "tensor ", detail::quoted(t.name), ": ",
@@ -312,6 +319,7 @@ void convert_tensor_into(const SafetensorsTensor& t, DType to, Overflow overflow
 }
 
 Tensor to_tensor(const SafetensorsTensor& t) {
+  t.check_bytes();
   const auto dtype = std::optional<DType>(tensor_dtype_of(t));
   if (*dtype == DType::bool_) {
     const auto bad = std::find_if(t.bytes.begin(), t.bytes.end(), [](std::byte b) { return b > std::byte{1}; });

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/disjoint.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "mm_plan.hpp"
@@ -23,7 +24,7 @@ bool is_blocked(const ScaledTensor& x) {
 
 void check_element_format(const char* what, const ScaledTensor& x) {
   fp8kit::check_element_format(x.format, what);  // the scaling layer's rule: e8m0fnu holds scales, not values
-  FP8KIT_CHECK(static_cast<std::int64_t>(x.data.size()) == x.rows * x.cols, what, " has ", x.data.size(),
+  FP8KIT_CHECK(static_cast<std::int64_t>(x.data.size()) == x.checked_numel(what), what, " has ", x.data.size(),
                " codes for a ", x.rows, "x", x.cols, " matrix");
   FP8KIT_CHECK(static_cast<std::int64_t>(x.scale_inv.size()) == x.grid_rows() * x.grid_cols(), what, " has ",
                x.scale_inv.size(), " scales for a ", x.grid_rows(), "x", x.grid_cols(), " block grid");
@@ -93,18 +94,14 @@ void check_output(const char* op, const MmPlan& p, std::size_t out_size) {
 }
 
 InputBytes input_bytes(const char* what, const MatrixRef& x) {
+  x.check(what, x.dtype);  // its extent within int64 (a row stride near INT64_MAX wrapped the overlap test)
   if (x.rows <= 0 || x.cols <= 0) return {what, x.data, 0};
   return {what, x.data, static_cast<std::size_t>(((x.rows - 1) * x.stride() + x.cols) * element_size(x.dtype))};
 }
 
 void check_apart(const char* op, std::span<const float> out, std::initializer_list<InputBytes> inputs) {
-  const auto out_begin = reinterpret_cast<std::uintptr_t>(out.data());
-  const std::uintptr_t out_end = out_begin + out.size_bytes();
-  for (const InputBytes& in : inputs) {
-    const auto begin = reinterpret_cast<std::uintptr_t>(in.data);
-    FP8KIT_CHECK(in.bytes == 0 || out.empty() || begin + in.bytes <= out_begin || out_end <= begin, op,
-                 ": the output shares memory with ", in.what, "; write it to a separate buffer");
-  }
+  for (const InputBytes& in : inputs)
+    detail::check_disjoint(op, in.what, in.data, in.bytes, out.data(), out.size_bytes());
 }
 
 MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options) {

@@ -584,6 +584,7 @@ void check_input(MatrixRef x, const QuantizeOptions& options) {
   FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16 || x.dtype == DType::float16,
                "quantize: the input is ", name(x.dtype), "; quantize float32, bfloat16 or float16 matrices");
   x.check("quantize", x.dtype);
+  check_scale_options(options.scale, "quantize");
   // The block's sides, checked where the block grid is asked for (Granularity::rows_per_block / cols_per_block).
   (void)g.rows_per_block(x.rows);
   (void)g.cols_per_block(x.cols);
@@ -647,10 +648,11 @@ ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overfl
 }
 
 void dequantize(const ScaledTensor& q, std::span<float> out) {
-  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == q.rows * q.cols, "dequantize: output has ", out.size(),
-               " elements, the ", q.rows, "x", q.cols, " matrix needs ", q.rows * q.cols);
-  FP8KIT_CHECK(static_cast<std::int64_t>(q.data.size()) == q.rows * q.cols, "dequantize: data has ", q.data.size(),
-               " codes for a ", q.rows, "x", q.cols, " matrix");
+  const std::int64_t n = q.checked_numel("dequantize");
+  FP8KIT_CHECK(static_cast<std::int64_t>(out.size()) == n, "dequantize: output has ", out.size(), " elements, the ",
+               q.rows, "x", q.cols, " matrix needs ", n);
+  FP8KIT_CHECK(static_cast<std::int64_t>(q.data.size()) == n, "dequantize: data has ", q.data.size(), " codes for a ",
+               q.rows, "x", q.cols, " matrix");
   const std::int64_t br = q.block_rows(), bc = q.block_cols();
   const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
   FP8KIT_CHECK(static_cast<std::int64_t>(q.scale_inv.size()) == grid_rows * grid_cols,

@@ -174,7 +174,14 @@ DelayedScaling DelayedScaling::deserialize(std::span<const std::uint8_t> bytes) 
   const bool has_ema = flag("EMA");
   const float ema = in.f32();
   if (has_ema) config.ema_decay = ema;
-  DelayedScaling state(config);
+  // The constructor's checks of the settings (margin, EMA decay) are the blob's: a malformed state is kParse.
+  std::optional<DelayedScaling> constructed;
+  try {
+    constructed.emplace(config);
+  } catch (const Error& e) {
+    FP8KIT_THROW(ErrorKind::kParse, "delayed scaling state: ", e.what());
+  }
+  DelayedScaling& state = *constructed;
   state.scale_ = in.f32();
   const bool has_smoothed = flag("smoothed");
   const float smoothed = in.f32();
@@ -187,7 +194,7 @@ DelayedScaling DelayedScaling::deserialize(std::span<const std::uint8_t> bytes) 
       calibrated || (version == 1 && (state.scale_ != 1.0f || std::any_of(state.history_.begin(), state.history_.end(),
                                                                           [](float a) { return a != 0.0f; })));
   FP8KIT_CHECK_KIND(in.done(), ErrorKind::kParse, "delayed scaling state: trailing bytes");
-  return state;
+  return std::move(state);
 }
 
 }  // namespace fp8kit

@@ -9,6 +9,14 @@
 
 namespace fp8kit {
 
+std::int64_t ScaledTensor::checked_numel(std::string_view op) const {
+  std::int64_t n = 0;
+  FP8KIT_CHECK(rows >= 0 && cols >= 0, op, ": negative shape ", rows, "x", cols);
+  FP8KIT_CHECK(!__builtin_mul_overflow(rows, cols, &n), op, ": a ", rows, "x", cols,
+               " matrix has more elements than memory can hold");
+  return n;
+}
+
 Tensor ScaledTensor::codes() const {
   Tensor t = empty(shape(), dtype_of(format));
   FP8KIT_CHECK(static_cast<std::size_t>(t.numel()) == data.size(), "ScaledTensor::codes: ", data.size(),

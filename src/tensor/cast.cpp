@@ -6,6 +6,7 @@
 #include <cstring>
 #include <span>
 
+#include "common/disjoint.hpp"
 #include "common/parallel.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
@@ -63,6 +64,14 @@ void convert(const void* src, void* dst, std::int64_t count, Overflow overflow) 
 void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Overflow overflow) {
   FP8KIT_CHECK(n >= 0, "convert: negative element count ", n);
   if (n == 0) return;
+  FP8KIT_CHECK(in != nullptr && out != nullptr, "convert: null ", in == nullptr ? "input" : "output", " for ", n,
+               " elements");
+  std::int64_t in_bytes = 0, out_bytes = 0;
+  FP8KIT_CHECK(!__builtin_mul_overflow(n, static_cast<std::int64_t>(element_size(from)), &in_bytes) &&
+                   !__builtin_mul_overflow(n, static_cast<std::int64_t>(element_size(to)), &out_bytes),
+               "convert: ", n, " elements are more than memory can hold");
+  detail::check_disjoint("convert", "the input", in, static_cast<std::size_t>(in_bytes), out,
+                         static_cast<std::size_t>(out_bytes));
   FP8KIT_CHECK(reinterpret_cast<std::uintptr_t>(in) % element_size(from) == 0 &&
                    reinterpret_cast<std::uintptr_t>(out) % element_size(to) == 0,
                "convert: the elements are not aligned to their size (", name(from), " -> ", name(to), ")");

@@ -111,12 +111,16 @@ class Formatter {
   int width_ = 1;
 };
 
+constexpr int kMaxPrecision = 1074;
+
 // Walks a tensor's elements in PyTorch's nested layout.
 class Printer {
  public:
   Printer(const Tensor& t, const PrintOptions& options) : t_(t), options_(options), strides_(t.shape().size()) {
     FP8KIT_CHECK(options.edgeitems >= 1, "PrintOptions::edgeitems must be >= 1, not ", options.edgeitems);
-    FP8KIT_CHECK(options.precision >= 0, "PrintOptions::precision must be >= 0, not ", options.precision);
+    // 1074 digits write any double exactly (2^-1074 has that many after the point); more only add zeros.
+    FP8KIT_CHECK(options.precision >= 0 && options.precision <= kMaxPrecision, "PrintOptions::precision must be 0 to ",
+                 kMaxPrecision, ", not ", options.precision);
     std::int64_t stride = 1;
     for (std::size_t d = t.shape().size(); d-- > 0;) {
       strides_[d] = stride;
@@ -155,7 +159,9 @@ class Printer {
     return e;
   }
 
-  bool summarized(std::int64_t size) const { return summarize_ && size > 2 * options_.edgeitems; }
+  bool summarized(std::int64_t size) const {
+    return summarize_ && size > 2 * static_cast<std::int64_t>(options_.edgeitems);
+  }
 
   // The positions of dimension d that are shown: all, or edgeitems at each end.
   std::vector<std::int64_t> shown(int d) const {

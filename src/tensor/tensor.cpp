@@ -110,7 +110,8 @@ Tensor Tensor::reshape(Shape shape) const {
       inferred = static_cast<int>(i);
     } else {
       FP8KIT_CHECK(shape[i] >= 0, "reshape to ", shape_string(shape), ": dimensions must be >= 0 or -1");
-      known *= shape[i];
+      FP8KIT_CHECK(!__builtin_mul_overflow(known, shape[i], &known), "reshape of ", shape_string(shape_), " to ",
+                   shape_string(shape), ": more elements than memory can hold");
     }
   }
   if (inferred >= 0) {

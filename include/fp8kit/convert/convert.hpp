@@ -1,6 +1,7 @@
 // Bulk conversions over spans: float32, bfloat16 and float16 to and from every FP8 format, optionally scaled
 // (q = cast(x * scale); x = q * scale_inv). Runtime-dispatched SIMD kernels and threads; always bit-identical
-// to looping the scalar codec (codec.hpp) over the elements.
+// to looping the scalar codec (codec.hpp) over the elements. Outputs never share memory with their inputs: an
+// overlap (in place included) is Error(kInvalidArgument), since the kernels read ahead of what they write.
 #pragma once
 
 #include <cstddef>

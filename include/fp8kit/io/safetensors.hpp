@@ -121,6 +121,9 @@ struct SafetensorsTensor {
   std::uint64_t end = 0;             // one past the last byte
   std::span<const std::byte> bytes;  // the tensor's bytes, little-endian, row-major (into the file's mapping)
   std::int64_t numel() const;
+  // Error(kInvalidArgument) unless `bytes` are exactly safetensors_byte_size(dtype, shape): a parsed file's always
+  // are; every function here that reads a tensor's bytes checks it first (one built by hand may view fewer).
+  void check_bytes() const;
 };
 
 // A validated file image: what the header says, with each tensor's bytes located in the image.

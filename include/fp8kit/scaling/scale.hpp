@@ -2,6 +2,8 @@
 // Engine's guards; and its inverse, the dequantization scale (x ~= q * scale_inv) that GEMMs and checkpoints take.
 #pragma once
 
+#include <string_view>
+
 #include "fp8kit/format/format.hpp"
 
 namespace fp8kit {
@@ -24,6 +26,10 @@ struct ScaleOptions {
 //   (a large margin) -> FLT_MIN (so that 1 / scale stays finite)
 //   kPowerOfTwoDown: the largest power of two <= scale
 float compute_scale(float amax, Format format, const ScaleOptions& options = {}, float previous_scale = 1.0f);
+
+// Error(kInvalidArgument) naming `op` for options no scale can come from (an epsilon that is NaN, Inf or negative):
+// compute_scale and quantize check them first.
+void check_scale_options(const ScaleOptions& options, std::string_view op);
 
 // The dequantization scale: 1 / scale, in float.
 inline float dequantization_scale(float scale) {

@@ -130,8 +130,8 @@ class Tensor {
 };
 
 // Tensor::to's conversion on elements the caller holds: n elements of dtype `from` at `in` into dtype `to` at `out`
-// (CPU memory, each aligned to its element size; a misaligned one is Error(kInvalidArgument)), converted exactly as
-// to() converts them. For writers that own the destination (a checkpoint writer's buffer).
+// (CPU memory, each aligned to its element size, apart from each other, not null; else Error(kInvalidArgument)),
+// converted exactly as to() converts them. For writers that own the destination (a checkpoint writer's buffer).
 void convert(const void* in, DType from, void* out, DType to, std::int64_t n,
              Overflow overflow = Overflow::kNonSaturating);
 
@@ -177,7 +177,7 @@ Tensor randn(Shape shape, std::uint64_t seed, DType dtype = default_dtype());
 // ---------------------------------------------------------------- printing
 // PyTorch's printing options (torch.set_printoptions), passed explicitly instead of set globally.
 struct PrintOptions {
-  int precision = 4;              // digits after the decimal point
+  int precision = 4;              // digits after the decimal point (0 to 1074: enough for any double exactly)
   std::int64_t threshold = 1000;  // summarize tensors with more elements than this
   int edgeitems = 3;              // elements kept at each end of a summarized dimension (>= 1)
   int linewidth = 80;             // characters per line before wrapping
