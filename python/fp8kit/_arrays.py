@@ -175,8 +175,8 @@ def as_bits(x: Any, kind: str) -> Source:
             if x.dtype.kind in "biu":
                 x = x.astype(np.float64)
             elif x.dtype.kind in "OUSV":  # object(), a dict, a string: not numbers at all
-                raise TypeError(f"fp8kit takes an array, a tensor or numbers, not {type(original).__name__} "
-                                f"(NumPy reads it as {x.dtype} elements)")
+                raise TypeError(f"fp8kit takes an array, a tensor or numbers; NumPy reads this "
+                                f"{type(original).__name__} as {x.dtype} elements, not numbers it can cast")
     name = resolve_dtype(x.dtype)
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)

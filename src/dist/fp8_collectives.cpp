@@ -89,9 +89,10 @@ std::string describe(const ShardHeader& h) {
 
 // Whether a shard's buffers hold what its shape and granularity need (a hand-made one may not).
 bool buffers_fit(const ScaledTensor& s) {
-  const auto blocks = static_cast<std::size_t>(s.grid_rows() * s.grid_cols());
-  return s.rows >= 0 && s.cols >= 0 && s.data.size() == static_cast<std::size_t>(s.rows * s.cols) &&
-         s.scale_inv.size() == blocks &&
+  std::int64_t elements = 0;
+  if (s.rows < 0 || s.cols < 0 || __builtin_mul_overflow(s.rows, s.cols, &elements)) return false;
+  const auto blocks = static_cast<std::size_t>(s.grid_rows() * s.grid_cols());  // at most rows x cols
+  return s.data.size() == static_cast<std::size_t>(elements) && s.scale_inv.size() == blocks &&
          (s.granularity.kind != Granularity::Kind::kMx || s.scale_e8m0.size() == blocks);
 }
 

@@ -533,11 +533,16 @@ def bench_checkpoint_small():
 def bench_checkpoint_interrupted_removes_its_folder():
     # A kill or Ctrl-C left the benchmark's folder of generated checkpoints behind (gigabytes at the default size):
     # the benchmark now stops its child, removes the folder and ends by the same signal.
-    for sig, after in ((signal.SIGTERM, 0.3), (signal.SIGINT, 1.5), (signal.SIGHUP, 3.0)):
+    for sig, after in ((signal.SIGTERM, 0.0), (signal.SIGINT, 1.5), (signal.SIGHUP, 3.0)):
         with tempfile.TemporaryDirectory() as d:
             p = subprocess.Popen([BINARY, "bench", "checkpoint", "--bytes", "32MiB", "--reps", "80", "--dir", d],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            # Once the benchmark has its folder (its handlers are in place by then), and some time into the run.
+            deadline = time.monotonic() + 30
+            while not os.listdir(d) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert os.listdir(d), "the benchmark made no folder"
             time.sleep(after)
             p.send_signal(sig)
             _, err = p.communicate(timeout=60)

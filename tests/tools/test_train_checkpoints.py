@@ -304,7 +304,7 @@ def bf16_master_weights_export_says_bfloat16():
 @test
 def outputs_are_compared_by_the_file_they_name():
     """Two outputs naming one file through two spellings (q.safetensors, ./q.safetensors) passed the check: the export
-    replaced the checkpoint. An output inside the --export-fp8 directory was replaced by (or replaced) its files."""
+    replaced the checkpoint. An output named as one of the --export-fp8 directory's files was replaced by it."""
     with tempfile.TemporaryDirectory() as d:
         def refused(args, needle):
             p = subprocess.run([os.path.abspath(BINARY), "train", "--recipe", "fp8-delayed", "--steps", "1", *args],
@@ -315,8 +315,16 @@ def outputs_are_compared_by_the_file_they_name():
         os.mkdir(os.path.join(d, "ed"))
         refused(["--save-checkpoint", "q.safetensors", "--export-fp8", "./q.safetensors"], "name the same file")
         refused(["--plot", "p.svg", "--log-scales", "ed/../p.svg"], "name the same file")
-        refused(["--save-checkpoint", "ed/model.safetensors", "--export-fp8", "ed"], "inside the --export-fp8 directory")
-        refused(["--plot", "./ed/config.json", "--export-fp8", "ed/"], "inside the --export-fp8 directory")
+        refused(["--save-checkpoint", "ed/model.safetensors", "--export-fp8", "ed"], "that --export-fp8 'ed' writes")
+        refused(["--plot", "./ed/config.json", "--export-fp8", "ed/"], "that --export-fp8 'ed/' writes")
+        # Other names beside the export are a run's folder, as before: the checkpoint and plot stay whole.
+        p = subprocess.run([os.path.abspath(BINARY), "train", "--recipe", "fp8-delayed", "--steps", "1",
+                            "--save-checkpoint", "ed/train.safetensors", "--plot", "ed/loss.svg", "--export-fp8", "ed"],
+                           cwd=d, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert sorted(os.listdir(os.path.join(d, "ed"))) == ["config.json", "loss.svg", "model.safetensors",
+                                                              "train.safetensors"]
+        assert read_st(os.path.join(d, "ed", "train.safetensors"))[1]["fp8kit.train.next_step"] == "1"
 
 
 def main():

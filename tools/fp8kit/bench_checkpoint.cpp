@@ -275,6 +275,8 @@ void run_bench_checkpoint(const CheckpointBenchArgs& args) {
     } catch (const Interrupted& e) {
       signal = e.signal;  // the scratch folder is gone: ScratchDir unwound
     }
+    // A signal after the last check (while the results were printed) ends the process the same way.
+    if (signal == 0) signal = g_interrupted.load();
   }
   if (signal != 0) {
     std::raise(signal);  // under the previous disposition: by default the process ends here, by that signal

@@ -206,7 +206,10 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
   }
   const fs::path parent = o.parent_path().empty() ? fs::path(".") : o.parent_path();
   if (!fs::exists(o, ec) && !in.is_directory && !fs::is_directory(parent, ec)) {
-    throw PathError("the directory '" + parent.string() + "' of '" + out + "' does not exist; create it first", true);
+    const bool missing = !fs::exists(parent, ec);
+    throw PathError("the directory '" + parent.string() + "' of '" + out + "' " +
+                        (missing ? "does not exist; create it first" : "is not a directory"),
+                    missing);
   }
   if (in.is_directory) {
     // Inside the input, the output would be copied into itself as the model's other files on the next run.

@@ -399,12 +399,8 @@ bool same_path(const std::string& a, const std::string& b) {
   return resolved(a) == resolved(b);
 }
 
-// Whether `path` lies inside the directory `dir` (at any depth).
-bool inside(const std::string& path, const std::string& dir) {
-  const fs::path p = resolved(path), d = resolved(dir);
-  const auto [stop, rest] = std::mismatch(d.begin(), d.end(), p.begin(), p.end());
-  return stop == d.end() && rest != p.end();
-}
+// The files an --export-fp8 directory gets (export_fp8_checkpoint): no other output may be one of them.
+constexpr const char* kExportFiles[] = {"model.safetensors", "config.json"};
 
 // An output of `option` that train will write at the end: checked before any work, so that a long run never ends
 // in "cannot write". A .safetensors file (or, where `directory_ok`, any other path is a directory).
@@ -418,7 +414,10 @@ void check_train_output(const std::string& option, const std::string& path, bool
     if (fs::exists(p, ec) && !force) throw UsageError(option + ": '" + path + "' exists; pass --force to replace it");
     const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     if (!fs::is_directory(parent, ec)) {
-      throw PathError(option + ": the directory '" + parent.string() + "' does not exist; create it first", true);
+      const bool missing = !fs::exists(parent, ec);
+      throw PathError(option + (missing ? ": the directory '" : ": '") + parent.string() +
+                          (missing ? "' does not exist; create it first" : "' is not a directory"),
+                      missing);
     }
   } else {
     if (fs::exists(p, ec) && !fs::is_directory(p, ec)) {
@@ -515,11 +514,13 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
         throw UsageError(std::string(outputs[j].first) + " and " + option + " name the same file; give two paths");
       }
     }
-    // An export directory is the export's: its files (model.safetensors, config.json, ...) would replace another
-    // output written there, or be replaced by it.
-    if (i != 4 && export_directory && inside(path, a.export_fp8)) {
-      throw UsageError(std::string(option) + ": '" + path + "' is inside the --export-fp8 directory '" + a.export_fp8 +
-                       "', which the export writes; give a path outside it");
+    // The export directory's own files would replace another output written there, or be replaced by it; other
+    // names in it (run/train.safetensors beside the export in run/) are fine.
+    for (const char* file : kExportFiles) {
+      if (i != 4 && export_directory && same_path(path, (fs::path(a.export_fp8) / file).string())) {
+        throw UsageError(std::string(option) + ": '" + path + "' is the " + file + " that --export-fp8 '" +
+                         a.export_fp8 + "' writes; give another path");
+      }
     }
     const fs::path p(path);
     // A report to a device or a pipe (--log-scales /dev/stdout) is written as it is: nothing more to check.

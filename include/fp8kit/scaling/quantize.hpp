@@ -86,7 +86,7 @@ struct ScaledTensor {
   std::int64_t grid_cols() const { return ceil_div(cols, block_cols()); }
   Shape shape() const { return original_shape.value_or(Shape{rows, cols}); }
   // rows * cols, checked: Error(kInvalidArgument) naming `op` for a negative side or a product past int64 (no such
-  // matrix can be in memory). Every operation that takes a ScaledTensor checks its fields with it first.
+  // matrix can be in memory). scaled_mm and dequantize check a ScaledTensor's fields with it first.
   std::int64_t checked_numel(std::string_view op) const;
   // Copies as tensors: the codes (the format's FP8 dtype, of shape()) and the dequantization scales (float32,
   // grid_rows x grid_cols).
