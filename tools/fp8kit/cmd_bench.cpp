@@ -258,12 +258,12 @@ void run_bench_convert(const BenchArgs& args) {
   std::vector<std::size_t> block_of;  // per row: its index in `levels`
   {
     const BenchProgress progress("convert");
-    for (std::size_t i = 0; i < levels.size(); ++i) {
-      const std::vector<bench::ConvertResult> part = for_each_level<bench::ConvertResult>(
-          {levels[i]}, [&] { return bench::run_convert_bench(options, std::cref(progress)); });
-      results.insert(results.end(), part.begin(), part.end());
-      block_of.resize(results.size(), i);
-    }
+    std::size_t level = 0;
+    results = for_each_level<bench::ConvertResult>(levels, [&] {
+      std::vector<bench::ConvertResult> part = bench::run_convert_bench(options, std::cref(progress));
+      block_of.resize(block_of.size() + part.size(), level++);
+      return part;
+    });
   }
   const std::string cpu = cpu_features().brand;
   if (args.json) {
