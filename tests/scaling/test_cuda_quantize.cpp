@@ -184,7 +184,8 @@ TEST_F(CudaQuantize, AlignedRowBlocksTakeTheVectorKernel) {
 // warp a block up to 1024 elements, a CUDA block of 256 threads up to 4096, one of 1024 threads up to 16384: 128 x
 // 128, 3 x 2048) and the two-pass tile kernel beyond (256 x 128), with partial
 // blocks on the right and at the bottom, for every input dtype, and their dequantize; the element-wise kernels take
-// the shapes these do not (odd columns), as EveryGranularityIsTheCpusBitForBit checks.
+// the shapes these do not (odd columns), as EveryGranularityIsTheCpusBitForBit checks. The dequantize of blocks of
+// 32 rows and 128 columns or more (128 x 128, 256 x 128, 32 x 256) fills a table per block (dequantize_tiles).
 TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
   int cases = 0;
   for (const auto& [rows, cols] :
@@ -198,7 +199,7 @@ TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
             Granularity::block(1, 128), Granularity::mx(), Granularity::block(128, 128), Granularity::block(2, 512),
             Granularity::block(64, 16), Granularity::block(32, 32), Granularity::row(), Granularity::block(4, 1024),
             Granularity::block(256, 128), Granularity::block(1, 256), Granularity::block(1, 512),
-            Granularity::block(1, 8), Granularity::block(3, 2048)}) {
+            Granularity::block(1, 8), Granularity::block(3, 2048), Granularity::block(32, 256)}) {
         for (Format format : {Format::e4m3fn, Format::e5m2fnuz}) {
           QuantizeOptions options;
           options.format = format;
@@ -221,7 +222,7 @@ TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
       }
     }
   }
-  EXPECT_EQ(cases, 4 * 3 * 17 * 2);
+  EXPECT_EQ(cases, 4 * 3 * 18 * 2);
 }
 
 TEST_F(CudaQuantize, RefusesWhatItCannotQuantize) {

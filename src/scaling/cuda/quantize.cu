@@ -87,35 +87,29 @@ __device__ inline void block_origin(std::int64_t b, std::int64_t blocks, std::in
 }
 
 // The grid of a kernel that strides over its work: at most `wanted` CUDA blocks of `threads`, and where
-// `persistent`, at most as many as the current device holds at once with `shared` bytes of dynamic shared memory a
-// CUDA block (each then takes several steps of the grid, its next ones' loads issued before it works on this one:
-// DEPTH below). Beyond the default 48 KiB the kernel is allowed its `shared` bytes first. The occupancy, the SM count
-// and that permission are asked once per kernel, shape and device, and kept (host calls of microseconds each, which
-// every launch repeated).
+// `persistent`, at most as many as the current device holds at once (each then takes several steps of the grid, its
+// next one's loads issued before it works on this one: PREFETCH below). The occupancy and the SM count are asked
+// once per kernel, shape and device, and kept (host calls of microseconds each, which every launch repeated).
 template <typename Kernel>
-unsigned grid_for(Kernel kernel, int threads, std::int64_t wanted, bool persistent, int shared = 0) {
+unsigned grid_for(Kernel kernel, int threads, std::int64_t wanted, bool persistent) {
   std::int64_t cap = 65536;
-  if (persistent || shared > 0) {
-    // Per (kernel, device, threads, shared): the CUDA blocks the device holds at once (0: not known).
+  if (persistent) {
+    // Per (kernel, device, threads): the CUDA blocks the device holds at once (0: not known).
     static std::mutex mutex;
-    static std::map<std::tuple<const void*, int, int, int>, std::int64_t> resident;
+    static std::map<std::tuple<const void*, int, int>, std::int64_t> resident;
     int device = 0;
     if (cudaGetDevice(&device) == cudaSuccess) {
-      const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, threads, shared);
+      const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, threads);
       std::lock_guard lock(mutex);
       auto found = resident.find(key);
       if (found == resident.end()) {
         int per_sm = 0, sms = 0;
-        const bool allowed =
-            shared <= 48 * 1024 ||
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared) == cudaSuccess;
-        const bool known =
-            allowed && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared) == cudaSuccess &&
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+        const bool known = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess &&
+                           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
         cudaGetLastError();  // a refusal above is the launch's to report (check_launch), not a later call's
         found = resident.emplace(key, known ? std::int64_t{per_sm} * sms : 0).first;
       }
-      if (persistent && found->second > 0) cap = std::min(cap, found->second);
+      if (found->second > 0) cap = std::min(cap, found->second);
     }
   }
   return static_cast<unsigned>(std::max<std::int64_t>(std::min(wanted, cap), 1));
@@ -198,51 +192,18 @@ inline int short_row_lanes(std::int64_t bc) {
 template <int GROUP, int K>
 constexpr std::int64_t kHeldElems = std::int64_t{4} * GROUP* K;
 
-// An asynchronous copy of one quad (8 or 16 bytes) from global to shared memory (cp.async, sm_80 and later: the
-// data goes to shared memory without passing through registers, so a thread can have several blocks' loads in
-// flight), and the waits on them: the copies a thread issued before its last `pending` commits have landed (for
-// that thread: the ring of quantize_held is read by the thread that filled it, so no barrier is needed).
-template <typename Q>
-__device__ inline void copy_async(Q* shared, const Q* global) {
-  static_assert(sizeof(Q) == 8 || sizeof(Q) == 16, "cp.async copies 4, 8 or 16 bytes");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  if constexpr (sizeof(Q) == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(to), "l"(global) : "memory");
-  }
-#else
-  *shared = *global;
-#endif
-}
-__device__ inline void commit_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int PENDING>
-__device__ inline void wait_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-#endif
-}
-
-// The dynamic shared memory of quantize_held: DEPTH blocks of THREADS x K quads where DEPTH >= 2, none otherwise.
-template <typename T, int THREADS, int K, int DEPTH>
-constexpr int kHeldShared = DEPTH >= 2 ? DEPTH* K* THREADS* static_cast<int>(sizeof(Quad<T>)) : 0;
-
 // Blocks of at most kHeldElems<GROUP, K> elements whose columns and the matrix's come in fours (rows of up to 4096,
 // 32 x 32, 128 x 128, ...): CUDA blocks of THREADS, GROUP threads a scaling block (a warp, or the CUDA block) with
 // its quads in registers, K a thread, so that the block is read from memory once: the amax reduced over the group,
-// the block's scales, then the codes from the registers, four a store. How far ahead a group loads (the grid is
-// persistent where it does): DEPTH 0, not at all; 1, the next block's quads into registers before it works on this
-// one; 2 or more, a ring of DEPTH blocks in shared memory filled by cp.async, DEPTH - 1 blocks ahead (each thread
-// reads back only the quads it copied). Measured on the H200 (float32, 256 MiB, ratio to memcpy): rows of 4096 0.89x
-// with 256 threads of 4 quads (prefetched 0.77x; 512 x 2: 0.69x; read twice, the second time from L2: 0.52x);
-// 128 x 128 0.74x with 1024 threads of 4 quads prefetched into registers (not prefetched 0.62x; 512 x 8 prefetched
-// 0.70x; quantize_tiles4's two reads 0.63x, 256 threads of 16 quads 0.44x).
-template <Format F, typename T, int THREADS, int GROUP, int K, int DEPTH>
+// the block's scales, then the codes from the registers, four a store. With PREFETCH the grid is persistent and a
+// group loads the next block's quads into registers before it works on this one. Measured on the H200 (float32,
+// 256 MiB, ratio to memcpy): rows of 4096 0.89x with 256 threads of 4 quads (prefetched 0.77x; 512 x 2: 0.69x; read
+// twice, the second time from L2: 0.52x); 128 x 128 0.74x with 1024 threads of 4 quads prefetched (not prefetched
+// 0.62x; 512 x 8 prefetched 0.70x; quantize_tiles4's two reads 0.63x, 256 threads of 16 quads 0.44x). On the H100
+// (2026-12-05, one run): 128 x 128 0.94x prefetched with 1024 x 4, 0.91x with 512 x 8; a ring of blocks in shared
+// memory filled by cp.async instead of the register prefetch measured 0.84x three blocks deep and 0.87x two deep
+// (0.82x with 512 x 8), and was dropped.
+template <Format F, typename T, int THREADS, int GROUP, int K, bool PREFETCH>
 __global__ void __launch_bounds__(THREADS)
     quantize_held(const Quad<T>* x, std::int64_t rows, std::int64_t cols4, std::int64_t br, std::int64_t bc4,
                   std::int64_t grid_cols, std::int64_t blocks, ScaleSpec spec, EncodeSpec encode, std::uint32_t* codes,
@@ -283,46 +244,26 @@ __global__ void __launch_bounds__(THREADS)
       }
     }
   };
-  // DEPTH >= 2: this thread's quad k of ring slot `slot` (consecutive threads consecutive quads: no bank conflicts).
-  extern __shared__ __align__(16) unsigned char held_ring[];
-  const auto ring = [&](int slot, int k) {
-    return reinterpret_cast<Quad<T>*>(held_ring) + (static_cast<std::int64_t>(slot) * K + k) * THREADS + threadIdx.x;
-  };
-  const auto fill = [&](std::int64_t b, int slot) {  // block b's quads of this thread into the slot, one commit
-    each_quad(where(b), [&](int k, std::int64_t at) { copy_async(ring(slot, k), x + at); });
-    commit_async();
-  };
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kGroups;
   std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kGroups;
-  Quad<T> next[DEPTH == 1 ? K : 1];
+  Quad<T> next[PREFETCH ? K : 1];
   Where next_at;
-  if constexpr (DEPTH == 1) {
+  if constexpr (PREFETCH) {
     next_at = where(base + group);
     each_quad(next_at, [&](int k, std::int64_t at) { next[k] = x[at]; });
-  } else if constexpr (DEPTH >= 2) {
-#pragma unroll
-    for (int s = 0; s < DEPTH - 1; ++s) fill(base + group + s * step, s);
   }
-  int slot = 0;  // DEPTH >= 2: the ring slot of this iteration's block
   // Every thread runs the same iterations (the barriers of a CUDA-block group); a group past the last block idles.
   for (; base < blocks; base += step) {
     const std::int64_t b = base + group;
     const bool active = b < blocks;
     Quad<T> v[K];
     Where o;
-    if constexpr (DEPTH == 1) {
+    if constexpr (PREFETCH) {
       o = next_at;
 #pragma unroll
       for (int k = 0; k < K; ++k) v[k] = next[k];
       next_at = where(b + step);
       each_quad(next_at, [&](int k, std::int64_t at) { next[k] = x[at]; });
-    } else if constexpr (DEPTH >= 2) {
-      // The slot refilled is the one this thread read (into registers, and used) in the previous iteration.
-      fill(b + (DEPTH - 1) * step, slot == 0 ? DEPTH - 1 : slot - 1);
-      wait_async<DEPTH - 1>();  // every commit but the last DEPTH - 1 has landed: this block's
-      o = where(b);
-      each_quad(o, [&](int k, std::int64_t) { v[k] = *ring(slot, k); });
-      slot = slot == DEPTH - 1 ? 0 : slot + 1;
     } else {
       o = where(b);
       each_quad(o, [&](int k, std::int64_t at) { v[k] = x[at]; });
@@ -352,7 +293,6 @@ __global__ void __launch_bounds__(THREADS)
     // reaches only after reading this block's words.)
     each_quad(o, [&](int k, std::int64_t at) { codes[at] = encode_quad<F>(v[k], multiplier, encode); });
   }
-  if constexpr (DEPTH >= 2) wait_async<0>();  // (the last fills, of blocks past the end, copied nothing)
 }
 
 constexpr std::int64_t kMaxTileQuads = (std::int64_t{1} << 31) - 1 - kThreads;  // quantize_tiles4's int indices
@@ -438,9 +378,11 @@ __global__ void tensor_scale_kernel(const unsigned* amax_bits, ScaleSpec spec, f
 // The dequantize: each CUDA block first fills a shared-memory table of the format's 256 decoded values, then
 // out = narrow(table[code] * the code's block scale_inv), as the CPU computes it. Where the columns and the block's
 // come in fours (a quad of codes lies in one row and one block) and the pointers allow, a thread takes four codes
-// (one 32-bit load) and stores their four results at once; with `narrow32` (the matrix, the block and the grid
-// within 32 bits) a quad's block is found with FastDiv by the columns and the block's shape (a 32-bit division
-// there measured 0.60-0.64x of memcpy on the H200 with four per quad; the 64-bit one this kernel did at first, 0.18x).
+// (one 32-bit load, issued with the load of its scale) and stores their four results at once; with `narrow32` (the
+// matrix, the block and the grid within 32 bits) a quad's block is found with FastDiv by the columns and the block's
+// shape (a 32-bit division there measured 0.60-0.64x of memcpy on the H200 with four per quad; the 64-bit one this
+// kernel did at first, 0.18x; FastDiv 0.68x; the scale's load issued with the codes' 0.74x on the H100). Blocks of
+// at least kTileRows x 128 take dequantize_tiles below.
 template <Format F, typename T>
 __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t br,
                                   std::int64_t bc, std::int64_t grid_cols, const float* scale_inv, T* out, bool vectors,
@@ -460,16 +402,78 @@ __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, 
     const std::int64_t r = i / cols, c = i % cols;
     return scale_inv[(r / br) * grid_cols + c / bc];
   };
+  struct CodesScale {
+    std::uint32_t word;
+    float scale;
+  };
   grid_stride<4>(
-      rows * cols, vectors, [&](std::int64_t i) { return *reinterpret_cast<const std::uint32_t*>(codes + i); },
-      [&](std::int64_t i, std::uint32_t word) {
-        const float s = scale_of(i);
+      rows * cols, vectors,
+      [&](std::int64_t i) {
+        return CodesScale{*reinterpret_cast<const std::uint32_t*>(codes + i), scale_of(i)};
+      },
+      [&](std::int64_t i, const CodesScale& c) {
+        const float s = c.scale;
         Quad<T> q;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) narrow(scaled(table[(word >> (8 * j)) & 0xFFu], s), &q.e[j]);
+        for (int j = 0; j < 4; ++j) narrow(scaled(table[(c.word >> (8 * j)) & 0xFFu], s), &q.e[j]);
         *reinterpret_cast<Quad<T>*>(out + i) = q;
       },
       [&](std::int64_t i) { narrow(scaled(table[codes[i]], scale_of(i)), out + i); });
+}
+
+// The smallest blocks dequantize_tiles takes: kTileRows rows (of at least 128 columns).
+constexpr std::int64_t kTileRows = 32;
+
+// The dequantize with large blocks (128 x 128, 32 x 128, ...), whose columns and the matrix's come in fours: a CUDA
+// block per scaling block (striding over them) fills a shared table of the block's 256 results, narrow(decode(code)
+// * its scale_inv) (the values dequantize_kernel computes), and looks its codes up, as the cast from FP8 does: no
+// division and no scale per element. A warp takes a row of the block at a time, a lane a quad of codes (one 32-bit
+// load) and its four results (one store), kRows rows in flight.
+template <Format F, typename T>
+__global__ void dequantize_tiles(const std::uint32_t* codes, std::int64_t rows, std::int64_t cols4, std::int64_t br,
+                                 std::int64_t bc4, std::int64_t grid_cols, std::int64_t blocks, const float* scale_inv,
+                                 Quad<T>* out) {
+  using Bits = BitsOf<T>;
+  constexpr int kWarps = kThreads / 32, kRows = 4;
+  __shared__ Bits table[256];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    std::int64_t r0 = 0, c0 = 0;
+    block_origin(b, blocks, grid_cols, br, bc4, &r0, &c0);
+    const int h = static_cast<int>(min(br, rows - r0)), w = static_cast<int>(min(bc4, cols4 - c0));
+    const float scale = scale_inv[b];
+    __syncthreads();  // every look-up of the previous block is done
+    for (int c = static_cast<int>(threadIdx.x); c < 256; c += kThreads) {
+      constexpr FormatDescriptor d = descriptor(F);
+      T value;
+      narrow(scaled(codec_detail::decode_code(d, static_cast<std::uint8_t>(c)), scale), &value);
+      Bits bits;
+      memcpy(&bits, &value, sizeof(Bits));
+      table[c] = bits;
+    }
+    __syncthreads();
+    const std::int64_t origin = r0 * cols4 + c0;
+    for (int c = lane; c < w; c += 32) {
+      for (int r = warp; r < h; r += kRows * kWarps) {
+        std::uint32_t word[kRows];
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) {
+          if (r + k * kWarps < h) word[k] = codes[origin + static_cast<std::int64_t>(r + k * kWarps) * cols4 + c];
+        }
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) {
+          if (r + k * kWarps >= h) continue;
+          Quad<T> q;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const Bits bits = table[(word[k] >> (8 * j)) & 0xFFu];
+            memcpy(&q.e[j], &bits, sizeof(Bits));
+          }
+          out[origin + static_cast<std::int64_t>(r + k * kWarps) * cols4 + c] = q;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -555,20 +559,19 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
           short_rows.template operator()<4, false>();
         }
       } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems <= kHeldElems<1024, 4>) {
-        const auto held = [&]<int THREADS, int GROUP, int K, int DEPTH>() {
-          const auto kernel = quantize_held<F, T, THREADS, GROUP, K, DEPTH>;
-          constexpr int shared = kHeldShared<T, THREADS, K, DEPTH>;
-          const unsigned grid = grid_for(kernel, THREADS, ceil_div(blocks, THREADS / GROUP), DEPTH > 0, shared);
-          kernel<<<grid, THREADS, shared, stream>>>(reinterpret_cast<const Quad<T>*>(in), rows, cols / 4, br, bc / 4,
-                                                    grid_cols, blocks, spec, encode,
-                                                    reinterpret_cast<std::uint32_t*>(codes), scale_inv, e8m0);
+        const auto held = [&]<int THREADS, int GROUP, int K, bool PREFETCH>() {
+          const auto kernel = quantize_held<F, T, THREADS, GROUP, K, PREFETCH>;
+          const unsigned grid = grid_for(kernel, THREADS, ceil_div(blocks, THREADS / GROUP), PREFETCH);
+          kernel<<<grid, THREADS, 0, stream>>>(reinterpret_cast<const Quad<T>*>(in), rows, cols / 4, br, bc / 4,
+                                               grid_cols, blocks, spec, encode, reinterpret_cast<std::uint32_t*>(codes),
+                                               scale_inv, e8m0);
         };
         if (block_elems <= kHeldElems<32, 8>) {
-          held.template operator()<kThreads, 32, 8, 0>();
+          held.template operator()<kThreads, 32, 8, false>();
         } else if (block_elems <= kHeldElems<kThreads, 4>) {
-          held.template operator()<kThreads, kThreads, 4, 0>();
+          held.template operator()<kThreads, kThreads, 4, false>();
         } else {
-          held.template operator()<1024, 1024, 4, 3>();
+          held.template operator()<1024, 1024, 4, true>();
         }
       } else if (bc % 4 == 0 && cols % 4 == 0 && block_elems / 4 < kMaxTileQuads) {
         const auto grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
@@ -625,6 +628,14 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
     const bool vectors = cols % 4 == 0 && block_cols % 4 == 0 && reinterpret_cast<std::uintptr_t>(codes) % 4 == 0 &&
                          vector_aligned<4>(o);
     with_format(q.format, [&]<Format F>() {
+      if (vectors && block_rows >= kTileRows && block_cols >= 128) {
+        const std::int64_t blocks = grid[0] * grid[1];
+        const auto launch_grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
+        dequantize_tiles<F, T><<<launch_grid, kThreads, 0, stream_of(device)>>>(
+            reinterpret_cast<const std::uint32_t*>(codes), rows, cols / 4, block_rows, block_cols / 4, grid_cols,
+            blocks, scales, reinterpret_cast<Quad<T>*>(o));
+        return;
+      }
       const auto divisor = [&](std::int64_t d) {
         return narrow32 ? FastDiv(static_cast<std::uint32_t>(d)) : FastDiv();
       };
