@@ -29,6 +29,20 @@ using BitsOf = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
 template <typename T>
 using CodesOf = std::conditional_t<sizeof(T) == 4, std::uint32_t, uint2>;
 
+// The 256 results of a decode with `scale_inv` (the codec's decode of each code, times scale_inv, rounded to T once)
+// as T's bits, into a shared table, by the CUDA block's threads (the caller synchronizes before reading it).
+template <Format F, typename T>
+__device__ inline void fill_results(BitsOf<T>* table, float scale_inv) {
+  for (int c = static_cast<int>(threadIdx.x); c < 256; c += static_cast<int>(blockDim.x)) {
+    constexpr FormatDescriptor d = descriptor(F);
+    T value;
+    narrow(scaled(codec_detail::decode_code(d, static_cast<std::uint8_t>(c)), scale_inv), &value);
+    BitsOf<T> bits;
+    memcpy(&bits, &value, sizeof(bits));
+    table[c] = bits;
+  }
+}
+
 // The decode: for one launch a result depends on its code alone (the codec's decode, times scale_inv, rounded to T
 // once), so each CUDA block first reads the scale and fills a shared-memory table of the 256 results, and then looks
 // its codes up: where the codes and the output are aligned to their sizes, each group of codes (4 for float32, 8 for
@@ -41,15 +55,7 @@ __global__ void decode_kernel(const std::uint8_t* in, T* out, std::int64_t n, bo
   using Codes = CodesOf<T>;
   constexpr int kElems = 16 / static_cast<int>(sizeof(T));
   __shared__ Bits table[256];
-  const float scale_inv = scale();
-  for (int c = static_cast<int>(threadIdx.x); c < 256; c += static_cast<int>(blockDim.x)) {
-    constexpr FormatDescriptor d = descriptor(F);
-    T value;
-    narrow(scaled(codec_detail::decode_code(d, static_cast<std::uint8_t>(c)), scale_inv), &value);
-    Bits bits;
-    memcpy(&bits, &value, sizeof(Bits));
-    table[c] = bits;
-  }
+  fill_results<F, T>(table, scale());
   __syncthreads();
   const auto look_up = [&](std::uint32_t codes, std::uint32_t* words) {  // four codes, 16 bytes of results
     if constexpr (sizeof(Bits) == 4) {

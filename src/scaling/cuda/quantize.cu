@@ -443,14 +443,7 @@ __global__ void dequantize_tiles(const std::uint32_t* codes, std::int64_t rows, 
     const int h = static_cast<int>(min(br, rows - r0)), w = static_cast<int>(min(bc4, cols4 - c0));
     const float scale = scale_inv[b];
     __syncthreads();  // every look-up of the previous block is done
-    for (int c = static_cast<int>(threadIdx.x); c < 256; c += kThreads) {
-      constexpr FormatDescriptor d = descriptor(F);
-      T value;
-      narrow(scaled(codec_detail::decode_code(d, static_cast<std::uint8_t>(c)), scale), &value);
-      Bits bits;
-      memcpy(&bits, &value, sizeof(Bits));
-      table[c] = bits;
-    }
+    fill_results<F, T>(table, scale);
     __syncthreads();
     const std::int64_t origin = r0 * cols4 + c0;
     for (int c = lane; c < w; c += 32) {
