@@ -4,6 +4,7 @@
 
 #include <cpuid.h>
 #include <omp.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -223,15 +224,33 @@ void set_max_isa(std::optional<Isa> cap) {
   g_cap.store(cap ? static_cast<int>(*cap) : -1, std::memory_order_relaxed);
 }
 
+namespace {
+
+// A child of fork() (multiprocessing's and DataLoader's workers, a test's death child): GNU OpenMP's threads do not
+// survive the fork, and the forking thread's next parallel region in the child would wait for them forever (its
+// thread pool came along). So a forked process runs fp8kit on one thread: the forking thread's OpenMP default is set
+// to 1 there, and num_threads() says 1 in every thread. (posix_spawn and fork + exec run no handlers: a new program
+// starts as any other.)
+std::atomic<bool> g_forked{false};
+
+void after_fork_in_child() {
+  g_forked.store(true, std::memory_order_relaxed);
+  omp_set_num_threads(1);
+}
+
+[[maybe_unused]] const int g_at_fork = pthread_atfork(nullptr, nullptr, after_fork_in_child);
+
+}  // namespace
+
 void set_num_threads(int n) {
   FP8KIT_CHECK(n >= 1, "thread count must be at least 1, got ", n);
   FP8KIT_CHECK(n <= kMaxThreads, "thread count must be at most ", kMaxThreads, ", got ", n,
                " (more threads than cores only share them)");
-  omp_set_num_threads(n);
+  omp_set_num_threads(g_forked.load(std::memory_order_relaxed) ? 1 : n);
 }
 
 int num_threads() {
-  return omp_get_max_threads();
+  return g_forked.load(std::memory_order_relaxed) ? 1 : omp_get_max_threads();
 }
 
 }  // namespace fp8kit

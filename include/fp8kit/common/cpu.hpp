@@ -71,7 +71,9 @@ void set_max_isa(std::optional<Isa> cap);
 // fail to start that many threads: libgomp aborts at 100000).
 inline constexpr int kMaxThreads = 1024;
 // Threads used by bulk operations (default: OpenMP's default, usually the number of cores). 1 <= n <= kMaxThreads,
-// else Error(kInvalidArgument).
+// else Error(kInvalidArgument). In a process made by fork() without exec (multiprocessing's fork workers), one:
+// GNU OpenMP's threads do not survive a fork, and a parallel region there would wait for them forever;
+// set_num_threads checks its argument and keeps one.
 void set_num_threads(int n);
 int num_threads();
 
