@@ -75,7 +75,11 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Ov
   FP8KIT_CHECK(reinterpret_cast<std::uintptr_t>(in) % element_size(from) == 0 &&
                    reinterpret_cast<std::uintptr_t>(out) % element_size(to) == 0,
                "convert: the elements are not aligned to their size (", name(from), " -> ", name(to), ")");
-  if (from == to) {
+  // The same dtype: a copy, except that saturating takes a format's infinities (e5m2's) to its largest finite value,
+  // as from any other source (the element path below does).
+  const bool saturates_infinities =
+      is_fp8(from) && overflow == Overflow::kSaturate && descriptor(*fp8_format(from)).has_inf;
+  if (from == to && !saturates_infinities) {
     std::memcpy(out, in, static_cast<std::size_t>(n) * element_size(from));
     return;
   }
@@ -89,7 +93,10 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Ov
 }
 
 Tensor Tensor::to(DType dtype, Overflow overflow) const {
-  if (dtype == dtype_) return *this;
+  // The same dtype is this tensor, except that saturating takes e5m2's infinities to its largest finite value (as
+  // convert() does).
+  if (dtype == dtype_ && !(is_fp8(dtype) && overflow == Overflow::kSaturate && descriptor(*fp8_format(dtype)).has_inf))
+    return *this;
   if (!device_.is_cpu()) {
     // On a CUDA device: float32 / bfloat16 / float16 <-> FP8 through the CUDA casts (the same scalar codec).
     const bool wide_from = dtype_ == DType::float32 || dtype_ == DType::bfloat16 || dtype_ == DType::float16;
