@@ -143,6 +143,19 @@ def _matrix_shape(shape: tuple) -> tuple[int, int]:
     return rows, cols
 
 
+def _float64_as_float32(x: np.ndarray, what: str, threads: Optional[int]) -> np.ndarray:
+    """A float64 array rounded to float32 (a copy) for the kernels that compute in float32; a finite value past
+    float32's range is a ValueError (it would become an infinity, which amax and the scales skip: a silent loss)."""
+    bits = np.empty(x.shape, np.float32)
+    _fp8kit.convert(x.reshape(-1), "float64", bits.reshape(-1), "float32", False, threads)
+    if np.isinf(bits).any():
+        past = np.isinf(bits) & np.isfinite(x)
+        if past.any():
+            raise ValueError(f"{what}: x holds finite float64 values past float32's range (such as "
+                             f"{x[past].flat[0]:g}), which fp8kit computes in: scale x down first")
+    return bits
+
+
 def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int], keep_float64: bool = False) -> tuple:
     """x for the matrix kernels (quantize, analyze): (its Source, the dtype they read, the array they read), float32,
     bfloat16 and float16 as they are, float64 rounded to float32 first (a copy) unless keep_float64 (analyze rounds
@@ -152,8 +165,7 @@ def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int], kee
     if name == "float64" and keep_float64:
         return src, name, bits
     if name == "float64":
-        bits = np.empty(src.shape, np.float32)
-        _fp8kit.convert(src.bits, "float64", bits, "float32", False, threads)
+        bits = _float64_as_float32(src.bits, what, threads)
         name = "float32"
     if name not in _KERNEL_WIDE:
         raise ValueError(f"{what} takes float32, bfloat16, float16 or float64, not {name}")
@@ -291,7 +303,9 @@ def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) 
     kind = kind_of(x)
     src = as_bits(x, kind)
     bits = src.bits
-    if src.dtype_name != "float32":
+    if src.dtype_name == "float64":
+        bits = _float64_as_float32(src.bits, "amax", threads)
+    elif src.dtype_name != "float32":
         bits = np.empty(src.shape, np.float32)
         _fp8kit.convert(src.bits.reshape(-1), src.dtype_name, bits.reshape(-1), "float32", False, threads)
     rows, cols = _matrix_shape(src.shape)
@@ -471,7 +485,8 @@ def _names(what: str, values: Any) -> list:
 _PYTHON_SPELLING = {"--force": "force=True", "--scheme": "scheme", "--layout": "layout", "--format": "format",
                     "--ignore": "ignore", "--scale-fmt": "scale_fmt", "--max-shard-size": "max_shard_size",
                     "--to": "to", "--saturate": "saturate=True", "--no-saturate": "saturate=False"}
-_CLI_OPTION = re.compile(r"--[a-z][a-z0-9-]*")
+# An option as a word of its own (a path holding "--force" is left as it is).
+_CLI_OPTION = re.compile(r"(?<![\w./-])--[a-z][a-z0-9-]*(?![\w./-])")
 
 
 def _command(args: list) -> Any:
@@ -527,7 +542,10 @@ def dequantize_checkpoint(src: Any, dst: Any, to: Any = "bf16", *, max_shard_siz
                           force: bool = False) -> dict:
     """`fp8kit dequantize SRC DST --to TO`: an FP8 checkpoint in any layout fp8kit detects back to bf16, f16 or
     f32 (scales dropped, quantization_config removed). Returns the command's JSON report."""
-    args = ["dequantize", "--quiet", "--json", "--to", _CLI_DTYPE[resolve_dtype(to)]]
+    name = resolve_dtype(to)
+    if name not in ("bfloat16", "float16", "float32"):  # (the CLI's message would name its own spelling)
+        raise ValueError(f"to must be bfloat16, float16 or float32 ('bf16', 'f16', 'f32'), not {to!r}")
+    args = ["dequantize", "--quiet", "--json", "--to", _CLI_DTYPE[name]]
     args += _option("--max-shard-size", max_shard_size) + (["--force"] if check_bool("force", force) else [])
     return _command(args + ["--", _path(src, "src"), _path(dst, "dst")])
 

@@ -150,10 +150,12 @@ def _torch_bits_view(t: Any, name: str) -> np.ndarray:
 
 
 def as_bits(x: Any, kind: str) -> Source:
-    """x as a contiguous NumPy array for the library (copied once when it is not contiguous)."""
+    """x as a contiguous NumPy array for the library (copied once when it is not contiguous, or not aligned to its
+    element size)."""
     if type(x) is np.ndarray:  # the common case first, without the general path's calls
         name = _NAME_OF_NUMPY.get(x.dtype)
-        if name is not None and x.flags.c_contiguous:
+        flags = x.flags
+        if name is not None and flags.c_contiguous and flags.aligned:
             return Source(x, name, x.shape)
     if kind == "torch":
         if x.device.type != "cpu":
@@ -174,12 +176,13 @@ def as_bits(x: Any, kind: str) -> Source:
             x = np.asarray(x)
             if x.dtype.kind in "biu":
                 x = x.astype(np.float64)
-            elif x.dtype.kind in "OUSV":  # object(), a dict, a string: not numbers at all
+            elif x.dtype.kind in "OUS" or (x.dtype.kind == "V" and x.dtype not in _NAME_OF_NUMPY):
+                # object(), a dict, a string: not numbers at all (ml_dtypes' scalars are kind "V": they are)
                 raise TypeError(f"fp8kit takes an array, a tensor or numbers; NumPy reads this "
                                 f"{type(original).__name__} as {x.dtype} elements, not numbers it can cast")
     name = resolve_dtype(x.dtype)
-    if not x.flags.c_contiguous:
-        x = np.ascontiguousarray(x)
+    if not x.flags.c_contiguous or not x.flags.aligned:  # (a view at an odd offset, as in a safetensors file)
+        x = np.array(x, order="C", copy=True)
     return Source(x, name, x.shape)
 
 
@@ -189,7 +192,8 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
     if out is not None:
         if type(out) is np.ndarray and kind == "numpy":  # the common case first
             flags = out.flags
-            if out.dtype == _NUMPY[name] and out.shape == shape and flags.c_contiguous and flags.writeable:
+            if (out.dtype == _NUMPY[name] and out.shape == shape and flags.c_contiguous and flags.writeable
+                    and flags.aligned):
                 return out, out
         if kind_of(out) != kind or (kind == "numpy" and not isinstance(out, np.ndarray)):
             raise TypeError(f"out must be a {'torch.Tensor' if kind == 'torch' else 'NumPy array'} like the input, "
@@ -204,8 +208,8 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
             if out.device.type != "cpu" or not out.is_contiguous():
                 raise ValueError("out must be a contiguous CPU tensor")
             return out, _torch_bits_view(out, name)
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError("out must be a contiguous, writeable array")
+        if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
+            raise ValueError("out must be a contiguous, writeable array aligned to its element size")
         return out, out
     if kind == "torch":
         import torch

@@ -341,6 +341,13 @@ ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::
   return q;
 }
 
+// (copyreg.__newobj__, (type,), state): pickle's own reduction of a class with __getstate__ / __setstate__ under
+// protocol 2, given for every protocol (0 and 1 otherwise refuse an extension type).
+nb::tuple reduce_with_state(nb::handle self) {
+  const nb::object newobj = nb::module_::import_("copyreg").attr("__newobj__");
+  return nb::make_tuple(newobj, nb::make_tuple(self.type()), self.attr("__getstate__")());
+}
+
 // A ScaledTensor's whole state for pickle and copy.deepcopy: (version, format, saturating, granularity, rows, cols,
 // original dtype, codes, scale_inv, scale_e8m0) with the buffers as bytes (native byte order, as NumPy's pickles).
 constexpr int kScaledTensorStateVersion = 1;
@@ -613,9 +620,9 @@ NB_MODULE(_fp8kit, m) {
       .def_prop_ro("rows", [](const fp8kit::ScaledTensor& q) { return q.rows; })
       .def_prop_ro("cols", [](const fp8kit::ScaledTensor& q) { return q.cols; })
       .def("__getstate__", &scaled_tensor_state)
-      .def("__setstate__", [](fp8kit::ScaledTensor* self, nb::handle state) {
-        new (self) fp8kit::ScaledTensor(scaled_tensor_from_state(state));
-      });
+      .def("__setstate__", [](fp8kit::ScaledTensor* self,
+                              nb::handle state) { new (self) fp8kit::ScaledTensor(scaled_tensor_from_state(state)); })
+      .def("__reduce__", &reduce_with_state);
   m.def("quantize", &quantize_matrix, nb::arg("input"), nb::arg("kind"), nb::arg("rows"), nb::arg("cols"),
         nb::arg("format"), nb::arg("granularity"), nb::arg("saturate"), nb::arg("margin"), nb::arg("pow2"),
         nb::arg("threads").none(), "Scaled quantization of a matrix (the fused amax + scale + encode).");
@@ -728,16 +735,18 @@ NB_MODULE(_fp8kit, m) {
              const std::vector<std::uint8_t> bytes = d.serialize();
              return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
            })
-      .def("__setstate__", [](fp8kit::DelayedScaling* self, nb::handle given) {
-        if (!nb::isinstance<nb::bytes>(given)) {
-          throw nb::type_error(("a DelayedScaling state must be bytes, not " +
-                                nb::cast<std::string>(nb::str(nb::type_name(given.type()))))
-                                   .c_str());
-        }
-        const auto state = nb::borrow<nb::bytes>(given);
-        new (self) fp8kit::DelayedScaling(fp8kit::DelayedScaling::deserialize(
-            std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state.c_str()), state.size())));
-      });
+      .def("__setstate__",
+           [](fp8kit::DelayedScaling* self, nb::handle given) {
+             if (!nb::isinstance<nb::bytes>(given)) {
+               throw nb::type_error(("a DelayedScaling state must be bytes, not " +
+                                     nb::cast<std::string>(nb::str(nb::type_name(given.type()))))
+                                        .c_str());
+             }
+             const auto state = nb::borrow<nb::bytes>(given);
+             new (self) fp8kit::DelayedScaling(fp8kit::DelayedScaling::deserialize(
+                 std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(state.c_str()), state.size())));
+           })
+      .def("__reduce__", &reduce_with_state);
   m.def("analyze", &analyze_matrix, nb::arg("input"), nb::arg("kind"), nb::arg("rows"), nb::arg("cols"),
         nb::arg("formats"), nb::arg("granularities"), nb::arg("saturate"), nb::arg("threads").none(),
         "`fp8kit analyze --json`'s rows (one dict per format x granularity) for a matrix.");

@@ -382,3 +382,68 @@ def test_the_package_lists_its_api_not_its_imports():
     for name in fp8kit.__all__:
         assert hasattr(fp8kit, name), name
     assert "np" not in listed and "check_bool" not in listed
+
+
+def test_unaligned_contiguous_arrays_are_copied_not_refused():
+    """A contiguous array at an odd address (a view into a safetensors file whose header length is not a multiple
+    of 8, a byte buffer) was refused by the element-wise paths ("the elements are not aligned to their size"): it is
+    read through an aligned copy, with the aligned array's results; an unaligned out= is refused in one line."""
+    buf = np.zeros(8 * 8 + 1, np.uint8)
+    u = buf[1:].view(np.float64)
+    u[:] = np.arange(8) / 3
+    assert not u.flags.aligned and u.flags.c_contiguous
+    a = u.copy()
+    for dtype in ("e4m3fn", "bfloat16", "float16", "float32"):
+        assert fp8kit.cast(u, dtype).tobytes() == fp8kit.cast(a, dtype).tobytes(), dtype
+    assert fp8kit.amax(u) == fp8kit.amax(a)
+    assert fp8kit.quantize(u).data.tobytes() == fp8kit.quantize(a).data.tobytes()
+    f = buf[1:33].view(np.float32)
+    assert fp8kit.cast(f, "bfloat16").tobytes() == fp8kit.cast(f.copy(), "bfloat16").tobytes()
+    out = np.zeros(8 * 2 + 1, np.uint8)[1:].view(np.float16)
+    with pytest.raises(ValueError, match="aligned"):
+        fp8kit.cast(a, "float16", out=out)
+
+
+def test_ml_dtypes_scalars_are_numbers():
+    """ml_dtypes' scalars (kind "V" to NumPy) were refused as "not numbers" while np.float16(1.5) was taken."""
+    assert float(fp8kit.cast(ml_dtypes.bfloat16(1.5), "float32")) == 1.5
+    assert float(fp8kit.cast(ml_dtypes.float8_e4m3fn(1.5), "float32")) == 1.5
+    got = fp8kit.cast([ml_dtypes.float8_e4m3fn(2.0), ml_dtypes.float8_e4m3fn(-0.5)], "float32")
+    assert got.tolist() == [2.0, -0.5]
+    with pytest.raises(TypeError, match="not numbers"):
+        fp8kit.cast(np.void(b"ab"), "e4m3fn")  # other kind "V" scalars still are not
+
+
+def test_saturating_cast_to_the_same_format_saturates_infinities():
+    """e5m2 -> e5m2 with saturate=True was a copy, keeping +-Inf, where every other source gives +-57344."""
+    inf = fp8kit.cast(np.array([np.inf, -np.inf, 1.0], np.float32), "e5m2")
+    same = fp8kit.cast(inf, "e5m2", saturate=True)
+    assert same.astype(np.float32).tolist() == [57344.0, -57344.0, 1.0]
+    assert np.isinf(fp8kit.cast(inf, "e5m2").astype(np.float32)[:2]).all()  # non-saturating: kept
+
+
+def test_finite_float64_past_float32s_range_is_refused():
+    """amax and quantize of float64 [1e300, 1] gave 1.0 and [1, 1]: the value became an Inf, which both skip."""
+    x = np.array([1e300, 1.0])
+    with pytest.raises(ValueError, match="past float32's range"):
+        fp8kit.amax(x)
+    with pytest.raises(ValueError, match="past float32's range"):
+        fp8kit.quantize(x)
+    assert fp8kit.amax(np.array([np.inf, 2.0])) == 2.0  # an Inf of the input itself is skipped, as documented
+
+
+def test_a_forked_child_runs_after_the_parent_ran_threads():
+    """multiprocessing's fork workers hung on their first fp8kit call once the parent had run a multi-threaded
+    kernel (GNU OpenMP's threads do not survive fork): a forked process runs fp8kit on one thread."""
+    import multiprocessing
+    x = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float32)
+    want = fp8kit.cast(x, "e4m3fn", threads=2).view(np.uint8)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_cast_in_child, (x,)).get(timeout=120)
+    assert got[0] == want.tobytes() and got[1] == want.tobytes()
+
+
+def _cast_in_child(x):
+    return (fp8kit.cast(x, "e4m3fn").view(np.uint8).tobytes(),
+            fp8kit.cast(x, "e4m3fn", threads=2).view(np.uint8).tobytes())

@@ -141,6 +141,12 @@ def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):
         fp8kit.quantize_checkpoint(tmp_path / "missing", tmp_path / "x.safetensors", "fp8-block")
     with pytest.raises(FileNotFoundError, match="the directory '.*nowhere' of '.*' does not exist; create it first"):
         fp8kit.quantize_checkpoint(src, tmp_path / "nowhere" / "x.safetensors", "fp8-block")
+    # to= is named as the caller wrote it (the CLI's message said "not 'f64'" for to="float64").
+    with pytest.raises(ValueError, match="not 'float64'"):
+        fp8kit.dequantize_checkpoint(src, tmp_path / "f64.safetensors", to="float64")
+    # The CLI's options in a message are spelled as the Python arguments, a path holding "--force" as it is.
+    with pytest.raises(FileNotFoundError, match=r"'.*model--force' does not exist"):
+        fp8kit.inspect(str(tmp_path / "model--force"))
     with pytest.raises(FileNotFoundError, match="missing.safetensors' does not exist"):
         fp8kit.load(tmp_path / "missing.safetensors")
     with pytest.raises(ValueError, match="unknown scheme 'fp8-row'"):

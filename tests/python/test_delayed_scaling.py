@@ -45,7 +45,8 @@ def test_state_round_trips():
     d = fp8kit.DelayedScaling("e4m3fn", history_length=16, ema_decay=0.5)
     for a in (1.0, 3.0, 2.0):
         d.update(a)
-    for e in (fp8kit.DelayedScaling.from_state(d.state()), pickle.loads(pickle.dumps(d))):
+    copies = [pickle.loads(pickle.dumps(d, protocol=p)) for p in range(pickle.HIGHEST_PROTOCOL + 1)]
+    for e in [fp8kit.DelayedScaling.from_state(d.state())] + copies:  # (protocols 0 and 1 were a TypeError)
         assert e.scale == d.scale and e.smoothed_amax == d.smoothed_amax
         assert np.array_equal(e.amax_history, d.amax_history)
         e.update(5.0)

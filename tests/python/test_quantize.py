@@ -189,7 +189,8 @@ def test_scaled_tensors_pickle_and_deep_copy(granularity):
     ("cannot pickle 'ScaledTensor' object"): it now carries its codes, scales and dtype, bit for bit."""
     x = np.random.default_rng(7).standard_normal((5, 70)).astype(ml_dtypes.bfloat16)
     q = fp8kit.quantize(x, "e5m2", granularity)
-    for r in (pickle.loads(pickle.dumps(q)), copy.deepcopy(q)):
+    copies = [pickle.loads(pickle.dumps(q, protocol=p)) for p in range(pickle.HIGHEST_PROTOCOL + 1)]
+    for r in copies + [copy.deepcopy(q)]:  # (protocols 0 and 1 were a TypeError)
         assert (r.format, r.granularity, r.shape, r.original_dtype) == ("e5m2", granularity, (5, 70), "bfloat16")
         assert np.array_equal(r.data.view(np.uint8), q.data.view(np.uint8))
         assert np.array_equal(r.scale_inv.view(np.uint32), q.scale_inv.view(np.uint32))
