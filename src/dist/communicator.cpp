@@ -213,10 +213,25 @@ void Communicator::all_to_all(std::span<const std::byte> send, std::span<const s
                  " bytes, the buffers hold ", send.size(), " and ", recv.size());
     FP8KIT_CHECK(send_counts[me] == recv_counts[me], where("all_to_all"), ": this rank sends itself ", send_counts[me],
                  " bytes but expects ", recv_counts[me]);
+    FP8KIT_CHECK(std::max(send.size(), recv.size()) <= kMaxCollectiveBytes, where("all_to_all"), ": ",
+                 std::max(send.size(), recv.size()), " bytes pass the ", kMaxCollectiveBytes,
+                 " bytes one collective moves (split the payload)");
   });
   ++stats_.calls;
   stats_.all_to_all_bytes += send.size() - send_counts[me];
   all_to_all_bytes(send, send_counts, recv, recv_counts);
+}
+
+void Communicator::check_arguments(const std::function<void()>& checks) {
+  if (!check_calls_) return checks();
+  const CommStats before = stats_;
+  try {
+    agree_on_error(*this, checks);
+  } catch (...) {
+    stats_ = before;
+    throw;
+  }
+  stats_ = before;  // (the agreement is the call check's, not counted)
 }
 
 void Communicator::count_as(const CommStats& before, std::uint64_t CommStats::*into) {

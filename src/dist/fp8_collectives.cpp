@@ -35,9 +35,12 @@ void all_reduce_amax(Communicator& comm, std::span<float> amaxes) {
 ScaledTensor quantize_shard(Communicator& comm, MatrixRef shard, const QuantizeOptions& options) {
   if (options.granularity.kind != Granularity::Kind::kTensor) return quantize(shard, options);
   // Checked on every rank before the amax agreement, an empty shard's too: a refusal on some ranks only would leave
-  // the others waiting in it.
-  FP8KIT_CHECK(shard.dtype == DType::float32 || shard.dtype == DType::bfloat16 || shard.dtype == DType::float16,
-               "quantize_shard: the shard is ", name(shard.dtype), "; quantize float32, bfloat16 or float16 matrices");
+  // the others waiting in it (with call checks on, every rank refuses together).
+  comm.check_arguments([&] {
+    FP8KIT_CHECK(shard.dtype == DType::float32 || shard.dtype == DType::bfloat16 || shard.dtype == DType::float16,
+                 "quantize_shard: the shard is ", name(shard.dtype),
+                 "; quantize float32, bfloat16 or float16 matrices");
+  });
   // A bfloat16 / float16 shard widened to float32 (exact): its amax and codes are those of the 16-bit values.
   std::vector<float> wide;
   MatrixRef x = shard;
@@ -144,12 +147,22 @@ ScaledTensor gather_shards(Communicator& comm, const ScaledTensor& shard, std::i
   mine.total = total;
   mine.rows = shard.rows;
   mine.cols = shard.cols;
-  // The block along the cut from the whole matrix; across it, from the shard (the same extent on every rank).
-  mine.block_rows = rows_axis ? block_along(shard.granularity, axis, total)
-                              : shard.granularity.rows_per_block(std::max<std::int64_t>(shard.rows, 1));
-  mine.block_cols = rows_axis ? shard.granularity.cols_per_block(std::max<std::int64_t>(shard.cols, 1))
-                              : block_along(shard.granularity, axis, total);
-  const std::int64_t block_of_cut = rows_axis ? mine.block_rows : mine.block_cols;
+  // The block along the cut from the whole matrix; across it, from the shard (the same extent on every rank). A
+  // hand-made shard whose granularity cannot say (a block of 0 rows) is refused after the header exchange, on every
+  // rank: this one with its own error.
+  std::string refusal;
+  std::int64_t block_of_cut = 1;
+  bool fits = false;
+  try {
+    fits = buffers_fit(shard);
+    mine.block_rows = rows_axis ? block_along(shard.granularity, axis, total)
+                                : shard.granularity.rows_per_block(std::max<std::int64_t>(shard.rows, 1));
+    mine.block_cols = rows_axis ? shard.granularity.cols_per_block(std::max<std::int64_t>(shard.cols, 1))
+                                : block_along(shard.granularity, axis, total);
+    block_of_cut = std::max<std::int64_t>(rows_axis ? mine.block_rows : mine.block_cols, 1);
+  } catch (const Error& e) {
+    refusal = e.what();
+  }
   mine.cut = cut > 0 ? cut : block_of_cut;
   mine.scale_bits = per_tensor && !shard.scale_inv.empty() ? std::bit_cast<std::uint32_t>(shard.scale_inv[0]) : 0u;
   mine.format = static_cast<std::uint8_t>(shard.format);
@@ -158,11 +171,12 @@ ScaledTensor gather_shards(Communicator& comm, const ScaledTensor& shard, std::i
   mine.mx_mode = static_cast<std::uint8_t>(shard.granularity.mx_mode);
   mine.original_dtype = static_cast<std::uint8_t>(shard.original_dtype);
   // A cut across blocks would split a block's scale between ranks.
-  mine.valid = buffers_fit(shard) && mine.cut % block_of_cut == 0 ? 1 : 0;
+  mine.valid = refusal.empty() && fits && mine.cut % block_of_cut == 0 ? 1 : 0;
   std::vector<ShardHeader> all(n);
   const std::vector<std::size_t> header_bytes(n, sizeof(ShardHeader));
   comm.all_gather(std::as_bytes(std::span<const ShardHeader>(&mine, 1)), std::as_writable_bytes(std::span(all)),
                   header_bytes);
+  FP8KIT_CHECK(refusal.empty(), where, ": this rank's shard: ", refusal);  // (the others refuse it below)
   const auto extent = [&](const ShardHeader& h) { return rows_axis ? h.rows : h.cols; };  // along the cut
   const auto across = [&](const ShardHeader& h) { return rows_axis ? h.cols : h.rows; };
   const char* along = rows_axis ? "rows" : "columns";
@@ -363,7 +377,7 @@ float agreed_scale(Communicator& comm, std::span<const float> values, ReducePayl
     amax_blocks(MatrixRef(values.data(), 1, static_cast<std::int64_t>(values.size())), 1,
                 static_cast<std::int64_t>(values.size()), std::span<float>(&all, 1), &local);
   }
-  float amax = local.amax;  // finite: a NaN or Inf element travels as NaN, and must not move the scale
+  float amax = local.amax;  // finite: a NaN or Inf element travels non-finite, and must not move the scale
   all_reduce_amax(comm, std::span<float>(&amax, 1));
   return compute_scale(amax, format_of(payload), ScaleOptions{0, 0.0f, ScaleRounding::kPowerOfTwoDown});
 }
@@ -414,11 +428,13 @@ void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::sp
   const CommEvent event(comm, "reduce_scatter_sum", std::string(name(payload)));
   const auto n = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
   const std::string where = "reduce_scatter_sum on rank " + std::to_string(me) + " of " + std::to_string(n);
-  FP8KIT_CHECK(counts.size() == n, where, ": ", counts.size(), " counts for ", n, " ranks (give one per rank)");
-  std::size_t total = 0;
-  for (std::size_t c : counts) total += c;
-  FP8KIT_CHECK(total == send.size() && counts[me] == recv.size(), where, ": the counts add up to ", total,
-               " floats with ", counts[me], " for this rank; the buffers hold ", send.size(), " and ", recv.size());
+  comm.check_arguments([&] {  // before the scale's agreement, the first collective (with call checks, agreed)
+    FP8KIT_CHECK(counts.size() == n, where, ": ", counts.size(), " counts for ", n, " ranks (give one per rank)");
+    std::size_t total = 0;
+    for (std::size_t c : counts) total += c;
+    FP8KIT_CHECK(total == send.size() && counts[me] == recv.size(), where, ": the counts add up to ", total,
+                 " floats with ", counts[me], " for this rank; the buffers hold ", send.size(), " and ", recv.size());
+  });
   if (payload == ReducePayload::kFloat32) return comm.reduce_scatter(send, recv, counts, ReduceOp::kSum);
   const CommStats before = comm.stats();
   const float scale = agreed_scale(comm, send, payload);

@@ -126,10 +126,10 @@ class MpiCommunicator final : public Communicator {
     std::vector<int> sc(n), sd(n), rc(n), rd(n);
     std::size_t so = 0, ro = 0;
     for (std::size_t r = 0; r < n; ++r) {
-      sc[r] = as_int(send_counts[r], where("reduce_scatter"));
-      sd[r] = as_int(so, where("reduce_scatter"));
-      rc[r] = as_int(recv_counts[r], where("reduce_scatter"));
-      rd[r] = as_int(ro, where("reduce_scatter"));
+      sc[r] = as_int(send_counts[r], where("all_to_all"));
+      sd[r] = as_int(so, where("all_to_all"));
+      rc[r] = as_int(recv_counts[r], where("all_to_all"));
+      rd[r] = as_int(ro, where("all_to_all"));
       so += send_counts[r];
       ro += recv_counts[r];
     }

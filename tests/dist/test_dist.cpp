@@ -359,6 +359,11 @@ TEST(Fp8Collectives, MismatchedShardsAreRefusedOnEveryRank) {
   ScaledTensor damaged = good;
   if (last) damaged.scale_inv.pop_back();
   refused(damaged, rows, "holds buffers of other sizes");
+  // A hand-made granularity the blocks cannot come from (a block of 0 x 0) on the last rank: refused on every rank,
+  // that one with its own error (it was thrown before the header exchange, the others waiting in it).
+  ScaledTensor no_blocks = good;
+  if (last) no_blocks.granularity = Granularity::block(0, 0);
+  refused(no_blocks, rows, last ? "this rank's shard" : "holds buffers of other sizes");
   // Another granularity (other block rows, so another expected cut): still the same refusal on every rank.
   const ScaledTensor other_blocks =
       quantize(MatrixRef(x.data() + s.begin * cols, s.rows(), cols),
@@ -549,6 +554,18 @@ TEST(Communicator, CallChecksMakeMismatchesErrorsOnEveryRank) {
         in(me == 1 ? 4 * static_cast<std::size_t>(n) + 4 : out.size());
     testing_expect_agreed_error([&] { comm().all_to_all(out, sends, in, recvs); },
                                 {"rank 0 sends rank 1 4 bytes but rank 1 expects 8"});
+    // The FP8 layer's own argument checks, which run before its first collective (a refusal on the last rank only
+    // left the others waiting in the scale's agreement): every rank's error too, naming the rank and why.
+    const std::string last = "rank " + std::to_string(n - 1) + ": ";
+    for (ReducePayload p : {ReducePayload::kFloat32, ReducePayload::kE4m3}) {
+      testing_expect_agreed_error([&] { reduce_scatter_sum(comm(), send, recv, counts, p); },
+                                  {last + "reduce_scatter_sum on rank " + std::to_string(n - 1), "the counts add up"});
+    }
+    const std::int32_t ints[4] = {};
+    const std::vector<float> floats = values_of(me, 4, 3);
+    const MatrixRef shard = me == n - 1 ? MatrixRef(ints, DType::int32, 2, 2) : MatrixRef(floats.data(), 2, 2);
+    testing_expect_agreed_error([&] { quantize_shard(comm(), shard, QuantizeOptions{}); },
+                                {last + "quantize_shard: the shard is int32"});
   }
   comm().barrier();  // nobody was left inside a collective
 }

@@ -99,6 +99,10 @@ class Communicator {
   // For a collective built from others (an FP8 reduction: an amax all-reduce, an all-to-all, an all-gather): what was
   // counted since `before` becomes one call of the counter `into`.
   void count_as(const CommStats& before, std::uint64_t CommStats::*into);
+  // The argument checks of a collective made of several (the FP8 layer's), which run before its first one: with
+  // call checks on, agreed (agree_on_error, not counted in stats()), so that a refusal on some ranks is every rank's
+  // error instead of the others waiting in that first collective; without, `checks` as it is.
+  void check_arguments(const std::function<void()>& checks);
 
  protected:
   Communicator();  // reads FP8KIT_DIST_CHECK (unset, 0 or 1)
