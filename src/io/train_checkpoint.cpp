@@ -3,6 +3,7 @@
 #include "fp8kit/io/train_checkpoint.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -281,6 +282,19 @@ void check_values(const Tensor& t, const std::string& ck, const std::string& nam
 }
 
 }  // namespace
+
+std::string file_fingerprint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  FP8KIT_CHECK_KIND(in.good(), ErrorKind::kIo, "cannot read '", path, "': ", std::strerror(errno));
+  detail::Fingerprint f;
+  std::vector<char> chunk(1 << 20);
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    f.add(std::as_bytes(std::span<const char>(chunk.data(), static_cast<std::size_t>(in.gcount()))));
+  }
+  FP8KIT_CHECK_KIND(in.eof(), ErrorKind::kIo, "cannot read '", path, "': ", std::strerror(errno));
+  return f.hex();
+}
 
 std::string data_fingerprint(const TrainConfig& config) {
   if (config.data_path.empty()) return {};

@@ -940,6 +940,18 @@ def train_never_writes_over_its_inputs_and_writes_outputs_whole():
         assert os.path.islink(os.path.join(d, "link.svg")) and open(target).read().startswith("<svg")
 
 
+@test
+def output_that_cannot_be_written_is_a_failure():
+    # stdout on a full device, and --log-scales to one: exit 1 with one line (both were exit 0, the output lost).
+    if not os.path.exists("/dev/full"):
+        return
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([BINARY, "formats", "--json"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "cannot write the output" in p.stderr, p.stderr
+    code, _, err = run("train", "--recipe", "fp8-delayed", "--steps", "2", "--log-scales", "/dev/full", timeout=300)
+    assert code == 1 and err.count("\n") == 1 and "--log-scales: cannot write '/dev/full'" in err, (code, err)
+
+
 def main():
     global BINARY
     if len(sys.argv) != 2:

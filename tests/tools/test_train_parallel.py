@@ -197,7 +197,7 @@ def refusals_before_training_are_one_line_from_rank_0():
         p = subprocess.run([BINARY, "train", "--model", "cnn", "--recipe", "fp32", "--steps", "1", "--batch", "1",
                             "--save-checkpoint", ckpt], capture_output=True, text=True, timeout=120, env=MPI_ENV)
         assert p.returncode == 0, p.stderr
-        refused(["--resume", ckpt], "needs a global --batch of at least 2")
+        refused(["--resume", ckpt], "trained with batch 1: resume it on at most 1 rank")
     # --threads may differ between ranks; a bad value on one rank is said by rank 0, and no rank waits for it.
     script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then t=0; else t=1; fi; '
               f'exec "{BINARY}" train --steps 1 --parallel ddp --threads $t')
@@ -205,6 +205,52 @@ def refusals_before_training_are_one_line_from_rank_0():
                        env=MPI_ENV)
     lines = fp8kit_lines(p.stderr)
     assert p.returncode == 2 and len(lines) == 1 and "rank 1: --threads must be between 1" in lines[0], p.stderr
+    # The hidden fault switch naming a rank the job does not have would never fire: refused.
+    refused(["--inject-rank-failure", "5:0"], "rank 5 is not in this job of 2 ranks")
+
+
+@test
+def ranks_reading_other_files_behind_the_same_paths_are_refused():
+    # A copy of the checkpoint per node, one of them from another step (it hung under ddp), and another data file
+    # behind the same --data path (it trained, "replicas identical: yes"): refused on every rank, one line.
+    with tempfile.TemporaryDirectory() as d:
+        w0, w1 = os.path.join(d, "w0"), os.path.join(d, "w1")
+        os.makedirs(w0)
+        os.makedirs(w1)
+        for where, steps in ((w0, "2"), (w1, "4")):
+            p = subprocess.run([BINARY, "train", "--recipe", "fp32", "--steps", steps, "--save-checkpoint",
+                                os.path.join(where, "ck.safetensors")], capture_output=True, text=True, timeout=120,
+                               env=MPI_ENV)
+            assert p.returncode == 0, p.stderr
+        script = ('cd "$([ "$OMPI_COMM_WORLD_RANK" = 1 ] && echo {w1} || echo {w0})" && '
+                  'exec "{b}" train --parallel ddp --steps 6 --resume ck.safetensors').format(w0=w0, w1=w1, b=os.path.abspath(BINARY))
+        p = subprocess.run(under_mpirun(MPIRUN, 2, ["sh", "-c", script]), capture_output=True, text=True,
+                           timeout=120, env=MPI_ENV)
+        lines = fp8kit_lines(p.stderr)
+        assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr)
+        assert "rank 1 read its checkpoint's step '4', rank 0 '2'" in lines[0], p.stderr
+        for where, text in ((w0, "the cat sat on the mat. " * 200), (w1, "a dog ran in the fog. " * 200)):
+            with open(os.path.join(where, "data.txt"), "w") as f:
+                f.write(text)
+        script = ('cd "$([ "$OMPI_COMM_WORLD_RANK" = 1 ] && echo {w1} || echo {w0})" && '
+                  'exec "{b}" train --parallel ddp --steps 1 --data data.txt').format(w0=w0, w1=w1, b=os.path.abspath(BINARY))
+        p = subprocess.run(under_mpirun(MPIRUN, 2, ["sh", "-c", script]), capture_output=True, text=True,
+                           timeout=120, env=MPI_ENV)
+        lines = fp8kit_lines(p.stderr)
+        assert p.returncode == 2 and len(lines) == 1 and "--data file's text" in lines[0], (p.returncode, p.stderr)
+
+
+@test
+def a_report_rank_0_cannot_write_after_training_is_one_line():
+    # --plot / --profile to a full device: rank 0 alone wrote them after the last collective and threw, skipping the
+    # barrier the other ranks waited in (the job hung, nothing printed).
+    if not os.path.exists("/dev/full"):
+        return
+    for option in ("--plot", "--profile"):
+        cmd = [BINARY, "train", "--recipe", "fp32", "--parallel", "ddp", "--steps", "2", option, "/dev/full"]
+        p = subprocess.run(under_mpirun(MPIRUN, 2, cmd), capture_output=True, text=True, timeout=120, env=MPI_ENV)
+        lines = fp8kit_lines(p.stderr)
+        assert p.returncode == 1 and len(lines) == 1 and "/dev/full" in lines[0], (option, p.returncode, p.stderr)
 
 
 @test

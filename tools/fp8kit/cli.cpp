@@ -4,12 +4,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
 
 #include "cli_common.hpp"
 #include "fp8kit/common/cpu.hpp"
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
 
 namespace fp8kit::cli {
@@ -110,6 +114,16 @@ int run(int argc, const char* const* argv) {
     return report_error(command_name(*app), std::make_exception_ptr(parse_failure(*app, e)));
   } catch (const std::exception&) {
     return report_error(command_name(*app), std::current_exception());
+  }
+  // Output that could not be written (a full disk behind `> file`) is a failure, not a silent exit 0.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    const int e = errno;
+    return report_error(command_name(*app),
+                        std::make_exception_ptr(Error(ErrorKind::kIo,
+                                                      std::string("cannot write the output: ") +
+                                                          (e != 0 ? std::strerror(e) : "a write to stdout failed"),
+                                                      __FILE__, __LINE__)));
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,32 +85,11 @@ struct TrainArgs {
 // another seed or recipe to one rank trains nonsense that looks fine): each setting that shapes the run or its
 // files, of every rank, all-gathered and compared with rank 0's; the first that differs is named with both values.
 // (What only rank 0 writes — --json, --plot, --profile, --log-scales — and --threads may differ.)
-void check_same_settings(Communicator& comm, const TrainArgs& a, const char* given = "was given") {
-  const std::pair<const char*, std::string> settings[] = {
-      {"--model", a.model},
-      {"--recipe", a.recipe},
-      {"--compare", a.compare},
-      {"--steps", std::to_string(a.steps)},
-      {"--eval-batches", std::to_string(a.eval_batches)},
-      {"--fp32-spread", std::to_string(a.fp32_spread)},
-      {"--seed", std::to_string(a.seed)},
-      {"--seeds", a.seeds},
-      {"--batch", std::to_string(a.batch)},
-      {"--data", a.data},
-      {"--on-nonfinite", a.on_nonfinite},
-      {"--fp8-conv-max-kernel-area", std::to_string(a.conv_max_area)},
-      {"--inject-nan", std::to_string(a.inject_nan)},
-      {"--parallel", a.parallel},
-      {"--grad-reduce", a.grad_reduce},
-      {"--optimizer-state", a.optimizer_state},
-      {"--master-weights", a.master_weights},
-      {"--inject-rank-failure", a.inject_rank_failure},
-      {"--resume", a.resume},
-      {"--save-checkpoint", a.save_checkpoint},
-      {"--checkpoint-every", std::to_string(a.checkpoint_every)},
-      {"--export-fp8", a.export_fp8},
-      {"--export-scheme", a.export_scheme},
-      {"--export-layout", a.export_layout}};
+using Setting = std::pair<const char*, std::string>;
+
+// Each of `settings` of every rank, all-gathered and compared with rank 0's: the first that differs is refused on
+// every rank alike, naming both values ("rank 1 <given> <name> '...', rank 0 '...': <fix>").
+void check_same_values(Communicator& comm, std::span<const Setting> settings, const char* given, const char* fix) {
   std::string mine;  // every value with its length, so that no two lists read alike
   for (const auto& [option, value] : settings) mine += std::to_string(value.size()) + ":" + value;
   const std::vector<std::int64_t> lengths = every_rank(comm, static_cast<std::int64_t>(mine.size()));
@@ -130,14 +110,42 @@ void check_same_settings(Communicator& comm, const TrainArgs& a, const char* giv
     }
   }
   for (std::size_t r = 1; r < values.size(); ++r) {
-    for (std::size_t i = 0; i < std::size(settings); ++i) {
+    for (std::size_t i = 0; i < settings.size(); ++i) {
       if (values[r][i] == values[0][i]) continue;
       const auto shown = [](const std::string& v) { return v.empty() ? std::string("(not given)") : "'" + v + "'"; };
       throw UsageError("rank " + std::to_string(r) + " " + given + " " + settings[i].first + " " + shown(values[r][i]) +
-                       ", rank 0 " + shown(values[0][i]) +
-                       ": every rank of a job trains the same run (launch them all with the same options)");
+                       ", rank 0 " + shown(values[0][i]) + ": " + fix);
     }
   }
+}
+
+void check_same_settings(Communicator& comm, const TrainArgs& a, const char* given = "was given") {
+  const Setting settings[] = {{"--model", a.model},
+                              {"--recipe", a.recipe},
+                              {"--compare", a.compare},
+                              {"--steps", std::to_string(a.steps)},
+                              {"--eval-batches", std::to_string(a.eval_batches)},
+                              {"--fp32-spread", std::to_string(a.fp32_spread)},
+                              {"--seed", std::to_string(a.seed)},
+                              {"--seeds", a.seeds},
+                              {"--batch", std::to_string(a.batch)},
+                              {"--data", a.data},
+                              {"--on-nonfinite", a.on_nonfinite},
+                              {"--fp8-conv-max-kernel-area", std::to_string(a.conv_max_area)},
+                              {"--inject-nan", std::to_string(a.inject_nan)},
+                              {"--parallel", a.parallel},
+                              {"--grad-reduce", a.grad_reduce},
+                              {"--optimizer-state", a.optimizer_state},
+                              {"--master-weights", a.master_weights},
+                              {"--inject-rank-failure", a.inject_rank_failure},
+                              {"--resume", a.resume},
+                              {"--save-checkpoint", a.save_checkpoint},
+                              {"--checkpoint-every", std::to_string(a.checkpoint_every)},
+                              {"--export-fp8", a.export_fp8},
+                              {"--export-scheme", a.export_scheme},
+                              {"--export-layout", a.export_layout}};
+  check_same_values(comm, settings, given,
+                    "every rank of a job trains the same run (launch them all with the same options)");
 }
 
 // A rank that cannot go on in the middle of a run over ranks: one line naming it and the step, then the whole job
@@ -349,7 +357,7 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
 // when a step aborts the run (the log up to it, whole): an earlier file of that name stays as it was until then.
 class ScaleLog {
  public:
-  explicit ScaleLog(const std::string& path) {
+  explicit ScaleLog(const std::string& path) : path_(path) {
     if (const std::optional<fs::path> target = atomic_target(path)) {
       file_.emplace(*target);
     } else {
@@ -366,6 +374,9 @@ class ScaleLog {
     flush();
     if (file_) file_->commit();
     stream_.flush();
+    // A device or pipe that took nothing (/dev/full) is a failure, as a file's is.
+    if (!file_ && !stream_)
+      FP8KIT_THROW(ErrorKind::kIo, "--log-scales: cannot write '", path_, "': ", std::strerror(errno));
   }
 
  private:
@@ -377,6 +388,7 @@ class ScaleLog {
     }
     buffer_.clear();
   }
+  std::string path_;
   std::optional<AtomicFile> file_;
   std::ofstream stream_;
   std::string buffer_;
@@ -749,8 +761,9 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
 
 // The run, on each rank of a run over ranks (`comm`; nullptr without --parallel). `checked`, when given, turns true
 // where the checks end and training begins: before it, whatever fails fails on every rank alike (the same settings,
-// the files agreed), after it a rank can fail alone.
-void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
+// the files agreed), after it a rank can fail alone. `collectives_over` turns true on rank 0 after the last
+// collective (the other ranks have returned): its reports and files are its own from there.
+void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* collectives_over = nullptr) {
   // Every rank's settings the same, before anything is read. From there on every rank checks the same options;
   // what can still differ (the files each rank sees) is agreed.
   if (comm) check_same_settings(*comm, a);
@@ -765,6 +778,22 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
   // What each rank's copy of the checkpoint set (a copy per node could differ): the same on every rank.
   if (comm && resumed) check_same_settings(*comm, a, "read from its checkpoint");
   on_every_rank(comm, [&] { check_train_files(a, comm == nullptr || comm->rank() == 0); });
+  if (comm && (resumed || !a.data.empty())) {
+    // The files behind the same paths, the same on every rank too: the checkpoint's step and bytes, the data's.
+    std::vector<Setting> contents;
+    on_every_rank(comm, [&] {
+      if (resumed) {
+        contents.emplace_back("its checkpoint's step", std::to_string(resumed->next_step));
+        contents.emplace_back("its checkpoint's bytes (fingerprint)", file_fingerprint(a.resume));
+      }
+      if (!a.data.empty()) {
+        nn::TrainConfig data_config;
+        data_config.data_path = a.data;
+        contents.emplace_back("its --data file's text (fingerprint)", data_fingerprint(data_config));
+      }
+    });
+    check_same_values(*comm, contents, "read", "every rank must read the same files (copy them alike to every node)");
+  }
   if (a.model != "gpt" && a.model != "cnn") {
     throw UsageError("--model: '" + a.model + "' is not available (models: gpt, cnn)");
   }
@@ -853,14 +882,24 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
   if (!parallel && !a.grad_reduce.empty()) throw UsageError("--grad-reduce needs --parallel ddp or fsdp");
   const RankFailure inject_failure = parse_rank_failure(a.inject_rank_failure);
   if (!parallel && inject_failure.rank >= 0) throw UsageError("--inject-rank-failure needs --parallel ddp or fsdp");
+  if (parallel && comm != nullptr && inject_failure.rank >= comm->size()) {
+    throw UsageError("--inject-rank-failure: rank " + std::to_string(inject_failure.rank) + " is not in this job of " +
+                     std::to_string(comm->size()) + " ranks (0 .. " + std::to_string(comm->size() - 1) + ")");
+  }
   nn::TrainConfig defaults;
   defaults.model = a.model;
   // a.batch: the option's, else a resumed checkpoint's, else 0 (the model's default).
   if (comm && (a.batch > 0 ? a.batch : nn::batch_size(defaults)) < comm->size()) {
     // The same on every rank: all refuse together.
+    const std::int64_t batch = a.batch > 0 ? a.batch : nn::batch_size(defaults);
+    // A resumed run keeps its checkpoint's batch: then the fix is fewer ranks, not another --batch.
     throw UsageError("--parallel " + a.parallel + " over " + std::to_string(comm->size()) +
                      " ranks needs a global --batch of at least " + std::to_string(comm->size()) +
-                     " (each rank trains on its rows of it)");
+                     " (each rank trains on its rows of it)" +
+                     (resumed
+                          ? "; " + a.resume + " was trained with batch " + std::to_string(batch) +
+                                ": resume it on at most " + std::to_string(batch) + (batch == 1 ? " rank" : " ranks")
+                          : std::string()));
   }
   nn::TrainConfig config;
   config.model = a.model;
@@ -1025,6 +1064,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr) {
         }
       }
       if (quiet) return;
+      if (collectives_over) *collectives_over = true;  // rank 0 alone from here: the others wait in run()'s barrier
       // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
       // 1..K): how far fp32 lands from itself, the floor under every gap in the table.
       std::vector<float> spread;
@@ -1165,9 +1205,9 @@ void run(const TrainArgs& a) {
   if (a.parallel == "none") return train_run(a, nullptr);
   const std::unique_ptr<Communicator> comm = world_communicator();
   int status = 0;
-  bool checked = false;
+  bool checked = false, collectives_over = false;
   try {
-    train_run(a, comm.get(), &checked);
+    train_run(a, comm.get(), &checked, &collectives_over);
   } catch (const UsageError&) {
     status = report_error("fp8kit train", std::current_exception());
   } catch (const AgreedError&) {
@@ -1175,8 +1215,11 @@ void run(const TrainArgs& a) {
   } catch (const nn::NonfiniteAbort&) {
     status = report_error("fp8kit train", std::current_exception());
   } catch (const Error&) {
-    if (checked) throw;
-    status = report_error("fp8kit train", std::current_exception());  // a check's refusal: every rank's
+    // A check's refusal is every rank's; so is a failure of rank 0's reports after the last collective (--plot,
+    // --profile, --fp32-spread's runs: the others are in the barrier below). Any other error of this rank alone
+    // would leave the others inside a collective: thrown on (the training loop ends the job itself, end_job).
+    if (checked && !collectives_over) throw;
+    status = report_error("fp8kit train", std::current_exception());
   }
   comm->barrier();
   if (status != 0) throw ReportedError(status);

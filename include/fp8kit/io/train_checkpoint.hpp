@@ -79,6 +79,9 @@ nn::TrainProgress load_train_checkpoint(const std::filesystem::path& path, const
 // A fingerprint of the data a config trains on: 16 hex digits of FNV-1a 64 over the text file's bytes, or empty
 // for the generated data. Throws like the dataset when the file cannot be read.
 std::string data_fingerprint(const nn::TrainConfig& config);
+// The same fingerprint of a file's bytes (a checkpoint each rank of a job resumes from: the same on every rank);
+// Error(kIo) naming the file when it cannot be read.
+std::string file_fingerprint(const std::string& path);
 
 // Where a run's checkpoints and FP8 export go (`fp8kit train --save-checkpoint/--resume/--export-fp8`). Each path
 // is written crash-safely and replaced when it exists (the CLI refuses that without --force).
