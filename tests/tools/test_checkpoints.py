@@ -251,6 +251,17 @@ def check_model_directory_files(exe, root, rng):
                 check("model directory dequantize: 1_Pooling kept",
                       os.path.exists(os.path.join(out + "-bf16", "1_Pooling", "config.json")))
     check("model directory: the input untouched", digest(src) == before)
+    # --force into an OUT whose 2_Dense is a symbolic link back into the input: copying the input's 2_Dense/ through
+    # it replaced the input's own files (exit 0). Refused, one line, the input untouched.
+    linked = os.path.join(root, "st-linked")
+    os.makedirs(linked)
+    os.symlink(src, os.path.join(linked, "2_Dense"))
+    r = run(exe, "quantize", src, linked, "--scheme", "fp8-block", "--force")
+    check("an output link into the input: refused", r.returncode == 2 and "leads into the input directory" in r.stderr
+          and r.stderr.count("\n") == 1, r.stderr)
+    check("an output link into the input: the input untouched", digest(src) == before)
+    check("an output link into the input: nothing written", sorted(os.listdir(linked)) == ["2_Dense"],
+          str(os.listdir(linked)))
     check_many_companions(exe, root, rng)
     check_damaged_scales_refused(exe, root, rng)
     check_nonfinite_weights_refused(exe, root, rng)
@@ -489,6 +500,11 @@ def check_json_reports(exe, root, src, single):
     check("dequantize --json", jd.get("dequantized") == j.get("quantized") and jd.get("to") == "float32" and
           jd.get("dropped_scales") == j.get("quantized") and jd.get("bytes_out") == files_bytes(d) and
           jd.get("bytes_in") == files_bytes(q), jd)
+    # An index file as IN: the bytes of the shards it lists (it said the index's own size).
+    index = os.path.join(src, "model.safetensors.index.json")
+    if os.path.exists(index):
+        ji = report("quantize", index, os.path.join(root, "json-ix.safetensors"), "--scheme", "fp8-block")
+        check("quantize --json of an index: bytes_in the shards'", ji.get("bytes_in") == files_bytes(src), ji)
     c = os.path.join(root, "json-c.safetensors")
     jc = report("convert", single, c, "--to", "f16")
     check("convert --json", jc.get("cast", -1) + jc.get("copied", -1) == len(read_st(single)[0]) and

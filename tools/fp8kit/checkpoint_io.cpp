@@ -155,6 +155,16 @@ std::uint64_t safetensors_bytes(const std::filesystem::path& path) {
   return total;
 }
 
+std::uint64_t input_bytes(const CheckpointInput& in) {
+  std::uint64_t total = 0;
+  for (const SafetensorsFile& shard : in.checkpoint.shards()) {
+    std::error_code ec;
+    const std::uintmax_t size = fs::file_size(shard.path(), ec);
+    if (!ec) total += size;
+  }
+  return total;
+}
+
 void Progress::step(const std::string& name, std::uint64_t bytes) {
   ++done_;
   done_bytes_ += current_bytes_;  // the previous tensor is written by now
@@ -326,6 +336,15 @@ std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
       continue;
     }
     if (!it->is_regular_file(ec) || !is_companion_file(relative)) continue;  // is_regular_file follows symlinks
+    // A symbolic link inside OUT (a folder of it leading back into the input) would have the copy replace the
+    // input's own file: refused before anything is made or staged there.
+    std::error_code in_ec, out_ec;
+    const fs::path input = fs::weakly_canonical(from, in_ec), dest = fs::weakly_canonical(to / relative, out_ec);
+    const auto [stop, rest] = std::mismatch(input.begin(), input.end(), dest.begin(), dest.end());
+    if (!in_ec && !out_ec && stop == input.end()) {
+      throw UsageError("'" + (to / relative).string() + "' leads into the input directory '" + from.string() +
+                       "' (a symbolic link in the output): remove the link or write elsewhere");
+    }
     make_directories((to / relative).parent_path(), made);
     staged.push_back(stage_copy(it->path(), to / relative));
     ++copied;

@@ -100,6 +100,8 @@ double seconds_since(std::chrono::steady_clock::time_point start);
 
 // The bytes of a .safetensors file, or of the .safetensors files of a directory.
 std::uint64_t safetensors_bytes(const std::filesystem::path& path);
+// The bytes of the input's shards (those an index lists, where the input is one).
+std::uint64_t input_bytes(const CheckpointInput& in);
 
 // The --help text of --max-shard-size (quantize, dequantize, convert).
 inline constexpr const char* kMaxShardSizeHelp =

@@ -79,7 +79,7 @@ void run_convert(const ConvertArgs& args) {
                        "cast",
                        cast,
                        copied,
-                       safetensors_bytes(args.in),
+                       input_bytes(in),
                        safetensors_bytes(args.out),
                        seconds_since(start),
                        {{"to", std::string(name(*to))}},

@@ -116,7 +116,7 @@ void run_dequantize(const DequantizeArgs& args) {
          "dequantized",
          weights.size(),
          copied,
-         safetensors_bytes(args.in),
+         input_bytes(in),
          safetensors_bytes(args.out),
          seconds_since(start),
          {{"layout", std::string(name(layout))}, {"to", std::string(name(*to))}},

@@ -158,7 +158,7 @@ void run_quantize(const QuantizeArgs& args) {
                        "quantized",
                        quantized,
                        in.checkpoint.size() - quantized,
-                       safetensors_bytes(args.in),
+                       input_bytes(in),
                        safetensors_bytes(args.out),
                        seconds_since(start),
                        {{"scheme", std::string(name(*scheme))},
