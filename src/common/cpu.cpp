@@ -228,9 +228,10 @@ namespace {
 
 // A child of fork() (multiprocessing's and DataLoader's workers, a test's death child): GNU OpenMP's threads do not
 // survive the fork, and the forking thread's next parallel region in the child would wait for them forever (its
-// thread pool came along). So a forked process runs fp8kit on one thread: the forking thread's OpenMP default is set
-// to 1 there, and num_threads() says 1 in every thread. (posix_spawn and fork + exec run no handlers: a new program
-// starts as any other.)
+// thread pool came along). So in a forked process the forking thread's OpenMP default is set to 1, and
+// num_threads() (the count of the kernels that name theirs) says 1: that thread runs fp8kit on one thread. A thread
+// the child starts later has a pool of its own, which works. (posix_spawn and fork + exec run no handlers: a new
+// program starts as any other.)
 std::atomic<bool> g_forked{false};
 
 void after_fork_in_child() {

@@ -2,6 +2,7 @@
 // with their scales (a header exchange first, so that every rank refuses the same mismatch).
 #include "fp8kit/dist/fp8_collectives.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -434,6 +435,12 @@ void reduce_scatter_sum(Communicator& comm, std::span<const float> send, std::sp
     for (std::size_t c : counts) total += c;
     FP8KIT_CHECK(total == send.size() && counts[me] == recv.size(), where, ": the counts add up to ", total,
                  " floats with ", counts[me], " for this rank; the buffers hold ", send.size(), " and ", recv.size());
+    // From the counts alone (the same on every rank): what all_to_all moves at most, the whole send and n parts
+    // of the largest, within one collective.
+    const std::size_t largest = *std::max_element(counts.begin(), counts.end()), width = payload_bytes(payload);
+    FP8KIT_CHECK(std::max(total, n * largest) <= kMaxCollectiveBytes / width, where, ": ", total, " values of ", width,
+                 " byte(s) in parts of up to ", largest, " pass the ", kMaxCollectiveBytes,
+                 " bytes one collective moves (split the payload)");
   });
   if (payload == ReducePayload::kFloat32) return comm.reduce_scatter(send, recv, counts, ReduceOp::kSum);
   const CommStats before = comm.stats();

@@ -93,9 +93,10 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Ov
 }
 
 Tensor Tensor::to(DType dtype, Overflow overflow) const {
-  // The same dtype is this tensor, except that saturating takes e5m2's infinities to its largest finite value (as
-  // convert() does).
-  if (dtype == dtype_ && !(is_fp8(dtype) && overflow == Overflow::kSaturate && descriptor(*fp8_format(dtype)).has_inf))
+  // The same dtype is this tensor, except that saturating takes e5m2's infinities to its largest finite value on the
+  // CPU (as convert() does; CUDA converts no FP8 to FP8, so a device tensor stays itself).
+  if (dtype == dtype_ &&
+      !(device_.is_cpu() && is_fp8(dtype) && overflow == Overflow::kSaturate && descriptor(*fp8_format(dtype)).has_inf))
     return *this;
   if (!device_.is_cpu()) {
     // On a CUDA device: float32 / bfloat16 / float16 <-> FP8 through the CUDA casts (the same scalar codec).

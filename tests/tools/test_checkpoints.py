@@ -262,6 +262,14 @@ def check_model_directory_files(exe, root, rng):
     check("an output link into the input: the input untouched", digest(src) == before)
     check("an output link into the input: nothing written", sorted(os.listdir(linked)) == ["2_Dense"],
           str(os.listdir(linked)))
+    # A link at a file's own name (left by an earlier run, say) is replaced by the copy, not written through: fine.
+    file_linked = os.path.join(root, "st-file-linked")
+    os.makedirs(file_linked)
+    os.symlink(os.path.join(src, "tokenizer.json"), os.path.join(file_linked, "tokenizer.json"))
+    r = run(exe, "quantize", src, file_linked, "--scheme", "fp8-block", "--force")
+    check("a link at a companion's name: replaced", r.returncode == 0 and
+          not os.path.islink(os.path.join(file_linked, "tokenizer.json")), r.stderr)
+    check("a link at a companion's name: the input untouched", digest(src) == before)
     check_many_companions(exe, root, rng)
     check_damaged_scales_refused(exe, root, rng)
     check_nonfinite_weights_refused(exe, root, rng)

@@ -339,7 +339,10 @@ std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
     // A symbolic link inside OUT (a folder of it leading back into the input) would have the copy replace the
     // input's own file: refused before anything is made or staged there.
     std::error_code in_ec, out_ec;
-    const fs::path input = fs::weakly_canonical(from, in_ec), dest = fs::weakly_canonical(to / relative, out_ec);
+    // (The folder's path resolved, not the file's own: a link left at the file's name is replaced, not written
+    // through.)
+    const fs::path input = fs::weakly_canonical(from, in_ec),
+                   dest = fs::weakly_canonical((to / relative).parent_path(), out_ec) / relative.filename();
     const auto [stop, rest] = std::mismatch(input.begin(), input.end(), dest.begin(), dest.end());
     if (!in_ec && !out_ec && stop == input.end()) {
       throw UsageError("'" + (to / relative).string() + "' leads into the input directory '" + from.string() +

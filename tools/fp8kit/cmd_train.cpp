@@ -1081,6 +1081,8 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
       by_seed.push_back({seed, std::move(results), std::move(spread)});
     }
   } catch (const nn::NonfiniteAbort&) {
+    // Agreed on every rank: no collective follows, the others wait in run()'s barrier.
+    if (collectives_over) *collectives_over = true;
     if (scale_log) scale_log->commit();  // the log up to the step that aborted the run, whole
     throw;
   }
@@ -1214,11 +1216,12 @@ void run(const TrainArgs& a) {
     status = report_error("fp8kit train", std::current_exception());
   } catch (const nn::NonfiniteAbort&) {
     status = report_error("fp8kit train", std::current_exception());
-  } catch (const Error&) {
-    // A check's refusal is every rank's; so is a failure of rank 0's reports after the last collective (--plot,
-    // --profile, --fp32-spread's runs: the others are in the barrier below). Any other error of this rank alone
-    // would leave the others inside a collective: thrown on (the training loop ends the job itself, end_job).
-    if (checked && !collectives_over) throw;
+  } catch (const std::exception& e) {
+    // A check's refusal is every rank's; after the last collective (rank 0's reports: --plot, --profile, the
+    // table; the log of an agreed abort) the others wait in the barrier below, so rank 0 says why and joins them.
+    // Any other error of this rank alone would leave the others inside a collective: thrown on (the training loop
+    // ends the job itself, end_job).
+    if (!collectives_over && (checked || dynamic_cast<const Error*>(&e) == nullptr)) throw;
     status = report_error("fp8kit train", std::current_exception());
   }
   comm->barrier();

@@ -102,7 +102,8 @@ class Tensor {
   // integer -> float: round to nearest even once; integer -> integer: C++ conversion (modulo 2^bits).
   // anything -> bool: nonzero is true (NaN is true); bool -> anything: 0 or 1.
   // Converting to the tensor's own dtype shares storage, as PyTorch returns self (clone() copies); saturating e5m2 to
-  // e5m2 is the exception, a copy with its infinities taken to +-57344 (what kSaturate gives from any other dtype).
+  // e5m2 on the CPU is the exception, a copy with its infinities taken to +-57344 (what kSaturate gives from any
+  // other dtype).
   // On a CUDA device: float32, bfloat16 and float16 to and from FP8 (the same codec, on the device); every other
   // pair throws Error(kUnsupported) (convert on the CPU).
   Tensor to(DType dtype, Overflow overflow = Overflow::kNonSaturating) const;

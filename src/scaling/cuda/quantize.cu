@@ -115,6 +115,23 @@ unsigned grid_for(Kernel kernel, int threads, std::int64_t wanted, bool persiste
   return static_cast<unsigned>(std::max<std::int64_t>(std::min(wanted, cap), 1));
 }
 
+// The SM count of `device`, asked once per device and kept (0 where it cannot be known).
+int multiprocessors(int device) {
+  static std::mutex mutex;
+  static std::map<int, int> known;
+  std::lock_guard lock(mutex);
+  auto found = known.find(device);
+  if (found == known.end()) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      sms = 0;
+    }
+    found = known.emplace(device, sms).first;
+  }
+  return found->second;
+}
+
 // 1 x bc blocks of up to 32 * KQ quads whose quads spread over a power of two of lanes, KQ a lane (KQ = 4: 1 x 128
 // on 8 lanes, 1 x 64 on 4; KQ = 2: MX's 1 x 32 on 4, 1 x 16 on 2; blocks of fewer quads on one lane holding all), cols
 // a multiple of bc, so that block b's quads are b * bc4 ...: no division. 32 / lanes blocks a warp, the block read
@@ -421,7 +438,8 @@ __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, 
       [&](std::int64_t i) { narrow(scaled(table[codes[i]], scale_of(i)), out + i); });
 }
 
-// The smallest blocks dequantize_tiles takes: kTileRows rows (of at least 128 columns).
+// The smallest blocks dequantize_tiles takes: kTileRows rows (of at least 128 columns), and at least two blocks an
+// SM (cuda::dequantize).
 constexpr std::int64_t kTileRows = 32;
 
 // The dequantize with large blocks (128 x 128, 32 x 128, ...), whose columns and the matrix's come in fours: a CUDA
@@ -621,8 +639,12 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
     const bool vectors = cols % 4 == 0 && block_cols % 4 == 0 && reinterpret_cast<std::uintptr_t>(codes) % 4 == 0 &&
                          vector_aligned<4>(o);
     with_format(q.format, [&]<Format F>() {
-      if (vectors && block_rows >= kTileRows && block_cols >= 128) {
-        const std::int64_t blocks = grid[0] * grid[1];
+      // Tiles where there are blocks enough to fill the device (a CUDA block each) and their sides fit the
+      // kernel's int arithmetic; the FastDiv kernel's grid elsewhere.
+      const std::int64_t blocks = grid[0] * grid[1];
+      constexpr std::int64_t kMaxTileSide = std::int64_t{1} << 30;
+      if (vectors && block_rows >= kTileRows && block_cols >= 128 && blocks >= 2 * multiprocessors(device) &&
+          std::min(block_rows, rows) < kMaxTileSide && std::min(block_cols, cols) / 4 < kMaxTileSide) {
         const auto launch_grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
         dequantize_tiles<F, T><<<launch_grid, kThreads, 0, stream_of(device)>>>(
             reinterpret_cast<const std::uint32_t*>(codes), rows, cols / 4, block_rows, block_cols / 4, grid_cols,
