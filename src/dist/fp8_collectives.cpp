@@ -155,6 +155,7 @@ ScaledTensor gather_shards(Communicator& comm, const ScaledTensor& shard, std::i
   std::int64_t block_of_cut = 1;
   bool fits = false;
   try {
+    FP8KIT_CHECK(cut >= 0, "cut ", cut, " is negative (0 cuts on the blocks, or give a multiple of them)");
     fits = buffers_fit(shard);
     mine.block_rows = rows_axis ? block_along(shard.granularity, axis, total)
                                 : shard.granularity.rows_per_block(std::max<std::int64_t>(shard.rows, 1));

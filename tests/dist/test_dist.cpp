@@ -378,6 +378,15 @@ TEST(Fp8Collectives, MismatchedShardsAreRefusedOnEveryRank) {
   }
   comm().barrier();
   try {
+    all_gather_rows(comm(), good, rows, last ? -128 : 128);  // a negative cut (was taken as 0): refused everywhere
+    ADD_FAILURE() << "gathered shards with a negative cut";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(last ? "cut -128 is negative" : "holds buffers of other sizes"),
+              std::string::npos)
+        << e.what();
+  }
+  comm().barrier();
+  try {
     all_gather_rows(comm(), good, rows, 64);  // every rank: 64 splits the 128-row blocks
     ADD_FAILURE() << "gathered shards cut across blocks";
   } catch (const Error& e) {
