@@ -128,15 +128,17 @@ TEST_F(CudaQuantize, EveryGranularityIsTheCpusBitForBit) {
 
 // Many CUDA blocks meeting in one amax (atomics), a tensor larger than one grid pass of the per-tensor kernels (4096
 // blocks of 256 threads, 4 vectors of four a thread: 16.7M elements), blocked kernels whose persistent grids take
-// many steps (128 x 128 over 1089 blocks and MX over 270k, each more than the GPU holds at once), and bfloat16
-// output of dequantize (the float32 value rounded once).
+// many steps (128 x 128 over 1089 blocks and MX over 270k, each more than the GPU holds at once), and the
+// dequantize to bfloat16 (the float32 value rounded once), float32 and float16, through dequantize_tiles where the
+// blocks are 32 x 128 or more (128 x 128 here with partial blocks at both edges, and 32 x 128 over 2112 blocks).
 TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
   const Tensor odd = randn({4200, 4100}, 3), even = randn({2112, 4096}, 5);
   for (const auto& [x, g] : std::vector<std::pair<const Tensor*, Granularity>>{{&odd, Granularity::tensor()},
                                                                                {&odd, Granularity::block(1, 128)},
                                                                                {&odd, Granularity::block(128, 128)},
                                                                                {&even, Granularity::mx()},
-                                                                               {&even, Granularity::block(1, 16)}}) {
+                                                                               {&even, Granularity::block(1, 16)},
+                                                                               {&even, Granularity::block(32, 128)}}) {
     QuantizeOptions options;
     options.granularity = g;
     const ScaledTensor want = quantize(*x, options);
@@ -144,9 +146,13 @@ TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
     const ScaledTensor back = got.to_host();
     EXPECT_TRUE(back.data == want.data) << g.name();
     EXPECT_EQ(bits_of(back.scale_inv), bits_of(want.scale_inv)) << g.name();
-    const Tensor dq = cuda::dequantize(got, DType::bfloat16).to(Device::cpu());
-    const Tensor cpu = dequantize(want, DType::bfloat16);
-    EXPECT_EQ(std::memcmp(dq.data_ptr(), cpu.data_ptr(), static_cast<std::size_t>(cpu.nbytes())), 0) << g.name();
+    // Every output dtype (the blocks of 32 x 128 and more, over a thousand of them, take dequantize_tiles).
+    for (DType out : {DType::bfloat16, DType::float32, DType::float16}) {
+      const Tensor dq = cuda::dequantize(got, out).to(Device::cpu());
+      const Tensor cpu = dequantize(want, out);
+      EXPECT_EQ(std::memcmp(dq.data_ptr(), cpu.data_ptr(), static_cast<std::size_t>(cpu.nbytes())), 0)
+          << g.name() << " " << name(out);
+    }
   }
 }
 
