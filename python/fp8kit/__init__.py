@@ -148,8 +148,9 @@ def _float64_as_float32(x: np.ndarray, what: str, threads: Optional[int]) -> np.
     float32's range is a ValueError (it would become an infinity, which amax and the scales skip: a silent loss)."""
     bits = np.empty(x.shape, np.float32)
     _fp8kit.convert(x.reshape(-1), "float64", bits.reshape(-1), "float32", False, threads)
-    if np.isinf(bits).any():
-        past = np.isinf(bits) & np.isfinite(x)
+    infinite = np.isinf(bits)
+    if infinite.any():
+        past = infinite & np.isfinite(x)
         if past.any():
             raise ValueError(f"{what}: x holds finite float64 values past float32's range (such as "
                              f"{x[past].flat[0]:g}), which fp8kit computes in: scale x down first")

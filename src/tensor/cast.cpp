@@ -59,6 +59,11 @@ void convert(const void* src, void* dst, std::int64_t count, Overflow overflow) 
   }
 }
 
+// Whether converting `dtype` to itself under `overflow` changes values: saturating a format with infinities.
+bool saturates_infinities(DType dtype, Overflow overflow) {
+  return is_fp8(dtype) && overflow == Overflow::kSaturate && descriptor(*fp8_format(dtype)).has_inf;
+}
+
 }  // namespace
 
 void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Overflow overflow) {
@@ -77,9 +82,7 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Ov
                "convert: the elements are not aligned to their size (", name(from), " -> ", name(to), ")");
   // The same dtype: a copy, except that saturating takes a format's infinities (e5m2's) to its largest finite value,
   // as from any other source (the element path below does).
-  const bool saturates_infinities =
-      is_fp8(from) && overflow == Overflow::kSaturate && descriptor(*fp8_format(from)).has_inf;
-  if (from == to && !saturates_infinities) {
+  if (from == to && !saturates_infinities(from, overflow)) {
     std::memcpy(out, in, static_cast<std::size_t>(n) * element_size(from));
     return;
   }
@@ -95,9 +98,7 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Ov
 Tensor Tensor::to(DType dtype, Overflow overflow) const {
   // The same dtype is this tensor, except that saturating takes e5m2's infinities to its largest finite value on the
   // CPU (as convert() does; CUDA converts no FP8 to FP8, so a device tensor stays itself).
-  if (dtype == dtype_ &&
-      !(device_.is_cpu() && is_fp8(dtype) && overflow == Overflow::kSaturate && descriptor(*fp8_format(dtype)).has_inf))
-    return *this;
+  if (dtype == dtype_ && !(device_.is_cpu() && saturates_infinities(dtype, overflow))) return *this;
   if (!device_.is_cpu()) {
     // On a CUDA device: float32 / bfloat16 / float16 <-> FP8 through the CUDA casts (the same scalar codec).
     const bool wide_from = dtype_ == DType::float32 || dtype_ == DType::bfloat16 || dtype_ == DType::float16;

@@ -86,6 +86,23 @@ __device__ inline void block_origin(std::int64_t b, std::int64_t blocks, std::in
   }
 }
 
+// The SM count of `device`, asked once per device and kept (0 where it cannot be known).
+int multiprocessors(int device) {
+  static std::mutex mutex;
+  static std::map<int, int> known;
+  std::lock_guard lock(mutex);
+  auto found = known.find(device);
+  if (found == known.end()) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      sms = 0;
+    }
+    found = known.emplace(device, sms).first;
+  }
+  return found->second;
+}
+
 // The grid of a kernel that strides over its work: at most `wanted` CUDA blocks of `threads`, and where
 // `persistent`, at most as many as the current device holds at once (each then takes several steps of the grid, its
 // next one's loads issued before it works on this one: PREFETCH below). The occupancy and the SM count are asked
@@ -103,33 +120,15 @@ unsigned grid_for(Kernel kernel, int threads, std::int64_t wanted, bool persiste
       std::lock_guard lock(mutex);
       auto found = resident.find(key);
       if (found == resident.end()) {
-        int per_sm = 0, sms = 0;
-        const bool known = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess &&
-                           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+        int per_sm = 0;
+        const bool known = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess;
         cudaGetLastError();  // a refusal above is the launch's to report (check_launch), not a later call's
-        found = resident.emplace(key, known ? std::int64_t{per_sm} * sms : 0).first;
+        found = resident.emplace(key, known ? std::int64_t{per_sm} * multiprocessors(device) : 0).first;
       }
       if (found->second > 0) cap = std::min(cap, found->second);
     }
   }
   return static_cast<unsigned>(std::max<std::int64_t>(std::min(wanted, cap), 1));
-}
-
-// The SM count of `device`, asked once per device and kept (0 where it cannot be known).
-int multiprocessors(int device) {
-  static std::mutex mutex;
-  static std::map<int, int> known;
-  std::lock_guard lock(mutex);
-  auto found = known.find(device);
-  if (found == known.end()) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      sms = 0;
-    }
-    found = known.emplace(device, sms).first;
-  }
-  return found->second;
 }
 
 // 1 x bc blocks of up to 32 * KQ quads whose quads spread over a power of two of lanes, KQ a lane (KQ = 4: 1 x 128
