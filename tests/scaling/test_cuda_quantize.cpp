@@ -18,6 +18,7 @@
 #include "fp8kit/scaling/scaled_tensor.hpp"
 #include "fp8kit/tensor/cuda.hpp"
 #include "fp8kit/tensor/tensor.hpp"
+#include "scaling/cuda/dequantize.hpp"
 
 namespace fp8kit {
 namespace {
@@ -71,6 +72,26 @@ std::vector<std::uint32_t> bits_of(const T& buffer) {
     }
   }
   return out;
+}
+
+// cuda::dequantize(got, dtype) is the CPU's dequantize(want, dtype) bit for bit; so is dequantize_tiles (the kernel
+// not yet run on a GPU, taken only when asked for: scaling/cuda/dequantize.hpp) where the blocks are 32 x 128 or more
+// with columns in fours. Returns whether the tiles ran.
+bool expect_dequantize_is_the_cpus(const cuda::QuantizedTensor& got, const ScaledTensor& want, DType dtype,
+                                   const std::string& what) {
+  const Tensor cpu = dequantize(want, dtype);
+  const auto same = [&](const Tensor& device_result) {
+    const Tensor dq = device_result.to(Device::cpu());
+    return std::memcmp(dq.data_ptr(), cpu.data_ptr(), static_cast<std::size_t>(cpu.nbytes())) == 0;
+  };
+  EXPECT_TRUE(same(cuda::dequantize(got, dtype))) << what;
+  const std::int64_t rows = want.rows, cols = want.cols;
+  const std::int64_t br = want.granularity.rows_per_block(rows), bc = want.granularity.cols_per_block(cols);
+  const bool several = br < rows || bc < cols;
+  if (!several || br < 32 || bc < 128 || cols % 4 != 0 || bc % 4 != 0) return false;
+  EXPECT_TRUE(same(cuda_detail::dequantize_with(got, dtype, cuda_detail::DequantizeKernel::kTiles)))
+      << what << " (tiles)";
+  return true;
 }
 
 TEST_F(CudaQuantize, EveryGranularityIsTheCpusBitForBit) {
@@ -133,6 +154,7 @@ TEST_F(CudaQuantize, EveryGranularityIsTheCpusBitForBit) {
 // blocks are 32 x 128 or more (128 x 128 here with partial blocks at both edges, and 32 x 128 over 2112 blocks).
 TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
   const Tensor odd = randn({4200, 4100}, 3), even = randn({2112, 4096}, 5);
+  int tiles = 0;
   for (const auto& [x, g] : std::vector<std::pair<const Tensor*, Granularity>>{{&odd, Granularity::tensor()},
                                                                                {&odd, Granularity::block(1, 128)},
                                                                                {&odd, Granularity::block(128, 128)},
@@ -146,14 +168,12 @@ TEST_F(CudaQuantize, LargeTensorsAndBfloat16Dequantize) {
     const ScaledTensor back = got.to_host();
     EXPECT_TRUE(back.data == want.data) << g.name();
     EXPECT_EQ(bits_of(back.scale_inv), bits_of(want.scale_inv)) << g.name();
-    // Every output dtype (the blocks of 32 x 128 and more, over a thousand of them, take dequantize_tiles).
+    // Every output dtype (and dequantize_tiles for the blocks of 32 x 128 and more, over a thousand of them).
     for (DType out : {DType::bfloat16, DType::float32, DType::float16}) {
-      const Tensor dq = cuda::dequantize(got, out).to(Device::cpu());
-      const Tensor cpu = dequantize(want, out);
-      EXPECT_EQ(std::memcmp(dq.data_ptr(), cpu.data_ptr(), static_cast<std::size_t>(cpu.nbytes())), 0)
-          << g.name() << " " << name(out);
+      tiles += expect_dequantize_is_the_cpus(got, want, out, g.name() + " " + std::string(name(out))) ? 1 : 0;
     }
   }
+  EXPECT_EQ(tiles, 2 * 3);
 }
 
 // float32 rows whose blocks are 1 x bc with bc a multiple of 4 dividing the row (rows of 4096; 1 x 8 to 1 x 512,
@@ -193,7 +213,7 @@ TEST_F(CudaQuantize, AlignedRowBlocksTakeTheVectorKernel) {
 // the shapes these do not (odd columns), as EveryGranularityIsTheCpusBitForBit checks. The dequantize of blocks of
 // 32 rows and 128 columns or more (128 x 128, 256 x 128, 32 x 256) fills a table per block (dequantize_tiles).
 TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
-  int cases = 0;
+  int cases = 0, tiles = 0;
   for (const auto& [rows, cols] :
        std::vector<std::pair<std::int64_t, std::int64_t>>{{37, 128}, {300, 260}, {129, 1028}, {19, 1536}}) {
     const Tensor host = values(rows, cols);
@@ -220,15 +240,15 @@ TEST_F(CudaQuantize, VectorKernelsAtTheEdgesAreTheCpusBitForBit) {
           EXPECT_EQ(bits_of(back.scale_e8m0), bits_of(want.scale_e8m0)) << what;
           // And back to the input's dtype on the device (four codes a thread where the blocks' columns come in
           // fours): the CPU's values.
-          const Tensor dq = cuda::dequantize(got, dtype).to(Device::cpu());
-          const Tensor cpu = dequantize(want, dtype);
-          EXPECT_EQ(std::memcmp(dq.data_ptr(), cpu.data_ptr(), static_cast<std::size_t>(cpu.nbytes())), 0) << what;
+          tiles += expect_dequantize_is_the_cpus(got, want, dtype, what) ? 1 : 0;
           ++cases;
         }
       }
     }
   }
   EXPECT_EQ(cases, 4 * 3 * 18 * 2);
+  // 128 x 128, 256 x 128 and 32 x 256 where a matrix holds more than one block (37 x 128: 32 x 256 alone)
+  EXPECT_EQ(tiles, 3 * 2 * (1 + 3 + 3 + 3));
 }
 
 TEST_F(CudaQuantize, RefusesWhatItCannotQuantize) {
@@ -243,6 +263,12 @@ TEST_F(CudaQuantize, RefusesWhatItCannotQuantize) {
       ErrorKind::kInvalidArgument, {"block shape must be positive"});
   const cuda::QuantizedTensor q = cuda::quantize(ones({4, 4}).to(Device::cuda(0)), {});
   expect_error([&] { cuda::dequantize(q, DType::int8); }, ErrorKind::kInvalidArgument, {"int8 is not a float dtype"});
+  // dequantize_tiles, asked for, names what a shape of smaller blocks lacks.
+  QuantizeOptions rows_of_128;
+  rows_of_128.granularity = Granularity::block(1, 128);
+  const cuda::QuantizedTensor thin = cuda::quantize(ones({64, 256}).to(Device::cuda(0)), rows_of_128);
+  expect_error([&] { cuda_detail::dequantize_with(thin, DType::float32, cuda_detail::DequantizeKernel::kTiles); },
+               ErrorKind::kUnsupported, {"block:1x128 on 64 x 256", "at least 32 x 128"});
   const cuda::QuantizedTensor empty = cuda::quantize(zeros({0, 8}).to(Device::cuda(0)), {});
   EXPECT_EQ(empty.codes.shape(), (Shape{0, 8}));
   EXPECT_EQ(cuda::dequantize(empty).shape(), (Shape{0, 8}));

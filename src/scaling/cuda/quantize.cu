@@ -23,6 +23,7 @@
 #include "fp8kit/format/codec_inline.hpp"
 #include "fp8kit/scaling/cuda_quantize.hpp"
 #include "fp8kit/scaling/scale_inline.hpp"
+#include "scaling/cuda/dequantize.hpp"
 #include "scaling/cuda/tensor_kernels.cuh"
 
 namespace fp8kit {
@@ -397,8 +398,8 @@ __global__ void tensor_scale_kernel(const unsigned* amax_bits, ScaleSpec spec, f
 // (one 32-bit load, issued with the load of its scale) and stores their four results at once; with `narrow32` (the
 // matrix, the block and the grid within 32 bits) a quad's block is found with FastDiv by the columns and the block's
 // shape (a 32-bit division there measured 0.60-0.64x of memcpy on the H200 with four per quad; the 64-bit one this
-// kernel did at first, 0.18x; FastDiv 0.68x; the scale's load issued with the codes' 0.74x on the H100). Blocks of
-// at least kTileRows x 128 take dequantize_tiles below.
+// kernel did at first, 0.18x; FastDiv 0.68x; the scale's load issued with the codes' 0.74x on the H100). It takes
+// every matrix of several scales: dequantize_tiles below runs only when asked for (scaling/cuda/dequantize.hpp).
 template <Format F, typename T>
 __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, std::int64_t cols, std::int64_t br,
                                   std::int64_t bc, std::int64_t grid_cols, const float* scale_inv, T* out, bool vectors,
@@ -437,8 +438,7 @@ __global__ void dequantize_kernel(const std::uint8_t* codes, std::int64_t rows, 
       [&](std::int64_t i) { narrow(scaled(table[codes[i]], scale_of(i)), out + i); });
 }
 
-// The smallest blocks dequantize_tiles takes: kTileRows rows (of at least 128 columns), and at least two blocks an
-// SM (cuda::dequantize).
+// The smallest blocks dequantize_tiles takes: kTileRows rows (of at least 128 columns).
 constexpr std::int64_t kTileRows = 32;
 
 // The dequantize with large blocks (128 x 128, 32 x 128, ...), whose columns and the matrix's come in fours: a CUDA
@@ -605,6 +605,14 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
 }
 
 Tensor dequantize(const QuantizedTensor& q, DType dtype) {
+  return cuda_detail::dequantize_with(q, dtype, cuda_detail::DequantizeKernel::kBlocked);
+}
+
+}  // namespace cuda
+
+namespace cuda_detail {
+
+Tensor dequantize_with(const cuda::QuantizedTensor& q, DType dtype, DequantizeKernel kernel) {
   FP8KIT_CHECK(!q.codes.device().is_cpu(), "cuda::dequantize: the codes are on the CPU: call fp8kit::dequantize");
   FP8KIT_CHECK(dtype == DType::float32 || dtype == DType::bfloat16 || dtype == DType::float16,
                "cuda::dequantize: ", name(dtype), " is not a float dtype: use float32, bfloat16 or float16");
@@ -638,12 +646,17 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
     const bool vectors = cols % 4 == 0 && block_cols % 4 == 0 && reinterpret_cast<std::uintptr_t>(codes) % 4 == 0 &&
                          vector_aligned<4>(o);
     with_format(q.format, [&]<Format F>() {
-      // Tiles where there are blocks enough to fill the device (a CUDA block each) and their sides fit the
-      // kernel's int arithmetic; the FastDiv kernel's grid elsewhere.
-      const std::int64_t blocks = grid[0] * grid[1];
-      constexpr std::int64_t kMaxTileSide = std::int64_t{1} << 30;
-      if (vectors && block_rows >= kTileRows && block_cols >= 128 && blocks >= 2 * multiprocessors(device) &&
-          std::min(block_rows, rows) < kMaxTileSide && std::min(block_cols, cols) / 4 < kMaxTileSide) {
+      if (kernel == DequantizeKernel::kTiles) {
+        // A CUDA block per scaling block: quads of codes, blocks of kTileRows x 128 or more, sides within the
+        // kernel's int arithmetic.
+        constexpr std::int64_t kMaxTileSide = std::int64_t{1} << 30;
+        FP8KIT_CHECK_KIND(vectors && block_rows >= kTileRows && block_cols >= 128 &&
+                              std::min(block_rows, rows) < kMaxTileSide &&
+                              std::min(block_cols, cols) / 4 < kMaxTileSide,
+                          ErrorKind::kUnsupported, "cuda::dequantize (tiles): ", q.granularity.name(), " on ", rows,
+                          " x ", cols, " is not blocks of at least ", kTileRows,
+                          " x 128 with columns in fours and 4-byte aligned codes and output; use the blocked kernel");
+        const std::int64_t blocks = grid[0] * grid[1];
         const auto launch_grid = static_cast<unsigned>(std::min<std::int64_t>(blocks, 65536));
         dequantize_tiles<F, T><<<launch_grid, kThreads, 0, stream_of(device)>>>(
             reinterpret_cast<const std::uint32_t*>(codes), rows, cols / 4, block_rows, block_cols / 4, grid_cols,
@@ -662,5 +675,5 @@ Tensor dequantize(const QuantizedTensor& q, DType dtype) {
   return out;
 }
 
-}  // namespace cuda
+}  // namespace cuda_detail
 }  // namespace fp8kit
