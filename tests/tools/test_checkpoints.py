@@ -225,6 +225,9 @@ def check_model_directory_files(exe, root, rng):
     companions["vocab-link.txt"] = companions["vocab.txt"]
     with open(os.path.join(src, "pytorch_model.bin"), "wb") as f:
         f.write(b"\x80\x02}q\x00.")  # a pickle: never read, never copied
+    # Weights beside the checkpoint's own (Mistral's consolidated.safetensors): left behind, and named.
+    save_file({"tok_embeddings.weight": rng.normal(0, 1, (20, 32)).astype(bf)}, os.path.join(src, "consolidated.safetensors"))
+    left_out = ["consolidated.safetensors", "pytorch_model.bin"]
     with open(os.path.join(src, ".cache", "huggingface", "lock"), "w") as f:
         f.write("x")
     before = digest(src)
@@ -236,6 +239,8 @@ def check_model_directory_files(exe, root, rng):
             continue
         report = json.loads(r.stdout)
         check(f"model directory {cmd[0]}: files_copied", report.get("files_copied") == len(companions), str(report))
+        check(f"model directory {cmd[0]}: files_not_copied named", report.get("files_not_copied") == left_out and
+              "note: not copied: consolidated.safetensors, pytorch_model.bin (" in r.stderr, f"{report} {r.stderr}")
         got = sorted(os.path.relpath(os.path.join(d, n), out) for d, _, ns in os.walk(out) for n in ns)
         want = sorted(list(companions) + ["config.json", "model.safetensors"])
         check(f"model directory {cmd[0]}: the same files, subfolders included", got == want, f"{got} != {want}")

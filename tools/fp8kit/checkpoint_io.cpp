@@ -14,12 +14,14 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -71,23 +73,27 @@ std::unique_ptr<AtomicFile> stage_text(const fs::path& path, const std::string& 
   return file;
 }
 
-// Files of a model directory that travel with the weights, at `relative` below it: everything but the checkpoint
-// itself (its top-level .safetensors shards and index, config.json, written anew), pickles (fp8kit never reads
-// them; a pytorch_model.bin beside the shards would be the unconverted weights again) and hidden files. Subfolders
-// come along (sentence-transformers' 1_Pooling/, 2_Dense/ with its own weights, onnx/ ...), symlinks to files as
-// their contents.
-bool is_companion_file(const fs::path& relative) {
+// What becomes of a file of a model directory, at `relative` below it: copied with the weights (everything but the
+// checkpoint itself: its top-level .safetensors shards and index, config.json, written anew), skipped (hidden files,
+// the checkpoint's own files) or left out and named (a pickle, which fp8kit never reads; a top-level .safetensors
+// file or index that is not the checkpoint's: either would be unconverted weights in the output). Subfolders come
+// along (sentence-transformers' 1_Pooling/, 2_Dense/ with its own weights, onnx/ ...), symlinks to files as their
+// contents.
+enum class Companion { kCopy, kSkip, kLeaveOut };
+
+Companion classify_companion(const fs::path& relative, const std::set<std::string>& own) {
   for (const fs::path& part : relative) {
     const std::string p = part.string();
-    if (p.empty() || p[0] == '.') return false;
+    if (p.empty() || p[0] == '.') return Companion::kSkip;
   }
   const std::string name = relative.filename().string();
-  const bool top = !relative.has_parent_path();
-  if (top && (name == "config.json" || name == kSafetensorsIndexName || relative.extension() == ".safetensors" ||
-              name.find(".index.json") != std::string::npos)) {
-    return false;
+  if (!relative.has_parent_path()) {
+    if (name == "config.json" || own.contains(name)) return Companion::kSkip;
+    if (relative.extension() == ".safetensors" || name.find(".index.json") != std::string::npos) {
+      return Companion::kLeaveOut;
+    }
   }
-  return !is_pickle_path(relative);
+  return is_pickle_path(relative) ? Companion::kLeaveOut : Companion::kCopy;
 }
 
 // `from` staged as a copy at `to` (AtomicFile: a temporary, synced; commit() renames it), in 8 MiB pieces.
@@ -129,6 +135,8 @@ void print_json_report(const CheckpointReport& r) {
   j[r.converted_key] = r.converted;
   j["copied"] = r.copied;
   for (const auto& [key, value] : r.counts) j[key] = value;
+  j["files_copied"] = r.files.copied;
+  j["files_not_copied"] = r.files.left_out;
   j["bytes_in"] = r.bytes_in;
   j["bytes_out"] = r.bytes_out;
   j["seconds"] = r.seconds;
@@ -263,15 +271,16 @@ std::map<std::string, std::string> carried_metadata(const CheckpointInput& in) {
   return out;
 }
 
-std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string& out,
-                                    std::vector<SafetensorsEntry> entries,
-                                    const std::map<std::string, std::string>& metadata,
-                                    const std::optional<std::string>& config_json, const std::string& max_shard_size) {
+CompanionFiles write_checkpoint_output(const CheckpointInput& in, const std::string& out,
+                                       std::vector<SafetensorsEntry> entries,
+                                       const std::map<std::string, std::string>& metadata,
+                                       const std::optional<std::string>& config_json,
+                                       const std::string& max_shard_size) {
   const fs::path o(out);
   if (!in.is_directory) {
     if (!max_shard_size.empty()) throw UsageError("--max-shard-size applies to directory outputs");
     write_safetensors(o, entries, metadata);
-    return 0;
+    return {};
   }
   ShardOptions shards;
   if (!max_shard_size.empty()) shards.max_shard_bytes = parse_shard_size(max_shard_size);
@@ -286,7 +295,7 @@ std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string
     const OpenFileLimitRaised limit;  // outlives the staged files below
     std::vector<std::unique_ptr<AtomicFile>> others;
     if (config_json) others.push_back(stage_text(o / "config.json", *config_json));
-    const std::size_t copied = stage_companion_files(in.path, o, others, made);
+    const CompanionFiles files = stage_companion_files(in, o, others, made);
     std::vector<fs::path> destinations = weights.destinations();
     for (const auto& f : others) destinations.push_back(f->destination());
     for (const fs::path& d : destinations) {
@@ -297,7 +306,7 @@ std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string
     }
     weights.commit();
     for (auto& f : others) f->commit();
-    return copied;
+    return files;
   } catch (...) {
     // The staged files are gone already (AtomicFile); what is left of the folders made is empty.
     std::error_code ec;
@@ -324,9 +333,12 @@ void make_directories(const fs::path& directory, std::vector<fs::path>& made) {
   }
 }
 
-std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
-                                  std::vector<std::unique_ptr<AtomicFile>>& staged, std::vector<fs::path>& made) {
-  std::size_t copied = 0;
+CompanionFiles stage_companion_files(const CheckpointInput& in, const fs::path& to,
+                                     std::vector<std::unique_ptr<AtomicFile>>& staged, std::vector<fs::path>& made) {
+  const fs::path& from = in.path;
+  std::set<std::string> own{std::string(kSafetensorsIndexName)};
+  for (const SafetensorsFile& shard : in.checkpoint.shards()) own.insert(shard.path().filename().string());
+  CompanionFiles files;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(from, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
@@ -335,7 +347,10 @@ std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
       if (!relative.empty() && relative.filename().string()[0] == '.') it.disable_recursion_pending();
       continue;
     }
-    if (!it->is_regular_file(ec) || !is_companion_file(relative)) continue;  // is_regular_file follows symlinks
+    if (!it->is_regular_file(ec)) continue;  // (it follows symlinks)
+    const Companion what = classify_companion(relative, own);
+    if (what == Companion::kLeaveOut) files.left_out.push_back(relative.generic_string());
+    if (what != Companion::kCopy) continue;
     // A symbolic link inside OUT (a folder of it leading back into the input) would have the copy replace the
     // input's own file: refused before anything is made or staged there.
     std::error_code in_ec, out_ec;
@@ -350,10 +365,21 @@ std::size_t stage_companion_files(const fs::path& from, const fs::path& to,
     }
     make_directories((to / relative).parent_path(), made);
     staged.push_back(stage_copy(it->path(), to / relative));
-    ++copied;
+    ++files.copied;
   }
   if (ec) FP8KIT_THROW(ErrorKind::kIo, "cannot list '", from.string(), "': ", ec.message());
-  return copied;
+  std::sort(files.left_out.begin(), files.left_out.end());
+  return files;
+}
+
+void note_left_out(const CompanionFiles& files) {
+  if (files.left_out.empty()) return;
+  std::string names;
+  for (const std::string& name : files.left_out) names += (names.empty() ? "" : ", ") + printable(name);
+  fmt::print(stderr,
+             "note: not copied: {} (weights that are not the checkpoint's shards, or pickles, which fp8kit does not "
+             "read; copy them to the output yourself if they belong with it)\n",
+             names);
 }
 
 }  // namespace fp8kit::cli

@@ -40,38 +40,53 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
 // the native layout's description, written anew by quantize and stale once dequantized), and "format" "pt".
 std::map<std::string, std::string> carried_metadata(const CheckpointInput& in);
 
+// What a directory output carries besides the weights: how many of the input directory's other files were copied,
+// and the weight files left behind (relative paths): top-level .safetensors files and indexes that are not the
+// checkpoint's own (Mistral's consolidated.safetensors, a PEFT adapter_model.safetensors) and pickles anywhere
+// (pytorch_model.bin, a sentence-transformers module's weights as a pickle), which the commands name in a note.
+struct CompanionFiles {
+  std::size_t copied = 0;
+  std::vector<std::string> left_out;
+};
+
 // Writes the entries to OUT: one file (write_safetensors), or a directory (created when missing) of shards with
 // an index (stage_sharded_safetensors), plus `config_json` as config.json and the input directory's other files
 // (stage_companion_files): all written and synced before any is renamed into place (the index last), so a failure
 // while writing leaves OUT as it was (a directory it created is removed). An existing directory (--force) keeps
 // its files that the output does not replace, less an earlier checkpoint's stale shards.
 // `max_shard_size` ("5GB" when empty) splits a directory's shards; given for a file output, it is a UsageError.
-// Returns the number of other files copied (0 for a file output).
-std::size_t write_checkpoint_output(const CheckpointInput& in, const std::string& out,
-                                    std::vector<SafetensorsEntry> entries,
-                                    const std::map<std::string, std::string>& metadata,
-                                    const std::optional<std::string>& config_json, const std::string& max_shard_size);
+// Returns what was copied and left out (nothing for a file output).
+CompanionFiles write_checkpoint_output(const CheckpointInput& in, const std::string& out,
+                                       std::vector<SafetensorsEntry> entries,
+                                       const std::map<std::string, std::string>& metadata,
+                                       const std::optional<std::string>& config_json,
+                                       const std::string& max_shard_size);
 
 // Stages (AtomicFile, synced, not yet renamed: the caller commits them) a copy of every file of the model
-// directory `from` that is not the checkpoint itself at the same relative path below `to`, subfolders included:
+// directory in.path that is not the checkpoint itself at the same relative path below `to`, subfolders included:
 // tokenizer and generation configs, sentence-transformers' modules.json, 1_Pooling/, 2_Dense/ (its weights as they
-// are), onnx/, README. Not copied: the top-level .safetensors shards, their index and config.json (written anew),
-// pickles (never read) and hidden files and folders. Symlinks to files are copied as their contents. Returns how
-// many files it staged.
+// are), onnx/, README. Not copied: config.json (written anew), every top-level .safetensors file and index (the
+// checkpoint's own shards and index, and other weights beside them, which would be unconverted weights in the
+// output: named in `left_out`), pickles (never read; named in `left_out`) and hidden files and folders. Symlinks
+// to files are copied as their contents.
 // Folders it creates are appended to `made` (outermost first), for the caller to remove if the write fails.
-std::size_t stage_companion_files(const std::filesystem::path& from, const std::filesystem::path& to,
-                                  std::vector<std::unique_ptr<AtomicFile>>& staged,
-                                  std::vector<std::filesystem::path>& made);
+CompanionFiles stage_companion_files(const CheckpointInput& in, const std::filesystem::path& to,
+                                     std::vector<std::unique_ptr<AtomicFile>>& staged,
+                                     std::vector<std::filesystem::path>& made);
 
 // Creates `directory` and its missing parents, appending each one created to `made` (outermost first); Error(kIo)
 // naming the folder that cannot be made.
 void make_directories(const std::filesystem::path& directory, std::vector<std::filesystem::path>& made);
 
 // "; 3 other files copied" for a summary line (empty for none).
-inline std::string other_files(std::size_t files) {
-  return files == 0 ? std::string()
-                    : "; " + std::to_string(files) + (files == 1 ? " other file" : " other files") + " copied";
+inline std::string other_files(const CompanionFiles& files) {
+  return files.copied == 0
+             ? std::string()
+             : "; " + std::to_string(files.copied) + (files.copied == 1 ? " other file" : " other files") + " copied";
 }
+// After the summary (or the --json report), on stderr: "note: not copied: <files> (...)", where weight files were
+// left behind.
+void note_left_out(const CompanionFiles& files);
 
 // "5GB", "500MB", "64KB", "1000" (bytes): decimal units, as Hugging Face's max_shard_size. UsageError otherwise.
 std::uint64_t parse_shard_size(const std::string& text);
@@ -92,6 +107,7 @@ struct CheckpointReport {
   double seconds = 0;
   std::vector<std::pair<std::string, std::string>> details;   // command-specific string fields, in order
   std::vector<std::pair<std::string, std::uint64_t>> counts;  // command-specific counts, in order
+  CompanionFiles files;                                       // "files_copied" and "files_not_copied"
 };
 void print_json_report(const CheckpointReport& report);
 

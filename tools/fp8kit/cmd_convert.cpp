@@ -69,7 +69,7 @@ void run_convert(const ConvertArgs& args) {
     if (j.contains("torch_dtype") && !is_fp8(*to)) j["torch_dtype"] = std::string(name(*to));
     config_out = j.dump(2) + "\n";
   }
-  const std::size_t files_copied =
+  const CompanionFiles files =
       write_checkpoint_output(in, args.out, std::move(entries), carried_metadata(in), config_out, args.max_shard_size);
   progress.reset();
   if (args.json) {
@@ -83,15 +83,18 @@ void run_convert(const ConvertArgs& args) {
                        safetensors_bytes(args.out),
                        seconds_since(start),
                        {{"to", std::string(name(*to))}},
-                       {{"files_copied", files_copied}}};
+                       {},
+                       files};
     if (is_fp8(*to))
       r.details.emplace_back("overflow", overflow == Overflow::kSaturate ? "saturate" : "non-saturating");
     print_json_report(r);
+    note_left_out(files);
     return;
   }
   fmt::print(output(), "{} -> {}: cast {} tensors to {}{}; copied {}{}\n", args.in, args.out, cast, name(*to),
              is_fp8(*to) ? (overflow == Overflow::kSaturate ? " (saturating)" : " (non-saturating)") : "", copied,
-             other_files(files_copied));
+             other_files(files));
+  note_left_out(files);
 }
 
 }  // namespace

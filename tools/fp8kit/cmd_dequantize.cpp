@@ -104,27 +104,28 @@ void run_dequantize(const DequantizeArgs& args) {
     if (j.contains("torch_dtype")) j["torch_dtype"] = std::string(name(*to));
     config_out = j.dump(2) + "\n";
   }
-  const std::size_t files_copied =
+  const CompanionFiles files =
       write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
   progress.reset();
   const std::size_t dropped_scales = in.checkpoint.size() - weights.size() - copied;
   if (args.json) {
-    print_json_report(
-        {"dequantize",
-         args.in,
-         args.out,
-         "dequantized",
-         weights.size(),
-         copied,
-         input_bytes(in),
-         safetensors_bytes(args.out),
-         seconds_since(start),
-         {{"layout", std::string(name(layout))}, {"to", std::string(name(*to))}},
-         {{"dropped_scales", dropped_scales}, {"unscaled_fp8_copied", unscaled_fp8}, {"files_copied", files_copied}}});
+    print_json_report({"dequantize",
+                       args.in,
+                       args.out,
+                       "dequantized",
+                       weights.size(),
+                       copied,
+                       input_bytes(in),
+                       safetensors_bytes(args.out),
+                       seconds_since(start),
+                       {{"layout", std::string(name(layout))}, {"to", std::string(name(*to))}},
+                       {{"dropped_scales", dropped_scales}, {"unscaled_fp8_copied", unscaled_fp8}},
+                       files});
   } else {
     fmt::print(output(), "{} -> {}: dequantized {} {} weights to {}; copied {} tensors, dropped {} scales{}\n", args.in,
-               args.out, weights.size(), name(layout), name(*to), copied, dropped_scales, other_files(files_copied));
+               args.out, weights.size(), name(layout), name(*to), copied, dropped_scales, other_files(files));
   }
+  note_left_out(files);
   if (unscaled_fp8 != 0) {
     fmt::print(stderr, "note: {} FP8 tensors without a scale were copied as they are\n", unscaled_fp8);
   }

@@ -148,7 +148,7 @@ void run_quantize(const QuantizeArgs& args) {
         nlohmann::ordered_json::parse(quantization_config_json(layout, *scheme, *format, ignored, rounding));
     config_out = j.dump(2) + "\n";
   }
-  const std::size_t files_copied =
+  const CompanionFiles files =
       write_checkpoint_output(in, args.out, std::move(entries), metadata, config_out, args.max_shard_size);
   progress.reset();
   if (args.json) {
@@ -165,13 +165,16 @@ void run_quantize(const QuantizeArgs& args) {
                         {"format", std::string(name(*format))},
                         {"layout", std::string(name(layout))},
                         {"scale_fmt", args.scale_fmt}},
-                       {{"files_copied", files_copied}}});
+                       {},
+                       files});
+    note_left_out(files);
     return;
   }
   fmt::print(output(), "{} -> {}: quantized {} weights ({} {}, {} layout{}); {} tensors copied as they are{}\n",
              args.in, args.out, quantized, name(*scheme), name(*format), name(layout),
              rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", in.checkpoint.size() - quantized,
-             other_files(files_copied));
+             other_files(files));
+  note_left_out(files);
 }
 
 }  // namespace
