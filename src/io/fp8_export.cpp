@@ -3,12 +3,14 @@
 #include "fp8kit/io/fp8_export.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/io/atomic_file.hpp"
 #include "fp8kit/io/safetensors.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
 
 namespace fp8kit {
 namespace {
@@ -137,12 +139,10 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
     write_safetensors(path, entries, metadata);
     return summary;
   }
-  // A directory, as serving stacks read it: model.safetensors and config.json with the quantization_config.
-  std::error_code ec;
-  fs::create_directories(path, ec);
-  FP8KIT_CHECK_KIND(!ec, ErrorKind::kIo, "FP8 export: cannot create directory '", path.string(), "': ", ec.message());
-  summary.file = path / "model.safetensors";
-  write_safetensors(summary.file, entries, metadata);
+  // A directory, as serving stacks read it: model.safetensors and config.json with the quantization_config, both
+  // written and synced before either is renamed into place (a failure leaves the directory as it was, and removes
+  // the folders it made), and a sharded checkpoint an earlier write left there (model-*-of-*.safetensors and its
+  // index, which loaders read before model.safetensors) removed by the commit.
   nlohmann::ordered_json j = {
       {"fp8kit", {{"model", config.model}, {"recipe", recipe.name()}, {"seed", config.seed}, {"steps", steps_done}}},
       {"torch_dtype", original_dtype},
@@ -151,9 +151,32 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
                                                               ScaleRounding::kExact, options.static_input_scales))},
   };
   const std::string text = j.dump(2) + "\n";
-  AtomicFile out(path / "config.json");
-  out.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
-  out.commit();
+  std::error_code ec;
+  std::vector<fs::path> made;  // the folders created, innermost first
+  for (fs::path p = path; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  try {
+    fs::create_directories(path, ec);
+    FP8KIT_CHECK_KIND(!ec, ErrorKind::kIo, "FP8 export: cannot create directory '", path.string(), "': ", ec.message());
+    ShardOptions one_file;
+    one_file.max_shard_bytes = std::numeric_limits<std::uint64_t>::max();
+    StagedShards weights = stage_sharded_safetensors(path, entries, metadata, one_file);
+    AtomicFile config_file(path / "config.json");
+    config_file.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
+    config_file.sync();
+    for (const fs::path& d : {path / "model.safetensors", path / "config.json"}) {
+      FP8KIT_CHECK_KIND(!fs::is_directory(d, ec), ErrorKind::kIo, "FP8 export: cannot write '", d.string(),
+                        "': a directory of that name is in the way");
+    }
+    weights.commit();
+    config_file.commit();
+  } catch (...) {
+    for (const fs::path& d : made) fs::remove(d, ec);  // empty once the staged files are gone
+    throw;
+  }
+  summary.file = path / "model.safetensors";
   return summary;
 }
 

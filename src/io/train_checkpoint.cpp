@@ -233,6 +233,19 @@ TrainCheckpointInfo info_of(const SafetensorsFile& file) {
   FP8KIT_CHECK_KIND(info.batch >= 1 && info.warmup_steps >= 0 && std::isfinite(info.adamw.lr) && info.adamw.lr >= 0,
                     ErrorKind::kParse, quoted(path), ": __metadata__ says batch ", info.batch, ", warmup_steps ",
                     info.warmup_steps, ", lr ", info.adamw.lr, ", which no run has (the file is damaged)");
+  const PrecisionRecipe& r = info.recipe;
+  const AdamWOptions& o = info.adamw;
+  FP8KIT_CHECK_KIND(r.amax_history_length >= 1 && r.amax_history_length <= (1 << 24) && r.margin >= -127 &&
+                        r.margin <= 127 && r.fp8_conv_max_kernel_area >= 1 && r.min_fp8_gemm_macs >= 0,
+                    ErrorKind::kParse, quoted(path), ": __metadata__ '", key("recipe_settings"),
+                    "' says amax_history_length ", r.amax_history_length, ", margin ", r.margin,
+                    ", fp8_conv_max_kernel_area ", r.fp8_conv_max_kernel_area, ", min_fp8_gemm_macs ",
+                    r.min_fp8_gemm_macs, ", which no run has (the file is damaged)");
+  FP8KIT_CHECK_KIND(o.beta1 >= 0.0 && o.beta1 < 1.0 && o.beta2 >= 0.0 && o.beta2 < 1.0 && o.eps > 0.0 &&
+                        std::isfinite(o.eps) && o.weight_decay >= 0.0 && std::isfinite(o.weight_decay),
+                    ErrorKind::kParse, quoted(path), ": __metadata__ '", key("adamw"), "' says beta1 ", o.beta1,
+                    ", beta2 ", o.beta2, ", eps ", o.eps, ", weight_decay ", o.weight_decay,
+                    ", which no run has (the file is damaged)");
   if (metadata.count(key("eval_batches")) != 0) {
     info.eval_batches = m.number<std::int64_t>("eval_batches");
     FP8KIT_CHECK_KIND(info.eval_batches >= 1, ErrorKind::kParse, quoted(path), ": __metadata__ '", key("eval_batches"),

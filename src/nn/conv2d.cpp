@@ -90,8 +90,9 @@ Tensor Conv2d::forward(const Context& ctx, const Tensor& x, Saved& saved) {
   // cols^T (C*kh*kw, N*OH*OW) for wgrad. FP8: the codes transposed (per-tensor scales) or quantized anew (blocks).
   // fp32 and bf16: cols^T rounded directly, the same values as the rounded cols transposed without a float round
   // trip of the layer's largest matrix.
-  saved.cols_t = call.recipe->is_fp8() ? prepare_transposed(call, TensorRole::kInput, cols, &colsq)
-                                       : prepare_operand_transposed(call, TensorRole::kInput, cols);
+  const GemmCall wgrad = conv_call(ctx, *this, "wgrad");  // whose operand cols^T is (its name in --log-scales)
+  saved.cols_t = call.recipe->is_fp8() ? prepare_transposed(wgrad, TensorRole::kInput, cols, &colsq)
+                                       : prepare_operand_transposed(wgrad, TensorRole::kInput, cols);
   saved.g = g;
   return rows_to_nchw(ctx, rows, g);
 }

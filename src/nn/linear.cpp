@@ -54,7 +54,8 @@ Tensor Linear::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   const RecipeOperand xq = prepare_operand(call, TensorRole::kInput, x2);
   const RecipeOperand wq = detail::weight_operand(ctx, call, weight, out, in);
   // x handed over: freed before x^T is allocated when x^T is xq's exact transpose (under fp32 xq still shares it)
-  saved.input_t = detail::prepare_transposed(call, TensorRole::kInput, std::move(x2), &xq);
+  // (x^T is wgrad's operand: quantized, where its scales need it, under wgrad's name for --log-scales)
+  saved.input_t = detail::prepare_transposed(gemm_call(ctx, *this, "wgrad"), TensorRole::kInput, std::move(x2), &xq);
   const Tensor bias_values = bias ? parameter_values(*bias) : Tensor();
   Tensor y = recipe_gemm(call, xq, wq, bias ? bias_values.span<float>() : std::span<const float>{});
   return y.reshape(shape);

@@ -134,6 +134,7 @@ void report_scale(const GemmCall& call, TensorRole role, float amax, float scale
   if (call.report == nullptr) return;
   ScaleRecord rec;
   rec.layer = call.state != nullptr ? call.state->layer : call.op;
+  rec.op = call.op;
   rec.role = role;
   rec.amax = amax;
   rec.scale = scale;

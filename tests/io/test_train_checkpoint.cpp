@@ -634,6 +634,43 @@ TEST(Fp8Export, DirectoryWithConfigInAServingLayout) {
   EXPECT_NE(config.find("\"lm_head\""), std::string::npos);  // left out, listed as ignored
 }
 
+// A directory export is written together: with config.json's name taken by a folder, nothing is renamed into place
+// (the earlier model.safetensors stays, byte for byte, and no temporary file is left); an earlier sharded checkpoint
+// there (whose index loaders read before model.safetensors) is removed by the commit.
+TEST(Fp8Export, DirectoryIsWrittenAllOrNothing) {
+  const TempDir dir;
+  const PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-delayed");
+  const TrainConfig c = run_of("gpt", 2);
+  const auto model = make_model(c, recipe);
+  const Fp8ExportOptions options = resolve_fp8_export(recipe, {}, {});
+  const fs::path out = dir / "out";
+  fs::create_directories(out / "config.json");
+  { std::ofstream(out / "model.safetensors") << "the earlier export"; }
+  EXPECT_THROW(export_fp8_checkpoint(out, *model, c, recipe, 0, options), Error);
+  std::ifstream earlier(out / "model.safetensors");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(earlier)), std::istreambuf_iterator<char>()),
+            "the earlier export");
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(out)) files += e.path().filename().string()[0] == '.' ? 100 : 1;
+  EXPECT_EQ(files, 2u);  // model.safetensors and the config.json folder, no temporary file
+  // A new directory in place of a sharded checkpoint: its shards and index go.
+  const fs::path sharded = dir / "sharded";
+  fs::create_directories(sharded);
+  for (const char* name : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+    write_safetensors(sharded / name, std::vector<SafetensorsEntry>{}, {});
+  }
+  {
+    std::ofstream(sharded / "model.safetensors.index.json")
+        << R"({"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors", )"
+        << R"("b": "model-00002-of-00002.safetensors"}})";
+  }
+  export_fp8_checkpoint(sharded, *model, c, recipe, 0, options);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(sharded)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors"}));
+}
+
 // Static activation scales: one `input_scale` per quantized weight, the dequantization scale the layer's delayed
 // scaling holds for its input after training; the compressed-tensors config then says static per-tensor
 // activations. Refused without delayed scaling and for layouts whose activations are dynamic.

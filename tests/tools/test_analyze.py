@@ -105,6 +105,12 @@ def main():
               r.stderr)
         r = run(exe, "analyze", st, "--tensor", "w")
         check("safetensors F16 tensor", r.returncode == 0 and "F16 'w' [16, 64]" in r.stdout, r.stdout[:200] + r.stderr)
+        # A name from the file with control bytes (a newline, a terminal escape) is printed escaped, on one line.
+        odd = os.path.join(d, "odd.safetensors")
+        save_file({"a\nb\x1b[31m.weight": gauss}, odd)
+        r = run(exe, "analyze", odd)
+        check("a file's name escaped", r.returncode == 0 and "'a\\x0ab\\x1b[31m.weight'" in r.stdout and
+              "\x1b" not in r.stdout, r.stdout[:300] + r.stderr)
         # inspect says what analyze would say, per high-precision tensor (integers get no analysis)
         r = run(exe, "inspect", st, "--json")
         tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]} if r.returncode == 0 else {}

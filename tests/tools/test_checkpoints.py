@@ -5,6 +5,7 @@ reference doc's), --force, inputs untouched, one-line errors with exit 2. Usage:
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -275,6 +276,22 @@ def check_model_directory_files(exe, root, rng):
     check("a link at a companion's name: replaced", r.returncode == 0 and
           not os.path.islink(os.path.join(file_linked, "tokenizer.json")), r.stderr)
     check("a link at a companion's name: the input untouched", digest(src) == before)
+    # An input whose model.safetensors is a link to OUT's own (a cache of links): the write replaced the input's
+    # weights (exit 0). Refused, --force or not, both files as they were.
+    out_dir, in_dir = os.path.join(root, "st-out-shard"), os.path.join(root, "st-in-link")
+    os.makedirs(out_dir)
+    os.makedirs(in_dir)
+    shutil.copy(os.path.join(src, "model.safetensors"), os.path.join(out_dir, "model.safetensors"))
+    os.symlink(os.path.join(out_dir, "model.safetensors"), os.path.join(in_dir, "model.safetensors"))
+    weights = digest(out_dir)
+    r = run(exe, "convert", in_dir, out_dir, "--to", "f16", "--force")
+    check("an input shard that is OUT's file: refused", r.returncode == 2 and "(an input file) is" in r.stderr and
+          r.stderr.count("\n") == 1, r.stderr)
+    check("an input shard that is OUT's file: untouched", digest(out_dir) == weights)
+    # A directory output in a folder that does not exist (a typo): refused, no folders made.
+    r = run(exe, "quantize", src, os.path.join(root, "no-such", "q"), "--scheme", "fp8-tensor")
+    check("a directory output's missing folder: refused", r.returncode == 2 and "does not exist" in r.stderr and
+          not os.path.exists(os.path.join(root, "no-such")), r.stderr)
     check_many_companions(exe, root, rng)
     check_damaged_scales_refused(exe, root, rng)
     check_nonfinite_weights_refused(exe, root, rng)
@@ -410,8 +427,9 @@ def check_all_or_nothing(exe, root, src):
     with open(blocker, "w") as f:
         f.write("x")
     r = run(exe, "quantize", src, os.path.join(blocker, "sub"), "--layout", "deepseek")
-    check("cannot create the output directory: exit 1", r.returncode == 1 and "cannot create directory" in r.stderr,
-          f"rc={r.returncode} {r.stderr}")
+    # (A file where OUT's folder should be: said before any work, as a path the user gave wrong.)
+    check("an output directory under a file: refused", r.returncode == 2 and "is not a directory" in r.stderr and
+          open(blocker).read() == "x", f"rc={r.returncode} {r.stderr}")
     leftover = os.path.join(root, "aon-leftover")
     os.makedirs(leftover)
     with open(os.path.join(leftover, ".model.safetensors.tmp-12345-0"), "wb") as f:

@@ -740,8 +740,13 @@ def train_compare_json_trace_scales_plot():
         assert any(e["args"].get("path") == "fp8" for e in gemms), gemms[:3]
         assert any(e["name"].startswith("quantize") for e in events)
         lines = [json.loads(line) for line in open(scales)]
-        assert lines and {"layer", "role", "amax", "scale", "underflow_fraction", "saturated"} <= set(lines[0])
+        assert lines and {"layer", "op", "role", "amax", "scale", "underflow_fraction", "saturated"} <= set(lines[0])
         assert {line["role"] for line in lines} == {"input", "weight", "grad_output"}
+        # One line per quantization: a weight's forward and dgrad quantizations were two identical lines.
+        keys = [(line["step"], line["layer"], line["op"], line["role"]) for line in lines]
+        assert len(keys) == len(set(keys)), [k for k in keys if keys.count(k) > 1][:3]
+        assert {(k[2].rsplit(".", 1)[1], k[3]) for k in keys} == {("forward", "input"), ("forward", "weight"),
+                                                                   ("dgrad", "grad_output"), ("dgrad", "weight")}
         assert open(plot).read().startswith("<svg")
 
 
@@ -927,16 +932,19 @@ def train_never_writes_over_its_inputs_and_writes_outputs_whole():
             rows = [json.loads(line) for line in f]
         assert rows and {r["step"] for r in rows} == {0, 1}, sorted({r["step"] for r in rows})
         assert not [n for n in os.listdir(d) if ".tmp-" in n], os.listdir(d)
-        # The export creates its directory, parents included (README: --export-fp8 model-fp8/); a plot written
-        # through a symlink leaves the link a link.
+        # The export creates its directory (README: --export-fp8 model-fp8/), not the folders above it (a typo would
+        # grow a tree); a plot written through a symlink leaves the link a link.
         target = os.path.join(d, "real.svg")
         with open(target, "w") as f:
             f.write("old")
         os.symlink(target, os.path.join(d, "link.svg"))
+        check_usage_error(["train", "--recipe", "fp8-delayed", "--steps", "1", "--export-fp8",
+                           os.path.join(d, "new", "model-fp8") + "/"], "does not exist; create it first")
+        assert not os.path.exists(os.path.join(d, "new"))
         rc, out, err = run("train", "--recipe", "fp8-delayed", "--steps", "1", "--quiet", "--export-fp8",
-                           os.path.join(d, "new", "model-fp8") + "/", "--plot", os.path.join(d, "link.svg"), "--force")
+                           os.path.join(d, "model-fp8") + "/", "--plot", os.path.join(d, "link.svg"), "--force")
         assert rc == 0, err
-        assert os.path.isfile(os.path.join(d, "new", "model-fp8", "model.safetensors")), os.listdir(d)
+        assert os.path.isfile(os.path.join(d, "model-fp8", "model.safetensors")), os.listdir(d)
         assert os.path.islink(os.path.join(d, "link.svg")) and open(target).read().startswith("<svg")
 
 

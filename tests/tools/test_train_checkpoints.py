@@ -245,6 +245,7 @@ def refusals_are_one_line_with_status_2():
                   "fp8-tensor"], "--export-layout native"),
                 (["--recipe", "fp32", "--save-checkpoint", os.path.join(d, "x.pt")], "must end in .safetensors"),
                 (["--recipe", "fp32", "--save-checkpoint", os.path.join(d, "no", "x.safetensors")], "does not exist"),
+                (["--recipe", "fp32", "--export-fp8", os.path.join(d, "no", "ex")], "does not exist; create it first"),
                 (["--recipe", "fp32", "--force"], "--force"),
                 (["--resume", os.path.join(d, "missing.safetensors")], "does not exist"),
                 (["--resume", ex], "is an FP8 inference export"),
@@ -325,6 +326,69 @@ def outputs_are_compared_by_the_file_they_name():
         assert sorted(os.listdir(os.path.join(d, "ed"))) == ["config.json", "loss.svg", "model.safetensors",
                                                               "train.safetensors"]
         assert read_st(os.path.join(d, "ed", "train.safetensors"))[1]["fp8kit.train.next_step"] == "1"
+
+
+@test
+def export_directory_never_replaces_an_input():
+    """--export-fp8 DIR --force replaced the checkpoint being resumed when it was DIR/model.safetensors, and the --data
+    file when it was DIR/config.json; a config.json directory in the way ended the run after training with the
+    weights already replaced. All refused before the first step now, with everything left as it was."""
+    with tempfile.TemporaryDirectory() as d:
+        ed = os.path.join(d, "ed")
+        os.mkdir(ed)
+        ck = os.path.join(ed, "model.safetensors")
+        run_ok("train", "--recipe", "fp32", "--steps", "1", "--save-checkpoint", ck)
+        before = digest(ck)
+        check_usage_error(["train", "--resume", ck, "--steps", "2", "--export-fp8", ed, "--force"],
+                          "is the checkpoint to resume from; export to another directory")
+        assert digest(ck) == before
+        text = os.path.join(ed, "config.json")
+        with open(text, "w") as f:
+            f.write("a small corpus of text for the model to learn from. " * 200)
+        check_usage_error(["train", "--recipe", "fp32", "--steps", "1", "--data", text, "--export-fp8", ed, "--force"],
+                          "is the training data; export to another directory")
+        assert os.path.getsize(text) == 52 * 200 and digest(ck) == before
+        # A folder where the export writes config.json: refused up front, the directory as it was.
+        other = os.path.join(d, "other")
+        os.makedirs(os.path.join(other, "config.json"))
+        check_usage_error(["train", "--recipe", "fp32", "--steps", "1", "--export-fp8", other, "--force"],
+                          "is a directory, where the export writes its config.json")
+        assert os.listdir(other) == ["config.json"]
+        # The CNN's head (its one linear layer) never runs an FP8 GEMM: no input scale to export, said before step 0.
+        check_usage_error(["train", "--model", "cnn", "--recipe", "fp8-delayed", "--steps", "1", "--export-fp8",
+                           os.path.join(d, "cnn"), "--export-input-scales"], "runs in bfloat16", [os.path.join(d, "cnn")])
+
+
+@test
+def resume_names_what_the_checkpoint_recorded():
+    """A checkpoint whose data file moved: the message said '--data: there is no file' to a user who gave no --data.
+    Recorded settings no run has (a history of 0, beta2 1.5, a kernel area of 0) named options the user never gave,
+    not the file."""
+    with tempfile.TemporaryDirectory() as d:
+        data, ck = os.path.join(d, "corpus.txt"), os.path.join(d, "ck.safetensors")
+        with open(data, "w") as f:
+            f.write("the quick brown fox jumps over the lazy dog. " * 100)
+        run_ok("train", "--recipe", "fp8-delayed", "--steps", "1", "--data", data, "--save-checkpoint", ck)
+        moved = os.path.join(d, "moved.txt")
+        os.rename(data, moved)
+        check_usage_error(["train", "--resume", ck, "--steps", "2"], "give its new path with --data")
+        run_ok("train", "--resume", ck, "--steps", "2", "--data", moved)
+        bad = os.path.join(d, "bad.safetensors")
+        _, meta = read_st(ck)
+        for field, old, new in (("recipe_settings", "amax_history_length=16", "amax_history_length=0"),
+                                ("recipe_settings", "fp8_conv_max_kernel_area=32", "fp8_conv_max_kernel_area=0"),
+                                ("adamw", "beta2=", "beta2=1.5;x=")):
+            key = "fp8kit.train." + field
+            assert old in meta[key], (key, meta[key])
+            if field == "adamw":  # beta2's value replaced whole
+                parts = dict(item.split("=", 1) for item in meta[key].split(";"))
+                parts["beta2"] = "1.5"
+                value = ";".join(f"{k}={v}" for k, v in parts.items())
+            else:
+                value = meta[key].replace(old, new)
+            write_with_metadata(ck, bad, lambda m: m.update({key: value}))
+            check_usage_error(["train", "--resume", bad, "--data", moved], "bad.safetensors")
+            check_usage_error(["train", "--resume", bad, "--data", moved], "which no run has (the file is damaged)")
 
 
 def main():

@@ -222,8 +222,10 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
       if (fs::equivalent(o, shard.path(), ec)) throw UsageError("'" + out + "' is part of the input");
     }
   }
-  const fs::path parent = o.parent_path().empty() ? fs::path(".") : o.parent_path();
-  if (!fs::exists(o, ec) && !in.is_directory && !fs::is_directory(parent, ec)) {
+  // The folder the output goes into exists (a directory output is created there, not a tree of folders).
+  const fs::path named = o.has_filename() ? o : o.parent_path();  // ("out/" is the directory out)
+  const fs::path parent = named.parent_path().empty() ? fs::path(".") : named.parent_path();
+  if (!fs::exists(o, ec) && !fs::is_directory(parent, ec)) {
     const bool missing = !fs::exists(parent, ec);
     throw PathError("the directory '" + parent.string() + "' of '" + out + "' " +
                         (missing ? "does not exist; create it first" : "is not a directory"),
@@ -247,6 +249,22 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
     }
     if (fs::is_directory(o, ec) && !is_empty_output(o) && !force) {
       throw UsageError("'" + out + "' exists and is not empty; pass --force to write into it");
+    }
+    // An input file that is, through a symbolic link, a top-level file of OUT would be replaced (or removed as an
+    // earlier checkpoint's shard) by the write: refused, --force or not.
+    if (fs::is_directory(o, ec)) {
+      const fs::path out_dir = fs::canonical(o, ec);
+      std::vector<fs::path> inputs{in.path / "config.json"};
+      if (!in.checkpoint.index_path().empty()) inputs.push_back(in.checkpoint.index_path());
+      for (const SafetensorsFile& shard : in.checkpoint.shards()) inputs.push_back(shard.path());
+      for (const fs::path& file : inputs) {
+        std::error_code file_ec;
+        const fs::path real = fs::canonical(file, file_ec);
+        if (!ec && !file_ec && real.parent_path() == out_dir) {
+          throw UsageError("'" + file.string() + "' (an input file) is '" + (o / real.filename()).string() +
+                           "' in the output directory, which the write would replace; write to another directory");
+        }
+      }
     }
   } else {
     if (fs::is_directory(o, ec))

@@ -13,6 +13,7 @@
 
 #include "cli_common.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/common/text.hpp"
 #include "fp8kit/io/npy.hpp"
 #include "fp8kit/io/safetensors.hpp"
 #include "fp8kit/scaling/analysis.hpp"
@@ -162,9 +163,10 @@ void run_analyze(const AnalyzeArgs& args) {
       name = floating.front();
     }
     const SafetensorsTensor* t = file.find(name);
-    if (t == nullptr) throw UsageError("'" + args.file + "' has no tensor '" + name + "' (fp8kit inspect lists them)");
+    if (t == nullptr)
+      throw UsageError("'" + args.file + "' has no tensor '" + printable(name) + "' (fp8kit inspect lists them)");
     if (std::find(floating.begin(), floating.end(), name) == floating.end()) {
-      throw UsageError("tensor '" + name + "' is " + std::string(fp8kit::name(t->dtype)) +
+      throw UsageError("tensor '" + printable(name) + "' is " + std::string(fp8kit::name(t->dtype)) +
                        ": analyze takes F32, F16, BF16 or F64 tensors");
     }
     if (t->dtype == SafetensorsDType::F64) {
@@ -176,7 +178,7 @@ void run_analyze(const AnalyzeArgs& args) {
       values.assign(f32.span<float>().begin(), f32.span<float>().end());
     }
     shape.assign(t->shape.begin(), t->shape.end());
-    source_dtype = std::string(fp8kit::name(t->dtype)) + " '" + name + "'";
+    source_dtype = std::string(fp8kit::name(t->dtype)) + " '" + printable(name) + "'";  // (a name from the file)
   }
   // The last dimension is the row; the leading ones are the rows (so [0, 16] is 0 x 16 and [16, 0] is 16 x 0).
   const std::int64_t cols = shape.empty() ? 1 : shape.back();

@@ -354,7 +354,8 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
 }
 
 // --log-scales: JSON lines written to a temporary file as the run goes and renamed over the path at the end, or
-// when a step aborts the run (the log up to it, whole): an earlier file of that name stays as it was until then.
+// when a step aborts the run or an error ends it (the log up to there): an earlier file of that name stays as it
+// was until then.
 class ScaleLog {
  public:
   explicit ScaleLog(const std::string& path) : path_(path) {
@@ -421,16 +422,19 @@ void check_train_output(const std::string& option, const std::string& path, bool
   const fs::path p(path);
   const bool file = p.extension() == ".safetensors";
   if (!file && !directory_ok) throw UsageError(option + ": '" + path + "' must end in .safetensors");
+  // The folder the file (or the export directory, created there) goes into exists: a typo in a path is said, not
+  // made into a tree of folders.
+  const fs::path named = p.has_filename() ? p : p.parent_path();  // ("run/" is the directory run)
+  const fs::path parent = named.parent_path().empty() ? fs::path(".") : named.parent_path();
+  if (!fs::exists(p, ec) && !fs::is_directory(parent, ec)) {
+    const bool missing = !fs::exists(parent, ec);
+    throw PathError(option + (missing ? ": the directory '" : ": '") + parent.string() +
+                        (missing ? "' does not exist; create it first" : "' is not a directory"),
+                    missing);
+  }
   if (file) {
     if (fs::is_directory(p, ec)) throw UsageError(option + ": '" + path + "' is a directory; give a file name");
     if (fs::exists(p, ec) && !force) throw UsageError(option + ": '" + path + "' exists; pass --force to replace it");
-    const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-    if (!fs::is_directory(parent, ec)) {
-      const bool missing = !fs::exists(parent, ec);
-      throw PathError(option + (missing ? ": the directory '" : ": '") + parent.string() +
-                          (missing ? "' does not exist; create it first" : "' is not a directory"),
-                      missing);
-    }
   } else {
     if (fs::exists(p, ec) && !fs::is_directory(p, ec)) {
       throw UsageError(option + ": '" + path + "' is a file; give a directory or a .safetensors file name");
@@ -500,6 +504,12 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
   if (!a.data.empty() && !std::ifstream(a.data, std::ios::binary)) {
     // Here, where every rank's verdict is agreed, rather than when training reads it (one line, not a job ended).
     const bool missing = !fs::exists(a.data, ec);
+    if (!a.data_given) {  // the path the checkpoint being resumed recorded
+      throw PathError("the training data of '" + a.resume + "', '" + a.data + "', " +
+                          (missing ? "is not there any more" : "cannot be read") +
+                          "; give its new path with --data (the checkpoint checks it is the same text)",
+                      missing);
+    }
     throw PathError(
         "--data: " + std::string(missing ? "there is no file '" : "cannot read '") + a.data + "'; check the path",
         missing);
@@ -529,9 +539,22 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
     // The export directory's own files would replace another output written there, or be replaced by it; other
     // names in it (run/train.safetensors beside the export in run/) are fine.
     for (const char* file : kExportFiles) {
-      if (i != 4 && export_directory && same_path(path, (fs::path(a.export_fp8) / file).string())) {
+      const fs::path exported = fs::path(a.export_fp8) / file;
+      if (i != 4 && export_directory && same_path(path, exported.string())) {
         throw UsageError(std::string(option) + ": '" + path + "' is the " + file + " that --export-fp8 '" +
                          a.export_fp8 + "' writes; give another path");
+      }
+      if (i == 4 && export_directory) {  // the directory's own files: never an input, never a folder in the way
+        for (const auto& [input, in] : inputs) {
+          if (!in.empty() && same_path(exported.string(), in)) {
+            throw UsageError("--export-fp8: '" + exported.string() + "' (written there) is " + input +
+                             "; export to another directory");
+          }
+        }
+        if (fs::is_directory(exported, ec)) {
+          throw UsageError("--export-fp8: '" + exported.string() + "' is a directory, where the export writes " +
+                           "its " + file + "; remove it or export to another directory");
+        }
       }
     }
     const fs::path p(path);
@@ -543,7 +566,7 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
                        "pass --force to replace it, or give another path");
     }
     try {
-      // The export may be a directory, which it creates with its parents.
+      // The export may be a directory, which it creates (its parent exists: check_train_output).
       check_writable_destination(p, /*directory=*/i == 4 && p.extension() != ".safetensors");
     } catch (const Error& e) {
       throw UsageError(std::string(option) + ": " + e.what());
@@ -562,6 +585,11 @@ void on_every_rank(Communicator* comm, const std::function<void()>& step) {
       FP8KIT_THROW(ErrorKind::kInvalidArgument, e.what());  // bad input: status 2, as a UsageError
     }
   });
+}
+
+// "1 step", "400 steps".
+std::string counted(std::int64_t n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
 // A double for JSON: null where it is not finite.
@@ -710,9 +738,9 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
     std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
-  std::fprintf(output(), "model %s, %lld parameters; data: %s; %lld steps, seeds %s, %d threads\n", a.model.c_str(),
+  std::fprintf(output(), "model %s, %lld parameters; data: %s; %s, seeds %s, %s\n", a.model.c_str(),
                static_cast<long long>(first.front().parameters), first.front().data.c_str(),
-               static_cast<long long>(a.steps), a.seeds.c_str(), num_threads());
+               counted(a.steps, "step").c_str(), a.seeds.c_str(), counted(num_threads(), "thread").c_str());
   const auto pct = [](double v) { return std::isfinite(v) ? fmt::format("{:+.2f}%", 100.0 * v) : std::string("-"); };
   // Each seed: fp32's eval loss, the other recipes' gaps to it, fp32 against itself.
   std::string head = fmt::format("{:<8}", "seed");
@@ -870,6 +898,12 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
                        "' (use native, deepseek, compressed-tensors, autofp8, fbgemm, mxfp8)");
     }
     export_options = resolve_fp8_export(recipes.front(), scheme, layout, a.export_input_scales);
+    // The CNN's one linear weight is its head, which always runs in bfloat16 (docs/nn.md): no input scale to export.
+    if (a.export_input_scales && a.model == "cnn") {
+      throw UsageError(
+          "--export-input-scales: the cnn's only linear layer (its head) runs in bfloat16, never an "
+          "FP8 GEMM, so it has no input scale; leave the option out");
+    }
   }
   if (a.threads > 0) set_num_threads(a.threads);
   if (a.parallel != "none" && a.parallel != "ddp" && a.parallel != "fsdp") {
@@ -970,6 +1004,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
               nlohmann::json line = {{"recipe", recipe.name()},
                                      {"step", s.step},
                                      {"layer", r.layer},
+                                     {"op", r.op},
                                      {"role", std::string(nn::name(r.role))},
                                      {"amax", r.amax},
                                      {"scale", r.scale},
@@ -1085,6 +1120,16 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
     if (collectives_over) *collectives_over = true;
     if (scale_log) scale_log->commit();  // the log up to the step that aborted the run, whole
     throw;
+  } catch (...) {
+    // Any other end (a checkpoint or the export that cannot be written, after every step trained): the log of the
+    // steps that ran is still written, whole; the run's own error is the one reported.
+    if (scale_log) {
+      try {
+        scale_log->commit();
+      } catch (const std::exception&) {
+      }
+    }
+    throw;
   }
   if (scale_log) scale_log->commit();
   if (a.seeds_given) return print_seeds(a, by_seed);
@@ -1140,9 +1185,10 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
     std::fprintf(output(), "%s\n", json_text(out).c_str());
     return;
   }
-  std::fprintf(output(), "model %s, %lld parameters; data: %s; %lld steps, seed %llu, %d threads\n", a.model.c_str(),
+  std::fprintf(output(), "model %s, %lld parameters; data: %s; %s, seed %llu, %s\n", a.model.c_str(),
                static_cast<long long>(results.front().parameters), results.front().data.c_str(),
-               static_cast<long long>(a.steps), static_cast<unsigned long long>(a.seed), num_threads());
+               counted(a.steps, "step").c_str(), static_cast<unsigned long long>(a.seed),
+               counted(num_threads(), "thread").c_str());
   if (comm) {
     std::fprintf(output(), "%s: %d ranks (%s), gradients summed in %s; replicas identical: %s\n",
                  fsdp ? "fully sharded data parallel" : "data parallel", comm->size(),

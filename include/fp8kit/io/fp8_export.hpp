@@ -50,12 +50,15 @@ struct Fp8ExportSummary {
 // tensors other than embeddings, norms, lm_head; convolution weights are 4-D and stay as they are) quantized with
 // quantize_checkpoint_tensor() (saturating), every other parameter in the model's dtype (FP32, or BF16 under bf16
 // master weights) under its own name. `path` ending in
-// .safetensors is one file; any other path is a directory (created) holding model.safetensors and a config.json
-// with the layout's quantization_config. __metadata__: "format" "pt"; "fp8kit.export.*": recipe, model, seed,
-// steps, scheme, layout, format, original_dtype (the parameters' dtype: float32 or bfloat16), overflow (saturate);
-// "fp8kit.export.tensor.<weight>" = "scheme=...;format=...;dtype=<original_dtype>;overflow=saturate" for each
-// quantized weight, config.json's torch_dtype the same; and the native layout's own
-// entries. Crash-safe (write_safetensors, AtomicFile). Throws Error(kInvalidArgument) when no weight is quantized.
+// .safetensors is one file; any other path is a directory (created with its parents) holding model.safetensors and a
+// config.json with the layout's quantization_config, written together: both are staged and synced before either is
+// renamed into place, so a failure leaves the directory as it was (and removes the folders it created); a sharded
+// checkpoint of the prefix "model" left there by an earlier write goes with the commit. __metadata__: "format" "pt";
+// "fp8kit.export.*": recipe, model, seed, steps, scheme, layout, format, original_dtype (the parameters' dtype: float32
+// or bfloat16), overflow (saturate); "fp8kit.export.tensor.<weight>" =
+// "scheme=...;format=...;dtype=<original_dtype>;overflow=saturate" for each quantized weight, config.json's torch_dtype
+// the same; and the native layout's own entries. Crash-safe (AtomicFile). Throws Error(kInvalidArgument) when no weight
+// is quantized.
 Fp8ExportSummary export_fp8_checkpoint(const std::filesystem::path& path, nn::Model& model,
                                        const nn::TrainConfig& config, const nn::PrecisionRecipe& recipe,
                                        std::int64_t steps_done, const Fp8ExportOptions& options);

@@ -77,6 +77,7 @@ bool delayed_scaling(const PrecisionRecipe& recipe);
 // What a quantization of one tensor role looked like this step (for --log-scales and the non-finite guard).
 struct ScaleRecord {
   std::string layer;
+  std::string op;  // the GEMM call that quantized it (GemmCall::op: "linear.fc1.forward", "....dgrad", "....wgrad")
   TensorRole role = TensorRole::kInput;
   float amax = 0.0f;
   float scale = 1.0f;  // the quantization scale (per-tensor recipes; the first block's otherwise)
