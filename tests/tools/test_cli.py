@@ -886,6 +886,12 @@ def train_bad_usage_exit_2():
                  ("cast", "--seed", "5", "1.1")):
         rc, out, err = run(*args)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (args, rc, out, err)
+    # What is wrong with an integer, said as such (not the type's range for "1.5").
+    for value, needle in (("1.5", "'1.5' is not a whole decimal number"), ("0x10", "not a whole decimal number"),
+                          ("99999999999999999999", "is too large for it")):
+        check_usage_error(["train", "--steps", value], needle)
+    check_usage_error(["train", "--seed", "-1"], "'-1' is negative")
+    check_usage_error(["train", "--steps", "2", "--steps", "3"], "--steps is given 2 times; give it once")
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",
                        "abort")
     assert rc == 1 and "non-finite gradient" in err and "step 1" in err, (rc, err)

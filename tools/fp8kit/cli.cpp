@@ -85,7 +85,13 @@ UsageError parse_failure(const CLI::App& app, const CLI::ParseError& e) {
   if (!at->remaining().empty() && (at == &app || at->get_require_subcommand_min() > 0)) {
     return UsageError("unknown command or option '" + at->remaining().front() + "' (see --help)");
   }
-  return UsageError(std::string(e.what()) + " (see --help)");
+  // CLI11's words for an option given twice ("--steps: At Most 1 required but received 2").
+  std::string what = e.what();
+  if (const std::size_t at_most = what.find(": At Most 1 required but received "); at_most != std::string::npos) {
+    return UsageError(what.substr(0, at_most) + " is given " + what.substr(at_most + 34) +
+                      " times; give it once (see --help)");
+  }
+  return UsageError(what + " (see --help)");
 }
 
 // Parses and runs one command line; a bad FP8KIT_ISA is refused by every command, before it does anything.

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <limits>
 #include <new>
+#include <type_traits>
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/dist/communicator.hpp"
@@ -111,8 +112,16 @@ T parse_integer_option(const std::string& option, const std::string& text) {
   const auto [stop, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || stop != end) {
     const std::string shown = text.empty() ? "(nothing)" : "'" + text + "'";
-    throw UsageError(option + ": " + shown + " is not an integer in " + std::to_string(std::numeric_limits<T>::min()) +
-                     " .. " + std::to_string(std::numeric_limits<T>::max()));
+    if (ec == std::errc::result_out_of_range && stop == end) {  // digits, too many of them
+      throw UsageError(option + ": " + shown + " is too large for it (it holds " +
+                       std::to_string(std::numeric_limits<T>::min()) + " .. " +
+                       std::to_string(std::numeric_limits<T>::max()) + ")");
+    }
+    if (std::is_unsigned_v<T> && text.starts_with('-')) {
+      throw UsageError(option + ": " + shown + " is negative; it takes 0 .. " +
+                       std::to_string(std::numeric_limits<T>::max()));
+    }
+    throw UsageError(option + ": " + shown + " is not a whole decimal number (no fraction, exponent or 0x)");
   }
   return value;
 }
