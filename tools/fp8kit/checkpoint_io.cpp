@@ -222,15 +222,7 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
       if (fs::equivalent(o, shard.path(), ec)) throw UsageError("'" + out + "' is part of the input");
     }
   }
-  // The folder the output goes into exists (a directory output is created there, not a tree of folders).
-  const fs::path named = o.has_filename() ? o : o.parent_path();  // ("out/" is the directory out)
-  const fs::path parent = named.parent_path().empty() ? fs::path(".") : named.parent_path();
-  if (!fs::exists(o, ec) && !fs::is_directory(parent, ec)) {
-    const bool missing = !fs::exists(parent, ec);
-    throw PathError("the directory '" + parent.string() + "' of '" + out + "' " +
-                        (missing ? "does not exist; create it first" : "is not a directory"),
-                    missing);
-  }
+  check_output_folder(o, "'" + out + "': ");  // (a directory output is created there)
   if (in.is_directory) {
     // Inside the input, the output would be copied into itself as the model's other files on the next run.
     std::error_code in_ec, out_ec;

@@ -105,6 +105,19 @@ void write_text_file(const std::string& path, const std::string& text) {
   if (!out) FP8KIT_THROW(ErrorKind::kIo, "cannot write '", path, "': ", std::strerror(errno));
 }
 
+void check_output_folder(const std::filesystem::path& output, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(output, ec)) return;
+  const fs::path named = output.has_filename() ? output : output.parent_path();
+  const fs::path parent = named.parent_path().empty() ? fs::path(".") : named.parent_path();
+  if (fs::is_directory(parent, ec)) return;
+  const bool missing = !fs::exists(parent, ec);
+  throw PathError(prefix + (missing ? "the directory '" : "'") + parent.string() +
+                      (missing ? "' does not exist; create it first" : "' is not a directory"),
+                  missing);
+}
+
 template <typename T>
 T parse_integer_option(const std::string& option, const std::string& text) {
   T value{};

@@ -81,6 +81,11 @@ std::string byte_size_text(std::uint64_t bytes);
 // pipe, /dev/stdout), which is written in place.
 std::optional<std::filesystem::path> atomic_target(const std::string& path);
 
+// An output that does not exist yet goes into a folder that does (a file is written there, a directory output is
+// created there, never a tree of folders a typo would grow); "out/" names the directory out. Otherwise PathError:
+// "<prefix>the directory 'D' does not exist; create it first" or "<prefix>'D' is not a directory".
+void check_output_folder(const std::filesystem::path& output, const std::string& prefix);
+
 // `text` as the file `path`, crash-safely (a temporary file, fsync, rename: an existing file stays whole until the new
 // one is complete; see atomic_target). Throws fp8kit::Error (kIo) naming the path when it cannot.
 void write_text_file(const std::string& path, const std::string& text);

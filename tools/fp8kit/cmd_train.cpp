@@ -422,16 +422,7 @@ void check_train_output(const std::string& option, const std::string& path, bool
   const fs::path p(path);
   const bool file = p.extension() == ".safetensors";
   if (!file && !directory_ok) throw UsageError(option + ": '" + path + "' must end in .safetensors");
-  // The folder the file (or the export directory, created there) goes into exists: a typo in a path is said, not
-  // made into a tree of folders.
-  const fs::path named = p.has_filename() ? p : p.parent_path();  // ("run/" is the directory run)
-  const fs::path parent = named.parent_path().empty() ? fs::path(".") : named.parent_path();
-  if (!fs::exists(p, ec) && !fs::is_directory(parent, ec)) {
-    const bool missing = !fs::exists(parent, ec);
-    throw PathError(option + (missing ? ": the directory '" : ": '") + parent.string() +
-                        (missing ? "' does not exist; create it first" : "' is not a directory"),
-                    missing);
-  }
+  check_output_folder(p, option + ": ");  // (the export directory is created there)
   if (file) {
     if (fs::is_directory(p, ec)) throw UsageError(option + ": '" + path + "' is a directory; give a file name");
     if (fs::exists(p, ec) && !force) throw UsageError(option + ": '" + path + "' exists; pass --force to replace it");
