@@ -139,7 +139,7 @@ def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):
         fp8kit.inspect(tmp_path / "missing.safetensors")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         fp8kit.quantize_checkpoint(tmp_path / "missing", tmp_path / "x.safetensors", "fp8-block")
-    with pytest.raises(FileNotFoundError, match="the directory '.*nowhere' of '.*' does not exist; create it first"):
+    with pytest.raises(FileNotFoundError, match="'.*x.safetensors': the directory '.*nowhere' does not exist; create it first"):
         fp8kit.quantize_checkpoint(src, tmp_path / "nowhere" / "x.safetensors", "fp8-block")
     # to= is named as the caller wrote it (the CLI's message said "not 'f64'" for to="float64").
     with pytest.raises(ValueError, match="not 'float64'"):
