@@ -90,6 +90,17 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    // The call checks add a collective to every collective: on some ranks only (FP8KIT_DIST_CHECK set for one
+    // program of a job), the others would wait in another collective for ever. Agreed here, once: {on, off} of
+    // every rank, MAX: both 1 where the ranks differ.
+    int seen[2] = {checking_calls() ? 1 : 0, checking_calls() ? 0 : 1};
+    check(MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce");
+    if (seen[0] == 1 && seen[1] == 1) {
+      MPI_Comm_free(&comm_);
+      FP8KIT_THROW(ErrorKind::kInvalidArgument, "FP8KIT_DIST_CHECK is 1 on some ranks of this job and not on others ",
+                   "(rank ", rank_, ": ", checking_calls() ? "1" : "unset or 0",
+                   "); set it alike for every rank (mpirun -x FP8KIT_DIST_CHECK=1)");
+    }
   }
   ~MpiCommunicator() override {
     int finalized = 0;

@@ -170,6 +170,14 @@ def ranks_given_other_settings_are_refused_at_start():
     lines = fp8kit_lines(p.stderr)
     assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr)
     assert "rank 1 was given --seed '2', rank 0 '1'" in lines[0] and p.stdout == "", p.stderr
+    # FP8KIT_DIST_CHECK on rank 1 only: its extra collective per collective would leave the ranks waiting on each
+    # other for ever. Refused when the communicator is made, in bounded time, by every rank alike.
+    script = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export FP8KIT_DIST_CHECK=1; fi; '
+              f'exec "{BINARY}" train --steps 3 --parallel ddp')
+    p = subprocess.run(under_mpirun(MPIRUN, 2, ["sh", "-c", script]), capture_output=True, text=True, timeout=120,
+                       env=MPI_ENV)
+    lines = fp8kit_lines(p.stderr)
+    assert p.returncode != 0 and lines and "FP8KIT_DIST_CHECK is 1 on some ranks" in lines[0], (p.returncode, p.stderr)
     # A usage error every rank sees alike is said once, by rank 0.
     p = subprocess.run(under_mpirun(MPIRUN, 2, [BINARY, "train", "--parallel", "fsdp", "--recipe", "nope"]),
                        capture_output=True, text=True, timeout=120, env=MPI_ENV)
