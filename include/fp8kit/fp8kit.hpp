@@ -1,6 +1,7 @@
 // fp8kit's public headers in one include, layer by layer (the order of DESIGN.md), except the training layer
-// (fp8kit/nn/*.hpp), what io builds on it (io/train_checkpoint.hpp, io/fp8_export.hpp) and the codec's inline body
-// (format/codec_inline.hpp, for kernels).
+// (fp8kit/nn/*.hpp) and what builds on it (io/train_checkpoint.hpp, io/fp8_export.hpp, dist/data_parallel.hpp,
+// dist/fsdp.hpp), the CUDA backend's (*/cuda*.hpp, dist/nccl_communicator.hpp: include them where the device is
+// used), and the bodies for kernels (format/codec_inline.hpp, scaling/scale_inline.hpp).
 #pragma once
 
 #include "fp8kit/common/cpu.hpp"
@@ -26,6 +27,7 @@
 #include "fp8kit/tensor/tensor_buffer.hpp"
 
 #include "fp8kit/scaling/amax.hpp"
+#include "fp8kit/scaling/analysis.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/scaling/recipe.hpp"
 #include "fp8kit/scaling/scale.hpp"
