@@ -23,6 +23,7 @@ struct Counters {
   std::atomic<std::int64_t> peak{0};
   std::array<std::atomic<std::int64_t>, kMemoryCategories> by_category{};
   std::array<std::atomic<std::int64_t>, kMemoryCategories> peak_by_category{};
+  std::atomic<std::int64_t> limit{0};  // set_memory_limit (0: none)
 
   void snapshot_peak() {
     for (std::size_t i = 0; i < kMemoryCategories; ++i) {
@@ -91,6 +92,15 @@ MemoryStats memory_stats(const Device& device) {
   return stats;
 }
 
+void set_memory_limit(std::int64_t bytes, const Device& device) {
+  FP8KIT_CHECK(bytes >= 0, "set_memory_limit: ", bytes, " bytes is negative (0: no limit)");
+  counters_for(device).limit.store(bytes, std::memory_order_relaxed);
+}
+
+std::int64_t memory_limit(const Device& device) {
+  return counters_for(device).limit.load(std::memory_order_relaxed);
+}
+
 void reset_peak_memory(const Device& device) {
   Counters& c = counters_for(device);
   c.peak.store(c.current.load(std::memory_order_relaxed), std::memory_order_relaxed);
@@ -117,6 +127,13 @@ Storage::Storage(std::int64_t nbytes, Device device) : nbytes_(nbytes), device_(
   if (nbytes == 0) return;
   constexpr std::int64_t a = static_cast<std::int64_t>(kAlignment);
   allocated_ = (nbytes + a - 1) / a * a;
+  if (const std::int64_t limit = counters.limit.load(std::memory_order_relaxed);
+      limit > 0 && counters.current.load(std::memory_order_relaxed) + allocated_ > limit) {
+    const auto mb = [](std::int64_t bytes) { return (bytes + 999'999) / 1'000'000; };
+    FP8KIT_THROW(ErrorKind::kUnsupported, "out of memory: ", mb(allocated_), " MB more would take the tensors on ",
+                 to_string(device), " to ", mb(counters.current.load(std::memory_order_relaxed) + allocated_),
+                 " MB, past the ", mb(limit), " MB this process may use (set_memory_limit); try smaller sizes");
+  }
   if (device.is_cpu()) {
     data_ =
         static_cast<std::byte*>(::operator new (static_cast<std::size_t>(allocated_), std::align_val_t{kAlignment}));

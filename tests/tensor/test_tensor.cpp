@@ -376,6 +376,29 @@ TEST(Memory, PeakAndReset) {
   EXPECT_EQ(memory_stats().peak_bytes, base.current_bytes + 64);
 }
 
+// set_memory_limit: an allocation that would take the tensors past the limit is refused before it takes memory
+// (Error kUnsupported, one line, "out of memory"), what is held is untouched, and 0 lifts the limit again.
+TEST(Memory, LimitRefusesWhatWouldPassIt) {
+  const std::int64_t before = memory_stats().current_bytes;
+  set_memory_limit(before + (8 << 20));
+  const Tensor fits = empty({1 << 20}, DType::float32);  // 4 MiB of 8
+  try {
+    const Tensor too_much = empty({2 << 20}, DType::float32);  // 8 MiB more
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("out of memory: 9 MB more would take the tensors on cpu to"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before + (4 << 20));  // nothing counted for the refused one
+  EXPECT_EQ(memory_limit(), before + (8 << 20));
+  set_memory_limit(0);
+  const Tensor now_fits = empty({2 << 20}, DType::float32);
+  EXPECT_EQ(memory_stats().current_bytes, before + (12 << 20));
+  EXPECT_THROW(set_memory_limit(-1), Error);
+}
+
 // Allocations count in the category in force on their thread (scopes nest and restore), a free subtracts from the
 // category the storage was counted in (whatever is in force then), and the peak keeps the breakdown it had.
 TEST(Memory, CategoriesFollowTheirScopesAndThePeakKeepsItsBreakdown) {

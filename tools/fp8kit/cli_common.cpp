@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <charconv>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <limits>
 #include <new>
+#include <optional>
 #include <type_traits>
 
 #include "fp8kit/common/error.hpp"
@@ -103,6 +105,30 @@ void write_text_file(const std::string& path, const std::string& text) {
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   out.flush();
   if (!out) FP8KIT_THROW(ErrorKind::kIo, "cannot write '", path, "': ", std::strerror(errno));
+}
+
+namespace {
+
+// The first number in a file (a /proc or /sys entry), if it starts with one.
+std::optional<unsigned long long> read_number(const char* path, const char* format) {
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return std::nullopt;
+  char line[256];
+  unsigned long long value = 0;
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f) != nullptr) found = std::sscanf(line, format, &value) == 1;
+  std::fclose(f);
+  return found ? std::optional(value) : std::nullopt;
+}
+
+}  // namespace
+
+std::uint64_t available_memory() {
+  std::uint64_t available = read_number("/proc/meminfo", "MemAvailable: %llu kB").value_or(0) * 1024;
+  const auto limit = read_number("/sys/fs/cgroup/memory.max", "%llu");  // "max" (no limit) does not parse
+  const auto used = read_number("/sys/fs/cgroup/memory.current", "%llu");
+  if (limit && used && *limit > *used) available = std::min<std::uint64_t>(available, *limit - *used);
+  return available;
 }
 
 void check_output_folder(const std::filesystem::path& output, const std::string& prefix) {

@@ -81,6 +81,10 @@ std::string byte_size_text(std::uint64_t bytes);
 // pipe, /dev/stdout), which is written in place.
 std::optional<std::filesystem::path> atomic_target(const std::string& path);
 
+// The memory this process can allocate now: /proc/meminfo's MemAvailable, and below it what the cgroup (v2) limit
+// leaves (memory.max - memory.current, in containers); 0 where unknown.
+std::uint64_t available_memory();
+
 // An output that does not exist yet goes into a folder that does (a file is written there, a directory output is
 // created there, never a tree of folders a typo would grow); "out/" names the directory out. Otherwise PathError:
 // "<prefix>the directory 'D' does not exist; create it first" or "<prefix>'D' is not a directory".

@@ -37,28 +37,6 @@ std::size_t parse_size(const std::string& text) {
   return static_cast<std::size_t>(bytes);
 }
 
-// The first number in a file (a /proc or /sys entry), if it starts with one.
-std::optional<unsigned long long> read_number(const char* path, const char* format) {
-  std::FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return std::nullopt;
-  char line[256];
-  unsigned long long value = 0;
-  bool found = false;
-  while (!found && std::fgets(line, sizeof line, f) != nullptr) found = std::sscanf(line, format, &value) == 1;
-  std::fclose(f);
-  return found ? std::optional(value) : std::nullopt;
-}
-
-// The memory this process can allocate now: /proc/meminfo's MemAvailable, and below it what the cgroup (v2) limit
-// leaves (memory.max - memory.current, in containers); 0 where unknown.
-std::uint64_t available_memory() {
-  std::uint64_t available = read_number("/proc/meminfo", "MemAvailable: %llu kB").value_or(0) * 1024;
-  const auto limit = read_number("/sys/fs/cgroup/memory.max", "%llu");  // "max" (no limit) does not parse
-  const auto used = read_number("/sys/fs/cgroup/memory.current", "%llu");
-  if (limit && used && *limit > *used) available = std::min<std::uint64_t>(available, *limit - *used);
-  return available;
-}
-
 // Refuses a --bytes whose buffers would not fit in memory (the kernel would kill the process part-way instead).
 void check_memory(std::size_t needed, const std::string& bytes_text, const char* option = "--bytes") {
   const std::uint64_t available = available_memory();

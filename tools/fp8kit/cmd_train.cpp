@@ -30,6 +30,7 @@
 #include "fp8kit/io/fp8_export.hpp"
 #include "fp8kit/io/train_checkpoint.hpp"
 #include "fp8kit/nn/train.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit::cli {
 namespace {
@@ -897,6 +898,16 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
     }
   }
   if (a.threads > 0) set_num_threads(a.threads);
+  // A --batch the machine cannot hold ends in one line, not with the kernel ending the process part-way (Linux lets
+  // the allocations through and kills whoever touches too much of them): the tensors may take 90% of what was
+  // available at the start.
+  const std::uint64_t available = available_memory();
+  const std::int64_t limit_before = memory_limit();
+  if (available != 0 && limit_before == 0) set_memory_limit(static_cast<std::int64_t>(available / 10 * 9));
+  struct RestoreLimit {  // (the Python package runs commands in its own process)
+    std::int64_t bytes;
+    ~RestoreLimit() { set_memory_limit(bytes); }
+  } restore_limit{limit_before};
   if (a.parallel != "none" && a.parallel != "ddp" && a.parallel != "fsdp") {
     throw UsageError("--parallel: '" + a.parallel + "' (use none, ddp or fsdp)");
   }

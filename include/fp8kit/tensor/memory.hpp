@@ -41,6 +41,13 @@ MemoryStats memory_stats(const Device& device = Device::cpu());
 // Sets the peak to the current value (and its breakdown to the current one).
 void reset_peak_memory(const Device& device = Device::cpu());
 
+// A cap on the bytes the device's tensor storages may hold at once (0, the default: none). An allocation that
+// would take them past it throws Error(kUnsupported) "out of memory: ..." before any memory is taken, where the
+// operating system would let it through and later end the process for using it (Linux's overcommit): `fp8kit train`
+// sets it to 90% of the memory available when it starts. Storages already held are not affected.
+void set_memory_limit(std::int64_t bytes, const Device& device = Device::cpu());
+std::int64_t memory_limit(const Device& device = Device::cpu());
+
 // Sets the category of the allocations this thread makes while the scope lives (scopes nest; the previous one
 // returns at its end). Storage remembers its category, so a free subtracts from the category it was counted in.
 class MemoryCategoryScope {
