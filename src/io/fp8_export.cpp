@@ -140,9 +140,9 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
     return summary;
   }
   // A directory, as serving stacks read it: model.safetensors and config.json with the quantization_config, both
-  // written and synced before either is renamed into place (a failure leaves the directory as it was, and removes
-  // the folders it made), and a sharded checkpoint an earlier write left there (model-*-of-*.safetensors and its
-  // index, which loaders read before model.safetensors) removed by the commit.
+  // written and synced before either is renamed into place (a failure until then leaves the directory as it was,
+  // and removes the folders this export made), and a sharded checkpoint an earlier write left there
+  // (model-*-of-*.safetensors and its index, which loaders read before model.safetensors) removed by the commit.
   nlohmann::ordered_json j = {
       {"fp8kit", {{"model", config.model}, {"recipe", recipe.name()}, {"seed", config.seed}, {"steps", steps_done}}},
       {"torch_dtype", original_dtype},
@@ -152,14 +152,22 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
   };
   const std::string text = j.dump(2) + "\n";
   std::error_code ec;
-  std::vector<fs::path> made;  // the folders created, innermost first
-  for (fs::path p = path; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
-    made.push_back(p);
+  std::vector<fs::path> missing;  // innermost first: nothing at all there (not even a link)
+  for (fs::path p = path.has_filename() ? path : path.parent_path(); !p.empty(); p = p.parent_path()) {
+    if (fs::symlink_status(p, ec).type() != fs::file_type::not_found) break;
+    missing.push_back(p);
     if (p == p.parent_path()) break;
   }
+  std::vector<fs::path> made;  // the folders this export created, innermost first
   try {
-    fs::create_directories(path, ec);
-    FP8KIT_CHECK_KIND(!ec, ErrorKind::kIo, "FP8 export: cannot create directory '", path.string(), "': ", ec.message());
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+      const bool created = fs::create_directory(*it, ec);
+      FP8KIT_CHECK_KIND(!ec, ErrorKind::kIo, "FP8 export: cannot create directory '", it->string(),
+                        "': ", ec.message());
+      if (created) made.insert(made.begin(), *it);
+    }
+    FP8KIT_CHECK_KIND(fs::is_directory(path, ec), ErrorKind::kIo, "FP8 export: '", path.string(),
+                      "' is not a directory (a file, or a link to nothing, is there)");
     ShardOptions one_file;
     one_file.max_shard_bytes = std::numeric_limits<std::uint64_t>::max();
     StagedShards weights = stage_sharded_safetensors(path, entries, metadata, one_file);

@@ -70,6 +70,10 @@ std::string shard_name(const std::string& prefix, std::size_t i, std::size_t n) 
 
 }  // namespace
 
+bool is_checkpoint_file_name(const std::string& file, const std::string& prefix) {
+  return file == prefix + ".safetensors" || file == prefix + ".safetensors.index.json" || is_shard_name(file, prefix);
+}
+
 // ---------------------------------------------------------------- reading
 
 ShardedCheckpoint ShardedCheckpoint::open(const fs::path& path) {

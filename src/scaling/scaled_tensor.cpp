@@ -6,6 +6,7 @@
 #include "common/no_cuda.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/scaling/cuda_quantize.hpp"
+#include "scaling/cuda/dequantize.hpp"
 
 namespace fp8kit {
 
@@ -74,4 +75,9 @@ Tensor dequantize(const QuantizedTensor&, DType) {
   detail::throw_no_cuda_backend("dequantize");
 }
 }  // namespace fp8kit::cuda
+namespace fp8kit::cuda_detail {
+Tensor dequantize_with(const cuda::QuantizedTensor&, DType, DequantizeKernel) {
+  detail::throw_no_cuda_backend("dequantize");
+}
+}  // namespace fp8kit::cuda_detail
 #endif

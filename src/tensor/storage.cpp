@@ -30,9 +30,24 @@ struct Counters {
       peak_by_category[i].store(by_category[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
     }
   }
-  void add(std::int64_t bytes, MemoryCategory category) {
+  // Counts `bytes` as held unless a limit is set and they would pass it (the check and the count in one atomic
+  // step, so that allocations on several threads cannot pass it together); `*held` is what is held then, or, when
+  // refused, now. The bytes are not yet in a category or the peak: add() does that once they are allocated.
+  bool reserve(std::int64_t bytes, std::int64_t* held) {
+    const std::int64_t cap = limit.load(std::memory_order_relaxed);
+    std::int64_t now = current.load(std::memory_order_relaxed);
+    do {
+      if (cap > 0 && now + bytes > cap) {
+        *held = now;
+        return false;
+      }
+    } while (!current.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
+    *held = now + bytes;
+    return true;
+  }
+  void unreserve(std::int64_t bytes) { current.fetch_sub(bytes, std::memory_order_relaxed); }
+  void add(std::int64_t bytes, std::int64_t now, MemoryCategory category) {
     by_category[static_cast<std::size_t>(category)].fetch_add(bytes, std::memory_order_relaxed);
-    const std::int64_t now = current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     std::int64_t seen = peak.load(std::memory_order_relaxed);
     while (now > seen) {
       if (peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
@@ -127,23 +142,29 @@ Storage::Storage(std::int64_t nbytes, Device device) : nbytes_(nbytes), device_(
   if (nbytes == 0) return;
   constexpr std::int64_t a = static_cast<std::int64_t>(kAlignment);
   allocated_ = (nbytes + a - 1) / a * a;
-  if (const std::int64_t limit = counters.limit.load(std::memory_order_relaxed);
-      limit > 0 && counters.current.load(std::memory_order_relaxed) + allocated_ > limit) {
+  std::int64_t held = 0;
+  if (!counters.reserve(allocated_, &held)) {
     const auto mb = [](std::int64_t bytes) { return (bytes + 999'999) / 1'000'000; };
     FP8KIT_THROW(ErrorKind::kUnsupported, "out of memory: ", mb(allocated_), " MB more would take the tensors on ",
-                 to_string(device), " to ", mb(counters.current.load(std::memory_order_relaxed) + allocated_),
-                 " MB, past the ", mb(limit), " MB this process may use (set_memory_limit); try smaller sizes");
+                 to_string(device), " to ", mb(held + allocated_), " MB, past the ",
+                 mb(counters.limit.load(std::memory_order_relaxed)),
+                 " MB this process may use (set_memory_limit); try smaller sizes");
   }
-  if (device.is_cpu()) {
-    data_ =
-        static_cast<std::byte*>(::operator new (static_cast<std::size_t>(allocated_), std::align_val_t{kAlignment}));
-  } else {
+  try {
+    if (device.is_cpu()) {
+      data_ =
+          static_cast<std::byte*>(::operator new (static_cast<std::size_t>(allocated_), std::align_val_t{kAlignment}));
+    } else {
 #ifdef FP8KIT_HAVE_CUDA
-    data_ = static_cast<std::byte*>(cuda_backend::allocate(allocated_, device.index, stream_));  // 256-byte aligned
+      data_ = static_cast<std::byte*>(cuda_backend::allocate(allocated_, device.index, stream_));  // 256-byte aligned
 #endif
+    }
+  } catch (...) {
+    counters.unreserve(allocated_);
+    throw;
   }
   category_ = t_category;
-  counters.add(allocated_, category_);
+  counters.add(allocated_, held, category_);
 }
 
 Storage::~Storage() {

@@ -2,6 +2,7 @@
 // access checks, the matrix view, clone, and allocation accounting (current and peak bytes, alignment, threads).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -378,7 +379,12 @@ TEST(Memory, PeakAndReset) {
 
 // set_memory_limit: an allocation that would take the tensors past the limit is refused before it takes memory
 // (Error kUnsupported, one line, "out of memory"), what is held is untouched, and 0 lifts the limit again.
+struct MemoryLimitGuard {  // the limit lifted however the test ends (later tests allocate freely)
+  ~MemoryLimitGuard() { set_memory_limit(0); }
+};
+
 TEST(Memory, LimitRefusesWhatWouldPassIt) {
+  const MemoryLimitGuard guard;
   const std::int64_t before = memory_stats().current_bytes;
   set_memory_limit(before + (8 << 20));
   const Tensor fits = empty({1 << 20}, DType::float32);  // 4 MiB of 8
@@ -397,6 +403,32 @@ TEST(Memory, LimitRefusesWhatWouldPassIt) {
   const Tensor now_fits = empty({2 << 20}, DType::float32);
   EXPECT_EQ(memory_stats().current_bytes, before + (12 << 20));
   EXPECT_THROW(set_memory_limit(-1), Error);
+}
+
+// Threads allocating against one limit: the check and the count are one step, so together they never hold more than
+// it (16 threads x 100 storages of 1 MiB against a limit of 24 MiB; each holds at most 2 at once).
+TEST(Memory, LimitHoldsUnderThreads) {
+  const MemoryLimitGuard guard;
+  const std::int64_t before = memory_stats().current_bytes;
+  reset_peak_memory();
+  set_memory_limit(before + (24 << 20));
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 100; ++i) {
+        try {
+          const Tensor a = empty({1 << 18}, DType::float32), b = empty({1 << 18}, DType::float32);
+        } catch (const Error&) {
+          refused.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_LE(memory_stats().peak_bytes, before + (24 << 20));
+  EXPECT_EQ(memory_stats().current_bytes, before);  // what was refused was never counted
+  (void)refused.load();                             // (how many were refused depends on the schedule)
 }
 
 // Allocations count in the category in force on their thread (scopes nest and restore), a free subtracts from the

@@ -318,6 +318,9 @@ def outputs_are_compared_by_the_file_they_name():
         refused(["--plot", "p.svg", "--log-scales", "ed/../p.svg"], "name the same file")
         refused(["--save-checkpoint", "ed/model.safetensors", "--export-fp8", "ed"], "that --export-fp8 'ed' writes")
         refused(["--plot", "./ed/config.json", "--export-fp8", "ed/"], "that --export-fp8 'ed/' writes")
+        # An earlier sharded checkpoint's names there are removed by the export's commit: not an output either.
+        refused(["--save-checkpoint", "ed/model-00001-of-00002.safetensors", "--export-fp8", "ed"],
+                "writes or removes")
         # Other names beside the export are a run's folder, as before: the checkpoint and plot stay whole.
         p = subprocess.run([os.path.abspath(BINARY), "train", "--recipe", "fp8-delayed", "--steps", "1",
                             "--save-checkpoint", "ed/train.safetensors", "--plot", "ed/loss.svg", "--export-fp8", "ed"],
@@ -340,20 +343,32 @@ def export_directory_never_replaces_an_input():
         run_ok("train", "--recipe", "fp32", "--steps", "1", "--save-checkpoint", ck)
         before = digest(ck)
         check_usage_error(["train", "--resume", ck, "--steps", "2", "--export-fp8", ed, "--force"],
-                          "is the checkpoint to resume from; export to another directory")
+                          "(the checkpoint to resume from) is a file the export to")
         assert digest(ck) == before
         text = os.path.join(ed, "config.json")
         with open(text, "w") as f:
             f.write("a small corpus of text for the model to learn from. " * 200)
         check_usage_error(["train", "--recipe", "fp32", "--steps", "1", "--data", text, "--export-fp8", ed, "--force"],
-                          "is the training data; export to another directory")
+                          "(the training data) is a file the export to")
         assert os.path.getsize(text) == 52 * 200 and digest(ck) == before
+        # A checkpoint named as a shard there would be removed as an earlier checkpoint's by the export's commit.
+        shard = os.path.join(ed, "model-00001-of-00002.safetensors")
+        os.rename(ck, shard)
+        check_usage_error(["train", "--resume", shard, "--steps", "2", "--export-fp8", ed, "--force"],
+                          "(the checkpoint to resume from) is a file the export to")
+        assert digest(shard) == before
         # A folder where the export writes config.json: refused up front, the directory as it was.
         other = os.path.join(d, "other")
         os.makedirs(os.path.join(other, "config.json"))
         check_usage_error(["train", "--recipe", "fp32", "--steps", "1", "--export-fp8", other, "--force"],
                           "is a directory, where the export writes its config.json")
         assert os.listdir(other) == ["config.json"]
+        # An export path that is a link to nothing: refused before training (the failed export removed the link).
+        link = os.path.join(d, "link")
+        os.symlink(os.path.join(d, "gone", "dir"), link)
+        check_usage_error(["train", "--recipe", "fp32", "--steps", "1", "--export-fp8", link],
+                          "is a symbolic link to")
+        assert os.path.islink(link)
         # The CNN's head (its one linear layer) never runs an FP8 GEMM: no input scale to export, said before step 0.
         check_usage_error(["train", "--model", "cnn", "--recipe", "fp8-delayed", "--steps", "1", "--export-fp8",
                            os.path.join(d, "cnn"), "--export-input-scales"], "runs in bfloat16", [os.path.join(d, "cnn")])
@@ -372,6 +387,24 @@ def resume_names_what_the_checkpoint_recorded():
         moved = os.path.join(d, "moved.txt")
         os.rename(data, moved)
         check_usage_error(["train", "--resume", ck, "--steps", "2"], "give its new path with --data")
+        # A run that fails before its first step (a tensor of the checkpoint missing, found when the trainer loads
+        # it) leaves an earlier --log-scales log as it was (it was committed empty).
+        log = os.path.join(d, "s.jsonl")
+        run_ok("train", "--recipe", "fp8-delayed", "--steps", "1", "--log-scales", log)
+        logged = digest(log)
+        with open(ck, "rb") as f:
+            b = f.read()
+        n = struct.unpack("<Q", b[:8])[0]
+        header = json.loads(b[8:8 + n])
+        victim = next(k for k in header if k.startswith("optim."))
+        header[victim + ".renamed"] = header.pop(victim)
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        renamed = os.path.join(d, "renamed.safetensors")
+        with open(renamed, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text + b[8 + n:])
+        rc, _, err = run("train", "--resume", renamed, "--steps", "2", "--data", moved, "--log-scales", log, "--force")
+        assert rc != 0 and "renamed.safetensors" in err and digest(log) == logged, (rc, err)
         run_ok("train", "--resume", ck, "--steps", "2", "--data", moved)
         bad = os.path.join(d, "bad.safetensors")
         _, meta = read_st(ck)

@@ -242,8 +242,8 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
     if (fs::is_directory(o, ec) && !is_empty_output(o) && !force) {
       throw UsageError("'" + out + "' exists and is not empty; pass --force to write into it");
     }
-    // An input file that is, through a symbolic link, a top-level file of OUT would be replaced (or removed as an
-    // earlier checkpoint's shard) by the write: refused, --force or not.
+    // An input file that is, through a symbolic link, a file of OUT the write replaces (config.json, the shards and
+    // index) or removes (an earlier checkpoint's shards): refused, --force or not.
     if (fs::is_directory(o, ec)) {
       const fs::path out_dir = fs::canonical(o, ec);
       std::vector<fs::path> inputs{in.path / "config.json"};
@@ -252,7 +252,9 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
       for (const fs::path& file : inputs) {
         std::error_code file_ec;
         const fs::path real = fs::canonical(file, file_ec);
-        if (!ec && !file_ec && real.parent_path() == out_dir) {
+        const std::string written = real.filename().string();
+        if (!ec && !file_ec && real.parent_path() == out_dir &&
+            (written == "config.json" || is_checkpoint_file_name(written))) {
           throw UsageError("'" + file.string() + "' (an input file) is '" + (o / real.filename()).string() +
                            "' in the output directory, which the write would replace; write to another directory");
         }

@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -131,11 +132,21 @@ std::uint64_t available_memory() {
   return available;
 }
 
+int local_ranks() {
+  const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  return v == nullptr ? 1 : std::max(1, std::atoi(v));
+}
+
 void check_output_folder(const std::filesystem::path& output, const std::string& prefix) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(output, ec)) return;
   const fs::path named = output.has_filename() ? output : output.parent_path();
+  if (fs::is_symlink(fs::symlink_status(named, ec))) {  // a link to nothing: what is written there is lost with it
+    throw PathError(prefix + "'" + named.string() + "' is a symbolic link to '" + fs::read_symlink(named, ec).string() +
+                        "', which does not exist; give a path that does",
+                    true);
+  }
   const fs::path parent = named.parent_path().empty() ? fs::path(".") : named.parent_path();
   if (fs::is_directory(parent, ec)) return;
   const bool missing = !fs::exists(parent, ec);
@@ -152,8 +163,8 @@ T parse_integer_option(const std::string& option, const std::string& text) {
   if (text.empty() || ec != std::errc() || stop != end) {
     const std::string shown = text.empty() ? "(nothing)" : "'" + text + "'";
     if (ec == std::errc::result_out_of_range && stop == end) {  // digits, too many of them
-      throw UsageError(option + ": " + shown + " is too large for it (it holds " +
-                       std::to_string(std::numeric_limits<T>::min()) + " .. " +
+      throw UsageError(option + ": " + shown + (text.starts_with('-') ? " is too small" : " is too large") +
+                       " for it (it holds " + std::to_string(std::numeric_limits<T>::min()) + " .. " +
                        std::to_string(std::numeric_limits<T>::max()) + ")");
     }
     if (std::is_unsigned_v<T> && text.starts_with('-')) {

@@ -84,9 +84,12 @@ std::optional<std::filesystem::path> atomic_target(const std::string& path);
 // The memory this process can allocate now: /proc/meminfo's MemAvailable, and below it what the cgroup (v2) limit
 // leaves (memory.max - memory.current, in containers); 0 where unknown.
 std::uint64_t available_memory();
+// The ranks of this job on this machine (mpirun's OMPI_COMM_WORLD_LOCAL_SIZE), 1 outside mpirun.
+int local_ranks();
 
 // An output that does not exist yet goes into a folder that does (a file is written there, a directory output is
-// created there, never a tree of folders a typo would grow); "out/" names the directory out. Otherwise PathError:
+// created there, never a tree of folders a typo would grow), and is not a symbolic link to nothing; "out/" names the
+// directory out. Otherwise PathError:
 // "<prefix>the directory 'D' does not exist; create it first" or "<prefix>'D' is not a directory".
 void check_output_folder(const std::filesystem::path& output, const std::string& prefix);
 

@@ -629,9 +629,7 @@ void run_bench_comm(bool json, const std::string& sizes_text, int reps) {
   for (std::size_t s : sizes) largest = std::max(largest, s);
   // Per rank about 6 payloads at the largest size (the values, the work copy, the encoded copy, the exchanged parts,
   // the decode buffer, the gathered codes), for every rank on this machine (they share its memory).
-  std::size_t local_ranks = 1;
-  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(v));
-  check_memory(6 * largest * local_ranks, sizes_text, "--sizes");
+  check_memory(6 * largest * static_cast<std::size_t>(local_ranks()), sizes_text, "--sizes");
   std::unique_ptr<Communicator> comm = world_communicator();
   const std::vector<bench::CommResult> results = bench::run_comm_bench(*comm, sizes, reps);
   if (comm->rank() != 0) return;  // one report, from rank 0 (every rank has the same results)

@@ -28,6 +28,7 @@
 #include "fp8kit/io/atomic_file.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/io/fp8_export.hpp"
+#include "fp8kit/io/sharded_checkpoint.hpp"
 #include "fp8kit/io/train_checkpoint.hpp"
 #include "fp8kit/nn/train.hpp"
 #include "fp8kit/tensor/memory.hpp"
@@ -368,6 +369,7 @@ class ScaleLog {
     }
   }
   void line(const std::string& text) {
+    written_ = true;
     buffer_ += text;
     buffer_ += '\n';
     if (buffer_.size() >= (std::size_t{1} << 20)) flush();
@@ -394,6 +396,10 @@ class ScaleLog {
   std::optional<AtomicFile> file_;
   std::ofstream stream_;
   std::string buffer_;
+  bool written_ = false;
+
+ public:
+  bool written() const { return written_; }  // any line yet (a step logged)
 };
 
 // The absolute, normal form of a path that may not exist yet (symbolic links resolved as far as it exists). Made
@@ -528,22 +534,31 @@ void check_train_files(const TrainArgs& a, bool writes_reports) {
         throw UsageError(std::string(outputs[j].first) + " and " + option + " name the same file; give two paths");
       }
     }
-    // The export directory's own files would replace another output written there, or be replaced by it; other
-    // names in it (run/train.safetensors beside the export in run/) are fine.
-    for (const char* file : kExportFiles) {
-      const fs::path exported = fs::path(a.export_fp8) / file;
-      if (i != 4 && export_directory && same_path(path, exported.string())) {
-        throw UsageError(std::string(option) + ": '" + path + "' is the " + file + " that --export-fp8 '" +
-                         a.export_fp8 + "' writes; give another path");
-      }
-      if (i == 4 && export_directory) {  // the directory's own files: never an input, never a folder in the way
-        for (const auto& [input, in] : inputs) {
-          if (!in.empty() && same_path(exported.string(), in)) {
-            throw UsageError("--export-fp8: '" + exported.string() + "' (written there) is " + input +
-                             "; export to another directory");
-          }
+    // The export directory's files (config.json, model.safetensors) would replace another output written there, or
+    // be replaced by it, and its commit removes an earlier sharded checkpoint's (model-*-of-*.safetensors and the
+    // index): never an input or another output. Other names in it (run/train.safetensors beside the export in run/)
+    // are fine.
+    const auto export_touches = [&](const std::string& file) {
+      if (!export_directory || file.empty()) return false;
+      const fs::path f(file);
+      const std::string name = f.filename().string();
+      if (name != "config.json" && !is_checkpoint_file_name(name)) return false;
+      return same_path(f.parent_path().empty() ? std::string(".") : f.parent_path().string(), a.export_fp8);
+    };
+    if (i != 4 && export_touches(path)) {
+      throw UsageError(std::string(option) + ": '" + path + "' is a file that --export-fp8 '" + a.export_fp8 +
+                       "' writes or removes; give another path");
+    }
+    if (i == 4) {
+      for (const auto& [input, in] : inputs) {
+        if (export_touches(in)) {
+          throw UsageError("--export-fp8: '" + in + "' (" + input + ") is a file the export to '" + a.export_fp8 +
+                           "' writes or removes; export to another directory");
         }
-        if (fs::is_directory(exported, ec)) {
+      }
+      for (const char* file : kExportFiles) {  // never a folder in the way of the export's own files
+        const fs::path exported = fs::path(a.export_fp8) / file;
+        if (export_directory && fs::is_directory(exported, ec)) {
           throw UsageError("--export-fp8: '" + exported.string() + "' is a directory, where the export writes " +
                            "its " + file + "; remove it or export to another directory");
         }
@@ -901,13 +916,20 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
   // A --batch the machine cannot hold ends in one line, not with the kernel ending the process part-way (Linux lets
   // the allocations through and kills whoever touches too much of them): the tensors may take 90% of what was
   // available at the start.
-  const std::uint64_t available = available_memory();
-  const std::int64_t limit_before = memory_limit();
-  if (available != 0 && limit_before == 0) set_memory_limit(static_cast<std::int64_t>(available / 10 * 9));
-  struct RestoreLimit {  // (the Python package runs commands in its own process)
-    std::int64_t bytes;
-    ~RestoreLimit() { set_memory_limit(bytes); }
-  } restore_limit{limit_before};
+  // (Ranks on one machine share it: each takes its part. A limit already set, by the caller or a train call
+  // running beside this one in the Python package's process, is left as it is, and only one this call set is
+  // lifted at its end.)
+  const std::uint64_t available = available_memory() / static_cast<std::uint64_t>(local_ranks());
+  struct LimitSet {
+    bool set = false;
+    ~LimitSet() {
+      if (set) set_memory_limit(0);
+    }
+  } limit;
+  if (available != 0 && memory_limit() == 0) {
+    set_memory_limit(static_cast<std::int64_t>(available / 10 * 9));
+    limit.set = true;
+  }
   if (a.parallel != "none" && a.parallel != "ddp" && a.parallel != "fsdp") {
     throw UsageError("--parallel: '" + a.parallel + "' (use none, ddp or fsdp)");
   }
@@ -1123,9 +1145,10 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
     if (scale_log) scale_log->commit();  // the log up to the step that aborted the run, whole
     throw;
   } catch (...) {
-    // Any other end (a checkpoint or the export that cannot be written, after every step trained): the log of the
-    // steps that ran is still written, whole; the run's own error is the one reported.
-    if (scale_log) {
+    // Any other end after steps were logged (a checkpoint or the export that cannot be written, after every step
+    // trained): the log of those steps is still written, whole; the run's own error is the one reported. Before
+    // the first step, an earlier log stays as it was.
+    if (scale_log && scale_log->written()) {
       try {
         scale_log->commit();
       } catch (const std::exception&) {

@@ -52,7 +52,8 @@ struct Fp8ExportSummary {
 // master weights) under its own name. `path` ending in
 // .safetensors is one file; any other path is a directory (created with its parents) holding model.safetensors and a
 // config.json with the layout's quantization_config, written together: both are staged and synced before either is
-// renamed into place, so a failure leaves the directory as it was (and removes the folders it created); a sharded
+// renamed into place, so a failure until then (a full disk, a folder in the way) leaves the directory as it was and
+// removes the folders it created (only a rename itself failing, between the two, leaves them apart); a sharded
 // checkpoint of the prefix "model" left there by an earlier write goes with the commit. __metadata__: "format" "pt";
 // "fp8kit.export.*": recipe, model, seed, steps, scheme, layout, format, original_dtype (the parameters' dtype: float32
 // or bfloat16), overflow (saturate); "fp8kit.export.tensor.<weight>" =

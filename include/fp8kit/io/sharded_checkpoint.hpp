@@ -95,6 +95,10 @@ class StagedShards {
   std::vector<std::unique_ptr<AtomicFile>> pending_;
 };
 
+// Whether a sharded write of `prefix` in a directory writes or (as an earlier checkpoint's) removes the file named
+// `file` there: "<prefix>.safetensors", "<prefix>-00001-of-00003.safetensors", "<prefix>.safetensors.index.json".
+bool is_checkpoint_file_name(const std::string& file, const std::string& prefix = "model");
+
 // write_sharded_safetensors up to the renames: everything written and synced, nothing visible until commit().
 StagedShards stage_sharded_safetensors(const std::filesystem::path& directory,
                                        std::span<const SafetensorsEntry> entries,
