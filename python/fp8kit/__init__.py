@@ -417,7 +417,8 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
             saturate: bool = True, threads: Optional[int] = None) -> Any:
     """Does FP8 hold x, and at which granularity? x is quantized per format x granularity (scales as quantize
     computes them) and what each loses is measured: `fp8kit analyze --json`'s keys, one dict per combination:
-    format, granularity, overflow, rows, cols, amax, scale (None per block), sqnr_db, exact, underflow_fraction,
+    format, granularity, overflow, rows, cols, amax, scale (None per block), scales (how many the granularity takes
+    for this shape), sqnr_db, exact, underflow_fraction,
     underflow_count, saturated_count, nonfinite_count, max_abs_error, max_rel_error, holds (SQNR >= 25 dB or exact,
     nothing saturated, <= 0.1% of the nonzeros flushed to zero).
 

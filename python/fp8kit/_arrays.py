@@ -61,8 +61,10 @@ def resolve_dtype(dtype: Any) -> str:
         if np_dtype == known:
             return name
     if np_dtype.byteorder == ">" and np_dtype.newbyteorder("=") in _NAME_OF_NUMPY:
-        raise ValueError(f"fp8kit reads native (little-endian) byte order, not {np_dtype}: convert first with "
-                         f".astype('{np_dtype.newbyteorder('=').str}')")
+        native = np_dtype.newbyteorder("=").type  # numpy.float32, ml_dtypes.bfloat16, ...: what astype takes
+        module = "np" if native.__module__ == "numpy" else native.__module__
+        raise ValueError(f"fp8kit reads native (little-endian) byte order, not big-endian {native.__name__}: "
+                         f"convert first with .astype({module}.{native.__name__})")
     raise ValueError(f"fp8kit does not cast {np_dtype} (use {_KNOWN})")
 
 
@@ -174,6 +176,13 @@ def as_bits(x: Any, kind: str) -> Source:
             # Python ints and bools as float64.
             original = x
             x = np.asarray(x)
+            if x.dtype.kind == "O" and x.size and all(type(e) in (int, float) for e in x.flat):
+                # Python ints past int64 (2**70) are objects to NumPy: read them as float64 too, as smaller ones
+                try:
+                    x = np.asarray(original, dtype=np.float64)
+                except OverflowError:
+                    raise ValueError("an int past float64's range (about 1.8e308) has no float value to cast; "
+                                     "give a float such as math.inf") from None
             if x.dtype.kind in "biu":
                 x = x.astype(np.float64)
             elif x.dtype.kind in "OUS" or (x.dtype.kind == "V" and x.dtype not in _NAME_OF_NUMPY):

@@ -470,6 +470,7 @@ nb::list analyze_matrix(Input in, const std::string& kind, std::int64_t rows, st
     e["cols"] = cols;
     e["amax"] = r.d.amax;
     e["scale"] = r.d.scale ? nb::cast(*r.d.scale) : nb::none();
+    e["scales"] = r.scales;
     e["sqnr_db"] = number_or_none(r.d.sqnr_db);
     e["exact"] = r.d.exact;
     e["underflow_fraction"] = r.d.underflow_fraction();

@@ -190,8 +190,11 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
   a.descr = *descr;
   a.shape = *shape;
   const std::string& d = *descr;
-  const bool little = !d.empty() && (d[0] == '<' || (d[0] == '=' && std::endian::native == std::endian::little));
-  const std::string kind = d.size() > 1 ? d.substr(1) : "";
+  // A byte-order character, or none: NumPy reads 'f4' as numpy.dtype('f4') does, in the reading machine's order.
+  const bool has_order = !d.empty() && (d[0] == '<' || d[0] == '>' || d[0] == '=' || d[0] == '|');
+  const bool native_order = !has_order || d[0] == '=' || d[0] == '|';
+  const bool little = (!d.empty() && d[0] == '<') || (native_order && std::endian::native == std::endian::little);
+  const std::string kind = has_order ? d.substr(1) : d;
   if (kind == "f2" || kind == "f4" || kind == "f8") {
     if (!little)
       FP8KIT_THROW(ErrorKind::kParse, "unsupported .npy dtype ", detail::quoted(d),

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+
+#include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
 
@@ -26,12 +29,19 @@ int coarseness_rank(const Granularity& g) {
   return 4;
 }
 
+void check_analysis_format(Format format) {
+  FP8KIT_CHECK(format != Format::e8m0fnu,
+               "e8m0fnu is MX's scale format and holds no values; analyze e4m3fn, e5m2, e4m3fnuz or e5m2fnuz (the "
+               "mx32 granularity gives e8m0fnu scales)");
+}
+
 std::vector<Granularity> default_analysis_granularities() {
   return {Granularity::tensor(), Granularity::row(), Granularity::block(1, 128), Granularity::mx()};
 }
 
 std::vector<AnalysisRow> analyze(MatrixRef x, std::span<const Format> formats,
                                  std::span<const Granularity> granularities, Overflow overflow) {
+  for (Format f : formats) check_analysis_format(f);
   if (x.dtype == DType::float64) {
     // Rounded to float32 as .float() does: values past its range become Inf (counted as non-finite), nonzero ones
     // below half its smallest subnormal become 0 and are counted as underflow in every row.
@@ -68,6 +78,7 @@ std::vector<AnalysisRow> analyze(MatrixRef x, std::span<const Format> formats,
     for (const Granularity& g : granularities) {
       AnalysisRow r{f, g, overflow, {}};
       quantize_into(x, QuantizeOptions{f, overflow, g, ScaleOptions{}}, codes, &r.d);
+      r.scales = codes.grid_rows() * codes.grid_cols();
       rows.push_back(r);
     }
   }
@@ -78,11 +89,14 @@ const AnalysisRow* best_holding(std::span<const AnalysisRow> rows) {
   const AnalysisRow* best = nullptr;
   for (const AnalysisRow& r : rows) {
     if (!r.holds()) continue;
-    if (best == nullptr || coarseness_rank(r.granularity) < coarseness_rank(best->granularity) ||
-        (coarseness_rank(r.granularity) == coarseness_rank(best->granularity) &&
-         r.d.sqnr_db.value_or(1e9) > best->d.sqnr_db.value_or(1e9))) {
+    if (best == nullptr) {
       best = &r;
+      continue;
     }
+    const auto key = [](const AnalysisRow& a) {
+      return std::make_tuple(a.scales, coarseness_rank(a.granularity), -a.d.sqnr_db.value_or(1e9));
+    };
+    if (key(r) < key(*best)) best = &r;
   }
   return best;
 }

@@ -56,6 +56,12 @@ TEST(Npy, ReadsFloat16Float64ScalarsAndEmpty) {
   EXPECT_EQ(s.to_float32(), (std::vector<float>{0.1f}));
   const NpyArray e = parse_npy(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", nullptr, 0));
   EXPECT_EQ(e.numel(), 0);
+  // No byte-order character ('f4', as numpy.dtype('f4') reads it) or '=' / '|': the machine's order
+  const float v[] = {1.5f, -3.0f};
+  for (const char* descr : {"f4", "=f4", "|f4"}) {
+    const std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2,), }";
+    EXPECT_EQ(parse_npy(make_npy(header, v, sizeof v)).to_float32(), (std::vector<float>{1.5f, -3.0f})) << descr;
+  }
 }
 
 void expect_parse_error(const std::vector<std::byte>& bytes, const std::string& needle) {

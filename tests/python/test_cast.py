@@ -209,8 +209,14 @@ def test_errors():
         fp8kit.cast(x, "e4m3fn", out=[0, 0])
     with pytest.raises(ValueError, match="out is uint8"):
         fp8kit.cast(x, "e4m3fn", out=np.zeros(2, np.uint8))
-    with pytest.raises(ValueError, match=r"astype\('<f4'\)"):
+    with pytest.raises(ValueError, match=r"big-endian float32: convert first with \.astype\(np\.float32\)"):
         fp8kit.cast(x.astype(">f4"), "e4m3fn")
+    # ml_dtypes types: the suggested conversion is one NumPy can do (astype('<V2') cannot)
+    big_bf16 = x.astype(ml_dtypes.bfloat16).astype(np.dtype(ml_dtypes.bfloat16).newbyteorder(">"))
+    with pytest.raises(ValueError, match=r"\.astype\(ml_dtypes\.bfloat16\)") as refused:
+        fp8kit.cast(big_bf16, "e4m3fn")
+    assert "astype(ml_dtypes.bfloat16)" in str(refused.value)
+    assert fp8kit.cast(big_bf16.astype(ml_dtypes.bfloat16), "e4m3fn").shape == x.shape
     # Integer arguments: checked here in one line, not by the binding's signature dump.
     for kwargs, error, message in ((dict(threads=2**40), ValueError, "threads must be between 1 and 1024"),
                                    (dict(threads=True), TypeError, "threads must be an int, not bool"),
@@ -264,6 +270,14 @@ def test_python_floats_are_rounded_once():
         assert np.isnan(fp8kit.cast(x, "e4m3fn").astype(np.float32)).all(), x
         assert (fp8kit.cast(x, "e4m3fn", saturate=True).astype(np.float32) == 448).all(), x
     assert fp8kit.cast([1, 2, True], "float32").tolist() == [1.0, 2.0, 1.0]  # ints and bools as numbers
+    # ints past int64 are objects to NumPy: still numbers, read as float64
+    assert np.isinf(fp8kit.cast(2**70, "e5m2").astype(np.float32))
+    assert fp8kit.cast(2**70, "e5m2", saturate=True).astype(np.float32) == 57344
+    assert fp8kit.cast([2**64, 1.5], "float32").tolist() == [2.0**64, 1.5]
+    with pytest.raises(ValueError, match="past float64's range"):
+        fp8kit.cast(10**400, "e5m2")
+    with pytest.raises(TypeError, match="not numbers"):
+        fp8kit.cast([2**70, None], "e5m2")
     # With a scale or stochastic rounding (kernels that read float32) a list is read as float32, as before.
     assert fp8kit.cast([1.0, 2.5], "e4m3fn", scale=2.0).astype(np.float32).tolist() == [2.0, 5.0]
     assert fp8kit.cast(3.0, "e4m3fn", rounding="stochastic", seed=1).astype(np.float32) == 3.0

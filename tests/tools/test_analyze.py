@@ -50,6 +50,20 @@ def main():
         check("table exit 0", r.returncode == 0, r.stderr)
         check("verdict line", r.stdout.strip().splitlines()[-1].startswith("verdict: e4m3fn holds"), r.stdout[-300:])
 
+        # the verdict's coarsest is the fewest scales for the shape, whatever the kind: of a 256 x 1024 weight,
+        # 128x128 blocks (16 scales) before rows (256) before columns (1024); a one-block grid is per tensor
+        w = os.path.join(d, "w.npy")
+        np.save(w, (rng.normal(0, 0.02, size=(256, 1024))).astype(np.float32))
+        r = run(exe, "analyze", w, "--json", "--format", "e4m3fn", "--granularity", "col,row,block:128x128")
+        rows = json.loads(r.stdout)
+        check("scales per granularity", [x["scales"] for x in rows] == [1024, 256, 16], str([x["scales"] for x in rows]))
+        check("all hold", all(x["holds"] for x in rows), str([x["holds"] for x in rows]))
+        r = run(exe, "analyze", w, "--format", "e4m3fn", "--granularity", "col,row,block:128x128")
+        check("verdict: fewest scales", "at 'block:128x128' granularity" in r.stdout.strip().splitlines()[-1], r.stdout[-300:])
+        r = run(exe, "analyze", w, "--format", "e4m3fn", "--granularity", "block:256x1024,row,tensor")
+        check("verdict: a one-block grid ties with tensor, which comes first",
+              "at 'tensor' granularity" in r.stdout.strip().splitlines()[-1], r.stdout[-300:])
+
         # activations with outliers and tiny values: per tensor underflows, finer granularities help
         x = (rng.normal(0, 1e-3, size=(32, 128)) * np.where(rng.random((32, 128)) < 0.01, 1e6, 1)).astype(np.float64)
         x[0, 0] = np.nan

@@ -227,9 +227,10 @@ Overflow OverflowFlags::overflow() const {
 
 void add_overflow_flags(CLI::App* command, OverflowFlags& flags) {
   command->add_flag("--saturate", flags.saturate,
-                    "Overflow to +-max finite (the default, as PyTorch >= 2.12, TE, CUDA)");
-  command->add_flag("--no-saturate", flags.no_saturate,
-                    "Overflow to Inf/NaN instead, as PyTorch .to() up to 2.11 and ml_dtypes");
+                    "Overflow to +-max finite (the default, as TE, CUDA satfinite and PyTorch >= 2.12 for e4m3fn)");
+  command->add_flag(
+      "--no-saturate", flags.no_saturate,
+      "Overflow to Inf/NaN instead, as ml_dtypes and PyTorch .to() (e4m3fn up to 2.11, the other formats always)");
 }
 
 std::uint64_t parse_byte_size(const std::string& text, const std::string& option) {

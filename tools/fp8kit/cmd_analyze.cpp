@@ -82,10 +82,10 @@ void run_analyze(const AnalyzeArgs& args) {
   const Overflow overflow = args.overflow_flags.overflow();
   const std::vector<Format> formats = parse_format_list(args.formats);
   for (Format f : formats) {
-    if (f == Format::e8m0fnu) {
-      throw UsageError(
-          "--format: e8m0fnu is MX's scale format and holds no values; analyze e4m3fn, e5m2, e4m3fnuz "
-          "or e5m2fnuz (the mx32 granularity gives e8m0fnu scales)");
+    try {
+      check_analysis_format(f);
+    } catch (const Error& e) {
+      throw UsageError(std::string("--format: ") + e.what());
     }
   }
   std::vector<Granularity> granularities;
@@ -108,8 +108,10 @@ void run_analyze(const AnalyzeArgs& args) {
   if (!std::filesystem::is_regular_file(path, ec)) throw UsageError("'" + args.file + "' is not a readable file");
   const std::string ext = path.extension().string();
   if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".pkl") {
-    throw UsageError("'" + args.file +
-                     "' is a pickle file, which fp8kit never loads (it can run code); save the tensor with numpy.save");
+    throw UsageError("'" + args.file + "': " + ext +
+                     " is PyTorch's pickle format, which fp8kit never loads (it can run code); save the tensor with "
+                     "numpy.save or safetensors' save_file (a safetensors file named " +
+                     ext + ": rename it)");
   }
   if (ext != ".npy" && ext != ".safetensors") {
     throw UsageError("'" + args.file + "': analyze reads NumPy .npy and .safetensors files (numpy.save, save_file)");
@@ -197,6 +199,7 @@ void run_analyze(const AnalyzeArgs& args) {
                      {"cols", view.cols},
                      {"amax", r.d.amax},
                      {"scale", r.d.scale ? nlohmann::ordered_json(*r.d.scale) : nlohmann::ordered_json(nullptr)},
+                     {"scales", r.scales},
                      {"sqnr_db", number_or_null(r.d.sqnr_db)},
                      {"exact", r.d.exact},
                      {"underflow_fraction", r.d.underflow_fraction()},

@@ -3,6 +3,7 @@
 // high-precision tensor, and the Python package's fp8kit.analyze() returns it.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -19,8 +20,13 @@ inline constexpr double kMaxUnderflowFraction = 0.001;
 // kMaxUnderflowFraction of the nonzero inputs flushed to zero.
 bool holds(const QuantDiagnostics& d);
 
-// Coarser granularities need fewer scales: 0 tensor, 1 row/column, 2 block, 3 MX.
+// How granularities of the same scale count are ordered (fewer scales comes first; best_holding): 0 tensor,
+// 1 row/column, 2 block, 3 MX.
 int coarseness_rank(const Granularity& g);
+
+// Error(kInvalidArgument) for a format that holds no values (e8m0fnu, MX's scale format), naming the ones that do;
+// analyze() checks its formats with it.
+void check_analysis_format(Format format);
 
 // The granularities analyze tries when none are named: tensor, row, block:1x128, mx32.
 std::vector<Granularity> default_analysis_granularities();
@@ -31,6 +37,7 @@ struct AnalysisRow {
   Granularity granularity;
   Overflow overflow;
   QuantDiagnostics d;
+  std::int64_t scales = 0;  // how many the granularity takes for this tensor's shape (grid rows x grid columns)
   bool holds() const { return fp8kit::holds(d); }
 };
 
@@ -43,7 +50,9 @@ struct AnalysisRow {
 std::vector<AnalysisRow> analyze(MatrixRef x, std::span<const Format> formats,
                                  std::span<const Granularity> granularities, Overflow overflow = Overflow::kSaturate);
 
-// The row that holds with the coarsest granularity (then the best SQNR), or null when none holds.
+// The row that holds with the coarsest granularity, or null when none holds: the fewest scales for this shape (a
+// 128x128 block grid of a 256x4096 tensor, 64 scales, is coarser than its 256 rows or 4096 columns), then the
+// lowest coarseness_rank (a 1-scale block is per tensor), then the best SQNR.
 const AnalysisRow* best_holding(std::span<const AnalysisRow> rows);
 
 }  // namespace fp8kit
