@@ -85,6 +85,7 @@ Timing measure(const std::function<void()>& kernel, const std::function<void()>&
   const PairTiming t = time_interleaved(kernel, baseline, reps);
   Timing m;
   m.threads = threads;
+  m.reps = reps;
   m.bytes_moved = bytes_moved;
   m.seconds = t.kernel_seconds;
   m.baseline_seconds = t.baseline_seconds;

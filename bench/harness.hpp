@@ -46,6 +46,7 @@ PairTiming time_interleaved(const std::function<void()>& kernel, const std::func
 // One measurement as every benchmark reports it: medians, throughputs and the ratio to the baseline.
 struct Timing {
   int threads = 1;
+  int reps = 0;                 // the repetitions the medians are of
   std::size_t bytes_moved = 0;  // bytes the kernel reads plus writes
   double seconds = 0;           // median
   double gbps = 0;

@@ -763,6 +763,12 @@ def main():
              "cannot store mxfp8"),
             (["quantize", src, os.path.join(root, "x5"), "--scheme", "fp8-block", "--ignore", "("], "quantize",
              "regular expression"),
+            # every weight kept by --ignore: named as the cause, not "has no weight to quantize"
+            (["quantize", src, os.path.join(root, "x5"), "--scheme", "fp8-block", "--ignore", "."], "quantize",
+             "matches --ignore, so nothing is left to quantize"),
+            # one regex per --ignore: a second word is refused, not taken as a pattern
+            (["quantize", src, os.path.join(root, "x5"), "--scheme", "fp8-block", "--ignore", "a", "b"], "quantize",
+             "not expected: b"),
             (["quantize", out, os.path.join(root, "x6"), "--scheme", "fp8-block"], "quantize", "already quantized"),
             (["quantize", src, src, "--scheme", "fp8-block", "--force"], "quantize", "is the input"),
             (["quantize", pickle, os.path.join(root, "x7.safetensors"), "--scheme", "fp8-block"], "quantize", "pickle"),

@@ -230,6 +230,9 @@ def refusals_are_one_line_with_status_2():
         ck, ex = os.path.join(d, "ck.safetensors"), os.path.join(d, "ex.safetensors")
         run_ok("train", "--recipe", "fp8-delayed", "--steps", "2", "--save-checkpoint", ck, "--export-fp8", ex)
         new = os.path.join(d, "new.safetensors")
+        notes = os.path.join(d, "notes.txt")  # not a checkpoint: its reader's error, named as --resume's
+        with open(notes, "w") as f:
+            f.write("hello\n")
         for args, needle in (
                 (["--compare", "fp32,bf16", "--save-checkpoint", new], "not --compare"),
                 (["--save-checkpoint", new], "give --recipe"),
@@ -249,6 +252,8 @@ def refusals_are_one_line_with_status_2():
                 (["--recipe", "fp32", "--force"], "--force"),
                 (["--resume", os.path.join(d, "missing.safetensors")], "does not exist"),
                 (["--resume", ex], "is an FP8 inference export"),
+                (["--resume", notes], "--resume: " + notes + ": the file is 6 bytes, too short"),
+                (["--resume", ck, "--batch", "3"], "resume it with --batch"),
                 (["--resume", ck, "--model", "cnn"], "resume it with --model gpt"),
                 (["--resume", ck, "--recipe", "mxfp8"], "resume it with --recipe fp8-delayed"),
                 (["--resume", ck, "--seed", "9"], "resume it with --seed 1"),

@@ -156,10 +156,11 @@ void run_checkpoint_bench(const CheckpointBenchArgs& args) {
   if (args.reps < 3) throw UsageError("--reps must be at least 3, got " + std::to_string(args.reps));
   const std::uint64_t bytes = parse_byte_size(args.bytes, "--bytes");
   constexpr std::uint64_t kWeightsPerFile = 8;
-  const std::uint64_t min_bytes = kWeightsPerFile * kRows * 64 * 2;
+  constexpr std::uint64_t min_bytes = kWeightsPerFile * kRows * 64 * 2;
+  static_assert(min_bytes % (1u << 20) == 0, "the range below is said in MiB");
   if (bytes < min_bytes || bytes > (64ull << 30)) {
     throw UsageError(
-        fmt::format("--bytes: {} is outside {}..64GiB (the bf16 checkpoint's size)", args.bytes, min_bytes));
+        fmt::format("--bytes: {} is outside {}MiB..64GiB (the bf16 checkpoint's size)", args.bytes, min_bytes >> 20));
   }
   std::error_code ec;
   const fs::path parent = args.dir.empty() ? fs::temp_directory_path(ec) : fs::path(args.dir);

@@ -180,9 +180,9 @@ class BenchProgress {
 };
 
 // The fields every benchmark row has in --json output.
-nlohmann::json timing_json(const bench::Timing& t, int reps, const std::string& baseline, const std::string& cpu) {
+nlohmann::json timing_json(const bench::Timing& t, const std::string& baseline, const std::string& cpu) {
   return {{"threads", t.threads},
-          {"reps", reps},
+          {"reps", t.reps},
           {"bytes", t.bytes_moved},
           {"seconds", t.seconds},
           {"gbps", t.gbps},
@@ -248,7 +248,7 @@ void run_bench_convert(const BenchArgs& args) {
     nlohmann::json out = nlohmann::json::array();
     for (std::size_t i = 0; i < results.size(); ++i) {
       const bench::ConvertResult& r = results[i];
-      nlohmann::json row = timing_json(r.timing, options.reps, "memcpy", cpu);
+      nlohmann::json row = timing_json(r.timing, "memcpy", cpu);
       row["op"] = r.op;
       row["isa"] = r.isa;
       row["levels"] = same_as[block_of[i]];
@@ -295,7 +295,7 @@ void run_bench_scaling(const BenchArgs& args) {
   if (args.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : results) {
-      nlohmann::json row = timing_json(r.timing, options.reps, r.baseline, cpu);
+      nlohmann::json row = timing_json(r.timing, r.baseline, cpu);
       row["op"] = r.op;
       row["isa"] = r.isa;
       row["kernel"] = string_or_null(r.kernel);

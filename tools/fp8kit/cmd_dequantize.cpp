@@ -144,8 +144,7 @@ void add_dequantize_command(CLI::App& app) {
   cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_flag("--force", args->force, "Replace an existing output");
   add_quiet_flag(cmd);
-  cmd->add_flag("--json", args->json,
-                "Print one JSON object (input, output, tensors, bytes, seconds) instead of the line");
+  cmd->add_flag("--json", args->json, kCheckpointJsonHelp);
   cmd->callback([args] { run_dequantize(*args); });
 }
 

@@ -171,7 +171,9 @@ void add_inspect_command(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand(
       "inspect", "List a safetensors file's or checkpoint's tensors, its FP8 layout and its quantized weights");
-  cmd->add_option("FILE", args->file, "A .safetensors file, or a directory with model.safetensors.index.json")
+  cmd->add_option("FILE", args->file,
+                  "A .safetensors file, or a checkpoint directory (model.safetensors, or shards with "
+                  "model.safetensors.index.json)")
       ->required();
   cmd->add_flag("--json", args->json, "Print a JSON object instead of the table");
   cmd->add_flag("--no-analysis", args->no_analysis,

@@ -97,10 +97,12 @@ void run_quantize(const QuantizeArgs& args) {
   std::vector<SafetensorsEntry> entries;
   std::map<std::string, std::string> metadata = carried_metadata(in);  // the input's, less fp8kit's own
   std::vector<std::string> ignored;  // 2-D float weights left as they are, for the quantization_config
-  std::size_t quantized = 0;
+  std::size_t quantized = 0, matched_ignore = 0;
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     const auto reason = skip_reason(t->name, t->dtype, t->shape, ignore);
     if (reason) {
+      // (a weight --ignore keeps; skip_reason tries the patterns first, so it may be any tensor)
+      if (!ignore.empty() && !skip_reason(t->name, t->dtype, t->shape, {})) ++matched_ignore;
       if (t->shape.size() == 2 && tensor_dtype(t->dtype) && is_floating(*tensor_dtype(t->dtype)) &&
           t->name.size() > 7 && t->name.compare(t->name.size() - 7, 7, ".weight") == 0) {
         ignored.push_back(t->name);
@@ -135,6 +137,10 @@ void run_quantize(const QuantizeArgs& args) {
     entries.push_back(std::move(weight));
     entries.push_back(std::move(scale));
     ++quantized;
+  }
+  if (quantized == 0 && matched_ignore > 0) {
+    throw UsageError("every weight of '" + args.in + "' (" + std::to_string(matched_ignore) +
+                     ") matches --ignore, so nothing is left to quantize; narrow the --ignore patterns");
   }
   if (quantized == 0) throw UsageError("'" + args.in + "' has no weight to quantize (2-D float '.weight' tensors)");
   std::optional<std::string> config_out;
@@ -191,15 +197,16 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--layout", args->layout,
                   "deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native (default: deepseek for fp8-block, "
                   "mxfp8 for mxfp8, compressed-tensors otherwise)");
-  cmd->add_option("--ignore", args->ignore, "Leave tensors whose name matches this regex as they are (repeatable)")
+  cmd->add_option("--ignore", args->ignore,
+                  "Leave tensors whose name matches this regex as they are (one regex per --ignore; repeatable)")
+      ->type_name("REGEX")
       ->allow_extra_args(false);
   cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_option("--scale-fmt", args->scale_fmt,
                   "float (default) or ue8m0: power-of-two scales 2^ceil(log2(amax/448)), DeepSeek-V3.1's scale_fmt");
   cmd->add_flag("--force", args->force, "Replace an existing output");
   add_quiet_flag(cmd);
-  cmd->add_flag("--json", args->json,
-                "Print one JSON object (input, output, tensors, bytes, seconds) instead of the line");
+  cmd->add_flag("--json", args->json, kCheckpointJsonHelp);
   cmd->callback([args] { run_quantize(*args); });
 }
 

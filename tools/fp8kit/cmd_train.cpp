@@ -471,7 +471,11 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
   if (!a.resume.empty()) {
     std::error_code ec;
     if (!fs::exists(a.resume, ec)) throw PathError("--resume: '" + a.resume + "' does not exist", true);
-    info = read_train_checkpoint_info(a.resume);
+    try {
+      info = read_train_checkpoint_info(a.resume);
+    } catch (const Error& e) {  // (its messages name the file; this names the option too)
+      throw Error(e.kind(), "--resume: " + std::string(e.what()), __FILE__, __LINE__);
+    }
     if (!a.model_given) a.model = info->model;
     if (!a.seed_given) a.seed = info->seed;
     if (!a.batch_given) a.batch = info->batch;
