@@ -176,13 +176,13 @@ def as_bits(x: Any, kind: str) -> Source:
             # Python ints and bools as float64.
             original = x
             x = np.asarray(x)
-            if x.dtype.kind == "O" and x.size and all(type(e) in (int, float) for e in x.flat):
+            if x.dtype.kind == "O" and x.size and all(isinstance(e, (int, float, np.number, np.bool_)) for e in x.flat):
                 # Python ints past int64 (2**70) are objects to NumPy: read them as float64 too, as smaller ones
                 try:
                     x = np.asarray(original, dtype=np.float64)
                 except OverflowError:
                     raise ValueError("an int past float64's range (about 1.8e308) has no float value to cast; "
-                                     "give a float such as math.inf") from None
+                                     "give a float such as math.inf or -math.inf") from None
             if x.dtype.kind in "biu":
                 x = x.astype(np.float64)
             elif x.dtype.kind in "OUS" or (x.dtype.kind == "V" and x.dtype not in _NAME_OF_NUMPY):

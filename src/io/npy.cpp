@@ -190,7 +190,7 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
   a.descr = *descr;
   a.shape = *shape;
   const std::string& d = *descr;
-  // A byte-order character, or none: NumPy reads 'f4' as numpy.dtype('f4') does, in the reading machine's order.
+  // A byte-order character, or none ('f4': read in this machine's order, as numpy.dtype('f4') is).
   const bool has_order = !d.empty() && (d[0] == '<' || d[0] == '>' || d[0] == '=' || d[0] == '|');
   const bool native_order = !has_order || d[0] == '=' || d[0] == '|';
   const bool little = (!d.empty() && d[0] == '<') || (native_order && std::endian::native == std::endian::little);
@@ -198,7 +198,7 @@ NpyArray parse_npy(std::span<const std::byte> bytes) {
   if (kind == "f2" || kind == "f4" || kind == "f8") {
     if (!little)
       FP8KIT_THROW(ErrorKind::kParse, "unsupported .npy dtype ", detail::quoted(d),
-                   ": big-endian data; save it little-endian (arr.astype('<f4'))");
+                   ": big-endian data; save it little-endian (arr.astype('<", kind, "'))");
     a.dtype = kind == "f2" ? NpyDType::kFloat16 : kind == "f4" ? NpyDType::kFloat32 : NpyDType::kFloat64;
   } else {
     FP8KIT_THROW(ErrorKind::kParse, "unsupported .npy dtype ", detail::quoted(d),

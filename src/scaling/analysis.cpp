@@ -78,7 +78,7 @@ std::vector<AnalysisRow> analyze(MatrixRef x, std::span<const Format> formats,
     for (const Granularity& g : granularities) {
       AnalysisRow r{f, g, overflow, {}};
       quantize_into(x, QuantizeOptions{f, overflow, g, ScaleOptions{}}, codes, &r.d);
-      r.scales = codes.grid_rows() * codes.grid_cols();
+      r.scales = static_cast<std::int64_t>(codes.scale_inv.size());
       rows.push_back(r);
     }
   }

@@ -96,9 +96,10 @@ void convert(const void* in, DType from, void* out, DType to, std::int64_t n, Ov
 }
 
 Tensor Tensor::to(DType dtype, Overflow overflow) const {
-  // The same dtype is this tensor, except that saturating takes e5m2's infinities to its largest finite value on the
-  // CPU (as convert() does; CUDA converts no FP8 to FP8, so a device tensor stays itself).
-  if (dtype == dtype_ && !(device_.is_cpu() && saturates_infinities(dtype, overflow))) return *this;
+  // The same dtype is this tensor, except that saturating takes e5m2's infinities to its largest finite value (as
+  // convert() does). CUDA converts no FP8 to FP8: on a device that one is refused below, not skipped with the
+  // infinities kept.
+  if (dtype == dtype_ && !saturates_infinities(dtype, overflow)) return *this;
   if (!device_.is_cpu()) {
     // On a CUDA device: float32 / bfloat16 / float16 <-> FP8 through the CUDA casts (the same scalar codec).
     const bool wide_from = dtype_ == DType::float32 || dtype_ == DType::bfloat16 || dtype_ == DType::float16;

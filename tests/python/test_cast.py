@@ -274,6 +274,8 @@ def test_python_floats_are_rounded_once():
     assert np.isinf(fp8kit.cast(2**70, "e5m2").astype(np.float32))
     assert fp8kit.cast(2**70, "e5m2", saturate=True).astype(np.float32) == 57344
     assert fp8kit.cast([2**64, 1.5], "float32").tolist() == [2.0**64, 1.5]
+    for other in (True, np.float64(1.0), np.int64(1), np.float32(1.0)):  # mixed with other numbers
+        assert fp8kit.cast([2**70, other], "float32").tolist() == [2.0**70, 1.0], other
     with pytest.raises(ValueError, match="past float64's range"):
         fp8kit.cast(10**400, "e5m2")
     with pytest.raises(TypeError, match="not numbers"):

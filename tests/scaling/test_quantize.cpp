@@ -11,6 +11,7 @@
 
 #include "expect_error.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/scaling/analysis.hpp"
 #include "fp8kit/scaling/quantize.hpp"
 #include "fp8kit/tensor/memory.hpp"
 
@@ -578,6 +579,46 @@ TEST(Quantize, StreamingSizesMatchReference) {
       EXPECT_EQ(mismatches, 0u) << g.name() << ", output offset " << offset;
     }
   }
+}
+
+// analyze's verdict: among the rows that hold, the fewest scales for the tensor's shape, then the kind (a one-block
+// grid is per tensor), then SQNR; the scale counts are those of the quantization.
+TEST(Analysis, BestHoldingIsTheFewestScales) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w(256 * 1024);
+  for (float& v : w) v = normal(rng);
+  const MatrixRef x{w.data(), 256, 1024};
+  const std::vector<Format> formats{Format::e4m3fn};
+  const std::vector<Granularity> granularities{Granularity::column(), Granularity::row(), Granularity::block(128, 128),
+                                               Granularity::mx()};
+  const std::vector<AnalysisRow> rows = analyze(x, formats, granularities);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].scales, 1024);
+  EXPECT_EQ(rows[1].scales, 256);
+  EXPECT_EQ(rows[2].scales, 16);
+  EXPECT_EQ(rows[3].scales, 256 * 32);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(rows[i].holds()) << rows[i].granularity.name();
+  ASSERT_NE(best_holding(rows), nullptr);
+  EXPECT_EQ(best_holding(rows)->granularity.name(), "block:128x128");
+  // equal counts: tensor before a block that covers the whole tensor; equal kinds: the better SQNR
+  const std::vector<Granularity> whole{Granularity::block(256, 1024), Granularity::tensor()};
+  const std::vector<AnalysisRow> tie = analyze(x, formats, whole);
+  EXPECT_EQ(tie[0].scales, 1);
+  EXPECT_EQ(tie[1].scales, 1);
+  EXPECT_EQ(best_holding(tie)->granularity.name(), "tensor");
+  std::vector<AnalysisRow> by_hand(2, tie[0]);
+  by_hand[0].d.sqnr_db = 30.0;
+  by_hand[1].d.sqnr_db = 31.0;
+  EXPECT_EQ(best_holding(by_hand), &by_hand[1]);
+  // a row that does not hold is never chosen, however few its scales
+  by_hand[1].d.saturated_count = 1;
+  EXPECT_EQ(best_holding(by_hand), &by_hand[0]);
+  // an empty tensor stores no scale at any granularity: the kind decides
+  const std::vector<AnalysisRow> empty = analyze(MatrixRef{w.data(), 0, 1024}, formats, whole);
+  EXPECT_EQ(empty[0].scales, 0);
+  EXPECT_EQ(empty[1].scales, 0);
+  EXPECT_EQ(best_holding(empty)->granularity.name(), "tensor");
 }
 
 }  // namespace

@@ -162,6 +162,12 @@ TEST_F(CudaTensor, CastsGiveTheCpusBitsThroughTo) {
   // a pair CUDA does not convert is refused, not computed on the host
   testing::expect_error([&] { (void)ones({4}, DType::float32, gpu).to(DType::int64); }, ErrorKind::kUnsupported,
                         {"float32 -> int64 on cuda:0"});
+  // ... and so is e5m2 -> e5m2 saturating (it clamps infinities on the CPU), where it used to return the tensor as
+  // it was, infinities and all; without saturation it is the tensor itself, as on the CPU
+  const Tensor e5 = ones({4}, DType::float32, gpu).to(DType::float8_e5m2);
+  testing::expect_error([&] { (void)e5.to(DType::float8_e5m2, Overflow::kSaturate); }, ErrorKind::kUnsupported,
+                        {"float8_e5m2 -> float8_e5m2 on cuda:0"});
+  EXPECT_EQ(e5.to(DType::float8_e5m2, Overflow::kNonSaturating).data_ptr(), e5.data_ptr());
 }
 
 // The bulk casts' options on the device: quantization scales, stochastic rounding (the same counter-based bits as

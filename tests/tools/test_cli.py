@@ -426,10 +426,10 @@ def bench_convert_small():
         assert abs(r["ratio"] - r["gbps"] / r["baseline_gbps"]) <= 1e-6 * r["ratio"], r
         assert r["reps"] == 3 and r["levels"] == [in_force], r  # without --isa: the level in force
     # reps is what ran: the scalar reference rows a third as many (at least 3), not --reps
-    rows = run_json("bench", "convert", "--bytes", "64K", "--reps", "9", "--threads", "1", "--json")
+    rows = run_json("bench", "convert", "--bytes", "64K", "--reps", "12", "--threads", "1", "--json")
     scalar = [r for r in rows if "scalar" in r["kernel"]]
-    assert scalar and all(r["reps"] == 3 for r in scalar), scalar[:1]
-    assert all(r["reps"] == 9 for r in rows if "scalar" not in r["kernel"]), rows[:1]
+    assert scalar and all(r["reps"] == 4 for r in scalar), scalar[:1]
+    assert all(r["reps"] == 12 for r in rows if "scalar" not in r["kernel"]), rows[:1]
 
 
 @test

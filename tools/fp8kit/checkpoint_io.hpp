@@ -119,11 +119,11 @@ std::uint64_t safetensors_bytes(const std::filesystem::path& path);
 // The bytes of the input's shards (those an index lists, where the input is one).
 std::uint64_t input_bytes(const CheckpointInput& in);
 
-// The --help text of --max-shard-size (quantize, dequantize, convert).
 // The --json help of quantize, dequantize and convert (docs/cli.md lists every key).
 inline constexpr const char* kCheckpointJsonHelp =
     "Print one JSON object instead of the line: command, input, output, the tensors converted (quantized, "
-    "dequantized or cast), copied, files_copied, files_not_copied, bytes_in, bytes_out, seconds, the choices";
+    "dequantized or cast), what was copied or left, bytes_in, bytes_out, seconds, the choices (docs/cli.md)";
+// The --help text of --max-shard-size (quantize, dequantize, convert).
 inline constexpr const char* kMaxShardSizeHelp =
     "Directory outputs: the most bytes of tensors per shard (default 5GB; KB/MB/GB are 10^3.., KiB/MiB/GiB 2^10..)";
 

@@ -109,7 +109,8 @@ void run_analyze(const AnalyzeArgs& args) {
   const std::string ext = path.extension().string();
   if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".pkl") {
     throw UsageError("'" + args.file + "': " + ext +
-                     " is PyTorch's pickle format, which fp8kit never loads (it can run code); save the tensor with "
+                     " is a pickle file's extension (PyTorch's format for .bin/.pt/.pth), which fp8kit never loads (it "
+                     "can run code); save the tensor with "
                      "numpy.save or safetensors' save_file (a safetensors file named " +
                      ext + ": rename it)");
   }

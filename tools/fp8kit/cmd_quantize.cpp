@@ -197,10 +197,13 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--layout", args->layout,
                   "deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native (default: deepseek for fp8-block, "
                   "mxfp8 for mxfp8, compressed-tensors otherwise)");
-  cmd->add_option("--ignore", args->ignore,
-                  "Leave tensors whose name matches this regex as they are (one regex per --ignore; repeatable)")
+  // One regex per occurrence (a vector option would take the words after it too, and show "REGEX ...").
+  cmd->add_option_function<std::string>(
+         "--ignore", [args](const std::string& regex) { args->ignore.push_back(regex); },
+         "Leave tensors whose name matches this regex as they are (one regex per --ignore; repeatable)")
       ->type_name("REGEX")
-      ->allow_extra_args(false);
+      ->trigger_on_parse()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--max-shard-size", args->max_shard_size, kMaxShardSizeHelp);
   cmd->add_option("--scale-fmt", args->scale_fmt,
                   "float (default) or ue8m0: power-of-two scales 2^ceil(log2(amax/448)), DeepSeek-V3.1's scale_fmt");

@@ -1347,8 +1347,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--save-checkpoint", args->save_checkpoint,
                   "Write a training checkpoint (.safetensors) after the last step (and every --checkpoint-every)");
   add_integer_option(cmd, "--checkpoint-every", args->checkpoint_every, "Also write the checkpoint every N steps");
-  cmd->add_option("--resume", args->resume,
-                  "Continue the run of this checkpoint (its model, recipe, seed, batch, steps, data unless given)");
+  cmd->add_option(
+      "--resume", args->resume,
+      "Continue the run of this checkpoint with its model, recipe, seed, batch, steps and data (other values "
+      "are refused; --steps may extend it)");
   cmd->add_option("--export-fp8", args->export_fp8,
                   "Write the final weights as an FP8 inference checkpoint (.safetensors file, or a directory)");
   cmd->add_option("--export-scheme", args->export_scheme,

@@ -37,7 +37,9 @@ struct AnalysisRow {
   Granularity granularity;
   Overflow overflow;
   QuantDiagnostics d;
-  std::int64_t scales = 0;  // how many the granularity takes for this tensor's shape (grid rows x grid columns)
+  // How many scales the granularity takes for this tensor's shape (the grid of blocks, 1 per tensor; an empty tensor
+  // stores none), as analyze() fills it: best_holding orders by it.
+  std::int64_t scales = 0;
   bool holds() const { return fp8kit::holds(d); }
 };
 
