@@ -110,7 +110,9 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         src = Source(src.bits.astype(np.float32), "float32", src.shape)
     to_fp8 = src.dtype_name in _KERNEL_WIDE and target in _FP8_SET
     from_fp8 = src.dtype_name in _FP8_SET and target in _KERNEL_WIDE
-    hint = " (x is float64: cast x.astype(np.float32))" if src.dtype_name == "float64" else ""
+    hint = ""
+    if src.dtype_name == "float64":
+        hint = f" (x is float64: cast x.{'float()' if kind == 'torch' else 'astype(np.float32)'})"
     if stochastic and not to_fp8:
         raise ValueError(f"rounding='stochastic' is for casts from float32, bfloat16 or float16 to FP8{hint}")
     if scale is not None and not (to_fp8 or from_fp8):
@@ -327,6 +329,9 @@ def _scales_of(s: Any, what: str) -> np.ndarray:
         return np.array([check_float32(what, s)], np.float32)
     src = as_bits(s, kind_of(s))
     if src.dtype_name != "float32":
+        if what == "bias":  # torch also takes a bfloat16 one; widening it is exact
+            raise TypeError(f"bias must be float32 (widen it with .float() or .astype(np.float32): exact), "
+                            f"not {src.dtype_name}")
         raise TypeError(f"{what} must be float32 (as torch._scaled_mm's), not {src.dtype_name}")
     return src.bits.reshape(src.shape)
 

@@ -5,6 +5,7 @@ float16), without a copy when it is contiguous, with its dtype's name; the libra
 Outputs are allocated here in the input's kind. No numerics here: only views and allocation."""
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import ml_dtypes
@@ -133,7 +134,19 @@ class Source:
 
 
 def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
+    # Any torch.Tensor, subclasses (nn.Parameter, tensor subclasses) included; without torch imported there is none.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _check_torch_layout(t: Any, what: str) -> None:
+    """A ValueError in one line for a tensor whose memory is not one dense strided block (sparse, MKL-DNN, nested):
+    the bits a NumPy view would read are not its elements."""
+    import torch
+    if t.is_nested or t.layout != torch.strided:
+        layout = "nested" if t.is_nested else str(t.layout).replace("torch.", "")
+        raise ValueError(f"{what} is a {layout} tensor: fp8kit reads dense (strided) tensors; convert it with "
+                         f"{'torch.nested.to_padded_tensor' if t.is_nested else '.to_dense()'} first")
 
 
 def kind_of(x: Any) -> str:
@@ -163,8 +176,11 @@ def as_bits(x: Any, kind: str) -> Source:
         if x.device.type != "cpu":
             raise ValueError(f"the tensor is on {x.device}: the Python package runs fp8kit's CPU kernels (its CUDA "
                              f"backend is C++, docs/cuda.md); move it with .cpu()")
+        _check_torch_layout(x, "the input")
         name = resolve_dtype(x.dtype)
         t = x.detach()
+        if t.is_neg():  # a lazily negated view: its memory holds the values before the negation
+            t = t.resolve_neg()
         if not t.is_contiguous():
             t = t.contiguous()
         return Source(_torch_bits_view(t, name), name, tuple(t.shape))
@@ -214,8 +230,17 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
         if out_name != name or tuple(out.shape) != tuple(shape):
             raise ValueError(f"out is {out_name} {tuple(out.shape)}; the result is {name} {tuple(shape)}")
         if kind == "torch":
-            if out.device.type != "cpu" or not out.is_contiguous():
+            _check_torch_layout(out, "out")
+            if out.device.type != "cpu" or not out.is_contiguous() or out.is_neg():
                 raise ValueError("out must be a contiguous CPU tensor")
+            if out.requires_grad:
+                # written outside autograd: torch refuses out= tensors that require grad too
+                raise ValueError("out requires grad: fp8kit writes it outside autograd; pass a tensor that does not")
+            import torch
+            # Written in place: autograd must see that, as it sees torch's own in-place writes (a backward that
+            # saved this tensor then refuses to run instead of using the new values).
+            bump = getattr(torch.autograd.graph, "increment_version", None)  # torch >= 2.2; before: the C call
+            (bump or torch._C._increment_version)(out)
             return out, _torch_bits_view(out, name)
         if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
             raise ValueError("out must be a contiguous, writeable array aligned to its element size")

@@ -303,6 +303,48 @@ def test_torch_tensors_in_and_out():
             fp8kit.cast(x.cuda(), "e4m3fn")
 
 
+def test_torch_subclasses_layouts_and_autograd():
+    """Found by an audit with torch 2.15: a tensor subclass came back as a NumPy array; sparse, nested and MKL-DNN
+    tensors gave torch's internal errors; a neg view was read without its negation; an out= tensor written in place
+    kept its autograd version, so a backward that had saved it used the new values silently."""
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):
+        pass
+
+    x = torch.linspace(-4, 4, 9)
+    for t in (x.as_subclass(Sub), torch.nn.Parameter(x.clone())):
+        q = fp8kit.cast(t, "e4m3fn")
+        assert isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn, type(q)
+        assert torch.equal(q.view(torch.uint8), x.to(torch.float8_e4m3fn).view(torch.uint8))
+    assert isinstance(fp8kit.quantize(x.as_subclass(Sub)).data, torch.Tensor)
+    # layouts whose memory is not the elements: one line, not torch's internals
+    for t, layout in ((torch.eye(4).to_sparse(), "sparse_coo"), (torch.eye(4).to_sparse_csr(), "sparse_csr"),
+                      (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested")):
+        with pytest.raises(ValueError, match=f"the input is a {layout} tensor: fp8kit reads dense"):
+            fp8kit.cast(t, "e4m3fn")
+    with pytest.raises(ValueError, match="out is a sparse_coo tensor"):
+        fp8kit.cast(x, "float32", out=torch.zeros(9).to_sparse())
+    # a neg view: the values it shows, not the memory under it
+    neg = x._neg_view()
+    assert torch.equal(fp8kit.cast(neg, "e4m3fn").view(torch.uint8), (-x).to(torch.float8_e4m3fn).view(torch.uint8))
+    # out= requiring grad is refused (torch refuses it too); a written out= bumps the autograd version
+    codes = torch.full((4,), 5.0).to(torch.float8_e4m3fn)
+    for dtype in (torch.float32, torch.bfloat16):
+        with pytest.raises(ValueError, match="out requires grad"):
+            fp8kit.cast(codes, dtype, out=torch.zeros(4, dtype=dtype, requires_grad=True))
+    a = torch.ones(4, requires_grad=True)
+    o = torch.full((4,), 2.0)
+    z = (a * o).sum()  # saves o for backward
+    before = o._version
+    fp8kit.cast(codes, torch.float32, out=o)
+    assert o._version > before and torch.equal(o, torch.full((4,), 5.0))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
+    with pytest.raises(ValueError, match=r"x is float64: cast x.float\(\)"):
+        fp8kit.cast(torch.ones(3, dtype=torch.float64), "e4m3fn", scale=2.0)
+
+
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 

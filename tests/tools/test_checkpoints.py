@@ -293,6 +293,7 @@ def check_model_directory_files(exe, root, rng):
     check("a directory output's missing folder: refused", r.returncode == 2 and "does not exist" in r.stderr and
           not os.path.exists(os.path.join(root, "no-such")), r.stderr)
     check_many_companions(exe, root, rng)
+    check_partial_block_note(exe, root, rng)
     check_damaged_scales_refused(exe, root, rng)
     check_nonfinite_weights_refused(exe, root, rng)
     check_json_with_a_non_utf8_path(exe, root, rng)
@@ -351,6 +352,30 @@ def check_nonfinite_weights_refused(exe, root, rng):
             t, _, _ = read_st(out)
             check(f"non-finite weight {label}: copied bit for bit",
                   t["l.weight"].tobytes() == w.astype(dtype).tobytes() and t["m.weight"].dtype == ml_dtypes.float8_e4m3fn)
+
+
+def check_partial_block_note(exe, root, rng):
+    """A deepseek weight with a side that is not a multiple of 128: written (partial edge blocks are the layout's),
+    and counted on the summary line and in --json, since Hugging Face transformers' FP8 dequantization misreads such
+    grids; none for whole blocks, or for compressed-tensors, whose config states the block size."""
+    src = os.path.join(root, "partial.safetensors")
+    save_file({"a.weight": rng.normal(0, 1, (200, 130)).astype(np.float32),
+               "b.weight": rng.normal(0, 1, (256, 128)).astype(np.float32)}, src)
+    r = run(exe, "quantize", src, os.path.join(root, "partial-ds.safetensors"), "--scheme", "fp8-block")
+    check("partial blocks: written, the line naming the first such weight",
+          r.returncode == 0 and "1 with a side not a multiple of 128 (first: a.weight [200, 130])" in r.stdout
+          and "transformers" in r.stdout and r.stderr == "", r.stdout + r.stderr)
+    r = run(exe, "quantize", src, os.path.join(root, "partial-ds2.safetensors"), "--scheme", "fp8-block", "--json")
+    check("partial blocks: counted in --json",
+          r.returncode == 0 and json.loads(r.stdout)["partial_block_weights"] == 1, r.stdout + r.stderr)
+    r = run(exe, "quantize", src, os.path.join(root, "partial-ct.safetensors"), "--scheme", "fp8-block", "--layout",
+            "compressed-tensors", "--json")
+    check("partial blocks: none counted for compressed-tensors",
+          r.returncode == 0 and json.loads(r.stdout)["partial_block_weights"] == 0, r.stdout + r.stderr)
+    whole = os.path.join(root, "whole.safetensors")
+    save_file({"b.weight": rng.normal(0, 1, (256, 128)).astype(np.float32)}, whole)
+    r = run(exe, "quantize", whole, os.path.join(root, "whole-ds.safetensors"), "--scheme", "fp8-block")
+    check("whole blocks: nothing said", r.returncode == 0 and "multiple of 128" not in r.stdout, r.stdout)
 
 
 def check_many_companions(exe, root, rng):

@@ -98,6 +98,8 @@ void run_quantize(const QuantizeArgs& args) {
   std::map<std::string, std::string> metadata = carried_metadata(in);  // the input's, less fp8kit's own
   std::vector<std::string> ignored;  // 2-D float weights left as they are, for the quantization_config
   std::size_t quantized = 0, matched_ignore = 0;
+  std::size_t partial_blocks = 0;  // deepseek weights with a side that is not a multiple of 128
+  std::string first_partial;
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     const auto reason = skip_reason(t->name, t->dtype, t->shape, ignore);
     if (reason) {
@@ -137,6 +139,9 @@ void run_quantize(const QuantizeArgs& args) {
     entries.push_back(std::move(weight));
     entries.push_back(std::move(scale));
     ++quantized;
+    if (layout == CheckpointLayout::kDeepSeek && (t->shape[0] % 128 != 0 || t->shape[1] % 128 != 0)) {
+      if (partial_blocks++ == 0) first_partial = fmt::format("{} [{}, {}]", t->name, t->shape[0], t->shape[1]);
+    }
   }
   if (quantized == 0 && matched_ignore > 0) {
     throw UsageError("every weight of '" + args.in + "' (" + std::to_string(matched_ignore) +
@@ -171,15 +176,24 @@ void run_quantize(const QuantizeArgs& args) {
                         {"format", std::string(name(*format))},
                         {"layout", std::string(name(layout))},
                         {"scale_fmt", args.scale_fmt}},
-                       {},
+                       {{"partial_block_weights", partial_blocks}},
                        files});
     note_left_out(files);
     return;
   }
-  fmt::print(output(), "{} -> {}: quantized {} weights ({} {}, {} layout{}); {} tensors copied as they are{}\n",
+  // Partial edge blocks are the deepseek layout's (fp8kit and compressed-tensors read them so), but a reader that
+  // takes the block size from shape / grid misreads them, silently: said on the line, with the first such weight.
+  const std::string partial =
+      partial_blocks == 0
+          ? ""
+          : fmt::format(
+                "; {} with a side not a multiple of 128 (first: {}): partial edge blocks, which Hugging Face "
+                "transformers' FP8 dequantization (5.25) misreads",
+                partial_blocks, first_partial);
+  fmt::print(output(), "{} -> {}: quantized {} weights ({} {}, {} layout{}{}); {} tensors copied as they are{}\n",
              args.in, args.out, quantized, name(*scheme), name(*format), name(layout),
-             rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", in.checkpoint.size() - quantized,
-             other_files(files));
+             rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", partial,
+             in.checkpoint.size() - quantized, other_files(files));
   note_left_out(files);
 }
 
