@@ -80,7 +80,8 @@ struct AdamWOptions {
 // or reordered between steps; names must be unique. Elementwise math is float32 (bias corrections in double), one
 // pass per parameter that reads the stored moments, updates them and the value and stores them again (per block of
 // kMomentBlock for FP8 moments), spread over threads for large parameters; results do not depend on the thread count.
-// With float32 moments and master weights the step is torch.optim.AdamW's bit for bit.
+// With float32 moments and master weights the step is torch.optim.AdamW's formula with each product rounded on its
+// own: within one float32 ulp of torch's per step (torch's CPU kernels fuse with FMA), not its bits.
 class AdamW {
  public:
   struct State {
