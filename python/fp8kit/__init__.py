@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, as_bits, check_bool, check_float32, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, about_to_write, as_bits, check_bool, check_float32, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -124,6 +124,8 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         raise ValueError("out shares memory with x; cast into a separate array")
     if flat_in.size == 0:
         return result
+    if out is not None:
+        about_to_write(out)
     if to_fp8:
         _fp8kit.cast_to_fp8(flat_in, src.dtype_name, flat_out, target, bool(saturate),
                             1.0 if scale is None else float(scale), stochastic, 0 if seed is None else int(seed),
@@ -329,8 +331,9 @@ def _scales_of(s: Any, what: str) -> np.ndarray:
         return np.array([check_float32(what, s)], np.float32)
     src = as_bits(s, kind_of(s))
     if src.dtype_name != "float32":
-        if what == "bias":  # torch also takes a bfloat16 one; widening it is exact
-            raise TypeError(f"bias must be float32 (widen it with .float() or .astype(np.float32): exact), "
+        if what == "bias":  # torch also takes a bfloat16 one
+            exact = ": exact" if src.dtype_name in ("bfloat16", "float16") else ""
+            raise TypeError(f"bias must be float32 (convert it with .float() or .astype(np.float32){exact}), "
                             f"not {src.dtype_name}")
         raise TypeError(f"{what} must be float32 (as torch._scaled_mm's), not {src.dtype_name}")
     return src.bits.reshape(src.shape)

@@ -211,6 +211,15 @@ def as_bits(x: Any, kind: str) -> Source:
     return Source(x, name, x.shape)
 
 
+def about_to_write(out: Any) -> None:
+    """Before writing into an out= torch tensor (every check passed): autograd must see the write, as it sees torch's
+    own in-place writes, so that a backward which saved the tensor refuses to run instead of using the new values."""
+    if kind_of(out) == "torch":
+        import torch
+        bump = getattr(torch.autograd.graph, "increment_version", None)  # torch >= 2.2; before: the C call
+        (bump or torch._C._increment_version)(out)
+
+
 def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]) -> tuple[Any, np.ndarray]:
     """The result array (x's kind, `shape`, dtype `name`), or `out` checked, and the NumPy array the library writes
     (the result itself, or a view of a tensor's memory)."""
@@ -223,6 +232,8 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
         if kind_of(out) != kind or (kind == "numpy" and not isinstance(out, np.ndarray)):
             raise TypeError(f"out must be a {'torch.Tensor' if kind == 'torch' else 'NumPy array'} like the input, "
                             f"not {type(out).__name__}")
+        if kind == "torch":
+            _check_torch_layout(out, "out")  # first: a nested tensor has no shape to compare
         try:
             out_name = resolve_dtype(out.dtype)
         except ValueError:
@@ -230,17 +241,16 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
         if out_name != name or tuple(out.shape) != tuple(shape):
             raise ValueError(f"out is {out_name} {tuple(out.shape)}; the result is {name} {tuple(shape)}")
         if kind == "torch":
-            _check_torch_layout(out, "out")
-            if out.device.type != "cpu" or not out.is_contiguous() or out.is_neg():
-                raise ValueError("out must be a contiguous CPU tensor")
-            if out.requires_grad:
-                # written outside autograd: torch refuses out= tensors that require grad too
-                raise ValueError("out requires grad: fp8kit writes it outside autograd; pass a tensor that does not")
             import torch
-            # Written in place: autograd must see that, as it sees torch's own in-place writes (a backward that
-            # saved this tensor then refuses to run instead of using the new values).
-            bump = getattr(torch.autograd.graph, "increment_version", None)  # torch >= 2.2; before: the C call
-            (bump or torch._C._increment_version)(out)
+            if out.device.type != "cpu" or not out.is_contiguous():
+                raise ValueError("out must be a contiguous CPU tensor")
+            if out.is_neg():
+                raise ValueError("out is a negated view, whose memory holds the values before the negation; pass "
+                                 "out.resolve_neg() and negate after")
+            if out.requires_grad and torch.is_grad_enabled():
+                # written outside autograd: torch refuses such out= tensors too while grad mode is on
+                raise ValueError("out requires grad: fp8kit writes it outside autograd; write it under "
+                                 "torch.no_grad(), or pass a tensor that does not")
             return out, _torch_bits_view(out, name)
         if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
             raise ValueError("out must be a contiguous, writeable array aligned to its element size")

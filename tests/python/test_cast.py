@@ -305,8 +305,8 @@ def test_torch_tensors_in_and_out():
 
 def test_torch_subclasses_layouts_and_autograd():
     """Found by an audit with torch 2.15: a tensor subclass came back as a NumPy array; sparse, nested and MKL-DNN
-    tensors gave torch's internal errors; a neg view was read without its negation; an out= tensor written in place
-    kept its autograd version, so a backward that had saved it used the new values silently."""
+    tensors and neg views gave torch's internal errors; an out= tensor written in place kept its autograd version, so
+    a backward that had saved it used the new values silently."""
     torch = pytest.importorskip("torch")
 
     class Sub(torch.Tensor):
@@ -325,14 +325,23 @@ def test_torch_subclasses_layouts_and_autograd():
             fp8kit.cast(t, "e4m3fn")
     with pytest.raises(ValueError, match="out is a sparse_coo tensor"):
         fp8kit.cast(x, "float32", out=torch.zeros(9).to_sparse())
+    with pytest.raises(ValueError, match="out is a nested tensor"):
+        fp8kit.cast(x, "float32", out=torch.nested.nested_tensor([torch.ones(2), torch.ones(2)]))
+    with pytest.raises(ValueError, match="out is a negated view"):
+        fp8kit.cast(x, "float32", out=torch.zeros(9)._neg_view())
     # a neg view: the values it shows, not the memory under it
     neg = x._neg_view()
     assert torch.equal(fp8kit.cast(neg, "e4m3fn").view(torch.uint8), (-x).to(torch.float8_e4m3fn).view(torch.uint8))
-    # out= requiring grad is refused (torch refuses it too); a written out= bumps the autograd version
+    # out= requiring grad is refused while grad mode is on (as torch refuses it), written under no_grad (as torch
+    # writes it: loading weights into parameters), views of such a leaf alike
     codes = torch.full((4,), 5.0).to(torch.float8_e4m3fn)
     for dtype in (torch.float32, torch.bfloat16):
+        leaf = torch.zeros(2, 4, dtype=dtype, requires_grad=True)
         with pytest.raises(ValueError, match="out requires grad"):
-            fp8kit.cast(codes, dtype, out=torch.zeros(4, dtype=dtype, requires_grad=True))
+            fp8kit.cast(codes, dtype, out=leaf[0])
+        with torch.no_grad():
+            fp8kit.cast(codes, dtype, out=leaf[1])
+        assert torch.equal(leaf.detach()[1].float(), torch.full((4,), 5.0)) and not leaf.detach()[0].any()
     a = torch.ones(4, requires_grad=True)
     o = torch.full((4,), 2.0)
     z = (a * o).sum()  # saves o for backward
@@ -341,6 +350,13 @@ def test_torch_subclasses_layouts_and_autograd():
     assert o._version > before and torch.equal(o, torch.full((4,), 5.0))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         z.backward()
+    # a call refused before writing leaves the version alone
+    o = torch.full((4,), 2.0)
+    z = (a * o).sum()
+    with pytest.raises(ValueError, match="out shares memory with x"):
+        fp8kit.cast(o, "float32", out=o)
+    z.backward()
+    assert torch.equal(a.grad, torch.full((4,), 2.0))
     with pytest.raises(ValueError, match=r"x is float64: cast x.float\(\)"):
         fp8kit.cast(torch.ones(3, dtype=torch.float64), "e4m3fn", scale=2.0)
 

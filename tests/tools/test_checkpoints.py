@@ -355,15 +355,16 @@ def check_nonfinite_weights_refused(exe, root, rng):
 
 
 def check_partial_block_note(exe, root, rng):
-    """A deepseek weight with a side that is not a multiple of 128: written (partial edge blocks are the layout's),
-    and counted on the summary line and in --json, since Hugging Face transformers' FP8 dequantization misreads such
-    grids; none for whole blocks, or for compressed-tensors, whose config states the block size."""
+    """A deepseek weight with a side over 128 that is not a multiple of it: written (partial edge blocks are the
+    layout's), and counted on the summary line and in --json, since Hugging Face transformers' FP8 dequantization
+    misreads or refuses such grids; none for whole blocks or one-block sides, or for compressed-tensors, whose config
+    states the block size."""
     src = os.path.join(root, "partial.safetensors")
     save_file({"a.weight": rng.normal(0, 1, (200, 130)).astype(np.float32),
                "b.weight": rng.normal(0, 1, (256, 128)).astype(np.float32)}, src)
     r = run(exe, "quantize", src, os.path.join(root, "partial-ds.safetensors"), "--scheme", "fp8-block")
     check("partial blocks: written, the line naming the first such weight",
-          r.returncode == 0 and "1 with a side not a multiple of 128 (first: a.weight [200, 130])" in r.stdout
+          r.returncode == 0 and "1 with partial edge blocks (first: a.weight [200, 130])" in r.stdout
           and "transformers" in r.stdout and r.stderr == "", r.stdout + r.stderr)
     r = run(exe, "quantize", src, os.path.join(root, "partial-ds2.safetensors"), "--scheme", "fp8-block", "--json")
     check("partial blocks: counted in --json",
@@ -372,10 +373,14 @@ def check_partial_block_note(exe, root, rng):
             "compressed-tensors", "--json")
     check("partial blocks: none counted for compressed-tensors",
           r.returncode == 0 and json.loads(r.stdout)["partial_block_weights"] == 0, r.stdout + r.stderr)
+    # whole blocks, and sides of one block (64: a grid of 1, which any reader gets right), are not counted
     whole = os.path.join(root, "whole.safetensors")
-    save_file({"b.weight": rng.normal(0, 1, (256, 128)).astype(np.float32)}, whole)
-    r = run(exe, "quantize", whole, os.path.join(root, "whole-ds.safetensors"), "--scheme", "fp8-block")
-    check("whole blocks: nothing said", r.returncode == 0 and "multiple of 128" not in r.stdout, r.stdout)
+    save_file({"b.weight": rng.normal(0, 1, (256, 128)).astype(np.float32),
+               "c.weight": rng.normal(0, 1, (64, 100)).astype(np.float32),
+               "d.weight": rng.normal(0, 1, (100, 256)).astype(np.float32)}, whole)
+    r = run(exe, "quantize", whole, os.path.join(root, "whole-ds.safetensors"), "--scheme", "fp8-block", "--json")
+    check("whole blocks and one-block sides: none counted",
+          r.returncode == 0 and json.loads(r.stdout)["partial_block_weights"] == 0, r.stdout + r.stderr)
 
 
 def check_many_companions(exe, root, rng):

@@ -98,7 +98,7 @@ void run_quantize(const QuantizeArgs& args) {
   std::map<std::string, std::string> metadata = carried_metadata(in);  // the input's, less fp8kit's own
   std::vector<std::string> ignored;  // 2-D float weights left as they are, for the quantization_config
   std::size_t quantized = 0, matched_ignore = 0;
-  std::size_t partial_blocks = 0;  // deepseek weights with a side that is not a multiple of 128
+  std::size_t partial_blocks = 0;  // deepseek weights with partial edge blocks on a side of several blocks
   std::string first_partial;
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     const auto reason = skip_reason(t->name, t->dtype, t->shape, ignore);
@@ -139,7 +139,9 @@ void run_quantize(const QuantizeArgs& args) {
     entries.push_back(std::move(weight));
     entries.push_back(std::move(scale));
     ++quantized;
-    if (layout == CheckpointLayout::kDeepSeek && (t->shape[0] % 128 != 0 || t->shape[1] % 128 != 0)) {
+    // A side of more than one block that is not a multiple of 128 (a side of one block, 64 say, reads right anyway)
+    const auto partial_side = [](std::int64_t side) { return side > 128 && side % 128 != 0; };
+    if (layout == CheckpointLayout::kDeepSeek && (partial_side(t->shape[0]) || partial_side(t->shape[1]))) {
       if (partial_blocks++ == 0) first_partial = fmt::format("{} [{}, {}]", t->name, t->shape[0], t->shape[1]);
     }
   }
@@ -187,8 +189,8 @@ void run_quantize(const QuantizeArgs& args) {
       partial_blocks == 0
           ? ""
           : fmt::format(
-                "; {} with a side not a multiple of 128 (first: {}): partial edge blocks, which Hugging Face "
-                "transformers' FP8 dequantization (5.25) misreads",
+                "; {} with partial edge blocks (first: {}), which Hugging Face transformers' FP8 dequantization "
+                "(5.25) misreads or refuses",
                 partial_blocks, first_partial);
   fmt::print(output(), "{} -> {}: quantized {} weights ({} {}, {} layout{}{}); {} tensors copied as they are{}\n",
              args.in, args.out, quantized, name(*scheme), name(*format), name(layout),

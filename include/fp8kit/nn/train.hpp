@@ -62,7 +62,7 @@ Batch slice_batch(const Batch& batch, std::int64_t begin, std::int64_t end);
 
 // The learning rate of a step: linear warm-up over config.warmup_steps (step s < warmup runs at lr * (s + 1) /
 // warmup), then cosine decay from config.adamw.lr towards a tenth of it, reached at step config.steps (one past the
-// last, which runs just above it). A run of no more steps than its warm-up never reaches the peak.
+// last, which runs just above it). A run of fewer steps than its warm-up never reaches the peak.
 double learning_rate(const TrainConfig& config, std::int64_t step);
 
 // A run between two steps, beyond the model and the optimizer: what a checkpoint keeps and a resume restores.
