@@ -570,9 +570,6 @@ std::optional<std::string> skip_reason(std::string_view name_view, SafetensorsDT
   FP8KIT_CHECK(ignore.empty() || name.size() <= kMaxMatchedName, "tensor ", detail::quoted(name.substr(0, 40)),
                "... has a name of ", name.size(), " characters, longer than --ignore patterns are matched against (",
                kMaxMatchedName, "); leave out --ignore for this checkpoint");
-  for (const std::regex& r : ignore) {
-    if (std::regex_search(name, r)) return "matches --ignore";
-  }
   if (!is_high_precision(dtype)) return "dtype " + std::string(fp8kit::name(dtype)) + " is not F32/BF16/F16/F64";
   if (shape.size() != 2) return "not 2-D";
   if (numel_of(shape) == 0) return "empty";
@@ -588,6 +585,10 @@ std::optional<std::string> skip_reason(std::string_view name_view, SafetensorsDT
   const std::string module = lower.substr(0, lower.size() - 7);  // without ".weight"
   const std::string last = module.substr(module.rfind('.') == std::string::npos ? 0 : module.rfind('.') + 1);
   if (last == "gate" || last.find("router") != std::string::npos) return "an MoE router";
+  // Last: "matches --ignore" names exactly the weights the patterns keep from being quantized.
+  for (const std::regex& r : ignore) {
+    if (std::regex_search(name, r)) return std::string(kMatchesIgnore);
+  }
   return std::nullopt;
 }
 

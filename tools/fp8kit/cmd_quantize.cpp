@@ -103,8 +103,7 @@ void run_quantize(const QuantizeArgs& args) {
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     const auto reason = skip_reason(t->name, t->dtype, t->shape, ignore);
     if (reason) {
-      // (a weight --ignore keeps; skip_reason tries the patterns first, so it may be any tensor)
-      if (!ignore.empty() && !skip_reason(t->name, t->dtype, t->shape, {})) ++matched_ignore;
+      if (*reason == kMatchesIgnore) ++matched_ignore;  // a weight the patterns keep from being quantized
       if (t->shape.size() == 2 && tensor_dtype(t->dtype) && is_floating(*tensor_dtype(t->dtype)) &&
           t->name.size() > 7 && t->name.compare(t->name.size() - 7, 7, ".weight") == 0) {
         ignored.push_back(t->name);

@@ -148,7 +148,9 @@ void dequantize_checkpoint_tensor_into(CheckpointLayout layout, const Safetensor
 // Which tensors `fp8kit quantize` turns into FP8: 2-D floating (F32, BF16, F16, F64) tensors named `*.weight`,
 // except embeddings (a name with "embed", "wte", "wpe"), norms ("norm", "ln_"), lm_head, MoE routers (last
 // module "gate" or "router", e.g. "mlp.gate.weight" [experts, hidden]), and names matching any `ignore` regex
-// (std::regex_search, ECMAScript). Returns why a tensor is left as it is, or nothing when it is quantized.
+// (std::regex_search, ECMAScript). Returns why a tensor is left as it is, or nothing when it is quantized; the
+// patterns are tried last, so kMatchesIgnore means a weight that would be quantized without them.
+inline constexpr std::string_view kMatchesIgnore = "matches --ignore";
 std::optional<std::string> skip_reason(std::string_view name, SafetensorsDType dtype, const Shape& shape,
                                        const std::vector<std::regex>& ignore = {});
 
