@@ -224,14 +224,18 @@ void set_max_isa(std::optional<Isa> cap) {
   g_cap.store(cap ? static_cast<int>(*cap) : -1, std::memory_order_relaxed);
 }
 
+std::optional<Isa> max_isa_set() {
+  const int set = g_cap.load(std::memory_order_relaxed);
+  return set >= 0 ? std::optional<Isa>(static_cast<Isa>(set)) : std::nullopt;
+}
+
 namespace {
 
 // A child of fork() (multiprocessing's and DataLoader's workers, a test's death child): GNU OpenMP's threads do not
 // survive the fork, and the forking thread's next parallel region in the child would wait for them forever (its
 // thread pool came along). So in a forked process the forking thread's OpenMP default is set to 1, and
-// num_threads() (the count of the kernels that name theirs) says 1: that thread runs fp8kit on one thread. A thread
-// the child starts later has a pool of its own, which works. (posix_spawn and fork + exec run no handlers: a new
-// program starts as any other.)
+// num_threads() (the count every parallel region of fp8kit's names) says 1: the child runs fp8kit on one thread.
+// (posix_spawn and fork + exec run no handlers: a new program starts as any other.)
 std::atomic<bool> g_forked{false};
 
 void after_fork_in_child() {
@@ -243,15 +247,39 @@ void after_fork_in_child() {
 
 }  // namespace
 
-void set_num_threads(int n) {
+namespace {
+
+std::atomic<int> g_threads{0};   // set_num_threads' count, every thread's (0: not set)
+thread_local int t_threads = 0;  // this thread's ScopedNumThreads count (0: none)
+
+void check_thread_count(int n) {
   FP8KIT_CHECK(n >= 1, "thread count must be at least 1, got ", n);
   FP8KIT_CHECK(n <= kMaxThreads, "thread count must be at most ", kMaxThreads, ", got ", n,
                " (more threads than cores only share them)");
+}
+
+}  // namespace
+
+void set_num_threads(int n) {
+  check_thread_count(n);
+  g_threads.store(n, std::memory_order_relaxed);
   omp_set_num_threads(g_forked.load(std::memory_order_relaxed) ? 1 : n);
 }
 
 int num_threads() {
-  return g_forked.load(std::memory_order_relaxed) ? 1 : omp_get_max_threads();
+  if (g_forked.load(std::memory_order_relaxed)) return 1;
+  if (t_threads > 0) return t_threads;
+  const int set = g_threads.load(std::memory_order_relaxed);
+  return set > 0 ? set : omp_get_max_threads();
+}
+
+ScopedNumThreads::ScopedNumThreads(int n) : previous_(t_threads) {
+  check_thread_count(n);
+  t_threads = n;
+}
+
+ScopedNumThreads::~ScopedNumThreads() {
+  t_threads = previous_;
 }
 
 }  // namespace fp8kit

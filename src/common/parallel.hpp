@@ -4,7 +4,11 @@
 // retune (or a backend with other costs) changes one line.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <mutex>
+#include <utility>
 
 #include "fp8kit/common/cpu.hpp"
 
@@ -29,5 +33,32 @@ inline constexpr double kParallelMmElements = 1.0e6;
 inline bool worth_threads(std::int64_t size, std::int64_t threshold) {
   return size >= threshold && num_threads() > 1;
 }
+
+// Nothing may leave an OpenMP region by an exception: it ends the process (std::terminate), whatever the team's size.
+// A region whose work can throw (an allocation, a check, a memory limit) runs that work through guard(), and the
+// caller calls rethrow() after the region: the first error thrown in it reaches the caller, which can catch it (the
+// Python package turns it into an exception). After an error the other threads' remaining guarded work is skipped.
+class RegionErrors {
+ public:
+  template <typename Work>
+  void guard(Work&& work) noexcept {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      std::forward<Work>(work)();
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      failed_.store(true, std::memory_order_relaxed);
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  std::mutex mutex_;
+  std::exception_ptr error_;
+};
 
 }  // namespace fp8kit::detail

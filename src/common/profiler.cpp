@@ -50,6 +50,11 @@ void Profiler::record(ProfileEvent event) {
   events_.push_back(std::move(event));
 }
 
+std::vector<ProfileEvent> Profiler::events() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
 void Profiler::clear() {
   const std::lock_guard<std::mutex> lock(mutex_);
   events_.clear();

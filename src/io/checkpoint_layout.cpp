@@ -7,6 +7,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/scaling/quantize.hpp"
@@ -549,7 +550,8 @@ void dequantize_checkpoint_tensor_into(CheckpointLayout layout, const Safetensor
   const std::int64_t br = p.granularity.rows_per_block(p.rows), bc = p.granularity.cols_per_block(p.cols);
   const std::int64_t grid_cols = ceil_div(p.cols, bc);
   // Rows split among threads; each block's run stays on its thread (the decode's own threads are nested, inactive).
-#pragma omp parallel for schedule(static) if (n >= (std::size_t{1} << 20) && p.rows > 1)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+    schedule(static) if (n >= (std::size_t{1} << 20) && p.rows > 1)
   for (std::int64_t r = 0; r < p.rows; ++r) {
     for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
       const std::int64_t c0 = gc * bc, c1 = std::min(p.cols, c0 + bc);

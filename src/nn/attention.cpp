@@ -152,7 +152,7 @@ Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved
   float* st = keep_probs ? nullptr : stats.data<float>();
   const bool parallel = static_cast<double>(d.b * d.h) * static_cast<double>(T * T * hs) >= kParallelWork;
 
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t bh = 0; bh < d.b * d.h; ++bh) {
     const std::int64_t b = bh / d.h, h = bh % d.h;
     const float* in_b = in + b * T * C3;
@@ -225,7 +225,7 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
   float* dx = dqkv.data<float>();
   const bool parallel = static_cast<double>(d.b * d.h) * static_cast<double>(T * T * hs) >= kParallelWork;
 
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t bh = 0; bh < d.b * d.h; ++bh) {
     const std::int64_t b = bh / d.h, h = bh % d.h;
     const std::size_t n = static_cast<std::size_t>(T * hs);

@@ -74,7 +74,7 @@ Tensor im2col(const Context& ctx, const Tensor& x, const ConvGeometry& g) {
   float* out = cols.data<float>();
   const bool parallel = static_cast<double>(g.rows()) * static_cast<double>(ncols) >= kParallelWork;
 
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t noy = 0; noy < g.batch * OH; ++noy) {
     const std::int64_t n = noy / OH, oy = noy % OH;
     const float* img = in + n * C * H * W;
@@ -118,7 +118,7 @@ Tensor col2im(const Context& ctx, const Tensor& cols, const ConvGeometry& g) {
   const bool parallel = static_cast<double>(g.rows()) * static_cast<double>(ncols) >= kParallelWork;
 
   // One (n, c) plane per iteration: its sums run over (oy, ox, ky, kx) in order, whatever the thread count.
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t nc = 0; nc < g.batch * C; ++nc) {
     const std::int64_t n = nc / C, c = nc % C;
     float* plane = out + nc * H * W;

@@ -19,7 +19,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
   const float *x = a.data<float>(), *z = b.data<float>();
   float* o = y.data<float>();
   const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (n >= fp8kit::detail::kParallelLoopElements)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+    schedule(static) if (n >= fp8kit::detail::kParallelLoopElements)
   for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] + z[i];
   return y;
 }

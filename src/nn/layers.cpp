@@ -67,7 +67,8 @@ void scatter_add_rows(Tensor& grad, const Tensor& ids, const Tensor& dy, const c
   const float* g = dy.data<float>();
   float* out = grad.data<float>();
   const std::int64_t chunks = (channels + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for schedule(static) if (go_parallel(n_rows * channels) && chunks > 1)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+    schedule(static) if (go_parallel(n_rows * channels) && chunks > 1)
   for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
     const std::int64_t c0 = chunk * kColumnChunk, c1 = std::min(channels, c0 + kColumnChunk);
     for (std::int64_t n = 0; n < n_rows; ++n) {
@@ -121,7 +122,7 @@ Tensor LayerNorm::forward(const Context& ctx, const Tensor& x, Saved& saved) con
   float* xh = x_hat.data<float>();
   float* rs = rstd.data<float>();
   const double inv_c = 1.0 / static_cast<double>(channels);
-#pragma omp parallel for schedule(static) if (go_parallel(rows * channels))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(rows * channels))
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = in + r * channels;
     double sum = 0.0;
@@ -167,7 +168,7 @@ Tensor LayerNorm::backward(const Context& ctx, const Tensor& dy, const Saved& sa
   const float* w = wv.data<float>();
   float* out = dx.data<float>();
   const double inv_c = 1.0 / static_cast<double>(channels);
-#pragma omp parallel for schedule(static) if (go_parallel(rows * channels))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(rows * channels))
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* gr = g + r * channels;
     const float* xr = xh + r * channels;
@@ -188,7 +189,8 @@ Tensor LayerNorm::backward(const Context& ctx, const Tensor& dy, const Saved& sa
   float* dw = dw_sum.data();
   float* db = db_sum.data();
   const std::int64_t chunks = (channels + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for schedule(static) if (go_parallel(rows * channels) && chunks > 1)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+    schedule(static) if (go_parallel(rows * channels) && chunks > 1)
   for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
     const std::int64_t c0 = chunk * kColumnChunk, c1 = std::min(channels, c0 + kColumnChunk);
     double acc_w[kColumnChunk] = {}, acc_b[kColumnChunk] = {};
@@ -259,7 +261,7 @@ Tensor Gelu::forward(const Context& ctx, Tensor&& x, Saved& saved) {
   const float* in = x.data<float>();
   float* out = y.data<float>();
   const std::int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
+#pragma omp parallel for simd num_threads(::fp8kit::num_threads()) schedule(static) if (parallel : go_parallel(n))
   for (std::int64_t i = 0; i < n; ++i) out[i] = gelu_value(in[i]);
   return y;
 }
@@ -295,7 +297,7 @@ Tensor Gelu::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
     const std::uint8_t* in = saved.x.values.data<std::uint8_t>();
     const float* scale_inv = saved.x.row_scale_inv.data<float>();
     const std::int64_t cols = saved.x.values.size(-1), rows = n / cols;
-#pragma omp parallel for schedule(static) if (go_parallel(n))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(n))
     for (std::int64_t r = 0; r < rows; ++r) {
       const float s = scale_inv[r];
       const std::uint8_t* code = in + r * cols;
@@ -306,13 +308,13 @@ Tensor Gelu::backward(const Context& ctx, Tensor&& dy, const Saved& saved) {
     }
   } else if (saved.x.dtype() == DType::bfloat16) {
     const bfloat16* in = saved.x.values.data<bfloat16>();
-#pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
+#pragma omp parallel for simd num_threads(::fp8kit::num_threads()) schedule(static) if (parallel : go_parallel(n))
     for (std::int64_t i = 0; i < n; ++i) {
       out[i] = g[i] * gelu_derivative(std::bit_cast<float>(static_cast<std::uint32_t>(in[i].bits) << 16));
     }
   } else {
     const float* in = saved.x.values.data<float>();
-#pragma omp parallel for simd schedule(static) if (parallel : go_parallel(n))
+#pragma omp parallel for simd num_threads(::fp8kit::num_threads()) schedule(static) if (parallel : go_parallel(n))
     for (std::int64_t i = 0; i < n; ++i) out[i] = g[i] * gelu_derivative(in[i]);
   }
   return dx;
@@ -329,7 +331,7 @@ Tensor Relu::forward(const Context& ctx, const Tensor& x, Saved& saved) {
   float* out = y.data<float>();
   bool* mask = positive.data<bool>();
   const std::int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (go_parallel(n))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(n))
   for (std::int64_t i = 0; i < n; ++i) {
     const float v = in[i];
     mask[i] = v > 0.0f;
@@ -351,7 +353,7 @@ Tensor Relu::backward(const Context& ctx, const Tensor& dy, const Saved& saved) 
   const float* g = dy.data<float>();
   float* out = dx.data<float>();
   const std::int64_t n = dy.numel();
-#pragma omp parallel for schedule(static) if (go_parallel(n))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(n))
   for (std::int64_t i = 0; i < n; ++i) out[i] = mask[i] ? g[i] : 0.0f;
   return dx;
 }
@@ -379,7 +381,7 @@ Tensor Embedding::forward(const Context& ctx, const Tensor& ids, Saved& saved) c
   const float* table = table_values.data<float>();
   float* out = y.data<float>();
   const std::int64_t n = ids.numel();
-#pragma omp parallel for schedule(static) if (go_parallel(n * channels))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(n * channels))
   for (std::int64_t i = 0; i < n; ++i) {
     std::memcpy(out + i * channels, table + id[i] * channels, static_cast<std::size_t>(channels) * sizeof(float));
   }
@@ -426,7 +428,7 @@ Tensor TokenPositionEmbedding::forward(const Context& ctx, const Tensor& tokens,
   const float* pe = pe_values.data<float>();
   float* out = y.data<float>();
   const std::int64_t n = batch * steps;
-#pragma omp parallel for schedule(static) if (go_parallel(n * channels))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(n * channels))
   for (std::int64_t i = 0; i < n; ++i) {
     const float* a = te + id[i] * channels;
     const float* p = pe + (i % steps) * channels;
@@ -453,7 +455,8 @@ void TokenPositionEmbedding::backward(const Context& ctx, const Tensor& dy, cons
   const std::int64_t batch = saved.tokens.size(0), steps = saved.tokens.size(1);
   const float* g = dy.data<float>();
   float* out = dpe.data();
-#pragma omp parallel for schedule(static) if (go_parallel(batch * steps * channels))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+    schedule(static) if (go_parallel(batch * steps * channels))
   for (std::int64_t t = 0; t < steps; ++t) {
     float* o = out + t * channels;
     for (std::int64_t b = 0; b < batch; ++b) {
@@ -476,7 +479,7 @@ Tensor ResidualAdd::forward(const Context& ctx, const Tensor& a, const Tensor& b
   const float* pb = b.data<float>();
   float* out = y.data<float>();
   const std::int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (go_parallel(n))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(n))
   for (std::int64_t i = 0; i < n; ++i) out[i] = pa[i] + pb[i];
   saved.shape = a.shape();
   return y;
@@ -512,7 +515,7 @@ float CrossEntropy::forward(const Context& ctx, const Tensor& logits, const Tens
   const float* kept = stored.data<float>();
   const std::int64_t* target = targets.data<std::int64_t>();
   float* lse_out = lse.data<float>();
-#pragma omp parallel for schedule(static) if (go_parallel(rows * vocab))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(rows * vocab))
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = in + r * vocab;
     const double l = row_logsumexp(row, vocab);
@@ -544,7 +547,7 @@ void cross_entropy_gradient(const Context& ctx, float dloss, const Tensor& logit
   const float* lse = saved.logsumexp.data<float>();
   const std::int64_t* target = saved.targets.data<std::int64_t>();
   float* out = dlogits.data<float>();
-#pragma omp parallel for schedule(static) if (go_parallel(rows * vocab))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(rows * vocab))
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = in + r * vocab;
     float* o = out + r * vocab;

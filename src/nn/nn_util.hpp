@@ -61,7 +61,7 @@ template <typename T>
 void transpose_into(const T* src, std::int64_t src_stride, T* dst, std::int64_t rows, std::int64_t cols) {
   constexpr std::int64_t kTile = 32;
   const bool parallel = rows * cols >= fp8kit::detail::kParallelLoopElements;
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
     for (std::int64_t c0 = 0; c0 < cols; c0 += kTile) {
       for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {

@@ -335,7 +335,7 @@ void AdamW::step(std::span<Parameter* const> params, Profiler* profiler) {
                           static_cast<float>(o.eps)};
     const std::uint64_t stream = rounding_stream(o.rounding_seed, p->name, s.step);
     const std::int64_t n = p->value.numel(), chunks = ceil_div(n, kChunk);
-#pragma omp parallel for schedule(static) if (go_parallel(n) && chunks > 1)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(n) && chunks > 1)
     for (std::int64_t c = 0; c < chunks; ++c) {
       const std::int64_t first = c * kChunk;
       update_chunk(o, k, stream, *p, s, first, std::min(kChunk, n - first));
@@ -357,11 +357,11 @@ std::string first_nonfinite_grad(std::span<Parameter* const> params) {
     bool bad = false;
     if (p->grad.dtype() == DType::bfloat16) {
       const bfloat16* g = p->grad.data<bfloat16>();
-#pragma omp parallel for schedule(static) reduction(|| : bad) if (go_parallel(n))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) reduction(|| : bad) if (go_parallel(n))
       for (std::int64_t i = 0; i < n; ++i) bad = bad || (g[i].bits & 0x7F80u) == 0x7F80u;
     } else {
       const float* g = p->grad.data<float>();
-#pragma omp parallel for schedule(static) reduction(|| : bad) if (go_parallel(n))
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) reduction(|| : bad) if (go_parallel(n))
       for (std::int64_t i = 0; i < n; ++i) bad = bad || !std::isfinite(g[i]);
     }
     if (bad) return p->name;

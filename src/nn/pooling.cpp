@@ -34,7 +34,7 @@ Tensor MaxPool2d::forward(const Context& ctx, const Tensor& x, Saved& saved) con
   std::int64_t* arg = argmax.data<std::int64_t>();
   const double work = static_cast<double>(y.numel()) * static_cast<double>(window.kernel_h * window.kernel_w);
 
-#pragma omp parallel for schedule(static) if (work >= kParallelWork)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (work >= kParallelWork)
   for (std::int64_t nc = 0; nc < g.batch * g.channels; ++nc) {
     const float* plane = in + nc * H * W;
     for (std::int64_t oy = 0; oy < OH; ++oy) {
@@ -81,7 +81,8 @@ Tensor MaxPool2d::backward(const Context& ctx, const Tensor& dy, const Saved& sa
   const float* g = dy.data<float>();
   const std::int64_t* arg = saved.argmax.data<std::int64_t>();
   float* out = dx.data<float>();
-#pragma omp parallel for schedule(static) if (static_cast <double>(dx.numel() + dy.numel()) >= kParallelWork)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+    schedule(static) if (static_cast <double>(dx.numel() + dy.numel()) >= kParallelWork)
   for (std::int64_t nc = 0; nc < planes; ++nc) {
     float* plane = out + nc * hw;
     for (std::int64_t p = 0; p < ohw; ++p) plane[arg[nc * ohw + p]] += g[nc * ohw + p];
@@ -100,7 +101,8 @@ Tensor GlobalAvgPool2d::forward(const Context& ctx, const Tensor& x, Saved& save
   Tensor y = empty({x.size(0), x.size(1)}, DType::float32);
   const float* in = x.data<float>();
   float* out = y.data<float>();
-#pragma omp parallel for schedule(static) if (static_cast <double>(x.numel()) >= kParallelWork)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+    schedule(static) if (static_cast <double>(x.numel()) >= kParallelWork)
   for (std::int64_t nc = 0; nc < planes; ++nc) {
     double sum = 0.0;
     for (std::int64_t p = 0; p < hw; ++p) sum += in[nc * hw + p];
@@ -124,7 +126,8 @@ Tensor GlobalAvgPool2d::backward(const Context& ctx, const Tensor& dy, const Sav
   Tensor dx = empty(saved.input_shape, DType::float32);
   const float* g = dy.data<float>();
   float* out = dx.data<float>();
-#pragma omp parallel for schedule(static) if (static_cast <double>(dx.numel()) >= kParallelWork)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+    schedule(static) if (static_cast <double>(dx.numel()) >= kParallelWork)
   for (std::int64_t nc = 0; nc < planes; ++nc) {
     const float v = g[nc] * inv;
     for (std::int64_t p = 0; p < hw; ++p) out[nc * hw + p] = v;

@@ -76,9 +76,10 @@ class PackBuffer {
  public:
   void* get(std::size_t bytes) {
     if (bytes > size_) {
-      size_ = (bytes + 4095) / 4096 * 4096;
-      data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, size_)));
-      FP8KIT_CHECK(data_ != nullptr, "scaled_mm: could not allocate ", size_, " bytes of packing buffer");
+      const std::size_t size = (bytes + 4095) / 4096 * 4096;
+      data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, size)));
+      size_ = data_ != nullptr ? size : 0;  // after a failure, the next call allocates again
+      FP8KIT_CHECK(data_ != nullptr, "scaled_mm: could not allocate ", size, " bytes of packing buffer");
     }
     return data_.get();
   }
@@ -252,17 +253,25 @@ bool stream_weights(const GemmKernel& kern, const MmPlan& p, const Operand& a, c
   const std::int64_t k_pad = round_up(p.k, kern.k_align);
   const std::int64_t groups = ceil_div(p.n, 16);
   bool done = true;
+  detail::RegionErrors errors;  // the packing buffers are allocations
 #pragma omp parallel num_threads(used) reduction(&& : done)
   {
-    thread_local PackBuffer x_buffer;
-    void* x = x_buffer.get(static_cast<std::size_t>(round_up(p.m, 16) * k_pad) * kern.elem_bytes);
-    kern.pack_right(a, 16, 0, p.m, 0, p.k, x);
+    void* x = nullptr;
+    errors.guard([&] {
+      thread_local PackBuffer x_buffer;
+      x = x_buffer.get(static_cast<std::size_t>(round_up(p.m, 16) * k_pad) * kern.elem_bytes);
+      kern.pack_right(a, 16, 0, p.m, 0, p.k, x);
+    });
 #pragma omp for schedule(static)
     for (int t = 0; t < used; ++t) {
       const std::int64_t g0 = groups * t / used, g1 = groups * (t + 1) / used;
-      if (g0 < g1) done = kern.stream_weights(b, 16 * g0, std::min(p.n, 16 * g1), x, p.m, k_pad, out, p.n) && done;
+      if (g0 < g1 && x != nullptr) {
+        errors.guard(
+            [&] { done = kern.stream_weights(b, 16 * g0, std::min(p.n, 16 * g1), x, p.m, k_pad, out, p.n) && done; });
+      }
     }
   }
+  errors.rethrow();
   return done;
 }
 
@@ -297,21 +306,24 @@ std::string_view gemm(const GemmKernel& kern, const MmPlan& p, const Operand& a,
   // else the left rows; the weights-left orientation always splits the weights.
   const std::int64_t strips = ceil_div(cols, kern.nr);
   const bool split_right = !swap && (strips >= 2 * used || rows < kern.mr * used);
+  detail::RegionErrors errors;  // the packing buffers are allocations
 #pragma omp parallel num_threads(used)
   {
 #pragma omp for schedule(static)
-    for (int t = 0; t < used; ++t) {
-      if (split_right) {
-        const std::int64_t s0 = strips * t / used, s1 = strips * (t + 1) / used;
-        if (s0 < s1) gemm_block(g, 0, rows, s0 * kern.nr, std::min(cols, s1 * kern.nr));
-      } else {
-        const std::int64_t left_strips = ceil_div(rows, kern.mr);
-        const std::int64_t r0 = left_strips * t / used, r1 = left_strips * (t + 1) / used;
-        if (r0 < r1 && swap) gemm_weights_left(g, r0 * kern.mr, std::min(rows, r1 * kern.mr));
-        if (r0 < r1 && !swap) gemm_block(g, r0 * kern.mr, std::min(rows, r1 * kern.mr), 0, cols);
-      }
-    }
+    for (int t = 0; t < used; ++t)
+      errors.guard([&] {
+        if (split_right) {
+          const std::int64_t s0 = strips * t / used, s1 = strips * (t + 1) / used;
+          if (s0 < s1) gemm_block(g, 0, rows, s0 * kern.nr, std::min(cols, s1 * kern.nr));
+        } else {
+          const std::int64_t left_strips = ceil_div(rows, kern.mr);
+          const std::int64_t r0 = left_strips * t / used, r1 = left_strips * (t + 1) / used;
+          if (r0 < r1 && swap) gemm_weights_left(g, r0 * kern.mr, std::min(rows, r1 * kern.mr));
+          if (r0 < r1 && !swap) gemm_block(g, r0 * kern.mr, std::min(rows, r1 * kern.mr), 0, cols);
+        }
+      });
   }
+  errors.rethrow();
   return kern.name;
 }
 
@@ -381,7 +393,7 @@ void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Opera
   const GemvKernel& exact = *scalar_mm_kernels().gemv_f32;  // for rows the fast kernel declines
   const std::int64_t chunks = ceil_div(p.n, kGemvChunk);
   const bool parallel = static_cast<double>(p.n) * static_cast<double>(p.k) >= detail::kParallelMmElements;
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t c = 0; c < chunks; ++c) {
     const std::int64_t j0 = c * kGemvChunk, j1 = std::min(p.n, j0 + kGemvChunk);
     // The left rows kGemvRows at a time, over the same weight rows (in L1/L2 after the first group).
@@ -417,7 +429,7 @@ float epilogue(float* out, const Finish& f) {
   float amax = 0.0f;
   const bool parallel = static_cast<double>(p.m) * static_cast<double>(p.n) >= detail::kParallelMmElements;
   const bool scale = f.scale && p.k > 0;  // (K = 0: no K block, nothing to scale; the scales may be empty)
-#pragma omp parallel for schedule(static) reduction(max : amax) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) reduction(max : amax) if (parallel)
   for (std::int64_t i = 0; i < p.m; ++i) {
     const float sa = scale ? p.sa.at(i, 0) : 1.0f;
     const float row_amax = finish_row(out + i * p.n, p.n, scale ? &sa : nullptr, p.sb,

@@ -109,8 +109,9 @@ MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const Scaled
   MmPlan p = plan_shapes("scaled_mm", a.rows, a.cols, b.rows, b.cols, nk, options.bias);
   check_element_format("scaled_mm: A", a);
   check_element_format("scaled_mm: B", b);
-  FP8KIT_CHECK(!(is_e5m2_family(a.format) && is_e5m2_family(b.format)), "scaled_mm: ", name(a.format), " x ",
-               name(b.format), " is not supported (no FP8 GEMM takes e5m2 x e5m2; quantize one side to e4m3)");
+  FP8KIT_CHECK(
+      !(is_e5m2_family(a.format) && is_e5m2_family(b.format)), "scaled_mm: ", name(a.format), " x ", name(b.format),
+      " is not supported (as in cuBLASLt's FP8 GEMM, and so torch._scaled_mm on CUDA): quantize one side to e4m3fn");
   FP8KIT_CHECK(
       a.granularity.kind == Kind::kTensor || a.granularity.kind == Kind::kRow || (is_blocked(a) && a.block_rows() == 1),
       "scaled_mm: A's scales must be per tensor, per row or 1 x K blocks, not ", a.granularity.name());

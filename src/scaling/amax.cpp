@@ -70,7 +70,7 @@ void amax_blocks(MatrixRef x, std::int64_t block_rows, std::int64_t block_cols, 
   const bool parallel = x.rows * x.cols >= static_cast<std::int64_t>(kParallelThreshold) && grid_rows > 1;
   // One block row per iteration: its blocks are reduced row by row, each row segment by the span kernel (or,
   // for narrow blocks such as single columns, elementwise).
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(dynamic, 1) if (parallel)
   for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
     AmaxResult& part = parts[static_cast<std::size_t>(gr)];
     float* block_amax = out.data() + gr * grid_cols;

@@ -431,7 +431,7 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
       // Tall bands (128x128: 2 MiB of float32 each) do not stay in L1, and the encode's second read comes from
       // L2: each thread encodes row r of its band while the amax pass reads row r of its next band, so the
       // memory reads of one overlap the compute of the other, with one band's worth of rows live at any time.
-#pragma omp parallel if (parallel)
+#pragma omp parallel num_threads(::fp8kit::num_threads()) if (parallel)
       {
         const auto threads = static_cast<std::int64_t>(omp_get_num_threads());
         const auto thread = static_cast<std::int64_t>(omp_get_thread_num());
@@ -456,7 +456,7 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
       }
     } else {
       // Bands are equal in size: a static split costs nothing per band (bands can be a single short row).
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
       for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
         const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
         const MatrixRef band(x.row<float>(row_begin), row_end - row_begin, x.cols, x.stride());
@@ -533,14 +533,18 @@ void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& 
     for (const AmaxResult& part : parts) total.merge(part);
     return total;
   };
+  detail::RegionErrors errors;  // the chunks' buffers are allocations: an error is the caller's
   if (options.granularity.kind == Granularity::Kind::kTensor) {
-#pragma omp parallel for schedule(static) if (parallel && chunks > 1)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel && chunks > 1)
     for (std::int64_t c = 0; c < chunks; ++c) {
-      thread_local std::vector<float> rows;
-      rows.resize(static_cast<std::size_t>(rows_of(c) * x.cols));
-      widen_rows(x, c * chunk_rows, rows_of(c), rows.data());
-      parts[static_cast<std::size_t>(c)] = amax(rows);
+      errors.guard([&] {
+        thread_local std::vector<float> rows;
+        rows.resize(static_cast<std::size_t>(rows_of(c) * x.cols));
+        widen_rows(x, c * chunk_rows, rows_of(c), rows.data());
+        parts[static_cast<std::size_t>(c)] = amax(rows);
+      });
     }
+    errors.rethrow();
     const AmaxResult total = merged();
     if (input != nullptr) *input = total;
     std::vector<float> multiplier(1);
@@ -560,21 +564,26 @@ void quantize_narrow(MatrixRef x, const QuantizeOptions& options, ScaledTensor& 
     }
     return;
   }
-#pragma omp parallel for schedule(static) if (parallel && chunks > 1)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel && chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
-    thread_local std::vector<float> rows;
-    thread_local ScaledTensor part;
-    const std::int64_t r0 = c * chunk_rows, n = rows_of(c);
-    rows.resize(static_cast<std::size_t>(n * x.cols));
-    widen_rows(x, r0, n, rows.data());
-    const MatrixRef chunk{rows.data(), n, x.cols};
-    describe(chunk, options, part);
-    quantize_float(chunk, options, part, codes == nullptr ? nullptr : codes + r0 * x.cols, nullptr,
-                   &parts[static_cast<std::size_t>(c)]);
-    const auto b0 = static_cast<std::size_t>((r0 / br) * grid_cols);
-    std::copy(part.scale_inv.begin(), part.scale_inv.end(), q.scale_inv.data() + b0);
-    if (!part.scale_e8m0.empty()) std::copy(part.scale_e8m0.begin(), part.scale_e8m0.end(), q.scale_e8m0.data() + b0);
+    errors.guard([&] {
+      thread_local std::vector<float> rows;
+      // The chunk's scales: tensor storage, counted (and limited) as the call's temporaries, freed with the chunk (a
+      // thread_local one would stay counted for as long as the thread lives).
+      ScaledTensor part;
+      const std::int64_t r0 = c * chunk_rows, n = rows_of(c);
+      rows.resize(static_cast<std::size_t>(n * x.cols));
+      widen_rows(x, r0, n, rows.data());
+      const MatrixRef chunk{rows.data(), n, x.cols};
+      describe(chunk, options, part);
+      quantize_float(chunk, options, part, codes == nullptr ? nullptr : codes + r0 * x.cols, nullptr,
+                     &parts[static_cast<std::size_t>(c)]);
+      const auto b0 = static_cast<std::size_t>((r0 / br) * grid_cols);
+      std::copy(part.scale_inv.begin(), part.scale_inv.end(), q.scale_inv.data() + b0);
+      if (!part.scale_e8m0.empty()) std::copy(part.scale_e8m0.begin(), part.scale_e8m0.end(), q.scale_e8m0.data() + b0);
+    });
   }
+  errors.rethrow();
   if (input != nullptr) *input = merged();
 }
 
@@ -664,7 +673,7 @@ void dequantize(const ScaledTensor& q, std::span<float> out) {
   }
   const bool parallel = q.rows * q.cols >= detail::kParallelStreamElements && grid_rows > 1;
   const Stores stores = stores_for(out.size_bytes());
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
     const std::int64_t row_end = std::min(q.rows, (gr + 1) * br);
     for (std::int64_t r = gr * br; r < row_end; ++r) {

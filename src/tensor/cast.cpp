@@ -25,7 +25,7 @@ constexpr bool kHasBulkKernel = std::same_as<T, float> || std::same_as<T, bfloat
 
 template <typename S, typename D>
 void convert_elements(const S* in, D* out, std::int64_t n, Overflow overflow) {
-#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (n >= kParallelThreshold)
   for (std::int64_t i = 0; i < n; ++i) out[i] = detail::convert_element<D>(in[i], overflow);
 }
 
@@ -34,7 +34,8 @@ void convert_elements(const S* in, D* out, std::int64_t n, Overflow overflow) {
 // Bit-identical to from_float: round to nearest even, NaN quieted with its sign and top payload bits.
 void convert_elements(const float* in, bfloat16* out, std::int64_t n, Overflow /*overflow*/) {
   auto* dst = reinterpret_cast<std::uint16_t*>(out);  // bfloat16 is a 16-bit standard-layout wrapper
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelThreshold)
+#pragma omp parallel for simd num_threads(::fp8kit::num_threads()) schedule(static) if (parallel \
+                                                                                        : n >= kParallelThreshold)
   for (std::int64_t i = 0; i < n; ++i) {
     const auto u = std::bit_cast<std::uint32_t>(in[i]);
     const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;

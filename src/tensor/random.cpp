@@ -60,7 +60,7 @@ Tensor rand(Shape shape, std::uint64_t seed, DType dtype) {
   with_float_type(t, [&]<typename T>(T* out) {
     constexpr int p = precision_bits<T>();
     const double quantum = std::ldexp(1.0, -p);
-#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (n >= kParallelThreshold)
     for (std::int64_t i = 0; i < n; ++i) {
       const double u = static_cast<double>(bits64(seed, static_cast<std::uint64_t>(i)) >> (64 - p)) * quantum;
       out[i] = detail::round_from_double<T>(u, Overflow::kNonSaturating);  // exact
@@ -75,7 +75,7 @@ Tensor randn(Shape shape, std::uint64_t seed, DType dtype) {
   const std::int64_t n = t.numel();
   with_float_type(t, [&]<typename T>(T* out) {
     const double quantum = std::ldexp(1.0, -53);
-#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (n >= kParallelThreshold)
     for (std::int64_t i = 0; i < n; ++i) {
       const auto j = static_cast<std::uint64_t>(i / 2);
       const double u1 = static_cast<double>((bits64(seed, 2 * j) >> 11) + 1) * quantum;  // (0, 1]

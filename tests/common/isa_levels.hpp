@@ -30,10 +30,13 @@ inline std::string skip_reason(Isa isa, bool needs_vbmi = false) {
 // Caps dispatch at a level for one scope (the public entries then run that level's kernels).
 class ScopedIsa {
  public:
-  explicit ScopedIsa(Isa cap) { set_max_isa(cap); }
-  ~ScopedIsa() { set_max_isa(std::nullopt); }
+  explicit ScopedIsa(Isa cap) : before_(max_isa_set()) { set_max_isa(cap); }
+  ~ScopedIsa() { set_max_isa(before_); }
   ScopedIsa(const ScopedIsa&) = delete;
   ScopedIsa& operator=(const ScopedIsa&) = delete;
+
+ private:
+  std::optional<Isa> before_;  // the cap it replaced, put back (nested scopes)
 };
 
 // "ran scalar, avx2, avx512; skipped amx (this CPU lacks amx-tile)" for the levels in kAllIsas.

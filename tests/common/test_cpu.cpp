@@ -60,12 +60,20 @@ TEST(Cpu, SetMaxIsaCapsDispatch) {
     set_max_isa(isa);
     EXPECT_EQ(active_isa(), std::min(isa, cpu_max_isa())) << name(isa);  // in place of FP8KIT_ISA, if set
   }
+  EXPECT_EQ(max_isa_set(), kAllIsas.back());
   set_max_isa(std::nullopt);
+  EXPECT_EQ(max_isa_set(), std::nullopt);
   EXPECT_EQ(active_isa(), before);
   {
     testing::ScopedIsa cap(Isa::kScalar);
     EXPECT_EQ(active_isa(), Isa::kScalar);
+    {
+      testing::ScopedIsa inner(Isa::kAvx2);
+      EXPECT_EQ(max_isa_set(), Isa::kAvx2);
+    }
+    EXPECT_EQ(max_isa_set(), Isa::kScalar);  // the cap the inner scope replaced, put back
   }
+  EXPECT_EQ(max_isa_set(), std::nullopt);
   EXPECT_EQ(active_isa(), before);
 }
 

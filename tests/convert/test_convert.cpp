@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "common/isa_levels.hpp"
@@ -536,6 +537,49 @@ TEST(Convert, RejectsMismatchedSizes) {
   EXPECT_THROW(cast_to_fp8(x, q, CastOptions{Format::e4m3fn, Overflow::kSaturate}), Error);
   EXPECT_THROW(cast_from_fp8(q, Format::e4m3fn, std::span<float>(x)), Error);
   EXPECT_THROW(set_num_threads(0), Error);
+}
+
+// set_num_threads is the process's: a thread started later (a server's worker) uses its count, where OpenMP's own
+// setting would be the calling thread's alone. ScopedNumThreads is one thread's (the Python package's threads=).
+TEST(Convert, ThreadCountIsTheProcesssAndAScopeIsOneThreads) {
+  const int before = num_threads();
+  int seen = 0;
+  for (int n : {1, 2}) {
+    set_num_threads(n);
+    EXPECT_EQ(num_threads(), n);
+    std::thread([&] { seen = num_threads(); }).join();
+    EXPECT_EQ(seen, n);
+  }
+  {
+    const ScopedNumThreads one(1);
+    EXPECT_EQ(num_threads(), 1);
+    std::thread([&] { seen = num_threads(); }).join();
+    EXPECT_EQ(seen, 2);  // another thread keeps the process's count
+    {
+      const ScopedNumThreads three(3);
+      EXPECT_EQ(num_threads(), 3);
+    }
+    EXPECT_EQ(num_threads(), 1);
+  }
+  EXPECT_EQ(num_threads(), 2);
+  EXPECT_THROW(ScopedNumThreads(0), Error);
+  EXPECT_THROW(ScopedNumThreads(kMaxThreads + 1), Error);
+  EXPECT_EQ(num_threads(), 2);
+  // Every count gives the same bits (one chunk per thread, chunk boundaries on multiples of 64 elements).
+  std::vector<float> x(std::size_t{1} << 19);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 1000) * 0.37f - 100.0f;
+  std::vector<std::uint8_t> one(x.size()), three(x.size());
+  const CastOptions options{Format::e4m3fn, Overflow::kSaturate};
+  {
+    const ScopedNumThreads scope(1);
+    cast_to_fp8(x, one, options);
+  }
+  std::thread([&] {
+    const ScopedNumThreads scope(3);
+    cast_to_fp8(x, three, options);
+  }).join();
+  EXPECT_EQ(one, three);
+  set_num_threads(before);
 }
 
 TEST(Convert, ReportsIsa) {

@@ -421,6 +421,28 @@ TEST(Quantize, BlockSidesOutOfRangeAreRefusedAndHugeOnesAreOneBlock) {
   }
 }
 
+// An error on one of quantize's threads (here the memory limit, refusing a chunk's scales: bfloat16 rows are widened
+// and quantized a chunk at a time, each chunk's scales tensor storage) reaches the caller as an exception: it does
+// not end the process, as anything thrown out of an OpenMP region would. Nothing stays counted afterwards (the
+// chunk's scales were a thread_local kept for the thread's life).
+TEST(Quantize, AnErrorOnItsThreadsReachesTheCaller) {
+  const std::int64_t rows = 65536, cols = 64;
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(rows * cols), bfloat16::from_float(1.5f).bits);
+  const QuantizeOptions options{Format::e4m3fn, Overflow::kSaturate, Granularity::row()};
+  const MatrixRef in(x.data(), DType::bfloat16, rows, cols, cols);
+  const std::int64_t before = memory_stats().current_bytes;
+  {
+    const ScaledTensor q = quantize(in, options);  // fits: the limit below leaves room for this much and no more
+    EXPECT_EQ(q.scale_inv.size(), static_cast<std::size_t>(rows));
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before);
+  // The codes and the scales of the result, and 1 KiB: a chunk's own scales do not fit beside them.
+  set_memory_limit(before + rows * cols + rows * 4 + 1024);
+  testing::expect_error([&] { (void)quantize(in, options); }, ErrorKind::kUnsupported, {"out of memory"});
+  set_memory_limit(0);
+  EXPECT_EQ(memory_stats().current_bytes, before);
+}
+
 // bfloat16 and float16 matrices quantize as their float32 widening does, bit for bit, at every granularity, with rows
 // further apart than their columns, over several of the 1 MiB chunks they are widened in (a short last one, 128-row
 // bands) and threads; quantize_codes_into writes the same codes where it is told and the same scales.

@@ -66,15 +66,35 @@ std::optional<std::string> isa_from_environment();
 // every level the CPU has this way, whatever the environment says); nullopt returns to FP8KIT_ISA. Not for use
 // while other threads run kernels.
 void set_max_isa(std::optional<Isa> cap);
+// The cap set_max_isa set last (nullopt: none, FP8KIT_ISA applies), to put back after capping for a while.
+std::optional<Isa> max_isa_set();
 
 // The most threads set_num_threads takes: past it a thread count only oversubscribes the cores (and OpenMP runtimes
 // fail to start that many threads: libgomp aborts at 100000).
 inline constexpr int kMaxThreads = 1024;
-// Threads used by bulk operations (default: OpenMP's default, usually the number of cores). 1 <= n <= kMaxThreads,
-// else Error(kInvalidArgument). In a process made by fork() without exec (multiprocessing's fork workers), one:
-// GNU OpenMP's threads do not survive a fork, and a parallel region there would wait for them forever;
-// set_num_threads checks its argument and keeps one.
+// Threads used by bulk operations, for every thread of the process from this call on (a server that sets it once at
+// start-up gets it in its worker threads too); until it is called, the calling thread's OpenMP default
+// (OMP_NUM_THREADS, omp_set_num_threads, else the number of cores). It also sets the calling thread's OpenMP default
+// (omp_set_num_threads), so OpenMP code of the caller's own agrees. 1 <= n <= kMaxThreads, else
+// Error(kInvalidArgument). In a process made by fork() without exec (multiprocessing's fork workers), one: GNU
+// OpenMP's threads do not survive a fork, and a parallel region there would wait for them forever; set_num_threads
+// checks its argument and keeps one.
 void set_num_threads(int n);
+// The count fp8kit's next bulk operation on this thread uses: a ScopedNumThreads of this thread's, else
+// set_num_threads', else this thread's OpenMP default (1 in a forked child).
 int num_threads();
+
+// For the calling thread alone, while it lives, fp8kit's bulk operations use n threads (the Python package's
+// `threads=`: one call's count, which no other thread sees). Checked as set_num_threads; scopes nest.
+class ScopedNumThreads {
+ public:
+  explicit ScopedNumThreads(int n);
+  ~ScopedNumThreads();
+  ScopedNumThreads(const ScopedNumThreads&) = delete;
+  ScopedNumThreads& operator=(const ScopedNumThreads&) = delete;
+
+ private:
+  int previous_;
+};
 
 }  // namespace fp8kit

@@ -27,8 +27,8 @@ class Profiler {
  public:
   Profiler();
   double now_us() const;
-  void record(ProfileEvent event);  // thread-safe
-  const std::vector<ProfileEvent>& events() const { return events_; }
+  void record(ProfileEvent event);           // thread-safe
+  std::vector<ProfileEvent> events() const;  // a copy, taken under the lock: record() may run meanwhile
   void clear();
 
   // Chrome trace JSON ({"traceEvents": [{"ph": "X", ...}]}) into `out`, beginning with kChromeTraceStart (by which

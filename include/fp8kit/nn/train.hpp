@@ -88,7 +88,8 @@ struct TrainResult {
   // Dataset::eval_batch): what recipes are compared by. A single run's last training batches vary too much.
   float final_loss = 0.0f;
   float train_loss = 0.0f;      // the mean training loss of the last final_loss_window steps
-  std::int64_t peak_bytes = 0;  // memory_stats() peak over the run, from model creation to the end
+  std::int64_t peak_bytes = 0;  // memory_stats() peak over the run, from model creation to the end (the process's
+                                // counters: a run beside another in one process counts the other's tensors too)
   // What the peak held, by MemoryCategory (index): parameters, gradients, optimizer state, activations (what the
   // training forwards allocated and still held), temporaries; they sum to peak_bytes.
   std::array<std::int64_t, kMemoryCategories> peak_by_category{};

@@ -84,7 +84,8 @@ struct ScaledMmResult {
 // The reference: out[i][j] = sum over K blocks of (sum_k a[i][k] * b[k][j], accumulated in FP32 in increasing k)
 // * scale_a(i, block) * scale_b(block, j), + bias[j]. Supported scales: A per tensor, per row or 1 x Kb blocks;
 // B per tensor, per output channel (a row of N x K) or Kb x Nb blocks (128 x 128 as DeepSeek-V3), with the same
-// K block size on both sides when both are blocked. e5m2 x e5m2 is refused, as cuBLAS and PyTorch refuse it.
+// K block size on both sides when both are blocked. e5m2 x e5m2 is refused, as cuBLASLt (and torch._scaled_mm on
+// CUDA) refuses it.
 // Throws fp8kit::Error (kInvalidArgument) naming what does not fit.
 ScaledMmResult scaled_mm_reference(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options = {});
 

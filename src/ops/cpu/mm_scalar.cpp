@@ -190,8 +190,9 @@ void* thread_scratch(std::size_t bytes) {
   thread_local std::unique_ptr<std::byte[], void (*)(std::byte*)> buffer{nullptr, [](std::byte* p) { std::free(p); }};
   thread_local std::size_t size = 0;
   if (bytes > size) {
-    size = (bytes + 4095) / 4096 * 4096;
-    buffer.reset(static_cast<std::byte*>(std::aligned_alloc(64, size)));
+    const std::size_t grown = (bytes + 4095) / 4096 * 4096;
+    buffer.reset(static_cast<std::byte*>(std::aligned_alloc(64, grown)));
+    size = buffer != nullptr ? grown : 0;  // after a failure, the next call allocates again
     if (buffer == nullptr) throw std::bad_alloc();
   }
   return buffer.get();
