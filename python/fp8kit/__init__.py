@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, about_to_write, as_bits, check_bool, check_float32, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, about_to_write, as_bits, check_bool, check_not_tracked, check_float32, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -55,8 +55,9 @@ _KERNEL_WIDE = frozenset(("float32", "bfloat16", "float16"))
 _FP8_SET = frozenset(FP8)
 
 
-def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] = None, rounding: str = "nearest",
-         seed: Optional[int] = None, threads: Optional[int] = None, out: Any = None) -> Any:
+def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] = None,
+         scale_inv: Optional[float] = None, rounding: str = "nearest", seed: Optional[int] = None,
+         threads: Optional[int] = None, out: Any = None) -> Any:
     """Casts x to `dtype`, exactly as fp8kit's C++ library does (bit-identical to the scalar codec).
 
     x: a NumPy array (float32, float64, float16, ml_dtypes.bfloat16, or an ml_dtypes FP8 dtype), a torch.Tensor
@@ -75,7 +76,9 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         e.g. the step number). Without saturate, a value between the largest finite one and the next step past
         it is rounded up into NaN (e4m3fn) or Inf (e5m2) with the probability of rounding up: stochastic rounding
         of values near the top of the range wants saturate=True.
-    From FP8 to float32, bfloat16, float16: x = decode(q) * scale (exact when scale is None).
+    From FP8 to float32, bfloat16, float16: x = decode(q) * scale_inv, the dequantization scale (1 / the scale the
+      encode multiplied by; exact when scale_inv is None). The two are kept apart, as everywhere in fp8kit: scale=
+      on a decode (or scale_inv= on an encode) is refused, so that one value passed both ways cannot square it.
     Every other pair (float64, FP8 to FP8, float to float): each element rounded once from its exact value, under
     `saturate` for an FP8 target.
     threads: OpenMP threads for this call (None: all). out: an array of the result's kind, shape and dtype to write
@@ -84,6 +87,8 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
     """
     # (The checks are ordered for the common case: a 16-element cast costs about 2 us in all.)
     kind = kind_of(x)
+    if kind == "torch":
+        check_not_tracked(x, "x")
     src = as_bits(x, kind)
     target = _NAME_OF_STRING.get(dtype) if type(dtype) is str else None
     if target is None:
@@ -104,6 +109,8 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         saturate = check_bool("saturate", saturate)
     if scale is not None:
         scale = check_float32("scale", scale)
+    if scale_inv is not None:
+        scale_inv = check_float32("scale_inv", scale_inv)
     if ((stochastic or scale is not None) and src.dtype_name == "float64" and kind == "numpy"
             and not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__")):
         # A list or scalar with a scale or stochastic rounding: the kernels that do those read float32.
@@ -115,8 +122,16 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         hint = f" (x is float64: cast x.{'float()' if kind == 'torch' else 'astype(np.float32)'})"
     if stochastic and not to_fp8:
         raise ValueError(f"rounding='stochastic' is for casts from float32, bfloat16 or float16 to FP8{hint}")
-    if scale is not None and not (to_fp8 or from_fp8):
-        raise ValueError(f"scale is for casts between float32, bfloat16 or float16 and FP8{hint}")
+    if scale is not None and not to_fp8:
+        if from_fp8:
+            raise ValueError("scale is the quantization scale of a cast to FP8 (q = encode(x * scale)); a decode "
+                             "multiplies by the dequantization scale: pass scale_inv= (1 / that scale)")
+        raise ValueError(f"scale is for casts from float32, bfloat16 or float16 to FP8{hint}")
+    if scale_inv is not None and not from_fp8:
+        if to_fp8:
+            raise ValueError("scale_inv is the dequantization scale of a cast from FP8 (x = decode(q) * scale_inv); "
+                             "an encode multiplies by the quantization scale: pass scale= (1 / scale_inv)")
+        raise ValueError(f"scale_inv is for casts from FP8 to float32, bfloat16 or float16{hint}")
     result, result_bits = empty_like_of(x, kind, src.shape, target, out)
     flat_in, flat_out = src.bits, result_bits  # the library reads and writes them as flat, contiguous arrays
     if out is not None and np.may_share_memory(flat_in, flat_out):
@@ -131,8 +146,8 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
                             1.0 if scale is None else float(scale), stochastic, 0 if seed is None else int(seed),
                             threads)
     elif from_fp8:
-        _fp8kit.cast_from_fp8(flat_in, src.dtype_name, flat_out, target, 1.0 if scale is None else float(scale),
-                              threads)
+        _fp8kit.cast_from_fp8(flat_in, src.dtype_name, flat_out, target,
+                              1.0 if scale_inv is None else float(scale_inv), threads)
     else:  # wide <-> wide, FP8 <-> FP8, float64: each element rounded once from its exact value
         _fp8kit.convert(flat_in, src.dtype_name, flat_out, target, bool(saturate), threads)
     return result
@@ -275,6 +290,8 @@ def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, sat
         raise ValueError("margin does not apply to mx32: its E8M0 scales come from each block's amax by OCP's rule")
     threads = check_threads(threads)
     kind = kind_of(x)
+    if kind == "torch":
+        check_not_tracked(x, "x")
     src, name, bits = _wide_matrix_input(x, kind, "quantize", threads)
     rows, cols = _matrix_shape(src.shape)
     saturate = check_bool("saturate", saturate)
@@ -329,34 +346,51 @@ def _scales_of(s: Any, what: str) -> np.ndarray:
         raise TypeError(f"{what} must be a number or a float32 array, not {type(s).__name__}")
     if isinstance(s, (int, float, np.integer, np.floating)):
         return np.array([check_float32(what, s)], np.float32)
-    src = as_bits(s, kind_of(s))
+    src = as_bits(s, kind_of(s), what)
     if src.dtype_name != "float32":
-        if what == "bias":  # torch also takes a bfloat16 one
-            exact = ": exact" if src.dtype_name in ("bfloat16", "float16") else ""
-            raise TypeError(f"bias must be float32 (convert it with .float() or .astype(np.float32){exact}), "
-                            f"not {src.dtype_name}")
+        if what == "bias" and src.dtype_name in ("bfloat16", "float16"):  # torch takes these too: widened exactly
+            wide = np.empty(src.shape, np.float32)
+            if wide.size:
+                _fp8kit.convert(src.bits.reshape(-1), src.dtype_name, wide.reshape(-1), "float32", False, None)
+            return wide
+        if what == "bias":
+            raise TypeError(f"bias must be float32, bfloat16 or float16 (convert it with .float() or "
+                            f".astype(np.float32)), not {src.dtype_name}")
         raise TypeError(f"{what} must be float32 (as torch._scaled_mm's), not {src.dtype_name}")
     return src.bits.reshape(src.shape)
 
 
-def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, out_dtype: Any = "float32",
-              threads: Optional[int] = None) -> Any:
+def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scale_result: Any = None,
+              out_dtype: Any = "float32", use_fast_accum: bool = False, *, threads: Optional[int] = None) -> Any:
     """torch._scaled_mm on the CPU: out = (a @ b) * scale_a * scale_b + bias, FP8 products accumulated in FP32.
 
     a: FP8 (M, K); b: FP8 (K, N), column-major as torch._scaled_mm wants it (b.T contiguous: N x K weights, taken
-      without a transpose) or row-major (K x N); e5m2 x e5m2 is refused, as cuBLAS and PyTorch refuse it. The codes
-      are copied once into the library's operands (a byte per element; the product reads each many times).
+      without a transpose) or row-major (K x N); e5m2 x e5m2 is refused, as cuBLASLt (and so torch._scaled_mm on
+      CUDA) refuses it. The codes are copied once into the library's operands (a byte per element, outside the
+      GIL; the product reads each many times).
     scale_a, scale_b: dequantization scales, float32, in torch._scaled_mm's shapes: one value each (per tensor: a
       number or a 1-element array); per row of a, (M, 1), and per column of b, (1, N) (row-wise scaling); or blocks
       along K of 128 (DeepSeek-V3's recipe): scale_a (M, ceil(K/128)) per 1x128 block or (ceil(M/128),
       ceil(K/128)) per 128x128 block, scale_b (ceil(K/128), ceil(N/128)) per 128x128 block or (ceil(K/128), N)
       per 128x1 block of b. Blocked products scale each K block's FP32 sum, as the library's blocked GEMMs do.
-    bias: N float32 values or None. out_dtype: "float32" or "bfloat16".
+    The arguments in torch._scaled_mm's order, so that a call to it runs here unchanged, with one difference:
+    out_dtype defaults to float32 (torch's default is a's FP8 type, an output fp8kit does not make: quantize the
+    result instead). bias: N values or None, float32, or bfloat16 / float16 (widened exactly). scale_result: only
+    None (torch applies it to FP8 outputs). out_dtype: "float32", "bfloat16" or "float16" (the FP32 result rounded
+    once). use_fast_accum: accepted and ignored: every kernel here accumulates in FP32 (as torch's CPU kernel).
     Returns an (M, N) array of a's kind. The kernel is the level's (fp8kit.conversion_kernel() for the casts;
     docs/gemm.md for the GEMMs and their results contract)."""
     threads = check_threads(threads)
+    if scale_result is not None:
+        raise ValueError("scale_result scales an FP8 output, which fp8kit.scaled_mm does not make (out_dtype float32, "
+                         "bfloat16 or float16): leave it None and quantize the result")
+    check_bool("use_fast_accum", use_fast_accum)
     kind = kind_of(a)
-    sa, sb = as_bits(a, kind), None
+    if kind == "torch":
+        check_not_tracked(a, "a")
+        if kind_of(b) == "torch":
+            check_not_tracked(b, "b")
+    sa, sb = as_bits(a, kind, "a"), None
     if kind_of(b) != kind:
         raise TypeError("a and b must be of the same kind (NumPy arrays or torch tensors)")
     if len(sa.shape) != 2:
@@ -372,7 +406,7 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
     n = b_shape[1]
     bt = b.t() if kind == "torch" else b.T
     b_is_nk = bool(bt.is_contiguous()) if kind == "torch" else bool(bt.flags.c_contiguous)
-    sb = as_bits(bt if b_is_nk else b, kind)
+    sb = as_bits(bt if b_is_nk else b, kind, "b")
     if sb.dtype_name not in FP8:
         raise ValueError(f"b must be FP8, not {sb.dtype_name}")
     scales_a, scales_b = _scales_of(scale_a, "scale_a"), _scales_of(scale_b, "scale_b")
@@ -407,16 +441,20 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, *, bias: Any = None, o
                          f"({kb}, {-(-n // 128)}) per 128x128 block or (ceil(K/128), N) = ({kb}, {n}) per 128x1 "
                          f"block, not {scales_b.shape}")
     target = resolve_dtype(out_dtype)
-    if target not in ("float32", "bfloat16"):
-        raise ValueError(f"out_dtype must be float32 or bfloat16, not {target}")
+    if target not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"out_dtype must be float32, bfloat16 or float16, not {target}")
     bias_bits = None
     if bias is not None:
         bias_bits = _scales_of(bias, "bias").reshape(-1)
     result, bits = empty_like_of(a, kind, (m, n), target, None)
     b_rows, b_cols = (n, k) if b_is_nk else (k, n)
+    # float16: the FP32 result, rounded once (the library's outputs are float32 or bfloat16)
+    wide = np.empty((m, n), np.float32) if target == "float16" else bits
     _fp8kit.scaled_mm(sa.bits.reshape(-1), sa.dtype_name, m, k, scales_a.reshape(-1), a_granularity,
                       sb.bits.reshape(-1), sb.dtype_name, b_rows, b_cols, scales_b.reshape(-1), b_granularity,
-                      b_is_nk, bias_bits, bits.reshape(-1), target, threads)
+                      b_is_nk, bias_bits, wide.reshape(-1), "float32" if target == "float16" else target, threads)
+    if target == "float16" and wide.size:
+        _fp8kit.convert(wide.reshape(-1), "float32", bits.reshape(-1), "float16", False, threads)
     return result
 
 

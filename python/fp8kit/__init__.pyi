@@ -14,6 +14,7 @@ def cast(
     *,
     saturate: bool = False,
     scale: Optional[float] = None,
+    scale_inv: Optional[float] = None,
     rounding: str = "nearest",
     seed: Optional[int] = None,
     threads: Optional[int] = None,
@@ -84,9 +85,11 @@ def scaled_mm(
     b: Any,
     scale_a: Any,
     scale_b: Any,
-    *,
     bias: Any = None,
+    scale_result: Any = None,
     out_dtype: Any = "float32",
+    use_fast_accum: bool = False,
+    *,
     threads: Optional[int] = None,
 ) -> Any: ...
 

@@ -164,9 +164,23 @@ def _torch_bits_view(t: Any, name: str) -> np.ndarray:
     return t.numpy()
 
 
-def as_bits(x: Any, kind: str) -> Source:
+def _element_name(dtype: Any, kind: str, what: str) -> str:
+    """The canonical name of an input's element type; ValueError naming the input (not a target) when fp8kit does
+    not read it (ints of a torch tensor or NumPy array, bool, complex)."""
+    try:
+        return resolve_dtype(dtype)
+    except (ValueError, TypeError) as e:
+        if "big-endian" in str(e):  # a type fp8kit reads, in the other byte order: that message says what to do
+            raise
+        shown = str(dtype).replace("torch.", "")
+        fix = ".float()" if kind == "torch" else ".astype(np.float32)"
+        raise ValueError(f"{what} holds {shown} elements; fp8kit reads float32, bfloat16, float16, float64 and FP8 "
+                         f"(e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu): convert it first, e.g. with {fix}") from None
+
+
+def as_bits(x: Any, kind: str, what: str = "x") -> Source:
     """x as a contiguous NumPy array for the library (copied once when it is not contiguous, or not aligned to its
-    element size)."""
+    element size). `what` names x in an error."""
     if type(x) is np.ndarray:  # the common case first, without the general path's calls
         name = _NAME_OF_NUMPY.get(x.dtype)
         flags = x.flags
@@ -177,7 +191,7 @@ def as_bits(x: Any, kind: str) -> Source:
             raise ValueError(f"the tensor is on {x.device}: the Python package runs fp8kit's CPU kernels (its CUDA "
                              f"backend is C++, docs/cuda.md); move it with .cpu()")
         _check_torch_layout(x, "the input")
-        name = resolve_dtype(x.dtype)
+        name = _element_name(x.dtype, kind, what)
         t = x.detach()
         if t.is_neg():  # a lazily negated view: its memory holds the values before the negation
             t = t.resolve_neg()
@@ -205,10 +219,21 @@ def as_bits(x: Any, kind: str) -> Source:
                 # object(), a dict, a string: not numbers at all (ml_dtypes' scalars are kind "V": they are)
                 raise TypeError(f"fp8kit takes an array, a tensor or numbers; NumPy reads this "
                                 f"{type(original).__name__} as {x.dtype} elements, not numbers it can cast")
-    name = resolve_dtype(x.dtype)
+    name = _element_name(x.dtype, kind, what)
     if not x.flags.c_contiguous or not x.flags.aligned:  # (a view at an odd offset, as in a safetensors file)
         x = np.array(x, order="C", copy=True)
     return Source(x, name, x.shape)
+
+
+def check_not_tracked(x: Any, what: str) -> None:
+    """A torch tensor that requires grad, while grad mode is on, is refused as an input whose result would carry a
+    gradient: fp8kit runs outside autograd, so no gradient would reach it and training through the call would
+    silently not update it (torch's own .numpy() refuses such tensors too)."""
+    if x.requires_grad:
+        import torch
+        if torch.is_grad_enabled():
+            raise ValueError(f"{what} requires grad: fp8kit runs outside autograd, so its result would carry no "
+                             f"gradient back to it; pass {what}.detach(), or call under torch.no_grad()")
 
 
 def about_to_write(out: Any) -> None:

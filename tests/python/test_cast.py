@@ -92,8 +92,15 @@ def test_scales_both_ways():
     q = fp8kit.cast(x, "e4m3fn", scale=float(s), saturate=True)
     want = np.clip(x * s, -448, 448).astype(ml_dtypes.float8_e4m3fn)
     assert np.array_equal(q.view(np.uint8), want.view(np.uint8))
-    back = fp8kit.cast(q, "float32", scale=float(1 / s))
+    back = fp8kit.cast(q, "float32", scale_inv=float(1 / s))
     assert np.array_equal(back, q.astype(np.float32) * np.float32(1 / s))
+    # The quantization scale and the dequantization scale are kept apart: one value passed both ways would square it
+    with pytest.raises(ValueError, match=r"a decode multiplies by the dequantization scale: pass scale_inv="):
+        fp8kit.cast(q, "float32", scale=float(s))
+    with pytest.raises(ValueError, match=r"an encode multiplies by the quantization scale: pass scale="):
+        fp8kit.cast(x, "e4m3fn", scale_inv=float(s))
+    with pytest.raises(ValueError, match="scale_inv is for casts from FP8"):
+        fp8kit.cast(x, "float16", scale_inv=2.0)
 
 
 def test_stochastic_rounding_is_seeded_unbiased_and_thread_independent():
@@ -175,7 +182,7 @@ def test_errors():
         fp8kit.cast(x, "e4m3")
     with pytest.raises(ValueError, match="does not cast"):
         fp8kit.cast(x, np.int32)
-    with pytest.raises(ValueError, match="does not cast"):
+    with pytest.raises(ValueError, match="x holds int64 elements"):  # the input named, not the target
         fp8kit.cast(np.int64([1]), "e4m3fn")
     with pytest.raises(ValueError, match="threads must be at least 1"):
         fp8kit.cast(x, "e4m3fn", threads=0)
@@ -189,6 +196,10 @@ def test_errors():
         fp8kit.cast(x.astype(ml_dtypes.float8_e4m3fn), "float32", rounding="stochastic")
     with pytest.raises(ValueError, match="scale is for"):
         fp8kit.cast(x, "float16", scale=2.0)
+    # an input fp8kit does not read is named as the input, not as an unknown target
+    for bad in (np.ones(3, np.int32), np.ones(3, np.complex64), np.ones(3, bool)):
+        with pytest.raises(ValueError, match=rf"x holds {bad.dtype} elements; fp8kit reads float32.*astype"):
+            fp8kit.cast(bad, "e4m3fn")
     with pytest.raises(ValueError, match="out is"):
         fp8kit.cast(x, "e4m3fn", out=np.empty(3, ml_dtypes.float8_e4m3fn))
     with pytest.raises(ValueError, match="out is"):
@@ -313,7 +324,7 @@ def test_torch_subclasses_layouts_and_autograd():
         pass
 
     x = torch.linspace(-4, 4, 9)
-    for t in (x.as_subclass(Sub), torch.nn.Parameter(x.clone())):
+    for t in (x.as_subclass(Sub), torch.nn.Parameter(x.clone(), requires_grad=False)):
         q = fp8kit.cast(t, "e4m3fn")
         assert isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn, type(q)
         assert torch.equal(q.view(torch.uint8), x.to(torch.float8_e4m3fn).view(torch.uint8))
@@ -342,6 +353,22 @@ def test_torch_subclasses_layouts_and_autograd():
         with torch.no_grad():
             fp8kit.cast(codes, dtype, out=leaf[1])
         assert torch.equal(leaf.detach()[1].float(), torch.full((4,), 5.0)) and not leaf.detach()[0].any()
+    # an input requiring grad, while grad mode is on: its result would carry no gradient back, so it is refused
+    # (training through the call would silently leave the tensor unchanged); detached or under no_grad it casts
+    w = torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match=r"x requires grad: .*pass x.detach\(\), or call under torch.no_grad"):
+        fp8kit.cast(w, "e4m3fn")
+    with pytest.raises(ValueError, match="x requires grad"):
+        fp8kit.quantize(w)
+    with pytest.raises(ValueError, match="b requires grad"):
+        fp8kit.scaled_mm(codes.reshape(1, 4), torch.zeros(4, 4).to(torch.float8_e4m3fn).requires_grad_(), 1.0, 1.0)
+    want = w.detach().to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(fp8kit.cast(w.detach(), "e4m3fn").view(torch.uint8), want)
+    with torch.no_grad():
+        assert torch.equal(fp8kit.cast(w, "e4m3fn").view(torch.uint8), want)
+        assert fp8kit.quantize(w).data.shape == (4, 4)
+    with pytest.raises(ValueError, match=r"x holds int32 elements; fp8kit reads .*\.float\(\)"):
+        fp8kit.cast(torch.ones(3, dtype=torch.int32), "e4m3fn")
     a = torch.ones(4, requires_grad=True)
     o = torch.full((4,), 2.0)
     z = (a * o).sum()  # saves o for backward

@@ -59,8 +59,14 @@ def test_errors():
         fp8kit.scaled_mm(a, b, np.ones(1, np.float64), 1.0)
     with pytest.raises(ValueError, match="must be FP8"):
         fp8kit.scaled_mm(np.ones((4, 32), np.float32), b, 1.0, 1.0)
-    with pytest.raises(ValueError, match="out_dtype"):
-        fp8kit.scaled_mm(a, b, 1.0, 1.0, out_dtype="float16")
+    with pytest.raises(ValueError, match="out_dtype must be float32, bfloat16 or float16"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0, out_dtype="e4m3fn")
+    with pytest.raises(ValueError, match="scale_result scales an FP8 output"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0, scale_result=1.0)
+    with pytest.raises(TypeError, match="use_fast_accum must be True or False"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0, use_fast_accum="yes")
+    with pytest.raises(ValueError, match="a holds int32 elements"):
+        fp8kit.scaled_mm(np.ones((4, 32), np.int32), b, 1.0, 1.0)
     with pytest.raises(ValueError, match="bias"):
         fp8kit.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(7, np.float32))
 
@@ -100,6 +106,25 @@ def test_empty_products_take_per_tensor_scales():
         fp8kit.scaled_mm(a, b, np.ones((3, 1), np.float32), 1.0)  # shapes still checked
 
 
+def test_torch_scaled_mm_arguments_in_its_order():
+    """A call written for torch._scaled_mm runs unchanged: bias positional, then scale_result (None), out_dtype,
+    use_fast_accum (ignored: FP32 accumulation always); a bfloat16 or float16 bias widened exactly; a float16 output
+    is the float32 one rounded once."""
+    rng = np.random.default_rng(5)
+    a = rng.normal(0, 2, (6, 40)).astype(ml_dtypes.float8_e4m3fn)
+    b = rng.normal(0, 2, (40, 24)).astype(ml_dtypes.float8_e4m3fn)
+    bias = rng.normal(0, 1, 24).astype(ml_dtypes.bfloat16)
+    want = fp8kit.scaled_mm(a, b, 2.0, 0.5, bias=bias.astype(np.float32))
+    got = fp8kit.scaled_mm(a, b, 2.0, 0.5, bias, None, "float32", True)
+    assert np.array_equal(got, want)
+    assert np.array_equal(fp8kit.scaled_mm(a, b, 2.0, 0.5, bias.astype(np.float16).astype(np.float32)),
+                          fp8kit.scaled_mm(a, b, 2.0, 0.5, bias.astype(np.float16)))
+    half = fp8kit.scaled_mm(a, b, 2.0, 0.5, bias, out_dtype="float16")
+    assert half.dtype == np.float16 and np.array_equal(half, want.astype(np.float16))
+    with pytest.raises(TypeError, match="bias must be float32, bfloat16 or float16"):
+        fp8kit.scaled_mm(a, b, 2.0, 0.5, np.ones(24, np.float64))
+
+
 def test_torch_matches_torch_scaled_mm_semantics():
     torch = pytest.importorskip("torch")
     a = torch.randn(16, 64).to(torch.float8_e4m3fn)
@@ -107,6 +132,13 @@ def test_torch_matches_torch_scaled_mm_semantics():
     out = fp8kit.scaled_mm(a, w.t(), torch.tensor(2.0), torch.tensor(0.5))
     want = (a.float() @ w.float().t()) * 1.0
     assert isinstance(out, torch.Tensor) and torch.allclose(out, want, rtol=1e-5, atol=1e-4)
+    # torch's own call, word for word (out_dtype given: its default would be an FP8 output)
+    bias = torch.randn(32, dtype=torch.bfloat16)
+    args = (a, w.t(), torch.tensor(2.0), torch.tensor(0.5), bias, None, torch.bfloat16, True)
+    mine = fp8kit.scaled_mm(*args)
+    theirs = torch._scaled_mm(*args)
+    assert mine.dtype == theirs.dtype == torch.bfloat16
+    assert torch.allclose(mine.float(), theirs.float(), rtol=1e-2, atol=1e-2)
 
 
 def blocked_reference(a, b, sa_rows, sb_blocks):

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -257,6 +259,22 @@ TEST(TensorBuffer, VectorSemanticsOnTensorStorage) {
     TensorBuffer<std::uint8_t> d = std::move(c);
     EXPECT_EQ(d.size(), 4u);
     EXPECT_TRUE(c.empty());
+    // assign from a range: one storage of its size (a forward range), each element converted; an input range (read
+    // once) element by element. Within capacity the storage stays.
+    const std::vector<double> values = {1.5, -2.0, 3.25};
+    a.assign(values.begin(), values.end());
+    EXPECT_EQ(a.size(), 3u);
+    EXPECT_EQ(a[2], 3.25f);
+    EXPECT_EQ(a.capacity(), 1000u);
+    std::vector<std::uint8_t> bytes(5000);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 7);
+    d.assign(bytes.data(), bytes.data() + bytes.size());
+    EXPECT_EQ(d.capacity(), 5000u);
+    EXPECT_TRUE(std::equal(d.begin(), d.end(), bytes.begin(), bytes.end()));
+    std::istringstream text("7 8 9");
+    d.assign(std::istream_iterator<int>(text), std::istream_iterator<int>());
+    EXPECT_EQ(d.size(), 3u);
+    EXPECT_EQ(d[2], 9);
   }
   EXPECT_EQ(memory_stats().current_bytes, before);  // everything released
 }

@@ -148,9 +148,10 @@ class CastPrinter {
     }
     std::string formats;
     for (Format f : setup_.formats) formats += (formats.empty() ? "" : ", ") + std::string(name(f));
-    const std::string overflow = setup_.overflow == Overflow::kSaturate
-                                     ? "saturating (+-max finite)"
-                                     : "non-saturating (Inf or NaN, as PyTorch .to() and ml_dtypes)";
+    const std::string overflow =
+        setup_.overflow == Overflow::kSaturate
+            ? "saturating (+-max finite)"
+            : "non-saturating (Inf or NaN, as ml_dtypes, and PyTorch .to() but for e4m3fn from 2.12)";
     const std::string rounding = setup_.rounding == Rounding::kStochastic
                                      ? fmt::format("stochastic (seed {})", setup_.seed)
                                      : std::string("nearest, ties to even");

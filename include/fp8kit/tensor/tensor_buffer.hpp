@@ -83,7 +83,14 @@ class TensorBuffer {
   template <std::input_iterator It>
   void assign(It first, It last) {
     clear();
-    for (; first != last; ++first) push_back(static_cast<T>(*first));
+    if constexpr (std::forward_iterator<It>) {  // one storage of the right size, then a plain copy
+      const auto n = static_cast<std::size_t>(std::distance(first, last));
+      reserve_exactly(n);
+      std::transform(first, last, ptr_, [](const auto& v) { return static_cast<T>(v); });
+      size_ = n;
+    } else {
+      for (; first != last; ++first) push_back(static_cast<T>(*first));
+    }
   }
   void push_back(const T& value) {
     if (size_ == capacity_) reserve(std::max<std::size_t>(16, 2 * capacity_));
