@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -77,11 +78,13 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         it is rounded up into NaN (e4m3fn) or Inf (e5m2) with the probability of rounding up: stochastic rounding
         of values near the top of the range wants saturate=True.
     From FP8 to float32, bfloat16, float16: x = decode(q) * scale_inv, the dequantization scale (1 / the scale the
-      encode multiplied by; exact when scale_inv is None). The two are kept apart, as everywhere in fp8kit: scale=
-      on a decode (or scale_inv= on an encode) is refused, so that one value passed both ways cannot square it.
+      encode multiplied by; exact when scale_inv is None). The two are kept apart, as everywhere in fp8kit:
+      scale_inv= on an encode is refused; scale= on a decode (its name before scale_inv=, the same multiplier) gives
+      a FutureWarning and will be refused, so that one value passed both ways cannot square it.
     Every other pair (float64, FP8 to FP8, float to float): each element rounded once from its exact value, under
     `saturate` for an FP8 target.
-    threads: OpenMP threads for this call (None: all). out: an array of the result's kind, shape and dtype to write
+    threads: OpenMP threads for this call, on this thread (None: the library's count, OMP_NUM_THREADS else the
+    cores). out: an array of the result's kind, shape and dtype to write
     into (returned).
     Returns an array of x's kind (NumPy or torch) and shape.
     """
@@ -122,16 +125,21 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         hint = f" (x is float64: cast x.{'float()' if kind == 'torch' else 'astype(np.float32)'})"
     if stochastic and not to_fp8:
         raise ValueError(f"rounding='stochastic' is for casts from float32, bfloat16 or float16 to FP8{hint}")
+    if scale is not None and from_fp8:
+        if scale_inv is not None:
+            raise ValueError("give a decode its dequantization scale once, as scale_inv=")
+        # Before scale_inv= existed a decode took its multiplier as scale=: the same value, now named for what it is.
+        warnings.warn("scale= on a cast from FP8 is the multiplier decode(q) * scale; name it scale_inv= (the same "
+                      "value: the dequantization scale, 1 / the encode's scale). scale= on a decode will be refused",
+                      FutureWarning, stacklevel=2)
+        scale_inv, scale = scale, None
     if scale is not None and not to_fp8:
-        if from_fp8:
-            raise ValueError("scale is the quantization scale of a cast to FP8 (q = encode(x * scale)); a decode "
-                             "multiplies by the dequantization scale: pass scale_inv= (1 / that scale)")
         raise ValueError(f"scale is for casts from float32, bfloat16 or float16 to FP8{hint}")
     if scale_inv is not None and not from_fp8:
         if to_fp8:
             raise ValueError("scale_inv is the dequantization scale of a cast from FP8 (x = decode(q) * scale_inv); "
                              "an encode multiplies by the quantization scale: pass scale= (1 / scale_inv)")
-        raise ValueError(f"scale_inv is for casts from FP8 to float32, bfloat16 or float16{hint}")
+        raise ValueError("scale_inv is for casts from FP8 to float32, bfloat16 or float16")
     result, result_bits = empty_like_of(x, kind, src.shape, target, out)
     flat_in, flat_out = src.bits, result_bits  # the library reads and writes them as flat, contiguous arrays
     if out is not None and np.may_share_memory(flat_in, flat_out):
@@ -290,8 +298,6 @@ def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, sat
         raise ValueError("margin does not apply to mx32: its E8M0 scales come from each block's amax by OCP's rule")
     threads = check_threads(threads)
     kind = kind_of(x)
-    if kind == "torch":
-        check_not_tracked(x, "x")
     src, name, bits = _wide_matrix_input(x, kind, "quantize", threads)
     rows, cols = _matrix_shape(src.shape)
     saturate = check_bool("saturate", saturate)
@@ -346,7 +352,11 @@ def _scales_of(s: Any, what: str) -> np.ndarray:
         raise TypeError(f"{what} must be a number or a float32 array, not {type(s).__name__}")
     if isinstance(s, (int, float, np.integer, np.floating)):
         return np.array([check_float32(what, s)], np.float32)
-    src = as_bits(s, kind_of(s), what)
+    try:
+        src = as_bits(s, kind_of(s), what)
+    except ValueError:  # ints, bools: named as the other refused types are
+        raise TypeError(f"{what} must be a number or a float32 array{', bfloat16 or float16' if what == 'bias' else ''}"
+                        f", not {getattr(s, 'dtype', type(s).__name__)}") from None
     if src.dtype_name != "float32":
         if what == "bias" and src.dtype_name in ("bfloat16", "float16"):  # torch takes these too: widened exactly
             wide = np.empty(src.shape, np.float32)
@@ -373,24 +383,29 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
       along K of 128 (DeepSeek-V3's recipe): scale_a (M, ceil(K/128)) per 1x128 block or (ceil(M/128),
       ceil(K/128)) per 128x128 block, scale_b (ceil(K/128), ceil(N/128)) per 128x128 block or (ceil(K/128), N)
       per 128x1 block of b. Blocked products scale each K block's FP32 sum, as the library's blocked GEMMs do.
-    The arguments in torch._scaled_mm's order, so that a call to it runs here unchanged, with one difference:
-    out_dtype defaults to float32 (torch's default is a's FP8 type, an output fp8kit does not make: quantize the
-    result instead). bias: N values or None, float32, or bfloat16 / float16 (widened exactly). scale_result: only
-    None (torch applies it to FP8 outputs). out_dtype: "float32", "bfloat16" or "float16" (the FP32 result rounded
-    once). use_fast_accum: accepted and ignored: every kernel here accumulates in FP32 (as torch's CPU kernel).
+    The arguments in torch._scaled_mm's order, so that a positional call to it with out_dtype given runs here
+    unchanged; out_dtype defaults to float32 (torch's default is a's FP8 type, an output fp8kit does not make:
+    quantize the result instead), and e5m2 x e5m2, which torch's CPU kernel takes, is refused. bias: N values or
+    None, float32, or bfloat16 / float16 (widened exactly). scale_result: a number or None, with no effect (torch
+    applies it to FP8 outputs only). out_dtype: "float32", "bfloat16" or "float16" (the FP32 result rounded once).
+    use_fast_accum: accepted and ignored: every kernel here accumulates in FP32 (as torch's CPU kernel does). A torch
+    argument that requires grad is refused while grad mode is on (the result carries no gradient).
     Returns an (M, N) array of a's kind. The kernel is the level's (fp8kit.conversion_kernel() for the casts;
     docs/gemm.md for the GEMMs and their results contract)."""
     threads = check_threads(threads)
+    if out_dtype is None:
+        raise ValueError("out_dtype=None is torch._scaled_mm's FP8 output, which fp8kit.scaled_mm does not make: give "
+                         "float32, bfloat16 or float16 (and quantize the result for FP8)")
     if scale_result is not None:
-        raise ValueError("scale_result scales an FP8 output, which fp8kit.scaled_mm does not make (out_dtype float32, "
-                         "bfloat16 or float16): leave it None and quantize the result")
+        # torch applies it to FP8 outputs only; for the outputs made here it has no effect there either
+        check_float32("scale_result", scale_result)
     check_bool("use_fast_accum", use_fast_accum)
     kind = kind_of(a)
-    if kind == "torch":
-        check_not_tracked(a, "a")
-        if kind_of(b) == "torch":
-            check_not_tracked(b, "b")
-    sa, sb = as_bits(a, kind, "a"), None
+    for value, what in ((a, "a"), (b, "b"), (scale_a, "scale_a"), (scale_b, "scale_b"), (bias, "bias")):
+        if value is not None and kind_of(value) == "torch":
+            check_not_tracked(value, what)
+    operand_fix = "scaled_mm multiplies FP8 operands: quantize it first (fp8kit.quantize or fp8kit.cast)"
+    sa, sb = as_bits(a, kind, "a", operand_fix), None
     if kind_of(b) != kind:
         raise TypeError("a and b must be of the same kind (NumPy arrays or torch tensors)")
     if len(sa.shape) != 2:
@@ -406,7 +421,7 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
     n = b_shape[1]
     bt = b.t() if kind == "torch" else b.T
     b_is_nk = bool(bt.is_contiguous()) if kind == "torch" else bool(bt.flags.c_contiguous)
-    sb = as_bits(bt if b_is_nk else b, kind, "b")
+    sb = as_bits(bt if b_is_nk else b, kind, "b", operand_fix)
     if sb.dtype_name not in FP8:
         raise ValueError(f"b must be FP8, not {sb.dtype_name}")
     scales_a, scales_b = _scales_of(scale_a, "scale_a"), _scales_of(scale_b, "scale_b")

@@ -164,23 +164,24 @@ def _torch_bits_view(t: Any, name: str) -> np.ndarray:
     return t.numpy()
 
 
-def _element_name(dtype: Any, kind: str, what: str) -> str:
+def _element_name(dtype: Any, kind: str, what: str, fix: Optional[str] = None) -> str:
     """The canonical name of an input's element type; ValueError naming the input (not a target) when fp8kit does
-    not read it (ints of a torch tensor or NumPy array, bool, complex)."""
+    not read it (ints of a torch tensor or NumPy array, bool, complex), and what to do (`fix`, else a float cast)."""
     try:
         return resolve_dtype(dtype)
     except (ValueError, TypeError) as e:
         if "big-endian" in str(e):  # a type fp8kit reads, in the other byte order: that message says what to do
             raise
         shown = str(dtype).replace("torch.", "")
-        fix = ".float()" if kind == "torch" else ".astype(np.float32)"
-        raise ValueError(f"{what} holds {shown} elements; fp8kit reads float32, bfloat16, float16, float64 and FP8 "
-                         f"(e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e8m0fnu): convert it first, e.g. with {fix}") from None
+        if fix is None:
+            fix = ("fp8kit reads float32, bfloat16, float16, float64 and FP8 (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, "
+                   f"e8m0fnu): convert it first, e.g. with {'.float()' if kind == 'torch' else '.astype(np.float32)'}")
+        raise ValueError(f"{what} holds {shown} elements; {fix}") from None
 
 
-def as_bits(x: Any, kind: str, what: str = "x") -> Source:
+def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None) -> Source:
     """x as a contiguous NumPy array for the library (copied once when it is not contiguous, or not aligned to its
-    element size). `what` names x in an error."""
+    element size). `what` names x in an error about its element type, `fix` says what to do (_element_name)."""
     if type(x) is np.ndarray:  # the common case first, without the general path's calls
         name = _NAME_OF_NUMPY.get(x.dtype)
         flags = x.flags
@@ -191,7 +192,7 @@ def as_bits(x: Any, kind: str, what: str = "x") -> Source:
             raise ValueError(f"the tensor is on {x.device}: the Python package runs fp8kit's CPU kernels (its CUDA "
                              f"backend is C++, docs/cuda.md); move it with .cpu()")
         _check_torch_layout(x, "the input")
-        name = _element_name(x.dtype, kind, what)
+        name = _element_name(x.dtype, kind, what, fix)
         t = x.detach()
         if t.is_neg():  # a lazily negated view: its memory holds the values before the negation
             t = t.resolve_neg()
@@ -219,7 +220,7 @@ def as_bits(x: Any, kind: str, what: str = "x") -> Source:
                 # object(), a dict, a string: not numbers at all (ml_dtypes' scalars are kind "V": they are)
                 raise TypeError(f"fp8kit takes an array, a tensor or numbers; NumPy reads this "
                                 f"{type(original).__name__} as {x.dtype} elements, not numbers it can cast")
-    name = _element_name(x.dtype, kind, what)
+    name = _element_name(x.dtype, kind, what, fix)
     if not x.flags.c_contiguous or not x.flags.aligned:  # (a view at an odd offset, as in a safetensors file)
         x = np.array(x, order="C", copy=True)
     return Source(x, name, x.shape)

@@ -233,21 +233,18 @@ namespace {
 
 // A child of fork() (multiprocessing's and DataLoader's workers, a test's death child): GNU OpenMP's threads do not
 // survive the fork, and the forking thread's next parallel region in the child would wait for them forever (its
-// thread pool came along). So in a forked process the forking thread's OpenMP default is set to 1, and
-// num_threads() (the count every parallel region of fp8kit's names) says 1: the child runs fp8kit on one thread.
-// (posix_spawn and fork + exec run no handlers: a new program starts as any other.)
-std::atomic<bool> g_forked{false};
+// thread pool came along). So in a forked process the forking thread (the child's first, and there its only one)
+// has its OpenMP default set to 1, and num_threads() (the count every parallel region of fp8kit's names) says 1 on
+// it: that thread runs fp8kit on one thread. A thread the child starts later has a pool of its own, which works, and
+// the process's count. (posix_spawn and fork + exec run no handlers: a new program starts as any other.)
+thread_local bool t_forked = false;
 
 void after_fork_in_child() {
-  g_forked.store(true, std::memory_order_relaxed);
+  t_forked = true;
   omp_set_num_threads(1);
 }
 
 [[maybe_unused]] const int g_at_fork = pthread_atfork(nullptr, nullptr, after_fork_in_child);
-
-}  // namespace
-
-namespace {
 
 std::atomic<int> g_threads{0};   // set_num_threads' count, every thread's (0: not set)
 thread_local int t_threads = 0;  // this thread's ScopedNumThreads count (0: none)
@@ -260,14 +257,23 @@ void check_thread_count(int n) {
 
 }  // namespace
 
-void set_num_threads(int n) {
-  check_thread_count(n);
-  g_threads.store(n, std::memory_order_relaxed);
-  omp_set_num_threads(g_forked.load(std::memory_order_relaxed) ? 1 : n);
+void set_num_threads(std::optional<int> n) {
+  if (!n) {
+    g_threads.store(0, std::memory_order_relaxed);  // each thread's OpenMP default again
+    return;
+  }
+  check_thread_count(*n);
+  g_threads.store(*n, std::memory_order_relaxed);
+  omp_set_num_threads(t_forked ? 1 : *n);
+}
+
+std::optional<int> num_threads_set() {
+  const int set = g_threads.load(std::memory_order_relaxed);
+  return set > 0 ? std::optional<int>(set) : std::nullopt;
 }
 
 int num_threads() {
-  if (g_forked.load(std::memory_order_relaxed)) return 1;
+  if (t_forked) return 1;
   if (t_threads > 0) return t_threads;
   const int set = g_threads.load(std::memory_order_relaxed);
   return set > 0 ? set : omp_get_max_threads();

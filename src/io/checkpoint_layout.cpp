@@ -11,6 +11,7 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/scaling/quantize.hpp"
+#include "common/parallel.hpp"
 #include "io/strict_json.hpp"
 
 namespace fp8kit {
@@ -550,15 +551,19 @@ void dequantize_checkpoint_tensor_into(CheckpointLayout layout, const Safetensor
   const std::int64_t br = p.granularity.rows_per_block(p.rows), bc = p.granularity.cols_per_block(p.cols);
   const std::int64_t grid_cols = ceil_div(p.cols, bc);
   // Rows split among threads; each block's run stays on its thread (the decode's own threads are nested, inactive).
+  detail::RegionErrors errors;  // the kernels' first lookup can throw (a bad FP8KIT_ISA)
 #pragma omp parallel for num_threads(::fp8kit::num_threads()) \
     schedule(static) if (n >= (std::size_t{1} << 20) && p.rows > 1)
   for (std::int64_t r = 0; r < p.rows; ++r) {
-    for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
-      const std::int64_t c0 = gc * bc, c1 = std::min(p.cols, c0 + bc);
-      decode(static_cast<std::size_t>(r * p.cols + c0), static_cast<std::size_t>(c1 - c0),
-             scale_inv[static_cast<std::size_t>((r / br) * grid_cols + gc)]);
-    }
+    errors.guard([&] {
+      for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+        const std::int64_t c0 = gc * bc, c1 = std::min(p.cols, c0 + bc);
+        decode(static_cast<std::size_t>(r * p.cols + c0), static_cast<std::size_t>(c1 - c0),
+               scale_inv[static_cast<std::size_t>((r / br) * grid_cols + gc)]);
+      }
+    });
   }
+  errors.rethrow();
 }
 
 // ---------------------------------------------------------------- which tensors are quantized

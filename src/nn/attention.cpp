@@ -152,32 +152,37 @@ Tensor CausalSelfAttention::forward(const Context& ctx, const Tensor& qkv, Saved
   float* st = keep_probs ? nullptr : stats.data<float>();
   const bool parallel = static_cast<double>(d.b * d.h) * static_cast<double>(T * T * hs) >= kParallelWork;
 
+  fp8kit::detail::RegionErrors errors;  // each head's buffers are allocations
 #pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t bh = 0; bh < d.b * d.h; ++bh) {
-    const std::int64_t b = bh / d.h, h = bh % d.h;
-    const float* in_b = in + b * T * C3;
-    std::vector<float> q(static_cast<std::size_t>(T * hs)), k(q.size()), v(q.size()), acc(static_cast<std::size_t>(hs));
-    std::vector<float> scratch(keep_probs ? 0 : static_cast<std::size_t>(T));
-    gather_head(in_b, T, C, h, hs, bf16, q.data(), k.data(), v.data());
-    for (std::int64_t t = 0; t < T; ++t) {
-      float* row = keep_probs ? p + (bh * T + t) * T : scratch.data();  // p[b, h, t, :]
-      const auto [maxval, sum] = softmax_row(q.data(), k.data(), t, hs, scale, row);
-      if (keep_probs) {
-        std::fill(row + t + 1, row + T, 0.0f);
-      } else {
-        st[(bh * T + t) * 2] = maxval;
-        st[(bh * T + t) * 2 + 1] = sum;
+    errors.guard([&] {
+      const std::int64_t b = bh / d.h, h = bh % d.h;
+      const float* in_b = in + b * T * C3;
+      std::vector<float> q(static_cast<std::size_t>(T * hs)), k(q.size()), v(q.size()),
+          acc(static_cast<std::size_t>(hs));
+      std::vector<float> scratch(keep_probs ? 0 : static_cast<std::size_t>(T));
+      gather_head(in_b, T, C, h, hs, bf16, q.data(), k.data(), v.data());
+      for (std::int64_t t = 0; t < T; ++t) {
+        float* row = keep_probs ? p + (bh * T + t) * T : scratch.data();  // p[b, h, t, :]
+        const auto [maxval, sum] = softmax_row(q.data(), k.data(), t, hs, scale, row);
+        if (keep_probs) {
+          std::fill(row + t + 1, row + T, 0.0f);
+        } else {
+          st[(bh * T + t) * 2] = maxval;
+          st[(bh * T + t) * 2 + 1] = sum;
+        }
+        // out_t = sum_t2 p[t2] v_t2.
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+          const float pr = round_if(bf16, row[t2]);
+          const float* vt = v.data() + t2 * hs;
+          for (std::int64_t i = 0; i < hs; ++i) acc[i] += pr * vt[i];
+        }
+        std::copy(acc.begin(), acc.end(), o + (b * T + t) * C + h * hs);
       }
-      // out_t = sum_t2 p[t2] v_t2.
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        const float pr = round_if(bf16, row[t2]);
-        const float* vt = v.data() + t2 * hs;
-        for (std::int64_t i = 0; i < hs; ++i) acc[i] += pr * vt[i];
-      }
-      std::copy(acc.begin(), acc.end(), o + (b * T + t) * C + h * hs);
-    }
+    });
   }
+  errors.rethrow();
 
   saved.qkv = save_activation(ctx, qkv);
   saved.probs = keep_probs ? save_activation(ctx, probs) : Tensor();
@@ -225,53 +230,58 @@ Tensor CausalSelfAttention::backward(const Context& ctx, const Tensor& dout, con
   float* dx = dqkv.data<float>();
   const bool parallel = static_cast<double>(d.b * d.h) * static_cast<double>(T * T * hs) >= kParallelWork;
 
+  fp8kit::detail::RegionErrors errors;  // each head's buffers are allocations
 #pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t bh = 0; bh < d.b * d.h; ++bh) {
-    const std::int64_t b = bh / d.h, h = bh % d.h;
-    const std::size_t n = static_cast<std::size_t>(T * hs);
-    std::vector<float> q(n), k(n), v(n), go(n), dq(n, 0.0f), dk(n, 0.0f), dv(n, 0.0f);
-    std::vector<float> dp(static_cast<std::size_t>(T)), ds(static_cast<std::size_t>(T));
-    std::vector<float> scratch(keep_probs ? 0 : static_cast<std::size_t>(T));
-    if (saved_bf16) {
-      gather_head(in16 + b * T * C3, T, C, h, hs, bf16, q.data(), k.data(), v.data());
-    } else {
-      gather_head(in + b * T * C3, T, C, h, hs, bf16, q.data(), k.data(), v.data());
-    }
-    gather(dy + b * T * C, T, C, h * hs, hs, bf16, go.data());
-    for (std::int64_t t = 0; t < T; ++t) {
-      if (!keep_probs) {
-        recompute_row(q.data(), k.data(), t, hs, scale, st[(bh * T + t) * 2], st[(bh * T + t) * 2 + 1], scratch.data());
+    errors.guard([&] {
+      const std::int64_t b = bh / d.h, h = bh % d.h;
+      const std::size_t n = static_cast<std::size_t>(T * hs);
+      std::vector<float> q(n), k(n), v(n), go(n), dq(n, 0.0f), dk(n, 0.0f), dv(n, 0.0f);
+      std::vector<float> dp(static_cast<std::size_t>(T)), ds(static_cast<std::size_t>(T));
+      std::vector<float> scratch(keep_probs ? 0 : static_cast<std::size_t>(T));
+      if (saved_bf16) {
+        gather_head(in16 + b * T * C3, T, C, h, hs, bf16, q.data(), k.data(), v.data());
+      } else {
+        gather_head(in + b * T * C3, T, C, h, hs, bf16, q.data(), k.data(), v.data());
       }
-      const float* prow = keep_probs ? p + (bh * T + t) * T : scratch.data();  // p[b, h, t, :], saved or recomputed
-      const float* got = go.data() + t * hs;
-      // dp[t2] = dout_t . v_t2 and dv_t2 += p[t, t2] dout_t.
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        const float* vt = v.data() + t2 * hs;
-        dp[t2] = sum_in_lanes(hs, [&](std::int64_t i) { return got[i] * vt[i]; });
-        const float pr = round_if(bf16, prow[t2]);
-        float* dvt = dv.data() + t2 * hs;
-        for (std::int64_t i = 0; i < hs; ++i) dvt[i] += pr * got[i];
-      }
-      // Softmax backward in FP32: ds = p * (dp - sum p dp).
-      const float dot = sum_in_lanes(t + 1, [&](std::int64_t t2) { return prow[t2] * dp[t2]; });
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) ds[t2] = round_if(bf16, prow[t2] * (dp[t2] - dot));
-      // dq_t += ds k (scaled below) and dk_t2 += ds[t2] q_t.
-      const float* qt = q.data() + t * hs;
-      float* dqt = dq.data() + t * hs;
-      for (std::int64_t t2 = 0; t2 <= t; ++t2) {
-        const float* kt = k.data() + t2 * hs;
-        float* dkt = dk.data() + t2 * hs;
-        for (std::int64_t i = 0; i < hs; ++i) {
-          dqt[i] += ds[t2] * kt[i];
-          dkt[i] += ds[t2] * qt[i];
+      gather(dy + b * T * C, T, C, h * hs, hs, bf16, go.data());
+      for (std::int64_t t = 0; t < T; ++t) {
+        if (!keep_probs) {
+          recompute_row(q.data(), k.data(), t, hs, scale, st[(bh * T + t) * 2], st[(bh * T + t) * 2 + 1],
+                        scratch.data());
+        }
+        const float* prow = keep_probs ? p + (bh * T + t) * T : scratch.data();  // p[b, h, t, :], saved or recomputed
+        const float* got = go.data() + t * hs;
+        // dp[t2] = dout_t . v_t2 and dv_t2 += p[t, t2] dout_t.
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+          const float* vt = v.data() + t2 * hs;
+          dp[t2] = sum_in_lanes(hs, [&](std::int64_t i) { return got[i] * vt[i]; });
+          const float pr = round_if(bf16, prow[t2]);
+          float* dvt = dv.data() + t2 * hs;
+          for (std::int64_t i = 0; i < hs; ++i) dvt[i] += pr * got[i];
+        }
+        // Softmax backward in FP32: ds = p * (dp - sum p dp).
+        const float dot = sum_in_lanes(t + 1, [&](std::int64_t t2) { return prow[t2] * dp[t2]; });
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) ds[t2] = round_if(bf16, prow[t2] * (dp[t2] - dot));
+        // dq_t += ds k (scaled below) and dk_t2 += ds[t2] q_t.
+        const float* qt = q.data() + t * hs;
+        float* dqt = dq.data() + t * hs;
+        for (std::int64_t t2 = 0; t2 <= t; ++t2) {
+          const float* kt = k.data() + t2 * hs;
+          float* dkt = dk.data() + t2 * hs;
+          for (std::int64_t i = 0; i < hs; ++i) {
+            dqt[i] += ds[t2] * kt[i];
+            dkt[i] += ds[t2] * qt[i];
+          }
         }
       }
-    }
-    float* dx_b = dx + b * T * C3;
-    scatter(dq.data(), T, C3, h * hs, hs, scale, dx_b);
-    scatter(dk.data(), T, C3, C + h * hs, hs, scale, dx_b);
-    scatter(dv.data(), T, C3, 2 * C + h * hs, hs, 1.0f, dx_b);
+      float* dx_b = dx + b * T * C3;
+      scatter(dq.data(), T, C3, h * hs, hs, scale, dx_b);
+      scatter(dk.data(), T, C3, C + h * hs, hs, scale, dx_b);
+      scatter(dv.data(), T, C3, 2 * C + h * hs, hs, 1.0f, dx_b);
+    });
   }
+  errors.rethrow();
   return dqkv;
 }
 

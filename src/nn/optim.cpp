@@ -335,11 +335,15 @@ void AdamW::step(std::span<Parameter* const> params, Profiler* profiler) {
                           static_cast<float>(o.eps)};
     const std::uint64_t stream = rounding_stream(o.rounding_seed, p->name, s.step);
     const std::int64_t n = p->value.numel(), chunks = ceil_div(n, kChunk);
+    detail::RegionErrors errors;  // a chunk's checks and its FP8 moments' kernels can throw
 #pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (go_parallel(n) && chunks > 1)
     for (std::int64_t c = 0; c < chunks; ++c) {
-      const std::int64_t first = c * kChunk;
-      update_chunk(o, k, stream, *p, s, first, std::min(kChunk, n - first));
+      errors.guard([&] {
+        const std::int64_t first = c * kChunk;
+        update_chunk(o, k, stream, *p, s, first, std::min(kChunk, n - first));
+      });
     }
+    errors.rethrow();
   }
 }
 

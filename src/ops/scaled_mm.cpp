@@ -92,6 +92,23 @@ class PackBuffer {
   std::size_t size_ = 0;
 };
 
+// A kernel's per-thread state (AMX: the tile configuration) for a block of work: start() on entry, finish() when
+// the block ends, an error included (RegionErrors catches it; the thread goes back to OpenMP's pool).
+class KernelSession {
+ public:
+  explicit KernelSession(const GemmKernel& kern) : kern_(kern) {
+    if (kern_.start != nullptr) kern_.start();
+  }
+  ~KernelSession() {
+    if (kern_.finish != nullptr) kern_.finish();
+  }
+  KernelSession(const KernelSession&) = delete;
+  KernelSession& operator=(const KernelSession&) = delete;
+
+ private:
+  const GemmKernel& kern_;
+};
+
 std::int64_t round_up(std::int64_t x, std::int64_t to) {
   return ceil_div(x, to) * to;
 }
@@ -166,7 +183,7 @@ void gemm_block(const GemmProblem& g, std::int64_t i_begin, std::int64_t i_end, 
       static_cast<std::byte*>(left_buffer.get(static_cast<std::size_t>(round_up(kern.mc, kern.mr) * kc_alloc * elem)));
   auto* right =
       static_cast<std::byte*>(right_buffer.get(static_cast<std::size_t>(round_up(kern.nc, kern.nr) * kc_alloc * elem)));
-  if (kern.start != nullptr) kern.start();
+  const KernelSession session(kern);
   for (std::int64_t jc = j_begin; jc < j_end; jc += kern.nc) {
     const std::int64_t nc = std::min(kern.nc, j_end - jc);
     for (std::int64_t k0 = 0; k0 < g.k; k0 += g.kc_max) {
@@ -186,7 +203,6 @@ void gemm_block(const GemmProblem& g, std::int64_t i_begin, std::int64_t i_end, 
       }
     }
   }
-  if (kern.finish != nullptr) kern.finish();
 }
 
 // The weights-left orientation for small M (out^T = B A^T, kernels with weights_left_max_m): the few activation rows
@@ -210,7 +226,7 @@ void gemm_weights_left(const GemmProblem& g, std::int64_t i_begin, std::int64_t 
     kern.pack_right(*g.right, kern.nr, 0, m, k0, std::min(g.kc_max, g.k - k0), right + p * right_panel);
   }
   block.resize(static_cast<std::size_t>(kern.mr * m_pad));
-  if (kern.start != nullptr) kern.start();
+  const KernelSession session(kern);
   thread_local std::vector<float> s_row, s_col;
   s_row.assign(static_cast<std::size_t>(kern.mr), 0.0f);
   s_col.assign(static_cast<std::size_t>(kern.nr), 0.0f);
@@ -244,7 +260,6 @@ void gemm_weights_left(const GemmProblem& g, std::int64_t i_begin, std::int64_t 
         for (std::int64_t i = 0; i < rows; ++i) *g.out.at(ib + i, jr + j) = c[i * kern.nr + j];
     }
   }
-  if (kern.finish != nullptr) kern.finish();
 }
 
 // The kernel's fused small-M path (GemmKernel::stream_weights): threads split the weight rows in multiples of 16 and

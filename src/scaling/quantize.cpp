@@ -427,12 +427,15 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
                               std::span<const float>(band_scales, static_cast<std::size_t>(grid_cols)),
                               prefetch_ahead_bytes, stores);
     };
+    // Work on the threads that can throw (the block amaxes' checks, the scale formula's, a scratch buffer): the
+    // first error is the caller's, after the region.
+    detail::RegionErrors errors;
     if (segmented && br > 1) {
       // Tall bands (128x128: 2 MiB of float32 each) do not stay in L1, and the encode's second read comes from
       // L2: each thread encodes row r of its band while the amax pass reads row r of its next band, so the
       // memory reads of one overlap the compute of the other, with one band's worth of rows live at any time.
 #pragma omp parallel num_threads(::fp8kit::num_threads()) if (parallel)
-      {
+      errors.guard([&] {
         const auto threads = static_cast<std::int64_t>(omp_get_num_threads());
         const auto thread = static_cast<std::int64_t>(omp_get_thread_num());
         const std::int64_t first = grid_rows * thread / threads, last = grid_rows * (thread + 1) / threads;
@@ -453,46 +456,49 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
           }
           if (next_rows > 0) band_scales_from_amax(gr + 1);
         }
-      }
+      });
     } else {
       // Bands are equal in size: a static split costs nothing per band (bands can be a single short row).
 #pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
       for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
-        const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
-        const MatrixRef band(x.row<float>(row_begin), row_end - row_begin, x.cols, x.stride());
-        float* band_scales = scales_of(gr);
-        AmaxResult& part = parts[static_cast<std::size_t>(gr)];
-        if (segmented) {
-          // Bands of one row (rows, 1x128, MX): one amax call and one encode call, each block a segment. The row is
-          // in L1 for the encode, which then prefetches the next band for the amax pass that reads it next (+10-20%
-          // at 2 threads).
-          amax_row_into(row_begin, band_scales, true, part);
-        } else {
-          amax_blocks(band, br, bc, std::span<float>(band_scales, static_cast<std::size_t>(grid_cols)), &part);
-        }
-        band_scales_from_amax(gr);
-        if (segmented) {
-          encode_row(row_begin, band_scales, static_cast<std::size_t>(x.stride()) * sizeof(float));
-          continue;
-        }
-        for (std::int64_t r = row_begin; r < row_end && codes != nullptr; ++r) {
-          const float* in_row = x.row<float>(r);
-          std::uint8_t* out_row = codes + r * x.cols;
-          for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
-            const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
-            const float scale = band_scales[gc];
-            const float* in = in_row + c0;
-            std::uint8_t* out = out_row + c0;
-            if (c1 - c0 >= kKernelMinRun) {
-              const auto n = static_cast<std::size_t>(c1 - c0);
-              encoder.encode(std::span<const float>(in, n), std::span<std::uint8_t>(out, n), scale);
-            } else {
-              for (std::int64_t c = 0; c < c1 - c0; ++c) out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
+        errors.guard([&] {
+          const std::int64_t row_begin = gr * br, row_end = std::min(x.rows, row_begin + br);
+          const MatrixRef band(x.row<float>(row_begin), row_end - row_begin, x.cols, x.stride());
+          float* band_scales = scales_of(gr);
+          AmaxResult& part = parts[static_cast<std::size_t>(gr)];
+          if (segmented) {
+            // Bands of one row (rows, 1x128, MX): one amax call and one encode call, each block a segment. The row is
+            // in L1 for the encode, which then prefetches the next band for the amax pass that reads it next (+10-20%
+            // at 2 threads).
+            amax_row_into(row_begin, band_scales, true, part);
+          } else {
+            amax_blocks(band, br, bc, std::span<float>(band_scales, static_cast<std::size_t>(grid_cols)), &part);
+          }
+          band_scales_from_amax(gr);
+          if (segmented) {
+            encode_row(row_begin, band_scales, static_cast<std::size_t>(x.stride()) * sizeof(float));
+            return;
+          }
+          for (std::int64_t r = row_begin; r < row_end && codes != nullptr; ++r) {
+            const float* in_row = x.row<float>(r);
+            std::uint8_t* out_row = codes + r * x.cols;
+            for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+              const std::int64_t c0 = gc * bc, c1 = std::min(x.cols, c0 + bc);
+              const float scale = band_scales[gc];
+              const float* in = in_row + c0;
+              std::uint8_t* out = out_row + c0;
+              if (c1 - c0 >= kKernelMinRun) {
+                const auto n = static_cast<std::size_t>(c1 - c0);
+                encoder.encode(std::span<const float>(in, n), std::span<std::uint8_t>(out, n), scale);
+              } else {
+                for (std::int64_t c = 0; c < c1 - c0; ++c) out[c] = encode(scale == 1.0f ? in[c] : in[c] * scale, spec);
+              }
             }
           }
-        }
+        });
       }
     }
+    errors.rethrow();
     for (const AmaxResult& part : parts) total.merge(part);
   }
   if (input != nullptr) *input = total;
@@ -673,36 +679,40 @@ void dequantize(const ScaledTensor& q, std::span<float> out) {
   }
   const bool parallel = q.rows * q.cols >= detail::kParallelStreamElements && grid_rows > 1;
   const Stores stores = stores_for(out.size_bytes());
+  detail::RegionErrors errors;  // the kernels' first lookup can throw (a bad FP8KIT_ISA)
 #pragma omp parallel for num_threads(::fp8kit::num_threads()) schedule(static) if (parallel)
   for (std::int64_t gr = 0; gr < grid_rows; ++gr) {
-    const std::int64_t row_end = std::min(q.rows, (gr + 1) * br);
-    for (std::int64_t r = gr * br; r < row_end; ++r) {
-      if (bc % 16 == 0) {
-        const auto cols = static_cast<std::size_t>(q.cols);
-        decode_segments(
-            std::span<const std::uint8_t>(q.data.data() + r * q.cols, cols), q.format,
-            std::span<float>(out.data() + r * q.cols, cols), static_cast<std::size_t>(bc),
-            std::span<const float>(q.scale_inv.data() + gr * grid_cols, static_cast<std::size_t>(grid_cols)), stores);
-        continue;
-      }
-      for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
-        const std::int64_t c0 = gc * bc, c1 = std::min(q.cols, c0 + bc);
-        const float scale_inv = q.scale_inv[static_cast<std::size_t>(gr * grid_cols + gc)];
-        const std::uint8_t* in = q.data.data() + r * q.cols + c0;
-        float* dst = out.data() + r * q.cols + c0;
-        if (c1 - c0 >= kKernelMinRun) {
-          // One block through the bulk decode (inside the band loop's threads it stays on this thread).
-          const auto n = static_cast<std::size_t>(c1 - c0);
-          cast_from_fp8(std::span<const std::uint8_t>(in, n), q.format, std::span<float>(dst, n), scale_inv);
-        } else {
-          for (std::int64_t c = 0; c < c1 - c0; ++c) {
-            const float v = decode_to_float(q.format, in[c]);
-            dst[c] = scale_inv == 1.0f ? v : v * scale_inv;
+    errors.guard([&] {
+      const std::int64_t row_end = std::min(q.rows, (gr + 1) * br);
+      for (std::int64_t r = gr * br; r < row_end; ++r) {
+        if (bc % 16 == 0) {
+          const auto cols = static_cast<std::size_t>(q.cols);
+          decode_segments(
+              std::span<const std::uint8_t>(q.data.data() + r * q.cols, cols), q.format,
+              std::span<float>(out.data() + r * q.cols, cols), static_cast<std::size_t>(bc),
+              std::span<const float>(q.scale_inv.data() + gr * grid_cols, static_cast<std::size_t>(grid_cols)), stores);
+          continue;
+        }
+        for (std::int64_t gc = 0; gc < grid_cols; ++gc) {
+          const std::int64_t c0 = gc * bc, c1 = std::min(q.cols, c0 + bc);
+          const float scale_inv = q.scale_inv[static_cast<std::size_t>(gr * grid_cols + gc)];
+          const std::uint8_t* in = q.data.data() + r * q.cols + c0;
+          float* dst = out.data() + r * q.cols + c0;
+          if (c1 - c0 >= kKernelMinRun) {
+            // One block through the bulk decode (inside the band loop's threads it stays on this thread).
+            const auto n = static_cast<std::size_t>(c1 - c0);
+            cast_from_fp8(std::span<const std::uint8_t>(in, n), q.format, std::span<float>(dst, n), scale_inv);
+          } else {
+            for (std::int64_t c = 0; c < c1 - c0; ++c) {
+              const float v = decode_to_float(q.format, in[c]);
+              dst[c] = scale_inv == 1.0f ? v : v * scale_inv;
+            }
           }
         }
       }
-    }
+    });
   }
+  errors.rethrow();
 }
 
 }  // namespace fp8kit

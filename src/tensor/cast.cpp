@@ -34,8 +34,8 @@ void convert_elements(const S* in, D* out, std::int64_t n, Overflow overflow) {
 // Bit-identical to from_float: round to nearest even, NaN quieted with its sign and top payload bits.
 void convert_elements(const float* in, bfloat16* out, std::int64_t n, Overflow /*overflow*/) {
   auto* dst = reinterpret_cast<std::uint16_t*>(out);  // bfloat16 is a 16-bit standard-layout wrapper
-#pragma omp parallel for simd num_threads(::fp8kit::num_threads()) schedule(static) if (parallel \
-                                                                                        : n >= kParallelThreshold)
+  const bool threaded = n >= kParallelThreshold;
+#pragma omp parallel for simd num_threads(::fp8kit::num_threads()) schedule(static) if (parallel : threaded)
   for (std::int64_t i = 0; i < n; ++i) {
     const auto u = std::bit_cast<std::uint32_t>(in[i]);
     const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;

@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "common/isa_levels.hpp"
+#include "common/parallel.hpp"
 #include "fp8kit/common/cpu.hpp"
 
 namespace fp8kit {
@@ -75,6 +78,34 @@ TEST(Cpu, SetMaxIsaCapsDispatch) {
   }
   EXPECT_EQ(max_isa_set(), std::nullopt);
   EXPECT_EQ(active_isa(), before);
+}
+
+// An error inside an OpenMP region reaches the caller after it (thrown out of the region, it would end the process):
+// the first one, and the guarded work after it is skipped; nothing is thrown when nothing failed.
+TEST(RegionErrors, TheFirstErrorReachesTheCallerAfterTheRegion) {
+  detail::RegionErrors none;
+  std::atomic<int> ran{0};
+#pragma omp parallel for num_threads(2) schedule(static)
+  for (int i = 0; i < 8; ++i) none.guard([&] { ++ran; });
+  EXPECT_NO_THROW(none.rethrow());
+  EXPECT_EQ(ran.load(), 8);
+  detail::RegionErrors errors;
+  std::atomic<int> after{0};
+#pragma omp parallel for num_threads(1) schedule(static)
+  for (int i = 0; i < 8; ++i) {
+    errors.guard([&] {
+      if (i == 3) throw std::runtime_error("the third");
+      if (i == 5) throw std::runtime_error("the fifth");
+      if (i > 3) ++after;
+    });
+  }
+  EXPECT_EQ(after.load(), 0);  // skipped once one failed (one thread: in the loop's order)
+  try {
+    errors.rethrow();
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "the third");
+  }
 }
 
 }  // namespace

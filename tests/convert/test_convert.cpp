@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -542,7 +543,7 @@ TEST(Convert, RejectsMismatchedSizes) {
 // set_num_threads is the process's: a thread started later (a server's worker) uses its count, where OpenMP's own
 // setting would be the calling thread's alone. ScopedNumThreads is one thread's (the Python package's threads=).
 TEST(Convert, ThreadCountIsTheProcesssAndAScopeIsOneThreads) {
-  const int before = num_threads();
+  const std::optional<int> before = num_threads_set();
   int seen = 0;
   for (int n : {1, 2}) {
     set_num_threads(n);
@@ -579,6 +580,9 @@ TEST(Convert, ThreadCountIsTheProcesssAndAScopeIsOneThreads) {
     cast_to_fp8(x, three, options);
   }).join();
   EXPECT_EQ(one, three);
+  EXPECT_EQ(num_threads_set(), 2);
+  set_num_threads(std::nullopt);  // each thread's OpenMP default again
+  EXPECT_EQ(num_threads_set(), std::nullopt);
   set_num_threads(before);
 }
 

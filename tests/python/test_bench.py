@@ -34,3 +34,14 @@ def test_the_table_and_the_argument_errors(capsys):
         with pytest.raises(SystemExit) as e:
             bench.main(args)
         assert e.value.code == 2
+
+
+def test_a_command_run_in_process_leaves_the_thread_count_and_isa_cap():
+    """fp8kit's commands run in this process (python -m fp8kit.bench runs bench convert so): one that sets --threads
+    or --isa puts the process's settings back when it ends, so the calls after it run as before."""
+    from fp8kit import _fp8kit
+    before = json.loads(_fp8kit.command(["info", "--json"]))
+    _fp8kit.command(["bench", "convert", "--threads", "1", "--isa", "scalar", "--bytes", "1MiB", "--reps", "3",
+                     "--ops", "f32->e4m3fn", "--json"])
+    after = json.loads(_fp8kit.command(["info", "--json"]))
+    assert (after["threads"], after["isa"]) == (before["threads"], before["isa"])

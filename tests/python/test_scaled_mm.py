@@ -61,12 +61,16 @@ def test_errors():
         fp8kit.scaled_mm(np.ones((4, 32), np.float32), b, 1.0, 1.0)
     with pytest.raises(ValueError, match="out_dtype must be float32, bfloat16 or float16"):
         fp8kit.scaled_mm(a, b, 1.0, 1.0, out_dtype="e4m3fn")
-    with pytest.raises(ValueError, match="scale_result scales an FP8 output"):
-        fp8kit.scaled_mm(a, b, 1.0, 1.0, scale_result=1.0)
+    with pytest.raises(ValueError, match="out_dtype=None is torch._scaled_mm's FP8 output"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0, out_dtype=None)
+    with pytest.raises(TypeError, match="scale_result must be a number"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0, scale_result="2")
     with pytest.raises(TypeError, match="use_fast_accum must be True or False"):
         fp8kit.scaled_mm(a, b, 1.0, 1.0, use_fast_accum="yes")
-    with pytest.raises(ValueError, match="a holds int32 elements"):
+    with pytest.raises(ValueError, match="a holds int32 elements; scaled_mm multiplies FP8 operands: quantize it"):
         fp8kit.scaled_mm(np.ones((4, 32), np.int32), b, 1.0, 1.0)
+    with pytest.raises(TypeError, match="bias must be a number or a float32 array, bfloat16 or float16, not int32"):
+        fp8kit.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(8, np.int32))
     with pytest.raises(ValueError, match="bias"):
         fp8kit.scaled_mm(a, b, 1.0, 1.0, bias=np.ones(7, np.float32))
 
@@ -117,6 +121,7 @@ def test_torch_scaled_mm_arguments_in_its_order():
     want = fp8kit.scaled_mm(a, b, 2.0, 0.5, bias=bias.astype(np.float32))
     got = fp8kit.scaled_mm(a, b, 2.0, 0.5, bias, None, "float32", True)
     assert np.array_equal(got, want)
+    assert np.array_equal(fp8kit.scaled_mm(a, b, 2.0, 0.5, bias, 3.0, "float32"), want)  # no effect, as in torch
     assert np.array_equal(fp8kit.scaled_mm(a, b, 2.0, 0.5, bias.astype(np.float16).astype(np.float32)),
                           fp8kit.scaled_mm(a, b, 2.0, 0.5, bias.astype(np.float16)))
     half = fp8kit.scaled_mm(a, b, 2.0, 0.5, bias, out_dtype="float16")

@@ -94,8 +94,10 @@ UsageError parse_failure(const CLI::App& app, const CLI::ParseError& e) {
   return UsageError(what + " (see --help)");
 }
 
-// Parses and runs one command line; a bad FP8KIT_ISA is refused by every command, before it does anything.
+// Parses and runs one command line; a bad FP8KIT_ISA is refused by every command, before it does anything. The
+// process's ISA cap and thread count are as before when it returns (KeepDispatchSettings).
 void parse_and_run(CLI::App& app, int argc, const char* const* argv) {
+  const KeepDispatchSettings keep;
   if (const auto isa = isa_from_environment(); isa && !parse_isa(*isa)) active_isa();
   app.parse(argc, argv);
 }

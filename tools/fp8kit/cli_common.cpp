@@ -3,6 +3,7 @@
 #include "cli_common.hpp"
 
 #include <fmt/core.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,15 @@
 #include "fp8kit/io/atomic_file.hpp"
 
 namespace fp8kit::cli {
+
+KeepDispatchSettings::KeepDispatchSettings()
+    : cap_(max_isa_set()), threads_(num_threads_set()), openmp_default_(omp_get_max_threads()) {}
+
+KeepDispatchSettings::~KeepDispatchSettings() {
+  set_max_isa(cap_);
+  set_num_threads(threads_);
+  omp_set_num_threads(openmp_default_);
+}
 
 std::string one_line(std::string_view text) {
   std::string line;

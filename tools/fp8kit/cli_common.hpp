@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "fp8kit/common/cpu.hpp"
 #include "fp8kit/format/codec.hpp"
 #include "fp8kit/format/format.hpp"
 
@@ -135,6 +136,23 @@ void clear_quiet_flag();  // before a command line is parsed (several may run in
 
 // The CLI's one progress reporter: a line on stderr rewritten in place by show() and cleared when the object goes
 // away, only when stderr is a terminal and --quiet was not given (nothing otherwise: pipes and logs stay clean).
+// The process's dispatch settings, put back when it ends (an error included): the ISA cap (set_max_isa), the thread
+// count (set_num_threads) and the calling thread's OpenMP default. Every command runs inside one, so a command run
+// in a process that goes on (the Python package's command(), a test) leaves them as they were, whatever its --isa
+// and --threads set; within a command, a benchmark keeps one per sweep over levels.
+class KeepDispatchSettings {
+ public:
+  KeepDispatchSettings();
+  ~KeepDispatchSettings();
+  KeepDispatchSettings(const KeepDispatchSettings&) = delete;
+  KeepDispatchSettings& operator=(const KeepDispatchSettings&) = delete;
+
+ private:
+  std::optional<Isa> cap_;
+  std::optional<int> threads_;
+  int openmp_default_;
+};
+
 class ProgressLine {
  public:
   ProgressLine() : on_(stderr_is_terminal() && !progress_silenced()) {}

@@ -144,23 +144,10 @@ std::vector<Isa> bench_levels(const std::string& text) {
   return levels;
 }
 
-// Puts back, when it ends (an error included), the ISA cap the program had when it began: a benchmark run in a
-// process that set its own (the Python package's, say) leaves it as it was.
-class KeepIsaCap {
- public:
-  KeepIsaCap() : cap_(max_isa_set()) {}
-  ~KeepIsaCap() { set_max_isa(cap_); }
-  KeepIsaCap(const KeepIsaCap&) = delete;
-  KeepIsaCap& operator=(const KeepIsaCap&) = delete;
-
- private:
-  std::optional<Isa> cap_;
-};
-
 // Runs `bench` once per level with dispatch capped there, and concatenates the rows.
 template <typename Row, typename Bench>
 std::vector<Row> for_each_level(const std::vector<Isa>& levels, const Bench& bench) {
-  const KeepIsaCap keep;
+  const KeepDispatchSettings keep;
   std::vector<Row> rows;
   for (Isa isa : levels) {
     set_max_isa(isa);
@@ -232,20 +219,21 @@ void run_bench_convert(const BenchArgs& args) {
   std::vector<Isa> levels;
   std::vector<std::vector<std::string>> same_as;  // per measured level: the --isa levels it stands for
   std::vector<std::string> kernels;
-  std::optional<KeepIsaCap> keep(std::in_place);
-  for (Isa level : bench_levels(args.isa)) {
-    set_max_isa(level);
-    const std::string kernel(conversion_kernel());
-    const auto seen = std::find(kernels.begin(), kernels.end(), kernel);
-    if (seen == kernels.end()) {
-      levels.push_back(level);
-      kernels.push_back(kernel);
-      same_as.push_back({std::string(name(level))});
-    } else {
-      same_as[static_cast<std::size_t>(seen - kernels.begin())].emplace_back(name(level));
+  {
+    const KeepDispatchSettings keep;
+    for (Isa level : bench_levels(args.isa)) {
+      set_max_isa(level);
+      const std::string kernel(conversion_kernel());
+      const auto seen = std::find(kernels.begin(), kernels.end(), kernel);
+      if (seen == kernels.end()) {
+        levels.push_back(level);
+        kernels.push_back(kernel);
+        same_as.push_back({std::string(name(level))});
+      } else {
+        same_as[static_cast<std::size_t>(seen - kernels.begin())].emplace_back(name(level));
+      }
     }
   }
-  keep.reset();
   std::vector<bench::ConvertResult> results;
   std::vector<std::size_t> block_of;  // per row: its index in `levels`
   {

@@ -73,15 +73,17 @@ std::optional<Isa> max_isa_set();
 // fail to start that many threads: libgomp aborts at 100000).
 inline constexpr int kMaxThreads = 1024;
 // Threads used by bulk operations, for every thread of the process from this call on (a server that sets it once at
-// start-up gets it in its worker threads too); until it is called, the calling thread's OpenMP default
-// (OMP_NUM_THREADS, omp_set_num_threads, else the number of cores). It also sets the calling thread's OpenMP default
-// (omp_set_num_threads), so OpenMP code of the caller's own agrees. 1 <= n <= kMaxThreads, else
-// Error(kInvalidArgument). In a process made by fork() without exec (multiprocessing's fork workers), one: GNU
-// OpenMP's threads do not survive a fork, and a parallel region there would wait for them forever; set_num_threads
-// checks its argument and keeps one.
-void set_num_threads(int n);
+// start-up gets it in its worker threads too); until it is called (or after set_num_threads(std::nullopt)), each
+// thread's OpenMP default (OMP_NUM_THREADS, omp_set_num_threads, else the number of cores). It also sets the calling
+// thread's OpenMP default (omp_set_num_threads), so OpenMP code of the caller's own agrees. 1 <= n <= kMaxThreads,
+// else Error(kInvalidArgument). On the thread that called fork() without exec (multiprocessing's fork workers), in
+// the child: one. GNU OpenMP's threads do not survive a fork, and a parallel region there would wait for them
+// forever; set_num_threads checks its argument and keeps one there.
+void set_num_threads(std::optional<int> n);
+// The count set_num_threads set (nullopt: none), to put back after setting one for a while.
+std::optional<int> num_threads_set();
 // The count fp8kit's next bulk operation on this thread uses: a ScopedNumThreads of this thread's, else
-// set_num_threads', else this thread's OpenMP default (1 in a forked child).
+// set_num_threads', else this thread's OpenMP default (1 on the forking thread of a forked child).
 int num_threads();
 
 // For the calling thread alone, while it lives, fp8kit's bulk operations use n threads (the Python package's
