@@ -84,8 +84,7 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
     Every other pair (float64, FP8 to FP8, float to float): each element rounded once from its exact value, under
     `saturate` for an FP8 target.
     threads: OpenMP threads for this call, on this thread (None: the library's count, OMP_NUM_THREADS else the
-    cores). out: an array of the result's kind, shape and dtype to write
-    into (returned).
+    cores). out: an array of the result's kind, shape and dtype to write into (returned).
     Returns an array of x's kind (NumPy or torch) and shape.
     """
     # (The checks are ordered for the common case: a 16-element cast costs about 2 us in all.)

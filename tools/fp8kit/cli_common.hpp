@@ -134,8 +134,6 @@ void add_quiet_flag(CLI::App* command);
 bool progress_silenced();
 void clear_quiet_flag();  // before a command line is parsed (several may run in one process)
 
-// The CLI's one progress reporter: a line on stderr rewritten in place by show() and cleared when the object goes
-// away, only when stderr is a terminal and --quiet was not given (nothing otherwise: pipes and logs stay clean).
 // The process's dispatch settings, put back when it ends (an error included): the ISA cap (set_max_isa), the thread
 // count (set_num_threads) and the calling thread's OpenMP default. Every command runs inside one, so a command run
 // in a process that goes on (the Python package's command(), a test) leaves them as they were, whatever its --isa
@@ -153,6 +151,8 @@ class KeepDispatchSettings {
   int openmp_default_;
 };
 
+// The CLI's one progress reporter: a line on stderr rewritten in place by show() and cleared when the object goes
+// away, only when stderr is a terminal and --quiet was not given (nothing otherwise: pipes and logs stay clean).
 class ProgressLine {
  public:
   ProgressLine() : on_(stderr_is_terminal() && !progress_silenced()) {}
