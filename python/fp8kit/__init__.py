@@ -91,6 +91,19 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
     kind = kind_of(x)
     if kind == "torch":
         check_not_tracked(x, "x")
+    if out is None and rounding != "stochastic" and (kind == "torch" or (type(x) is np.ndarray and x.ndim > 1
+                                                                          and not x.flags.c_contiguous)):
+        order = _storage_order(x, kind)
+        if order is not None:
+            # A dense input in another order (a transpose, Fortran order, channels_last): cast in memory order, in
+            # place, and return the result in x's layout, as torch's .to() and NumPy's astype do. (Stochastic
+            # rounding's draw follows the element's index, so it takes the C-order copy below.)
+            inverse = [0] * len(order)
+            for i, d in enumerate(order):
+                inverse[d] = i
+            result = cast(_permuted(x, kind, order), dtype, saturate=saturate, scale=scale, scale_inv=scale_inv,
+                          rounding=rounding, seed=seed, threads=threads)
+            return _permuted(result, kind, inverse)
     src = as_bits(x, kind)
     target = _NAME_OF_STRING.get(dtype) if type(dtype) is str else None
     if target is None:
@@ -261,6 +274,32 @@ class ScaledTensor:
                 f"scales={tuple(self._q.scale_inv.shape)})")
 
 _GRANULARITIES = "tensor, row, col, block:RxC (block:1x128, block:128x128), mx32"
+
+
+def _storage_order(x: Any, kind: str) -> Optional[list]:
+    """For a dense array that is not C-contiguous, the order of its dimensions by stride (outermost first) in which
+    it is C-contiguous: a view in that order reads its memory in place. None for a C-contiguous one, or one whose
+    elements do not tile a block of memory (a slice with a step, an expanded or negatively strided view)."""
+    if kind == "torch":
+        import torch
+        if x.layout != torch.strided or x.dim() < 2 or x.is_contiguous():
+            return None
+        strides, ndim = x.stride(), x.dim()
+    else:
+        if type(x) is not np.ndarray or x.ndim < 2 or x.flags.c_contiguous:
+            return None
+        strides, ndim = x.strides, x.ndim
+    if any(st < 0 for st in strides):
+        return None
+    order = sorted(range(ndim), key=lambda d: -strides[d])
+    view = _permuted(x, kind, order)
+    dense = view.is_contiguous() if kind == "torch" else view.flags.c_contiguous
+    return order if dense else None
+
+
+def _permuted(x: Any, kind: str, order: list) -> Any:
+    """x with its dimensions in `order` (a view)."""
+    return x.permute(*order) if kind == "torch" else np.transpose(x, order)
 
 
 def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, saturate: bool = True, margin: int = 0,

@@ -554,3 +554,27 @@ def test_a_forked_child_runs_after_the_parent_ran_threads():
 def _cast_in_child(x):
     return (fp8kit.cast(x, "e4m3fn").view(np.uint8).tobytes(),
             fp8kit.cast(x, "e4m3fn", threads=2).view(np.uint8).tobytes())
+
+
+def test_a_dense_input_keeps_its_layout():
+    """A dense input in another order than C's (Fortran order, a transpose, channels_last) is cast in memory order,
+    read in place, and its result has the input's layout, as NumPy's astype and torch's .to() give it; the values
+    are those of the C-order cast. Stochastic rounding (whose draw follows the element's index) and out= take C
+    order; a slice with a step is copied as before."""
+    rng = np.random.default_rng(11)
+    x = np.asfortranarray(rng.normal(0, 40, (64, 48)).astype(np.float32))
+    q = fp8kit.cast(x, "e4m3fn", saturate=True)
+    assert q.flags.f_contiguous and q.strides == x.astype(ml_dtypes.float8_e4m3fn).strides
+    assert np.array_equal(q.view(np.uint8), fp8kit.cast(np.ascontiguousarray(x), "e4m3fn", saturate=True).view(np.uint8))
+    back = fp8kit.cast(q, "float32", scale_inv=0.5)
+    assert back.flags.f_contiguous and np.array_equal(back, q.astype(np.float32) * np.float32(0.5))
+    y = np.transpose(rng.normal(size=(4, 5, 6)).astype(np.float32), (2, 0, 1))
+    assert fp8kit.cast(y, "e5m2").strides == y.astype(ml_dtypes.float8_e5m2).strides
+    assert fp8kit.cast(x, "e4m3fn", rounding="stochastic", seed=1).flags.c_contiguous
+    assert fp8kit.cast(x[::2], "e4m3fn").flags.c_contiguous  # not dense: copied in C order
+    torch = pytest.importorskip("torch")
+    t = torch.randn(8, 6).t()
+    for src in (t, torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)):
+        want = src.to(torch.float8_e4m3fn)
+        got = fp8kit.cast(src, torch.float8_e4m3fn, saturate=True)
+        assert got.stride() == want.stride() and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
