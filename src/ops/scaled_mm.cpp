@@ -71,27 +71,6 @@ namespace {
 
 constexpr std::int64_t kGemvChunk = 16;  // weight rows per GEMV work item
 
-// A per-thread, 64-byte aligned scratch buffer that only grows.
-class PackBuffer {
- public:
-  void* get(std::size_t bytes) {
-    if (bytes > size_) {
-      const std::size_t size = (bytes + 4095) / 4096 * 4096;
-      data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, size)));
-      size_ = data_ != nullptr ? size : 0;  // after a failure, the next call allocates again
-      FP8KIT_CHECK(data_ != nullptr, "scaled_mm: could not allocate ", size, " bytes of packing buffer");
-    }
-    return data_.get();
-  }
-
- private:
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  std::unique_ptr<std::byte, Free> data_;
-  std::size_t size_ = 0;
-};
-
 // A kernel's per-thread state (AMX: the tile configuration) for a block of work: start() on entry, finish() when
 // the block ends, an error included (RegionErrors catches it; the thread goes back to OpenMP's pool).
 class KernelSession {
@@ -176,7 +155,7 @@ void run_tile(const GemmProblem& g, std::int64_t i, std::int64_t j, std::int64_t
 void gemm_block(const GemmProblem& g, std::int64_t i_begin, std::int64_t i_end, std::int64_t j_begin,
                 std::int64_t j_end) {
   const GemmKernel& kern = *g.kern;
-  thread_local PackBuffer left_buffer, right_buffer;
+  thread_local ScratchBuffer left_buffer, right_buffer;
   const std::int64_t kc_alloc = round_up(std::min(g.kc_max, std::max<std::int64_t>(g.k, 1)), kern.k_align);
   const auto elem = static_cast<std::int64_t>(kern.elem_bytes);
   auto* left =
@@ -217,7 +196,7 @@ void gemm_weights_left(const GemmProblem& g, std::int64_t i_begin, std::int64_t 
   const std::int64_t kc_pad_max = round_up(std::min(g.kc_max, std::max<std::int64_t>(g.k, 1)), kern.k_align);
   const std::int64_t panels = ceil_div(g.k, g.kc_max);
   const std::int64_t right_panel = m_pad * kc_pad_max * elem;  // bytes per packed K panel of the activations
-  thread_local PackBuffer left_buffer, right_buffer;
+  thread_local ScratchBuffer left_buffer, right_buffer;
   thread_local std::vector<float> block;
   auto* right = static_cast<std::byte*>(right_buffer.get(static_cast<std::size_t>(panels * right_panel)));
   auto* left = static_cast<std::byte*>(left_buffer.get(static_cast<std::size_t>(kern.mr * kc_pad_max * elem)));
@@ -273,7 +252,7 @@ bool stream_weights(const GemmKernel& kern, const MmPlan& p, const Operand& a, c
   {
     void* x = nullptr;
     errors.guard([&] {
-      thread_local PackBuffer x_buffer;
+      thread_local ScratchBuffer x_buffer;
       x = x_buffer.get(static_cast<std::size_t>(round_up(p.m, 16) * k_pad) * kern.elem_bytes);
       kern.pack_right(a, 16, 0, p.m, 0, p.k, x);
     });

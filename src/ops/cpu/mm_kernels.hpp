@@ -260,6 +260,20 @@ const detail::IsaTables<MmKernelTable>& mm_tables();
 // for AVX-512, which the rest of the library then runs on any CPU. A per-thread, 64-byte aligned scratch buffer of
 // at least `bytes` (valid until the thread's next call), and FP8 codes to bfloat16 through the conversion kernels.
 void* thread_scratch(std::size_t bytes);
+// A 64-byte aligned scratch buffer that only grows (one per thread and use: the GEMM driver's packed panels, and
+// thread_scratch's). get() throws fp8kit::Error when it cannot allocate, and allocates again on the next call.
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  ~ScratchBuffer();
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  void* get(std::size_t bytes);
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 void decode_to_bf16(const std::uint8_t* codes, Format format, std::int64_t n, std::uint16_t* out);
 inline const MmKernelTable& active_mm_kernels() {
   return mm_tables().active();

@@ -10,6 +10,7 @@
 #include <new>
 #include <span>
 
+#include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
 
 #include "fp8kit/format/codec.hpp"
@@ -186,16 +187,24 @@ constinit const GemmKernel kScalarGemm{.name = "scalar-fma 6x16",
                                        .scale_accumulate = &scale_accumulate_scalar};
 constinit const GemvKernel kScalarGemv{"scalar-gemv", KernelContract::kBitIdentical, false, &gemv_scalar};
 
-void* thread_scratch(std::size_t bytes) {
-  thread_local std::unique_ptr<std::byte[], void (*)(std::byte*)> buffer{nullptr, [](std::byte* p) { std::free(p); }};
-  thread_local std::size_t size = 0;
-  if (bytes > size) {
-    const std::size_t grown = (bytes + 4095) / 4096 * 4096;
-    buffer.reset(static_cast<std::byte*>(std::aligned_alloc(64, grown)));
-    size = buffer != nullptr ? grown : 0;  // after a failure, the next call allocates again
-    if (buffer == nullptr) throw std::bad_alloc();
+ScratchBuffer::~ScratchBuffer() {
+  std::free(data_);
+}
+
+void* ScratchBuffer::get(std::size_t bytes) {
+  if (bytes > size_) {
+    std::free(data_);
+    const std::size_t size = (bytes + 4095) / 4096 * 4096;
+    data_ = std::aligned_alloc(64, size);
+    size_ = data_ != nullptr ? size : 0;  // after a failure, the next call allocates again
+    FP8KIT_CHECK(data_ != nullptr, "scaled_mm: could not allocate ", size, " bytes of scratch for the packed operands");
   }
-  return buffer.get();
+  return data_;
+}
+
+void* thread_scratch(std::size_t bytes) {
+  thread_local ScratchBuffer buffer;
+  return buffer.get(bytes);
 }
 
 void decode_to_bf16(const std::uint8_t* codes, Format format, std::int64_t n, std::uint16_t* out) {
