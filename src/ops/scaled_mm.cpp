@@ -275,7 +275,10 @@ std::string_view gemm(const GemmKernel& kern, const MmPlan& p, const Operand& a,
   // Unblocked products overwrite the output with their first K panel; blocked ones add scaled blocks into it.
   if (p.blocked || p.k == 0) std::fill(out, out + p.m * p.n, 0.0f);
   if (p.m == 0 || p.n == 0 || p.k == 0) return kern.name;
-  const bool swap = kern.weights_left_max_m > 0 && b.k_contiguous && p.m <= kern.weights_left_max_m;
+  // (A bit-identical kernel keeps blocked products in this orientation: swapped, its tiles would scale each block's
+  // sum by the weights' scale first, (sum * sb) * sa, where the reference rounds (sum * sa) * sb.)
+  const bool swap = kern.weights_left_max_m > 0 && b.k_contiguous && p.m <= kern.weights_left_max_m &&
+                    !(p.blocked && kern.contract == KernelContract::kBitIdentical);
   GemmProblem g;
   g.kern = &kern;
   g.left = swap ? &b : &a;

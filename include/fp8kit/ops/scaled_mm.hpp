@@ -69,7 +69,8 @@ struct MmKernels {
   KernelContract gemm_contract, gemv_contract, gemm_f32_contract, gemv_f32_contract;
   std::string_view gemm_small_m;  // the GEMM for gemv_max_m < M <= small_m_max with N x K weights, or empty
   std::int64_t small_m_max = 0;
-  std::int64_t gemv_max_m = kGemvMaxM;  // the GEMV path's largest M for FP8 / bfloat16 left operands (AVX512-BF16: 16)
+  // The GEMV path's largest M for FP8 / bfloat16 left operands (AVX2 and AVX512-BF16 without AMX: 16).
+  std::int64_t gemv_max_m = kGemvMaxM;
 };
 MmKernels mm_kernels();
 

@@ -235,10 +235,10 @@ struct MmKernelTable {
   }
 };
 
-// The AVX512-BF16 level (no AMX) takes M up to 16 on the GEMV path: its packed GEMM decodes a whole weight panel
-// per call, which does not pay below that. Zen 4, N = K = 4096, e4m3fn, 1 / 2 threads: M = 8 40.7 / 74 -> 77 / 131
-// GFLOP/s, M = 16 47 / 99 -> 113 / 177 (oneDNN bf16: 101-105 / 190-198), M = 32 82 / 155 -> 81-89 / 163-167 (no gain
-// there, so 32 stays with the GEMM).
+// The AVX2 and AVX512-BF16 (no AMX) levels take M up to 16 on the GEMV path: their packed GEMMs decode a whole weight
+// panel per call, which does not pay below that (AVX2 on Zen 3: avx2_mm_kernels). AVX512-BF16 on Zen 4, N = K = 4096,
+// e4m3fn, 1 / 2 threads: M = 8 40.7 / 74 -> 77 / 131 GFLOP/s, M = 16 47 / 99 -> 113 / 177 (oneDNN bf16: 101-105 /
+// 190-198), M = 32 82 / 155 -> 81-89 / 163-167 (no gain there, so 32 stays with the GEMM).
 inline constexpr std::int64_t kWideGemvMaxM = 16;
 
 // Each level's kernels: constant objects in its mm_<isa>.cpp (constinit: no code of an ISA-flagged file runs until
