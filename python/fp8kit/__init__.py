@@ -414,8 +414,8 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
 
     a: FP8 (M, K); b: FP8 (K, N), column-major as torch._scaled_mm wants it (b.T contiguous: N x K weights, taken
       without a transpose) or row-major (K x N); e5m2 x e5m2 is refused, as cuBLASLt (and so torch._scaled_mm on
-      CUDA) refuses it. The codes are copied once into the library's operands (a byte per element, outside the
-      GIL; the product reads each many times).
+      CUDA) refuses it. The codes are read where they are, not copied (a contiguous array, or the contiguous
+      b.T); the GIL is released while the product runs, so another thread must not write them meanwhile.
     scale_a, scale_b: dequantization scales, float32, in torch._scaled_mm's shapes: one value each (per tensor: a
       number or a 1-element array); per row of a, (M, 1), and per column of b, (1, N) (row-wise scaling); or blocks
       along K of 128 (DeepSeek-V3's recipe): scale_a (M, ceil(K/128)) per 1x128 block or (ceil(M/128),

@@ -307,16 +307,19 @@ float amax_arg(nb::handle value) {
 
 // A ScaledTensor with `scales` (float32) at `granularity` for the codes (rows x cols) of `codes`, which
 // copy_codes copies in (a memcpy, left for the call's GIL-free part).
-ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::int64_t rows, std::int64_t cols,
-                            const Input& scales, const std::string& granularity, const char* what) {
-  if (!holds_matrix(elements(codes, 8, what), rows, cols))
+// A view of a product's FP8 operand over the caller's arrays (codes and scales), checked against rows x cols and the
+// granularity's block grid. The arrays stay alive for the call: nanobind holds them.
+ScaledTensorRef scaled_operand(const Input& codes, const std::string& format, std::int64_t rows, std::int64_t cols,
+                               const Input& scales, const std::string& granularity, const char* what) {
+  const std::size_t count = elements(codes, 8, what);
+  if (!holds_matrix(count, rows, cols))
     throw nb::value_error((std::string(what) + " does not hold rows x cols codes").c_str());
-  ScaledTensor q;
+  ScaledTensorRef q;
   q.format = format_named(format);
-  q.overflow = Overflow::kSaturate;
   q.granularity = granularity_named(granularity);
   q.rows = rows;
   q.cols = cols;
+  q.data = {static_cast<const std::uint8_t*>(codes.data()), count};
   const std::size_t blocks = static_cast<std::size_t>(q.grid_rows() * q.grid_cols());
   const std::size_t given = elements(scales, 32, "the scales");
   if (blocks == 0) {
@@ -329,8 +332,7 @@ ScaledTensor scaled_operand(const Input& codes, const std::string& format, std::
                            " values for granularity " + granularity + ", not " + std::to_string(scales.size()))
                               .c_str());
   }
-  const auto* s = static_cast<const float*>(scales.data());
-  q.scale_inv.assign(s, s + blocks);
+  q.scale_inv = {static_cast<const float*>(scales.data()), blocks};
   return q;
 }
 
@@ -404,12 +406,9 @@ nb::tuple scaled_mm_matrix(Input a_codes, const std::string& a_format, std::int6
                            std::int64_t b_rows, std::int64_t b_cols, Input b_scales, const std::string& b_granularity,
                            bool b_is_nk, std::optional<Input> bias, Array out, const std::string& out_kind,
                            std::optional<int> threads) {
-  ScaledTensor a = scaled_operand(a_codes, a_format, m, k, a_scales, a_granularity, "a");
-  ScaledTensor b = scaled_operand(b_codes, b_format, b_rows, b_cols, b_scales, b_granularity, "b");
-  const auto copy_codes = [](ScaledTensor& q, const Input& codes) {
-    const auto* c = static_cast<const std::uint8_t*>(codes.data());
-    q.data.assign(c, c + q.rows * q.cols);
-  };
+  // The operands are read where they are (no copy of the codes: a weight matrix is the product's bulk).
+  const ScaledTensorRef a = scaled_operand(a_codes, a_format, m, k, a_scales, a_granularity, "a");
+  const ScaledTensorRef b = scaled_operand(b_codes, b_format, b_rows, b_cols, b_scales, b_granularity, "b");
   const std::int64_t n = b_is_nk ? b_rows : b_cols;
   const DType out_dtype = dtype_named(out_kind);
   if (out_dtype != DType::float32 && out_dtype != DType::bfloat16)
@@ -427,8 +426,6 @@ nb::tuple scaled_mm_matrix(Input a_codes, const std::string& a_format, std::int6
   float amax = 0.0f;
   MmDispatch dispatch;
   run(threads, [&] {
-    copy_codes(a, a_codes);  // (the arrays stay alive: this call holds them)
-    copy_codes(b, b_codes);
     if (out_dtype == DType::float32) {
       amax = scaled_mm_into(a, b, std::span<float>(static_cast<float*>(out.data()), static_cast<std::size_t>(m * n)),
                             options, &dispatch);

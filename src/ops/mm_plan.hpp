@@ -42,9 +42,9 @@ InputBytes input_bytes(const char* what, std::span<const T> x) {
 void check_apart(const char* op, std::span<const float> out, std::initializer_list<InputBytes> inputs);
 
 // Validates scaled_mm operands and options; throws fp8kit::Error (kInvalidArgument) naming what does not fit.
-MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options);
+MmPlan plan_scaled_mm(const ScaledTensorRef& a, const ScaledTensorRef& b, const ScaledMmOptions& options);
 // Validates a weight-only product (x M x K float32/bfloat16, w N x K, bias, out of M x N floats).
-MmPlan plan_weight_mm(const MatrixRef& x, const ScaledTensor& w, std::span<const float> bias, std::size_t out_size);
+MmPlan plan_weight_mm(const MatrixRef& x, const ScaledTensorRef& w, std::span<const float> bias, std::size_t out_size);
 
 // The scale every plan without A scales uses (weight-only products).
 inline constexpr float kUnitScale = 1.0f;

@@ -457,7 +457,7 @@ MmDispatch run(const MmPlan& p, const Operand& a, const Operand& b, float* out) 
   return {MmPath::kGemm, ran, kern.contract, t.isa};
 }
 
-Operand fp8_operand(const ScaledTensor& x, std::int64_t rows, std::int64_t k, bool k_contiguous) {
+Operand fp8_operand(const ScaledTensorRef& x, std::int64_t rows, std::int64_t k, bool k_contiguous) {
   Operand o;
   o.codes = x.data.data();
   o.format = x.format;
@@ -485,8 +485,8 @@ Operand float_operand(const MatrixRef& x, std::int64_t rows, std::int64_t k, boo
 }  // namespace
 }  // namespace mm_detail
 
-float scaled_mm_into(const ScaledTensor& a, const ScaledTensor& b, std::span<float> out, const ScaledMmOptions& options,
-                     MmDispatch* dispatch) {
+float scaled_mm_into(const ScaledTensorRef& a, const ScaledTensorRef& b, std::span<float> out,
+                     const ScaledMmOptions& options, MmDispatch* dispatch) {
   const mm_detail::MmPlan p = mm_detail::plan_scaled_mm(a, b, options);
   mm_detail::check_output("scaled_mm", p, out.size());
   using mm_detail::input_bytes;
@@ -503,7 +503,7 @@ float scaled_mm_into(const ScaledTensor& a, const ScaledTensor& b, std::span<flo
   return mm_detail::epilogue(out.data(), {&p, raw_sums, options.bias, options.out_dtype});
 }
 
-ScaledMmResult scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options) {
+ScaledMmResult scaled_mm(const ScaledTensorRef& a, const ScaledTensorRef& b, const ScaledMmOptions& options) {
   const mm_detail::MmPlan p = mm_detail::plan_scaled_mm(a, b, options);
   ScaledMmResult r;
   r.m = p.m;
@@ -557,7 +557,7 @@ void matmul_reference(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<floa
   }
 }
 
-void fp8_weight_mm(MatrixRef x, const ScaledTensor& w, std::span<float> out, std::span<const float> bias,
+void fp8_weight_mm(MatrixRef x, const ScaledTensorRef& w, std::span<float> out, std::span<const float> bias,
                    MmDispatch* dispatch) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
   using mm_detail::input_bytes;
@@ -570,7 +570,7 @@ void fp8_weight_mm(MatrixRef x, const ScaledTensor& w, std::span<float> out, std
   mm_detail::epilogue(out.data(), {&p, taken.path == MmPath::kGemm && !p.blocked, bias, DType::float32});
 }
 
-void fp8_weight_mm_reference(MatrixRef x, const ScaledTensor& w, std::span<float> out, std::span<const float> bias) {
+void fp8_weight_mm_reference(MatrixRef x, const ScaledTensorRef& w, std::span<float> out, std::span<const float> bias) {
   const mm_detail::MmPlan p = mm_detail::plan_weight_mm(x, w, bias, out.size());
   using mm_detail::input_bytes;
   mm_detail::check_apart("fp8_weight_mm_reference", out,

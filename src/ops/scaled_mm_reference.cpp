@@ -18,11 +18,11 @@ using Kind = Granularity::Kind;
 bool is_e5m2_family(Format f) {
   return f == Format::e5m2 || f == Format::e5m2fnuz;
 }
-bool is_blocked(const ScaledTensor& x) {
+bool is_blocked(const ScaledTensorRef& x) {
   return x.granularity.kind == Kind::kBlock || x.granularity.kind == Kind::kMx;
 }
 
-void check_element_format(const char* what, const ScaledTensor& x) {
+void check_element_format(const char* what, const ScaledTensorRef& x) {
   fp8kit::check_element_format(x.format, what);  // the scaling layer's rule: e8m0fnu holds scales, not values
   FP8KIT_CHECK(static_cast<std::int64_t>(x.data.size()) == x.checked_numel(what), what, " has ", x.data.size(),
                " codes for a ", x.rows, "x", x.cols, " matrix");
@@ -31,7 +31,7 @@ void check_element_format(const char* what, const ScaledTensor& x) {
 }
 
 // Where B's scales live, as weights (N x K, output channel = row) or as K x N (output channel = column).
-ScaleIndex b_scales(const ScaledTensor& b, bool nk) {
+ScaleIndex b_scales(const ScaledTensorRef& b, bool nk) {
   ScaleIndex s{b.scale_inv.data()};
   switch (b.granularity.kind) {
     case Kind::kTensor:
@@ -55,7 +55,7 @@ ScaleIndex b_scales(const ScaledTensor& b, bool nk) {
 }
 
 // B's checks, shared by both products: scales per tensor, per output channel or blocks.
-void check_b_granularity(const char* what, const ScaledTensor& b, bool nk) {
+void check_b_granularity(const char* what, const ScaledTensorRef& b, bool nk) {
   const Kind per_channel = nk ? Kind::kRow : Kind::kColumn;
   const Kind kind = b.granularity.kind;
   FP8KIT_CHECK(kind == Kind::kTensor || kind == per_channel || is_blocked(b), what,
@@ -104,7 +104,7 @@ void check_apart(const char* op, std::span<const float> out, std::initializer_li
     detail::check_disjoint(op, in.what, in.data, in.bytes, out.data(), out.size_bytes());
 }
 
-MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options) {
+MmPlan plan_scaled_mm(const ScaledTensorRef& a, const ScaledTensorRef& b, const ScaledMmOptions& options) {
   const bool nk = options.b_layout == BLayout::kNK;
   MmPlan p = plan_shapes("scaled_mm", a.rows, a.cols, b.rows, b.cols, nk, options.bias);
   check_element_format("scaled_mm: A", a);
@@ -140,7 +140,7 @@ MmPlan plan_scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const Scaled
   return p;
 }
 
-MmPlan plan_weight_mm(const MatrixRef& x, const ScaledTensor& w, std::span<const float> bias, std::size_t out_size) {
+MmPlan plan_weight_mm(const MatrixRef& x, const ScaledTensorRef& w, std::span<const float> bias, std::size_t out_size) {
   FP8KIT_CHECK(x.dtype == DType::float32 || x.dtype == DType::bfloat16,
                "fp8_weight_mm: activations must be float32 or bfloat16, not ", name(x.dtype));
   x.check("fp8_weight_mm: activations", x.dtype);
@@ -156,7 +156,7 @@ MmPlan plan_weight_mm(const MatrixRef& x, const ScaledTensor& w, std::span<const
 
 }  // namespace mm_detail
 
-ScaledMmResult scaled_mm_reference(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options) {
+ScaledMmResult scaled_mm_reference(const ScaledTensorRef& a, const ScaledTensorRef& b, const ScaledMmOptions& options) {
   const mm_detail::MmPlan plan = mm_detail::plan_scaled_mm(a, b, options);
   const bool nk = options.b_layout == BLayout::kNK;
   const std::int64_t m = plan.m, n = plan.n, k = plan.k, kstep = plan.kstep;

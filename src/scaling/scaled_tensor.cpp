@@ -10,12 +10,22 @@
 
 namespace fp8kit {
 
-std::int64_t ScaledTensor::checked_numel(std::string_view op) const {
+namespace {
+std::int64_t checked_matrix_numel(std::int64_t rows, std::int64_t cols, std::string_view op) {
   std::int64_t n = 0;
   FP8KIT_CHECK(rows >= 0 && cols >= 0, op, ": negative shape ", rows, "x", cols);
   FP8KIT_CHECK(!__builtin_mul_overflow(rows, cols, &n), op, ": a ", rows, "x", cols,
                " matrix has more elements than memory can hold");
   return n;
+}
+}  // namespace
+
+std::int64_t ScaledTensor::checked_numel(std::string_view op) const {
+  return checked_matrix_numel(rows, cols, op);
+}
+
+std::int64_t ScaledTensorRef::checked_numel(std::string_view op) const {
+  return checked_matrix_numel(rows, cols, op);
 }
 
 Tensor ScaledTensor::codes() const {

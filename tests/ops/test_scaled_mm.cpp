@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
+#include "fp8kit/tensor/memory.hpp"
 
 namespace fp8kit {
 namespace {
@@ -226,6 +228,84 @@ TEST(ScaledMm, OutputSharingAnInputIsRefused) {
   std::vector<float> out(static_cast<std::size_t>(n * n));
   EXPECT_NO_THROW(scaled_mm_into(qa, qw, out, {}));  // apart: fine
   EXPECT_NO_THROW(matmul(a, b, BLayout::kNK, out));
+}
+
+// ScaledTensorRef: a product over views of memory the caller owns (codes and scales in plain vectors, as a binding's
+// arrays) gives the ScaledTensor product's bits on both paths and at every granularity of B, allocates no tensor
+// storage for the operands, and is refused when the output shares memory with a view's codes or scales.
+QuantizeOptions e4m3fn_at(Granularity g) {
+  QuantizeOptions o;
+  o.granularity = g;
+  return o;
+}
+
+TEST(ScaledMm, ViewsOfCallerMemoryAreTheScaledTensorProduct) {
+  const std::int64_t k = 256, n = 96;
+  for (const std::int64_t m : {std::int64_t{1}, std::int64_t{3}, std::int64_t{40}}) {
+    for (const Granularity g : {Granularity::tensor(), Granularity::row(), Granularity::block(128, 128)}) {
+      const auto x = random_matrix(m, k, 11, false), w = random_matrix(n, k, 12, false);
+      const ScaledTensor qa = quantize(MatrixRef{x.data(), m, k}, e4m3fn_at(Granularity::tensor()));
+      const ScaledTensor qw = quantize(MatrixRef{w.data(), n, k}, e4m3fn_at(g));
+      // The caller's copies, in memory no ScaledTensor owns.
+      const std::vector<std::uint8_t> a_codes(qa.data.begin(), qa.data.end()), w_codes(qw.data.begin(), qw.data.end());
+      const std::vector<float> a_scales(qa.scale_inv.begin(), qa.scale_inv.end()),
+          w_scales(qw.scale_inv.begin(), qw.scale_inv.end());
+      ScaledTensorRef va, vw;
+      va.format = vw.format = Format::e4m3fn;
+      va.granularity = qa.granularity;
+      vw.granularity = qw.granularity;
+      va.rows = m;
+      va.cols = vw.cols = k;
+      vw.rows = n;
+      va.data = a_codes;
+      vw.data = w_codes;
+      va.scale_inv = a_scales;
+      vw.scale_inv = w_scales;
+      ScaledMmOptions nk;
+      nk.b_layout = BLayout::kNK;
+      const ScaledMmResult want = scaled_mm(qa, qw, nk);
+      const std::int64_t before = memory_stats().current_bytes;
+      reset_peak_memory();
+      std::vector<float> out(static_cast<std::size_t>(m * n));
+      MmDispatch dispatch;
+      const float amax = scaled_mm_into(va, vw, out, nk, &dispatch);
+      EXPECT_EQ(memory_stats().peak_bytes, before) << "the views were copied into tensor storage";
+      EXPECT_EQ(dispatch.path, want.path) << "m " << m;
+      EXPECT_EQ(std::memcmp(out.data(), want.out.data(), out.size() * sizeof(float)), 0)
+          << "m " << m << ", B " << g.name();
+      EXPECT_EQ(amax, want.amax);
+      EXPECT_EQ(std::memcmp(scaled_mm_reference(va, vw, nk).out.data(), scaled_mm_reference(qa, qw, nk).out.data(),
+                            out.size() * sizeof(float)),
+                0);
+      std::vector<float> by_weights(out.size()), by_weights_view(out.size());
+      fp8_weight_mm(MatrixRef{x.data(), m, k}, qw, by_weights);
+      fp8_weight_mm(MatrixRef{x.data(), m, k}, vw, by_weights_view);
+      EXPECT_EQ(by_weights, by_weights_view);
+      // Sizes are checked as a ScaledTensor's: one code short, one scale short.
+      ScaledTensorRef short_codes = vw, short_scales = vw;
+      short_codes.data = short_codes.data.first(short_codes.data.size() - 1);
+      short_scales.scale_inv = short_scales.scale_inv.first(short_scales.scale_inv.size() - 1);
+      EXPECT_THROW(scaled_mm_into(va, short_codes, out, nk), Error);
+      EXPECT_THROW(scaled_mm_into(va, short_scales, out, nk), Error);
+    }
+  }
+  // An output over a view's memory is refused (the codes, then the scales).
+  const std::int64_t n2 = 64;
+  std::vector<float> buffer(static_cast<std::size_t>(n2 * n2 + n2));
+  const auto w = random_matrix(n2, n2, 13, false);
+  const ScaledTensor qw = quantize(MatrixRef{w.data(), n2, n2}, e4m3fn_at(Granularity::row()));
+  ScaledTensorRef view = qw;
+  view.data = {reinterpret_cast<const std::uint8_t*>(buffer.data()), static_cast<std::size_t>(n2 * n2)};
+  const std::span<float> out(buffer.data() + n2, static_cast<std::size_t>(n2 * n2));
+  try {
+    scaled_mm_into(view, view, out, {});
+    ADD_FAILURE() << "an output over a view's codes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shares memory with"), std::string::npos) << e.what();
+  }
+  ScaledTensorRef scales_view = qw;
+  scales_view.scale_inv = {buffer.data() + n2 * n2 - 1, static_cast<std::size_t>(n2)};
+  EXPECT_THROW(scaled_mm_into(qw, scales_view, std::span(buffer.data(), static_cast<std::size_t>(n2 * n2)), {}), Error);
 }
 
 }  // namespace

@@ -88,7 +88,8 @@ struct ScaledMmResult {
 // K block size on both sides when both are blocked. e5m2 x e5m2 is refused, as cuBLASLt (and torch._scaled_mm on
 // CUDA) refuses it.
 // Throws fp8kit::Error (kInvalidArgument) naming what does not fit.
-ScaledMmResult scaled_mm_reference(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options = {});
+ScaledMmResult scaled_mm_reference(const ScaledTensorRef& a, const ScaledTensorRef& b,
+                                   const ScaledMmOptions& options = {});
 
 // The fast entry, same semantics and checks as the reference. The dispatcher takes the GEMV path when M is at
 // most kGemvMaxM (mm_kernels().gemv_max_m for FP8 A) and B is N x K (the weight layout), the packed GEMM otherwise,
@@ -96,9 +97,9 @@ ScaledMmResult scaled_mm_reference(const ScaledTensor& a, const ScaledTensor& b,
 // bit-identical to scaled_mm_reference; the AVX512-BF16 and AMX kernels and every GEMV sum in another order and keep
 // the kFp32Bound contract (exact when the sums are). Results never depend on the thread count (OpenMP,
 // set_num_threads).
-ScaledMmResult scaled_mm(const ScaledTensor& a, const ScaledTensor& b, const ScaledMmOptions& options = {});
+ScaledMmResult scaled_mm(const ScaledTensorRef& a, const ScaledTensorRef& b, const ScaledMmOptions& options = {});
 // The same into a caller's buffer of m x n floats (no allocation for the output); returns the output amax.
-float scaled_mm_into(const ScaledTensor& a, const ScaledTensor& b, std::span<float> out,
+float scaled_mm_into(const ScaledTensorRef& a, const ScaledTensorRef& b, std::span<float> out,
                      const ScaledMmOptions& options = {}, MmDispatch* dispatch = nullptr);
 
 // The float operands below (activations of weight-only FP8 products, operands of matmul) are MatrixRefs of float32
@@ -110,7 +111,7 @@ float scaled_mm_into(const ScaledTensor& a, const ScaledTensor& b, std::span<flo
 // the weights once (GEMV path); larger M decodes weight panels into the packed GEMM. float32 activations run the
 // FP32 FMA GEMM kernels (bit-identical to fp8_weight_mm_reference); bfloat16 ones, exact in bfloat16, the
 // level's bfloat16 kernels where it has them (kFp32Bound). Throws fp8kit::Error naming what does not fit.
-void fp8_weight_mm(MatrixRef x, const ScaledTensor& w, std::span<float> out, std::span<const float> bias = {},
+void fp8_weight_mm(MatrixRef x, const ScaledTensorRef& w, std::span<float> out, std::span<const float> bias = {},
                    MmDispatch* dispatch = nullptr);
 // Plain float GEMM on the FP32 FMA kernels (what the fp32 and bf16 training recipes use): out (M x N) = a (M x K)
 // times b (N x K for kNK, K x N for kKN), float32 or bfloat16 operands (bfloat16 widened exactly), FP32
@@ -121,7 +122,7 @@ void matmul_reference(MatrixRef a, MatrixRef b, BLayout b_layout, std::span<floa
                       std::span<const float> bias = {});
 
 // The plain loops fp8_weight_mm is tested against (FMA products in increasing k per K block).
-void fp8_weight_mm_reference(MatrixRef x, const ScaledTensor& w, std::span<float> out,
+void fp8_weight_mm_reference(MatrixRef x, const ScaledTensorRef& w, std::span<float> out,
                              std::span<const float> bias = {});
 
 }  // namespace fp8kit

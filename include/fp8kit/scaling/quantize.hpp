@@ -94,6 +94,34 @@ struct ScaledTensor {
   Tensor scales() const;
 };
 
+// A read-only view of what a product reads of a ScaledTensor, over memory the caller owns and keeps alive for the
+// call (a NumPy or torch buffer, a mapped file): scaled_mm and fp8_weight_mm take their FP8 operands this way, so
+// that a binding multiplies its arrays where they are instead of copying every code first. A ScaledTensor converts
+// to it implicitly. The sizes are checked by the product as a ScaledTensor's are (rows * cols codes, one scale per
+// block of the granularity).
+struct ScaledTensorRef {
+  Format format = Format::e4m3fn;
+  Granularity granularity = Granularity::tensor();
+  std::int64_t rows = 0, cols = 0;
+  std::span<const std::uint8_t> data;  // rows * cols codes, row-major
+  std::span<const float> scale_inv;    // one per block, row-major over the block grid
+
+  ScaledTensorRef() = default;
+  ScaledTensorRef(const ScaledTensor& t)  // NOLINT(google-explicit-constructor): a ScaledTensor is one
+      : format(t.format),
+        granularity(t.granularity),
+        rows(t.rows),
+        cols(t.cols),
+        data(t.data.data(), t.data.size()),
+        scale_inv(t.scale_inv.data(), t.scale_inv.size()) {}
+
+  std::int64_t block_rows() const { return granularity.rows_per_block(rows); }
+  std::int64_t block_cols() const { return granularity.cols_per_block(cols); }
+  std::int64_t grid_rows() const { return ceil_div(rows, block_rows()); }
+  std::int64_t grid_cols() const { return ceil_div(cols, block_cols()); }
+  std::int64_t checked_numel(std::string_view op) const;  // as ScaledTensor::checked_numel
+};
+
 // What a quantization did to the data.
 struct QuantDiagnostics {
   float amax = 0.0f;                  // over all finite inputs
