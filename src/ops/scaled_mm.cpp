@@ -12,10 +12,13 @@
 // threads split the weight rows in fixed chunks (the result does not depend on the thread count), each chunk taking
 // the left rows kGemvRows at a time; A's rows (or the activations) are converted to FP32 (and bfloat16) once.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/no_cuda.hpp"
@@ -23,6 +26,7 @@
 #include "cpu/mm_kernels.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
+#include "fp8kit/convert/convert.hpp"
 #include "fp8kit/ops/cuda_scaled_mm.hpp"
 #include "fp8kit/ops/scaled_mm.hpp"
 #include "mm_plan.hpp"
@@ -327,17 +331,17 @@ std::string_view gemm(const GemmKernel& kern, const MmPlan& p, const Operand& a,
 // The rebiased activations of a GEMV (see GemvInput), or false when they cannot be made exact: x * 2^(127 - bias -
 // c) must be finite (c > 0 only for FP8 left operands, whose products with FP8 weights stay far above the float
 // subnormals after the 2^-c, so the kernel's sums are the unscaled ones times 2^-c exactly).
-bool rebias(const std::vector<float>& x, Format weights, bool left_is_fp8, std::vector<float>& out, float& sum_scale) {
-  float xmax = 0.0f;
-  for (float v : x) {
-    if (!std::isfinite(v)) return false;
-    xmax = std::max(xmax, std::fabs(v));
-  }
+bool rebias(std::span<const float> x, Format weights, bool left_is_fp8, float* out, float& sum_scale) {
+  // max |x| as the largest magnitude bit pattern (their integer order is the floats' order, Inf and NaN above every
+  // finite one): an integer reduction with no early exit, which vectorizes where a float max does not.
+  std::uint32_t top = 0;
+  for (const float v : x) top = std::max(top, std::bit_cast<std::uint32_t>(v) & 0x7FFFFFFFu);
+  if (top >= 0x7F800000u) return false;  // Inf or NaN
+  const float xmax = std::bit_cast<float>(top);
   const int up = 127 - descriptor(weights).bias;
   // Keep max |x'| below 2^126: c = how far 2^(ilogb(xmax) + 1 + up) would pass that.
   const int c = xmax == 0.0f ? 0 : std::max(0, std::ilogb(xmax) + 1 + up - 126);
   if (c > 0 && !left_is_fp8) return false;
-  out.resize(x.size());
   const float factor = std::ldexp(1.0f, up - c);
   for (std::size_t t = 0; t < x.size(); ++t) out[t] = x[t] * factor;
   sum_scale = std::ldexp(1.0f, c);
@@ -365,28 +369,51 @@ void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int
 
 namespace {
 
+// The left rows (m x k) as float32 into x (row stride k), exactly: rows laid out along K through the conversion
+// kernels (a GEMV's whole setup is this, the rebias and the lane order: at K = 8192 one value at a time through
+// Operand::at took about a third of a 32-row GEMV's time with the weights in L2).
+void left_rows_f32(const Operand& a, std::int64_t m, std::int64_t k, float* x) {
+  for (std::int64_t i = 0; i < m; ++i) {
+    float* row = x + i * k;
+    const auto n = static_cast<std::size_t>(k);
+    if (!a.k_contiguous) {
+      for (std::int64_t kk = 0; kk < k; ++kk) row[kk] = a.at(i, kk);
+    } else if (a.codes != nullptr) {
+      cast_from_fp8(std::span(a.codes + i * a.ld, n), a.format, std::span(row, n));
+    } else if (a.f32 != nullptr) {
+      std::memcpy(row, a.f32 + i * a.ld, n * sizeof(float));
+    } else {
+      convert(a.bf16 + i * a.ld, DType::bfloat16, row, DType::float32, k);
+    }
+  }
+}
+
 void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Operand& b, float* out) {
-  // The left rows in FP32 (and bfloat16 where they are exact in it), once; rebiased when that is exact.
-  std::vector<float> x(static_cast<std::size_t>(p.m * p.k)), x_rebiased;
+  // The left rows in FP32 (and bfloat16 where they are exact in it), once; rebiased when that is exact. (Buffers
+  // left uninitialized: each is written whole before it is read.)
+  const auto count = static_cast<std::size_t>(p.m * p.k);
+  const std::unique_ptr<float[]> x(new float[count]);
+  std::unique_ptr<float[]> x_rebiased, x_lanes;
   std::vector<bfloat16> x_bf16;
-  for (std::int64_t i = 0; i < p.m; ++i)
-    for (std::int64_t kk = 0; kk < p.k; ++kk) x[static_cast<std::size_t>(i * p.k + kk)] = a.at(i, kk);
-  GemvInput in{x.data(), p.k};
+  left_rows_f32(a, p.m, p.k, x.get());
+  GemvInput in{x.get(), p.k};
   if (fast.bf16_input && a.exact_in_bf16()) {
-    x_bf16.resize(x.size());
-    for (std::size_t t = 0; t < x.size(); ++t) x_bf16[t] = bfloat16::from_float(x[t]);  // exact
+    x_bf16.resize(count);
+    for (std::size_t t = 0; t < count; ++t) x_bf16[t] = bfloat16::from_float(x[t]);  // exact
     in.x_bf16 = x_bf16.data();
   }
-  if (!fast.bf16_input && rebias(x, b.format, a.codes != nullptr, x_rebiased, in.sum_scale))
-    in.rebiased = x_rebiased.data();
-  std::vector<float> x_lanes;  // the fast kernel's order, where it reads another (lane_chunk)
-  if (fast.lane_chunk != 0) {
-    const float* source = in.rebiased != nullptr ? in.rebiased : in.x;
-    x_lanes.resize(x.size());
-    to_gemv_lane_order(source, p.m, p.k, p.kstep, fast.lane_chunk, x_lanes.data());
-    (in.rebiased != nullptr ? in.rebiased : in.x) = x_lanes.data();
+  if (!fast.bf16_input) {
+    x_rebiased.reset(new float[count]);
+    if (rebias(std::span<const float>(x.get(), count), b.format, a.codes != nullptr, x_rebiased.get(), in.sum_scale))
+      in.rebiased = x_rebiased.get();
   }
-  const GemvInput plain{x.data(), p.k};
+  if (fast.lane_chunk != 0) {  // the fast kernel's order, where it reads another
+    const float* source = in.rebiased != nullptr ? in.rebiased : in.x;
+    x_lanes.reset(new float[count]);
+    to_gemv_lane_order(source, p.m, p.k, p.kstep, fast.lane_chunk, x_lanes.get());
+    (in.rebiased != nullptr ? in.rebiased : in.x) = x_lanes.get();
+  }
+  const GemvInput plain{x.get(), p.k};
   const GemvKernel& exact = *scalar_mm_kernels().gemv_f32;  // for rows the fast kernel declines
   const std::int64_t chunks = ceil_div(p.n, kGemvChunk);
   const bool parallel = static_cast<double>(p.n) * static_cast<double>(p.k) >= detail::kParallelMmElements;

@@ -994,6 +994,35 @@ TEST_P(WeightMm, NanAndInfCodesPropagateOnBothPaths) {
       }
 }
 
+TEST_P(WeightMm, NonFiniteActivationsPropagateOnTheGemv) {
+  // An Inf or NaN activation keeps the GEMV from folding the weights' exponent bias into the activations (that
+  // test runs over every activation); the rows it reaches must be Inf or NaN as the reference's, the others exact.
+  const std::int64_t m = 3, n = 24, k = 160;
+  for (Format f : kWeightFormats) {
+    std::mt19937 rng(8800 + static_cast<int>(f));
+    std::uniform_int_distribution<int> small(1, 8), sign(0, 1);
+    std::vector<float> xv(static_cast<std::size_t>(m * k));
+    for (float& v : xv) v = static_cast<float>((sign(rng) ? -1 : 1) * small(rng));
+    xv[static_cast<std::size_t>(0 * k + 17)] = std::numeric_limits<float>::infinity();
+    xv[static_cast<std::size_t>(2 * k + 150)] = std::numeric_limits<float>::quiet_NaN();
+    const Activations x = make_activations(xv, m, k, DType::float32);
+    const ScaledTensor w = from_codes(f, Granularity::row(), n, k, integer_codes(f, n * k, 8801), 8802);
+    std::vector<float> out(static_cast<std::size_t>(m * n)), ref(out.size());
+    MmDispatch dispatch;
+    fp8_weight_mm(x.view(), w, out, {}, &dispatch);
+    fp8_weight_mm_reference(x.view(), w, ref);
+    EXPECT_EQ(dispatch.path, MmPath::kGemv);
+    for (std::size_t o = 0; o < out.size(); ++o) {
+      if (std::isnan(ref[o])) {
+        EXPECT_TRUE(std::isnan(out[o])) << name(f) << " at " << o;
+      } else {
+        EXPECT_TRUE(std::isinf(ref[o]) || o / n == 1) << "the reference, at " << o;
+        EXPECT_EQ(out[o], ref[o]) << name(f) << " at " << o;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- threads
 
 TEST_P(ScaledMmFast, ThreadCountDoesNotChangeResults) {
