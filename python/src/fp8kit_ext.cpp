@@ -305,8 +305,6 @@ float amax_arg(nb::handle value) {
   return static_cast<float>(amax);
 }
 
-// A ScaledTensor with `scales` (float32) at `granularity` for the codes (rows x cols) of `codes`, which
-// copy_codes copies in (a memcpy, left for the call's GIL-free part).
 // A view of a product's FP8 operand over the caller's arrays (codes and scales), checked against rows x cols and the
 // granularity's block grid. The arrays stay alive for the call: nanobind holds them.
 ScaledTensorRef scaled_operand(const Input& codes, const std::string& format, std::int64_t rows, std::int64_t cols,
