@@ -45,6 +45,7 @@ template <bool kScale>
       acc[i][1] = _mm256_loadu_ps(c + i * ldc + 8);
     }
   }
+#pragma GCC unroll 4
   for (std::int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
@@ -357,7 +358,8 @@ constinit const GemmKernel kAvx2Gemm{.name = "avx2-fma 6x16",
                                      .pack_left = &pack_f32,
                                      .pack_right = &pack_f32,
                                      .accumulate = &accumulate_avx2,
-                                     .scale_accumulate = &scale_accumulate_avx2};
+                                     .scale_accumulate = &scale_accumulate_avx2,
+                                     .prefetch_next_tile = true};
 constinit const GemvKernel kAvx2Gemv{"avx2-gemv", KernelContract::kFp32Bound, false, &gemv_avx2, 32};
 
 }  // namespace fp8kit::mm_detail

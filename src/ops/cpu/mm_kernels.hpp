@@ -87,6 +87,11 @@ struct GemmKernel {
   PackFn pack_left, pack_right;
   AccumulateFn accumulate;
   ScaleAccumulateFn scale_accumulate;
+  // The driver prefetches the next output tile's rows while this tile runs. A tile's accumulators start from the
+  // output (each K panel adds to the sum so far, in the reference's order), so a tile whose rows are not cached
+  // stalls every chain until they arrive: at 4096^3 the output (64 MiB) is read back from memory on each of the 16
+  // K panels.
+  bool prefetch_next_tile = false;
   void (*start)() = nullptr;   // called by each thread before its first tile (AMX: configure the tiles)
   void (*finish)() = nullptr;  // and after its last (AMX: release the tile state)
   // Optional, for M <= stream_max_m with FP8 weights B (N x K) and unblocked scales: the raw sums out[i][j] =
