@@ -14,6 +14,7 @@ there), with fp8kit's one-line message.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import warnings
@@ -675,13 +676,62 @@ _SAFETENSORS_NUMPY = {
 }
 
 
-def load(path: Any) -> dict:
-    """A .safetensors file or checkpoint directory as {name: array}. Every tensor is a read-only NumPy view of the
-    memory-mapped file (no copy; the file stays mapped while a view lives), little-endian as safetensors stores it.
-    A quantized FP8 weight with its scales (any layout fp8kit detects: DeepSeek, compressed-tensors, AutoFP8,
-    FBGEMM, MXFP8, native) is a ScaledTensor instead (the codes copied into it), with the granularity its scales
-    say; its scale tensors are not listed on their own (input scales are). ValueError for a tensor NumPy cannot
-    hold (F4, F6), OSError for a file that cannot be read (FileNotFoundError for a path that is not there)."""
+# safetensors dtypes as torch dtype names (unsigned 16/32/64-bit need torch 2.3 or later).
+_SAFETENSORS_TORCH = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
+    "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+    "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+
+
+class _CopyOnWriteShards:
+    """Each shard mapped once more, privately and writable (mmap ACCESS_COPY: pages are shared with the page cache
+    until written; a write goes to the process's own copy, never to the file), after checking that the mapping
+    shows the file the library parsed (its header bytes)."""
+
+    def __init__(self, headers: dict):
+        self._headers, self._maps = headers, {}
+
+    def tensor(self, torch: Any, dtype: Any, shape: tuple, nbytes: int, path: str, offset: int) -> Any:
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        mm = self._maps.get(path)
+        if mm is None:
+            with open(path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            header = self._headers[path]
+            if len(mm) < len(header) or mm[:len(header)] != header:
+                raise OSError(f"'{path}' changed while it was being loaded; load it again")
+            self._maps[path] = mm
+        if offset + nbytes > len(mm):
+            raise OSError(f"'{path}' changed while it was being loaded; load it again")
+        data = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset)
+        if offset % dtype.itemsize != 0:
+            data = data.clone()  # the element type's alignment, as torch's kernels assume it
+        return data.view(dtype).reshape(shape)
+
+
+def load(path: Any, *, framework: str = "numpy") -> dict:
+    """A .safetensors file or checkpoint directory as {name: array}. framework="numpy" (the default): every tensor
+    is a read-only NumPy view of the memory-mapped file (no copy; the file stays mapped while a view lives),
+    little-endian as safetensors stores it. framework="torch" (or "pt", safetensors' spelling): torch tensors over
+    a private copy-on-write mapping of the file (no copy until written; in-place writes change the process's copy,
+    never the file; torch has no read-only tensors); a tensor whose offset in the file is not a multiple of its
+    element size is copied. A quantized FP8 weight with its scales (any layout fp8kit detects: DeepSeek,
+    compressed-tensors, AutoFP8, FBGEMM, MXFP8, native) is a ScaledTensor instead (the codes copied into it; torch
+    codes and scales under "torch"), with the granularity its scales say; its scale tensors are not listed on their
+    own (input scales are). ValueError for a tensor the framework cannot hold (F4, F6) or an unknown framework,
+    OSError for a file that cannot be read (FileNotFoundError for a path that is not there)."""
+    if framework not in ("numpy", "np", "torch", "pt"):
+        raise ValueError(f"framework must be 'numpy' or 'torch' (safetensors' 'np' and 'pt' too), not {framework!r}")
+    kind = "torch" if framework in ("torch", "pt") else "numpy"
+    torch = None
+    if kind == "torch":
+        try:
+            import torch
+        except ImportError:
+            raise ImportError("framework='torch' needs PyTorch: pip install torch") from None
     p = _path(path, "path")
     if not os.path.exists(p):  # as the checkpoint functions say it (the CLI's check), and open() raises it
         raise FileNotFoundError(f"'{p}' does not exist")
@@ -693,14 +743,22 @@ def load(path: Any) -> dict:
         except UnicodeDecodeError as e:
             raise ValueError(f"'{os.path.join(p, 'config.json')}' is not UTF-8 text ({e.reason} at byte "
                              f"{e.start}); repair or remove it") from None
-    plain, quantized, _layout = _fp8kit.load(p, config)
+    plain, quantized, _layout, headers = _fp8kit.load(p, config)
     out: dict = {}
-    for name, (dtype, shape, data) in plain.items():
-        np_dtype = _SAFETENSORS_NUMPY.get(dtype)
-        if np_dtype is None:
-            raise ValueError(f"tensor '{name}' is {dtype}, which NumPy cannot hold (packed below a byte); "
-                             f"read it with fp8kit's C++ API or convert the checkpoint")
-        out[name] = data.view(np_dtype).reshape(shape)
+    shards = _CopyOnWriteShards(headers) if kind == "torch" else None
+    for name, (dtype, shape, data, shard, offset) in plain.items():
+        if kind == "numpy":
+            np_dtype = _SAFETENSORS_NUMPY.get(dtype)
+            if np_dtype is None:
+                raise ValueError(f"tensor '{name}' is {dtype}, which NumPy cannot hold (packed below a byte); "
+                                 f"read it with fp8kit's C++ API or convert the checkpoint")
+            out[name] = data.view(np_dtype).reshape(shape)
+            continue
+        torch_dtype = getattr(torch, _SAFETENSORS_TORCH.get(dtype, ""), None)
+        if torch_dtype is None:
+            raise ValueError(f"tensor '{name}' is {dtype}, which torch {torch.__version__} cannot hold; read it "
+                             f"with framework='numpy' or fp8kit's C++ API, or convert the checkpoint")
+        out[name] = shards.tensor(torch, torch_dtype, tuple(shape), data.nbytes, shard, offset)
     for name, q in quantized.items():
-        out[name] = ScaledTensor(q, "numpy", (q.rows, q.cols), q.original_dtype)
+        out[name] = ScaledTensor(q, kind, (q.rows, q.cols), q.original_dtype)
     return dict(sorted(out.items()))

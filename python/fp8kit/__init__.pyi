@@ -1,6 +1,6 @@
 # Type stubs of the fp8kit package (python/fp8kit/__init__.py documents each function).
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 _Path = Union[str, "os.PathLike[str]"]
 
@@ -79,7 +79,7 @@ def convert_checkpoint(
     max_shard_size: Optional[str] = None,
     force: bool = False,
 ) -> dict[str, Any]: ...
-def load(path: _Path) -> dict[str, Any]: ...
+def load(path: _Path, *, framework: Literal["numpy", "np", "torch", "pt"] = "numpy") -> dict[str, Any]: ...
 def scaled_mm(
     a: Any,
     b: Any,

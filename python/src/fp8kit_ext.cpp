@@ -511,9 +511,11 @@ int run_main(const std::vector<std::string>& args) {
   return status;
 }
 
-// A checkpoint's tensors for fp8kit.load: {name: (safetensors dtype, shape, bytes)} with the bytes a read-only view
-// of the mapped file (kept mapped while any view lives), and each quantized FP8 weight with its scales as
-// {name: ScaledTensor} (the codes copied into it; its scale tensors are not listed on their own).
+// A checkpoint's tensors for fp8kit.load: {name: (safetensors dtype, shape, bytes, shard path, file offset)} with
+// the bytes a read-only view of the mapped file (kept mapped while any view lives) and where they are in which file
+// (for a torch tensor over a copy-on-write mapping of its own), each quantized FP8 weight with its scales as
+// {name: ScaledTensor} (the codes copied into it; its scale tensors are not listed on their own), the layout, and
+// {shard path: its first 8 + N bytes as they were parsed} (so a second mapping can check it sees the same file).
 nb::tuple load_checkpoint(const std::string& path, const std::string& config_json) {
   // Opening, validating, detecting and decoding the quantized weights run without the GIL (other Python threads go
   // on meanwhile); the Python objects are made after.
@@ -552,18 +554,28 @@ nb::tuple load_checkpoint(const std::string& path, const std::string& config_jso
       plain_tensors.push_back(t);
     }
   }
-  nb::dict plain, quantized;
+  nb::dict plain, quantized, headers;
   for (auto& [weight, q] : quantized_weights_loaded) quantized[weight.c_str()] = nb::cast(std::move(q));
+  std::map<const SafetensorsTensor*, const SafetensorsFile*> shard_of;
+  for (const SafetensorsFile& shard : checkpoint->shards())
+    for (const SafetensorsTensor& t : shard.tensors()) shard_of[&t] = &shard;
   for (const SafetensorsTensor* t : plain_tensors) {
+    const SafetensorsFile& shard = *shard_of.at(t);
+    const std::uint64_t data_start = 8 + shard.header_size();
+    if (!headers.contains(shard.path().string().c_str())) {
+      const std::byte* file_start = t->bytes.data() - t->begin - data_start;  // the tensor is in the file's mapping
+      headers[shard.path().string().c_str()] = nb::bytes(file_start, data_start);
+    }
     auto* owner = new std::shared_ptr<ShardedCheckpoint>(checkpoint);
     nb::capsule keep(owner, [](void* p) noexcept { delete static_cast<std::shared_ptr<ShardedCheckpoint>*>(p); });
     nb::ndarray<nb::numpy, nb::ro, std::uint8_t, nb::ndim<1>> bytes(
         reinterpret_cast<const std::uint8_t*>(t->bytes.data()), {t->bytes.size()}, keep);
     nb::list shape;
     for (std::int64_t d : t->shape) shape.append(d);
-    plain[t->name.c_str()] = nb::make_tuple(std::string(name(t->dtype)), nb::tuple(shape), bytes);
+    plain[t->name.c_str()] = nb::make_tuple(std::string(name(t->dtype)), nb::tuple(shape), bytes, shard.path().string(),
+                                            data_start + t->begin);
   }
-  return nb::make_tuple(plain, quantized, layout ? nb::cast(std::string(name(*layout))) : nb::none());
+  return nb::make_tuple(plain, quantized, layout ? nb::cast(std::string(name(*layout))) : nb::none(), headers);
 }
 
 }  // namespace

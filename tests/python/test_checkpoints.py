@@ -17,7 +17,7 @@ import pytest
 import fp8kit
 
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float16): "F16",
-           np.dtype(np.int64): "I64"}
+           np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8", np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2"}
 
 
 def write_safetensors(path, tensors):
@@ -124,6 +124,60 @@ def test_load_gives_read_only_views_that_keep_the_file_mapped(model):
     del loaded
     gc.collect()
     assert np.array_equal(w, tensors["model.layers.0.mlp.up_proj.weight"])  # still mapped
+
+
+def test_load_as_torch_gives_copy_on_write_tensors_of_the_file(model, tmp_path):
+    torch = pytest.importorskip("torch")
+    src, tensors = model
+    before = src.read_bytes()
+    loaded = fp8kit.load(src, framework="torch")
+    assert sorted(loaded) == sorted(tensors)
+    for name, want in tensors.items():
+        t = loaded[name]
+        assert isinstance(t, torch.Tensor) and tuple(t.shape) == want.shape
+        assert t.dtype == {"bfloat16": torch.bfloat16, "int64": torch.int64}[str(want.dtype)]
+        bits = t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+        assert np.array_equal(bits, want.view(np.uint16) if want.dtype == ml_dtypes.bfloat16 else want)
+    # torch has no read-only tensors: an in-place write changes the process's copy, never the file.
+    w = loaded["model.layers.0.mlp.up_proj.weight"]
+    w.mul_(2)
+    assert float(w[0, 0]) == 2 * float(tensors["model.layers.0.mlp.up_proj.weight"][0, 0])
+    assert src.read_bytes() == before
+    assert np.array_equal(fp8kit.load(src)["model.layers.0.mlp.up_proj.weight"],
+                          tensors["model.layers.0.mlp.up_proj.weight"])
+    del loaded
+    gc.collect()
+    assert float(w[0, 0]) == 2 * float(tensors["model.layers.0.mlp.up_proj.weight"][0, 0])  # still mapped
+
+    # FP8 tensors as torch's FP8 dtypes; a tensor at an offset its element size does not divide is copied aligned;
+    # an empty tensor is an empty tensor.
+    odd = tmp_path / "odd.safetensors"
+    codes = np.array([0x3C, 0x7C, 0xFC, 0x7F, 0x01], np.uint8)
+    values = np.array([1.5, -2.25, 3.0], np.float32)
+    write_safetensors(odd, {"codes": codes.view(ml_dtypes.float8_e5m2), "pad": np.array([7, 8], np.uint8),
+                            "values": values, "empty": np.zeros((0, 3), np.float32)})
+    got = fp8kit.load(odd, framework="pt")
+    assert got["codes"].dtype == torch.float8_e5m2 and np.array_equal(got["codes"].view(torch.uint8).numpy(), codes)
+    assert got["values"].dtype == torch.float32 and np.array_equal(got["values"].numpy(), values)
+    assert got["values"].data_ptr() % 4 == 0
+    assert tuple(got["empty"].shape) == (0, 3) and got["empty"].dtype == torch.float32
+
+    # Quantized weights: ScaledTensors of torch codes and scales, the same bits as framework="numpy" loads.
+    dst = tmp_path / "block.safetensors"
+    fp8kit.quantize_checkpoint(src, dst, "fp8-block", "deepseek")
+    as_torch, as_numpy = fp8kit.load(dst, framework="torch"), fp8kit.load(dst)
+    q, r = as_torch["model.layers.0.mlp.up_proj.weight"], as_numpy["model.layers.0.mlp.up_proj.weight"]
+    assert isinstance(q, fp8kit.ScaledTensor) and isinstance(q.data, torch.Tensor)
+    assert q.data.dtype == torch.float8_e4m3fn and isinstance(q.scale_inv, torch.Tensor)
+    assert np.array_equal(q.data.view(torch.uint8).numpy(), r.data.view(np.uint8))
+    assert np.array_equal(q.scale_inv.numpy(), r.scale_inv)
+    assert isinstance(as_torch["model.position_ids"], torch.Tensor)
+
+
+def test_load_refuses_an_unknown_framework(model):
+    src, _ = model
+    with pytest.raises(ValueError, match=r"framework must be 'numpy' or 'torch'.*not 'jax'"):
+        fp8kit.load(src, framework="jax")
 
 
 def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):
