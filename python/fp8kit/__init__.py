@@ -31,7 +31,7 @@ DelayedScaling = _fp8kit.DelayedScaling
 
 __all__ = ["formats", "cast", "quantize", "dequantize", "amax", "analyze", "scaled_mm", "ScaledTensor",
            "DelayedScaling", "inspect", "quantize_checkpoint", "dequantize_checkpoint", "convert_checkpoint", "load",
-           "conversion_kernel", "__version__"]
+           "save", "conversion_kernel", "__version__"]
 
 
 def __dir__() -> list:
@@ -676,6 +676,71 @@ _SAFETENSORS_NUMPY = {
 }
 
 
+def _tensor_bytes(name: str, value: Any) -> tuple:
+    """(safetensors dtype, shape, contiguous little-endian bytes as a uint8 NumPy array) of a NumPy array or CPU
+    torch tensor, viewing its memory where it is contiguous."""
+    if kind_of(value) == "torch":
+        import torch
+        if value.device.type != "cpu":
+            raise ValueError(f"tensor '{name}' is on {value.device}; move it to the CPU first (.cpu())")
+        dtype = _TORCH_SAFETENSORS.get(str(value.dtype).removeprefix("torch."))
+        if dtype is None:
+            raise ValueError(f"tensor '{name}' is {value.dtype}, which safetensors does not store")
+        t = value.detach().contiguous()
+        shape = tuple(t.shape)
+        flat = t.reshape(-1)
+        if flat.dtype == torch.bool:
+            flat = flat.view(torch.uint8)
+        return dtype, shape, flat.view(torch.uint8).numpy() if flat.numel() else np.zeros(0, np.uint8)
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"tensor '{name}' must be a NumPy array, a torch tensor or a ScaledTensor, not "
+                        f"{type(value).__name__}")
+    dtype = _NUMPY_SAFETENSORS.get(value.dtype)
+    if dtype is None:
+        if value.dtype.byteorder == ">":
+            raise ValueError(f"tensor '{name}' is big-endian {value.dtype}; safetensors stores little-endian: "
+                             f"convert it with .astype(a.dtype.newbyteorder('<'))")
+        raise ValueError(f"tensor '{name}' is {value.dtype}, which safetensors does not store")
+    a = np.ascontiguousarray(value)
+    return dtype, a.shape, a.reshape(-1).view(np.uint8)
+
+
+def save(path: Any, tensors: Any, *, layout: Optional[str] = None, metadata: Optional[dict] = None,
+         force: bool = False) -> None:
+    """Writes {name: array} to a .safetensors file, crash-safely (a temporary file in the same directory, fsynced,
+    renamed over `path`: a failure leaves an existing file as it was; it is replaced only with force=True).
+    Arrays (NumPy, ml_dtypes FP8/bfloat16, CPU torch tensors) are written with their dtype and shape, from their
+    memory. A ScaledTensor is written as its FP8 codes under its name and its scales under the name and in the
+    dtype and shape `layout` gives them ("deepseek", "compressed-tensors", "autofp8", "fbgemm", "mxfp8", "native";
+    None: the serving layout that stores its granularity's scales exactly: autofp8 per tensor, fbgemm per row,
+    deepseek per 128x128 block, mxfp8 for mx32), with the __metadata__ that layout needs, so that load() and
+    serving stacks read it back as the same codes and scales. Scales are stored as they are, never rounded
+    (compressed-tensors keeps them in the weight's dtype: a scale that is not exactly one is a ValueError naming
+    the native layout). All ScaledTensors of a file share one layout. `metadata`: more {str: str} __metadata__
+    entries."""
+    p = _path(path, "path")
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict of name -> array, not {type(tensors).__name__}")
+    plain, scaled = [], []
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, not {type(name).__name__} ({name!r})")
+        if isinstance(value, ScaledTensor):
+            scaled.append((name, value._q, tuple(value.shape)))
+        else:
+            dtype, shape, data = _tensor_bytes(name, value)
+            plain.append((name, dtype, shape, data))
+    entries = {} if metadata is None else metadata
+    if not isinstance(entries, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items()):
+        raise TypeError("metadata must be a dict of str -> str (safetensors' __metadata__)")
+    if layout is not None and not isinstance(layout, str):
+        raise TypeError(f"layout must be a layout name or None, not {type(layout).__name__}")
+    try:
+        _fp8kit.save(p, plain, scaled, layout, entries, check_bool("force", force))
+    except ValueError as e:  # the library's refusals name the CLI's option
+        raise ValueError(str(e).replace("--layout native", "layout='native'")) from None
+
+
 # safetensors dtypes as torch dtype names (unsigned 16/32/64-bit need torch 2.3 or later).
 _SAFETENSORS_TORCH = {
     "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
@@ -683,6 +748,10 @@ _SAFETENSORS_TORCH = {
     "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
     "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
+
+
+_TORCH_SAFETENSORS = {name: dtype for dtype, name in _SAFETENSORS_TORCH.items()}
+_NUMPY_SAFETENSORS = {np_dtype: name for name, np_dtype in _SAFETENSORS_NUMPY.items()}
 
 
 class _CopyOnWriteShards:

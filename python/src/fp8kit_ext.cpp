@@ -7,6 +7,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -20,11 +21,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli.hpp"
@@ -578,6 +581,90 @@ nb::tuple load_checkpoint(const std::string& path, const std::string& config_jso
   return nb::make_tuple(plain, quantized, layout ? nb::cast(std::string(name(*layout))) : nb::none(), headers);
 }
 
+// The layout fp8kit.save stores a scheme's ScaledTensors in by default: the serving layout whose scales are float32
+// (or E8M0), so that the scales are stored exactly as the codes were encoded with them (fp8-channel's default,
+// compressed-tensors, rounds its scales to the model's dtype).
+CheckpointLayout exact_layout(QuantScheme scheme) {
+  switch (scheme) {
+    case QuantScheme::kFp8Tensor:
+      return CheckpointLayout::kAutoFp8;
+    case QuantScheme::kFp8Channel:
+      return CheckpointLayout::kFbgemm;
+    case QuantScheme::kFp8Block:
+      return CheckpointLayout::kDeepSeek;
+    case QuantScheme::kMxfp8:
+      return CheckpointLayout::kMxfp8;
+  }
+  return CheckpointLayout::kNative;
+}
+
+// fp8kit.save: a .safetensors file from plain tensors [(name, safetensors dtype, shape, contiguous bytes)] and
+// quantized weights [(name, ScaledTensor, shape)], the latter in one layout (`layout`, or exact_layout of their
+// schemes), written crash-safely; the bytes are written from where they are. An existing file is replaced only
+// with `force`.
+void save_checkpoint(const std::string& path, const nb::list& plain, const nb::list& scaled,
+                     const std::optional<std::string>& layout_name, const std::map<std::string, std::string>& metadata,
+                     bool force) {
+  std::optional<CheckpointLayout> layout;
+  if (layout_name) {
+    layout = parse_checkpoint_layout(*layout_name);
+    FP8KIT_CHECK(layout.has_value(), "unknown layout '", *layout_name,
+                 "' (use deepseek, compressed-tensors, autofp8, fbgemm, mxfp8 or native)");
+  }
+  std::vector<SafetensorsEntry> entries;
+  std::vector<std::tuple<std::string, const ScaledTensor*, Shape>> weights;
+  for (nb::handle item : plain) {
+    const auto t = nb::cast<nb::tuple>(item);
+    const auto dtype_name = nb::cast<std::string>(t[1]);
+    const std::optional<SafetensorsDType> dtype = parse_safetensors_dtype(dtype_name);
+    FP8KIT_CHECK(dtype.has_value(), "unknown safetensors dtype '", dtype_name, "'");
+    const auto bytes = nb::cast<nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(t[3]);
+    entries.push_back({nb::cast<std::string>(t[0]),
+                       *dtype,
+                       nb::cast<Shape>(t[2]),
+                       std::span(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()),
+                       {}});
+  }
+  for (nb::handle item : scaled) {
+    const auto t = nb::cast<nb::tuple>(item);
+    weights.emplace_back(nb::cast<std::string>(t[0]), nb::cast<const ScaledTensor*>(t[1]), nb::cast<Shape>(t[2]));
+    const std::optional<QuantScheme> scheme = scheme_of(std::get<1>(weights.back())->granularity);
+    const CheckpointLayout own = scheme ? exact_layout(*scheme) : CheckpointLayout::kNative;
+    if (!layout_name && layout && *layout != own) {
+      FP8KIT_THROW(ErrorKind::kInvalidArgument, "the quantized weights' layouts differ ('",
+                   std::get<0>(weights.front()), "': ", name(*layout), ", '", std::get<0>(weights.back()),
+                   "': ", name(own),
+                   "): pass layout='native', which stores every granularity, or save them to separate files");
+    }
+    if (!layout_name) layout = own;
+  }
+  std::map<std::string, std::string> header_metadata = metadata;
+  std::vector<StoredScaledTensor> stored;
+  stored.reserve(weights.size());
+  {
+    nb::gil_scoped_release release;
+    for (const auto& [name, q, shape] : weights) {
+      stored.push_back(store_scaled_tensor(name, *q, shape, *layout));
+      const StoredScaledTensor& s = stored.back();
+      entries.push_back({s.plan[0].name,
+                         safetensors_dtype(s.plan[0].dtype),
+                         s.plan[0].shape,
+                         std::as_bytes(std::span(q->data.data(), q->data.size())),
+                         {}});
+      entries.push_back(safetensors_entry(s.plan[1].name, s.scale));
+      for (const auto& [key, value] : s.metadata) {
+        const auto [it, added] = header_metadata.emplace(key, value);
+        FP8KIT_CHECK(added || it->second == value, "metadata key '", key, "' is the ", fp8kit::name(*layout),
+                     " layout's (for '", name, "'); use another key");
+      }
+    }
+    const std::filesystem::path target(path);
+    FP8KIT_CHECK(force || !std::filesystem::exists(target), "'", path, "' exists; pass force=True to replace it");
+    FP8KIT_CHECK(!std::filesystem::is_directory(target), "'", path, "' is a directory; name a .safetensors file");
+    write_safetensors(target, entries, header_metadata);
+  }
+}
+
 }  // namespace
 }  // namespace fp8kit::python
 
@@ -778,7 +865,12 @@ NB_MODULE(_fp8kit, m) {
         "Runs `fp8kit ARGS...` in this process and returns what it printed; errors are raised.");
   m.def("main", &run_main, nb::arg("args"), "Runs `fp8kit ARGS...` as the tool does; returns the exit status.");
   m.def("load", &load_checkpoint, nb::arg("path"), nb::arg("config_json"),
-        "(plain tensors as (dtype, shape, read-only bytes), quantized weights as ScaledTensors, layout or None).");
+        "(plain tensors as (dtype, shape, read-only bytes, shard path, file offset), quantized weights as "
+        "ScaledTensors, layout or None, {shard path: header bytes}).");
+  m.def("save", &save_checkpoint, nb::arg("path"), nb::arg("plain"), nb::arg("scaled"), nb::arg("layout").none(),
+        nb::arg("metadata"), nb::arg("force"),
+        "Writes plain tensors (name, dtype, shape, bytes) and ScaledTensors (name, tensor, shape) to a .safetensors "
+        "file.");
   m.def(
       "conversion_kernel", [] { return std::string(fp8kit::conversion_kernel()); },
       "The conversion kernels in force (e.g. avx512-vbmi).");

@@ -7,11 +7,11 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "common/parallel.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/convert/convert.hpp"
 #include "fp8kit/scaling/quantize.hpp"
-#include "common/parallel.hpp"
 #include "io/strict_json.hpp"
 
 namespace fp8kit {
@@ -636,6 +636,19 @@ void reencode(MatrixRef x, const ScaledTensor& q, std::uint8_t* codes) {
   }
 }
 
+// The planned scale tensor holding m's scales: its E8M0 codes (MX), or its float32 scales in the plan's dtype
+// (the caller has checked that dtype holds them exactly).
+Tensor layout_scale_tensor(const PlannedTensor& planned, const ScaledTensor& m) {
+  if (planned.dtype == DType::uint8 || planned.dtype == DType::float8_e8m0fnu) {
+    Tensor scale = empty(planned.shape, planned.dtype);
+    std::copy(m.scale_e8m0.begin(), m.scale_e8m0.end(), scale.data<std::uint8_t>());
+    return scale;
+  }
+  Tensor s32 = empty(planned.shape, DType::float32);
+  std::copy(m.scale_inv.begin(), m.scale_inv.end(), s32.data<float>());
+  return s32.to(planned.dtype);
+}
+
 // Where quantize_planned puts the codes: into the ScaledTensor, into the caller's buffer, or nowhere (the scales
 // alone: an amax pass, no encode).
 enum class CodesTo { kScaledTensor, kBuffer, kNowhere };
@@ -686,14 +699,7 @@ Tensor quantize_planned(const std::string& name, MatrixRef x, DType source, cons
     if (to != CodesTo::kNowhere) reencode(x, m, codes.data());
   }
 
-  if (sdtype == DType::uint8 || sdtype == DType::float8_e8m0fnu) {
-    Tensor scale = empty(plan[1].shape, sdtype);
-    std::copy(m.scale_e8m0.begin(), m.scale_e8m0.end(), scale.data<std::uint8_t>());
-    return scale;
-  }
-  Tensor s32 = empty(plan[1].shape, DType::float32);
-  std::copy(m.scale_inv.begin(), m.scale_inv.end(), s32.data<float>());
-  return s32.to(sdtype);  // exact: the values were rounded to sdtype above
+  return layout_scale_tensor(plan[1], m);  // exact: the values were rounded to the scale dtype above
 }
 
 // The 2-D view quantize takes of a tensor of this shape (its last dimension the row).
@@ -751,6 +757,38 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
   out.tensors.push_back({plan[0].name, out.scaled.codes()});
   out.tensors.push_back({plan[1].name, scale});
   out.metadata = layout_metadata(name, tensor.dtype(), scheme, format, layout);
+  return out;
+}
+
+StoredScaledTensor store_scaled_tensor(const std::string& name, const ScaledTensor& scaled, const Shape& shape,
+                                       CheckpointLayout layout) {
+  const std::optional<QuantScheme> scheme = scheme_of(scaled.granularity);
+  FP8KIT_CHECK(scheme.has_value(), detail::quoted(name), " is quantized per ", scaled.granularity.name(),
+               ", which no checkpoint layout stores; quantize it per tensor, row, 128x128 block or mx32");
+  FP8KIT_CHECK(numel_of(shape) == scaled.checked_numel("store_scaled_tensor"), detail::quoted(name), ": shape ",
+               shape_string(shape), " for ", scaled.rows, " x ", scaled.cols, " codes");
+  StoredScaledTensor out;
+  out.plan = planned_checkpoint_tensors(name, shape, scaled.original_dtype, *scheme, scaled.format, layout);
+  const PlannedTensor& planned = out.plan[1];
+  const bool mx = planned.dtype == DType::uint8 || planned.dtype == DType::float8_e8m0fnu;
+  const auto blocks = static_cast<std::size_t>(scaled.grid_rows() * scaled.grid_cols());
+  FP8KIT_CHECK((mx ? scaled.scale_e8m0.size() : scaled.scale_inv.size()) == blocks, detail::quoted(name), ": ",
+               mx ? scaled.scale_e8m0.size() : scaled.scale_inv.size(), " scales for ", blocks, " blocks");
+  if (planned.dtype == DType::bfloat16 || planned.dtype == DType::float16) {
+    // The codes were encoded with float32 scales; the layout stores them in a 16-bit dtype, so they must be exact
+    // there (quantize_checkpoint rounds the scales first and encodes with the rounded ones).
+    Tensor s = empty({static_cast<std::int64_t>(blocks)}, DType::float32);
+    std::copy(scaled.scale_inv.begin(), scaled.scale_inv.end(), s.data<float>());
+    const Tensor back = s.to(planned.dtype).to(DType::float32);
+    for (std::size_t i = 0; i < blocks; ++i) {
+      FP8KIT_CHECK(back.data<float>()[i] == scaled.scale_inv[i], detail::quoted(name), ": the scale ",
+                   scaled.scale_inv[i], " is not exactly a ", fp8kit::name(planned.dtype), ", which the ",
+                   fp8kit::name(layout), " layout stores it as (use the native layout, whose scales are float32, or ",
+                   "quantize the original weights into this layout)");
+    }
+  }
+  out.scale = layout_scale_tensor(planned, scaled);
+  out.metadata = layout_metadata(name, scaled.original_dtype, *scheme, scaled.format, layout);
   return out;
 }
 

@@ -158,6 +158,15 @@ TEST(CheckpointLayout, RoundTripEveryLayoutAndScheme) {
               EXPECT_EQ(plan[i].shape, q.tensors[i].tensor.shape());
             }
             EXPECT_EQ(layout_metadata("m.weight", dtype, scheme, format, layout), q.metadata);
+            // An already quantized weight stored in the layout (fp8kit.save) is what quantizing it there writes.
+            {
+              const StoredScaledTensor stored = store_scaled_tensor("m.weight", q.scaled, w.shape(), layout);
+              ASSERT_EQ(stored.plan.size(), 2u);
+              EXPECT_EQ(stored.plan[0].name, plan[0].name);
+              EXPECT_EQ(stored.plan[1].name, plan[1].name);
+              EXPECT_TRUE(same_bits(stored.scale, q.tensors[1].tensor));
+              EXPECT_EQ(stored.metadata, q.metadata);
+            }
             // As fp8kit quantize writes: from the weight in a file image straight into the writer's buffer.
             {
               std::vector<SafetensorsEntry> entries = {safetensors_entry("m.weight", w)};
@@ -658,6 +667,34 @@ TEST(CheckpointLayout, DequantizeIntoMatchesTheTensorPath) {
     });
     EXPECT_NE(std::string(e.what()).find("need"), std::string::npos) << e.what();
   }
+}
+
+TEST(CheckpointLayout, StoreScaledTensorRefusesWhatNoLayoutHoldsExactly) {
+  const Tensor w = make_weight(130, 256, DType::bfloat16);
+  const QuantizeOptions row{Format::e4m3fn, Overflow::kSaturate, Granularity::row()};
+  const ScaledTensor q = quantize(w, row);
+  // compressed-tensors stores the scales in the weight's dtype: these float32 scales are not bfloat16 values.
+  testing::expect_error([&] { store_scaled_tensor("m.weight", q, w.shape(), CheckpointLayout::kCompressedTensors); },
+                        ErrorKind::kInvalidArgument, {"is not exactly a bfloat16"});
+  // Powers of two are, and are stored as they are.
+  QuantizeOptions pow2 = row;
+  pow2.scale.rounding = ScaleRounding::kPowerOfTwoDown;
+  const ScaledTensor p = quantize(w, pow2);
+  const StoredScaledTensor stored = store_scaled_tensor("m.weight", p, w.shape(), CheckpointLayout::kCompressedTensors);
+  EXPECT_EQ(stored.scale.dtype(), DType::bfloat16);
+  const Tensor back = stored.scale.to(DType::float32);
+  EXPECT_TRUE(std::equal(p.scale_inv.begin(), p.scale_inv.end(), back.data<float>()));
+  // No layout stores 1x128 blocks; a shape that is not the codes' is refused; so is a layout's own refusal.
+  const ScaledTensor blocks = quantize(w, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 128)});
+  testing::expect_error([&] { store_scaled_tensor("m.weight", blocks, w.shape(), CheckpointLayout::kNative); },
+                        ErrorKind::kInvalidArgument, {"which no checkpoint layout stores"});
+  testing::expect_error(
+      [&] {
+        store_scaled_tensor("m.weight", q, Shape{130, 255}, CheckpointLayout::kFbgemm);
+      },
+      ErrorKind::kInvalidArgument, {"shape [130, 255] for 130 x 256 codes"});
+  testing::expect_error([&] { store_scaled_tensor("m.weight", q, w.shape(), CheckpointLayout::kDeepSeek); },
+                        ErrorKind::kInvalidArgument, {"the deepseek layout cannot store fp8-channel weights"});
 }
 
 }  // namespace

@@ -316,3 +316,108 @@ def test_analyze_has_the_cli_json_keys_and_values(tmp_path):
     with pytest.raises(ValueError, match="analyze takes"):
         fp8kit.analyze(np.arange(4, dtype=np.float8_e4m3fn) if hasattr(np, "float8_e4m3fn")
                        else np.zeros(4, ml_dtypes.float8_e4m3fn))
+
+
+def _header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+
+
+@pytest.mark.parametrize("granularity,layout", [("tensor", "autofp8"), ("row", "fbgemm"),
+                                                ("block:128x128", "deepseek"), ("mx32", "mxfp8")])
+def test_save_then_load_gives_the_same_bits(model, tmp_path, granularity, layout):
+    _, tensors = model
+    w = tensors["model.layers.0.mlp.up_proj.weight"]
+    q = fp8kit.quantize(w, "e4m3fn", granularity)
+    plain = {
+        "norm": tensors["model.norm.weight"],                                    # bfloat16
+        "ids": tensors["model.position_ids"],                                    # int64
+        "mask": np.array([True, False, True]),                                   # bool
+        "codes": fp8kit.cast(np.linspace(-3, 3, 7, dtype=np.float32), "e5m2"),   # an FP8 array as it is
+        "t": np.arange(12, dtype=np.float32).reshape(3, 4).T,                    # not contiguous
+    }
+    path = tmp_path / "saved.safetensors"
+    assert fp8kit.save(path, {"l.weight": q, **plain}, metadata={"format": "pt"}) is None
+    assert _header(path)["__metadata__"]["format"] == "pt"
+    assert fp8kit.inspect(path)["layout"] == layout
+    back = fp8kit.load(path)
+    assert sorted(back) == sorted(["l.weight", *plain])  # the scale belongs to its weight
+    b = back["l.weight"]
+    assert isinstance(b, fp8kit.ScaledTensor) and b.granularity == q.granularity and b.shape == q.shape
+    assert np.array_equal(b.data.view(np.uint8), q.data.view(np.uint8))
+    assert np.array_equal(b.scale_inv, q.scale_inv)
+    for name, want in plain.items():
+        want = np.ascontiguousarray(want)
+        assert back[name].dtype == want.dtype and np.array_equal(back[name].view(np.uint8), want.view(np.uint8))
+
+
+def test_save_in_other_layouts_and_what_it_refuses(model, tmp_path):
+    _, tensors = model
+    w = tensors["model.layers.0.mlp.up_proj.weight"]
+    path = tmp_path / "w.safetensors"
+    # compressed-tensors stores scales in the weight's dtype: exact ones (powers of two) are stored, others refused.
+    pow2 = fp8kit.quantize(w, "e4m3fn", "row", scale_rounding="pow2")
+    fp8kit.save(path, {"l.weight": pow2}, layout="compressed-tensors")
+    assert fp8kit.inspect(path)["layout"] == "compressed-tensors"
+    assert np.array_equal(fp8kit.load(path)["l.weight"].scale_inv, pow2.scale_inv)
+    before = path.read_bytes()
+    row, tensor = fp8kit.quantize(w, "e4m3fn", "row"), fp8kit.quantize(w, "e4m3fn", "tensor")
+    refusals = [
+        ({"l.weight": row}, {"layout": "compressed-tensors"}, ValueError, r"not exactly a bfloat16.*native layout"),
+        ({"l.weight": row}, {"layout": "autofp8"}, ValueError, r"autofp8 layout cannot store fp8-channel.*layout='native'"),
+        ({"l.weight": row}, {"layout": "gguf"}, ValueError, r"unknown layout 'gguf'"),
+        ({"a.weight": row, "b.weight": tensor}, {}, ValueError, r"layouts differ.*layout='native'"),
+        ({"l.weight": fp8kit.quantize(w, "e4m3fn", "block:1x128")}, {}, ValueError, r"no checkpoint layout stores"),
+        ({"l.weight": row, "l.weight_scale": row.scale_inv}, {}, ValueError, r"l.weight_scale"),
+        ({"x": np.ones(3, ">f4")}, {}, ValueError, r"big-endian"),
+        ({"x": [1.0]}, {}, TypeError, r"NumPy array, a torch tensor or a ScaledTensor, not list"),
+        ({1: np.ones(3)}, {}, TypeError, r"names must be str"),
+        ({"x": np.ones(3)}, {"metadata": {"k": 1}}, TypeError, r"metadata must be a dict of str -> str"),
+    ]
+    for tensors_given, kwargs, error, message in refusals:
+        with pytest.raises(error, match=message):
+            fp8kit.save(path, tensors_given, force=True, **kwargs)
+        assert path.read_bytes() == before  # a refused save leaves the file as it was
+    with pytest.raises(ValueError, match=r"exists; pass force=True to replace it"):
+        fp8kit.save(path, {"x": np.ones(3)})
+    assert path.read_bytes() == before
+    fp8kit.save(path, {"a.weight": row, "b.weight": tensor}, layout="native", force=True)  # every granularity
+    back = fp8kit.load(path)
+    assert fp8kit.inspect(path)["layout"] == "native"
+    assert np.array_equal(back["a.weight"].scale_inv, row.scale_inv)
+    assert np.array_equal(back["b.weight"].scale_inv, tensor.scale_inv)
+
+
+def test_save_torch_tensors(tmp_path):
+    torch = pytest.importorskip("torch")
+    x = torch.linspace(-2, 2, 12).reshape(3, 4)
+    tensors = {"bf16": x.to(torch.bfloat16), "fp8": x.to(torch.float8_e4m3fn), "t": x.t(), "b": x > 0,
+               "q": fp8kit.quantize(x, "e4m3fn", "row")}
+    path = tmp_path / "torch.safetensors"
+    fp8kit.save(path, tensors)
+    back = fp8kit.load(path, framework="torch")
+    for name in ("bf16", "fp8", "t", "b"):
+        assert back[name].dtype == tensors[name].dtype and back[name].shape == tensors[name].shape
+        assert torch.equal(back[name].view(torch.uint8), tensors[name].contiguous().view(torch.uint8))
+    assert torch.equal(back["q"].data.view(torch.uint8), tensors["q"].data.view(torch.uint8))
+    assert torch.equal(back["q"].scale_inv, tensors["q"].scale_inv)
+
+
+def test_what_load_returns_saves_back_over_its_own_file(model, tmp_path):
+    src, tensors = model
+    dst = tmp_path / "q.safetensors"
+    fp8kit.quantize_checkpoint(src, dst, "fp8-block", "deepseek")
+    loaded = fp8kit.load(dst)  # read-only views of the mapped file, and ScaledTensors
+    before = {name: (v.data.copy(), v.scale_inv.copy()) if isinstance(v, fp8kit.ScaledTensor) else v.copy()
+              for name, v in loaded.items()}
+    fp8kit.save(dst, loaded, force=True)  # written beside, renamed over: the old mapping stays valid
+    again = fp8kit.load(dst)
+    assert fp8kit.inspect(dst)["layout"] == "deepseek"
+    for name, want in before.items():
+        if isinstance(want, tuple):
+            assert np.array_equal(again[name].data.view(np.uint8), want[0].view(np.uint8))
+            assert np.array_equal(again[name].scale_inv, want[1])
+        else:
+            assert np.array_equal(again[name].view(np.uint8), want.view(np.uint8))
+            assert np.array_equal(loaded[name].view(np.uint8), want.view(np.uint8))

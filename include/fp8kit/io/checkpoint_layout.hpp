@@ -191,6 +191,20 @@ QuantizedCheckpointTensor quantize_checkpoint_tensor(const std::string& name, co
                                                      Format format, CheckpointLayout layout,
                                                      ScaleRounding scale_rounding = ScaleRounding::kExact);
 
+// An already quantized weight stored in `layout`: the plan (names, dtypes and shapes: the FP8 weight of `shape`,
+// whose bytes are scaled.data, then its scale), the scale tensor, and the __metadata__ entries the layout needs.
+// The scales are stored as they are, never rounded (the codes were encoded with them): a layout whose scale dtype
+// does not hold one exactly (compressed-tensors' bfloat16/float16) is refused, naming the native layout.
+// Throws Error(kInvalidArgument) for a granularity no layout stores (1x128, 1xN, 128x1 blocks), a combination
+// layout_refusal() refuses, a shape that is not rows x cols elements, or scales that do not match the block grid.
+struct StoredScaledTensor {
+  std::vector<PlannedTensor> plan;
+  Tensor scale;
+  std::map<std::string, std::string> metadata;
+};
+StoredScaledTensor store_scaled_tensor(const std::string& name, const ScaledTensor& scaled, const Shape& shape,
+                                       CheckpointLayout layout);
+
 // The same quantization of a weight of an open file, its FP8 codes written straight into `codes` (the planned
 // weight's bytes) from the mapped input — float32, bfloat16 or float16 rows read in place and widened a chunk at a
 // time, with no copy of the tensor and no float32 one (float64, or rows the mapping does not align, through a copy)
