@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "common/dispatch.hpp"
@@ -103,6 +104,28 @@ struct ShiftDecodeRule {
   std::uint16_t nan_0x80_bits;
 };
 ShiftDecodeRule shift_decode_rule(Format format, bool to_f16);
+
+// FP8 -> bfloat16 one byte of the result at a time, 32 codes per AVX2 vector (no widening to 16-bit lanes until the
+// bytes are interleaved at the end). For a code c of magnitude m = c & 0x7F:
+//   ordinary codes       high byte hi_table[(c >> 3) & 15] | (c & 0x80), low byte ((c << lo_shift) & lo_mask) ^ lo_flip
+//   (c & small_mask) == 0   zero and subnormals: small_hi[c & 7] | (c & 0x80), small_lo[c & 7]
+//   m > special_min - 1  NaN (nan_hi | sign, nan_lo), or Inf where m == inf_magnitude (0x80: never)
+//   c == 0x80 with nan80 the fnuz NaN (nan80_hi, nan80_lo)
+// Every entry comes from the scalar codec, and the rule is checked against it on all 256 codes when it is made:
+// none is returned for a format whose codes it does not reproduce (e5m2fnuz: its odd exponent rebias makes the
+// high byte depend on the exponent's lowest bit, which the 4-bit index does not see), and the caller keeps the
+// 16-bit-lane decode there.
+struct ByteDecodeRule {
+  std::uint8_t hi_table[16], small_hi[16], small_lo[16];
+  int lo_shift;
+  std::uint8_t lo_mask, lo_flip, small_mask, special_min, inf_magnitude;
+  std::uint8_t inf_hi, inf_lo, nan_hi, nan_lo;
+  bool nan80;
+  std::uint8_t nan80_hi, nan80_lo;
+};
+std::optional<ByteDecodeRule> make_byte_decode_rule(Format format);
+// The rule of each format, made once per process (nullptr where there is none).
+const ByteDecodeRule* byte_decode_rule(Format format);
 
 // Scalar element loops the SIMD kernels reuse for their tails.
 void decode_segments_tail(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,

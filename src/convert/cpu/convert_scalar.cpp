@@ -1,6 +1,7 @@
 // The scalar conversion kernels: the codec of codec.hpp applied element by element. This is the reference the
 // SIMD kernels are compared with, and the path for stochastic rounding.
 #include <algorithm>
+#include <array>
 #include <bit>
 
 #include "convert_kernels.hpp"
@@ -150,6 +151,59 @@ ShiftDecodeRule shift_decode_rule(Format format, bool to_f16) {
   r.nan_at_0x80 = d.nan == NanEncoding::kNegativeZero;
   r.nan_0x80_bits = r.nan_at_0x80 ? out_bits(0x80) : 0;
   return r;
+}
+
+std::optional<ByteDecodeRule> make_byte_decode_rule(Format format) {
+  const FormatDescriptor& d = descriptor(format);
+  if (d.nan == NanEncoding::kUnsignedMax || d.mantissa_bits < 1 || d.mantissa_bits > 3) return std::nullopt;  // e8m0fnu
+  ByteDecodeRule r{};
+  const ShiftDecodeRule shift = shift_decode_rule(format, false);
+  r.lo_shift = 7 - d.mantissa_bits;
+  r.lo_mask = static_cast<std::uint8_t>((0xFF << r.lo_shift) & 0xFF);
+  r.lo_flip = (127 - d.bias) % 2 != 0 ? 0x80 : 0x00;
+  r.small_mask = static_cast<std::uint8_t>(0x7F & ~((1 << d.mantissa_bits) - 1));  // the exponent field
+  r.special_min = static_cast<std::uint8_t>(std::min<int>(shift.special_min, 0x80));
+  r.inf_magnitude = static_cast<std::uint8_t>(std::min<int>(shift.inf_magnitude, 0x80));
+  r.inf_hi = static_cast<std::uint8_t>(shift.inf_bits >> 8);
+  r.inf_lo = static_cast<std::uint8_t>(shift.inf_bits & 0xFF);
+  r.nan_hi = static_cast<std::uint8_t>(shift.nan_bits >> 8);
+  r.nan_lo = static_cast<std::uint8_t>(shift.nan_bits & 0xFF);
+  r.nan80 = shift.nan_at_0x80;
+  r.nan80_hi = static_cast<std::uint8_t>(shift.nan_0x80_bits >> 8);
+  r.nan80_lo = static_cast<std::uint8_t>(shift.nan_0x80_bits & 0xFF);
+  for (int c = 0; c < 8; ++c) {
+    const std::uint16_t bits = decode_to_bfloat16(format, static_cast<std::uint8_t>(c)).bits;
+    r.small_hi[c] = static_cast<std::uint8_t>(bits >> 8);
+    r.small_lo[c] = static_cast<std::uint8_t>(bits & 0xFF);
+  }
+  for (int c = 0; c < 128; ++c) {
+    if ((c & r.small_mask) == 0 || c >= r.special_min) continue;
+    r.hi_table[(c >> 3) & 15] =
+        static_cast<std::uint8_t>(decode_to_bfloat16(format, static_cast<std::uint8_t>(c)).bits >> 8);
+  }
+  // What the kernel computes, code by code, against the codec.
+  for (int c = 0; c < 256; ++c) {
+    const int m = c & 0x7F, sign = c & 0x80;
+    int hi = r.hi_table[(c >> 3) & 15] | sign, lo = ((c << r.lo_shift) & r.lo_mask) ^ r.lo_flip;
+    if ((c & r.small_mask) == 0) hi = r.small_hi[c & 7] | sign, lo = r.small_lo[c & 7];
+    if (m >= r.special_min) {
+      const bool inf = m == r.inf_magnitude;
+      hi = (inf ? r.inf_hi : r.nan_hi) | sign, lo = inf ? r.inf_lo : r.nan_lo;
+    }
+    if (r.nan80 && c == 0x80) hi = r.nan80_hi, lo = r.nan80_lo;
+    if (((hi << 8) | lo) != decode_to_bfloat16(format, static_cast<std::uint8_t>(c)).bits) return std::nullopt;
+  }
+  return r;
+}
+
+const ByteDecodeRule* byte_decode_rule(Format format) {
+  static const auto rules = [] {
+    std::array<std::optional<ByteDecodeRule>, kAllFormats.size()> r;
+    for (Format f : kAllFormats) r[static_cast<std::size_t>(f)] = make_byte_decode_rule(f);
+    return r;
+  }();
+  const auto& rule = rules.at(static_cast<std::size_t>(format));
+  return rule ? &*rule : nullptr;
 }
 
 EncodeParams make_encode_params(const CastOptions& options) {
