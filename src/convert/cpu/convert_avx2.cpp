@@ -404,15 +404,18 @@ struct Decode16Consts {
   return select(_mm256_cmpeq_epi16(code, _mm256_set1_epi16(0xFF)), _mm256_set1_epi16(0x7FC0), bits);
 }
 
-// FP8 -> bfloat16 a byte of the result at a time (ByteDecodeRule): 32 codes per step in byte lanes, where the
-// 16-bit-lane decode16 takes 16; the two bytes of each result are interleaved at the end. About 27 operations per 32
-// codes against decode16's 19 per 16 (a loop microbenchmark is not needed: bench convert's e4m3fn->bf16 row).
+// FP8 -> bfloat16 or float16 a byte of the result at a time (ByteDecodeRule): 32 codes per step in byte lanes, where
+// the 16-bit-lane decode16 takes 16; the two bytes of each result are interleaved at the end. About 27 operations per
+// 32 codes against decode16's 19 per 16 (a loop microbenchmark is not needed: bench convert's e4m3fn->bf16 row).
 struct ByteDecodeConsts {
   explicit ByteDecodeConsts(const ByteDecodeRule& r)
       : hi_table(table(r.hi_table)),
         small_hi(table(r.small_hi)),
         small_lo(table(r.small_lo)),
+        hi_shift(_mm_cvtsi32_si128(r.hi_shift)),
         lo_shift(_mm_cvtsi32_si128(r.lo_shift)),
+        hi_mask(_mm256_set1_epi8(static_cast<char>(r.hi_mask))),
+        hi_add(_mm256_set1_epi8(static_cast<char>(r.hi_add))),
         lo_mask(_mm256_set1_epi8(static_cast<char>(r.lo_mask))),
         lo_flip(_mm256_set1_epi8(static_cast<char>(r.lo_flip))),
         small_mask(_mm256_set1_epi8(static_cast<char>(r.small_mask))),
@@ -429,20 +432,25 @@ struct ByteDecodeConsts {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
   }
   __m256i hi_table, small_hi, small_lo;
-  __m128i lo_shift;
-  __m256i lo_mask, lo_flip, small_mask, special_min_minus_1, inf_magnitude, inf_hi, inf_lo, nan_hi, nan_lo,
-      nan80_enable, nan80_hi, nan80_lo;
+  __m128i hi_shift, lo_shift;
+  __m256i hi_mask, hi_add, lo_mask, lo_flip, small_mask, special_min_minus_1, inf_magnitude, inf_hi, inf_lo, nan_hi,
+      nan_lo, nan80_enable, nan80_hi, nan80_lo;
 };
 
-// 32 codes -> 32 bfloat16 bit patterns (exact), codes 0-15 in `first`, 16-31 in `second`.
-[[gnu::always_inline]] inline void decode32_bf16(const std::uint8_t* in, const ByteDecodeConsts& c, __m256i& first,
-                                                 __m256i& second) {
+// 32 codes -> 32 bfloat16 (kTableHigh) or float16 bit patterns (exact), codes 0-15 in `first`, 16-31 in `second`.
+template <bool kTableHigh>
+[[gnu::always_inline]] inline void decode32_bytes(const std::uint8_t* in, const ByteDecodeConsts& c, __m256i& first,
+                                                  __m256i& second) {
   const __m256i code = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in));
   const __m256i sign = _mm256_and_si256(code, _mm256_set1_epi8(static_cast<char>(0x80)));
   const __m256i mag = _mm256_xor_si256(code, sign);
   // (In 16-bit lanes, shifts move bits across the byte boundary; the masks keep each byte's own.)
-  const __m256i index = _mm256_and_si256(_mm256_srli_epi16(code, 3), _mm256_set1_epi8(0x0F));
-  __m256i hi = _mm256_shuffle_epi8(c.hi_table, index);
+  __m256i hi;
+  if constexpr (kTableHigh) {
+    hi = _mm256_shuffle_epi8(c.hi_table, _mm256_and_si256(_mm256_srli_epi16(code, 3), _mm256_set1_epi8(0x0F)));
+  } else {
+    hi = _mm256_add_epi8(_mm256_and_si256(_mm256_srl_epi16(mag, c.hi_shift), c.hi_mask), c.hi_add);
+  }
   __m256i lo = _mm256_xor_si256(_mm256_and_si256(_mm256_sll_epi16(code, c.lo_shift), c.lo_mask), c.lo_flip);
   const __m256i small = _mm256_cmpeq_epi8(_mm256_and_si256(code, c.small_mask), _mm256_setzero_si256());
   const __m256i small_index = _mm256_and_si256(code, _mm256_set1_epi8(7));
@@ -519,14 +527,25 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
       }
     }
   };
-  // Through bfloat16 bits (every output but unscaled float16): the byte decode where the format has a rule.
-  if constexpr (!kDirectF16 && !kE8M0) {
-    if (const ByteDecodeRule* rule = byte_decode_rule(p.format)) {
+  // The byte decode where the format has a rule: float16 bits for unscaled float16, bfloat16 bits for the rest.
+  if constexpr (kDirectF16) {
+    if (const ByteDecodeRule* rule = byte_decode_rule(p.format, true)) {
       const ByteDecodeConsts bc(*rule);
       for (; i + 32 <= n; i += 32) {
         _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 4, _MM_HINT_T0);
         __m256i first, second;
-        decode32_bf16(in + i, bc, first, second);
+        decode32_bytes<false>(in + i, bc, first, second);
+        emit(i, first);
+        emit(i + 16, second);
+      }
+    }
+  } else if constexpr (!kE8M0) {
+    if (const ByteDecodeRule* rule = byte_decode_rule(p.format, false)) {
+      const ByteDecodeConsts bc(*rule);
+      for (; i + 32 <= n; i += 32) {
+        _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 4, _MM_HINT_T0);
+        __m256i first, second;
+        decode32_bytes<true>(in + i, bc, first, second);
         emit(i, first);
         emit(i + 16, second);
       }
@@ -546,7 +565,7 @@ void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std
                           const float* scale_invs, const DecodeParams& p) {
   const Decode16Consts c(p.format, false);
   // The byte decode (32 codes a step) where the format has a rule and segments hold whole steps.
-  const ByteDecodeRule* rule = kE8M0 || segment % 32 != 0 ? nullptr : byte_decode_rule(p.format);
+  const ByteDecodeRule* rule = kE8M0 || segment % 32 != 0 ? nullptr : byte_decode_rule(p.format, false);
   const ByteDecodeConsts bc(rule != nullptr ? *rule : ByteDecodeRule{});
   std::size_t k = 0;
   for (; (k + 1) * segment <= n; ++k) {
@@ -568,7 +587,7 @@ void decode_segments_body(const std::uint8_t* in, float* out, std::size_t n, std
       for (std::size_t i = 0; i < segment; i += 32) {
         _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes / 4, _MM_HINT_T0);
         __m256i first, second;
-        decode32_bf16(src + i, bc, first, second);
+        decode32_bytes<true>(src + i, bc, first, second);
         emit(i, first);
         emit(i + 16, second);
       }

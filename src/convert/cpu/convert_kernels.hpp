@@ -105,27 +105,31 @@ struct ShiftDecodeRule {
 };
 ShiftDecodeRule shift_decode_rule(Format format, bool to_f16);
 
-// FP8 -> bfloat16 one byte of the result at a time, 32 codes per AVX2 vector (no widening to 16-bit lanes until the
-// bytes are interleaved at the end). For a code c of magnitude m = c & 0x7F:
-//   ordinary codes       high byte hi_table[(c >> 3) & 15] | (c & 0x80), low byte ((c << lo_shift) & lo_mask) ^ lo_flip
+// FP8 -> bfloat16 or float16 one byte of the result at a time, 32 codes per AVX2 vector (no widening to 16-bit lanes
+// until the bytes are interleaved at the end). For a code c of magnitude m = c & 0x7F:
+//   ordinary codes       high byte | (c & 0x80), low byte ((c << lo_shift) & lo_mask) ^ lo_flip, where the high
+//                        byte is hi_table[(c >> 3) & 15] (bfloat16: its 8-bit exponent makes the high byte a function
+//                        of the code's exponent) or ((m >> hi_shift) & hi_mask) + hi_add (float16: the code's bits
+//                        shifted into place and the exponent re-biased)
 //   (c & small_mask) == 0   zero and subnormals: small_hi[c & 7] | (c & 0x80), small_lo[c & 7]
 //   m > special_min - 1  NaN (nan_hi | sign, nan_lo), or Inf where m == inf_magnitude (0x80: never)
 //   c == 0x80 with nan80 the fnuz NaN (nan80_hi, nan80_lo)
 // Every entry comes from the scalar codec, and the rule is checked against it on all 256 codes when it is made:
-// none is returned for a format whose codes it does not reproduce (e5m2fnuz: its odd exponent rebias makes the
-// high byte depend on the exponent's lowest bit, which the 4-bit index does not see), and the caller keeps the
-// 16-bit-lane decode there.
+// none is returned for a format and output whose codes it does not reproduce (e5m2fnuz to bfloat16: its odd
+// exponent rebias makes the high byte depend on the exponent's lowest bit, which the 4-bit index does not see), and
+// the caller keeps the 16-bit-lane decode there.
 struct ByteDecodeRule {
+  bool table_high;
   std::uint8_t hi_table[16], small_hi[16], small_lo[16];
-  int lo_shift;
-  std::uint8_t lo_mask, lo_flip, small_mask, special_min, inf_magnitude;
+  int hi_shift, lo_shift;
+  std::uint8_t hi_mask, hi_add, lo_mask, lo_flip, small_mask, special_min, inf_magnitude;
   std::uint8_t inf_hi, inf_lo, nan_hi, nan_lo;
   bool nan80;
   std::uint8_t nan80_hi, nan80_lo;
 };
-std::optional<ByteDecodeRule> make_byte_decode_rule(Format format);
-// The rule of each format, made once per process (nullptr where there is none).
-const ByteDecodeRule* byte_decode_rule(Format format);
+std::optional<ByteDecodeRule> make_byte_decode_rule(Format format, bool to_f16);
+// The rule of each format and output, made once per process (nullptr where there is none).
+const ByteDecodeRule* byte_decode_rule(Format format, bool to_f16);
 
 // Scalar element loops the SIMD kernels reuse for their tails.
 void decode_segments_tail(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,

@@ -153,14 +153,24 @@ ShiftDecodeRule shift_decode_rule(Format format, bool to_f16) {
   return r;
 }
 
-std::optional<ByteDecodeRule> make_byte_decode_rule(Format format) {
+std::optional<ByteDecodeRule> make_byte_decode_rule(Format format, bool to_f16) {
   const FormatDescriptor& d = descriptor(format);
-  if (d.nan == NanEncoding::kUnsignedMax || d.mantissa_bits < 1 || d.mantissa_bits > 3) return std::nullopt;  // e8m0fnu
+  if (d.nan == NanEncoding::kUnsignedMax || d.mantissa_bits < 2 || d.mantissa_bits > 3) return std::nullopt;  // e8m0fnu
+  auto out_bits = [&](int code) {
+    const auto c = static_cast<std::uint8_t>(code);
+    return to_f16 ? decode_to_float16(format, c).bits : decode_to_bfloat16(format, c).bits;
+  };
   ByteDecodeRule r{};
-  const ShiftDecodeRule shift = shift_decode_rule(format, false);
-  r.lo_shift = 7 - d.mantissa_bits;
+  const ShiftDecodeRule shift = shift_decode_rule(format, to_f16);
+  const int out_mantissa = to_f16 ? 10 : 7;
+  r.table_high = !to_f16;
+  // float16: (m << (10 - mantissa)) + ((15 - bias) << 10); its high byte is m >> (mantissa - 2) plus 4 (15 - bias).
+  r.hi_shift = d.mantissa_bits - 2;
+  r.hi_mask = static_cast<std::uint8_t>(0x7F >> r.hi_shift);
+  r.hi_add = static_cast<std::uint8_t>((15 - d.bias) * 4);
+  r.lo_shift = out_mantissa - d.mantissa_bits;
   r.lo_mask = static_cast<std::uint8_t>((0xFF << r.lo_shift) & 0xFF);
-  r.lo_flip = (127 - d.bias) % 2 != 0 ? 0x80 : 0x00;
+  r.lo_flip = !to_f16 && (127 - d.bias) % 2 != 0 ? 0x80 : 0x00;
   r.small_mask = static_cast<std::uint8_t>(0x7F & ~((1 << d.mantissa_bits) - 1));  // the exponent field
   r.special_min = static_cast<std::uint8_t>(std::min<int>(shift.special_min, 0x80));
   r.inf_magnitude = static_cast<std::uint8_t>(std::min<int>(shift.inf_magnitude, 0x80));
@@ -172,37 +182,37 @@ std::optional<ByteDecodeRule> make_byte_decode_rule(Format format) {
   r.nan80_hi = static_cast<std::uint8_t>(shift.nan_0x80_bits >> 8);
   r.nan80_lo = static_cast<std::uint8_t>(shift.nan_0x80_bits & 0xFF);
   for (int c = 0; c < 8; ++c) {
-    const std::uint16_t bits = decode_to_bfloat16(format, static_cast<std::uint8_t>(c)).bits;
-    r.small_hi[c] = static_cast<std::uint8_t>(bits >> 8);
-    r.small_lo[c] = static_cast<std::uint8_t>(bits & 0xFF);
+    r.small_hi[c] = static_cast<std::uint8_t>(out_bits(c) >> 8);
+    r.small_lo[c] = static_cast<std::uint8_t>(out_bits(c) & 0xFF);
   }
   for (int c = 0; c < 128; ++c) {
     if ((c & r.small_mask) == 0 || c >= r.special_min) continue;
-    r.hi_table[(c >> 3) & 15] =
-        static_cast<std::uint8_t>(decode_to_bfloat16(format, static_cast<std::uint8_t>(c)).bits >> 8);
+    r.hi_table[(c >> 3) & 15] = static_cast<std::uint8_t>(out_bits(c) >> 8);
   }
   // What the kernel computes, code by code, against the codec.
   for (int c = 0; c < 256; ++c) {
     const int m = c & 0x7F, sign = c & 0x80;
-    int hi = r.hi_table[(c >> 3) & 15] | sign, lo = ((c << r.lo_shift) & r.lo_mask) ^ r.lo_flip;
+    const int high = r.table_high ? r.hi_table[(c >> 3) & 15] : (((m >> r.hi_shift) & r.hi_mask) + r.hi_add) & 0xFF;
+    int hi = high | sign, lo = ((c << r.lo_shift) & r.lo_mask) ^ r.lo_flip;
     if ((c & r.small_mask) == 0) hi = r.small_hi[c & 7] | sign, lo = r.small_lo[c & 7];
     if (m >= r.special_min) {
       const bool inf = m == r.inf_magnitude;
       hi = (inf ? r.inf_hi : r.nan_hi) | sign, lo = inf ? r.inf_lo : r.nan_lo;
     }
     if (r.nan80 && c == 0x80) hi = r.nan80_hi, lo = r.nan80_lo;
-    if (((hi << 8) | lo) != decode_to_bfloat16(format, static_cast<std::uint8_t>(c)).bits) return std::nullopt;
+    if (((hi << 8) | lo) != out_bits(c)) return std::nullopt;
   }
   return r;
 }
 
-const ByteDecodeRule* byte_decode_rule(Format format) {
+const ByteDecodeRule* byte_decode_rule(Format format, bool to_f16) {
   static const auto rules = [] {
-    std::array<std::optional<ByteDecodeRule>, kAllFormats.size()> r;
-    for (Format f : kAllFormats) r[static_cast<std::size_t>(f)] = make_byte_decode_rule(f);
+    std::array<std::array<std::optional<ByteDecodeRule>, kAllFormats.size()>, 2> r;
+    for (int f16 = 0; f16 < 2; ++f16)
+      for (Format f : kAllFormats) r[f16][static_cast<std::size_t>(f)] = make_byte_decode_rule(f, f16 == 1);
     return r;
   }();
-  const auto& rule = rules.at(static_cast<std::size_t>(format));
+  const auto& rule = rules[to_f16 ? 1 : 0].at(static_cast<std::size_t>(format));
   return rule ? &*rule : nullptr;
 }
 
