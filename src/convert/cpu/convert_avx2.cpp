@@ -406,7 +406,7 @@ struct Decode16Consts {
 
 // FP8 -> bfloat16 or float16 a byte of the result at a time (ByteDecodeRule): 32 codes per step in byte lanes, where
 // the 16-bit-lane decode16 takes 16; the two bytes of each result are interleaved at the end. About 27 operations per
-// 32 codes against decode16's 19 per 16 (a loop microbenchmark is not needed: bench convert's e4m3fn->bf16 row).
+// 32 codes against decode16's 19 per 16 (measured with bench convert: docs/conversions.md).
 struct ByteDecodeConsts {
   explicit ByteDecodeConsts(const ByteDecodeRule& r)
       : hi_table(table(r.hi_table)),
@@ -528,24 +528,13 @@ void decode_body(const std::uint8_t* in, Out* out, std::size_t n, const DecodePa
     }
   };
   // The byte decode where the format has a rule: float16 bits for unscaled float16, bfloat16 bits for the rest.
-  if constexpr (kDirectF16) {
-    if (const ByteDecodeRule* rule = byte_decode_rule(p.format, true)) {
+  if constexpr (!kE8M0) {
+    if (const ByteDecodeRule* rule = byte_decode_rule(p.format, kDirectF16)) {
       const ByteDecodeConsts bc(*rule);
       for (; i + 32 <= n; i += 32) {
         _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 4, _MM_HINT_T0);
         __m256i first, second;
-        decode32_bytes<false>(in + i, bc, first, second);
-        emit(i, first);
-        emit(i + 16, second);
-      }
-    }
-  } else if constexpr (!kE8M0) {
-    if (const ByteDecodeRule* rule = byte_decode_rule(p.format, false)) {
-      const ByteDecodeConsts bc(*rule);
-      for (; i + 32 <= n; i += 32) {
-        _mm_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes / 4, _MM_HINT_T0);
-        __m256i first, second;
-        decode32_bytes<true>(in + i, bc, first, second);
+        decode32_bytes<!kDirectF16>(in + i, bc, first, second);
         emit(i, first);
         emit(i + 16, second);
       }
