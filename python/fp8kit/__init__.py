@@ -688,9 +688,7 @@ def _tensor_bytes(name: str, value: Any) -> tuple:
             raise ValueError(f"tensor '{name}' is {value.dtype}, which safetensors does not store")
         t = value.detach().contiguous()
         shape = tuple(t.shape)
-        flat = t.reshape(-1)
-        if flat.dtype == torch.bool:
-            flat = flat.view(torch.uint8)
+        flat = t.reshape(-1)  # (bool views as uint8 like every other dtype: one byte per element)
         return dtype, shape, flat.view(torch.uint8).numpy() if flat.numel() else np.zeros(0, np.uint8)
     if not isinstance(value, np.ndarray):
         raise TypeError(f"tensor '{name}' must be a NumPy array, a torch tensor or a ScaledTensor, not "
@@ -748,8 +746,6 @@ _SAFETENSORS_TORCH = {
     "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
     "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
-
-
 _TORCH_SAFETENSORS = {name: dtype for dtype, name in _SAFETENSORS_TORCH.items()}
 _NUMPY_SAFETENSORS = {np_dtype: name for name, np_dtype in _SAFETENSORS_NUMPY.items()}
 
