@@ -149,52 +149,19 @@ template <bool kScaled>
 // binade. Overflow: the code is clamped after rounding rather than |x| before (the same result: the rounding is
 // monotone, and every magnitude past the largest finite one rounds to a code at or past its code).
 template <typename In>
-struct Half16 {
-  static constexpr bool kBf16 = std::is_same_v<In, bfloat16>;
-  static constexpr int kMantissa = kBf16 ? 7 : 10;
-  static constexpr int kBias = kBf16 ? 127 : 15;
-  static constexpr std::uint32_t kInfBits = kBf16 ? 0x7F80u : 0x7C00u;
-  // 16-bit bits of a power of two 2^e (float16 subnormals included; e within the type's range)
-  static std::uint32_t pow2_bits(int e) {
-    if (e + kBias >= 1) return static_cast<std::uint32_t>(e + kBias) << kMantissa;
-    return 1u << (kMantissa + e + kBias - 1);
-  }
-};
-
-// How the subnormal path widens its lanes to float32:
-//   kUnpack  bfloat16: the bits in the top half of a zeroed 32-bit lane
-//   kShift   float16 -> e4m3fn/e4m3fnuz: the bits << 13 are the value times 2^-112 (float16 subnormals as float32
-//            subnormals, which encode to 0 in both formats with or without denormals-are-zero), the adder's
-//            constant scaled by 2^-112 too: cheaper than vcvtph2ps, which is slow on Zen 4
-//   kCvt     float16 -> e5m2fnuz: vcvtph2ps (float16 subnormals encode to nonzero codes there)
-//   kNone    float16 -> e5m2: none needed; e5m2 is float16 rounded at bit 8, subnormals included
-enum class Widen { kUnpack, kShift, kCvt, kNone };
-template <typename In, int kM, bool kSignOnZero>
-constexpr Widen kWiden = std::is_same_v<In, bfloat16> ? Widen::kUnpack
-                         : kM == 3                    ? Widen::kShift
-                         : kSignOnZero                ? Widen::kNone
-                                                      : Widen::kCvt;
-
-template <typename In>
 struct HalfEncodeConsts {
-  using H = Half16<In>;
-  HalfEncodeConsts(const EncodeParams& p, Widen widen)
-      : subnormal_magic(_mm512_castsi512_ps(magic_bits_for(p, widen))),
-        magic_bits(magic_bits_for(p, widen)),
-        round_base(splat16((1u << (H::kMantissa - 1 - p.mantissa_bits)) - 1u)),
-        // (input bias - FP8 bias) << m, modulo 2^16 (negative for float16 -> e5m2fnuz)
-        rebias(splat16(p.rebias - (static_cast<std::uint32_t>(127 - H::kBias) << p.mantissa_bits))),
-        subnormal_below(
-            splat16(H::pow2_bits(static_cast<int>(p.min_normal_bits >> 23) - 127) >> (H::kMantissa - p.mantissa_bits))),
-        fold_code(splat16(p.options.overflow == Overflow::kSaturate ? descriptor(p.options.format).max_code()
-                                                                    : p.overflow_code)),
-        max_code(splat16(descriptor(p.options.format).max_code())),
-        overflow_code(splat16(p.overflow_code)),
-        nan_code(splat16(p.nan_code)) {}
-  static __m512i splat16(std::uint32_t v) { return _mm512_set1_epi16(static_cast<short>(v)); }
-  static __m512i magic_bits_for(const EncodeParams& p, Widen widen) {
-    return splat(widen == Widen::kShift ? p.subnormal_magic_bits - (112u << 23) : p.subnormal_magic_bits);
-  }
+  HalfEncodeConsts(const EncodeParams& p, Widen widen) : HalfEncodeConsts(half_encode_rule<In>(p, widen)) {}
+  explicit HalfEncodeConsts(const HalfEncodeRule& r)
+      : subnormal_magic(_mm512_castsi512_ps(splat(r.magic_bits))),
+        magic_bits(splat(r.magic_bits)),
+        round_base(splat16(r.round_base)),
+        rebias(splat16(r.rebias)),
+        subnormal_below(splat16(r.subnormal_below)),
+        fold_code(splat16(r.fold_code)),
+        max_code(splat16(r.max_code)),
+        overflow_code(splat16(r.overflow_code)),
+        nan_code(splat16(r.nan_code)) {}
+  static __m512i splat16(std::uint16_t v) { return _mm512_set1_epi16(static_cast<short>(v)); }
   __m512 subnormal_magic;
   __m512i magic_bits, round_base, rebias, subnormal_below, fold_code, max_code, overflow_code, nan_code;
 };

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "common/dispatch.hpp"
 #include "fp8kit/common/kernel_contract.hpp"
@@ -130,6 +131,50 @@ struct ByteDecodeRule {
 std::optional<ByteDecodeRule> make_byte_decode_rule(Format format, bool to_f16);
 // The rule of each format and output, made once per process (nullptr where there is none).
 const ByteDecodeRule* byte_decode_rule(Format format, bool to_f16);
+
+// Round to nearest even of unscaled bfloat16/float16 into e4m3fn, e5m2, e4m3fnuz or e5m2fnuz in 16-bit lanes, without
+// widening to float32 (the AVX2 and AVX-512 encoders; convert_avx512.cpp derives the method). The input type's
+// layout:
+template <typename In>
+struct Half16 {
+  static constexpr bool kBf16 = std::is_same_v<In, bfloat16>;
+  static constexpr int kMantissa = kBf16 ? 7 : 10;
+  static constexpr int kBias = kBf16 ? 127 : 15;
+  static constexpr std::uint32_t kInfBits = kBf16 ? 0x7F80u : 0x7C00u;
+  // 16-bit bits of a power of two 2^e (float16 subnormals included; e within the type's range)
+  static std::uint32_t pow2_bits(int e) {
+    if (e + kBias >= 1) return static_cast<std::uint32_t>(e + kBias) << kMantissa;
+    return 1u << (kMantissa + e + kBias - 1);
+  }
+};
+
+// How the subnormal path widens its lanes to float32:
+//   kUnpack  bfloat16: the bits in the top half of a zeroed 32-bit lane
+//   kShift   float16 -> e4m3fn/e4m3fnuz: the bits << 13 are the value times 2^-112 (float16 subnormals as float32
+//            subnormals, which encode to 0 in both formats with or without denormals-are-zero), the adder's
+//            constant scaled by 2^-112 too: cheaper than vcvtph2ps, which is slow on Zen 4
+//   kCvt     float16 -> e5m2fnuz: vcvtph2ps (float16 subnormals encode to nonzero codes there)
+//   kNone    float16 -> e5m2: none needed; e5m2 is float16 rounded at bit 8, subnormals included
+enum class Widen { kUnpack, kShift, kCvt, kNone };
+template <typename In, int kM, bool kSignOnZero>
+constexpr Widen kWiden = std::is_same_v<In, bfloat16> ? Widen::kUnpack
+                         : kM == 3                    ? Widen::kShift
+                         : kSignOnZero                ? Widen::kNone
+                                                      : Widen::kCvt;
+
+// The encoder's constants, each a 16-bit lane value but magic_bits (a float32 lane's).
+struct HalfEncodeRule {
+  std::uint32_t magic_bits;       // the subnormal adder's constant C (scaled by 2^-112 for kShift)
+  std::uint16_t round_base;       // 2^(s-1) - 1, s = the input's mantissa bits - m
+  std::uint16_t rebias;           // (input bias - FP8 bias) << m, modulo 2^16 (negative for float16 -> e5m2fnuz)
+  std::uint16_t subnormal_below;  // rounded magnitudes below this take the subnormal path
+  std::uint16_t fold_code;        // what min() folds overflow to: the largest finite code, or the overflow code
+  std::uint16_t max_code, overflow_code, nan_code;
+};
+// (defined in convert_scalar.cpp for bfloat16 and float16: no ISA-flagged file may hold a copy, see
+// tests/package/check_isa_objects.sh)
+template <typename In>
+HalfEncodeRule half_encode_rule(const EncodeParams& p, Widen widen);
 
 // Scalar element loops the SIMD kernels reuse for their tails.
 void decode_segments_tail(const std::uint8_t* in, float* out, std::size_t n, std::size_t segment,

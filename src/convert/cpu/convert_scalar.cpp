@@ -231,4 +231,24 @@ EncodeParams make_encode_params(const CastOptions& options) {
   return p;
 }
 
+template <typename In>
+HalfEncodeRule half_encode_rule(const EncodeParams& p, Widen widen) {
+  using H = Half16<In>;
+  const auto u16 = [](std::uint32_t v) { return static_cast<std::uint16_t>(v); };
+  const std::uint8_t max_code = descriptor(p.options.format).max_code();
+  return {
+      .magic_bits = widen == Widen::kShift ? p.subnormal_magic_bits - (112u << 23) : p.subnormal_magic_bits,
+      .round_base = u16((1u << (H::kMantissa - 1 - p.mantissa_bits)) - 1u),
+      .rebias = u16(p.rebias - (static_cast<std::uint32_t>(127 - H::kBias) << p.mantissa_bits)),
+      .subnormal_below =
+          u16(H::pow2_bits(static_cast<int>(p.min_normal_bits >> 23) - 127) >> (H::kMantissa - p.mantissa_bits)),
+      .fold_code = p.options.overflow == Overflow::kSaturate ? max_code : p.overflow_code,
+      .max_code = max_code,
+      .overflow_code = p.overflow_code,
+      .nan_code = p.nan_code,
+  };
+}
+template HalfEncodeRule half_encode_rule<bfloat16>(const EncodeParams&, Widen);
+template HalfEncodeRule half_encode_rule<float16>(const EncodeParams&, Widen);
+
 }  // namespace fp8kit::convert_detail
