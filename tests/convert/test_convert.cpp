@@ -200,26 +200,33 @@ TEST_P(ConvertKernel, DecodeSegmentsMatchesScalar) {
   const KernelTable* table = kernels();
   std::vector<std::uint8_t> codes(4096 + 40);
   for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 37 + (i >> 8));
-  {
-    for (Format f : kAllFormats) {
-      for (std::size_t segment : {std::size_t{16}, std::size_t{32}, std::size_t{128}, std::size_t{40}}) {
-        for (std::size_t n : {std::size_t{0}, std::size_t{15}, std::size_t{16}, std::size_t{1000}, codes.size()}) {
-          std::vector<float> scales((n + segment - 1) / segment + 1);
-          for (std::size_t k = 0; k < scales.size(); ++k)
-            scales[k] = k % 3 == 0 ? 1.0f : 0.37f * static_cast<float>(k + 1);
-          std::vector<float> want(n), got(n);
-          const convert_detail::DecodeParams params{f, 1.0f, (n + segment) % 2 == 0};  // both store kinds
-          convert_detail::scalar_kernels().decode_f32_segments(codes.data(), want.data(), n, segment, scales.data(),
-                                                               params);
-          table->decode_f32_segments(codes.data(), got.data(), n, segment, scales.data(), params);
-          for (std::size_t i = 0; i < n; ++i) {
-            ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
-                << table->name << " " << name(f) << " " << i;
-            const float s = scales[i / segment];
-            const float v = decode_to_float(f, codes[i]);
-            const float ref = s == 1.0f ? v : v * s;
-            ASSERT_TRUE(std::bit_cast<std::uint32_t>(want[i]) == std::bit_cast<std::uint32_t>(ref) ||
-                        (std::isnan(ref) && std::isnan(want[i])));
+  for (Format f : kAllFormats) {
+    for (std::size_t segment : {std::size_t{16}, std::size_t{32}, std::size_t{128}, std::size_t{40}}) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{15}, std::size_t{16}, std::size_t{1000}, codes.size()}) {
+        std::vector<float> scales((n + segment - 1) / segment + 1);
+        for (std::size_t k = 0; k < scales.size(); ++k)
+          scales[k] = k % 3 == 0 ? 1.0f : 0.37f * static_cast<float>(k + 1);
+        std::vector<float> want(n), storage(n + 12);
+        // Both store kinds; the output 32-byte aligned and 16 bytes past that (AVX2 streams with 32-byte stores
+        // where the output allows them, with 16-byte ones otherwise).
+        const auto aligned = (32 - reinterpret_cast<std::uintptr_t>(storage.data()) % 32) % 32 / sizeof(float);
+        for (bool streaming : {false, true}) {
+          for (std::size_t offset : {aligned, aligned + 4}) {
+            const convert_detail::DecodeParams params{f, 1.0f, streaming};
+            float* got = storage.data() + offset;
+            convert_detail::scalar_kernels().decode_f32_segments(codes.data(), want.data(), n, segment, scales.data(),
+                                                                 params);
+            table->decode_f32_segments(codes.data(), got, n, segment, scales.data(), params);
+            for (std::size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
+                  << table->name << " " << name(f) << " " << i << (streaming ? " streaming" : "") << " at offset "
+                  << offset - aligned;
+              const float s = scales[i / segment];
+              const float v = decode_to_float(f, codes[i]);
+              const float ref = s == 1.0f ? v : v * s;
+              ASSERT_TRUE(std::bit_cast<std::uint32_t>(want[i]) == std::bit_cast<std::uint32_t>(ref) ||
+                          (std::isnan(ref) && std::isnan(want[i])));
+            }
           }
         }
       }
