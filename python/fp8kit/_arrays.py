@@ -53,7 +53,7 @@ def resolve_dtype(dtype: Any) -> str:
         if name is not None:
             return name
     if type(dtype).__module__.startswith("torch"):  # torch.dtype, without importing torch
-        return resolve_dtype(str(dtype))
+        return _torch_dtype_name(dtype) or resolve_dtype(str(dtype))
     try:
         np_dtype = np.dtype(dtype)
     except TypeError:
@@ -139,9 +139,16 @@ def _is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def _strided() -> Any:
+    """torch.strided (torch is imported by the caller's tensor already)."""
+    return sys.modules["torch"].strided
+
+
 def _check_torch_layout(t: Any, what: str) -> None:
     """A ValueError in one line for a tensor whose memory is not one dense strided block (sparse, MKL-DNN, nested):
     the bits a NumPy view would read are not its elements."""
+    if t.layout is _strided() and not t.is_nested:
+        return
     import torch
     if t.is_nested or t.layout != torch.strided:
         layout = "nested" if t.is_nested else str(t.layout).replace("torch.", "")
@@ -154,14 +161,38 @@ def kind_of(x: Any) -> str:
     return "numpy" if type(x) is np.ndarray else ("torch" if _is_torch(x) else "numpy")
 
 
+# torch dtypes and their canonical names, both ways, filled as they are met (torch is imported only by its users).
+_NAME_OF_TORCH: dict = {}
+_TORCH_OF_NAME: dict = {}
+
+
+def _torch_dtype_name(dtype: Any) -> Optional[str]:
+    """The canonical name of a torch dtype fp8kit reads, None for any other (a dict lookup once seen)."""
+    name = _NAME_OF_TORCH.get(dtype)
+    if name is None:
+        name = _NAME_OF_STRING.get(str(dtype))
+        if name is not None:
+            _NAME_OF_TORCH[dtype] = name
+    return name
+
+
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype of a canonical name."""
+    dtype = _TORCH_OF_NAME.get(name)
+    if dtype is None:
+        import torch
+        dtype = _TORCH_OF_NAME[name] = getattr(torch, name)
+    return dtype
+
+
 def _torch_bits_view(t: Any, name: str) -> np.ndarray:
     """A CPU, contiguous torch tensor's bits as a NumPy array sharing its memory."""
+    if name == "float32" or name == "float64":
+        return t.numpy()
     import torch
     if name in _FP8:
         return t.view(torch.uint8).numpy()
-    if name in ("bfloat16", "float16"):
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
+    return t.view(torch.int16).numpy().view(np.uint16)  # bfloat16, float16
 
 
 def _element_name(dtype: Any, kind: str, what: str, fix: Optional[str] = None) -> str:
@@ -187,13 +218,13 @@ def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None) -> So
         flags = x.flags
         if name is not None and flags.c_contiguous and flags.aligned:
             return Source(x, name, x.shape)
-    if kind == "torch":
-        if x.device.type != "cpu":
+    if kind == "torch":  # (each call here costs a fraction of a microsecond: the cheap ones, in the common order)
+        if not x.is_cpu:
             raise ValueError(f"the tensor is on {x.device}: the Python package runs fp8kit's CPU kernels (its CUDA "
                              f"backend is C++, docs/cuda.md); move it with .cpu()")
         _check_torch_layout(x, "the input")
-        name = _element_name(x.dtype, kind, what, fix)
-        t = x.detach()
+        name = _torch_dtype_name(x.dtype) or _element_name(x.dtype, kind, what, fix)
+        t = x.detach() if x.requires_grad else x  # (.numpy() refuses a tensor that requires grad)
         if t.is_neg():  # a lazily negated view: its memory holds the values before the negation
             t = t.resolve_neg()
         if not t.is_contiguous():
@@ -283,7 +314,7 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
         return out, out
     if kind == "torch":
         import torch
-        result = torch.empty(shape, dtype=getattr(torch, name))
+        result = torch.empty(shape, dtype=_torch_dtype(name))
         return result, _torch_bits_view(result, name)
     result = np.empty(shape, _NUMPY[name])
     return result, result

@@ -313,9 +313,17 @@ def test_torch_tensors_in_and_out():
     e5 = fp8kit.cast(torch.tensor([1e6, -1e6]), "e5m2")
     assert torch.equal(e5.view(torch.uint8), torch.tensor([1e6, -1e6]).to(torch.float8_e5m2).view(torch.uint8))
     assert fp8kit.cast(x.reshape(7, 143)[:, ::2], "e4m3fn").shape == (7, 72)  # strided: copied once
+    # a tensor off the CPU: one line naming its device (a meta tensor stands in where there is no GPU)
+    with pytest.raises(ValueError, match=r"the tensor is on meta: .*move it with \.cpu\(\)"):
+        fp8kit.cast(torch.empty(4, device="meta"), "e4m3fn")
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA backend"):
             fp8kit.cast(x.cuda(), "e4m3fn")
+    # every dtype the torch path reads, both ways (the dtype names are looked up once and kept)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q = fp8kit.cast(x.to(dtype), torch.float8_e5m2)
+        assert torch.equal(q.view(torch.uint8), x.to(dtype).to(torch.float8_e5m2).view(torch.uint8)), dtype
+        assert torch.equal(fp8kit.cast(q, dtype), q.to(dtype)), dtype
 
 
 def test_torch_subclasses_layouts_and_autograd():
