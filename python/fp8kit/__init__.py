@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, about_to_write, as_bits, check_bool, check_not_tracked, check_float32, check_int, check_threads, empty_like_of, kind_of, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, about_to_write, as_bits, check_bool, check_not_tracked, check_float32, check_int, check_threads, empty_like_of, kind_of, may_share_memory, resolve_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -105,7 +105,7 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
             result = cast(_permuted(x, kind, order), dtype, saturate=saturate, scale=scale, scale_inv=scale_inv,
                           rounding=rounding, seed=seed, threads=threads)
             return _permuted(result, kind, inverse)
-    src = as_bits(x, kind)
+    src = as_bits(x, kind, tensors=True)
     target = _NAME_OF_STRING.get(dtype) if type(dtype) is str else None
     if target is None:
         target = resolve_dtype(dtype)
@@ -153,12 +153,12 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
             raise ValueError("scale_inv is the dequantization scale of a cast from FP8 (x = decode(q) * scale_inv); "
                              "an encode multiplies by the quantization scale: pass scale= (1 / scale_inv)")
         raise ValueError("scale_inv is for casts from FP8 to float32, bfloat16 or float16")
-    result, result_bits = empty_like_of(x, kind, src.shape, target, out)
+    result, result_bits = empty_like_of(x, kind, src.shape, target, out, tensors=True)
     flat_in, flat_out = src.bits, result_bits  # the library reads and writes them as flat, contiguous arrays
-    if out is not None and np.may_share_memory(flat_in, flat_out):
+    if out is not None and may_share_memory(flat_in, flat_out):
         # The kernels read a block while they write another: x would be overwritten before it is read.
         raise ValueError("out shares memory with x; cast into a separate array")
-    if flat_in.size == 0:
+    if src.size == 0:
         return result
     if out is not None:
         about_to_write(out)

@@ -122,7 +122,8 @@ def check_threads(threads: Optional[int]) -> Optional[int]:
 
 class Source:
     """An input as the library takes it: `bits` a contiguous NumPy array holding the elements of `dtype_name` (the
-    input itself, or a view of its memory, when it could); `shape` the input's."""
+    input itself, or a view of its memory, when it could; with as_bits(tensors=True), a torch input's contiguous
+    tensor itself); `shape` the input's."""
     __slots__ = ("bits", "dtype_name", "shape")
 
     def __init__(self, bits: np.ndarray, dtype_name: str, shape: tuple):
@@ -130,7 +131,8 @@ class Source:
 
     @property
     def size(self) -> int:
-        return self.bits.size
+        bits = self.bits
+        return bits.size if isinstance(bits, np.ndarray) else bits.numel()
 
 
 def _is_torch(x: Any) -> bool:
@@ -210,9 +212,11 @@ def _element_name(dtype: Any, kind: str, what: str, fix: Optional[str] = None) -
         raise ValueError(f"{what} holds {shown} elements; {fix}") from None
 
 
-def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None) -> Source:
+def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None, tensors: bool = False) -> Source:
     """x as a contiguous NumPy array for the library (copied once when it is not contiguous, or not aligned to its
-    element size). `what` names x in an error about its element type, `fix` says what to do (_element_name)."""
+    element size). `what` names x in an error about its element type, `fix` says what to do (_element_name).
+    tensors: a torch input stays a (contiguous CPU) tensor, which the library's array arguments also take: for a
+    caller that only hands the bits to the library (its NumPy view costs more than a small cast)."""
     if type(x) is np.ndarray:  # the common case first, without the general path's calls
         name = _NAME_OF_NUMPY.get(x.dtype)
         flags = x.flags
@@ -229,7 +233,7 @@ def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None) -> So
             t = t.resolve_neg()
         if not t.is_contiguous():
             t = t.contiguous()
-        return Source(_torch_bits_view(t, name), name, tuple(t.shape))
+        return Source(t if tensors else _torch_bits_view(t, name), name, tuple(t.shape))
     if not isinstance(x, np.ndarray):
         if hasattr(x, "__dlpack__"):
             x = np.from_dlpack(x)
@@ -257,6 +261,15 @@ def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None) -> So
     return Source(x, name, x.shape)
 
 
+def may_share_memory(a: Any, b: Any) -> bool:
+    """Whether two arrays as the library takes them (both NumPy, or both contiguous torch tensors) overlap."""
+    if isinstance(a, np.ndarray):
+        return np.may_share_memory(a, b)
+    start_a, start_b = a.data_ptr(), b.data_ptr()
+    end_a, end_b = start_a + a.numel() * a.element_size(), start_b + b.numel() * b.element_size()
+    return start_a < end_b and start_b < end_a
+
+
 def check_not_tracked(x: Any, what: str) -> None:
     """A torch tensor that requires grad, while grad mode is on, is refused as an input whose result would carry a
     gradient: fp8kit runs outside autograd, so no gradient would reach it and training through the call would
@@ -277,9 +290,10 @@ def about_to_write(out: Any) -> None:
         (bump or torch._C._increment_version)(out)
 
 
-def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]) -> tuple[Any, np.ndarray]:
+def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any],
+                  tensors: bool = False) -> tuple[Any, Any]:
     """The result array (x's kind, `shape`, dtype `name`), or `out` checked, and the NumPy array the library writes
-    (the result itself, or a view of a tensor's memory)."""
+    (the result itself, or a view of a tensor's memory; with `tensors`, a torch result itself, as as_bits)."""
     if out is not None:
         if type(out) is np.ndarray and kind == "numpy":  # the common case first
             flags = out.flags
@@ -308,13 +322,13 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
                 # written outside autograd: torch refuses such out= tensors too while grad mode is on
                 raise ValueError("out requires grad: fp8kit writes it outside autograd; write it under "
                                  "torch.no_grad(), or pass a tensor that does not")
-            return out, _torch_bits_view(out, name)
+            return out, out if tensors else _torch_bits_view(out, name)
         if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
             raise ValueError("out must be a contiguous, writeable array aligned to its element size")
         return out, out
     if kind == "torch":
         import torch
         result = torch.empty(shape, dtype=_torch_dtype(name))
-        return result, _torch_bits_view(result, name)
+        return result, result if tensors else _torch_bits_view(result, name)
     result = np.empty(shape, _NUMPY[name])
     return result, result

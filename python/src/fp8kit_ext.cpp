@@ -52,9 +52,10 @@ namespace nb = nanobind;
 namespace fp8kit::python {
 // A C-contiguous NumPy array of any dtype, read through NumPy's C API: its data, element count and element width.
 // (ml_dtypes' FP8 and bfloat16 dtypes travel neither by DLPack nor by the buffer protocol, so the arrays would need a
-// bits view in Python first: half of a small cast's cost.) The Python layer hands over NumPy arrays only, torch
-// tensors as NumPy views of their memory. Outputs (Writable) must be writeable; inputs may be read-only
-// (np.frombuffer, memory maps).
+// bits view in Python first: half of a small cast's cost.) Or a contiguous CPU torch.Tensor that is not a negated
+// view, read through its methods: `cast` hands its tensors over as they are (a NumPy view of a tensor costs
+// microseconds, more than the cast of a small one); the other entries get NumPy views of tensors. Outputs (Writable)
+// must be writeable; inputs may be read-only (np.frombuffer, memory maps).
 template <bool Writable>
 struct NumpyArray {
   void* ptr = nullptr;
@@ -63,6 +64,52 @@ struct NumpyArray {
   void* data() const { return ptr; }
   std::size_t size() const { return count; }
 };
+
+// `o`'s memory when it is a contiguous CPU torch.Tensor that is not a negated view (false for anything else,
+// torch not imported included; no Python error is left set).
+inline bool torch_tensor_memory(PyObject* o, void*& ptr, std::size_t& count, int& item_bits) noexcept {
+  static PyObject* tensor_type = nullptr;  // torch.Tensor, kept once torch is imported
+  if (tensor_type == nullptr) {
+    static PyObject* const name = PyUnicode_InternFromString("torch");
+    PyObject* torch = name != nullptr ? PyImport_GetModule(name) : nullptr;
+    if (torch == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    tensor_type = PyObject_GetAttrString(torch, "Tensor");
+    Py_DECREF(torch);
+    if (tensor_type == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  if (PyObject_IsInstance(o, tensor_type) != 1) {
+    PyErr_Clear();
+    return false;
+  }
+  const auto call = [o](const char* method) { return PyObject_CallMethod(o, method, nullptr); };
+  const auto is = [](PyObject* r, PyObject* want) {  // r (a new reference or null) is Py_True / Py_False
+    const bool yes = r == want;
+    Py_XDECREF(r);
+    return yes;
+  };
+  const auto integer = [](PyObject* r, long long& v) {
+    if (r == nullptr) return false;
+    v = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return !(v == -1 && PyErr_Occurred());
+  };
+  long long data = 0, numel = 0, element_size = 0;
+  const bool ok = is(PyObject_GetAttrString(o, "is_cpu"), Py_True) && is(call("is_contiguous"), Py_True) &&
+                  is(call("is_neg"), Py_False) && integer(call("data_ptr"), data) && integer(call("numel"), numel) &&
+                  integer(call("element_size"), element_size) && numel >= 0 && element_size > 0;
+  PyErr_Clear();
+  if (!ok) return false;
+  ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(data));
+  count = static_cast<std::size_t>(numel);
+  item_bits = 8 * static_cast<int>(element_size);
+  return true;
+}
 }  // namespace fp8kit::python
 
 namespace nanobind::detail {
@@ -70,7 +117,8 @@ template <bool Writable>
 struct type_caster<fp8kit::python::NumpyArray<Writable>> {
   NB_TYPE_CASTER(fp8kit::python::NumpyArray<Writable>, const_name("numpy.ndarray"))
   bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
-    if (!PyArray_Check(src.ptr())) return false;
+    if (!PyArray_Check(src.ptr()))
+      return fp8kit::python::torch_tensor_memory(src.ptr(), value.ptr, value.count, value.item_bits);
     auto* a = reinterpret_cast<PyArrayObject*>(src.ptr());
     if (!PyArray_IS_C_CONTIGUOUS(a) || (Writable && !PyArray_ISWRITEABLE(a))) return false;
     value.ptr = PyArray_DATA(a);

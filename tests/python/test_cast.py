@@ -319,6 +319,26 @@ def test_torch_tensors_in_and_out():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA backend"):
             fp8kit.cast(x.cuda(), "e4m3fn")
+    # tensors go to the library as they are: out= views of one buffer that overlap x are refused, adjacent ones
+    # written, also across dtypes (FP8 codes in the bytes of a float32 output)
+    buf = torch.zeros(8)
+    with pytest.raises(ValueError, match="out shares memory with x"):
+        fp8kit.cast(buf[:4], "float32", out=buf[2:6])
+    buf[:4] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert fp8kit.cast(buf[:4], "float32", out=buf[4:]) is not None and torch.equal(buf[4:], buf[:4])
+    f = torch.zeros(8)
+    codes_in_f = f.view(torch.uint8)[28:32].view(torch.float8_e4m3fn)  # the bytes of f[7]
+    with pytest.raises(ValueError, match="out shares memory with x"):
+        fp8kit.cast(codes_in_f, "float32", out=f[4:])
+    assert torch.equal(fp8kit.cast(codes_in_f, "float32", out=f[:4]), torch.zeros(4))
+    # the library's array arguments take a tensor only when its memory is its elements, in order: not a transpose,
+    # a negated view, or a tensor off the CPU (the Python layer makes each of them so first)
+    out8 = torch.empty(16, dtype=torch.uint8)
+    for bad in (torch.ones(4, 4).t(), torch.ones(16)._neg_view(), torch.empty(16, device="meta")):
+        with pytest.raises(TypeError):
+            fp8kit._fp8kit.cast_to_fp8(bad, "float32", out8, "e4m3fn", False, 1.0, False, 0, None)
+    fp8kit._fp8kit.cast_to_fp8(torch.ones(16), "float32", out8, "e4m3fn", False, 1.0, False, 0, None)
+    assert torch.equal(out8, torch.full((16,), 0x38, dtype=torch.uint8))  # 1.0 in e4m3fn
     # every dtype the torch path reads, both ways (the dtype names are looked up once and kept)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         q = fp8kit.cast(x.to(dtype), torch.float8_e5m2)
