@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, about_to_write, as_bits, check_bool, check_not_tracked, check_float32, check_int, check_threads, empty_like_of, kind_of, may_share_memory, resolve_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, about_to_write, as_bits, check_bool, check_not_tracked, check_float32, check_int, check_threads, empty_like_of, kind_of, may_share_memory, resolve_dtype, _torch_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -259,7 +259,7 @@ class ScaledTensor:
         codes = self._q.codes.reshape(self.shape)
         if self._kind == "torch":
             import torch
-            return torch.from_numpy(codes).view(getattr(torch, name))
+            return torch.from_numpy(codes).view(_torch_dtype(name))
         return codes.view(_NUMPY_DTYPES[name])
 
     @property

@@ -149,10 +149,7 @@ def _strided() -> Any:
 def _check_torch_layout(t: Any, what: str) -> None:
     """A ValueError in one line for a tensor whose memory is not one dense strided block (sparse, MKL-DNN, nested):
     the bits a NumPy view would read are not its elements."""
-    if t.layout is _strided() and not t.is_nested:
-        return
-    import torch
-    if t.is_nested or t.layout != torch.strided:
+    if t.is_nested or t.layout is not _strided():
         layout = "nested" if t.is_nested else str(t.layout).replace("torch.", "")
         raise ValueError(f"{what} is a {layout} tensor: fp8kit reads dense (strided) tensors; convert it with "
                          f"{'torch.nested.to_padded_tensor' if t.is_nested else '.to_dense()'} first")

@@ -409,8 +409,9 @@ void encode_avx2(const In* in, std::uint8_t* out, std::size_t n, const EncodePar
     encode_tail(in, out, n, p);  // stochastic rounding: the scalar reference loop
   } else if (p.options.format == Format::e8m0fnu) {
     encode_scaling<In, true>(in, out, n, p);
-  } else if (!std::is_same_v<In, float> && p.options.scale == 1.0f) {
-    if constexpr (!std::is_same_v<In, float>) encode_half(in, out, n, p);
+  } else if constexpr (!std::is_same_v<In, float>) {
+    if (p.options.scale == 1.0f) return encode_half(in, out, n, p);  // (scaled: widened, as float32)
+    encode_scaling<In, false>(in, out, n, p);
   } else {
     encode_scaling<In, false>(in, out, n, p);
   }
