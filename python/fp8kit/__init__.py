@@ -14,6 +14,7 @@ there), with fp8kit's one-line message.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import re
@@ -177,7 +178,7 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
 def _matrix_shape(shape: tuple) -> tuple[int, int]:
     """The matrix quantize sees: the last dimension is the row (a 0-d or 1-d array is one row)."""
     cols = int(shape[-1]) if len(shape) >= 1 else 1
-    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) >= 2 else 1
+    rows = math.prod(shape[:-1])  # Python ints: exact (an empty product is 1)
     if cols == 0:
         rows = 0
     return rows, cols
@@ -187,7 +188,7 @@ def _float64_as_float32(x: np.ndarray, what: str, threads: Optional[int]) -> np.
     """A float64 array rounded to float32 (a copy) for the kernels that compute in float32; a finite value past
     float32's range is a ValueError (it would become an infinity, which amax and the scales skip: a silent loss)."""
     bits = np.empty(x.shape, np.float32)
-    _fp8kit.convert(x.reshape(-1), "float64", bits.reshape(-1), "float32", False, threads)
+    _fp8kit.convert(x, "float64", bits, "float32", False, threads)
     infinite = np.isinf(bits)
     if infinite.any():
         past = infinite & np.isfinite(x)
@@ -198,15 +199,16 @@ def _float64_as_float32(x: np.ndarray, what: str, threads: Optional[int]) -> np.
 
 
 def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int], keep_float64: bool = False) -> tuple:
-    """x for the matrix kernels (quantize, analyze): (its Source, the dtype they read, the array they read), float32,
-    bfloat16 and float16 as they are, float64 rounded to float32 first (a copy) unless keep_float64 (analyze rounds
-    it itself and counts what the rounding loses); anything else a ValueError."""
-    src = as_bits(x, kind)
+    """x for the matrix kernels (quantize, analyze): (its Source, the dtype they read, the array they read: a NumPy
+    array or a contiguous torch tensor, which the library takes as it is), float32, bfloat16 and float16 as they are,
+    float64 rounded to float32 first (a copy) unless keep_float64 (analyze rounds it itself and counts what the
+    rounding loses); anything else a ValueError."""
+    src = as_bits(x, kind, tensors=True)
     name, bits = src.dtype_name, src.bits
     if name == "float64" and keep_float64:
         return src, name, bits
     if name == "float64":
-        bits = _float64_as_float32(src.bits, what, threads)
+        bits = _float64_as_float32(src.array(), what, threads)
         name = "float32"
     if name not in _KERNEL_WIDE:
         raise ValueError(f"{what} takes float32, bfloat16, float16 or float64, not {name}")
@@ -232,7 +234,7 @@ class ScaledTensor:
         if kind not in ("numpy", "torch"):
             raise ValueError(f"kind must be 'numpy' or 'torch', not {kind!r}")
         shape = tuple(check_int("shape", d, 0, 2**63 - 1) for d in shape)
-        if int(np.prod(shape, dtype=object)) != q.rows * q.cols:
+        if math.prod(shape) != q.rows * q.cols:
             raise ValueError(f"shape {shape} does not hold the {q.rows} x {q.cols} codes")
         self._q = q
         self._kind = kind
@@ -340,7 +342,7 @@ def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, sat
     src, name, bits = _wide_matrix_input(x, kind, "quantize", threads)
     rows, cols = _matrix_shape(src.shape)
     saturate = check_bool("saturate", saturate)
-    q = _fp8kit.quantize(bits.reshape(-1), name, rows, cols, target, granularity, saturate, margin,
+    q = _fp8kit.quantize(bits, name, rows, cols, target, granularity, saturate, margin,
                          scale_rounding == "pow2", threads)
     return ScaledTensor(q, kind, src.shape, name)
 
@@ -353,10 +355,9 @@ def dequantize(q: ScaledTensor, dtype: Any = "float32", *, threads: Optional[int
     if target not in _KERNEL_WIDE:
         raise ValueError(f"dequantize gives float32, bfloat16 or float16, not {target}")
     threads = check_threads(threads)
-    like = q.data
-    result, bits = empty_like_of(like, q._kind, q.shape, target, None)
-    if bits.size:
-        _fp8kit.dequantize(q._q, bits.reshape(-1), target, threads)
+    result, bits = empty_like_of(None, q._kind, q.shape, target, None, tensors=True)
+    if q._q.rows * q._q.cols:
+        _fp8kit.dequantize(q._q, bits, target, threads)
     return result
 
 
@@ -368,15 +369,15 @@ def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) 
         raise TypeError(f"granularity must be a string ({_GRANULARITIES}), not {type(granularity).__name__}")
     threads = check_threads(threads)
     kind = kind_of(x)
-    src = as_bits(x, kind)
+    src = as_bits(x, kind, tensors=True)
     bits = src.bits
     if src.dtype_name == "float64":
-        bits = _float64_as_float32(src.bits, "amax", threads)
+        bits = _float64_as_float32(src.array(), "amax", threads)
     elif src.dtype_name != "float32":
         bits = np.empty(src.shape, np.float32)
-        _fp8kit.convert(src.bits.reshape(-1), src.dtype_name, bits.reshape(-1), "float32", False, threads)
+        _fp8kit.convert(src.bits, src.dtype_name, bits, "float32", False, threads)
     rows, cols = _matrix_shape(src.shape)
-    blocks, _, _ = _fp8kit.amax(bits.reshape(-1), rows, cols, granularity, threads)
+    blocks, _, _ = _fp8kit.amax(bits, rows, cols, granularity, threads)
     if granularity == "tensor":
         return float(blocks.max()) if blocks.size else 0.0
     if kind == "torch":
@@ -385,14 +386,15 @@ def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) 
     return blocks
 
 
-def _scales_of(s: Any, what: str) -> np.ndarray:
-    """A scale argument (a number, or a float32 NumPy array / torch tensor) as a contiguous float32 NumPy array."""
+def _scales_of(s: Any, what: str) -> Source:
+    """A scale argument (a number, or a float32 NumPy array / torch tensor) as float32 elements the library reads: a
+    contiguous NumPy array or torch tensor (Source.bits) and the argument's shape."""
     if s is None or isinstance(s, (str, bytes, bool, np.bool_)):
         raise TypeError(f"{what} must be a number or a float32 array, not {type(s).__name__}")
     if isinstance(s, (int, float, np.integer, np.floating)):
-        return np.array([check_float32(what, s)], np.float32)
+        return Source(np.array([check_float32(what, s)], np.float32), "float32", (1,))
     try:
-        src = as_bits(s, kind_of(s), what)
+        src = as_bits(s, kind_of(s), what, tensors=True)
     except ValueError:  # ints, bools: named as the other refused types are
         raise TypeError(f"{what} must be a number or a float32 array{', bfloat16 or float16' if what == 'bias' else ''}"
                         f", not {getattr(s, 'dtype', type(s).__name__)}") from None
@@ -400,13 +402,13 @@ def _scales_of(s: Any, what: str) -> np.ndarray:
         if what == "bias" and src.dtype_name in ("bfloat16", "float16"):  # torch takes these too: widened exactly
             wide = np.empty(src.shape, np.float32)
             if wide.size:
-                _fp8kit.convert(src.bits.reshape(-1), src.dtype_name, wide.reshape(-1), "float32", False, None)
-            return wide
+                _fp8kit.convert(src.bits, src.dtype_name, wide, "float32", False, None)
+            return Source(wide, "float32", src.shape)
         if what == "bias":
             raise TypeError(f"bias must be float32, bfloat16 or float16 (convert it with .float() or "
                             f".astype(np.float32)), not {src.dtype_name}")
         raise TypeError(f"{what} must be float32 (as torch._scaled_mm's), not {src.dtype_name}")
-    return src.bits.reshape(src.shape)
+    return src
 
 
 def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scale_result: Any = None,
@@ -444,7 +446,7 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
         if value is not None and kind_of(value) == "torch":
             check_not_tracked(value, what)
     operand_fix = "scaled_mm multiplies FP8 operands: quantize it first (fp8kit.quantize or fp8kit.cast)"
-    sa, sb = as_bits(a, kind, "a", operand_fix), None
+    sa = as_bits(a, kind, "a", operand_fix, tensors=True)
     if kind_of(b) != kind:
         raise TypeError("a and b must be of the same kind (NumPy arrays or torch tensors)")
     if len(sa.shape) != 2:
@@ -460,55 +462,57 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
     n = b_shape[1]
     bt = b.t() if kind == "torch" else b.T
     b_is_nk = bool(bt.is_contiguous()) if kind == "torch" else bool(bt.flags.c_contiguous)
-    sb = as_bits(bt if b_is_nk else b, kind, "b", operand_fix)
+    sb = as_bits(bt if b_is_nk else b, kind, "b", operand_fix, tensors=True)
     if sb.dtype_name not in FP8:
         raise ValueError(f"b must be FP8, not {sb.dtype_name}")
-    scales_a, scales_b = _scales_of(scale_a, "scale_a"), _scales_of(scale_b, "scale_b")
+    source_a, source_b = _scales_of(scale_a, "scale_a"), _scales_of(scale_b, "scale_b")
+    scales_a, scales_b = source_a.bits, source_b.bits  # NumPy arrays or torch tensors, handed over as they are
+    shape_a, shape_b = tuple(source_a.shape), tuple(source_b.shape)
     kb = -(-k // 128)  # K blocks of 128
-    if scales_a.size == 1:
+    if source_a.size == 1:
         a_granularity = "tensor"
-    elif scales_a.shape == (m, 1):
+    elif shape_a == (m, 1):
         a_granularity = "row"
-    elif scales_a.shape == (m, kb):
+    elif shape_a == (m, kb):
         a_granularity = "block:1x128"
-    elif scales_a.shape == (-(-m // 128), kb):  # 128 x 128 blocks of A: each row takes its block's scales
-        scales_a = np.ascontiguousarray(np.repeat(scales_a, 128, axis=0)[:m])
+    elif shape_a == (-(-m // 128), kb):  # 128 x 128 blocks of A: each row takes its block's scales
+        scales_a = np.ascontiguousarray(np.repeat(source_a.array().reshape(shape_a), 128, axis=0)[:m])
         a_granularity = "block:1x128"
     else:
         raise ValueError(f"scale_a must be one value, (M, 1) = ({m}, 1) per row, (M, ceil(K/128)) = ({m}, {kb}) per "
                          f"1x128 block or (ceil(M/128), ceil(K/128)) = ({-(-m // 128)}, {kb}) per 128x128 block, "
-                         f"not {scales_a.shape}")
-    if scales_b.size == 1:
+                         f"not {shape_a}")
+    if source_b.size == 1:
         b_granularity = "tensor"
-    elif scales_b.shape == (1, n):
+    elif shape_b == (1, n):
         b_granularity = "row" if b_is_nk else "col"
-    elif scales_b.shape == (kb, -(-n // 128)):  # 128 x 128 blocks of b (K x N)
+    elif shape_b == (kb, -(-n // 128)):  # 128 x 128 blocks of b (K x N)
         b_granularity = "block:128x128"
         if b_is_nk:  # the library indexes the blocks of the N x K weights
-            scales_b = np.ascontiguousarray(scales_b.T)
-    elif scales_b.shape == (kb, n):  # 128 x 1 blocks of b (K x N): 1 x 128 of the N x K weights
+            scales_b = np.ascontiguousarray(source_b.array().reshape(shape_b).T)
+    elif shape_b == (kb, n):  # 128 x 1 blocks of b (K x N): 1 x 128 of the N x K weights
         b_granularity = "block:1x128" if b_is_nk else "block:128x1"
         if b_is_nk:
-            scales_b = np.ascontiguousarray(scales_b.T)
+            scales_b = np.ascontiguousarray(source_b.array().reshape(shape_b).T)
     else:
         raise ValueError(f"scale_b must be one value, (1, N) = (1, {n}) per column, (ceil(K/128), ceil(N/128)) = "
                          f"({kb}, {-(-n // 128)}) per 128x128 block or (ceil(K/128), N) = ({kb}, {n}) per 128x1 "
-                         f"block, not {scales_b.shape}")
+                         f"block, not {shape_b}")
     target = resolve_dtype(out_dtype)
     if target not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"out_dtype must be float32, bfloat16 or float16, not {target}")
     bias_bits = None
     if bias is not None:
-        bias_bits = _scales_of(bias, "bias").reshape(-1)
-    result, bits = empty_like_of(a, kind, (m, n), target, None)
+        bias_bits = _scales_of(bias, "bias").bits
+    result, bits = empty_like_of(a, kind, (m, n), target, None, tensors=True)
     b_rows, b_cols = (n, k) if b_is_nk else (k, n)
     # float16: the FP32 result, rounded once (the library's outputs are float32 or bfloat16)
     wide = np.empty((m, n), np.float32) if target == "float16" else bits
-    _fp8kit.scaled_mm(sa.bits.reshape(-1), sa.dtype_name, m, k, scales_a.reshape(-1), a_granularity,
-                      sb.bits.reshape(-1), sb.dtype_name, b_rows, b_cols, scales_b.reshape(-1), b_granularity,
-                      b_is_nk, bias_bits, wide.reshape(-1), "float32" if target == "float16" else target, threads)
-    if target == "float16" and wide.size:
-        _fp8kit.convert(wide.reshape(-1), "float32", bits.reshape(-1), "float16", False, threads)
+    _fp8kit.scaled_mm(sa.bits, sa.dtype_name, m, k, scales_a, a_granularity, sb.bits, sb.dtype_name, b_rows, b_cols,
+                      scales_b, b_granularity, b_is_nk, bias_bits, wide, "float32" if target == "float16" else target,
+                      threads)
+    if target == "float16" and m * n:
+        _fp8kit.convert(wide, "float32", bits, "float16", False, threads)
     return result
 
 
@@ -550,7 +554,7 @@ def analyze(x: Any, format: Union[str, Sequence[str]] = "e4m3fn",
     threads = check_threads(threads)
     src, name, bits = _wide_matrix_input(x, kind_of(x), "analyze", threads, keep_float64=True)
     rows, cols = _matrix_shape(src.shape)
-    result = _fp8kit.analyze(bits.reshape(-1), name, rows, cols, formats_, granularity_names, saturate, threads)
+    result = _fp8kit.analyze(bits, name, rows, cols, formats_, granularity_names, saturate, threads)
     return result[0] if single else result
 
 

@@ -1,10 +1,13 @@
 """How fp8kit sees the arrays it is given: NumPy (FP8 and bfloat16 as ml_dtypes dtypes), PyTorch tensors, and
 anything else with __dlpack__ or that NumPy turns into an array. Every array is handed to the C++ library as a
-contiguous NumPy array (a torch tensor as a NumPy view of its memory: uint8 for FP8, int16 for bfloat16 and
-float16), without a copy when it is contiguous, with its dtype's name; the library reads the elements' bits.
+contiguous NumPy array or a contiguous CPU torch tensor (which the library reads through its data_ptr()), without a
+copy when it is contiguous, with its dtype's name; the library reads the elements' bits. Where a caller computes on a
+tensor's bits in NumPy, it takes a NumPy view of its memory (uint8 for FP8, uint16 for bfloat16 and float16).
 Outputs are allocated here in the input's kind. No numerics here: only views and allocation."""
 from __future__ import annotations
 
+import math
+import struct
 import sys
 from typing import Any, Optional
 
@@ -14,6 +17,7 @@ import numpy as np
 from . import _fp8kit
 
 _MAX_THREADS = _fp8kit.max_threads  # the library's kMaxThreads
+_FLOAT32 = struct.Struct("<f")
 
 # The dtypes fp8kit knows, by their canonical (PyTorch) names, and their NumPy dtypes.
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
@@ -104,11 +108,14 @@ def check_float32(name: str, value: Any) -> float:
     """check_real, then finite once rounded to float32 (what the library computes with): 1e300 is a ValueError, not
     a silent infinity."""
     v = check_real(name, value)
-    with np.errstate(over="ignore"):
-        rounded = np.float32(v)
-    if not np.isfinite(rounded):
+    try:
+        # float32 rounding (to nearest even); OverflowError when a finite value rounds past float32's range
+        rounded = _FLOAT32.unpack(_FLOAT32.pack(v))[0]
+    except OverflowError:
+        rounded = math.inf
+    if not math.isfinite(rounded):
         raise ValueError(f"{name} must be a finite float32 value, got {value!r}")
-    return float(rounded)
+    return rounded
 
 
 def check_threads(threads: Optional[int]) -> Optional[int]:
@@ -133,6 +140,12 @@ class Source:
     def size(self) -> int:
         bits = self.bits
         return bits.size if isinstance(bits, np.ndarray) else bits.numel()
+
+    def array(self) -> np.ndarray:
+        """The bits as a NumPy array of the input's shape (a view of a torch tensor's memory), for the few callers
+        that compute on them in NumPy; float32 and float64 keep their dtype, the 16-bit types are uint16, FP8 uint8."""
+        bits = self.bits
+        return bits if isinstance(bits, np.ndarray) else _torch_bits_view(bits, self.dtype_name)
 
 
 def _is_torch(x: Any) -> bool:
@@ -213,7 +226,8 @@ def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None, tenso
     """x as a contiguous NumPy array for the library (copied once when it is not contiguous, or not aligned to its
     element size). `what` names x in an error about its element type, `fix` says what to do (_element_name).
     tensors: a torch input stays a (contiguous CPU) tensor, which the library's array arguments also take: for a
-    caller that only hands the bits to the library (its NumPy view costs more than a small cast)."""
+    caller that hands the bits to the library (a NumPy view costs microseconds per call; Source.array() makes one
+    where NumPy must compute on them)."""
     if type(x) is np.ndarray:  # the common case first, without the general path's calls
         name = _NAME_OF_NUMPY.get(x.dtype)
         flags = x.flags

@@ -53,9 +53,9 @@ namespace fp8kit::python {
 // A C-contiguous NumPy array of any dtype, read through NumPy's C API: its data, element count and element width.
 // (ml_dtypes' FP8 and bfloat16 dtypes travel neither by DLPack nor by the buffer protocol, so the arrays would need a
 // bits view in Python first: half of a small cast's cost.) Or a contiguous CPU torch.Tensor that is not a negated
-// view, read through its methods: `cast` hands its tensors over as they are (a NumPy view of a tensor costs
-// microseconds, more than the cast of a small one); the other entries get NumPy views of tensors. Outputs (Writable)
-// must be writeable; inputs may be read-only (np.frombuffer, memory maps).
+// view, read through its methods: the package hands its tensors over as they are (a NumPy view of a tensor costs
+// microseconds, more than the cast of a small one). Outputs (Writable) must be writeable; inputs may be read-only
+// (np.frombuffer, memory maps).
 template <bool Writable>
 struct NumpyArray {
   void* ptr = nullptr;
@@ -87,7 +87,19 @@ inline bool torch_tensor_memory(PyObject* o, void*& ptr, std::size_t& count, int
     PyErr_Clear();
     return false;
   }
-  const auto call = [o](const char* method) { return PyObject_CallMethod(o, method, nullptr); };
+  // The names, interned once: a lookup by a C string would build a Python string on every call.
+  static PyObject* const is_cpu_name = PyUnicode_InternFromString("is_cpu");
+  static PyObject* const is_contiguous_name = PyUnicode_InternFromString("is_contiguous");
+  static PyObject* const is_neg_name = PyUnicode_InternFromString("is_neg");
+  static PyObject* const data_ptr_name = PyUnicode_InternFromString("data_ptr");
+  static PyObject* const numel_name = PyUnicode_InternFromString("numel");
+  static PyObject* const element_size_name = PyUnicode_InternFromString("element_size");
+  if (is_cpu_name == nullptr || is_contiguous_name == nullptr || is_neg_name == nullptr || data_ptr_name == nullptr ||
+      numel_name == nullptr || element_size_name == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const auto call = [o](PyObject* method) { return PyObject_CallMethodNoArgs(o, method); };
   const auto is = [](PyObject* r, PyObject* want) {  // r (a new reference or null) is Py_True / Py_False
     const bool yes = r == want;
     Py_XDECREF(r);
@@ -100,9 +112,10 @@ inline bool torch_tensor_memory(PyObject* o, void*& ptr, std::size_t& count, int
     return !(v == -1 && PyErr_Occurred());
   };
   long long data = 0, numel = 0, element_size = 0;
-  const bool ok = is(PyObject_GetAttrString(o, "is_cpu"), Py_True) && is(call("is_contiguous"), Py_True) &&
-                  is(call("is_neg"), Py_False) && integer(call("data_ptr"), data) && integer(call("numel"), numel) &&
-                  integer(call("element_size"), element_size) && numel >= 0 && element_size > 0;
+  const bool ok = is(PyObject_GetAttr(o, is_cpu_name), Py_True) && is(call(is_contiguous_name), Py_True) &&
+                  is(call(is_neg_name), Py_False) && integer(call(data_ptr_name), data) &&
+                  integer(call(numel_name), numel) && integer(call(element_size_name), element_size) && numel >= 0 &&
+                  element_size > 0;
   PyErr_Clear();
   if (!ok) return false;
   ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(data));

@@ -183,6 +183,32 @@ def test_torch_tensors():
     assert q.dequantize().dtype == torch.float32 and q.dequantize().shape == x.shape
 
 
+def test_torch_inputs_give_the_numpy_results_bit_for_bit():
+    """The library reads torch tensors in place (no NumPy view per call): every entry gives the bits the same values
+    give as NumPy arrays, for each wide dtype (float64 rounded to float32 first), a transposed and a negated view, and
+    every output dtype of dequantize."""
+    torch = pytest.importorskip("torch")
+    base = torch.randn(6, 260, generator=torch.Generator().manual_seed(3)) * 5
+    negated = base._neg_view()  # memory holds base, the values are -base
+    assert negated.is_neg()
+    for t in (base, base.to(torch.bfloat16), base.to(torch.float16), base.double(), base.t(), negated):
+        c = t.resolve_neg().contiguous()
+        n = c.numpy() if t.dtype != torch.bfloat16 else c.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        for granularity in ("tensor", "row", "block:1x128", "mx32"):
+            qt, qn = fp8kit.quantize(t, "e4m3fn", granularity), fp8kit.quantize(n, "e4m3fn", granularity)
+            assert torch.equal(qt.data.view(torch.uint8), torch.from_numpy(qn.data.view(np.uint8))), granularity
+            assert qt.scale_inv.numpy().tobytes() == qn.scale_inv.tobytes()
+            for dtype in ("float32", "bfloat16", "float16"):
+                dt, dn = qt.dequantize(dtype), qn.dequantize(dtype)
+                assert isinstance(dt, torch.Tensor) and tuple(dt.shape) == dn.shape
+                assert dt.contiguous().view(torch.uint8).numpy().tobytes() == dn.tobytes(), dtype
+            at, an = fp8kit.amax(t, granularity), fp8kit.amax(n, granularity)
+            if granularity == "tensor":
+                assert at == an
+            else:
+                assert isinstance(at, torch.Tensor) and at.numpy().tobytes() == an.tobytes()
+
+
 @pytest.mark.parametrize("granularity", ["tensor", "row", "col", "block:2x3", "mx32", "mx32-rceil"])
 def test_scaled_tensors_pickle_and_deep_copy(granularity):
     """A ScaledTensor in a pickle (multiprocessing, a DataLoader worker, torch.save) or a deepcopy was refused

@@ -182,6 +182,36 @@ def test_block_scales_as_torch_scaled_mm_takes_them(m, column_major_b, recipe):
     assert np.all(np.abs(out - want) <= bound), np.max(np.abs(out - want) / bound)
 
 
+@pytest.mark.parametrize("recipe", ["tensor", "row", "1x128,128x128", "1x128,128x1", "128x128,128x1"])
+@pytest.mark.parametrize("column_major_b", [True, False])
+def test_torch_operands_and_scales_give_the_numpy_bits(recipe, column_major_b):
+    """Tensors (codes, scale tensors, bias, output) reach the library as they are: the same bits as NumPy arrays
+    of the same values, for every scale shape (those the wrapper rearranges included) and output dtype."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    m, k, n = 130, 300, 200
+    a = rng.normal(0, 4, (m, k)).astype(ml_dtypes.float8_e4m3fn)
+    w = rng.normal(0, 4, (n, k)).astype(ml_dtypes.float8_e5m2)
+    b = w.T if column_major_b else np.ascontiguousarray(w.T)
+    shapes = {"tensor": ((), ()), "row": ((m, 1), (1, n)), "1x128,128x128": ((m, 3), (3, 2)),
+              "1x128,128x1": ((m, 3), (3, n)), "128x128,128x1": ((2, 3), (3, n))}[recipe]
+    sa, sb = (rng.uniform(0.5, 2, shape).astype(np.float32) for shape in shapes)
+    bias = rng.normal(0, 1, n).astype(ml_dtypes.bfloat16)
+
+    def as_torch(x):
+        return torch.from_numpy(np.ascontiguousarray(x).view(np.uint8)).view(
+            getattr(torch, x.dtype.name if x.dtype.name.startswith("float8") else "bfloat16"))
+
+    at = as_torch(a)
+    bt = as_torch(w).t() if column_major_b else as_torch(b)
+    bias_t = as_torch(bias)
+    for out_dtype in ("float32", "bfloat16", "float16"):
+        got = fp8kit.scaled_mm(at, bt, torch.from_numpy(sa), torch.from_numpy(sb), bias_t, out_dtype=out_dtype)
+        want = fp8kit.scaled_mm(a, b, sa, sb, bias, out_dtype=out_dtype)
+        assert isinstance(got, torch.Tensor) and tuple(got.shape) == (m, n)
+        assert got.view(torch.uint8).numpy().tobytes() == want.tobytes(), out_dtype
+
+
 def test_block_scale_shape_errors():
     a = np.ones((4, 256), ml_dtypes.float8_e4m3fn)
     b = np.ones((256, 8), ml_dtypes.float8_e4m3fn)
