@@ -390,6 +390,21 @@ void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int
   }
 }
 
+void left_rows_bf16(const Operand& a, std::int64_t m, std::int64_t k, const float* x, bfloat16* out) {
+  FP8KIT_CHECK(a.exact_in_bf16(), "left_rows_bf16: float32 values are not exact in bfloat16");
+  const auto n = static_cast<std::size_t>(k);
+  for (std::int64_t i = 0; i < m; ++i) {
+    bfloat16* row = out + i * k;
+    if (!a.k_contiguous) {
+      for (std::size_t kk = 0; kk < n; ++kk) row[kk] = bfloat16::from_float(x[i * k + static_cast<std::int64_t>(kk)]);
+    } else if (a.codes != nullptr) {
+      cast_from_fp8(std::span(a.codes + i * a.ld, n), a.format, std::span(row, n));
+    } else {
+      std::memcpy(row, a.bf16 + i * a.ld, n * sizeof(bfloat16));
+    }
+  }
+}
+
 namespace {
 
 // The left rows (m x k) as float32 into x (row stride k), exactly: rows laid out along K through the conversion
@@ -422,7 +437,7 @@ void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Opera
   GemvInput in{x.get(), p.k};
   if (fast.bf16_input && a.exact_in_bf16()) {
     x_bf16.resize(count);
-    for (std::size_t t = 0; t < count; ++t) x_bf16[t] = bfloat16::from_float(x[t]);  // exact
+    left_rows_bf16(a, p.m, p.k, x.get(), x_bf16.data());
     in.x_bf16 = x_bf16.data();
   }
   if (!fast.bf16_input) {

@@ -503,6 +503,53 @@ TEST(GemvLaneOrder, ChunksOfEachKBlockArePermutedAndTheRestKept) {
   }
 }
 
+// The bfloat16 activations of the GEMVs that read x_bf16: FP8 rows decoded straight to bfloat16 by the level's
+// conversion kernels, bfloat16 rows copied, and a K-strided operand narrowed from its float32 rows: in every case the
+// bits of bfloat16::from_float of the exact float32 values (all 256 codes of each format, rows with padding).
+TEST_P(ScaledMmFast, GemvBfloat16RowsAreTheExactRowsNarrowed) {
+  const std::int64_t m = 3, k = 300, ld = 310;
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(m * ld));
+  for (std::size_t t = 0; t < codes.size(); ++t) codes[t] = static_cast<std::uint8_t>(t * 7 + 3);
+  std::vector<bfloat16> wide(codes.size());
+  for (std::size_t t = 0; t < wide.size(); ++t)
+    wide[t] = bfloat16::from_float(std::ldexp(static_cast<float>(t % 255) - 127.0f, static_cast<int>(t % 41) - 20));
+  const auto check = [&](const mm_detail::Operand& a, const std::string& what) {
+    std::vector<float> x(static_cast<std::size_t>(m * k));
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t kk = 0; kk < k; ++kk) x[static_cast<std::size_t>(i * k + kk)] = a.at(i, kk);
+    std::vector<bfloat16> got(x.size(), bfloat16::from_bits(0x5555));
+    mm_detail::left_rows_bf16(a, m, k, x.data(), got.data());
+    std::size_t mismatches = 0;
+    for (std::size_t t = 0; t < x.size(); ++t) {
+      const bfloat16 want = bfloat16::from_float(x[t]);
+      const bool same = std::isnan(x[t]) ? std::isnan(got[t].to_float()) : got[t].bits == want.bits;
+      mismatches += same ? 0 : 1;
+    }
+    EXPECT_EQ(mismatches, 0u) << what;
+  };
+  for (const Format f : {Format::e4m3fn, Format::e5m2, Format::e4m3fnuz, Format::e5m2fnuz}) {
+    mm_detail::Operand a;
+    a.codes = codes.data();
+    a.format = f;
+    a.rows = m;
+    a.k = k;
+    a.ld = ld;
+    check(a, std::string(name(f)));
+    a.k_contiguous = false;  // element (r, kk) at kk * ld + r: read through x
+    a.ld = m;
+    check(a, std::string(name(f)) + " K-strided");
+  }
+  mm_detail::Operand b;
+  b.bf16 = wide.data();
+  b.rows = m;
+  b.k = k;
+  b.ld = ld;
+  check(b, "bfloat16");
+  mm_detail::Operand f32;
+  f32.f32 = reinterpret_cast<const float*>(wide.data());
+  EXPECT_THROW(mm_detail::left_rows_bf16(f32, 1, 1, nullptr, nullptr), Error);
+}
+
 // Each level dispatches its own table's kernels (or the nearest level's below it) and says so.
 TEST_P(ScaledMmFast, DispatchReportsTheLevelsKernels) {
   const ScaledTensor a = random_quantized(40, 96, 1, Format::e4m3fn, Granularity::tensor());
