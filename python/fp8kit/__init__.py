@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _fp8kit
 from ._arrays import _NUMPY as _NUMPY_DTYPES
-from ._arrays import _NAME_OF_STRING, FP8, WIDE, Source, about_to_write, as_bits, check_bool, check_not_tracked, check_float32, check_int, check_threads, empty_like_of, kind_of, may_share_memory, resolve_dtype, _torch_dtype
+from ._arrays import _NAME_OF_STRING, FP8, WIDE, ElementTypeError, Source, _check_torch_layout, _check_torch_memory, about_to_write, as_bits, check_bool, check_not_tracked, check_float32, check_int, check_threads, empty_like_of, kind_of, may_share_memory, resolve_dtype, _torch_dtype
 
 __version__ = _fp8kit.__version__
 DelayedScaling = _fp8kit.DelayedScaling
@@ -285,8 +285,8 @@ def _storage_order(x: Any, kind: str) -> Optional[list]:
     elements do not tile a block of memory (a slice with a step, an expanded or negatively strided view)."""
     if kind == "torch":
         import torch
-        if x.layout != torch.strided or x.dim() < 2 or x.is_contiguous():
-            return None
+        if x.is_nested or x.layout != torch.strided or x.dim() < 2 or x.is_contiguous():
+            return None  # (a nested tensor has no strides: as_bits refuses it in one line)
         strides, ndim = x.stride(), x.dim()
     else:
         if type(x) is not np.ndarray or x.ndim < 2 or x.flags.c_contiguous:
@@ -395,7 +395,7 @@ def _scales_of(s: Any, what: str) -> Source:
         return Source(np.array([check_float32(what, s)], np.float32), "float32", (1,))
     try:
         src = as_bits(s, kind_of(s), what, tensors=True)
-    except ValueError:  # ints, bools: named as the other refused types are
+    except ElementTypeError:  # ints, bools: named as the other refused types are (a device or a layout: as it is)
         raise TypeError(f"{what} must be a number or a float32 array{', bfloat16 or float16' if what == 'bias' else ''}"
                         f", not {getattr(s, 'dtype', type(s).__name__)}") from None
     if src.dtype_name != "float32":
@@ -503,7 +503,10 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
         raise ValueError(f"out_dtype must be float32, bfloat16 or float16, not {target}")
     bias_bits = None
     if bias is not None:
-        bias_bits = _scales_of(bias, "bias").bits
+        source_bias = _scales_of(bias, "bias")
+        if len(source_bias.shape) != 1 or source_bias.shape[0] != n:  # (a number is one value: (1,))
+            raise ValueError(f"bias must be 1-D (N,) = ({n},), as torch._scaled_mm's, not {tuple(source_bias.shape)}")
+        bias_bits = source_bias.bits
     result, bits = empty_like_of(a, kind, (m, n), target, None, tensors=True)
     b_rows, b_cols = (n, k) if b_is_nk else (k, n)
     # float16: the FP32 result, rounded once (the library's outputs are float32 or bfloat16)
@@ -690,7 +693,14 @@ def _tensor_bytes(name: str, value: Any) -> tuple:
         dtype = _TORCH_SAFETENSORS.get(str(value.dtype).removeprefix("torch."))
         if dtype is None:
             raise ValueError(f"tensor '{name}' is {value.dtype}, which safetensors does not store")
-        t = value.detach().contiguous()
+        _check_torch_layout(value, f"tensor '{name}'")
+        t = value.detach()
+        if t.is_conj():  # lazily conjugated or negated views: their memory holds the values before the operation
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        t = t.contiguous()
+        _check_torch_memory(t, f"tensor '{name}'")
         shape = tuple(t.shape)
         flat = t.reshape(-1)  # (bool views as uint8 like every other dtype: one byte per element)
         return dtype, shape, flat.view(torch.uint8).numpy() if flat.numel() else np.zeros(0, np.uint8)

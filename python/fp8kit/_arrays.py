@@ -91,8 +91,19 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def check_real(name: str, value: Any) -> float:
-    """A real number as a float: an int, a float, NumPy's, or one value of an array or tensor (what float() takes,
-    torch.Tensor.max() included); a string, bytes, a bool, or an array of several values is a TypeError."""
+    """A real number as a float: an int, a float, NumPy's, or the one value of a one-element array or tensor of a
+    real dtype (torch.Tensor.max() included; NumPy and torch alike); a string, bytes, a bool (a bool array or tensor
+    included), a complex number, or an array of several values is a TypeError."""
+    if type(value) is float:
+        return value
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and not isinstance(value, np.generic):  # an array or a tensor: one value of a real dtype
+        kind = getattr(dtype, "kind", None)  # NumPy's; torch dtypes say is_complex / is_floating_point
+        if kind in ("b", "c") or str(dtype) == "torch.bool" or getattr(dtype, "is_complex", False):
+            raise TypeError(f"{name} must be a number, not a {str(dtype).replace('torch.', '')} "
+                            f"{type(value).__name__}")
+        if isinstance(value, np.ndarray) and value.size == 1:
+            value = value.reshape(())  # (NumPy 2 refuses float() of a 1-element array of 1 or more dimensions)
     if not isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)):
         try:
             return float(value)
@@ -168,6 +179,15 @@ def _check_torch_layout(t: Any, what: str) -> None:
                          f"{'torch.nested.to_padded_tensor' if t.is_nested else '.to_dense()'} first")
 
 
+def _check_torch_memory(t: Any, what: str) -> None:
+    """A ValueError in one line for a tensor with elements but no memory of its own (data_ptr() 0): a wrapper
+    subclass (DTensor, torchao's tensor subclasses, made with _make_wrapper_subclass) or a FakeTensor, whose values
+    live elsewhere or nowhere. The library reads a tensor's memory at data_ptr(): it must not be handed address 0."""
+    if t.data_ptr() == 0 and t.numel() != 0:
+        raise ValueError(f"{what} is a {type(t).__name__} without memory of its own (a wrapper tensor subclass or a "
+                         f"fake tensor): fp8kit reads a tensor's memory; pass the plain tensor that holds the values")
+
+
 def kind_of(x: Any) -> str:
     """"torch" for a torch.Tensor, "numpy" for everything else (the output is then a NumPy array)."""
     return "numpy" if type(x) is np.ndarray else ("torch" if _is_torch(x) else "numpy")
@@ -207,9 +227,15 @@ def _torch_bits_view(t: Any, name: str) -> np.ndarray:
     return t.view(torch.int16).numpy().view(np.uint16)  # bfloat16, float16
 
 
+class ElementTypeError(ValueError):
+    """An input whose element type fp8kit does not read (a ValueError, told apart from the other refusals of an
+    input: a device, a layout, no memory of its own)."""
+
+
 def _element_name(dtype: Any, kind: str, what: str, fix: Optional[str] = None) -> str:
-    """The canonical name of an input's element type; ValueError naming the input (not a target) when fp8kit does
-    not read it (ints of a torch tensor or NumPy array, bool, complex), and what to do (`fix`, else a float cast)."""
+    """The canonical name of an input's element type; ElementTypeError naming the input (not a target) when fp8kit
+    does not read it (ints of a torch tensor or NumPy array, bool, complex), and what to do (`fix`, else a float
+    cast)."""
     try:
         return resolve_dtype(dtype)
     except (ValueError, TypeError) as e:
@@ -219,7 +245,7 @@ def _element_name(dtype: Any, kind: str, what: str, fix: Optional[str] = None) -
         if fix is None:
             fix = ("fp8kit reads float32, bfloat16, float16, float64 and FP8 (e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, "
                    f"e8m0fnu): convert it first, e.g. with {'.float()' if kind == 'torch' else '.astype(np.float32)'}")
-        raise ValueError(f"{what} holds {shown} elements; {fix}") from None
+        raise ElementTypeError(f"{what} holds {shown} elements; {fix}") from None
 
 
 def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None, tensors: bool = False) -> Source:
@@ -237,13 +263,14 @@ def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None, tenso
         if not x.is_cpu:
             raise ValueError(f"the tensor is on {x.device}: the Python package runs fp8kit's CPU kernels (its CUDA "
                              f"backend is C++, docs/cuda.md); move it with .cpu()")
-        _check_torch_layout(x, "the input")
+        _check_torch_layout(x, what)
         name = _torch_dtype_name(x.dtype) or _element_name(x.dtype, kind, what, fix)
         t = x.detach() if x.requires_grad else x  # (.numpy() refuses a tensor that requires grad)
         if t.is_neg():  # a lazily negated view: its memory holds the values before the negation
             t = t.resolve_neg()
         if not t.is_contiguous():
             t = t.contiguous()
+        _check_torch_memory(t, what)
         return Source(t if tensors else _torch_bits_view(t, name), name, tuple(t.shape))
     if not isinstance(x, np.ndarray):
         if hasattr(x, "__dlpack__"):
@@ -329,6 +356,7 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
             if out.is_neg():
                 raise ValueError("out is a negated view, whose memory holds the values before the negation; pass "
                                  "out.resolve_neg() and negate after")
+            _check_torch_memory(out, "out")
             if out.requires_grad and torch.is_grad_enabled():
                 # written outside autograd: torch refuses such out= tensors too while grad mode is on
                 raise ValueError("out requires grad: fp8kit writes it outside autograd; write it under "

@@ -115,7 +115,7 @@ inline bool torch_tensor_memory(PyObject* o, void*& ptr, std::size_t& count, int
   const bool ok = is(PyObject_GetAttr(o, is_cpu_name), Py_True) && is(call(is_contiguous_name), Py_True) &&
                   is(call(is_neg_name), Py_False) && integer(call(data_ptr_name), data) &&
                   integer(call(numel_name), numel) && integer(call(element_size_name), element_size) && numel >= 0 &&
-                  element_size > 0;
+                  element_size > 0 && (data != 0 || numel == 0);  // (a wrapper subclass or fake tensor: no memory)
   PyErr_Clear();
   if (!ok) return false;
   ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(data));

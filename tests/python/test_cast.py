@@ -251,6 +251,14 @@ def test_errors():
             fp8kit.cast(x, "e4m3fn", **kwargs)
     assert fp8kit.cast(x, "e4m3fn", rounding="stochastic", seed=np.uint64(2**64 - 1)).shape == (2,)
     assert fp8kit.cast(x, "e4m3fn", saturate=np.True_, scale=np.float32(2)).view(np.uint8).tolist() == [0x40, 0x48]
+    # One value of an array is a number, whatever its dimensions (NumPy 2 refuses float() of a 1-element 1-D array,
+    # which refused np.array([2.0]) where torch.tensor([2.0]) was taken); a bool or complex array is not.
+    for scale in (np.array([2.0], np.float32), np.array([[2.0]]), np.array(2), np.float16(2)):
+        assert fp8kit.cast(x, "e4m3fn", scale=scale).view(np.uint8).tolist() == [0x40, 0x48], scale
+    for scale, message in ((np.array(True), "not a bool ndarray"), (np.array([1 + 0j]), "not a complex128 ndarray"),
+                           (np.array([2.0, 2.0]), "not ndarray")):
+        with pytest.raises(TypeError, match=f"scale must be a number, {message}"):
+            fp8kit.cast(x, "e4m3fn", scale=scale)
 
 
 def test_a_scale_past_float32s_range_is_refused():
@@ -364,8 +372,44 @@ def test_torch_subclasses_layouts_and_autograd():
     # layouts whose memory is not the elements: one line, not torch's internals
     for t, layout in ((torch.eye(4).to_sparse(), "sparse_coo"), (torch.eye(4).to_sparse_csr(), "sparse_csr"),
                       (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested")):
-        with pytest.raises(ValueError, match=f"the input is a {layout} tensor: fp8kit reads dense"):
+        with pytest.raises(ValueError, match=f"x is a {layout} tensor: fp8kit reads dense"):
             fp8kit.cast(t, "e4m3fn")
+    with pytest.raises(ValueError, match="x is a nested tensor"):  # (not its transpose's missing strides)
+        fp8kit.cast(torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)]).transpose(1, 2), "e4m3fn")
+
+    # Tensors with elements but no memory of their own (data_ptr() 0): a wrapper subclass (DTensor's and torchao's
+    # pattern) and a FakeTensor were read at address 0 (a segmentation fault); they are refused in one line.
+    class Wrapper(torch.Tensor):
+        @staticmethod
+        def __new__(cls, inner):
+            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return func(*[a.inner if isinstance(a, Wrapper) else a for a in args], **(kwargs or {}))
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake = torch.randn(4, 8)
+    codes = torch.zeros(2, 8, dtype=torch.float8_e4m3fn)
+    for t in (Wrapper(torch.randn(4, 8)), fake):
+        name = type(t).__name__
+        for call, what in ((lambda: fp8kit.cast(t, "e4m3fn"), "x"), (lambda: fp8kit.quantize(t), "x"),
+                           (lambda: fp8kit.amax(t), "x"),
+                           (lambda: fp8kit.cast(torch.zeros(4, 8), "float32", out=t), "out"),
+                           (lambda: fp8kit.scaled_mm(codes, codes.t(), 1.0, t[:1, :2] if t is fake else
+                                                     Wrapper(torch.ones(1, 2))), "scale_b")):
+            with pytest.raises(ValueError, match=f"{what} is a {name} without memory of its own"):
+                call()
+    for scale, message in ((torch.tensor(True), "not a bool Tensor"), (torch.tensor([1 + 0j]), "not a complex64 Tensor"),
+                           (torch.tensor([2.0, 2.0]), "not Tensor")):
+        with pytest.raises(TypeError, match=f"scale must be a number, {message}"):
+            fp8kit.cast(x, "e4m3fn", scale=scale)
+    assert torch.equal(fp8kit.cast(x, "e4m3fn", scale=torch.tensor([[2.0]])).view(torch.uint8),
+                       (x * 2).to(torch.float8_e4m3fn).view(torch.uint8))
     with pytest.raises(ValueError, match="out is a sparse_coo tensor"):
         fp8kit.cast(x, "float32", out=torch.zeros(9).to_sparse())
     with pytest.raises(ValueError, match="out is a nested tensor"):

@@ -402,6 +402,17 @@ def test_save_torch_tensors(tmp_path):
         assert torch.equal(back[name].view(torch.uint8), tensors[name].contiguous().view(torch.uint8))
     assert torch.equal(back["q"].data.view(torch.uint8), tensors["q"].data.view(torch.uint8))
     assert torch.equal(back["q"].scale_inv, tensors["q"].scale_inv)
+    # Lazily negated and conjugated views are saved with their values (their memory holds the values before the
+    # operation; torch refused to view them as bytes), and layouts without one dense block are refused in one line.
+    views = {"neg": torch._neg_view(x), "conj": torch.tensor([1 + 2j, -3j], dtype=torch.complex64).conj()}
+    fp8kit.save(path, views, force=True)
+    back = fp8kit.load(path, framework="torch")
+    assert torch.equal(back["neg"], -x) and torch.equal(back["conj"], views["conj"].resolve_conj())
+    for value, layout in ((torch.eye(2).to_sparse(), "sparse_coo"),
+                          (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested")):
+        with pytest.raises(ValueError, match=f"tensor 's' is a {layout} tensor: fp8kit reads dense"):
+            fp8kit.save(path, {"s": value}, force=True)
+    assert torch.equal(fp8kit.load(path, framework="torch")["neg"], -x)  # the file as it was
 
 
 def test_what_load_returns_saves_back_over_its_own_file(model, tmp_path):

@@ -212,6 +212,16 @@ def test_torch_operands_and_scales_give_the_numpy_bits(recipe, column_major_b):
         assert got.view(torch.uint8).numpy().tobytes() == want.tobytes(), out_dtype
 
 
+def test_bias_is_one_dimensional():
+    """torch._scaled_mm's bias is (N,): a (N, 1) or (1, N) bias holding N values was taken as if it were."""
+    a = np.ones((2, 4), ml_dtypes.float8_e4m3fn)
+    b = np.ones((4, 3), ml_dtypes.float8_e4m3fn)
+    assert fp8kit.scaled_mm(a, b, 1.0, 1.0, np.arange(3, dtype=np.float32)).tolist() == [[4, 5, 6], [4, 5, 6]]
+    for bias in (np.ones((3, 1), np.float32), np.ones((1, 3), np.float32), np.ones(2, np.float32), 2.0):
+        with pytest.raises(ValueError, match=r"bias must be 1-D \(N,\) = \(3,\)"):
+            fp8kit.scaled_mm(a, b, 1.0, 1.0, bias)
+
+
 def test_block_scale_shape_errors():
     a = np.ones((4, 256), ml_dtypes.float8_e4m3fn)
     b = np.ones((256, 8), ml_dtypes.float8_e4m3fn)
