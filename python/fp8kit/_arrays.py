@@ -115,9 +115,30 @@ def check_real(name: str, value: Any) -> float:
     raise TypeError(f"{name} must be a number, not {type(value).__name__}")
 
 
+def _int_as_float32(v: int) -> float:
+    """An int rounded once to float32 (to nearest, ties to even), as a float; +-inf past float32's range. (float(v)
+    first would round twice: 2**62 + 2**38 + 1 becomes the float64 2**62 + 2**38, a float32 tie, which goes to even,
+    2**62, where the int itself rounds up to 2**62 + 2**39.)"""
+    m = abs(v)
+    shift = m.bit_length() - 24  # float32 keeps 24 significant bits
+    if shift > 0:
+        q, r, half = m >> shift, m & ((1 << shift) - 1), 1 << (shift - 1)
+        m = (q + (r > half or (r == half and q & 1))) << shift
+    rounded = math.inf if m >= 2**128 else float(m)
+    return -rounded if v < 0 else rounded
+
+
 def check_float32(name: str, value: Any) -> float:
-    """check_real, then finite once rounded to float32 (what the library computes with): 1e300 is a ValueError, not
-    a silent infinity."""
+    """check_real, then finite and, unless 0, nonzero once rounded to float32 (what the library computes with): 1e300
+    and 1e-46 are ValueErrors, not a silent infinity or zero. An int is rounded to float32 once, from its exact
+    value."""
+    if (type(value) is int or isinstance(value, np.integer)) and not -2**53 <= value <= 2**53:
+        rounded = _int_as_float32(int(value))
+        if not math.isfinite(rounded):
+            digits = len(str(abs(int(value))))
+            shown = repr(value) if digits <= 40 else f"an int of {digits} digits"
+            raise ValueError(f"{name} must be a finite float32 value, got {shown}")
+        return rounded
     v = check_real(name, value)
     try:
         # float32 rounding (to nearest even); OverflowError when a finite value rounds past float32's range
@@ -126,6 +147,9 @@ def check_float32(name: str, value: Any) -> float:
         rounded = math.inf
     if not math.isfinite(rounded):
         raise ValueError(f"{name} must be a finite float32 value, got {value!r}")
+    if rounded == 0 and v != 0:  # a scale that underflows: every result would be 0 (or every code NaN), unseen
+        raise ValueError(f"{name} = {value!r} is below float32's smallest subnormal (about 1.4e-45) and would round "
+                         f"to 0: give a scale float32 holds")
     return rounded
 
 
@@ -357,6 +381,9 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
                 raise ValueError("out is a negated view, whose memory holds the values before the negation; pass "
                                  "out.resolve_neg() and negate after")
             _check_torch_memory(out, "out")
+            if out.is_inference() and not torch.is_inference_mode_enabled():
+                raise ValueError("out is an inference tensor, which torch refuses to write in place outside "
+                                 "torch.inference_mode(): write it inside one, or pass a tensor made outside it")
             if out.requires_grad and torch.is_grad_enabled():
                 # written outside autograd: torch refuses such out= tensors too while grad mode is on
                 raise ValueError("out requires grad: fp8kit writes it outside autograd; write it under "

@@ -269,6 +269,19 @@ def test_a_scale_past_float32s_range_is_refused():
             fp8kit.cast(x, "e4m3fn", scale=bad)
         assert "\n" not in str(e.value) and len(str(e.value)) < 200
     assert fp8kit.cast(x, "e4m3fn", scale=np.float64(2.0)).astype(np.float32)[0] == 2.0
+    # A nonzero scale below float32's smallest subnormal became 0 unseen (every code 0): refused like an overflow.
+    for tiny in (1e-46, -7e-46):
+        with pytest.raises(ValueError, match="below float32's smallest subnormal"):
+            fp8kit.cast(x, "e4m3fn", scale=tiny)
+    assert fp8kit.cast(x, "e4m3fn", scale=0.0).view(np.uint8).tolist() == [0] * 4
+    # An int is rounded to float32 once: 2**62 + 2**38 + 1 rounds up to 2**62 + 2**39 (through a float64 it was a
+    # tie, rounded down to even), and 2**128 - 2**103 - 1 to the largest float32 (through float64: the overflow tie).
+    from fp8kit._arrays import check_float32
+    assert check_float32("scale", 2**62 + 2**38 + 1) == float(2**62 + 2**39)
+    assert check_float32("scale", np.int64(2**62 + 2**38 + 1)) == float(2**62 + 2**39)
+    assert check_float32("scale", -(2**128 - 2**103 - 1)) == -float(np.finfo(np.float32).max)
+    with pytest.raises(ValueError, match="finite float32"):
+        check_float32("scale", 2**128 - 2**103)
 
 
 def test_out_sharing_memory_with_x_is_refused():
@@ -410,6 +423,12 @@ def test_torch_subclasses_layouts_and_autograd():
             fp8kit.cast(x, "e4m3fn", scale=scale)
     assert torch.equal(fp8kit.cast(x, "e4m3fn", scale=torch.tensor([[2.0]])).view(torch.uint8),
                        (x * 2).to(torch.float8_e4m3fn).view(torch.uint8))
+    with torch.inference_mode():
+        inference = torch.empty(9, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="out is an inference tensor"):  # as torch refuses in-place writes to it
+        fp8kit.cast(x, "e4m3fn", out=inference)
+    with torch.inference_mode():
+        assert fp8kit.cast(x, "e4m3fn", out=inference) is inference
     with pytest.raises(ValueError, match="out is a sparse_coo tensor"):
         fp8kit.cast(x, "float32", out=torch.zeros(9).to_sparse())
     with pytest.raises(ValueError, match="out is a nested tensor"):
