@@ -234,8 +234,10 @@ class ScaledTensor:
         if kind not in ("numpy", "torch"):
             raise ValueError(f"kind must be 'numpy' or 'torch', not {kind!r}")
         shape = tuple(check_int("shape", d, 0, 2**63 - 1) for d in shape)
-        if math.prod(shape) != q.rows * q.cols:
-            raise ValueError(f"shape {shape} does not hold the {q.rows} x {q.cols} codes")
+        if math.prod(shape) != q.rows * q.cols or (q.rows * q.cols and _matrix_shape(shape) != (q.rows, q.cols)):
+            # (the matrix is the shape's last dimension as rows: save() sizes the scale tensors by it)
+            raise ValueError(f"shape {shape} is not the {q.rows} x {q.cols} matrix of the codes (its last dimension "
+                             f"is the row)")
         self._q = q
         self._kind = kind
         self.shape = shape

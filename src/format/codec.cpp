@@ -5,6 +5,7 @@
 
 #include <array>
 #include <bit>
+#include <cmath>
 #include <limits>
 
 #include "fp8kit/format/codec_inline.hpp"
@@ -40,13 +41,23 @@ double decode_to_double(Format f, std::uint8_t code) {
 }
 
 namespace {
-// decode_to_double for every code of every format, narrowed to float (exact: FP8 values need at most 12 bits).
+// A double that a float holds exactly (an FP8 value: at most 12 significant bits), as that float. The float32
+// subnormals (e8m0fnu's 2^-127) are built from their bits: a double -> float conversion is arithmetic, which a
+// flush-to-zero mode in force on the first call would have made 0 in this process-wide table for good.
+float exact_float(double v) {
+  const double magnitude = std::fabs(v);
+  if (magnitude == 0.0 || magnitude >= 0x1p-126 || std::isnan(v)) return static_cast<float>(v);
+  const auto quanta = static_cast<std::uint32_t>(magnitude * 0x1p149);  // exact: v is a multiple of 2^-149
+  return std::bit_cast<float>(quanta | (std::signbit(v) ? 0x80000000u : 0u));
+}
+
+// decode_to_double for every code of every format, as floats (exact).
 using FloatTables = std::array<std::array<float, 256>, kAllFormats.size()>;
 FloatTables make_float_tables() {
   FloatTables tables{};
   for (Format f : kAllFormats) {
     for (int c = 0; c < 256; ++c) {
-      tables[static_cast<int>(f)][c] = static_cast<float>(decode_to_double(f, static_cast<std::uint8_t>(c)));
+      tables[static_cast<int>(f)][c] = exact_float(decode_to_double(f, static_cast<std::uint8_t>(c)));
     }
   }
   return tables;

@@ -765,8 +765,15 @@ StoredScaledTensor store_scaled_tensor(const std::string& name, const ScaledTens
   const std::optional<QuantScheme> scheme = scheme_of(scaled.granularity);
   FP8KIT_CHECK(scheme.has_value(), detail::quoted(name), " is quantized per ", scaled.granularity.name(),
                ", which no checkpoint layout stores; quantize it per tensor, row, 128x128 block or mx32");
-  FP8KIT_CHECK(numel_of(shape) == scaled.checked_numel("store_scaled_tensor"), detail::quoted(name), ": shape ",
-               shape_string(shape), " for ", scaled.rows, " x ", scaled.cols, " codes");
+  // The plan reads the matrix off `shape` (its last dimension the row), the scales come from the ScaledTensor's own
+  // grid: the two must be the same matrix, or the scale tensor the plan sizes would not hold the grid's scales.
+  const std::int64_t numel = scaled.checked_numel("store_scaled_tensor");
+  const std::int64_t cols = shape.empty() ? 1 : shape.back();
+  FP8KIT_CHECK(numel_of(shape) == numel && cols == scaled.cols && (cols == 0 || numel / cols == scaled.rows),
+               detail::quoted(name), ": shape ", shape_string(shape), " is not the ", scaled.rows, " x ", scaled.cols,
+               " matrix of its codes (the last dimension is the row)");
+  FP8KIT_CHECK(scaled.data.size() == static_cast<std::size_t>(numel), detail::quoted(name), ": ", scaled.data.size(),
+               " codes for ", scaled.rows, " x ", scaled.cols);
   StoredScaledTensor out;
   out.plan = planned_checkpoint_tensors(name, shape, scaled.original_dtype, *scheme, scaled.format, layout);
   const PlannedTensor& planned = out.plan[1];

@@ -13,6 +13,10 @@
 #include "fp8kit/format/codec_inline.hpp"
 #include "fp8kit/format/float8.hpp"
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 namespace fp8kit {
 namespace {
 
@@ -26,6 +30,21 @@ std::uint8_t enc(Format f, Overflow o, double x) {
 std::uint8_t encf(Format f, Overflow o, float x) {
   return encode(x, EncodeSpec{f, o});
 }
+
+// The float decode table is built on its first use, once per process. Built under flush-to-zero (a caller's
+// MXCSR), its one float32 subnormal, e8m0fnu's 2^-127, became 0 for the rest of the process, where the SIMD decodes
+// still gave 2^-127. (ctest runs each test in a process of its own, so this one makes the first use.)
+#if defined(__x86_64__)
+TEST(Codec, DecodeTableIsExactWhenFirstUsedUnderFlushToZero) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ and DAZ
+  const float first = decode_to_float(Format::e8m0fnu, 0x00);
+  _mm_setcsr(saved);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(first), 0x00400000u);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(decode_to_float(Format::e8m0fnu, 0x00)), 0x00400000u);
+  EXPECT_EQ(decode_to_bfloat16(Format::e8m0fnu, 0x00).bits, 0x0040u);
+}
+#endif
 
 // ---------------------------------------------------------------- all 256 codes
 

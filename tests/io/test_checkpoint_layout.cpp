@@ -692,7 +692,24 @@ TEST(CheckpointLayout, StoreScaledTensorRefusesWhatNoLayoutHoldsExactly) {
       [&] {
         store_scaled_tensor("m.weight", q, Shape{130, 255}, CheckpointLayout::kFbgemm);
       },
-      ErrorKind::kInvalidArgument, {"shape [130, 255] for 130 x 256 codes"});
+      ErrorKind::kInvalidArgument, {"shape [130, 255] is not the 130 x 256 matrix of its codes"});
+  // The same element count in another matrix: the plan would size the scales by [256, 130]'s 256 rows (or, the
+  // other way round, write past a scale tensor sized for fewer rows): refused before anything is copied.
+  testing::expect_error(
+      [&] {
+        store_scaled_tensor("m.weight", q, Shape{256, 130}, CheckpointLayout::kFbgemm);
+      },
+      ErrorKind::kInvalidArgument, {"shape [256, 130] is not the 130 x 256 matrix of its codes"});
+  const ScaledTensor tall = quantize(make_weight(256, 4, DType::float32), row);
+  testing::expect_error(
+      [&] {
+        store_scaled_tensor("m.weight", tall, Shape{4, 256}, CheckpointLayout::kFbgemm);
+      },
+      ErrorKind::kInvalidArgument, {"shape [4, 256] is not the 256 x 4 matrix of its codes"});
+  ScaledTensor short_codes = q;
+  short_codes.data.pop_back();
+  testing::expect_error([&] { store_scaled_tensor("m.weight", short_codes, w.shape(), CheckpointLayout::kFbgemm); },
+                        ErrorKind::kInvalidArgument, {"33279 codes for 130 x 256"});
   testing::expect_error([&] { store_scaled_tensor("m.weight", q, w.shape(), CheckpointLayout::kDeepSeek); },
                         ErrorKind::kInvalidArgument, {"the deepseek layout cannot store fp8-channel weights"});
 }

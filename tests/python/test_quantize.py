@@ -253,11 +253,26 @@ def test_the_scaled_tensor_constructor_checks_what_it_wraps():
         fp8kit.ScaledTensor(np.ones(3), "numpy", (3,), "float32")
     with pytest.raises(ValueError, match="kind must be 'numpy' or 'torch'"):
         fp8kit.ScaledTensor(q._q, "jax", (4, 6), "float32")
-    with pytest.raises(ValueError, match=r"shape \(5, 6\) does not hold the 4 x 6 codes"):
+    with pytest.raises(ValueError, match=r"shape \(5, 6\) is not the 4 x 6 matrix of the codes"):
         fp8kit.ScaledTensor(q._q, "numpy", (5, 6), "float32")
+    for shape in ((6, 4), (24,), (2, 12)):  # the same count in another matrix: its scales would not fit it
+        with pytest.raises(ValueError, match=rf"shape \({shape[0]},.*is not the 4 x 6 matrix"):
+            fp8kit.ScaledTensor(q._q, "numpy", shape, "float32")
     with pytest.raises(ValueError, match="unknown dtype"):
-        fp8kit.ScaledTensor(q._q, "numpy", (2, 12), "float33")
+        fp8kit.ScaledTensor(q._q, "numpy", (4, 6), "float33")
     assert fp8kit.ScaledTensor(q._q, "numpy", (2, 2, 6), "bf16").dequantize().shape == (2, 2, 6)
+
+
+def test_save_refuses_a_scaled_tensor_whose_shape_was_changed(tmp_path):
+    """save() sized a layout's scale tensor by the ScaledTensor's shape and copied the scales of its own grid: a
+    256 x 4 per-row quantization given the shape (4, 256) wrote 256 scales into a 4-scale tensor (heap corruption).
+    The library checks the shape against the codes' matrix, so a .shape set afterwards is refused too."""
+    q = fp8kit.quantize(np.ones((256, 4), np.float32), "e4m3fn", "row")
+    q.shape = (4, 256)
+    path = tmp_path / "w.safetensors"
+    with pytest.raises(ValueError, match=r"shape \[4, 256\] is not the 256 x 4 matrix of its codes"):
+        fp8kit.save(path, {"w": q}, layout="fbgemm")
+    assert not path.exists()
 
 
 def test_torch_scaled_tensors_pickle_as_torch():
