@@ -129,6 +129,9 @@ std::string read_training_text(const std::string& path) {
   std::error_code ec;
   FP8KIT_CHECK(!std::filesystem::is_directory(path, ec), "the training text '", path,
                "' is a directory; give a text file");
+  // (a device or a pipe, /dev/zero say, would be read without end, and a resume hashes the text again)
+  FP8KIT_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec), "the training text '",
+               path, "' is not a regular file; give a text file");
   std::ifstream in(path, std::ios::binary);
   FP8KIT_CHECK(static_cast<bool>(in), "cannot read the training text '", path, "' (check the path)");
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

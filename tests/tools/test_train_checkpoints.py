@@ -410,6 +410,15 @@ def resume_names_what_the_checkpoint_recorded():
             f.write(struct.pack("<Q", len(text)) + text + b[8 + n:])
         rc, _, err = run("train", "--resume", renamed, "--steps", "2", "--data", moved, "--log-scales", log, "--force")
         assert rc != 0 and "renamed.safetensors" in err and digest(log) == logged, (rc, err)
+        # one line: the note about --steps (2 against the checkpoint's 1) comes only after a run that succeeded
+        assert len(err.strip().splitlines()) == 1, err
+        # a gpt checkpoint under --model cnn: named as that, not as the --data the user did not give
+        check_usage_error(["train", "--resume", ck, "--model", "cnn", "--data", moved], "is a checkpoint of the gpt")
+        check_usage_error(["train", "--resume", ck, "--model", "cnn"], "resume it with --model gpt")
+        write_with_metadata(ck, os.path.join(d, "resnet.safetensors"),
+                            lambda m: m.update({"fp8kit.train.model": "resnet"}))
+        check_usage_error(["train", "--resume", os.path.join(d, "resnet.safetensors"), "--data", moved],
+                          "records the model 'resnet', which no fp8kit run trains")
         run_ok("train", "--resume", ck, "--steps", "2", "--data", moved)
         bad = os.path.join(d, "bad.safetensors")
         _, meta = read_st(ck)
@@ -427,6 +436,23 @@ def resume_names_what_the_checkpoint_recorded():
             write_with_metadata(ck, bad, lambda m: m.update({key: value}))
             check_usage_error(["train", "--resume", bad, "--data", moved], "bad.safetensors")
             check_usage_error(["train", "--resume", bad, "--data", moved], "which no run has (the file is damaged)")
+
+
+@test
+def unreadable_inputs_and_full_disks_end_in_one_line():
+    """--data /dev/zero was read without end (gigabytes, then the OOM killer); a checkpoint written past the
+    file-size limit (ulimit -f) killed the process by SIGXFSZ, leaving its temporary file."""
+    check_usage_error(["train", "--steps", "1", "--data", "/dev/zero"], "is not a regular file")
+    import resource
+    with tempfile.TemporaryDirectory() as d:
+        ck = os.path.join(d, "ck.safetensors")
+        limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))  # noqa: E731
+        p = subprocess.run([BINARY, "train", "--model", "cnn", "--batch", "4", "--steps", "1", "--recipe", "fp32",
+                            "--quiet", "--save-checkpoint", ck], capture_output=True, text=True, timeout=300,
+                           preexec_fn=limit)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 1 and len(lines) == 1 and "File too large" in lines[0], (p.returncode, p.stderr)
+        assert os.listdir(d) == [], os.listdir(d)  # no checkpoint, no temporary file
 
 
 def main():

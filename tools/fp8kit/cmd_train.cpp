@@ -476,6 +476,16 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
     } catch (const Error& e) {  // (its messages name the file; this names the option too)
       throw Error(e.kind(), "--resume: " + std::string(e.what()), __FILE__, __LINE__);
     }
+    // Before the recorded settings fill in what the user left out: a message about them would name options the
+    // user never gave (a gpt checkpoint's --data under --model cnn, a damaged model name as "--model").
+    if (info->model != "gpt" && info->model != "cnn") {
+      throw UsageError("--resume: '" + a.resume + "' records the model '" + info->model +
+                       "', which no fp8kit run trains (models: gpt, cnn): the file is damaged");
+    }
+    if (a.model_given && a.model != info->model) {
+      throw UsageError("--resume: '" + a.resume + "' is a checkpoint of the " + info->model + " model, not the " +
+                       a.model + ": resume it with --model " + info->model);
+    }
     if (!a.model_given) a.model = info->model;
     if (!a.seed_given) a.seed = info->seed;
     if (!a.batch_given) a.batch = info->batch;
@@ -988,14 +998,13 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
     checkpoint_options.export_layout = export_options->layout;
     checkpoint_options.export_input_scales = export_options->static_input_scales;
   }
+  std::string steps_note;  // printed once the runs have succeeded: an error stays the one line on stderr
   if (resumed) {
     on_every_rank(comm, [&] { check_resumable(a.resume, *resumed, config, recipes.front()); });
     if (a.steps != resumed->steps) {
-      std::fprintf(stderr,
-                   "note: --steps %lld differs from the checkpoint's run (%lld steps): from step %lld on, the "
-                   "learning rate follows a %lld-step schedule\n",
-                   static_cast<long long>(a.steps), static_cast<long long>(resumed->steps),
-                   static_cast<long long>(resumed->next_step), static_cast<long long>(a.steps));
+      steps_note = "note: --steps " + std::to_string(a.steps) + " differs from the checkpoint's run (" +
+                   std::to_string(resumed->steps) + " steps): from step " + std::to_string(resumed->next_step) +
+                   " on, the learning rate followed a " + std::to_string(a.steps) + "-step schedule\n";
     }
   }
   if (comm) config = data_parallel_config(*comm, config);
@@ -1161,6 +1170,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
     throw;
   }
   if (scale_log) scale_log->commit();
+  if (!steps_note.empty() && !quiet) std::fputs(steps_note.c_str(), stderr);
   if (a.seeds_given) return print_seeds(a, by_seed);
   const std::vector<nn::TrainResult>& results = by_seed.front().results;
   const std::vector<float>& spread = by_seed.front().spread;
