@@ -410,6 +410,10 @@ def cast_bad_inputs():
     check_usage_error(["cast"], "abc", stdin="1.0\n" * 200000 + "abc\n")
     check_usage_error(["formats", "--bogus"], "--bogus")
     check_usage_error(["bench"], "bench")
+    # a format listed twice (under two spellings too) was printed twice; train --compare refused the same mistake
+    check_usage_error(["cast", "--to", "e4m3fn,float8_e4m3fn", "1"], "format e4m3fn is listed twice")
+    check_usage_error(["analyze", "--format", "e5m2,e5m2", "x.npy"], "format e5m2 is listed twice")
+    check_usage_error(["analyze", "--granularity", "row,row", "x.npy"], "row is listed twice")
 
 
 # ---------------------------------------------------------------- bench

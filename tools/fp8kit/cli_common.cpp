@@ -199,6 +199,10 @@ std::vector<Format> parse_format_list(std::string_view text) {
     if (!format) {
       throw UsageError("unknown format '" + std::string(token) + "' (known: " + known_format_names() + ")");
     }
+    if (std::find(formats.begin(), formats.end(), *format) != formats.end()) {  // (e4m3fn,float8_e4m3fn too)
+      throw UsageError("format " + std::string(name(*format)) + " is listed twice in '" + std::string(text) +
+                       "'; give each format once");
+    }
     formats.push_back(*format);
     if (comma == std::string_view::npos) break;
     start = comma + 1;

@@ -99,6 +99,12 @@ void run_analyze(const AnalyzeArgs& args) {
           "unknown granularity '" + token +
           "' (use tensor, row, col, block:RxC with sides 1..2147483648 such as block:1x128, mx32, mx32-rceil)");
     }
+    for (const Granularity& seen : granularities) {
+      if (seen.name() == g->name()) {
+        throw UsageError("--granularity: " + g->name() + " is listed twice in '" + args.granularities +
+                         "'; give each granularity once");
+      }
+    }
     granularities.push_back(*g);
     if (comma == std::string::npos) break;
     start = comma + 1;
