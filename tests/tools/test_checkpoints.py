@@ -295,6 +295,7 @@ def check_model_directory_files(exe, root, rng):
     check_many_companions(exe, root, rng)
     check_partial_block_note(exe, root, rng)
     check_damaged_scales_refused(exe, root, rng)
+    check_overflow_is_announced(exe, root, rng)
     check_nonfinite_weights_refused(exe, root, rng)
     check_json_with_a_non_utf8_path(exe, root, rng)
     check_all_or_nothing(exe, root, src)
@@ -381,6 +382,34 @@ def check_partial_block_note(exe, root, rng):
     r = run(exe, "quantize", whole, os.path.join(root, "whole-ds.safetensors"), "--scheme", "fp8-block", "--json")
     check("whole blocks and one-block sides: none counted",
           r.returncode == 0 and json.loads(r.stdout)["partial_block_weights"] == 0, r.stdout + r.stderr)
+
+
+def check_overflow_is_announced(exe, root, rng):
+    """dequantize --to f16 of weights past 65504 and convert --to f16 (or to FP8 without saturation) wrote infinities
+    with exit 0 and not a word, where quantize refuses non-finite weights: the count is a note on stderr and
+    `overflowed` in --json; nothing is noted where nothing overflowed."""
+    src = os.path.join(root, "overflow.safetensors")
+    w = rng.normal(0, 1, (16, 256)).astype(np.float32)
+    w[2, :10] = 1e5  # past float16's 65504 (and, unscaled, e4m3fn's 448)
+    save_file({"l.weight": w}, src)
+    q = os.path.join(root, "overflow-q.safetensors")
+    r = run(exe, "quantize", src, q, "--scheme", "fp8-tensor")
+    check("overflow: quantize", r.returncode == 0, r.stderr)
+    for cmd, args, count, target in (("dequantize", [q, "--to", "f16"], 10, "float16"),
+                                     ("convert", [src, "--to", "f16"], 10, "float16"),
+                                     ("convert", [src, "--to", "e4m3fn", "--no-saturate"], 10, "float8_e4m3fn")):
+        out = os.path.join(root, f"overflow-{cmd}-{target}.safetensors")
+        r = run(exe, cmd, *args[:1], out, *args[1:])
+        note = [line for line in r.stderr.splitlines() if line.startswith("note:")]
+        check(f"overflow: {cmd} {target} noted", r.returncode == 0 and len(note) == 1 and
+              f"{count} finite values of 'l.weight' became inf or NaN past {target}'s range" in note[0], r.stderr)
+        r = run(exe, cmd, *args[:1], out + ".json.safetensors", *args[1:], "--json")
+        check(f"overflow: {cmd} {target} counted in --json",
+              r.returncode == 0 and json.loads(r.stdout)["overflowed"] == count, r.stdout + r.stderr)
+    for cmd, args in (("dequantize", [q, "--to", "bf16"]), ("convert", [src, "--to", "e4m3fn"])):
+        r = run(exe, cmd, args[0], os.path.join(root, f"overflow-none-{cmd}.safetensors"), *args[1:], "--json")
+        check(f"overflow: none for {cmd} {args[-1]}", r.returncode == 0 and r.stderr == "" and
+              json.loads(r.stdout)["overflowed"] == 0, r.stdout + r.stderr)
 
 
 def check_many_companions(exe, root, rng):

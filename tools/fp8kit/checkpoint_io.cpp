@@ -394,4 +394,50 @@ void note_left_out(const CompanionFiles& files) {
              names);
 }
 
+namespace {
+
+// Whether element i of `bytes` (of dtype `d`) is finite, on its bits.
+bool finite_at(std::span<const std::byte> bytes, DType d, std::size_t i) {
+  const auto* p = bytes.data() + i * element_size(d);
+  const auto bits = [p](auto zero) {
+    decltype(zero) v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  switch (d) {
+    case DType::float64:
+      return (bits(std::uint64_t{}) & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
+    case DType::float32:
+      return (bits(std::uint32_t{}) & 0x7F800000u) != 0x7F800000u;
+    case DType::bfloat16:
+      return (bits(std::uint16_t{}) & 0x7F80u) != 0x7F80u;
+    case DType::float16:
+      return (bits(std::uint16_t{}) & 0x7C00u) != 0x7C00u;
+    default: {
+      const FormatDescriptor& f = descriptor(*fp8_format(d));
+      const auto code = static_cast<std::uint8_t>(*p);
+      return !f.is_nan(code) && !f.is_inf(code);
+    }
+  }
+}
+
+}  // namespace
+
+void OverflowCount::add(const std::string& tensor, std::span<const std::byte> in, DType from,
+                        std::span<const std::byte> out, DType to) {
+  const std::size_t n = in.size() / element_size(from);
+  std::uint64_t count = 0;
+  for (std::size_t i = 0; i < n; ++i) count += (finite_at(in, from, i) && !finite_at(out, to, i)) ? 1 : 0;
+  if (count == 0) return;
+  const std::lock_guard lock(mutex_);
+  values_ += count;
+  if (tensors_++ == 0) first_ = tensor;
+}
+
+void OverflowCount::note(DType to, const std::string& advice) const {
+  if (values_ == 0) return;
+  fmt::print(stderr, "note: {} finite values of '{}'{} became inf or NaN past {}'s range: {}\n", values_,
+             one_line(first_), tensors_ > 1 ? fmt::format(" and {} more tensors", tensors_ - 1) : "", name(to), advice);
+}
+
 }  // namespace fp8kit::cli

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -146,6 +148,25 @@ class Progress {
   std::size_t total_ = 0, done_ = 0;
   std::uint64_t total_bytes_ = 0, done_bytes_ = 0, current_bytes_ = 0;
   ProgressLine line_;
+};
+
+// The values a conversion made non-finite: finite elements of `in` (n of dtype `from`) whose converted element in
+// `out` (of `to`) is an infinity or NaN, which happens only past the target's range (a float16 past 65504, a
+// scale_inv times a code past float32's range, an FP8 target without saturation). Counted so that such an output is
+// announced, not silent: quantize refuses non-finite weights for the same reason.
+class OverflowCount {
+ public:
+  void add(const std::string& tensor, std::span<const std::byte> in, DType from, std::span<const std::byte> out,
+           DType to);
+  std::uint64_t values() const { return values_; }
+  // "note: N finite values of 'first' (and K more tensors) became inf or NaN past <to>'s range: <advice>" on
+  // stderr where any did.
+  void note(DType to, const std::string& advice) const;
+
+ private:
+  std::mutex mutex_;  // the fills of one output may run on several threads
+  std::uint64_t values_ = 0, tensors_ = 0;
+  std::string first_;
 };
 
 }  // namespace fp8kit::cli

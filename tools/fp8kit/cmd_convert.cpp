@@ -46,6 +46,7 @@ void run_convert(const ConvertArgs& args) {
   std::vector<SafetensorsEntry> entries;
   std::size_t cast = 0, copied = 0;
   auto progress = std::make_shared<Progress>("convert");
+  auto overflowed = std::make_shared<OverflowCount>();
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     const auto from = tensor_dtype(t->dtype);
     if (!from || !is_floating(*from) || *from == DType::float8_e8m0fnu || *from == *to) {
@@ -55,13 +56,18 @@ void run_convert(const ConvertArgs& args) {
     }
     SafetensorsEntry e{t->name, safetensors_dtype(*to), t->shape, {}, {}};
     progress->expect(t->bytes.size());
-    e.fill = [t, dtype = *to, overflow, progress](std::span<std::byte> out) {
+    e.fill = [t, from = *from, dtype = *to, overflow, progress, overflowed](std::span<std::byte> out) {
       progress->step(t->name, t->bytes.size());
       convert_tensor_into(*t, dtype, overflow, out);
+      overflowed->add(t->name, t->bytes, from, out, dtype);
     };
     entries.push_back(std::move(e));
     ++cast;
   }
+  // (only a non-saturating FP8 target or a narrower float can overflow)
+  const std::string advice = is_fp8(*to)
+                                 ? "--saturate keeps the largest finite value; fp8kit quantize scales into range"
+                                 : "convert to a wider dtype (bf16 or f32) to keep them";
   std::optional<std::string> config_out;
   if (in.config) {
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(*in.config, nullptr, false);
@@ -83,18 +89,20 @@ void run_convert(const ConvertArgs& args) {
                        safetensors_bytes(args.out),
                        seconds_since(start),
                        {{"to", std::string(name(*to))}},
-                       {},
+                       {{"overflowed", overflowed->values()}},
                        files};
     if (is_fp8(*to))
       r.details.emplace_back("overflow", overflow == Overflow::kSaturate ? "saturate" : "non-saturating");
     print_json_report(r);
     note_left_out(files);
+    overflowed->note(*to, advice);
     return;
   }
   fmt::print(output(), "{} -> {}: cast {} tensors to {}{}; copied {}{}\n", args.in, args.out, cast, name(*to),
              is_fp8(*to) ? (overflow == Overflow::kSaturate ? " (saturating)" : " (non-saturating)") : "", copied,
              other_files(files));
   note_left_out(files);
+  overflowed->note(*to, advice);
 }
 
 }  // namespace

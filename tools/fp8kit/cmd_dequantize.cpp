@@ -65,15 +65,17 @@ void run_dequantize(const DequantizeArgs& args) {
   std::vector<SafetensorsEntry> entries;
   std::size_t copied = 0, unscaled_fp8 = 0;
   auto progress = std::make_shared<Progress>("dequantize");
+  auto overflow = std::make_shared<OverflowCount>();
   for (const SafetensorsTensor* t : in.checkpoint.tensors()) {
     if (auto it = by_weight.find(t->name); it != by_weight.end()) {
       const SafetensorsTensor& scale = in.checkpoint.at(it->second->scale);
       scale_granularity(layout, *t, scale, config, in.metadata);  // every pair checked before anything is written
       SafetensorsEntry e{t->name, safetensors_dtype(*to), t->shape, {}, {}};
       progress->expect(t->bytes.size());
-      e.fill = [t, &scale, layout, config, &in, dtype = *to, progress](std::span<std::byte> out) {
+      e.fill = [t, &scale, layout, config, &in, dtype = *to, progress, overflow](std::span<std::byte> out) {
         progress->step(t->name, t->bytes.size());
         dequantize_checkpoint_tensor_into(layout, *t, scale, dtype, out, config, in.metadata);
+        overflow->add(t->name, t->bytes, *tensor_dtype(t->dtype), out, dtype);
       };
       entries.push_back(std::move(e));
       continue;
@@ -119,13 +121,17 @@ void run_dequantize(const DequantizeArgs& args) {
                        safetensors_bytes(args.out),
                        seconds_since(start),
                        {{"layout", std::string(name(layout))}, {"to", std::string(name(*to))}},
-                       {{"dropped_scales", dropped_scales}, {"unscaled_fp8_copied", unscaled_fp8}},
+                       {{"dropped_scales", dropped_scales},
+                        {"unscaled_fp8_copied", unscaled_fp8},
+                        {"overflowed", overflow->values()}},
                        files});
   } else {
     fmt::print(output(), "{} -> {}: dequantized {} {} weights to {}; copied {} tensors, dropped {} scales{}\n", args.in,
                args.out, weights.size(), name(layout), name(*to), copied, dropped_scales, other_files(files));
   }
   note_left_out(files);
+  overflow->note(*to, *to == DType::float32 ? "their scales are past float32's range (a damaged file?)"
+                                            : "dequantize --to bf16 or f32 keeps them");
   if (unscaled_fp8 != 0) {
     fmt::print(stderr, "note: {} FP8 tensors without a scale were copied as they are\n", unscaled_fp8);
   }
