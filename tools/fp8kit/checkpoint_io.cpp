@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -396,27 +397,31 @@ void note_left_out(const CompanionFiles& files) {
 
 namespace {
 
-// Whether element i of `bytes` (of dtype `d`) is finite, on its bits.
-bool finite_at(std::span<const std::byte> bytes, DType d, std::size_t i) {
-  const auto* p = bytes.data() + i * element_size(d);
-  const auto bits = [p](auto zero) {
-    decltype(zero) v;
-    std::memcpy(&v, p, sizeof v);
+// Calls run(is_finite) with is_finite(i) telling whether element i of `bytes` (of dtype `d`) is finite, on its bits:
+// one loop per pair of dtypes, so the loops below compile without a branch on the dtype per element.
+template <typename Run>
+void with_finite_test(std::span<const std::byte> bytes, DType d, const Run& run) {
+  const auto bits = [p = bytes.data()]<typename U>(U, std::size_t i) {
+    U v;
+    std::memcpy(&v, p + i * sizeof(U), sizeof v);
     return v;
   };
   switch (d) {
     case DType::float64:
-      return (bits(std::uint64_t{}) & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
+      return run(
+          [&](std::size_t i) { return (bits(std::uint64_t{}, i) & 0x7FF0000000000000ull) != 0x7FF0000000000000ull; });
     case DType::float32:
-      return (bits(std::uint32_t{}) & 0x7F800000u) != 0x7F800000u;
+      return run([&](std::size_t i) { return (bits(std::uint32_t{}, i) & 0x7F800000u) != 0x7F800000u; });
     case DType::bfloat16:
-      return (bits(std::uint16_t{}) & 0x7F80u) != 0x7F80u;
+      return run([&](std::size_t i) { return (bits(std::uint16_t{}, i) & 0x7F80u) != 0x7F80u; });
     case DType::float16:
-      return (bits(std::uint16_t{}) & 0x7C00u) != 0x7C00u;
+      return run([&](std::size_t i) { return (bits(std::uint16_t{}, i) & 0x7C00u) != 0x7C00u; });
     default: {
       const FormatDescriptor& f = descriptor(*fp8_format(d));
-      const auto code = static_cast<std::uint8_t>(*p);
-      return !f.is_nan(code) && !f.is_inf(code);
+      std::array<bool, 256> finite{};
+      for (int c = 0; c < 256; ++c)
+        finite[c] = !f.is_nan(static_cast<std::uint8_t>(c)) && !f.is_inf(static_cast<std::uint8_t>(c));
+      return run([&](std::size_t i) { return finite[static_cast<std::uint8_t>(bytes[i])]; });
     }
   }
 }
@@ -427,7 +432,11 @@ void OverflowCount::add(const std::string& tensor, std::span<const std::byte> in
                         std::span<const std::byte> out, DType to) {
   const std::size_t n = in.size() / element_size(from);
   std::uint64_t count = 0;
-  for (std::size_t i = 0; i < n; ++i) count += (finite_at(in, from, i) && !finite_at(out, to, i)) ? 1 : 0;
+  with_finite_test(in, from, [&](const auto& in_finite) {
+    with_finite_test(out, to, [&](const auto& out_finite) {
+      for (std::size_t i = 0; i < n; ++i) count += (in_finite(i) && !out_finite(i)) ? 1 : 0;
+    });
+  });
   if (count == 0) return;
   const std::lock_guard lock(mutex_);
   values_ += count;
