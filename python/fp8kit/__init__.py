@@ -106,7 +106,7 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
             result = cast(_permuted(x, kind, order), dtype, saturate=saturate, scale=scale, scale_inv=scale_inv,
                           rounding=rounding, seed=seed, threads=threads)
             return _permuted(result, kind, inverse)
-    src = as_bits(x, kind, tensors=True)
+    src = as_bits(x, kind)
     target = _NAME_OF_STRING.get(dtype) if type(dtype) is str else None
     if target is None:
         target = resolve_dtype(dtype)
@@ -154,7 +154,7 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
             raise ValueError("scale_inv is the dequantization scale of a cast from FP8 (x = decode(q) * scale_inv); "
                              "an encode multiplies by the quantization scale: pass scale= (1 / scale_inv)")
         raise ValueError("scale_inv is for casts from FP8 to float32, bfloat16 or float16")
-    result, result_bits = empty_like_of(x, kind, src.shape, target, out, tensors=True)
+    result, result_bits = empty_like_of(x, kind, src.shape, target, out)
     flat_in, flat_out = src.bits, result_bits  # the library reads and writes them as flat, contiguous arrays
     if out is not None and may_share_memory(flat_in, flat_out):
         # The kernels read a block while they write another: x would be overwritten before it is read.
@@ -203,7 +203,7 @@ def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int], kee
     array or a contiguous torch tensor, which the library takes as it is), float32, bfloat16 and float16 as they are,
     float64 rounded to float32 first (a copy) unless keep_float64 (analyze rounds it itself and counts what the
     rounding loses); anything else a ValueError."""
-    src = as_bits(x, kind, tensors=True)
+    src = as_bits(x, kind)
     name, bits = src.dtype_name, src.bits
     if name == "float64" and keep_float64:
         return src, name, bits
@@ -357,7 +357,7 @@ def dequantize(q: ScaledTensor, dtype: Any = "float32", *, threads: Optional[int
     if target not in _KERNEL_WIDE:
         raise ValueError(f"dequantize gives float32, bfloat16 or float16, not {target}")
     threads = check_threads(threads)
-    result, bits = empty_like_of(None, q._kind, q.shape, target, None, tensors=True)
+    result, bits = empty_like_of(None, q._kind, q.shape, target, None)
     if q._q.rows * q._q.cols:
         _fp8kit.dequantize(q._q, bits, target, threads)
     return result
@@ -371,7 +371,7 @@ def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) 
         raise TypeError(f"granularity must be a string ({_GRANULARITIES}), not {type(granularity).__name__}")
     threads = check_threads(threads)
     kind = kind_of(x)
-    src = as_bits(x, kind, tensors=True)
+    src = as_bits(x, kind)
     bits = src.bits
     if src.dtype_name == "float64":
         bits = _float64_as_float32(src.array(), "amax", threads)
@@ -396,7 +396,7 @@ def _scales_of(s: Any, what: str) -> Source:
     if isinstance(s, (int, float, np.integer, np.floating)):
         return Source(np.array([check_float32(what, s)], np.float32), "float32", (1,))
     try:
-        src = as_bits(s, kind_of(s), what, tensors=True)
+        src = as_bits(s, kind_of(s), what)
     except ElementTypeError:  # ints, bools: named as the other refused types are (a device or a layout: as it is)
         raise TypeError(f"{what} must be a number or a float32 array{', bfloat16 or float16' if what == 'bias' else ''}"
                         f", not {getattr(s, 'dtype', type(s).__name__)}") from None
@@ -448,7 +448,7 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
         if value is not None and kind_of(value) == "torch":
             check_not_tracked(value, what)
     operand_fix = "scaled_mm multiplies FP8 operands: quantize it first (fp8kit.quantize or fp8kit.cast)"
-    sa = as_bits(a, kind, "a", operand_fix, tensors=True)
+    sa = as_bits(a, kind, "a", operand_fix)
     if kind_of(b) != kind:
         raise TypeError("a and b must be of the same kind (NumPy arrays or torch tensors)")
     if len(sa.shape) != 2:
@@ -464,7 +464,7 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
     n = b_shape[1]
     bt = b.t() if kind == "torch" else b.T
     b_is_nk = bool(bt.is_contiguous()) if kind == "torch" else bool(bt.flags.c_contiguous)
-    sb = as_bits(bt if b_is_nk else b, kind, "b", operand_fix, tensors=True)
+    sb = as_bits(bt if b_is_nk else b, kind, "b", operand_fix)
     if sb.dtype_name not in FP8:
         raise ValueError(f"b must be FP8, not {sb.dtype_name}")
     source_a, source_b = _scales_of(scale_a, "scale_a"), _scales_of(scale_b, "scale_b")
@@ -509,7 +509,7 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
         if len(source_bias.shape) != 1 or source_bias.shape[0] != n:  # (a number is one value: (1,))
             raise ValueError(f"bias must be 1-D (N,) = ({n},), as torch._scaled_mm's, not {tuple(source_bias.shape)}")
         bias_bits = source_bias.bits
-    result, bits = empty_like_of(a, kind, (m, n), target, None, tensors=True)
+    result, bits = empty_like_of(a, kind, (m, n), target, None)
     b_rows, b_cols = (n, k) if b_is_nk else (k, n)
     # float16: the FP32 result, rounded once (the library's outputs are float32 or bfloat16)
     wide = np.empty((m, n), np.float32) if target == "float16" else bits

@@ -164,8 +164,8 @@ def check_threads(threads: Optional[int]) -> Optional[int]:
 
 class Source:
     """An input as the library takes it: `bits` a contiguous NumPy array holding the elements of `dtype_name` (the
-    input itself, or a view of its memory, when it could; with as_bits(tensors=True), a torch input's contiguous
-    tensor itself); `shape` the input's."""
+    input itself, or a view of its memory, when it could), or a torch input's contiguous CPU tensor itself (which the
+    library's array arguments also take; array() views its bits in NumPy); `shape` the input's."""
     __slots__ = ("bits", "dtype_name", "shape")
 
     def __init__(self, bits: np.ndarray, dtype_name: str, shape: tuple):
@@ -272,12 +272,11 @@ def _element_name(dtype: Any, kind: str, what: str, fix: Optional[str] = None) -
         raise ElementTypeError(f"{what} holds {shown} elements; {fix}") from None
 
 
-def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None, tensors: bool = False) -> Source:
-    """x as a contiguous NumPy array for the library (copied once when it is not contiguous, or not aligned to its
-    element size). `what` names x in an error about its element type, `fix` says what to do (_element_name).
-    tensors: a torch input stays a (contiguous CPU) tensor, which the library's array arguments also take: for a
-    caller that hands the bits to the library (a NumPy view costs microseconds per call; Source.array() makes one
-    where NumPy must compute on them)."""
+def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None) -> Source:
+    """x as a contiguous array for the library (copied once when it is not contiguous, or not aligned to its element
+    size): a NumPy array, or a torch input as a contiguous CPU tensor (a NumPy view of it costs microseconds per
+    call; Source.array() makes one where NumPy must compute on the bits). `what` names x in an error about its
+    element type, `fix` says what to do (_element_name)."""
     if type(x) is np.ndarray:  # the common case first, without the general path's calls
         name = _NAME_OF_NUMPY.get(x.dtype)
         flags = x.flags
@@ -295,7 +294,7 @@ def as_bits(x: Any, kind: str, what: str = "x", fix: Optional[str] = None, tenso
         if not t.is_contiguous():
             t = t.contiguous()
         _check_torch_memory(t, what)
-        return Source(t if tensors else _torch_bits_view(t, name), name, tuple(t.shape))
+        return Source(t, name, tuple(t.shape))
     if not isinstance(x, np.ndarray):
         if hasattr(x, "__dlpack__"):
             x = np.from_dlpack(x)
@@ -352,10 +351,9 @@ def about_to_write(out: Any) -> None:
         (bump or torch._C._increment_version)(out)
 
 
-def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any],
-                  tensors: bool = False) -> tuple[Any, Any]:
-    """The result array (x's kind, `shape`, dtype `name`), or `out` checked, and the NumPy array the library writes
-    (the result itself, or a view of a tensor's memory; with `tensors`, a torch result itself, as as_bits)."""
+def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]) -> tuple[Any, Any]:
+    """The result array (x's kind, `shape`, dtype `name`), or `out` checked, and what the library writes: the result
+    itself (a NumPy array, or a contiguous CPU tensor, as as_bits hands over)."""
     if out is not None:
         if type(out) is np.ndarray and kind == "numpy":  # the common case first
             flags = out.flags
@@ -388,13 +386,13 @@ def empty_like_of(x: Any, kind: str, shape: tuple, name: str, out: Optional[Any]
                 # written outside autograd: torch refuses such out= tensors too while grad mode is on
                 raise ValueError("out requires grad: fp8kit writes it outside autograd; write it under "
                                  "torch.no_grad(), or pass a tensor that does not")
-            return out, out if tensors else _torch_bits_view(out, name)
+            return out, out
         if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
             raise ValueError("out must be a contiguous, writeable array aligned to its element size")
         return out, out
     if kind == "torch":
         import torch
         result = torch.empty(shape, dtype=_torch_dtype(name))
-        return result, result if tensors else _torch_bits_view(result, name)
+        return result, result
     result = np.empty(shape, _NUMPY[name])
     return result, result

@@ -565,7 +565,8 @@ def test_torch_tensors_reach_the_library_without_a_copy():
     torch = pytest.importorskip("torch")
     from fp8kit._arrays import as_bits
     for t in (torch.randn(8, 16), torch.randn(32).to(torch.bfloat16), torch.zeros(64, dtype=torch.float8_e5m2)):
-        assert as_bits(t, "torch").bits.ctypes.data == t.data_ptr()
+        src = as_bits(t, "torch")
+        assert src.bits is t and src.array().ctypes.data == t.data_ptr()
     out = torch.empty(64, dtype=torch.float8_e4m3fn)
     pointer = out.data_ptr()
     r = fp8kit.cast(torch.linspace(-1, 1, 64), torch.float8_e4m3fn, out=out)
