@@ -30,7 +30,7 @@ constexpr std::int64_t kDefaultCnnBatch = 64;                // images of kCnnIm
 constexpr std::int64_t kCnnImageSize = 32;
 
 double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
+  if (v.empty()) return NAN;  // no step ran (a run resumed at its end): no time to report
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);

@@ -129,6 +129,14 @@ def killed_run_resumes_bit_identically():
         # The text table of a resumed run is the uninterrupted one's, plus where it resumed.
         out, _ = run_ok("train", "--resume", at2)
         assert "fp8-delayed" in out and f"resumed from {at2} at step 2" in out, out
+        # A run resumed at its end evaluates and reports, but ran no step: it has no step time (not 0 ms).
+        out, _ = run_ok("train", "--resume", full, "--json")
+        [c] = json.loads(out)
+        assert c["start_step"] == 4 and c["step_ms"] is None and c["losses"] == a["losses"], c
+        assert c["final_loss"] == a["final_loss"], (a, c)
+        out, _ = run_ok("train", "--resume", full)
+        row = next(line for line in out.splitlines() if line.startswith("fp8-delayed"))
+        assert row.split()[3] == "-", row  # recipe, peak memory (2 fields), step time
 
 
 @test

@@ -640,7 +640,7 @@ nlohmann::json run_json(const TrainArgs& a, const nn::TrainResult& r, const nn::
                       {"final_loss", number_or_null(r.final_loss)},
                       {"train_loss", number_or_null(r.train_loss)},
                       {"peak_bytes", r.peak_bytes},
-                      {"step_ms", r.step_ms},
+                      {"step_ms", number_or_null(r.step_ms)},
                       {"skipped_steps", r.skipped_steps},
                       {"parameters", r.parameters},
                       {"threads", num_threads()},
@@ -648,7 +648,7 @@ nlohmann::json run_json(const TrainArgs& a, const nn::TrainResult& r, const nn::
                       {"losses", r.losses}};
   if (fp32 != nullptr) {
     o["memory_ratio"] = static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes);
-    o["step_time_ratio"] = r.step_ms / fp32->step_ms;
+    o["step_time_ratio"] = number_or_null(r.step_ms / fp32->step_ms);
     o["loss_gap"] = number_or_null(loss_gap(r.final_loss, fp32->final_loss));
   }
   return o;
@@ -1239,11 +1239,14 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
   for (const auto& r : results) {
     const std::string mem_ratio =
         fp32 ? fmt::format("{:.2f}x", static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes)) : "-";
-    const std::string time_ratio = fp32 ? fmt::format("{:.2f}x", r.step_ms / fp32->step_ms) : "-";
+    // A run resumed at its end ran no step: no time (NaN), shown as "-".
+    const std::string step_time = std::isfinite(r.step_ms) ? fmt::format("{:.1f} ms", r.step_ms) : "-";
+    const double time_vs = fp32 ? r.step_ms / fp32->step_ms : NAN;
+    const std::string time_ratio = std::isfinite(time_vs) ? fmt::format("{:.2f}x", time_vs) : "-";
     const std::string gap =
         fp32 ? fmt::format("{:+.2f}%", 100.0 * (r.final_loss - fp32->final_loss) / fp32->final_loss) : "-";
-    std::fprintf(output(), "%-18s %12s %8s %9.1f ms %8s %11.4f %9s %8lld\n", r.recipe.c_str(),
-                 megabytes(r.peak_bytes).c_str(), mem_ratio.c_str(), r.step_ms, time_ratio.c_str(),
+    std::fprintf(output(), "%-18s %12s %8s %12s %8s %11.4f %9s %8lld\n", r.recipe.c_str(),
+                 megabytes(r.peak_bytes).c_str(), mem_ratio.c_str(), step_time.c_str(), time_ratio.c_str(),
                  static_cast<double>(r.final_loss), gap.c_str(), static_cast<long long>(r.skipped_steps));
   }
   std::fprintf(output(),

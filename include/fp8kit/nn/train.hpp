@@ -93,7 +93,7 @@ struct TrainResult {
   // What the peak held, by MemoryCategory (index): parameters, gradients, optimizer state, activations (what the
   // training forwards allocated and still held), temporaries; they sum to peak_bytes.
   std::array<std::int64_t, kMemoryCategories> peak_by_category{};
-  double step_ms = 0.0;            // median step time
+  double step_ms = 0.0;            // median step time; NaN where no step ran (resumed at the end)
   std::int64_t skipped_steps = 0;  // over the whole run, those before a resume included
   std::int64_t parameters = 0;
   std::int64_t start_step = 0;  // the step this process started at (a resumed run: the checkpoint's)
