@@ -19,7 +19,10 @@ case "${1:-}" in
 esac
 source scripts/deps.sh
 fp8kit_install_deps
+# Line tables are all the reports need (file and line of every frame): full debug information made the build a fifth
+# slower (convert_avx512.cpp: 72 s against 57 s) for nothing a report prints.
 cmake -S . -B build-asan -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only -DNDEBUG" \
   -DFP8KIT_SANITIZE=address,undefined -DFP8KIT_BUILD_FUZZERS=ON -DFP8KIT_BUILD_TOOLS=OFF -DFP8KIT_MPI=OFF -DFP8KIT_PYTHON=OFF -DFP8KIT_CUDA=OFF \
   -DFP8KIT_BUILD_TESTS=ON >/dev/null
 cmake --build build-asan -j "$(nproc)"

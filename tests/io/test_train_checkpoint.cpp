@@ -55,6 +55,7 @@ TrainConfig run_of(const std::string& model, std::int64_t steps) {
   c.warmup_steps = 2;  // so that the cosine part of the schedule is crossed in a few steps
   c.final_loss_window = 3;
   c.eval_batches = 2;  // the held-out loss is part of what must match, and 2 batches show it as well as 16
+  c.batch = 4;         // sequences (images) per step: a resume continues 4 as it would 16
   return c;
 }
 
@@ -317,8 +318,7 @@ class TrainCheckpointRefusal : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("refusal_suite");
-    TrainConfig c = run_of("gpt", 3);
-    c.steps = 1;
+    const TrainConfig c = config();
     TrainCheckpointOptions o;
     o.save_checkpoint = good().string();
     o.export_fp8 = (*dir_ / "export.safetensors").string();
@@ -333,6 +333,7 @@ class TrainCheckpointRefusal : public ::testing::Test {
   static PrecisionRecipe recipe() { return *PrecisionRecipe::parse("fp8-delayed"); }
   static TrainConfig config() {
     TrainConfig c = run_of("gpt", 1);
+    c.batch = 0;  // the default (16), which the refusals name
     return c;
   }
 

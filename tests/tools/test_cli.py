@@ -811,8 +811,8 @@ def train_eval_batches_sets_the_held_out_mean():
 
 @test
 def train_fp32_spread_measures_fp32_against_itself():
-    args = ("train", "--model", "cnn", "--compare", "fp32,bf16", "--steps", "40", "--eval-batches", "2",
-            "--fp32-spread", "2", "--json", "--quiet")
+    args = ("train", "--model", "cnn", "--compare", "fp32,bf16", "--steps", "40", "--batch", "16", "--eval-batches",
+            "2", "--fp32-spread", "2", "--json", "--quiet")
     rc, out, err = run(*args, timeout=300)
     assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
     rows = {r["recipe"]: r for r in json.loads(out)}
@@ -923,18 +923,19 @@ def train_never_writes_over_its_inputs_and_writes_outputs_whole():
         # else unless --force says so.
         reports = {"--log-scales": os.path.join(d, "s.jsonl"), "--plot": os.path.join(d, "p.svg"),
                    "--profile": os.path.join(d, "t.json")}
+        one_step = ("train", "--recipe", "fp8-delayed", "--steps", "1", "--eval-batches", "1", "--quiet")
         for option, path in reports.items():
             with open(path, "w") as f:
                 f.write("notes the user keeps\n")
-            rc, out, err = run("train", "--steps", "1", "--quiet", option, path)
+            rc, out, err = run(*one_step, option, path)
             assert rc == 2 and "is not a report fp8kit train wrote" in err and "--force" in err, (option, rc, err)
             assert open(path).read() == "notes the user keeps\n", option
-            rc, out, err = run("train", "--steps", "1", "--quiet", option, path, "--force")
+            rc, out, err = run(*one_step, option, path, "--force")
             assert rc == 0 and open(path).read() != "notes the user keeps\n", (option, rc, err)
-            rc, out, err = run("train", "--steps", "1", "--quiet", option, path)  # a rerun replaces its own report
+            rc, out, err = run(*one_step, option, path)  # a rerun replaces its own report
             assert rc == 0, (option, rc, err)
             open(path, "w").close()
-            rc, out, err = run("train", "--steps", "1", "--quiet", option, path)  # an empty file holds nothing
+            rc, out, err = run(*one_step, option, path)  # an empty file holds nothing
             assert rc == 0 and os.path.getsize(path) > 0, (option, rc, err)
         # A run that aborts leaves a whole log of the steps before (an earlier log stays whole until then).
         log = os.path.join(d, "scales.jsonl")

@@ -21,7 +21,8 @@ test = TestList()
 
 
 def train(ranks, *args, parallel="ddp"):
-    cmd = [BINARY, "train", "--json", *args] + (["--parallel", parallel] if ranks > 0 else [])
+    # 2 held-out batches, not 16: the runs compared here are evaluated alike, and the evaluation was half the time
+    cmd = [BINARY, "train", "--json", "--eval-batches", "2", *args] + (["--parallel", parallel] if ranks > 0 else [])
     p = subprocess.run(under_mpirun(MPIRUN, ranks, cmd), capture_output=True, text=True, timeout=300, env=MPI_ENV)
     assert p.returncode == 0, (cmd, p.stderr)
     return json.loads(p.stdout)  # one JSON document: only rank 0 printed
@@ -103,8 +104,8 @@ def fsdp_collectives_are_profiler_events_with_bytes():
 def a_rank_that_fails_ends_the_job_with_one_line():
     for spec, rank, step in (("1:2", 1, 2), ("0:1", 0, 1), ("1:2:kill", 1, 2)):
         for parallel in ("ddp", "fsdp"):
-            cmd = [BINARY, "train", "--recipe", "fp8-delayed", "--steps", "6", "--parallel", parallel,
-                   "--inject-rank-failure", spec]
+            cmd = [BINARY, "train", "--recipe", "fp8-delayed", "--steps", "6", "--eval-batches", "1", "--parallel",
+                   parallel, "--inject-rank-failure", spec]
             start = time.monotonic()
             p = subprocess.run(under_mpirun(MPIRUN, 2, cmd), capture_output=True, text=True, timeout=120, env=MPI_ENV)
             took = time.monotonic() - start
@@ -124,7 +125,7 @@ def a_crashed_run_resumes_bit_identically():
         files = {}
         for parallel in ("ddp", "fsdp"):
             common = ["--recipe", "fp8-block", "--optimizer-state", "fp8", "--master-weights", "bf16-sr", "--steps",
-                      "5", "--parallel", parallel]
+                      "5", "--eval-batches", "2", "--parallel", parallel]
             whole = os.path.join(tmp, parallel + "-whole.safetensors")
             full = subprocess.run(under_mpirun(MPIRUN, 2, [BINARY, "train", "--json", *common, "--save-checkpoint",
                                                            whole, "--export-fp8", os.path.join(tmp, parallel + "-fp8")]),
@@ -226,9 +227,9 @@ def ranks_reading_other_files_behind_the_same_paths_are_refused():
         os.makedirs(w0)
         os.makedirs(w1)
         for where, steps in ((w0, "2"), (w1, "4")):
-            p = subprocess.run([BINARY, "train", "--recipe", "fp32", "--steps", steps, "--save-checkpoint",
-                                os.path.join(where, "ck.safetensors")], capture_output=True, text=True, timeout=120,
-                               env=MPI_ENV)
+            p = subprocess.run([BINARY, "train", "--recipe", "fp32", "--steps", steps, "--eval-batches", "1",
+                                "--save-checkpoint", os.path.join(where, "ck.safetensors")], capture_output=True,
+                               text=True, timeout=120, env=MPI_ENV)
             assert p.returncode == 0, p.stderr
         script = ('cd "$([ "$OMPI_COMM_WORLD_RANK" = 1 ] && echo {w1} || echo {w0})" && '
                   'exec "{b}" train --parallel ddp --steps 6 --resume ck.safetensors').format(w0=w0, w1=w1, b=os.path.abspath(BINARY))
@@ -255,7 +256,8 @@ def a_report_rank_0_cannot_write_after_training_is_one_line():
     if not os.path.exists("/dev/full"):
         return
     for option in ("--plot", "--profile"):
-        cmd = [BINARY, "train", "--recipe", "fp32", "--parallel", "ddp", "--steps", "2", option, "/dev/full"]
+        cmd = [BINARY, "train", "--recipe", "fp32", "--parallel", "ddp", "--steps", "2", "--eval-batches", "1", option,
+               "/dev/full"]
         p = subprocess.run(under_mpirun(MPIRUN, 2, cmd), capture_output=True, text=True, timeout=120, env=MPI_ENV)
         lines = fp8kit_lines(p.stderr)
         assert p.returncode == 1 and len(lines) == 1 and "/dev/full" in lines[0], (option, p.returncode, p.stderr)
