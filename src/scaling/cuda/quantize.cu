@@ -545,7 +545,7 @@ QuantizedTensor quantize(const Tensor& x, const QuantizeOptions& options) {
   const cudaStream_t stream = stream_of(device);
   with_float_type(x.dtype(), "cuda::quantize: x", [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
-    with_format(options.format, [&]<Format F>() {
+    with_element_format(options.format, "cuda::quantize", [&]<Format F>() {
       if (blocks == 1) {
         const Tensor amax_bits = zeros({}, DType::int32, x.device());  // float bits, 0 to start
         const Tensor multiplier = empty({}, DType::float32, x.device());

@@ -178,7 +178,7 @@ QuantizedTensor quantize_delayed(const Tensor& x, DelayedScalingState& state, Ov
   auto* codes = static_cast<std::uint8_t*>(q.codes.data_ptr());
   with_float_type(x.dtype(), "cuda::quantize_delayed: x", [&]<typename T>() {
     const auto* in = static_cast<const T*>(x.data_ptr());
-    with_format(format, [&]<Format F>() {
+    with_element_format(format, "cuda::quantize_delayed", [&]<Format F>() {
       const bool vectors = tensor_vectors(in, codes);
       if (n != 0) {
         delayed_amax_kernel<F><<<blocks_for_vectors<Vec16<T>::kElems>(n, vectors, 4096), kThreads, 0, stream>>>(
