@@ -27,9 +27,10 @@ inline unsigned blocks_for(std::int64_t n, std::int64_t cap = 65536) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks < cap ? blocks : cap);
 }
 
-// Calls fn.template operator()<F>() with the format as a template constant (so that its descriptor folds).
-template <typename Fn>
-void with_format(Format format, Fn&& fn) {
+// Calls fn.template operator()<F>() with the format as a template constant (so that its descriptor folds): every
+// format, or (kScales false) the four that hold values, Error(kInvalidArgument) naming `who` for e8m0fnu.
+template <bool kScales, typename Fn>
+void dispatch_format(Format format, const char* who, Fn&& fn) {
   switch (format) {
     case Format::e4m3fn:
       return fn.template operator()<Format::e4m3fn>();
@@ -40,28 +41,24 @@ void with_format(Format format, Fn&& fn) {
     case Format::e5m2fnuz:
       return fn.template operator()<Format::e5m2fnuz>();
     case Format::e8m0fnu:
-      return fn.template operator()<Format::e8m0fnu>();
+      if constexpr (kScales) return fn.template operator()<Format::e8m0fnu>();
+      break;
   }
+  FP8KIT_THROW(ErrorKind::kInvalidArgument, who,
+               format == Format::e8m0fnu ? ": e8m0fnu holds MX scales, not quantized values" : ": not an FP8 format");
+}
+
+template <typename Fn>
+void with_format(Format format, Fn&& fn) {
+  dispatch_format<true>(format, "", fn);
 }
 
 // with_format for the formats that hold values: e8m0fnu holds MX scales only, and the quantizing entries refuse it
 // (check_element_format) before they dispatch, so no kernel is compiled for e8m0fnu elements (a fifth of their
-// instantiations, and of the build's time in them). Reaching here with it anyway is Error(kInvalidArgument).
+// instantiations, and of the build's time in them).
 template <typename Fn>
 void with_element_format(Format format, const char* who, Fn&& fn) {
-  switch (format) {
-    case Format::e4m3fn:
-      return fn.template operator()<Format::e4m3fn>();
-    case Format::e5m2:
-      return fn.template operator()<Format::e5m2>();
-    case Format::e4m3fnuz:
-      return fn.template operator()<Format::e4m3fnuz>();
-    case Format::e5m2fnuz:
-      return fn.template operator()<Format::e5m2fnuz>();
-    case Format::e8m0fnu:
-      break;
-  }
-  FP8KIT_THROW(ErrorKind::kInvalidArgument, who, ": e8m0fnu holds MX scales, not quantized values");
+  dispatch_format<false>(format, who, fn);
 }
 
 // Calls fn.template operator()<T>() with the element type of a float32, bfloat16 or float16 tensor; any other dtype
