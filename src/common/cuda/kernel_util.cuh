@@ -28,7 +28,8 @@ inline unsigned blocks_for(std::int64_t n, std::int64_t cap = 65536) {
 }
 
 // Calls fn.template operator()<F>() with the format as a template constant (so that its descriptor folds): every
-// format, or (kScales false) the four that hold values, Error(kInvalidArgument) naming `who` for e8m0fnu.
+// format, or (kScales false) the four that hold values. Anything else (e8m0fnu without kScales, a value outside
+// the enum) is Error(kInvalidArgument) naming `who`.
 template <bool kScales, typename Fn>
 void dispatch_format(Format format, const char* who, Fn&& fn) {
   switch (format) {
@@ -50,7 +51,7 @@ void dispatch_format(Format format, const char* who, Fn&& fn) {
 
 template <typename Fn>
 void with_format(Format format, Fn&& fn) {
-  dispatch_format<true>(format, "", fn);
+  dispatch_format<true>(format, "CUDA format dispatch", fn);
 }
 
 // with_format for the formats that hold values: e8m0fnu holds MX scales only, and the quantizing entries refuse it
