@@ -20,21 +20,36 @@ float widen(float16 x) {
   return x.to_float();
 }
 
+// The format, overflow policy and rounding are template parameters, and the codec is inlined whole (flatten: with 60
+// instantiations in this file GCC stopped inlining its helpers and called max_code() and round_up() per value), so
+// that its branches on them fold.
+template <Format F, Overflow O, Rounding R, typename In>
+[[gnu::flatten]] void encode_loop_for(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
+  constexpr const FormatDescriptor& d = descriptor(F);
+  constexpr EncodeSpec spec{F, O, R};
+  const CastOptions& o = p.options;
+  auto random_bits = [&](std::size_t i) -> std::uint32_t {
+    if constexpr (R == Rounding::kStochastic) return stochastic_bits(o.seed, o.stream_offset + i);
+    return 0;
+  };
+  if (o.scale == 1.0f) {
+    for (std::size_t i = 0; i < n; ++i)  // exact, in its own type
+      out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(in[i]), spec, random_bits(i));
+  } else {
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(widen(in[i]) * o.scale), spec, random_bits(i));
+  }
+}
+
 template <Format F, typename In>
 void encode_loop_for(const In* in, std::uint8_t* out, std::size_t n, const EncodeParams& p) {
-  constexpr const FormatDescriptor& d = descriptor(F);
-  const CastOptions& o = p.options;
-  const EncodeSpec spec{o.format, o.overflow, o.rounding};
-  const bool stochastic = o.rounding == Rounding::kStochastic;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t bits = stochastic ? stochastic_bits(o.seed, o.stream_offset + i) : 0;
-    if (o.scale == 1.0f) {
-      out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(in[i]), spec,
-                                             bits);  // exact, in its own type
-    } else {
-      out[i] = codec_detail::encode_unpacked(d, codec_detail::unpack(widen(in[i]) * o.scale), spec, bits);
-    }
+  const bool saturate = p.options.overflow == Overflow::kSaturate;
+  if (p.options.rounding == Rounding::kStochastic) {
+    return saturate ? encode_loop_for<F, Overflow::kSaturate, Rounding::kStochastic>(in, out, n, p)
+                    : encode_loop_for<F, Overflow::kNonSaturating, Rounding::kStochastic>(in, out, n, p);
   }
+  return saturate ? encode_loop_for<F, Overflow::kSaturate, Rounding::kNearestEven>(in, out, n, p)
+                  : encode_loop_for<F, Overflow::kNonSaturating, Rounding::kNearestEven>(in, out, n, p);
 }
 
 // One instantiation per format, so the descriptor's fields are constants inside the loop.
