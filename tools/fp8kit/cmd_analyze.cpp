@@ -73,7 +73,7 @@ std::string verdict(const std::vector<Row>& rows) {
          unmeasured;
 }
 
-nlohmann::json number_or_null(std::optional<double> v) {
+nlohmann::json optional_number(std::optional<double> v) {
   if (!v || !std::isfinite(*v)) return nullptr;
   return *v;
 }
@@ -207,14 +207,14 @@ void run_analyze(const AnalyzeArgs& args) {
                      {"amax", r.d.amax},
                      {"scale", r.d.scale ? nlohmann::ordered_json(*r.d.scale) : nlohmann::ordered_json(nullptr)},
                      {"scales", r.scales},
-                     {"sqnr_db", number_or_null(r.d.sqnr_db)},
+                     {"sqnr_db", optional_number(r.d.sqnr_db)},
                      {"exact", r.d.exact},
                      {"underflow_fraction", r.d.underflow_fraction()},
                      {"underflow_count", r.d.underflow_count},
                      {"saturated_count", r.d.saturated_count},
                      {"nonfinite_count", r.d.nonfinite_count},
-                     {"max_abs_error", number_or_null(r.d.max_abs_error)},
-                     {"max_rel_error", number_or_null(r.d.max_rel_error)},
+                     {"max_abs_error", optional_number(r.d.max_abs_error)},
+                     {"max_rel_error", optional_number(r.d.max_rel_error)},
                      {"holds", r.holds()}});
     }
     fmt::print(output(), "{}\n", json_text(out));
