@@ -2,7 +2,11 @@
 // gradients.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "fp8kit/tensor/tensor.hpp"
 
@@ -27,5 +31,26 @@ double central_difference(float* x, float e, Loss&& loss) {
   *x = x0;
   return (up - down) / (double{up_x} - double{down_x});
 }
+
+// sqrt(sum (got - want)^2 / sum want^2): the error relative to the reference's norm.
+inline double rel_error(const Tensor& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  const auto g = got.span<float>();
+  EXPECT_EQ(g.size(), want.size());
+  for (std::size_t i = 0; i < want.size() && i < g.size(); ++i) {
+    num += (g[i] - want[i]) * (g[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// A layer's outputs and gradients in double, from its definition, and what one forward and backward gave.
+struct Expected {
+  std::vector<double> y, dx, dw, db;
+};
+struct RunResult {
+  Tensor y, dx, dw, db;
+  std::int64_t saved_bytes = 0;  // what the forward saved for the backward
+};
 
 }  // namespace fp8kit::nn::testing

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/same_bits.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/format/half.hpp"
@@ -18,23 +19,14 @@ namespace {
 
 using testing::central_difference;
 
-struct Case {
+struct AttentionCase {
   std::int64_t b, t, c, h;
 };
 
-Tensor random_qkv(const Case& k, std::uint64_t seed, double stddev = 1.0) {
+Tensor random_qkv(const AttentionCase& k, std::uint64_t seed, double stddev = 1.0) {
   Tensor x = randn({k.b, k.t, 3 * k.c}, seed, DType::float32);
   for (float& v : x.span<float>()) v = static_cast<float>(v * stddev);
   return x;
-}
-
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const auto x = a.span<float>(), y = b.span<float>();
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (std::bit_cast<std::uint32_t>(x[i]) != std::bit_cast<std::uint32_t>(y[i])) return false;
-  }
-  return true;
 }
 
 // ||a - b|| / ||b|| over all elements, in double.
@@ -165,7 +157,8 @@ bool fd_agrees(double fd, double analytic) {
 }
 
 TEST(Attention, ForwardMatchesDoubleReference) {
-  for (const Case k : {Case{2, 7, 12, 3}, Case{1, 1, 4, 1}, Case{3, 17, 8, 2}, Case{1, 33, 16, 4}, Case{2, 0, 4, 2}}) {
+  for (const AttentionCase k : {AttentionCase{2, 7, 12, 3}, AttentionCase{1, 1, 4, 1}, AttentionCase{3, 17, 8, 2},
+                                AttentionCase{1, 33, 16, 4}, AttentionCase{2, 0, 4, 2}}) {
     const CausalSelfAttention attn{k.h, DType::float32, AttentionSaves::kProbabilities};
     const Tensor qkv = random_qkv(k, 11);
     CausalSelfAttention::Saved saved;
@@ -193,7 +186,7 @@ TEST(Attention, ForwardMatchesDoubleReference) {
 
 TEST(Attention, LargeScoresStayFinite) {
   // Scores of several hundred: without the max shift exp would overflow float to Inf, and p = Inf / Inf is NaN.
-  const Case k{1, 9, 8, 2};
+  const AttentionCase k{1, 9, 8, 2};
   const Tensor qkv = random_qkv(k, 5, 20.0);
   CausalSelfAttention::Saved saved;
   const Tensor y = CausalSelfAttention{k.h}.forward(Context{}, qkv, saved);
@@ -206,7 +199,7 @@ TEST(Attention, LargeScoresStayFinite) {
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
-  for (const Case k : {Case{2, 5, 8, 2}, Case{1, 4, 6, 1}}) {
+  for (const AttentionCase k : {AttentionCase{2, 5, 8, 2}, AttentionCase{1, 4, 6, 1}}) {
     const CausalSelfAttention attn{k.h};
     Tensor qkv = random_qkv(k, 21);
     const Tensor w = randn({k.b, k.t, k.c}, 22, DType::float32);  // dL/dout
@@ -224,7 +217,7 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
 }
 
 TEST(Attention, CausalMaskHidesLaterTokens) {
-  const Case k{2, 8, 8, 2};
+  const AttentionCase k{2, 8, 8, 2};
   const CausalSelfAttention attn{k.h};
   const Tensor qkv = random_qkv(k, 31);
   CausalSelfAttention::Saved saved;
@@ -252,7 +245,7 @@ TEST(Attention, CausalMaskHidesLaterTokens) {
 }
 
 TEST(Attention, Bf16ComputeIsCloseToFp32) {
-  const Case k{2, 16, 16, 2};
+  const AttentionCase k{2, 16, 16, 2};
   const Tensor qkv = random_qkv(k, 41);
   const Tensor dout = randn({k.b, k.t, k.c}, 42, DType::float32);
   CausalSelfAttention::Saved s32, s16;
@@ -266,7 +259,7 @@ TEST(Attention, Bf16ComputeIsCloseToFp32) {
 }
 
 TEST(Attention, Bf16ComputeIsBitIdenticalToRoundingReference) {
-  for (const Case k : {Case{2, 9, 12, 3}, Case{1, 17, 8, 1}}) {
+  for (const AttentionCase k : {AttentionCase{2, 9, 12, 3}, AttentionCase{1, 17, 8, 1}}) {
     const Tensor qkv = random_qkv(k, 51);
     const Tensor dout = randn({k.b, k.t, k.c}, 52, DType::float32);
     const CausalSelfAttention attn{k.h, DType::bfloat16};
@@ -287,7 +280,7 @@ TEST(Attention, Bf16ComputeIsBitIdenticalToRoundingReference) {
 }
 
 TEST(Attention, SavedInBf16HalvesMemoryAndStaysClose) {
-  const Case k{2, 8, 8, 2};
+  const AttentionCase k{2, 8, 8, 2};
   const CausalSelfAttention attn{k.h, DType::float32, AttentionSaves::kProbabilities};
   const Tensor qkv = random_qkv(k, 61);
   const Tensor dout = randn({k.b, k.t, k.c}, 62, DType::float32);
@@ -295,7 +288,7 @@ TEST(Attention, SavedInBf16HalvesMemoryAndStaysClose) {
   ctx16.saved_dtype = DType::bfloat16;
   CausalSelfAttention::Saved s32, s16;
   const Tensor y32 = attn.forward(ctx32, qkv, s32), y16 = attn.forward(ctx16, qkv, s16);
-  EXPECT_TRUE(bit_equal(y32, y16));  // saving does not change the forward
+  EXPECT_TRUE(fp8kit::testing::same_bits(y32, y16));  // saving does not change the forward
   EXPECT_EQ(s16.qkv.dtype(), DType::bfloat16);
   EXPECT_EQ(s16.probs.dtype(), DType::bfloat16);
   EXPECT_TRUE(s32.qkv.shares_storage_with(qkv));  // float32: the input itself, no copy
@@ -307,7 +300,8 @@ TEST(Attention, SavedInBf16HalvesMemoryAndStaysClose) {
 // saving the probabilities in float32, in both compute precisions (bf16 compute reads the same rounded q, k, v
 // whether qkv was saved in float32 or bfloat16), and (B, H, T, 2) floats instead of (B, H, T, T).
 TEST(Attention, SavedStatisticsGiveTheSameGradientsAsSavedProbabilities) {
-  for (const Case k : {Case{2, 7, 12, 3}, Case{1, 1, 4, 1}, Case{3, 17, 8, 2}, Case{2, 40, 16, 4}}) {
+  for (const AttentionCase k : {AttentionCase{2, 7, 12, 3}, AttentionCase{1, 1, 4, 1}, AttentionCase{3, 17, 8, 2},
+                                AttentionCase{2, 40, 16, 4}}) {
     for (const DType compute : {DType::float32, DType::bfloat16}) {
       const CausalSelfAttention lean{k.h, compute, AttentionSaves::kStatistics};
       const CausalSelfAttention full{k.h, compute, AttentionSaves::kProbabilities};
@@ -317,11 +311,11 @@ TEST(Attention, SavedStatisticsGiveTheSameGradientsAsSavedProbabilities) {
       ctx_lean.saved_dtype = compute;  // the recipes: float32 saves under fp32, bfloat16 under bf16 and FP8
       CausalSelfAttention::Saved s_lean, s_full;
       const Tensor y_lean = lean.forward(ctx_lean, qkv, s_lean), y_full = full.forward(ctx32, qkv, s_full);
-      EXPECT_TRUE(bit_equal(y_lean, y_full));
+      EXPECT_TRUE(fp8kit::testing::same_bits(y_lean, y_full));
       EXPECT_EQ(s_lean.probs.numel(), 0);
       ASSERT_EQ(s_lean.stats.shape(), (Shape{k.b, k.h, k.t, 2}));
       EXPECT_EQ(s_lean.stats.dtype(), DType::float32);
-      EXPECT_TRUE(bit_equal(lean.backward(ctx_lean, dout, s_lean), full.backward(ctx32, dout, s_full)))
+      EXPECT_TRUE(fp8kit::testing::same_bits(lean.backward(ctx_lean, dout, s_lean), full.backward(ctx32, dout, s_full)))
           << "T=" << k.t << " compute " << name(compute);
     }
   }
@@ -331,7 +325,7 @@ TEST(Attention, SavedStatisticsGiveTheSameGradientsAsSavedProbabilities) {
 // used probabilities rounded to bfloat16 (relative error <= 2^-9 each); the recomputed ones are the float32 values.
 // The difference stays within that rounding: below 2^-7 of the gradient's norm here.
 TEST(Attention, SavedStatisticsAgainstProbabilitiesSavedInBf16) {
-  const Case k{2, 48, 32, 4};
+  const AttentionCase k{2, 48, 32, 4};
   const CausalSelfAttention lean{k.h, DType::bfloat16, AttentionSaves::kStatistics};
   const CausalSelfAttention full{k.h, DType::bfloat16, AttentionSaves::kProbabilities};
   const Tensor qkv = random_qkv(k, 91, 2.0);
@@ -342,7 +336,7 @@ TEST(Attention, SavedStatisticsAgainstProbabilitiesSavedInBf16) {
   lean.forward(ctx, qkv, s_lean);
   full.forward(ctx, qkv, s_full);
   const Tensor d_lean = lean.backward(ctx, dout, s_lean), d_full = full.backward(ctx, dout, s_full);
-  EXPECT_FALSE(bit_equal(d_lean, d_full));  // the rounding of the saved probabilities shows
+  EXPECT_FALSE(fp8kit::testing::same_bits(d_lean, d_full));  // the rounding of the saved probabilities shows
   EXPECT_LT(relative_error(d_lean, d_full), 1.0 / 128);
   // The memory: 2 floats per row instead of T bfloat16 values.
   EXPECT_EQ(s_lean.stats.nbytes() * k.t, s_full.probs.nbytes() * 4);
@@ -351,7 +345,7 @@ TEST(Attention, SavedStatisticsAgainstProbabilitiesSavedInBf16) {
 TEST(Attention, ThreadCountDoesNotChangeResults) {
   const int before = num_threads();
   // Large enough (B*H*T*T*hs = 262144) for the library to run its loops on several threads.
-  const Case k{2, 64, 32, 4};
+  const AttentionCase k{2, 64, 32, 4};
   const Tensor qkv = random_qkv(k, 71);
   const Tensor dout = randn({k.b, k.t, k.c}, 72, DType::float32);
   for (DType compute : {DType::float32, DType::bfloat16}) {
@@ -363,8 +357,8 @@ TEST(Attention, ThreadCountDoesNotChangeResults) {
       y[threads - 1] = attn.forward(Context{}, qkv, saved);
       d[threads - 1] = attn.backward(Context{}, dout, saved);
     }
-    EXPECT_TRUE(bit_equal(y[0], y[1])) << name(compute);
-    EXPECT_TRUE(bit_equal(d[0], d[1])) << name(compute);
+    EXPECT_TRUE(fp8kit::testing::same_bits(y[0], y[1])) << name(compute);
+    EXPECT_TRUE(fp8kit::testing::same_bits(d[0], d[1])) << name(compute);
   }
   set_num_threads(before);
 }
@@ -373,7 +367,7 @@ TEST(Attention, RecordsProfilerEvents) {
   Profiler profiler;
   Context ctx;
   ctx.profiler = &profiler;
-  const Case k{1, 4, 4, 2};
+  const AttentionCase k{1, 4, 4, 2};
   CausalSelfAttention::Saved saved;
   const CausalSelfAttention attn{k.h};
   attn.forward(ctx, random_qkv(k, 81), saved);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/same_bits.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/cnn.hpp"
@@ -21,28 +22,10 @@
 namespace fp8kit::nn {
 namespace {
 
+using testing::Expected;
 using testing::random;
-
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  return std::equal(a.raw(), a.raw() + a.nbytes(), b.raw());
-}
-
-// sqrt(sum (got - want)^2 / sum want^2): the error relative to the reference's norm.
-double rel_error(const Tensor& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  const auto g = got.span<float>();
-  EXPECT_EQ(g.size(), want.size());
-  for (std::size_t i = 0; i < want.size() && i < g.size(); ++i) {
-    num += (g[i] - want[i]) * (g[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
-struct Expected {
-  std::vector<double> y, dx, dw, db;
-};
+using testing::rel_error;
+using testing::RunResult;
 
 // The direct convolution and its exact gradients, in double, straight from the definition:
 //   y[n,o,oy,ox] = b[o] + sum_{c,ky,kx} w[o,c,ky,kx] x[n,c,oy*sh-ph+ky,ox*sw-pw+kx]  (0 outside the image)
@@ -80,11 +63,6 @@ Expected direct(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor&
   return e;
 }
 
-struct RunResult {
-  Tensor y, dx, dw, db;
-  std::int64_t saved_bytes = 0;
-};
-
 Context context_for(const PrecisionRecipe& recipe, Profiler* profiler = nullptr) {
   Context ctx;
   ctx.recipe = &recipe;
@@ -109,14 +87,14 @@ RunResult run(const PrecisionRecipe& recipe, const Tensor& x, const Tensor& dy, 
   return r;
 }
 
-struct Case {
+struct Conv2dCase {
   const char* what;
   Shape x;  // (N, C, H, W)
   std::int64_t oc;
   Window2d win;
 };
 
-const Case kCases[] = {
+const Conv2dCase kCases[] = {
     {"7x7 s2 p3 stem", {2, 3, 13, 11}, 8, Window2d::square(7, 2, 3)},
     {"3x3 s1 p1", {2, 5, 9, 9}, 6, Window2d::square(3, 1, 1)},
     {"3x3 s2 p1", {3, 4, 8, 7}, 5, Window2d::square(3, 2, 1)},
@@ -126,11 +104,11 @@ const Case kCases[] = {
     {"1x1 input, 3x3 p1", {2, 4, 1, 1}, 3, Window2d::square(3, 1, 1)},
 };
 
-Shape output_shape(const Case& c) {
+Shape output_shape(const Conv2dCase& c) {
   return ConvGeometry::make(c.x, c.win).output_shape(c.oc);
 }
 
-Expected reference_for(const Case& c, const Tensor& x, const Tensor& dy) {
+Expected reference_for(const Conv2dCase& c, const Tensor& x, const Tensor& dy) {
   const PrecisionRecipe fp32;
   Conv2d ref("conv", c.x[1], c.oc, c.win, true, 7, 0.0, &fp32);
   for (float& v : ref.bias->value.span<float>()) v = 0.25f;
@@ -139,7 +117,7 @@ Expected reference_for(const Case& c, const Tensor& x, const Tensor& dy) {
 
 TEST(Conv2d, Fp32ForwardAndGradientsMatchDirectConvolution) {
   std::uint64_t seed = 1;
-  for (const Case& c : kCases) {
+  for (const Conv2dCase& c : kCases) {
     const Tensor x = random(c.x, seed++), dy = random(output_shape(c), seed++);
     const RunResult r = run(PrecisionRecipe{}, x, dy, c.oc, c.win);
     const Expected e = reference_for(c, x, dy);
@@ -171,7 +149,7 @@ TEST(Conv2d, HeInitializationAndParameters) {
 }
 
 TEST(Conv2d, GradientsAccumulate) {
-  const Case& c = kCases[1];
+  const Conv2dCase& c = kCases[1];
   const Tensor x = random(c.x, 3), dy = random(output_shape(c), 4);
   const PrecisionRecipe fp32;
   Conv2d layer("conv", c.x[1], c.oc, c.win, true, 7, 0.0, &fp32);
@@ -189,7 +167,7 @@ TEST(Conv2d, GradientsAccumulate) {
 
 TEST(Conv2d, EveryRecipeCloseToFp32) {
   // Both paths: the 3x3 runs in FP8, the 7x7 (area 49 > 32) falls back to bf16 on FP8-rounded operands.
-  for (const Case& c : {kCases[0], kCases[1]}) {
+  for (const Conv2dCase& c : {kCases[0], kCases[1]}) {
     const Tensor x = random(c.x, 11), dy = random(output_shape(c), 12, 1e-3);
     const Expected e = reference_for(c, x, dy);
     for (const char* name : {"bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-current-fake"}) {
@@ -206,7 +184,7 @@ TEST(Conv2d, EveryRecipeCloseToFp32) {
 }
 
 TEST(Conv2d, SavedColumnsTakeOneBytePerElementUnderRealFp8) {
-  const Case& c = kCases[1];
+  const Conv2dCase& c = kCases[1];
   const Tensor x = random(c.x, 13), dy = random(output_shape(c), 14);
   const ConvGeometry g = ConvGeometry::make(c.x, c.win);
   const std::int64_t elements = g.rows() * g.cols();
@@ -263,8 +241,8 @@ ConvEvents count_events(const Profiler& profiler) {
 }
 
 TEST(Conv2d, DispatcherRecordsFallbacksWithReasonsAndCasts) {
-  const Case& k7 = kCases[0];
-  const Case& k3 = kCases[1];
+  const Conv2dCase& k7 = kCases[0];
+  const Conv2dCase& k3 = kCases[1];
   for (const char* name : {"fp8-delayed", "fp8-current"}) {
     PrecisionRecipe recipe = *PrecisionRecipe::parse(name);
     Profiler profiler;
@@ -308,7 +286,7 @@ TEST(Conv2d, FallbackEqualsBf16GemmOnFp8RoundedOperands) {
   // The fallback changes the kernel, not the quantization: with fp8-current and the area limit lowered so that a
   // 3x3 falls back, y differs from the FP8 path only by rounding each dequantized operand (code * scale_inv) to
   // bfloat16 (~2^-9 relative each) and by the order of the FP32 sums.
-  const Case& c = kCases[1];
+  const Conv2dCase& c = kCases[1];
   const Tensor x = random(c.x, 19), dy = random(output_shape(c), 20);
   PrecisionRecipe recipe = *PrecisionRecipe::parse("fp8-current");
   const RunResult fp8 = run(recipe, x, dy, c.oc, c.win);
@@ -319,7 +297,7 @@ TEST(Conv2d, FallbackEqualsBf16GemmOnFp8RoundedOperands) {
 }
 
 TEST(Conv2d, ThreadCountDoesNotChangeResults) {
-  const Case& c = kCases[0];
+  const Conv2dCase& c = kCases[0];
   const Tensor x = random({4, 3, 32, 32}, 21),
                dy = random(ConvGeometry::make({4, 3, 32, 32}, c.win).output_shape(16), 22);
   const int threads = num_threads();
@@ -328,9 +306,9 @@ TEST(Conv2d, ThreadCountDoesNotChangeResults) {
     const RunResult one = run(*PrecisionRecipe::parse(name), x, dy, 16, c.win);
     set_num_threads(2);
     const RunResult two = run(*PrecisionRecipe::parse(name), x, dy, 16, c.win);
-    EXPECT_TRUE(bit_equal(one.y, two.y)) << name;
-    EXPECT_TRUE(bit_equal(one.dx, two.dx)) << name;
-    EXPECT_TRUE(bit_equal(one.dw, two.dw)) << name;
+    EXPECT_TRUE(fp8kit::testing::same_bits(one.y, two.y)) << name;
+    EXPECT_TRUE(fp8kit::testing::same_bits(one.dx, two.dx)) << name;
+    EXPECT_TRUE(fp8kit::testing::same_bits(one.dw, two.dw)) << name;
   }
   set_num_threads(threads);
 }
@@ -376,10 +354,10 @@ TEST(ShapesDataset, DeterministicBalancedAndInRange) {
   const Batch a = data.batch(3), b = data.batch(3), c = data.batch(4);
   EXPECT_EQ(a.inputs.shape(), (Shape{64, 3, 32, 32}));
   EXPECT_EQ(a.targets.shape(), (Shape{64}));
-  EXPECT_TRUE(bit_equal(a.inputs, b.inputs));
-  EXPECT_TRUE(bit_equal(a.targets, b.targets));
-  EXPECT_FALSE(bit_equal(a.inputs, c.inputs));
-  EXPECT_FALSE(bit_equal(a.inputs, ShapesDataset(64, 32, 8, 6).batch(3).inputs));  // the seed matters
+  EXPECT_TRUE(fp8kit::testing::same_bits(a.inputs, b.inputs));
+  EXPECT_TRUE(fp8kit::testing::same_bits(a.targets, b.targets));
+  EXPECT_FALSE(fp8kit::testing::same_bits(a.inputs, c.inputs));
+  EXPECT_FALSE(fp8kit::testing::same_bits(a.inputs, ShapesDataset(64, 32, 8, 6).batch(3).inputs));  // the seed matters
   std::set<std::int64_t> labels;
   for (std::int64_t t : a.targets.span<std::int64_t>()) {
     EXPECT_GE(t, 0);

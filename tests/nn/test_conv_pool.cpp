@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/same_bits.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/nn/conv_utils.hpp"
@@ -21,11 +22,6 @@ namespace fp8kit::nn {
 namespace {
 
 using testing::central_difference;
-
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype() || a.nbytes() != b.nbytes()) return false;
-  return a.nbytes() == 0 || std::equal(a.raw(), a.raw() + a.nbytes(), b.raw());
-}
 
 // Small integers: every sum and product the tests form is exact in float32.
 Tensor integer_tensor(Shape shape, std::uint32_t seed) {
@@ -200,7 +196,7 @@ TEST(Im2col, GemmMatchesDirectConvolution) {
     for (std::int64_t i = 0; i < y.numel(); ++i) {
       ASSERT_NEAR(y.data<float>()[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << "element " << i;
     }
-    EXPECT_TRUE(bit_equal(nchw_to_rows(Context{}, y), rows));  // a pure reshuffle and its inverse
+    EXPECT_TRUE(fp8kit::testing::same_bits(nchw_to_rows(Context{}, y), rows));  // a pure reshuffle and its inverse
   }
 }
 
@@ -387,7 +383,8 @@ TEST(ConvHelpers, ThreadCountDoesNotChangeResults) {
     r.push_back(GlobalAvgPool2d{}.backward(Context{}, r.back(), as));
   }
   set_num_threads(before);
-  for (std::size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(bit_equal(results[0][i], results[1][i])) << i;
+  for (std::size_t i = 0; i < results[0].size(); ++i)
+    EXPECT_TRUE(fp8kit::testing::same_bits(results[0][i], results[1][i])) << i;
 }
 
 TEST(ConvHelpers, RecordProfilerEvents) {

@@ -18,21 +18,10 @@
 namespace fp8kit::nn {
 namespace {
 
+using testing::Expected;
 using testing::random;
-
-double rel_error(const Tensor& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  const auto g = got.span<float>();
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    num += (g[i] - want[i]) * (g[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
-struct Expected {
-  std::vector<double> y, dx, dw, db;
-};
+using testing::rel_error;
+using testing::RunResult;
 
 // y = x W^T + b, dx = dy W, dW = dy^T x, db = sum dy, in double.
 Expected expected(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy) {
@@ -56,12 +45,6 @@ Expected expected(const Tensor& x, const Tensor& w, const Tensor& b, const Tenso
     }
   return e;
 }
-
-struct RunResult {
-  Tensor y, dx;
-  Tensor dw, db;
-  std::int64_t saved_bytes = 0;
-};
 
 RunResult run(const PrecisionRecipe& recipe, const Tensor& x, const Tensor& dy, std::int64_t in, std::int64_t out,
               Profiler* profiler = nullptr, StepReport* report = nullptr) {

@@ -270,8 +270,8 @@ TEST(AdamWStorage, PartsOfAParameterStepAsTheWhole) {
   AdamW fp8({.moments = MomentStorage::kFp8, .master = MasterWeights::kBf16Stochastic});
   EXPECT_EQ(fp8.part_alignment(), kMomentBlock);
   Parameter* ps[] = {&inside};
-  testing::expect_error([&] { fp8.step(ps); }, ErrorKind::kInvalidArgument, {"'x'", "multiples of 128"},
-                        "a part starting inside a moment block");
+  fp8kit::testing::expect_error([&] { fp8.step(ps); }, ErrorKind::kInvalidArgument, {"'x'", "multiples of 128"},
+                                "a part starting inside a moment block");
   EXPECT_EQ(AdamW({.master = MasterWeights::kBf16Stochastic}).part_alignment(), 4);
   EXPECT_EQ(AdamW().part_alignment(), 1);
 }
@@ -308,8 +308,8 @@ TEST(AdamWStorage, RefusesValuesOfAnotherDtypeAndParsesNames) {
   Parameter p = random_parameter("w", 8, 1);  // float32
   AdamW opt({.master = MasterWeights::kBf16Stochastic});
   Parameter* ps[] = {&p};
-  testing::expect_error([&] { opt.step(ps); }, ErrorKind::kInvalidArgument, {"'w'", "bfloat16"},
-                        "a float32 parameter under bf16 master weights");
+  fp8kit::testing::expect_error([&] { opt.step(ps); }, ErrorKind::kInvalidArgument, {"'w'", "bfloat16"},
+                                "a float32 parameter under bf16 master weights");
   EXPECT_EQ(parse_moment_storage("fp8"), MomentStorage::kFp8);
   EXPECT_EQ(parse_moment_storage("int8"), std::nullopt);
   EXPECT_EQ(parse_master_weights("bf16-kahan"), MasterWeights::kBf16Kahan);

@@ -20,7 +20,7 @@
 namespace fp8kit::nn {
 namespace {
 
-using testing::expect_error;
+using fp8kit::testing::expect_error;
 
 // A state made under other options (options() changed, a checkpoint of another recipe) was read as the wrong type
 // inside the OpenMP loop: std::terminate. Now refused before anything changes.

@@ -67,10 +67,10 @@ class TrainGolden : public ::testing::TestWithParam<Isa> {
 };
 // The levels whose kernels all promise bit-identical results (the avx512-bf16 and amx GEMMs sum in another order).
 INSTANTIATE_TEST_SUITE_P(Levels, TrainGolden, ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
-                         testing::isa_param_name);
+                         fp8kit::testing::isa_param_name);
 
 TEST_P(TrainGolden, LossesMatchCommittedFigures) {
-  testing::ScopedIsa cap(GetParam());
+  fp8kit::testing::ScopedIsa cap(GetParam());
   std::size_t checked = 0;
   for (const char* model : {"gpt", "cnn"}) {
     for (const char* name : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-o2"}) {

@@ -16,13 +16,16 @@
 #include "fp8kit/scaling/cuda_amax.hpp"
 #include "fp8kit/tensor/cuda.hpp"
 #include "fp8kit/tensor/tensor.hpp"
+#include "scaling/scaling_test_util.hpp"
 
 namespace fp8kit {
 namespace {
 
+using testing::expect_same;
+
 // n values of varied magnitude (normals, subnormals, zeros of both signs), with NaNs and Infs of both signs
 // sprinkled in when asked.
-Tensor values(std::int64_t n, bool nonfinite) {
+Tensor amax_input(std::int64_t n, bool nonfinite) {
   Tensor t = randn({n}, 7);
   float* x = t.data<float>();
   for (std::int64_t i = 0; i < n; ++i) {
@@ -33,12 +36,6 @@ Tensor values(std::int64_t n, bool nonfinite) {
   }
   if (n > 1000) x[n / 2] = -123456.75f;  // the largest magnitude, negative, in the middle
   return t;
-}
-
-void expect_same(const AmaxResult& got, const AmaxResult& want, const std::string& what) {
-  EXPECT_EQ(std::bit_cast<std::uint32_t>(got.amax), std::bit_cast<std::uint32_t>(want.amax)) << what;
-  EXPECT_EQ(got.nan_count, want.nan_count) << what;
-  EXPECT_EQ(got.inf_count, want.inf_count) << what;
 }
 
 class CudaAmax : public ::testing::Test {
@@ -52,7 +49,7 @@ TEST_F(CudaAmax, IsTheCpusBitForBit) {
   // (the last more than one pass of the grid: 4096 blocks of 256 threads, four loads of four floats a thread)
   for (std::int64_t n : {0, 1, 7, 255, 257, 100003, (1 << 22) + 3, (1 << 24) + 4099}) {
     for (bool nonfinite : {false, true}) {
-      const Tensor host = values(n, nonfinite);
+      const Tensor host = amax_input(n, nonfinite);
       const Tensor there = host.to(Device::cuda(0));
       expect_same(cuda::amax(static_cast<const float*>(there.data_ptr()), n, 0), amax(host.span<float>()),
                   "n=" + std::to_string(n) + (nonfinite ? " with NaN/Inf" : ""));
@@ -63,7 +60,7 @@ TEST_F(CudaAmax, IsTheCpusBitForBit) {
 // The fused pass gives cast_to_fp8's codes and amax's result: every format, both policies, a scale, SR.
 TEST_F(CudaAmax, FusedCastGivesTheCastsCodesAndTheAmax) {
   const std::int64_t n = 300007;
-  const Tensor host = values(n, true);
+  const Tensor host = amax_input(n, true);
   const Tensor there = host.to(Device::cuda(0));
   const AmaxResult want_amax = amax(host.span<float>());
   for (Format format : kAllFormats) {

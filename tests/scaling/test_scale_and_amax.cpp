@@ -16,9 +16,12 @@
 #include "fp8kit/scaling/amax.hpp"
 #include "fp8kit/scaling/scale.hpp"
 #include "scaling/cpu/amax_kernels.hpp"
+#include "scaling/scaling_test_util.hpp"
 
 namespace fp8kit {
 namespace {
+
+using testing::expect_same;
 
 const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -120,12 +123,6 @@ class AmaxKernel : public ::testing::TestWithParam<Isa> {
   const scaling_detail::AmaxTable* table_ = nullptr;
 };
 INSTANTIATE_TEST_SUITE_P(Levels, AmaxKernel, ::testing::Values(Isa::kAvx2, Isa::kAvx512), testing::isa_param_name);
-
-void expect_same(const AmaxResult& a, const AmaxResult& b, const std::string& what) {
-  EXPECT_EQ(std::bit_cast<std::uint32_t>(a.amax), std::bit_cast<std::uint32_t>(b.amax)) << what;
-  EXPECT_EQ(a.nan_count, b.nan_count) << what;
-  EXPECT_EQ(a.inf_count, b.inf_count) << what;
-}
 
 TEST_P(AmaxKernel, SpansMatchScalar) {
   for (std::size_t n : {0, 1, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129, 1000, 4099}) {

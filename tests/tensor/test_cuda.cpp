@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/same_bits.hpp"
 #include "expect_error.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
@@ -137,10 +138,6 @@ Tensor every_pattern(DType dtype) {
   return t;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.nbytes())) == 0;
-}
-
 // Tensor::to on the device gives the CPU's codes and values, every format, both overflow policies, every wide dtype.
 TEST_F(CudaTensor, CastsGiveTheCpusBitsThroughTo) {
   const Device gpu = Device::cuda(0);
@@ -152,9 +149,9 @@ TEST_F(CudaTensor, CastsGiveTheCpusBitsThroughTo) {
       for (Overflow overflow : {Overflow::kNonSaturating, Overflow::kSaturate}) {
         const Tensor want = host.to(fp8, overflow);
         const Tensor got = there.to(fp8, overflow).to(Device::cpu());
-        EXPECT_TRUE(same_bytes(got, want)) << name(wide) << " -> " << name(fp8);
+        EXPECT_TRUE(testing::same_bits(got, want)) << name(wide) << " -> " << name(fp8);
         // and back: every code decoded into the wide dtype
-        EXPECT_TRUE(same_bytes(want.to(gpu).to(wide).to(Device::cpu()), want.to(wide)))
+        EXPECT_TRUE(testing::same_bits(want.to(gpu).to(wide).to(Device::cpu()), want.to(wide)))
             << name(fp8) << " -> " << name(wide);
       }
     }
@@ -185,7 +182,7 @@ TEST_F(CudaTensor, ScaledAndStochasticCastsGiveTheCpusBits) {
       Tensor got = empty({n}, DType::float8_e4m3fn, gpu);
       cuda::cast_to_fp8(static_cast<const float*>(there.data_ptr()), static_cast<std::uint8_t*>(got.data_ptr()), n, o,
                         0);
-      EXPECT_TRUE(same_bytes(got.to(Device::cpu()), want))
+      EXPECT_TRUE(testing::same_bits(got.to(Device::cpu()), want))
           << name(format) << (rounding == Rounding::kStochastic ? " sr" : "");
     }
     Tensor codes = empty({256}, DType::float8_e4m3fn);
@@ -197,7 +194,7 @@ TEST_F(CudaTensor, ScaledAndStochasticCastsGiveTheCpusBits) {
     Tensor got = empty({256}, DType::float32, gpu);
     cuda::cast_from_fp8(static_cast<const std::uint8_t*>(codes_there.data_ptr()), format,
                         static_cast<float*>(got.data_ptr()), 256, 0.37f, 0);
-    EXPECT_TRUE(same_bytes(got.to(Device::cpu()), want)) << name(format) << " decode";
+    EXPECT_TRUE(testing::same_bits(got.to(Device::cpu()), want)) << name(format) << " decode";
   }
 }
 

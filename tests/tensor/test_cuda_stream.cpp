@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/same_bits.hpp"
 #include "expect_error.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/scaling/cuda_quantize.hpp"
@@ -35,12 +36,6 @@ class CudaStream : public ::testing::Test {
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
   }
 };
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
-  return ha.nbytes() == hb.nbytes() &&
-         std::memcmp(ha.data_ptr(), hb.data_ptr(), static_cast<std::size_t>(ha.nbytes())) == 0;
-}
 
 TEST_F(CudaStream, GuardsNestAndRestore) {
   EXPECT_TRUE(cuda::current_stream(0).is_legacy());
@@ -75,11 +70,11 @@ TEST_F(CudaStream, WorkOnAStreamGivesTheSameBits) {
   const Tensor on_stream = host.to(Device::cuda(0));
   const cuda::QuantizedTensor q_stream = cuda::quantize(on_stream, options);
   const Tensor cast_stream = on_stream.to(DType::float8_e5m2);
-  EXPECT_TRUE(same_bytes(on_stream, on_legacy));
-  EXPECT_TRUE(same_bytes(q_stream.codes, q_legacy.codes));
-  EXPECT_TRUE(same_bytes(q_stream.scale_inv, q_legacy.scale_inv));
-  EXPECT_TRUE(same_bytes(cast_stream, cast_legacy));
-  EXPECT_TRUE(same_bytes(cuda::dequantize(q_stream), dq_legacy));
+  EXPECT_TRUE(testing::same_bits(on_stream, on_legacy));
+  EXPECT_TRUE(testing::same_bits(q_stream.codes, q_legacy.codes));
+  EXPECT_TRUE(testing::same_bits(q_stream.scale_inv, q_legacy.scale_inv));
+  EXPECT_TRUE(testing::same_bits(cast_stream, cast_legacy));
+  EXPECT_TRUE(testing::same_bits(cuda::dequantize(q_stream), dq_legacy));
 }
 
 // A producer on one stream and a consumer on another, ordered by an event (and nothing else: both non-blocking).

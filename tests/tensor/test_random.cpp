@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/same_bits.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/tensor/tensor.hpp"
@@ -13,12 +14,7 @@
 namespace fp8kit {
 namespace {
 
-constexpr DType kFloatDTypes[] = {DType::float32, DType::float64, DType::float16, DType::bfloat16};
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
-         std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.nbytes())) == 0;
-}
+constexpr DType kRandomDTypes[] = {DType::float32, DType::float64, DType::float16, DType::bfloat16};
 
 struct Moments {
   double mean, stddev;
@@ -36,12 +32,12 @@ Moments moments(const Tensor& t) {
 }
 
 TEST(Random, ReproducibleForASeedAndDifferentAcrossSeeds) {
-  for (DType d : kFloatDTypes) {
+  for (DType d : kRandomDTypes) {
     SCOPED_TRACE(std::string(name(d)));
-    EXPECT_TRUE(same_bytes(rand({1000}, 7, d), rand({1000}, 7, d)));
-    EXPECT_TRUE(same_bytes(randn({1000}, 7, d), randn({1000}, 7, d)));
-    EXPECT_FALSE(same_bytes(rand({1000}, 7, d), rand({1000}, 8, d)));
-    EXPECT_FALSE(same_bytes(randn({1000}, 7, d), randn({1000}, 8, d)));
+    EXPECT_TRUE(testing::same_bits(rand({1000}, 7, d), rand({1000}, 7, d)));
+    EXPECT_TRUE(testing::same_bits(randn({1000}, 7, d), randn({1000}, 7, d)));
+    EXPECT_FALSE(testing::same_bits(rand({1000}, 7, d), rand({1000}, 8, d)));
+    EXPECT_FALSE(testing::same_bits(randn({1000}, 7, d), randn({1000}, 8, d)));
   }
   EXPECT_EQ(rand({3, 4}, 1).shape(), (Shape{3, 4}));
   EXPECT_EQ(randn({}, 1).numel(), 1);
@@ -57,16 +53,16 @@ TEST(Random, IndependentOfThreadsAndSize) {
   const Tensor u2 = rand({100000}, 42);
   const Tensor n2 = randn({100000}, 42);
   set_num_threads(saved);
-  EXPECT_TRUE(same_bytes(u1, u2));
-  EXPECT_TRUE(same_bytes(n1, n2));
+  EXPECT_TRUE(testing::same_bits(u1, u2));
+  EXPECT_TRUE(testing::same_bits(n1, n2));
   // A prefix equals the smaller tensor with the same seed (odd sizes split a Box-Muller pair).
   const Tensor small = randn({7}, 42);
   EXPECT_EQ(std::memcmp(small.raw(), n1.raw(), 7 * sizeof(float)), 0);
-  EXPECT_TRUE(same_bytes(rand({10, 10}, 42).reshape({-1}), rand({100}, 42)));
+  EXPECT_TRUE(testing::same_bits(rand({10, 10}, 42).reshape({-1}), rand({100}, 42)));
 }
 
 TEST(Random, UniformInUnitIntervalAndExactInEveryDType) {
-  for (DType d : kFloatDTypes) {
+  for (DType d : kRandomDTypes) {
     SCOPED_TRACE(std::string(name(d)));
     const Tensor u = rand({200000}, 3, d);
     double lo = 1.0, hi = 0.0;
@@ -92,7 +88,7 @@ TEST(Random, UniformInUnitIntervalAndExactInEveryDType) {
 }
 
 TEST(Random, NormalMomentsInEveryDType) {
-  for (DType d : kFloatDTypes) {
+  for (DType d : kRandomDTypes) {
     SCOPED_TRACE(std::string(name(d)));
     const Tensor z = randn({200001}, 11, d);
     const Moments m = moments(z);
