@@ -1,15 +1,21 @@
 // AtomicFile: an exclusive temporary file beside the destination, written with retried write(2), then
 // fsync -> close -> rename(2) -> fsync of the directory; removed on any path that does not reach the rename.
+// AtomicDirectory: a locked staging directory beside the destination, the old directory's other entries linked in,
+// then renameat2(RENAME_EXCHANGE) and the old tree removed.
 #include "fp8kit/io/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -25,30 +31,227 @@ std::filesystem::path directory_of(const std::filesystem::path& file) {
   return parent.empty() ? std::filesystem::path(".") : parent;
 }
 
+// Fault injection for the crash tests (docs/testing.md): with FP8KIT_CRASH_AFTER_RENAMES=N in its environment, the
+// process kills itself (SIGKILL: no handler, no cleanup) right after its N-th rename of a committed file or
+// exchange of a directory, so that a test can stop a write at each of its commit points in turn.
+void rename_done() {
+  static const long limit = [] {
+    const char* value = std::getenv("FP8KIT_CRASH_AFTER_RENAMES");
+    return value == nullptr ? 0L : std::atol(value);
+  }();
+  static std::atomic<long> renames{0};
+  if (limit > 0 && ++renames == limit) ::raise(SIGKILL);
+}
+
 [[noreturn]] void fail(const std::string& what, int err) {
   FP8KIT_THROW(ErrorKind::kIo, what, ": ", std::strerror(err));
 }
 
-// Removes the temporary files of earlier writers of the same destination that died before commit() (killed, out
-// of power): `.<name>.tmp-*` in the directory whose writer's lock is gone. A live writer holds its temporary
-// file's flock until it commits or discards (across hosts too, on NFS), so its file is never touched. Best effort:
-// whatever cannot be opened, locked or removed is left.
-void remove_abandoned(const std::filesystem::path& directory, const std::string& stem) {
+// Whether `rest` (a name after its ".<name>.tmp-" prefix) is "<pid>-<n>", or "<pid>-<n>-probe" where allowed: the
+// names AtomicFile and AtomicDirectory give, and nothing a user would name a file.
+bool is_sequence_tail(std::string_view rest, bool probe) {
+  if (probe && rest.ends_with("-probe")) rest.remove_suffix(6);
+  const std::size_t dash = rest.find('-');
+  const auto digits = [](std::string_view d) {
+    return !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  return dash != std::string_view::npos && digits(rest.substr(0, dash)) && digits(rest.substr(dash + 1));
+}
+
+// Opens `path` without following a link and takes its flock without waiting: the descriptor (the caller closes
+// it) when the lock was free, so that whoever made the entry is gone, else -1. `st` gets what was opened.
+int lock_if_abandoned(const std::filesystem::path& path, struct stat& st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat named {};
+  // Only while locked and still the entry under that name (not one created since by another writer).
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &st) == 0 && ::lstat(path.c_str(), &named) == 0 &&
+      st.st_ino == named.st_ino && st.st_dev == named.st_dev) {
+    return fd;
+  }
+  ::close(fd);
+  return -1;
+}
+
+// remove_all that also gets through folders without write or search permission (a read-only subfolder of an
+// old tree). Best effort.
+void remove_tree(const std::filesystem::path& path) noexcept {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (!ec) return;
+  ::chmod(path.c_str(), 0700);
+  for (auto it = std::filesystem::recursive_directory_iterator(path, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->symlink_status(ec).type() == std::filesystem::file_type::directory) ::chmod(it->path().c_str(), 0700);
+  }
+  std::filesystem::remove_all(path, ec);
+}
+
+// Removes what earlier writers of the same destination left when they died before finishing (killed, out of
+// power): in `directory`, the entries named `<prefix><pid>-<n>` whose writer's lock is gone — regular files
+// (AtomicFile's temporary files) and, when `directories`, folders (AtomicDirectory's staging directories, an old tree
+// an exchange left, `-probe` folders). A live writer holds its file's or directory's flock until it commits or
+// discards (across hosts too, on NFS), so its entries are never touched. Best effort: whatever cannot be opened,
+// locked or removed is left.
+void remove_abandoned(const std::filesystem::path& directory, const std::string& prefix, bool directories) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(directory, ec)) {
     const std::string name = e.path().filename().string();
-    if (!name.starts_with(stem)) continue;
-    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (!name.starts_with(prefix) || !is_sequence_tail(std::string_view(name).substr(prefix.size()), directories)) {
+      continue;
+    }
+    struct stat st {};
+    const int fd = lock_if_abandoned(e.path(), st);
     if (fd < 0) continue;
-    struct stat opened {
-    }, named{};
-    // Unlinked only while locked and still the file under that name (not one created since by another writer).
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) &&
-        ::lstat(e.path().c_str(), &named) == 0 && opened.st_ino == named.st_ino && opened.st_dev == named.st_dev) {
+    if (S_ISREG(st.st_mode)) {
       ::unlink(e.path().c_str());
+    } else if (S_ISDIR(st.st_mode) && directories) {
+      remove_tree(e.path());  // (under its lock: a writer locks its staging directory before writing there)
     }
     ::close(fd);
   }
+}
+
+std::string temporary_prefix(const std::filesystem::path& destination) {
+  std::string prefix(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
+  prefix += destination.filename().string();
+  prefix += ".tmp-";
+  return prefix;
+}
+
+// Whether two directories beside the destination can be exchanged in one rename: false where its folder is not
+// writable (a directory the user may write into, in a folder they may not) or the file system has no
+// RENAME_EXCHANGE (ext4, xfs, btrfs and tmpfs have it; NFS does not). Tried on two empty directories made for it.
+bool can_exchange(const std::filesystem::path& parent, const std::string& stem) {
+  const std::filesystem::path a = parent / (stem + std::to_string(g_sequence.fetch_add(1)) + "-probe"),
+                              b = parent / (stem + std::to_string(g_sequence.fetch_add(1)) + "-probe");
+  bool ok = false;
+  if (::mkdir(a.c_str(), 0700) == 0) {
+    if (::mkdir(b.c_str(), 0700) == 0) {
+      ok = ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
+      ::rmdir(b.c_str());
+    }
+    ::rmdir(a.c_str());
+  }
+  return ok;
+}
+
+// Whether `path` is where a file system is mounted (a bind mount of the same file system included), where the kernel
+// says (statx, Linux 5.8).
+bool is_mount_root(const std::filesystem::path& path) {
+  struct statx sx {};
+  return ::statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) == 0 &&
+         (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) && (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT);
+}
+
+// Why an existing directory cannot be replaced by a new one without changing more than its content, or empty:
+// the new directory and its folders would belong to this process's user and group and lose ACLs, a mount cannot be
+// renamed (or would be copied and emptied), and a process working inside would be left in the removed old tree.
+std::string why_not_swappable(const std::filesystem::path& destination, const struct stat& st) {
+  if (st.st_uid != ::geteuid() || st.st_gid != ::getegid()) return "another owner or group";
+  for (const char* acl : {"system.posix_acl_access", "system.posix_acl_default"}) {
+    if (::lgetxattr(destination.c_str(), acl, nullptr, 0) >= 0) return "an ACL";
+  }
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec),
+                              real = std::filesystem::canonical(destination, ec);
+  if (!ec) {
+    const auto [stop, rest] = std::mismatch(real.begin(), real.end(), cwd.begin(), cwd.end());
+    if (stop == real.end()) return "the working directory";
+  }
+  if (is_mount_root(destination)) return "a mount point";
+  for (auto it = std::filesystem::recursive_directory_iterator(destination, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->symlink_status(ec).type() != std::filesystem::file_type::directory) continue;
+    struct stat sub {};
+    if (::lstat(it->path().c_str(), &sub) != 0) continue;
+    if (sub.st_dev != st.st_dev || is_mount_root(it->path())) return "a mount point inside";
+    if (sub.st_uid != st.st_uid || sub.st_gid != st.st_gid) return "a folder of another owner or group inside";
+  }
+  return ec ? "a folder that cannot be listed" : "";
+}
+
+// Puts what `from` holds and `to` does not into `to`, each relative path of a file, link or special file asked of
+// `carry` first: folders made anew with their permission bits (set once they are filled), files and special files
+// hard-linked (a file copied and synced where a link is refused: another owner's file under protected_hardlinks, a
+// file system without links), symbolic links made again, a temporary file whose writer lives linked too (its
+// writer's commit renames it within the new tree) and an abandoned one left behind. An entry `to` already holds is
+// the new content's and stays (a folder of both is merged); a folder where it has a file or a file where it has a
+// folder is refused.
+void carry_over(const std::filesystem::path& from, const std::filesystem::path& to, const std::filesystem::path& rel,
+                const std::function<bool(const std::filesystem::path&)>& carry, const std::filesystem::path& shown) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator it(from / rel, ec);
+  if (ec) fail("cannot list '" + (shown / rel).string() + "'", ec.value());
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    const fs::path r = rel / it->path().filename();
+    const fs::path source = from / r, target = to / r;
+    struct stat src {
+    }, dst{};
+    if (::lstat(source.c_str(), &src) != 0) {
+      if (errno == ENOENT) continue;  // gone since it was listed
+      fail("cannot read '" + (shown / r).string() + "'", errno);
+    }
+    const bool directory = S_ISDIR(src.st_mode);
+    if (::lstat(target.c_str(), &dst) == 0) {
+      // A folder and a file (or link) of one name: what the user had there would be lost.
+      if (directory != S_ISDIR(dst.st_mode)) {
+        FP8KIT_THROW(ErrorKind::kIo, "cannot write '", (shown / r).string(),
+                     "': ", directory ? "a directory" : "a file", " of that name is in the way (nothing was changed)");
+      }
+      if (directory) carry_over(from, to, r, carry, shown);
+      continue;
+    }
+    if (!directory && carry && !carry(r)) continue;
+    if (directory) {
+      if (::mkdir(target.c_str(), 0700) != 0) {
+        fail("cannot make the folder '" + r.string() + "' in the new '" + shown.string() + "'", errno);
+      }
+      carry_over(from, to, r, carry, shown);
+      if (::chmod(target.c_str(), src.st_mode & 07777) != 0) {
+        fail("cannot set the permissions of '" + r.string() + "' in the new '" + shown.string() + "'", errno);
+      }
+    } else if (S_ISLNK(src.st_mode)) {
+      fs::create_symlink(fs::read_symlink(source, ec), target, ec);
+      if (ec) fail("cannot make the link '" + r.string() + "' in the new '" + shown.string() + "'", ec.value());
+    } else {
+      if (S_ISREG(src.st_mode) && is_temporary_file_name(r.filename().string())) {
+        struct stat locked {};
+        const int fd = lock_if_abandoned(source, locked);
+        if (fd >= 0) {  // an interrupted write's: left with the old tree
+          ::close(fd);
+          continue;
+        }
+      }
+      if (::link(source.c_str(), target.c_str()) == 0) continue;
+      const int err = errno;
+      if (!S_ISREG(src.st_mode) ||
+          (err != EXDEV && err != EPERM && err != EMLINK && err != ENOTSUP && err != EOPNOTSUPP)) {
+        fail("cannot link '" + (shown / r).string() + "' into the new directory", err);
+      }
+      fs::copy_file(source, target, ec);
+      const int fd = ec ? -1 : ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || ::fsync(fd) != 0) {
+        const int copy_err = ec ? ec.value() : errno;
+        if (fd >= 0) ::close(fd);
+        fail("cannot copy '" + (shown / r).string() + "' into the new directory", copy_err);
+      }
+      ::close(fd);
+    }
+  }
+  if (ec) fail("cannot list '" + (shown / rel).string() + "'", ec.value());
+}
+
+// fsyncs every folder of a tree (the names in them; the files written into it were synced by their writers).
+void sync_tree(const std::filesystem::path& root) {
+  std::error_code ec;
+  sync_directory(root);
+  for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->symlink_status(ec).type() == std::filesystem::file_type::directory) sync_directory(it->path());
+  }
+  if (ec) fail("cannot list '" + root.string() + "' to sync it", ec.value());
 }
 
 }  // namespace
@@ -97,13 +300,7 @@ void check_writable_destination(const std::filesystem::path& destination, bool d
 bool is_temporary_file_name(std::string_view filename) {
   const std::size_t tmp = filename.rfind(".tmp-");
   if (filename.size() < 2 || filename[0] != '.' || tmp == std::string_view::npos || tmp < 2) return false;
-  // "<pid>-<n>" after it
-  const std::string_view rest = filename.substr(tmp + 5);
-  const std::size_t dash = rest.find('-');
-  const auto digits = [](std::string_view d) {
-    return !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos;
-  };
-  return dash != std::string_view::npos && digits(rest.substr(0, dash)) && digits(rest.substr(dash + 1));
+  return is_sequence_tail(filename.substr(tmp + 5), false);  // "<pid>-<n>" after it
 }
 
 AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::move(destination)) {
@@ -118,10 +315,8 @@ AtomicFile::AtomicFile(std::filesystem::path destination) : destination_(std::mo
                  ", not a regular file (the destination was not touched); give a file name");
   }
   const std::filesystem::path directory = directory_of(destination_);
-  std::string prefix(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
-  prefix += destination_.filename().string();
-  prefix += ".tmp-";
-  remove_abandoned(directory, prefix);
+  const std::string prefix = temporary_prefix(destination_);
+  remove_abandoned(directory, prefix, false);
   const std::string stem = prefix + std::to_string(::getpid()) + "-";
   for (int attempt = 0; fd_ < 0; ++attempt) {
     temporary_ = directory / (stem + std::to_string(g_sequence.fetch_add(1)));
@@ -203,6 +398,7 @@ void AtomicFile::commit() {
   }
   committed_ = true;
   temporary_.clear();
+  rename_done();
   sync_directory(directory_of(destination_));
 }
 
@@ -218,6 +414,115 @@ void sync_directory(const std::filesystem::path& directory) {
     fail("fsync of the directory '" + directory.string() + "' failed", err);
   }
   ::close(fd);
+}
+
+AtomicDirectory::AtomicDirectory(std::filesystem::path destination) : destination_(std::move(destination)) {
+  if (!destination_.has_filename() && destination_.has_parent_path()) destination_ = destination_.parent_path();
+  const std::string name = destination_.filename().string();
+  struct stat st {};
+  const bool exists = ::lstat(destination_.c_str(), &st) == 0;
+  if (!exists && errno != ENOENT) fail("cannot write the directory '" + destination_.string() + "'", errno);
+  if (exists && S_ISLNK(st.st_mode)) {
+    // Replacing the link with a directory would change what it is: written through, in place.
+    struct stat target {};
+    if (::stat(destination_.c_str(), &target) != 0 || !S_ISDIR(target.st_mode)) {
+      FP8KIT_THROW(ErrorKind::kIo, "cannot write the directory '", destination_.string(),
+                   "': it is a symbolic link to nothing or to a file; remove it or give another directory");
+    }
+    in_place_ = true;
+    return;
+  }
+  if (exists && !S_ISDIR(st.st_mode)) {
+    FP8KIT_THROW(ErrorKind::kIo, "cannot write the directory '", destination_.string(),
+                 "': a file of that name is in the way; remove it or give another directory");
+  }
+  if (name.empty() || name == "." || name == "..") {  // (a folder that cannot be renamed: written in place)
+    in_place_ = true;
+    return;
+  }
+  const std::filesystem::path parent = directory_of(destination_);
+  struct stat above {};
+  if (::stat(parent.c_str(), &above) != 0 || !S_ISDIR(above.st_mode)) {
+    FP8KIT_THROW(ErrorKind::kIo, "cannot write the directory '", destination_.string(), "': its folder '",
+                 parent.string(), "' does not exist; create it first");
+  }
+  const std::string prefix = temporary_prefix(destination_);
+  remove_abandoned(parent, prefix, true);
+  const std::string stem = prefix + std::to_string(::getpid()) + "-";
+  if (exists &&
+      (st.st_dev != above.st_dev || !why_not_swappable(destination_, st).empty() || !can_exchange(parent, stem))) {
+    in_place_ = true;
+    return;
+  }
+  for (int attempt = 0;; ++attempt) {
+    if (attempt == 100) fail("cannot create a staging directory in '" + parent.string() + "'", EEXIST);
+    staging_ = parent / (stem + std::to_string(g_sequence.fetch_add(1)));
+    // Private until the commit gives it the old directory's permission bits (a new one keeps the umask's).
+    if (::mkdir(staging_.c_str(), exists ? 0700 : 0777) != 0) {
+      if (errno == EEXIST) continue;
+      const int err = errno;
+      staging_.clear();
+      fail("cannot create a staging directory in '" + parent.string() + "' to write '" + destination_.string() + "'",
+           err);
+    }
+    // Locked before anything is written there (what tells a later writer that it is not abandoned), and still the
+    // directory made here: another writer's cleanup may have taken it between the two steps.
+    lock_fd_ = ::open(staging_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat opened {
+    }, named{};
+    if (lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0 && ::fstat(lock_fd_, &opened) == 0 &&
+        ::lstat(staging_.c_str(), &named) == 0 && opened.st_ino == named.st_ino && opened.st_dev == named.st_dev) {
+      break;
+    }
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    lock_fd_ = -1;
+  }
+}
+
+AtomicDirectory::~AtomicDirectory() {
+  discard();
+}
+
+void AtomicDirectory::discard() noexcept {
+  if (!staging_.empty()) {
+    remove_tree(staging_);  // before the commit: the new content; after it: the old tree
+    staging_.clear();
+  }
+  if (lock_fd_ >= 0) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+  }
+}
+
+void AtomicDirectory::commit(const std::function<bool(const std::filesystem::path& relative)>& carry) {
+  FP8KIT_CHECK(!committed_, "AtomicDirectory::commit called twice ('", destination_.string(), "')");
+  if (in_place_) {
+    committed_ = true;
+    return;
+  }
+  struct stat st {};
+  const bool exists = ::lstat(destination_.c_str(), &st) == 0;
+  if (exists) {
+    FP8KIT_CHECK_KIND(S_ISDIR(st.st_mode), ErrorKind::kIo, "cannot write the directory '", destination_.string(),
+                      "': something other than a directory took its place while it was written");
+    carry_over(destination_, staging_, {}, carry, destination_);
+    if (::chmod(staging_.c_str(), st.st_mode & 07777) != 0) {
+      fail("cannot give the new '" + destination_.string() + "' the old one's permissions", errno);
+    }
+  }
+  sync_tree(staging_);
+  if (exists) {
+    if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, destination_.c_str(), RENAME_EXCHANGE) != 0) {
+      fail("cannot swap the new '" + destination_.string() + "' in (the old one was not touched)", errno);
+    }
+  } else if (::rename(staging_.c_str(), destination_.c_str()) != 0) {
+    fail("cannot rename '" + staging_.string() + "' to '" + destination_.string() + "'", errno);
+  }
+  committed_ = true;
+  rename_done();
+  if (!exists) staging_.clear();  // renamed: nothing is left under the staging name
+  discard();                      // the old tree, now under the staging name
+  sync_directory(directory_of(destination_));
 }
 
 }  // namespace fp8kit

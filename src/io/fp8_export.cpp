@@ -139,10 +139,10 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
     write_safetensors(path, entries, metadata);
     return summary;
   }
-  // A directory, as serving stacks read it: model.safetensors and config.json with the quantization_config, both
-  // written and synced before either is renamed into place (a failure until then leaves the directory as it was,
-  // and removes the folders this export made), and a sharded checkpoint an earlier write left there
-  // (model-*-of-*.safetensors and its index, which loaders read before model.safetensors) removed by the commit.
+  // A directory, as serving stacks read it: model.safetensors and config.json with the quantization_config, staged
+  // and swapped in whole (a failure or a kill leaves the directory as it was or complete, and a failure removes the
+  // folders this export made), and a sharded checkpoint an earlier write left there (model-*-of-*.safetensors and
+  // its index, which loaders read before model.safetensors) not carried over.
   nlohmann::ordered_json j = {
       {"fp8kit", {{"model", config.model}, {"recipe", recipe.name()}, {"seed", config.seed}, {"steps", steps_done}}},
       {"torch_dtype", original_dtype},
@@ -152,8 +152,9 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
   };
   const std::string text = j.dump(2) + "\n";
   std::error_code ec;
-  std::vector<fs::path> missing;  // innermost first: nothing at all there (not even a link)
-  for (fs::path p = path.has_filename() ? path : path.parent_path(); !p.empty(); p = p.parent_path()) {
+  const fs::path directory_path = path.has_filename() ? path : path.parent_path();
+  std::vector<fs::path> missing;  // the folders above it that are not there (not even a link), innermost first
+  for (fs::path p = directory_path.parent_path(); !p.empty(); p = p.parent_path()) {
     if (fs::symlink_status(p, ec).type() != fs::file_type::not_found) break;
     missing.push_back(p);
     if (p == p.parent_path()) break;
@@ -166,20 +167,23 @@ Fp8ExportSummary export_fp8_checkpoint(const fs::path& path, Model& model, const
                         "': ", ec.message());
       if (created) made.insert(made.begin(), *it);
     }
-    FP8KIT_CHECK_KIND(fs::is_directory(path, ec), ErrorKind::kIo, "FP8 export: '", path.string(),
-                      "' is not a directory (a file, or a link to nothing, is there)");
+    // Staged whole beside the directory and swapped in (AtomicDirectory): the directory's other files stay, an
+    // earlier checkpoint's shards and index do not.
+    AtomicDirectory directory(directory_path);
+    const fs::path w = directory.path();
     ShardOptions one_file;
     one_file.max_shard_bytes = std::numeric_limits<std::uint64_t>::max();
-    StagedShards weights = stage_sharded_safetensors(path, entries, metadata, one_file);
-    AtomicFile config_file(path / "config.json");
+    StagedShards weights = stage_sharded_safetensors(w, entries, metadata, one_file);
+    AtomicFile config_file(w / "config.json");
     config_file.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
     config_file.sync();
-    for (const fs::path& d : {path / "model.safetensors", path / "config.json"}) {
+    for (const fs::path& d : {w / "model.safetensors", w / "config.json"}) {
       FP8KIT_CHECK_KIND(!fs::is_directory(d, ec), ErrorKind::kIo, "FP8 export: cannot write '", d.string(),
                         "': a directory of that name is in the way");
     }
     weights.commit();
     config_file.commit();
+    directory.commit([](const fs::path& relative) { return kept_beside_new_checkpoint(relative); });
   } catch (...) {
     for (const fs::path& d : made) fs::remove(d, ec);  // empty once the staged files are gone
     throw;

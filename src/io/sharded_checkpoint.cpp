@@ -74,6 +74,10 @@ bool is_checkpoint_file_name(const std::string& file, const std::string& prefix)
   return file == prefix + ".safetensors" || file == prefix + ".safetensors.index.json" || is_shard_name(file, prefix);
 }
 
+bool kept_beside_new_checkpoint(const fs::path& relative, const std::string& prefix) {
+  return relative.has_parent_path() || !is_checkpoint_file_name(relative.string(), prefix);
+}
+
 // ---------------------------------------------------------------- reading
 
 ShardedCheckpoint ShardedCheckpoint::open(const fs::path& path) {

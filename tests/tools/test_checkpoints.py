@@ -5,10 +5,13 @@ reference doc's), --force, inputs untouched, one-line errors with exit 2. Usage:
 import hashlib
 import json
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checks import check, read_safetensors_raw, require, summary  # noqa: E402
@@ -499,6 +502,78 @@ def check_all_or_nothing(exe, root, src):
           not os.path.exists(os.path.join(leftover, ".model.safetensors.tmp-12345-0")), str(os.listdir(leftover)))
 
 
+def check_killed_replace_is_old_or_new(exe, root, src):
+    """A --force directory output killed at any moment (SIGKILL: nothing cleaned up) is the old checkpoint or the new
+    one, whole: the output is staged beside OUT and swapped in with one rename. The process is killed right after
+    each of its renames in turn (FP8KIT_CRASH_AFTER_RENAMES=N, the files committed into the staging directory and the
+    exchange), and at random moments. (With the files renamed into OUT one by one, a kill after the second rename
+    leaves new shards beside the old ones; a review on 2026-12-06 found 3 mixes in 40 random kills of an 8-shard
+    `convert --force`.) The user's own file in OUT stays; what the kills leave beside OUT goes with the next write."""
+    out = os.path.join(root, "kill-out")
+    shard = ["--max-shard-size", "9000"]
+
+    def state():
+        """'bf16' or 'f16' when OUT is one whole checkpoint of that dtype, else a description of the mix."""
+        index = json.load(open(os.path.join(out, "model.safetensors.index.json")))
+        shards = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
+        if shards != sorted(set(index["weight_map"].values())):
+            return f"index names {sorted(set(index['weight_map'].values()))}, files {shards}"
+        dtypes = {h["dtype"] for f in shards for n, h in read_st(os.path.join(out, f))[2].items()
+                  if n != "model.layers.0.pos_ids"}
+        torch_dtype = json.load(open(os.path.join(out, "config.json")))["torch_dtype"]
+        if dtypes == {"BF16"} and torch_dtype == "bfloat16":
+            return "bf16"
+        if dtypes == {"F16"} and torch_dtype == "float16":
+            return "f16"
+        return f"shards {sorted(dtypes)}, config {torch_dtype}"
+
+    def write_old():
+        r = run(exe, "convert", src, out, "--to", "bf16", "--force", *shard)
+        if r.returncode != 0:
+            raise RuntimeError(f"convert --to bf16 failed: {r.stderr}")
+
+    write_old()
+    with open(os.path.join(out, "notes.txt"), "w") as f:
+        f.write("the user's")
+    check("killed replace: the shards are many", len([f for f in os.listdir(out) if f.startswith("model-")]) >= 6,
+          str(os.listdir(out)))
+    new_cmd = [exe, "convert", src, out, "--to", "f16", "--force", *shard]
+    seen, mixed, point = {"bf16": 0, "f16": 0}, [], 0
+    while point < 64:  # each commit point in turn, until a run gets past them all
+        point += 1
+        write_old()
+        p = subprocess.run(new_cmd, capture_output=True, env=dict(os.environ, FP8KIT_CRASH_AFTER_RENAMES=str(point)))
+        now = state()
+        seen[now] = seen.get(now, 0) + 1
+        if now not in ("bf16", "f16"):
+            mixed.append(f"killed after rename {point}: {now}")
+        if p.returncode == 0:
+            break
+        check(f"killed replace: killed after rename {point}", p.returncode == -signal.SIGKILL, p.stderr)
+    check("killed replace: a run gets past every commit point", p.returncode == 0 and state() == "f16", p.stderr)
+    start = time.monotonic()
+    run(exe, *new_cmd[1:])
+    took = time.monotonic() - start
+    rng = random.Random(7)
+    for i in range(10):  # and at random moments
+        write_old()
+        p = subprocess.Popen(new_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0, took * 1.2))
+        p.kill()
+        p.wait()
+        now = state()
+        seen[now] = seen.get(now, 0) + 1
+        if now not in ("bf16", "f16"):
+            mixed.append(f"killed at random ({i}): {now}")
+    check("killed replace: always the old or the new checkpoint, never a mix", not mixed, "; ".join(mixed))
+    check("killed replace: the user's file stays", open(os.path.join(out, "notes.txt")).read() == "the user's")
+    write_old()
+    left = [f for f in os.listdir(root) if f.startswith(".kill-out.tmp-")]
+    check("killed replace: what the kills left beside OUT is gone after the next write", not left, str(left))
+    print(f"killed replace: killed after each of {point - 1} renames and 10 times at random: {seen.get('bf16', 0)} "
+          f"left the old checkpoint, {seen.get('f16', 0)} the new one, {len(mixed)} a mix")
+
+
 def check_inspect_memory(exe, root):
     """inspect keeps nothing per tensor for its output (text or --json): its peak grows with the tensor count by what
     the headers take (about 1 KB a tensor), not by the analysis or the JSON document."""
@@ -871,6 +946,7 @@ def main():
         check_foreign_files(exe, root, rng)
         check_model_directory_files(exe, root, rng)
         check_progress(exe, root, src)
+        check_killed_replace_is_old_or_new(exe, root, src)
         check("no output left by refused commands", not any(os.path.exists(os.path.join(root, f"x{i}")) for i in range(15))
               and not os.path.exists(os.path.join(root, "x15.safetensors")))
         check("input directory still untouched", digest(src) == src_digest)

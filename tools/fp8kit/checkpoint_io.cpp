@@ -297,31 +297,37 @@ CompanionFiles write_checkpoint_output(const CheckpointInput& in, const std::str
   }
   ShardOptions shards;
   if (!max_shard_size.empty()) shards.max_shard_bytes = parse_shard_size(max_shard_size);
-  // Every file is written and synced before the first is renamed into place: a failure while writing (a full disk,
-  // an unreadable file to copy, a folder that cannot be made) leaves OUT as it was, the folders this command made
-  // removed again. Before the renames, no destination may be a directory (the one way a rename then fails); the
-  // weights go first, their index last, then config.json and the other files.
-  std::vector<fs::path> made;  // folders this command created, outermost first
+  // The whole output is staged in a new directory beside OUT and swapped in with one rename (AtomicDirectory): a
+  // failure or a kill at any moment leaves OUT as it was or complete. OUT's other files go on into the new directory
+  // (hard links), except an earlier checkpoint's shards and index, which this one replaces. Where OUT cannot be
+  // swapped (a symbolic link, a mount point, a file system without RENAME_EXCHANGE) the files are staged in OUT
+  // itself and renamed into place one by one, the weights first, their index last, then config.json and the rest.
+  std::vector<fs::path> made;  // folders this command created inside OUT (in place), outermost first
   try {
-    make_directories(o, made);
-    StagedShards weights = stage_sharded_safetensors(o, entries, metadata, shards);
+    AtomicDirectory directory(o);
+    const fs::path w = directory.path();
+    StagedShards weights = stage_sharded_safetensors(w, entries, metadata, shards);
     const OpenFileLimitRaised limit;  // outlives the staged files below
     std::vector<std::unique_ptr<AtomicFile>> others;
-    if (config_json) others.push_back(stage_text(o / "config.json", *config_json));
-    const CompanionFiles files = stage_companion_files(in, o, others, made);
-    std::vector<fs::path> destinations = weights.destinations();
-    for (const auto& f : others) destinations.push_back(f->destination());
-    for (const fs::path& d : destinations) {
-      std::error_code ec;
-      if (fs::is_directory(d, ec)) {
-        FP8KIT_THROW(ErrorKind::kIo, "cannot write '", d.string(), "': a directory of that name is in the way");
+    if (config_json) others.push_back(stage_text(w / "config.json", *config_json));
+    const CompanionFiles files = stage_companion_files(in, w, o, others, made);
+    if (directory.in_place()) {
+      // Before the renames, no destination may be a directory (the one way a rename then fails).
+      std::vector<fs::path> destinations = weights.destinations();
+      for (const auto& f : others) destinations.push_back(f->destination());
+      for (const fs::path& d : destinations) {
+        std::error_code ec;
+        if (fs::is_directory(d, ec)) {
+          FP8KIT_THROW(ErrorKind::kIo, "cannot write '", d.string(), "': a directory of that name is in the way");
+        }
       }
     }
     weights.commit();
     for (auto& f : others) f->commit();
+    directory.commit([](const fs::path& relative) { return kept_beside_new_checkpoint(relative); });
     return files;
   } catch (...) {
-    // The staged files are gone already (AtomicFile); what is left of the folders made is empty.
+    // The staged files are gone already (AtomicFile, AtomicDirectory); what is left of the folders made is empty.
     std::error_code ec;
     for (auto it = made.rbegin(); it != made.rend(); ++it) fs::remove(*it, ec);
     throw;
@@ -346,7 +352,7 @@ void make_directories(const fs::path& directory, std::vector<fs::path>& made) {
   }
 }
 
-CompanionFiles stage_companion_files(const CheckpointInput& in, const fs::path& to,
+CompanionFiles stage_companion_files(const CheckpointInput& in, const fs::path& to, const fs::path& destination,
                                      std::vector<std::unique_ptr<AtomicFile>>& staged, std::vector<fs::path>& made) {
   const fs::path& from = in.path;
   std::set<std::string> own{std::string(kSafetensorsIndexName)};
@@ -370,10 +376,10 @@ CompanionFiles stage_companion_files(const CheckpointInput& in, const fs::path& 
     // (The folder's path resolved, not the file's own: a link left at the file's name is replaced, not written
     // through.)
     const fs::path input = fs::weakly_canonical(from, in_ec),
-                   dest = fs::weakly_canonical((to / relative).parent_path(), out_ec) / relative.filename();
+                   dest = fs::weakly_canonical((destination / relative).parent_path(), out_ec) / relative.filename();
     const auto [stop, rest] = std::mismatch(input.begin(), input.end(), dest.begin(), dest.end());
     if (!in_ec && !out_ec && stop == input.end()) {
-      throw UsageError("'" + (to / relative).string() + "' leads into the input directory '" + from.string() +
+      throw UsageError("'" + (destination / relative).string() + "' leads into the input directory '" + from.string() +
                        "' (a symbolic link in the output): remove the link or write elsewhere");
     }
     make_directories((to / relative).parent_path(), made);

@@ -51,11 +51,12 @@ struct CompanionFiles {
   std::vector<std::string> left_out;
 };
 
-// Writes the entries to OUT: one file (write_safetensors), or a directory (created when missing) of shards with
-// an index (stage_sharded_safetensors), plus `config_json` as config.json and the input directory's other files
-// (stage_companion_files): all written and synced before any is renamed into place (the index last), so a failure
-// while writing leaves OUT as it was (a directory it created is removed). An existing directory (--force) keeps
-// its files that the output does not replace, less an earlier checkpoint's stale shards.
+// Writes the entries to OUT: one file (write_safetensors), or a directory of shards with an index
+// (stage_sharded_safetensors), plus `config_json` as config.json and the input directory's other files
+// (stage_companion_files), staged whole beside OUT and swapped in with one rename (AtomicDirectory; in place, the
+// index renamed last, where OUT cannot be swapped): a failure or a kill leaves OUT as it was or complete. An
+// existing directory (--force) keeps its files that the output does not replace, less an earlier checkpoint's
+// shards and index.
 // `max_shard_size` ("5GB" when empty) splits a directory's shards; given for a file output, it is a UsageError.
 // Returns what was copied and left out (nothing for a file output).
 CompanionFiles write_checkpoint_output(const CheckpointInput& in, const std::string& out,
@@ -72,7 +73,10 @@ CompanionFiles write_checkpoint_output(const CheckpointInput& in, const std::str
 // output: named in `left_out`), pickles (never read; named in `left_out`) and hidden files and folders. Symlinks
 // to files are copied as their contents.
 // Folders it creates are appended to `made` (outermost first), for the caller to remove if the write fails.
+// `destination` is where `to`'s content ends up (OUT, when `to` is its staging directory): a symbolic link there
+// that leads back into the input is refused (UsageError) before anything is staged.
 CompanionFiles stage_companion_files(const CheckpointInput& in, const std::filesystem::path& to,
+                                     const std::filesystem::path& destination,
                                      std::vector<std::unique_ptr<AtomicFile>>& staged,
                                      std::vector<std::filesystem::path>& made);
 

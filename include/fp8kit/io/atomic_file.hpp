@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string_view>
 
@@ -45,6 +46,50 @@ class AtomicFile {
   std::filesystem::path temporary_;
   int fd_ = -1;
   bool synced_ = false;
+  bool committed_ = false;
+};
+
+// AtomicDirectory: replaces (or creates) a whole directory so that its path names either the old directory or the
+// complete new one, whatever fails or crashes. The new content is written into a staging directory beside it,
+// `.<name>.tmp-<pid>-<n>` (path() names it; locked with flock(2) while its writer lives). commit() carries over what
+// the old directory holds and the new content does not: files and special files as hard links of the same inodes
+// (a file copied where a link is refused), symbolic links made again, folders made again with their permission bits
+// and merged with the new content's, each file or link first asked of `carry`; an AtomicFile temporary file whose
+// writer lives goes on (its commit then lands in the new directory), an abandoned one does not. A folder where the
+// new content has a file, or a file where it has a folder, is refused (Error(kIo)), the old directory untouched.
+// Then the staging tree is fsynced, the two directories exchanged in one renameat2(RENAME_EXCHANGE) (a rename where
+// there was none), the old tree removed and the parent fsynced. A process killed before the exchange leaves the old
+// directory; killed after it, the new one, complete; either way only a `.<name>.tmp-*` directory is left, which the
+// next AtomicDirectory of that name removes (only those whose writer's lock is gone). Destroyed without commit(), it
+// removes its staging directory.
+// In place (path() is the destination itself, the files' own AtomicFile renames are the commit, and commit() does
+// nothing more) where a new directory would be more than new content: the destination is a symbolic link (a swap
+// would replace the link), "." or "/", a mount point or holds one, belongs to another user or group or holds a
+// folder that does, has an ACL, or holds the working directory; and where two directories cannot be exchanged there
+// (a folder not writable, a file system without RENAME_EXCHANGE such as NFS).
+// The destination's folder must exist; an existing destination that is not a directory is refused (Error(kIo)).
+class AtomicDirectory {
+ public:
+  explicit AtomicDirectory(std::filesystem::path destination);
+  ~AtomicDirectory();
+  AtomicDirectory(const AtomicDirectory&) = delete;
+  AtomicDirectory& operator=(const AtomicDirectory&) = delete;
+
+  // Where to write the new content: the staging directory, or the destination when in place.
+  const std::filesystem::path& path() const noexcept { return in_place_ ? destination_ : staging_; }
+  const std::filesystem::path& destination() const noexcept { return destination_; }
+  bool in_place() const noexcept { return in_place_; }
+  // `carry(relative)` says whether a file or link of the old directory that the new content does not hold goes on to
+  // the new one (all do when it is empty). Files written into path() must be complete (AtomicFile's commit done).
+  void commit(const std::function<bool(const std::filesystem::path& relative)>& carry = {});
+
+ private:
+  void discard() noexcept;
+
+  std::filesystem::path destination_;
+  std::filesystem::path staging_;
+  int lock_fd_ = -1;
+  bool in_place_ = false;
   bool committed_ = false;
 };
 

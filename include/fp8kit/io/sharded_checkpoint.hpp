@@ -99,6 +99,11 @@ class StagedShards {
 // `file` there: "<prefix>.safetensors", "<prefix>-00001-of-00003.safetensors", "<prefix>.safetensors.index.json".
 bool is_checkpoint_file_name(const std::string& file, const std::string& prefix = "model");
 
+// Whether an entry of a directory (`relative` to it) goes on into the directory that replaces it when a new checkpoint
+// of `prefix` is written there whole (AtomicDirectory::commit's `carry`): all but an earlier checkpoint's top-level
+// shards, single file and index, which the new checkpoint replaces.
+bool kept_beside_new_checkpoint(const std::filesystem::path& relative, const std::string& prefix = "model");
+
 // write_sharded_safetensors up to the renames: everything written and synced, nothing visible until commit().
 StagedShards stage_sharded_safetensors(const std::filesystem::path& directory,
                                        std::span<const SafetensorsEntry> entries,
@@ -111,8 +116,9 @@ StagedShards stage_sharded_safetensors(const std::filesystem::path& directory,
 // files written, shards first. Every file is written crash-safely (AtomicFile) and all are fsynced before the
 // first rename; the index, renamed last, is the commit point. Afterwards, shards and an index left by an earlier
 // checkpoint of the same prefix that are not part of this one are removed (as Hugging Face's save_pretrained
-// does). A crash between the renames of a rewrite in place can leave new shards beside the old index: write a
-// new checkpoint into a fresh directory and rename the directory when replacing one must be all-or-nothing.
+// does). A crash between the renames of a rewrite in place can leave new shards beside the old index: where
+// replacing a checkpoint must be all-or-nothing, write it into an AtomicDirectory's path() and commit that with
+// kept_beside_new_checkpoint (what fp8kit's CLI and export_fp8_checkpoint do).
 // Throws as write_safetensors does, and Error(kInvalidArgument) for a prefix that is not a plain file name.
 std::vector<std::filesystem::path> write_sharded_safetensors(const std::filesystem::path& directory,
                                                              std::span<const SafetensorsEntry> entries,
