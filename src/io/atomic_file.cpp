@@ -457,8 +457,8 @@ AtomicDirectory::AtomicDirectory(std::filesystem::path destination) : destinatio
   for (int attempt = 0;; ++attempt) {
     if (attempt == 100) fail("cannot create a staging directory in '" + parent.string() + "'", EEXIST);
     staging_ = parent / (stem + std::to_string(g_sequence.fetch_add(1)));
-    // Private until the commit gives it the old directory's permission bits (a new one keeps the umask's).
-    if (::mkdir(staging_.c_str(), exists ? 0700 : 0777) != 0) {
+    // The umask's permission bits, as a directory made anew; the commit gives it the old directory's.
+    if (::mkdir(staging_.c_str(), 0777) != 0) {
       if (errno == EEXIST) continue;
       const int err = errno;
       staging_.clear();
