@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -112,6 +113,20 @@ void remove_abandoned(const std::filesystem::path& directory, const std::string&
   }
 }
 
+// The process's umask, read where reading it does not change it (/proc/self/status; 022 where that is missing).
+mode_t process_umask() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  unsigned mask = 022;
+  if (f != nullptr) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::sscanf(line, "Umask: %o", &mask) == 1) break;
+    }
+    std::fclose(f);
+  }
+  return static_cast<mode_t>(mask & 0777);
+}
+
 std::string temporary_prefix(const std::filesystem::path& destination) {
   std::string prefix(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
   prefix += destination.filename().string();
@@ -162,7 +177,13 @@ std::string why_not_swappable(const std::filesystem::path& destination, const st
   if (is_mount_root(destination)) return "a mount point";
   for (auto it = std::filesystem::recursive_directory_iterator(destination, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->symlink_status(ec).type() != std::filesystem::file_type::directory) continue;
+    const std::filesystem::file_type type = it->symlink_status(ec).type();
+    // (a link to a folder: the new content would put a folder of its own where the link was)
+    std::error_code link_ec;  // (a link to nothing is carried as a link)
+    if (type == std::filesystem::file_type::symlink && std::filesystem::is_directory(it->path(), link_ec)) {
+      return "a symbolic link to a folder inside";
+    }
+    if (type != std::filesystem::file_type::directory) continue;
     struct stat sub {};
     if (::lstat(it->path().c_str(), &sub) != 0) continue;
     if (sub.st_dev != st.st_dev || is_mount_root(it->path())) return "a mount point inside";
@@ -191,7 +212,10 @@ void carry_over(const std::filesystem::path& from, const std::filesystem::path& 
     }, dst{};
     if (::lstat(source.c_str(), &src) != 0) {
       if (errno == ENOENT) continue;  // gone since it was listed
-      fail("cannot read '" + (shown / r).string() + "'", errno);
+      {
+        const int err = errno;
+        fail("cannot read '" + (shown / r).string() + "'", err);
+      }
     }
     const bool directory = S_ISDIR(src.st_mode);
     if (::lstat(target.c_str(), &dst) == 0) {
@@ -200,17 +224,29 @@ void carry_over(const std::filesystem::path& from, const std::filesystem::path& 
         FP8KIT_THROW(ErrorKind::kIo, "cannot write '", (shown / r).string(),
                      "': ", directory ? "a directory" : "a file", " of that name is in the way (nothing was changed)");
       }
-      if (directory) carry_over(from, to, r, carry, shown);
+      if (directory) {
+        carry_over(from, to, r, carry, shown);
+        if (::chmod(target.c_str(), src.st_mode & 07777) != 0) {  // the user's folder keeps its bits
+          const int err = errno;
+          fail("cannot set the permissions of '" + r.string() + "' in the new '" + shown.string() + "'", err);
+        }
+      }
       continue;
     }
     if (!directory && carry && !carry(r)) continue;
     if (directory) {
       if (::mkdir(target.c_str(), 0700) != 0) {
-        fail("cannot make the folder '" + r.string() + "' in the new '" + shown.string() + "'", errno);
+        {
+          const int err = errno;
+          fail("cannot make the folder '" + r.string() + "' in the new '" + shown.string() + "'", err);
+        }
       }
       carry_over(from, to, r, carry, shown);
       if (::chmod(target.c_str(), src.st_mode & 07777) != 0) {
-        fail("cannot set the permissions of '" + r.string() + "' in the new '" + shown.string() + "'", errno);
+        {
+          const int err = errno;
+          fail("cannot set the permissions of '" + r.string() + "' in the new '" + shown.string() + "'", err);
+        }
       }
     } else if (S_ISLNK(src.st_mode)) {
       fs::create_symlink(fs::read_symlink(source, ec), target, ec);
@@ -421,7 +457,9 @@ AtomicDirectory::AtomicDirectory(std::filesystem::path destination) : destinatio
   const std::string name = destination_.filename().string();
   struct stat st {};
   const bool exists = ::lstat(destination_.c_str(), &st) == 0;
-  if (!exists && errno != ENOENT) fail("cannot write the directory '" + destination_.string() + "'", errno);
+  if (const int err = errno; !exists && err != ENOENT) {
+    fail("cannot write the directory '" + destination_.string() + "'", err);
+  }
   if (exists && S_ISLNK(st.st_mode)) {
     // Replacing the link with a directory would change what it is: written through, in place.
     struct stat target {};
@@ -457,8 +495,9 @@ AtomicDirectory::AtomicDirectory(std::filesystem::path destination) : destinatio
   for (int attempt = 0;; ++attempt) {
     if (attempt == 100) fail("cannot create a staging directory in '" + parent.string() + "'", EEXIST);
     staging_ = parent / (stem + std::to_string(g_sequence.fetch_add(1)));
-    // The umask's permission bits, as a directory made anew; the commit gives it the old directory's.
-    if (::mkdir(staging_.c_str(), 0777) != 0) {
+    // Private while it is written; the commit gives it the old directory's permission bits (the umask's for one
+    // made anew).
+    if (::mkdir(staging_.c_str(), 0700) != 0) {
       if (errno == EEXIST) continue;
       const int err = errno;
       staging_.clear();
@@ -466,11 +505,13 @@ AtomicDirectory::AtomicDirectory(std::filesystem::path destination) : destinatio
            err);
     }
     // Locked before anything is written there (what tells a later writer that it is not abandoned), and still the
-    // directory made here: another writer's cleanup may have taken it between the two steps.
+    // directory made here: another writer's cleanup may have taken it between the two steps. A file system
+    // without flock on directories (NFS emulates it with write locks) leaves it unlocked, as AtomicFile does.
     lock_fd_ = ::open(staging_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat opened {
     }, named{};
-    if (lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0 && ::fstat(lock_fd_, &opened) == 0 &&
+    const bool locked_by_another = lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (lock_fd_ >= 0 && !locked_by_another && ::fstat(lock_fd_, &opened) == 0 &&
         ::lstat(staging_.c_str(), &named) == 0 && opened.st_ino == named.st_ino && opened.st_dev == named.st_dev) {
       break;
     }
@@ -505,18 +546,36 @@ void AtomicDirectory::commit(const std::function<bool(const std::filesystem::pat
   if (exists) {
     FP8KIT_CHECK_KIND(S_ISDIR(st.st_mode), ErrorKind::kIo, "cannot write the directory '", destination_.string(),
                       "': something other than a directory took its place while it was written");
+    // Owner access for the carrying over, and nothing for others that the old directory did not give them.
+    if (::chmod(staging_.c_str(), (st.st_mode & 07777) | S_IRWXU) != 0) {
+      const int err = errno;
+      fail("cannot give the new '" + destination_.string() + "' the old one's permissions", err);
+    }
     carry_over(destination_, staging_, {}, carry, destination_);
     if (::chmod(staging_.c_str(), st.st_mode & 07777) != 0) {
-      fail("cannot give the new '" + destination_.string() + "' the old one's permissions", errno);
+      {
+        const int err = errno;
+        fail("cannot give the new '" + destination_.string() + "' the old one's permissions", err);
+      }
     }
+  }
+  if (!exists && ::chmod(staging_.c_str(), 0777 & ~process_umask()) != 0) {
+    const int err = errno;
+    fail("cannot give the new '" + destination_.string() + "' its permissions", err);
   }
   sync_tree(staging_);
   if (exists) {
     if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, destination_.c_str(), RENAME_EXCHANGE) != 0) {
-      fail("cannot swap the new '" + destination_.string() + "' in (the old one was not touched)", errno);
+      {
+        const int err = errno;
+        fail("cannot swap the new '" + destination_.string() + "' in (the old one was not touched)", err);
+      }
     }
   } else if (::rename(staging_.c_str(), destination_.c_str()) != 0) {
-    fail("cannot rename '" + staging_.string() + "' to '" + destination_.string() + "'", errno);
+    {
+      const int err = errno;
+      fail("cannot rename '" + staging_.string() + "' to '" + destination_.string() + "'", err);
+    }
   }
   committed_ = true;
   rename_done();

@@ -123,6 +123,7 @@ TEST(AtomicDirectory, ReplacesWhatIsWrittenAndCarriesTheRestOver) {
   SKIP_UNLESS_SWAPS(out);
   fs::permissions(out, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
   fs::permissions(out / "readonly", fs::perms::owner_read | fs::perms::owner_exec);
+  fs::permissions(out / "sub", fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
   const ino_t readme = inode_of(out / "README.md");
   // A writer with a file open in the directory (a log written through a run): its temporary file goes on, and its
   // commit lands in the new directory.
@@ -153,6 +154,8 @@ TEST(AtomicDirectory, ReplacesWhatIsWrittenAndCarriesTheRestOver) {
   EXPECT_EQ(inode_of(out / "README.md"), readme);  // linked, not copied
   EXPECT_EQ(list_dir(out / "sub"), (std::vector<std::string>{"kept.txt", "model.safetensors", "new.txt"}));
   EXPECT_EQ(text_of(out / "sub" / "kept.txt"), "kept");
+  EXPECT_EQ(fs::status(out / "sub").permissions() & fs::perms::all,  // a folder of both keeps the old one's bits
+            fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
   EXPECT_TRUE(fs::is_symlink(out / "link"));
   EXPECT_EQ(fs::read_symlink(out / "link"), fs::path("README.md"));
   EXPECT_EQ(fs::status(out).permissions() & fs::perms::all,
@@ -190,18 +193,23 @@ TEST(AtomicDirectory, RefusesToLoseWhatTheUserHadAndChangesNothing) {
   EXPECT_TRUE(fs::is_directory(out / "model.safetensors" / "inside"));
 }
 
-// What a swap would change beyond the content: a directory holding the working directory is written in place (the
-// process would otherwise work in the removed old tree).
-TEST(AtomicDirectory, InPlaceWhereTheWorkingDirectoryIsInside) {
+// What a swap would change beyond the content is written in place: a directory holding the working directory (the
+// process would work in the removed old tree), or a symbolic link to a folder (the new content's folder of that name
+// would take the link's place; in place, it is written through). A link to nothing is carried as a link.
+TEST(AtomicDirectory, InPlaceWhereTheWorkingDirectoryOrALinkToAFolderIsInside) {
   TempDir root;
   const fs::path out = root / "out";
   fs::create_directories(out / "sub");
+  fs::create_symlink("gone", out / "dangling");
   SKIP_UNLESS_SWAPS(out);
   const fs::path before = fs::current_path();
   fs::current_path(out / "sub");
   const bool in_place = AtomicDirectory(out).in_place();
   fs::current_path(before);
   EXPECT_TRUE(in_place);
+  fs::create_directories(root / "elsewhere");
+  fs::create_symlink(root / "elsewhere", out / "linked");
+  EXPECT_TRUE(AtomicDirectory(out).in_place());
 }
 
 // A writer killed before its commit (SIGKILL: nothing cleaned up) leaves the old directory and its staging

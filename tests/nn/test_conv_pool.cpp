@@ -62,7 +62,7 @@ Tensor matmul_nt(const Tensor& a, const Tensor& b) {
 }
 
 // a (K, M)^T -> (M, K).
-Tensor transpose(const Tensor& a) {
+Tensor naive_transpose(const Tensor& a) {
   const std::int64_t r = a.size(0), c = a.size(1);
   Tensor t = empty({c, r}, DType::float32);
   for (std::int64_t i = 0; i < r; ++i)
@@ -212,9 +212,9 @@ TEST(Im2col, ConvolutionGradientsMatchFiniteDifferences) {
     Tensor w = randn({oc, g.cols()}, 8, DType::float32);
     const Tensor dy = randn(g.output_shape(oc), 9, DType::float32);
     auto loss = [&] { return dot(dy, rows_to_nchw(Context{}, matmul_nt(im2col(Context{}, x, g), w), g)); };
-    const Tensor dy_rows = nchw_to_rows(Context{}, dy);                                   // (N*OH*OW, OC)
-    const Tensor dx = col2im(Context{}, matmul_nt(dy_rows, transpose(w)), g);             // dy_rows W
-    const Tensor dw = matmul_nt(transpose(dy_rows), transpose(im2col(Context{}, x, g)));  // dy_rows^T cols
+    const Tensor dy_rows = nchw_to_rows(Context{}, dy);                                               // (N*OH*OW, OC)
+    const Tensor dx = col2im(Context{}, matmul_nt(dy_rows, naive_transpose(w)), g);                   // dy_rows W
+    const Tensor dw = matmul_nt(naive_transpose(dy_rows), naive_transpose(im2col(Context{}, x, g)));  // dy_rows^T cols
     const float e = 1e-2f;
     for (auto [param, grad] : {std::pair{&x, &dx}, std::pair{&w, &dw}}) {
       float* p = param->data<float>();

@@ -58,16 +58,19 @@ class AtomicFile {
 // writer lives goes on (its commit then lands in the new directory), an abandoned one does not. A folder where the
 // new content has a file, or a file where it has a folder, is refused (Error(kIo)), the old directory untouched.
 // Then the staging tree is fsynced, the two directories exchanged in one renameat2(RENAME_EXCHANGE) (a rename where
-// there was none), the old tree removed and the parent fsynced. A process killed before the exchange leaves the old
+// there was none), the old tree removed and the parent fsynced. The staging directory is private while written and
+// gets the old directory's permission bits (the umask's for a new one); folders of both keep the old one's bits.
+// What another writer puts into the old directory during commit() itself (between carrying over and the exchange)
+// goes with the old tree. A process killed before the exchange leaves the old
 // directory; killed after it, the new one, complete; either way only a `.<name>.tmp-*` directory is left, which the
 // next AtomicDirectory of that name removes (only those whose writer's lock is gone). Destroyed without commit(), it
 // removes its staging directory.
 // In place (path() is the destination itself, the files' own AtomicFile renames are the commit, and commit() does
 // nothing more) where a new directory would be more than new content: the destination is a symbolic link (a swap
 // would replace the link), "." or "/", a mount point or holds one, belongs to another user or group or holds a
-// folder that does, has an ACL, or holds the working directory; and where two directories cannot be exchanged there
-// (a folder not writable, a file system without RENAME_EXCHANGE such as NFS).
-// The destination's folder must exist; an existing destination that is not a directory is refused (Error(kIo)).
+// folder that does, has an ACL, holds a symbolic link to a folder, or holds the working directory; and where two
+// directories cannot be exchanged there (a folder not writable, a file system without RENAME_EXCHANGE such as NFS). The
+// destination's folder must exist; an existing destination that is not a directory is refused (Error(kIo)).
 class AtomicDirectory {
  public:
   explicit AtomicDirectory(std::filesystem::path destination);
