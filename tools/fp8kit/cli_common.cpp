@@ -10,6 +10,7 @@
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <thread>
 #include <type_traits>
 
 #include "fp8kit/common/error.hpp"
@@ -46,6 +48,17 @@ std::string one_line(std::string_view text) {
     }
   }
   return line;
+}
+
+std::unique_ptr<Communicator> job_communicator() {
+  try {
+    return world_communicator();
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kInvalidArgument && launcher_rank() != 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    throw;
+  }
 }
 
 int report_error(const std::string& command, const std::exception_ptr& error) {

@@ -632,7 +632,7 @@ void run_bench_comm(bool json, const std::string& sizes_text, int reps) {
   // Per rank about 6 payloads at the largest size (the values, the work copy, the encoded copy, the exchanged parts,
   // the decode buffer, the gathered codes), for every rank on this machine (they share its memory).
   check_memory(6 * largest * static_cast<std::size_t>(local_ranks()), sizes_text, "--sizes");
-  std::unique_ptr<Communicator> comm = world_communicator();
+  std::unique_ptr<Communicator> comm = job_communicator();
   const std::vector<bench::CommResult> results = bench::run_comm_bench(*comm, sizes, reps);
   if (comm->rank() != 0) return;  // one report, from rank 0 (every rank has the same results)
   const std::string cpu = cpu_features().brand;

@@ -1293,7 +1293,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
 // of the run ends the job itself: end_job.)
 void run(const TrainArgs& a) {
   if (a.parallel == "none") return train_run(a, nullptr);
-  const std::unique_ptr<Communicator> comm = world_communicator();
+  const std::unique_ptr<Communicator> comm = job_communicator();
   int status = 0;
   bool checked = false, collectives_over = false;
   try {
