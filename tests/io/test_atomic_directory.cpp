@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,20 +37,13 @@ void put(const fs::path& dir, const std::string& name, const std::string& text) 
   f.commit();
 }
 
-// Whether AtomicDirectory swaps an existing directory of the temporary directory's file system: it must where the
-// file system has RENAME_EXCHANGE (ext4, xfs, btrfs, tmpfs: a test there fails if it writes in place); elsewhere
-// (NFS, an overlay) it writes in place and the swap tests skip, saying so.
-bool swaps_here(const fs::path& existing) {
-  if (!AtomicDirectory(existing).in_place()) return true;
-  struct statfs fs_info {};
-  const bool exchanges = ::statfs(existing.c_str(), &fs_info) == 0 &&
-                         (fs_info.f_type == 0xEF53 /* ext2/3/4 */ || fs_info.f_type == 0x01021994 /* tmpfs */ ||
-                          fs_info.f_type == 0x58465342 /* xfs */ || fs_info.f_type == 0x9123683E /* btrfs */);
-  EXPECT_FALSE(exchanges) << existing << ": in place on a file system with RENAME_EXCHANGE";
-  return false;
-}
-#define SKIP_UNLESS_SWAPS(dir) \
-  if (!swaps_here(dir)) GTEST_SKIP() << "this file system cannot exchange two directories (RENAME_EXCHANGE)"
+// The swap tests need the temporary directory's file system to exchange directories (RENAME_EXCHANGE: ext4, xfs,
+// btrfs, tmpfs); on one that cannot (NFS) AtomicDirectory writes in place and these tests fail, naming the fix.
+#define ASSERT_SWAPS(dir)                                                                            \
+  ASSERT_FALSE(AtomicDirectory(dir).in_place())                                                      \
+      << (dir)                                                                                       \
+      << ": written in place, not swapped; run the tests with TMPDIR on a local file system (ext4, " \
+         "xfs, btrfs, tmpfs)"
 
 ino_t inode_of(const fs::path& path) {
   struct stat st {};
@@ -120,7 +112,7 @@ TEST(AtomicDirectory, ReplacesWhatIsWrittenAndCarriesTheRestOver) {
   fs::create_directories(out / "readonly");
   write_text(out / "readonly" / "r.txt", "r");
   ASSERT_EQ(::mkfifo((out / "pipe").c_str(), 0600), 0);
-  SKIP_UNLESS_SWAPS(out);
+  ASSERT_SWAPS(out);
   fs::permissions(out, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
   fs::permissions(out / "readonly", fs::perms::owner_read | fs::perms::owner_exec);
   fs::permissions(out / "sub", fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
@@ -170,7 +162,7 @@ TEST(AtomicDirectory, RefusesToLoseWhatTheUserHadAndChangesNothing) {
   fs::create_directories(out / "notes");
   fs::create_directories(out / "model.safetensors" / "inside");
   write_text(out / "pooling", "a file");
-  SKIP_UNLESS_SWAPS(out);
+  ASSERT_SWAPS(out);
   for (const char* clash : {"notes", "pooling", "model.safetensors"}) {
     AtomicDirectory d(out);
     if (std::string(clash) == "pooling") {
@@ -201,7 +193,7 @@ TEST(AtomicDirectory, InPlaceWhereTheWorkingDirectoryOrALinkToAFolderIsInside) {
   const fs::path out = root / "out";
   fs::create_directories(out / "sub");
   fs::create_symlink("gone", out / "dangling");
-  SKIP_UNLESS_SWAPS(out);
+  ASSERT_SWAPS(out);
   const fs::path before = fs::current_path();
   fs::current_path(out / "sub");
   const bool in_place = AtomicDirectory(out).in_place();
@@ -220,7 +212,7 @@ TEST(AtomicDirectory, AKilledWritersStagingIsRemovedByTheNextWriterButALiveOnesI
   const fs::path out = root / "out";
   fs::create_directory(out);
   write_text(out / "a.txt", "old a");
-  SKIP_UNLESS_SWAPS(out);
+  ASSERT_SWAPS(out);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
