@@ -159,37 +159,37 @@ bool is_mount_root(const std::filesystem::path& path) {
          (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) && (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT);
 }
 
-// Why an existing directory cannot be replaced by a new one without changing more than its content, or empty:
+// Whether an existing directory can be replaced by a new one without changing more than its content. Not where
 // the new directory and its folders would belong to this process's user and group and lose ACLs, a mount cannot be
 // renamed (or would be copied and emptied), and a process working inside would be left in the removed old tree.
-std::string why_not_swappable(const std::filesystem::path& destination, const struct stat& st) {
-  if (st.st_uid != ::geteuid() || st.st_gid != ::getegid()) return "another owner or group";
+bool only_content_would_change(const std::filesystem::path& destination, const struct stat& st) {
+  if (st.st_uid != ::geteuid() || st.st_gid != ::getegid()) return false;  // another owner or group
   for (const char* acl : {"system.posix_acl_access", "system.posix_acl_default"}) {
-    if (::lgetxattr(destination.c_str(), acl, nullptr, 0) >= 0) return "an ACL";
+    if (::lgetxattr(destination.c_str(), acl, nullptr, 0) >= 0) return false;  // an ACL
   }
   std::error_code ec;
   const std::filesystem::path cwd = std::filesystem::current_path(ec),
                               real = std::filesystem::canonical(destination, ec);
   if (!ec) {
     const auto [stop, rest] = std::mismatch(real.begin(), real.end(), cwd.begin(), cwd.end());
-    if (stop == real.end()) return "the working directory";
+    if (stop == real.end()) return false;  // the working directory
   }
-  if (is_mount_root(destination)) return "a mount point";
+  if (is_mount_root(destination)) return false;  // a mount point
   for (auto it = std::filesystem::recursive_directory_iterator(destination, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
     const std::filesystem::file_type type = it->symlink_status(ec).type();
     // (a link to a folder: the new content would put a folder of its own where the link was)
     std::error_code link_ec;  // (a link to nothing is carried as a link)
     if (type == std::filesystem::file_type::symlink && std::filesystem::is_directory(it->path(), link_ec)) {
-      return "a symbolic link to a folder inside";
+      return false;  // a symbolic link to a folder inside
     }
     if (type != std::filesystem::file_type::directory) continue;
     struct stat sub {};
     if (::lstat(it->path().c_str(), &sub) != 0) continue;
-    if (sub.st_dev != st.st_dev || is_mount_root(it->path())) return "a mount point inside";
-    if (sub.st_uid != st.st_uid || sub.st_gid != st.st_gid) return "a folder of another owner or group inside";
+    if (sub.st_dev != st.st_dev || is_mount_root(it->path())) return false;  // a mount point inside
+    if (sub.st_uid != st.st_uid || sub.st_gid != st.st_gid) return false;  // a folder of another owner or group inside
   }
-  return ec ? "a folder that cannot be listed" : "";
+  return !ec;  // (a folder that cannot be listed: in place)
 }
 
 // Puts what `from` holds and `to` does not into `to`, each relative path of a file, link or special file asked of
@@ -488,7 +488,7 @@ AtomicDirectory::AtomicDirectory(std::filesystem::path destination) : destinatio
   remove_abandoned(parent, prefix, true);
   const std::string stem = prefix + std::to_string(::getpid()) + "-";
   if (exists &&
-      (st.st_dev != above.st_dev || !why_not_swappable(destination_, st).empty() || !can_exchange(parent, stem))) {
+      (st.st_dev != above.st_dev || !only_content_would_change(destination_, st) || !can_exchange(parent, stem))) {
     in_place_ = true;
     return;
   }
