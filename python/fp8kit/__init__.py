@@ -215,13 +215,25 @@ def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int], kee
     return src, name, bits
 
 
+def _scale_grid(scales: Any, shape: tuple, granularity: str) -> Any:
+    """Scales (a NumPy array of the block grid: grid rows x grid cols of the matrix whose rows are the last
+    dimension) laid out for an array of `shape`: where each block lies in one row (row, block:1xC, mx32) and the
+    array is not 2-D, its leading dimensions are kept, shape[:-1] + (grid cols,), as PyTorch's and torchao's per-row
+    and MX scales are (a view, no copy); otherwise the grid as it is."""
+    if len(shape) in (0, 2) or not _fp8kit.one_row_blocks(granularity):
+        return scales
+    return scales.reshape(tuple(shape[:-1]) + (scales.shape[1],))
+
+
 class ScaledTensor:
     """FP8 codes and their dequantization scales: x ~= decode(data) * scale_inv of each element's block.
 
     data: the codes as an FP8 array of the quantized array's kind (NumPy with the ml_dtypes dtype, or torch) and
       shape, a view of the codes fp8kit wrote (no copy).
-    scale_inv: the dequantization scales, float32, one per block: (grid rows, grid cols) over the matrix whose rows
-      are the last dimension (per tensor (1, 1), per row (rows, 1), block:1x128 (rows, ceil(cols / 128)), ...).
+    scale_inv: the dequantization scales, float32, one per block of the matrix whose rows are the last dimension:
+      per tensor (1, 1), per column (1, cols), block:RxC (ceil(rows / R), ceil(cols / C)); where each block lies in
+      one row (row, block:1xC, mx32) the leading dimensions are kept: shape[:-1] + (1,) per row, shape[:-1] +
+      (ceil(cols / 128),) for block:1x128 (a (B, T, H) array: (B, T, H / 128)), as PyTorch's and torchao's scales.
     granularity ("tensor", "row", "col", "block:RxC", "mx32", "mx32-rceil"), format ("e4m3fn", ...), shape,
     original_dtype (what dequantize() returns by default). MX scales are powers of two (E8M0 codes' values).
     Made by quantize() and load(); it pickles and deep-copies (codes and scales with it).
@@ -268,7 +280,7 @@ class ScaledTensor:
 
     @property
     def scale_inv(self) -> Any:
-        return self._as_kind(self._q.scale_inv)
+        return self._as_kind(_scale_grid(self._q.scale_inv, self.shape, self.granularity))
 
     def dequantize(self, dtype: Any = None, *, threads: Optional[int] = None) -> Any:
         """decode(data) * scale_inv, as `dtype` (float32, bfloat16, float16; default: what was quantized)."""
@@ -276,7 +288,7 @@ class ScaledTensor:
 
     def __repr__(self) -> str:
         return (f"ScaledTensor(format={self.format!r}, granularity={self.granularity!r}, shape={self.shape}, "
-                f"scales={tuple(self._q.scale_inv.shape)})")
+                f"scales={tuple(_scale_grid(self._q.scale_inv, self.shape, self.granularity).shape)})")
 
 _GRANULARITIES = "tensor, row, col, block:RxC (block:1x128, block:128x128), mx32"
 
@@ -318,7 +330,8 @@ def quantize(x: Any, format: Any = "e4m3fn", granularity: str = "tensor", *, sat
       Transformer Engine's; nothing overflows with the computed scales unless margin < 0).
     scale_rounding: None (exact), "pow2" (rounded down to a power of two: DeepSeek-V3.1's ue8m0, torchao row-wise);
       for mx32: "floor" (OCP MX's default) or "rceil" (NVIDIA's).
-    Returns a ScaledTensor; fp8kit.dequantize(q) or q.dequantize() brings it back.
+    Returns a ScaledTensor (its scale_inv keeps an N-D x's leading dimensions where each block is in one row:
+    (B, T, H) per 1x128 block gives (B, T, ceil(H/128))); fp8kit.dequantize(q) or q.dequantize() brings it back.
     """
     target = resolve_dtype(format)
     if target not in FP8:
@@ -382,6 +395,7 @@ def amax(x: Any, granularity: str = "tensor", *, threads: Optional[int] = None) 
     blocks, _, _ = _fp8kit.amax(bits, rows, cols, granularity, threads)
     if granularity == "tensor":
         return float(blocks.max()) if blocks.size else 0.0
+    blocks = _scale_grid(blocks, src.shape, granularity)
     if kind == "torch":
         import torch
         return torch.from_numpy(blocks)

@@ -800,6 +800,10 @@ NB_MODULE(_fp8kit, m) {
         nb::arg("threads").none(), "Scaled quantization of a matrix (the fused amax + scale + encode).");
   m.def("dequantize", &dequantize_matrix, nb::arg("q"), nb::arg("out"), nb::arg("kind"), nb::arg("threads").none(),
         "out = decode(code) * scale_inv of its block.");
+  m.def(
+      "one_row_blocks",
+      [](const std::string& granularity) { return granularity_named(granularity).rows_per_block(2) == 1; },
+      nb::arg("granularity"), "Whether each block of the granularity lies in one row (row, block:1xC, mx32).");
   m.def("amax", &amax_matrix, nb::arg("input"), nb::arg("rows"), nb::arg("cols"), nb::arg("granularity"),
         nb::arg("threads").none(), "(amax per block over the finite elements, NaN count, Inf count).");
   m.def("scaled_mm", &scaled_mm_matrix, nb::arg("a"), nb::arg("a_format"), nb::arg("m"), nb::arg("k"),

@@ -71,14 +71,44 @@ def test_mx_scales_are_powers_of_two_and_rceil_differs_from_floor():
 def test_shapes_views_and_lifetime():
     x = np.arange(2 * 3 * 40, dtype=np.float32).reshape(2, 3, 40) - 100
     q = fp8kit.quantize(x, "e4m3fn", "row")
-    assert q.data.shape == (2, 3, 40) and q.scale_inv.shape == (6, 1) and q.dequantize().shape == (2, 3, 40)
+    assert q.data.shape == (2, 3, 40) and q.scale_inv.shape == (2, 3, 1) and q.dequantize().shape == (2, 3, 40)
     codes, scales = q.data, q.scale_inv
     assert np.shares_memory(codes, q.data)  # a view of the codes fp8kit wrote, not a copy
     want = codes.view(np.uint8).copy()
     del q
     gc.collect()
-    assert np.array_equal(codes.view(np.uint8), want) and scales.shape == (6, 1)  # the views keep it alive
+    assert np.array_equal(codes.view(np.uint8), want) and scales.shape == (2, 3, 1)  # the views keep it alive
     assert fp8kit.quantize(np.zeros((0, 4), np.float32), "e4m3fn", "row").data.shape == (0, 4)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 300), (4, 1, 2, 64), (300,), (0, 5, 256), (2, 3, 0), (7, 300)])
+def test_scales_of_n_d_arrays_keep_the_leading_dimensions_where_each_block_is_in_one_row(shape):
+    """Per row, block:1xC and MX scales of an N-D array are shaped shape[:-1] + (column blocks,), as PyTorch's and
+    torchao's are (a (B, T, H) activation's 1x128 scales: (B, T, H/128)), in the flattened matrix's order; blocks
+    that span rows keep the flattened matrix's grid. amax lays its blocks out the same way."""
+    cols = shape[-1]
+    rows = int(np.prod(shape[:-1])) if cols else 0
+    x = np.random.default_rng(8).normal(0, 2, shape).astype(np.float32)
+    flat_x = x.reshape(rows, cols)
+    for granularity, bc in (("row", max(cols, 1)), ("block:1x128", 128), ("block:1x7", 7), ("mx32", 32),
+                            ("mx32-rceil", 32), ("tensor", None), ("col", None), ("block:128x128", None),
+                            ("block:2x16", None)):
+        q, flat = fp8kit.quantize(x, "e4m3fn", granularity), fp8kit.quantize(flat_x, "e4m3fn", granularity)
+        assert np.array_equal(q.data.view(np.uint8).reshape(rows, cols), flat.data.view(np.uint8)), granularity
+        if bc is None or len(shape) == 2:  # the matrix's grid, as a 2-D array's
+            want_shape = flat.scale_inv.shape
+        else:
+            want_shape = shape[:-1] + (-(-cols // bc),)
+        assert q.scale_inv.shape == want_shape and repr(q).endswith(f"scales={want_shape})"), granularity
+        assert np.array_equal(q.scale_inv.reshape(flat.scale_inv.shape), flat.scale_inv), granularity
+        if granularity != "tensor":
+            a, flat_a = fp8kit.amax(x, granularity), fp8kit.amax(flat_x, granularity)
+            assert a.shape == want_shape and np.array_equal(a.reshape(flat_a.shape), flat_a), granularity
+        if bc is not None and cols:  # each element's scale by broadcasting along its row's blocks
+            inv = np.repeat(q.scale_inv, bc, axis=-1)[..., :cols]
+            assert np.array_equal(q.dequantize(), q.data.astype(np.float32) * inv), granularity
+    restored = pickle.loads(pickle.dumps(fp8kit.quantize(x, "e4m3fn", "block:1x128")))
+    assert restored.scale_inv.shape == (shape[:-1] + (-(-cols // 128),) if len(shape) != 2 else (rows, 3))
 
 
 def test_errors():
@@ -181,6 +211,9 @@ def test_torch_tensors():
     q = fp8kit.quantize(x, "e4m3fn", "block:1x128")
     assert q.data.dtype == torch.float8_e4m3fn and isinstance(q.scale_inv, torch.Tensor)
     assert q.dequantize().dtype == torch.float32 and q.dequantize().shape == x.shape
+    q3 = fp8kit.quantize(x.reshape(2, 8, 256), "e4m3fn", "block:1x128")
+    assert isinstance(q3.scale_inv, torch.Tensor) and tuple(q3.scale_inv.shape) == (2, 8, 2)
+    assert torch.equal(q3.scale_inv.reshape(16, 2), fp8kit.quantize(x, "e4m3fn", "block:1x128").scale_inv)
 
 
 def test_torch_inputs_give_the_numpy_results_bit_for_bit():
