@@ -10,10 +10,10 @@ import numpy as np
 
 from emu_common import BUILD, FORMATS, Arena, bf16_table, emulator
 
-emu, syms = emulator("decode_avx512")
+emu, syms = emulator("convert_avx512")
 table = bf16_table()
-rules = bytes.fromhex("".join(subprocess.run([f"{BUILD}/shift_decode_rules"], capture_output=True, text=True,
-                                             check=True).stdout.split()))
+native = subprocess.run([f"{BUILD}/convert_reference", "shift-rules"], capture_output=True, text=True, check=True)
+rules = bytes.fromhex("".join(native.stdout.split()))
 setup = Arena(emu)
 table_at, rules_at = setup.put(table), setup.put(np.frombuffer(rules, np.uint8))
 emu.call(syms["set_up"], table_at, rules_at)

@@ -48,13 +48,15 @@ blob() {
 }
 
 gcc -shared -fPIC -O2 -o "$out/libisoc23_shim.so" "$emu/isoc23_shim.c"  # the wheel wants glibc 2.38's symbols
-g++ -std=c++20 -O2 -I"$root/src" -I"$root/include" "$root/tests/emu/shift_decode_rules.cpp" "$native/libfp8kit.a" \
-  -fopenmp -o "$out/shift_decode_rules"
-blob decode_avx512 avx512
+g++ -std=c++20 -O2 -I"$root/src" -I"$root/include" "$root/tests/emu/convert_reference.cpp" "$native/libfp8kit.a" \
+  -fopenmp -o "$out/convert_reference"
+mkdir -p "$out/encode"
+FP8KIT_ISA=scalar "$out/convert_reference" encode-cases "$out/encode"  # the codec's codes
+blob convert_avx512 avx512
 blob gemv_avx512bf16 avx512bf16
 
 status=0
-for check in check_decode_avx512 check_gemv_avx512bf16; do
+for check in check_decode_avx512 check_encode_avx512 check_gemv_avx512bf16; do
   (cd "$root/tests/emu" && FP8KIT_EMU_BUILD=$out ISA_EMU=$emu python3 -B "$check.py") || status=1
 done
 exit $status
