@@ -18,6 +18,7 @@ import math
 import mmap
 import os
 import re
+import sys
 import warnings
 from typing import Any, Optional, Sequence, Union
 
@@ -145,7 +146,7 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
         # Before scale_inv= existed a decode took its multiplier as scale=: the same value, now named for what it is.
         warnings.warn("scale= on a cast from FP8 is the multiplier decode(q) * scale; name it scale_inv= (the same "
                       "value: the dequantization scale, 1 / the encode's scale). scale= on a decode will be refused",
-                      FutureWarning, stacklevel=2)
+                      FutureWarning, stacklevel=_caller_stacklevel())
         scale_inv, scale = scale, None
     if scale is not None and not to_fp8:
         raise ValueError(f"scale is for casts from float32, bfloat16 or float16 to FP8{hint}")
@@ -173,6 +174,14 @@ def cast(x: Any, dtype: Any, *, saturate: bool = False, scale: Optional[float] =
     else:  # wide <-> wide, FP8 <-> FP8, float64: each element rounded once from its exact value
         _fp8kit.convert(flat_in, src.dtype_name, flat_out, target, bool(saturate), threads)
     return result
+
+
+def _caller_stacklevel() -> int:
+    """warnings.warn's stacklevel of the first frame outside this module (cast calls itself for a transposed x)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _matrix_shape(shape: tuple) -> tuple[int, int]:
@@ -219,8 +228,9 @@ def _scale_grid(scales: Any, shape: tuple, granularity: str) -> Any:
     """Scales (a NumPy array of the block grid: grid rows x grid cols of the matrix whose rows are the last
     dimension) laid out for an array of `shape`: where each block lies in one row (row, block:1xC, mx32) and the
     array is not 2-D, its leading dimensions are kept, shape[:-1] + (grid cols,), as PyTorch's and torchao's per-row
-    and MX scales are (a view, no copy); otherwise the grid as it is."""
-    if len(shape) in (0, 2) or not _fp8kit.one_row_blocks(granularity):
+    and MX scales are (a view, no copy; for a 2-D array the same grid, (rows, 0) for empty rows); otherwise the grid
+    as it is."""
+    if len(shape) == 0 or not _fp8kit.one_row_blocks(granularity):
         return scales
     return scales.reshape(tuple(shape[:-1]) + (scales.shape[1],))
 
@@ -258,6 +268,13 @@ class ScaledTensor:
     @property
     def format(self) -> str:
         return self._q.format
+
+    def __setstate__(self, state: Any) -> None:
+        # A pickle is data: its Python fields are checked as __init__ checks them (the C++ part checks its own).
+        if not isinstance(state, dict) or set(state) != {"_q", "_kind", "shape", "original_dtype"}:
+            raise ValueError("not a ScaledTensor state (the fields _q, _kind, shape and original_dtype are expected); "
+                             "it comes from pickling a ScaledTensor")
+        self.__init__(state["_q"], state["_kind"], state["shape"], state["original_dtype"])
 
     @property
     def granularity(self) -> str:
@@ -590,7 +607,16 @@ def _path(p: Any, what: str) -> str:
         raise TypeError(f"{what} must be a path (str, bytes or os.PathLike), not {type(p).__name__}") from None
     if "\0" in path:
         raise ValueError(f"{what} holds a NUL byte ({path!r}); a path cannot contain one")
+    _check_utf8(path, what, "fp8kit opens paths by their UTF-8 names: rename it")
     return path
+
+
+def _check_utf8(text: str, what: str, fix: str) -> None:
+    """A ValueError naming `what` where text is not UTF-8 (a lone surrogate: bytes os.fsdecode could not decode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} {text!r} is not valid UTF-8 text ({e.reason} at {e.start}); {fix}") from None
 
 
 def _names(what: str, values: Any) -> list:
@@ -729,8 +755,8 @@ def _tensor_bytes(name: str, value: Any) -> tuple:
             raise ValueError(f"tensor '{name}' is big-endian {value.dtype}; safetensors stores little-endian: "
                              f"convert it with .astype(a.dtype.newbyteorder('<'))")
         raise ValueError(f"tensor '{name}' is {value.dtype}, which safetensors does not store")
-    a = np.ascontiguousarray(value)
-    return dtype, a.shape, a.reshape(-1).view(np.uint8)
+    a = np.ascontiguousarray(value)  # (at least 1-D: a 0-d array keeps its shape, ())
+    return dtype, value.shape, a.reshape(-1).view(np.uint8)
 
 
 def save(path: Any, tensors: Any, *, layout: Optional[str] = None, metadata: Optional[dict] = None,
@@ -753,6 +779,7 @@ def save(path: Any, tensors: Any, *, layout: Optional[str] = None, metadata: Opt
     for name, value in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, not {type(name).__name__} ({name!r})")
+        _check_utf8(name, "the tensor name", "safetensors headers are UTF-8 JSON")
         if isinstance(value, ScaledTensor):
             scaled.append((name, value._q, tuple(value.shape)))
         else:
@@ -761,6 +788,9 @@ def save(path: Any, tensors: Any, *, layout: Optional[str] = None, metadata: Opt
     entries = {} if metadata is None else metadata
     if not isinstance(entries, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items()):
         raise TypeError("metadata must be a dict of str -> str (safetensors' __metadata__)")
+    for key, value in entries.items():
+        _check_utf8(key, "the metadata key", "safetensors headers are UTF-8 JSON")
+        _check_utf8(value, f"metadata['{key}']", "safetensors headers are UTF-8 JSON")
     if layout is not None and not isinstance(layout, str):
         raise TypeError(f"layout must be a layout name or None, not {type(layout).__name__}")
     try:
@@ -855,5 +885,5 @@ def load(path: Any, *, framework: str = "numpy") -> dict:
                              f"with framework='numpy' or fp8kit's C++ API, or convert the checkpoint")
         out[name] = shards.tensor(torch, torch_dtype, tuple(shape), data.nbytes, shard, offset)
     for name, q in quantized.items():
-        out[name] = ScaledTensor(q, kind, (q.rows, q.cols), q.original_dtype)
+        out[name] = ScaledTensor(q, kind, q.shape, q.original_dtype)  # (the codes' shape as the file stores it)
     return dict(sorted(out.items()))

@@ -131,7 +131,12 @@ def _int_as_float32(v: int) -> float:
 def check_float32(name: str, value: Any) -> float:
     """check_real, then finite and, unless 0, nonzero once rounded to float32 (what the library computes with): 1e300
     and 1e-46 are ValueErrors, not a silent infinity or zero. An int is rounded to float32 once, from its exact
-    value."""
+    value (the one value of an integer array or tensor too)."""
+    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "iu":
+        value = int(value.reshape(()))
+    elif type(value).__name__ == "Tensor" and hasattr(value, "numel") and value.numel() == 1 and not (
+            value.dtype.is_floating_point or value.dtype.is_complex or str(value.dtype) == "torch.bool"):
+        value = int(value.item())
     if (type(value) is int or isinstance(value, np.integer)) and not -2**53 <= value <= 2**53:
         rounded = _int_as_float32(int(value))
         if not math.isfinite(rounded):

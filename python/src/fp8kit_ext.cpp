@@ -409,7 +409,33 @@ nb::tuple reduce_with_state(nb::handle self) {
 // original dtype, codes, scale_inv, scale_e8m0) with the buffers as bytes (native byte order, as NumPy's pickles).
 constexpr int kScaledTensorStateVersion = 1;
 
-nb::tuple scaled_tensor_state(const ScaledTensor& q) {
+// An MX ScaledTensor's E8M0 codes made again from its scale_inv, which Python can write into (a view that
+// dequantize reads): what pickling and save() store must be the scales the tensor uses. A scale that no E8M0 code
+// holds (a power of two from 2^-127 to 2^127, or NaN) is a ValueError naming the block.
+void refresh_mx_codes(ScaledTensor& q) {
+  if (q.granularity.kind != Granularity::Kind::kMx) return;
+  q.scale_e8m0.resize(q.scale_inv.size());
+  for (std::size_t b = 0; b < q.scale_inv.size(); ++b) {
+    const float s = q.scale_inv[b];
+    int e = 0;
+    const float m = std::isnan(s) ? 0.0f : std::frexp(s, &e);
+    const int exponent = e - 1;  // s = 2^exponent where m is 0.5
+    if (!std::isnan(s) && !(m == 0.5f && exponent >= -127 && exponent <= 127)) {
+      throw nb::value_error(("an MX ScaledTensor's scale_inv holds " +
+                             nb::cast<std::string>(nb::repr(nb::float_(static_cast<double>(s)))) + " at block " +
+                             std::to_string(b) +
+                             ", which no E8M0 scale is: MX scales are powers of two from 2^-127 to 2^127 "
+                             "(quantize again, or change scale_inv only to such powers)")
+                                .c_str());
+    }
+    const auto code = static_cast<std::uint8_t>(std::isnan(s) ? 0xFF : exponent + 127);
+    q.scale_e8m0[b] = code;
+    q.scale_inv[b] = mx_scale_value(code);  // (a NaN as E8M0's NaN decodes, whatever its payload)
+  }
+}
+
+nb::tuple scaled_tensor_state(ScaledTensor& q) {
+  refresh_mx_codes(q);
   const auto bytes = [](const void* p, std::size_t n) { return nb::bytes(static_cast<const char*>(p), n); };
   return nb::make_tuple(kScaledTensorStateVersion, std::string(name(q.format)), q.overflow == Overflow::kSaturate,
                         q.granularity.name(), q.rows, q.cols, std::string(name(q.original_dtype)),
@@ -688,14 +714,17 @@ void save_checkpoint(const std::string& path, const nb::list& plain, const nb::l
   }
   for (nb::handle item : scaled) {
     const auto t = nb::cast<nb::tuple>(item);
-    weights.emplace_back(nb::cast<std::string>(t[0]), nb::cast<const ScaledTensor*>(t[1]), nb::cast<Shape>(t[2]));
+    auto* q = nb::cast<ScaledTensor*>(t[1]);
+    refresh_mx_codes(*q);
+    weights.emplace_back(nb::cast<std::string>(t[0]), q, nb::cast<Shape>(t[2]));
     const std::optional<QuantScheme> scheme = scheme_of(std::get<1>(weights.back())->granularity);
     const CheckpointLayout own = scheme ? exact_layout(*scheme) : CheckpointLayout::kNative;
     if (!layout_name && layout && *layout != own) {
       FP8KIT_THROW(ErrorKind::kInvalidArgument, "the quantized weights' layouts differ ('",
                    std::get<0>(weights.front()), "': ", name(*layout), ", '", std::get<0>(weights.back()),
                    "': ", name(own),
-                   "): pass layout='native', which stores every granularity, or save them to separate files");
+                   "): pass layout='native', which stores every scheme (per tensor, per row, 128x128 blocks, "
+                   "mx32), or save them to separate files");
     }
     if (!layout_name) layout = own;
   }
@@ -789,6 +818,12 @@ NB_MODULE(_fp8kit, m) {
                    [](const fp8kit::ScaledTensor& q) { return q.overflow == fp8kit::Overflow::kSaturate; })
       .def_prop_ro("original_dtype",
                    [](const fp8kit::ScaledTensor& q) { return std::string(fp8kit::name(q.original_dtype)); })
+      .def_prop_ro("shape",
+                   [](const fp8kit::ScaledTensor& q) {
+                     nb::list dims;
+                     for (const std::int64_t d : q.shape()) dims.append(d);
+                     return nb::tuple(dims);
+                   })
       .def_prop_ro("rows", [](const fp8kit::ScaledTensor& q) { return q.rows; })
       .def_prop_ro("cols", [](const fp8kit::ScaledTensor& q) { return q.cols; })
       .def("__getstate__", &scaled_tensor_state)

@@ -191,7 +191,9 @@ std::optional<std::string> layout_refusal(CheckpointLayout layout, QuantScheme s
   if (r.e5m2)
     return "the " + std::string(r.name) + " layout stores e4m3fn or e5m2 weights, not " + std::string(name(format));
   return "the " + std::string(r.name) + " layout stores e4m3fn (F8_E4M3) weights, not " + std::string(name(format)) +
-         " (--layout native stores e5m2)";
+         (format == Format::e5m2
+              ? " (--layout native stores e5m2)"
+              : " (no checkpoint layout stores it: quantize to e4m3fn, or e5m2 for --layout native)");
 }
 
 // ---------------------------------------------------------------- config.json

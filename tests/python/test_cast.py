@@ -96,9 +96,12 @@ def test_scales_both_ways():
     assert np.array_equal(back, q.astype(np.float32) * np.float32(1 / s))
     # The quantization scale and the dequantization scale are kept apart: one value passed both ways would square it.
     # scale= on a decode was its multiplier before scale_inv= existed: the same value, with a FutureWarning.
-    with pytest.warns(FutureWarning, match=r"name it scale_inv= \(the same value"):
+    with pytest.warns(FutureWarning, match=r"name it scale_inv= \(the same value") as caught:
         old = fp8kit.cast(q, "float32", scale=float(1 / s))
     assert np.array_equal(old, back)
+    with pytest.warns(FutureWarning) as caught_transposed:  # cast calls itself for a transpose: still the caller's line
+        fp8kit.cast(np.stack([q, q]).T, "float32", scale=2.0)
+    assert [w.filename for w in (*caught, *caught_transposed)] == [__file__, __file__]
     with pytest.raises(ValueError, match="once, as scale_inv="):
         fp8kit.cast(q, "float32", scale=2.0, scale_inv=2.0)
     with pytest.raises(ValueError, match=r"an encode multiplies by the quantization scale: pass scale="):
@@ -279,6 +282,8 @@ def test_a_scale_past_float32s_range_is_refused():
     from fp8kit._arrays import check_float32
     assert check_float32("scale", 2**62 + 2**38 + 1) == float(2**62 + 2**39)
     assert check_float32("scale", np.int64(2**62 + 2**38 + 1)) == float(2**62 + 2**39)
+    for one in (np.array([2**62 + 2**38 + 1]), np.array([[2**62 + 2**38 + 1]], np.uint64)):  # not through a float64
+        assert check_float32("scale", one) == float(2**62 + 2**39)
     assert check_float32("scale", -(2**128 - 2**103 - 1)) == -float(np.finfo(np.float32).max)
     with pytest.raises(ValueError, match="finite float32"):
         check_float32("scale", 2**128 - 2**103)

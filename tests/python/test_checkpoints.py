@@ -3,8 +3,10 @@ the checkpoint functions run the CLI's commands in-process (their reports are th
 read-only views of the mapped file and ScaledTensors for quantized weights whose codes and scales are bit for bit
 what fp8kit.quantize computes for the same weights, and errors are one-line Python exceptions that leave every file
 as it was."""
+import copy
 import gc
 import json
+import pickle
 import os
 import struct
 import subprocess
@@ -255,6 +257,21 @@ def test_flags_paths_and_names_are_checked_before_anything_is_written(model, tmp
     (d / "config.json").write_bytes(b"\xff\xfe{}")
     with pytest.raises(ValueError, match="config.json' is not UTF-8 text"):
         fp8kit.load(d)
+    # A name the file system holds as bytes that are not UTF-8 (os.fsdecode gives lone surrogates): the binding
+    # refused it with nanobind's multi-line "incompatible function arguments"; names and metadata too (std::bad_cast).
+    odd = os.fsencode(tmp_path) + b"/\xfe.safetensors"
+    with open(odd, "wb") as f:
+        f.write(src.read_bytes())
+    for call in (lambda: fp8kit.load(odd), lambda: fp8kit.inspect(odd),
+                 lambda: fp8kit.save(odd, {"x": np.ones(2, np.float32)}, force=True)):
+        with pytest.raises(ValueError, match=r"is not valid UTF-8 text .*rename it") as e:
+            call()
+        assert "\n" not in str(e.value)
+    for tensors_given, metadata in (({"\udc80": np.ones(2, np.float32)}, None),
+                                    ({"x": np.ones(2, np.float32)}, {"k": "\udc80"})):
+        with pytest.raises(ValueError, match="not valid UTF-8 text.*safetensors headers are UTF-8"):
+            fp8kit.save(tmp_path / "n.safetensors", tensors_given, metadata=metadata)
+    assert not (tmp_path / "n.safetensors").exists()
 
 
 def test_a_path_that_looks_like_an_option(model, tmp_path, monkeypatch):
@@ -352,6 +369,36 @@ def test_save_then_load_gives_the_same_bits(model, tmp_path, granularity, layout
         assert back[name].dtype == want.dtype and np.array_equal(back[name].view(np.uint8), want.view(np.uint8))
 
 
+def test_save_keeps_shapes_and_the_scales_a_scaled_tensor_uses(tmp_path):
+    """An N-D ScaledTensor came back from load() as its (rows, cols) matrix, a 0-d array as shape (1,), and an MX
+    ScaledTensor whose scale_inv was written into (a view dequantize reads) was saved with its old E8M0 codes and
+    could be pickled but never unpickled."""
+    path = tmp_path / "s.safetensors"
+    x = np.random.default_rng(2).normal(0, 1, (2, 3, 256)).astype(np.float32)
+    for granularity in ("row", "mx32", "tensor", "block:128x128"):  # (only the native layout stores N-D weights)
+        q = fp8kit.quantize(x, "e4m3fn", granularity)
+        fp8kit.save(path, {"w": q, "step": np.array(7, np.int64)}, layout="native", force=True)
+        back = fp8kit.load(path)
+        assert back["step"].shape == () and back["step"] == 7
+        b = back["w"]
+        assert b.shape == (2, 3, 256) and b.data.shape == (2, 3, 256) and b.scale_inv.shape == q.scale_inv.shape
+        assert np.array_equal(b.scale_inv, q.scale_inv) and np.array_equal(b.dequantize(), q.dequantize())
+    q = fp8kit.quantize(x.reshape(6, 256), "e4m3fn", "mx32")
+    q.scale_inv[1, 0] *= 4  # another power of two: the tensor now dequantizes with it
+    want = q.dequantize()
+    for copied in (copy.deepcopy(q), pickle.loads(pickle.dumps(q))):
+        assert np.array_equal(copied.scale_inv, q.scale_inv) and np.array_equal(copied.dequantize(), want)
+    fp8kit.save(path, {"w": q}, force=True)
+    assert np.array_equal(fp8kit.load(path)["w"].dequantize(), want)
+    before = path.read_bytes()
+    q.scale_inv[0, 1] = 3.0  # no E8M0 code holds it
+    for call in (lambda: pickle.dumps(q), lambda: copy.deepcopy(q),
+                 lambda: fp8kit.save(path, {"w": q}, force=True)):
+        with pytest.raises(ValueError, match=r"scale_inv holds 3.0 at block 1, which no E8M0 scale is"):
+            call()
+    assert path.read_bytes() == before
+
+
 def test_save_in_other_layouts_and_what_it_refuses(model, tmp_path):
     _, tensors = model
     w = tensors["model.layers.0.mlp.up_proj.weight"]
@@ -367,7 +414,11 @@ def test_save_in_other_layouts_and_what_it_refuses(model, tmp_path):
         ({"l.weight": row}, {"layout": "compressed-tensors"}, ValueError, r"not exactly a bfloat16.*native layout"),
         ({"l.weight": row}, {"layout": "autofp8"}, ValueError, r"autofp8 layout cannot store fp8-channel.*layout='native'"),
         ({"l.weight": row}, {"layout": "gguf"}, ValueError, r"unknown layout 'gguf'"),
-        ({"a.weight": row, "b.weight": tensor}, {}, ValueError, r"layouts differ.*layout='native'"),
+        ({"a.weight": row, "b.weight": tensor}, {}, ValueError,
+         r"layouts differ.*layout='native', which stores every scheme \(per tensor, per row, 128x128 blocks, mx32\)"),
+        ({"l.weight": fp8kit.quantize(w, "e4m3fnuz", "tensor")}, {}, ValueError,
+         r"not e4m3fnuz \(no checkpoint layout stores it: quantize to e4m3fn, or e5m2 for layout='native'\)$"),
+        ({"l.weight": fp8kit.quantize(w, "e5m2", "tensor")}, {}, ValueError, r"not e5m2 \(layout='native' stores e5m2\)$"),
         ({"l.weight": fp8kit.quantize(w, "e4m3fn", "block:1x128")}, {}, ValueError, r"no checkpoint layout stores"),
         ({"l.weight": row, "l.weight_scale": row.scale_inv}, {}, ValueError, r"l.weight_scale"),
         ({"x": np.ones(3, ">f4")}, {}, ValueError, r"big-endian"),

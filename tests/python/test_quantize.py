@@ -107,6 +107,7 @@ def test_scales_of_n_d_arrays_keep_the_leading_dimensions_where_each_block_is_in
         if bc is not None and cols:  # each element's scale by broadcasting along its row's blocks
             inv = np.repeat(q.scale_inv, bc, axis=-1)[..., :cols]
             assert np.array_equal(q.dequantize(), q.data.astype(np.float32) * inv), granularity
+    assert fp8kit.quantize(np.zeros((3, 0), np.float32), "e4m3fn", "row").scale_inv.shape == (3, 0)  # as (2, 3, 0)
     restored = pickle.loads(pickle.dumps(fp8kit.quantize(x, "e4m3fn", "block:1x128")))
     assert restored.scale_inv.shape == (shape[:-1] + (-(-cols // 128),) if len(shape) != 2 else (rows, 3))
 
@@ -278,6 +279,15 @@ def test_a_scaled_tensor_state_is_checked_before_it_is_used():
             blank.__setstate__(tuple(bad))
     with pytest.raises(ValueError, match="10 fields are expected, not 9"):
         blank.__setstate__(state[:9])
+    # The Python object's own fields too: a pickle whose shape did not match its codes loaded, and failed later.
+    outer = q.__reduce_ex__(2)[2]
+    for bad, error, message in (({**outer, "shape": (2,)}, ValueError, r"shape \(2,\) is not the 4 x 64 matrix"),
+                                ({**outer, "_kind": "jax"}, ValueError, "kind must be 'numpy' or 'torch'"),
+                                ({**outer, "_q": None}, TypeError, "ScaledTensor wraps what fp8kit.quantize"),
+                                ({"_q": q._q}, ValueError, "not a ScaledTensor state"),
+                                ([], ValueError, "not a ScaledTensor state")):
+        with pytest.raises(error, match=message):
+            fp8kit.ScaledTensor.__new__(fp8kit.ScaledTensor).__setstate__(bad)
 
 
 def test_the_scaled_tensor_constructor_checks_what_it_wraps():
