@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -127,9 +128,26 @@ mode_t process_umask() {
   return static_cast<mode_t>(mask & 0777);
 }
 
+// ".<name>.tmp-": the temporary names are it and "<pid>-<n>" (and "-probe"). A name of over 200 bytes is cut to
+// its first 180 (on a UTF-8 character's start) and a hash of the whole added, so that the temporary names of every
+// name the file system takes stay within its 255 bytes (a 240-byte output name could not be written), and two long
+// names that share their start do not share their temporaries.
 std::string temporary_prefix(const std::filesystem::path& destination) {
+  std::string name = destination.filename().string();
+  constexpr std::size_t kKeptWhole = 200, kCutTo = 180;
+  if (name.size() > kKeptWhole) {
+    std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a: the same in every process
+    for (const unsigned char c : name) hash = (hash ^ c) * 0x100000001b3ull;
+    std::size_t cut = kCutTo;
+    while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+    name.resize(cut);
+    name += '~';
+    name += hex;
+  }
   std::string prefix(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
-  prefix += destination.filename().string();
+  prefix += name;
   prefix += ".tmp-";
   return prefix;
 }

@@ -259,12 +259,16 @@ namespace {
 QuantDiagnostics measure(MatrixRef x, const ScaledTensor& q, const std::vector<float>& multiplier,
                          const AmaxResult& total) {
   const std::int64_t br = q.block_rows(), bc = q.block_cols(), grid_cols = q.grid_cols();
-  std::vector<float> back(q.data.size());
-  dequantize(q, back);
   QuantDiagnostics d;
   d.amax = total.amax;
   d.count = q.data.size();
   d.nonfinite_count = total.nan_count + total.inf_count;
+  if (x.rows == 0 || x.cols == 0) {  // nothing to measure (and no pass over an empty matrix's rows)
+    d.exact = true;
+    return d;
+  }
+  std::vector<float> back(q.data.size());
+  dequantize(q, back);
   // Saturated (clamped, or Inf/NaN without saturation): the scaled value is past what rounding brings back
   // to the largest finite code, i.e. at or above the overflow threshold the encoder uses.
   const float threshold = overflow_threshold(q.format);
@@ -379,7 +383,9 @@ void quantize_float(MatrixRef x, const QuantizeOptions& options, ScaledTensor& q
   const SegmentEncoder encoder(options.format, options.overflow);
   AmaxResult total;
 
-  if (blocks == 1) {
+  if (x.rows == 0 || x.cols == 0) {
+    // No element, so no block (an empty matrix's grid is empty), and no pass over its rows: it may have 2^62.
+  } else if (blocks == 1) {
     // One scale for everything: a threaded amax pass, then one threaded scaled encode (two passes over x).
     total = amax_of(x);
     block_scale(total.amax, options, q, multiplier, 0);
@@ -672,6 +678,7 @@ void dequantize(const ScaledTensor& q, std::span<float> out) {
   const std::int64_t grid_rows = q.grid_rows(), grid_cols = q.grid_cols();
   FP8KIT_CHECK(static_cast<std::int64_t>(q.scale_inv.size()) == grid_rows * grid_cols,
                "dequantize: ", q.scale_inv.size(), " scales for a ", grid_rows, "x", grid_cols, " block grid");
+  if (n == 0) return;  // (no pass over an empty matrix's rows: it may have 2^62 of them)
   if (grid_rows * grid_cols == 1) {
     // One scale: the threaded, streaming bulk decode over everything.
     cast_from_fp8(q.data, q.format, out, q.scale_inv[0]);

@@ -72,6 +72,25 @@ TEST(AtomicDirectory, ANewDirectoryAppearsWholeAtCommit) {
   EXPECT_EQ(text_of(out / "sub" / "b.txt"), "new b");
 }
 
+TEST(AtomicDirectory, ALongNameIsStagedUnderANameTheFileSystemTakes) {
+  TempDir root;
+  const fs::path out = root / std::string(250, 'd');
+  {
+    AtomicDirectory d(out);
+    EXPECT_FALSE(d.in_place());
+    EXPECT_LE(d.path().filename().string().size(), 240u);
+    put(d.path(), "a.txt", "new a");
+    d.commit();
+  }
+  EXPECT_EQ(text_of(out / "a.txt"), "new a");
+  ASSERT_SWAPS(out);  // an existing one is swapped too (its probe and old-tree names are the staging's)
+  AtomicDirectory again(out);
+  put(again.path(), "a.txt", "newer a");
+  again.commit();
+  EXPECT_EQ(text_of(out / "a.txt"), "newer a");
+  EXPECT_EQ(list_dir(root.path()), std::vector<std::string>{out.filename().string()});
+}
+
 TEST(AtomicDirectory, WithoutCommitNothingChanges) {
   TempDir root;
   const fs::path out = root / "out";

@@ -74,6 +74,25 @@ TEST(AtomicFile, CommitRenamesTheTemporaryFileIntoPlace) {
   EXPECT_EQ(read_file(dir / "out.bin"), bytes);
 }
 
+// A name the file system takes (up to 255 bytes) has temporaries it takes too: ".<name>.tmp-<pid>-<n>" went past
+// NAME_MAX from 235 bytes on, so a long output name could not be written. Long names are cut and hashed.
+TEST(AtomicFile, LongNamesHaveTemporaryNamesTheFileSystemTakes) {
+  TempDir dir;
+  for (const std::string& name : {std::string(240, 'a') + ".safetensors", std::string(250, 'b') + "\xc3\xa9"}) {
+    AtomicFile f(dir / name);
+    const std::string temporary = f.temporary_path().filename().string();
+    EXPECT_LE(temporary.size(), 240u);
+    EXPECT_TRUE(is_temporary_file_name(temporary)) << temporary;
+    f.write(pattern_bytes(8, 4));
+    f.commit();
+    EXPECT_EQ(read_file(dir / name), pattern_bytes(8, 4));
+  }
+  // Two long names that share their first 200 bytes do not share their temporaries.
+  AtomicFile a(dir / (std::string(220, 'c') + "1")), b(dir / (std::string(220, 'c') + "2"));
+  const std::string ta = a.temporary_path().filename().string(), tb = b.temporary_path().filename().string();
+  EXPECT_NE(ta.substr(0, ta.find(".tmp-")), tb.substr(0, tb.find(".tmp-")));
+}
+
 TEST(AtomicFile, WithoutCommitNothingChanges) {
   TempDir dir;
   test_files::write_text(dir / "out.bin", "old");

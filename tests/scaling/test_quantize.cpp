@@ -641,6 +641,16 @@ TEST(Analysis, BestHoldingIsTheFewestScales) {
   EXPECT_EQ(empty[0].scales, 0);
   EXPECT_EQ(empty[1].scales, 0);
   EXPECT_EQ(best_holding(empty)->granularity.name(), "tensor");
+  // An empty matrix of 2^62 rows (a crafted .npy file's shape): analyze looped over them (forever, per tensor) or
+  // sized a vector by them (per row); no pass over its rows now, and no scale.
+  const MatrixRef tall(static_cast<const float*>(nullptr), std::int64_t{1} << 62, 0);
+  const std::vector<AnalysisRow> nothing = analyze(tall, formats, default_analysis_granularities());
+  for (const AnalysisRow& r : nothing)
+    EXPECT_TRUE(r.scales == 0 && r.d.exact && r.d.count == 0) << r.granularity.name();
+  const ScaledTensor q = quantize(tall, QuantizeOptions{Format::e4m3fn, Overflow::kSaturate, Granularity::tensor()});
+  std::vector<float> out;
+  dequantize(q, out);  // no pass either
+  EXPECT_TRUE(q.scale_inv.empty() && q.data.empty());
 }
 
 }  // namespace

@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 
 
 
-def run(exe, *args):
-    return subprocess.run([exe, *args], capture_output=True, text=True)
+def run(exe, *args, timeout=None):
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def main():
@@ -176,6 +176,21 @@ def main():
             r = run(exe, "analyze", tiny)
             check(f"empty {shape} viewed as {view}", r.returncode == 0 and f"viewed as {view};" in r.stdout,
                   r.stdout[:200] + r.stderr)
+        # A crafted header: an empty tensor of 2^62 rows ran analyze forever (a pass over its rows); (3, 2^62, 0)
+        # multiplied its rows past int64.
+        def npy_header(shape):
+            text = ("{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % (shape,)).ljust(117) + "\n"
+            with open(tiny, "wb") as f:
+                f.write(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode())
+        npy_header((2**62, 0))
+        r = run(exe, "analyze", tiny, "--json", timeout=60)
+        check("empty 2^62 x 0 is analyzed as empty", r.returncode == 0 and all(
+            x["rows"] == 2**62 and x["scales"] == 0 and x["exact"] for x in json.loads(r.stdout or "[]")),
+            r.stdout[:300] + r.stderr)
+        npy_header((3, 2**62, 0))
+        r = run(exe, "analyze", tiny)
+        check("leading dimensions past int64 refused", r.returncode == 2 and "multiply past 2^63" in r.stderr
+              and r.stderr.count("\n") == 1, r.stderr)
         r = run(exe, "analyze", "--help")
         check("help", r.returncode == 0 and "granularity" in r.stdout)
     return summary()

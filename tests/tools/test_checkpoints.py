@@ -398,14 +398,17 @@ def check_overflow_is_announced(exe, root, rng):
     q = os.path.join(root, "overflow-q.safetensors")
     r = run(exe, "quantize", src, q, "--scheme", "fp8-tensor")
     check("overflow: quantize", r.returncode == 0, r.stderr)
-    for cmd, args, count, target in (("dequantize", [q, "--to", "f16"], 10, "float16"),
-                                     ("convert", [src, "--to", "f16"], 10, "float16"),
-                                     ("convert", [src, "--to", "e4m3fn", "--no-saturate"], 10, "float8_e4m3fn")):
+    # (the advice names what keeps the values: it named bf16 or f32 for --to bf16 and f32 themselves)
+    for cmd, args, count, target, advice in (
+            ("dequantize", [q, "--to", "f16"], 10, "float16", "dequantize --to bf16 or f32 keeps them"),
+            ("convert", [src, "--to", "f16"], 10, "float16", "convert to bf16, f32 or f64 (wider ranges) to keep them"),
+            ("convert", [src, "--to", "e4m3fn", "--no-saturate"], 10, "float8_e4m3fn", "--saturate keeps")):
         out = os.path.join(root, f"overflow-{cmd}-{target}.safetensors")
         r = run(exe, cmd, *args[:1], out, *args[1:])
         note = [line for line in r.stderr.splitlines() if line.startswith("note:")]
         check(f"overflow: {cmd} {target} noted", r.returncode == 0 and len(note) == 1 and
-              f"{count} finite values of 'l.weight' became inf or NaN past {target}'s range" in note[0], r.stderr)
+              f"{count} finite values of 'l.weight' became inf or NaN past {target}'s range: {advice}" in note[0],
+              r.stderr)
         r = run(exe, cmd, *args[:1], out + ".json.safetensors", *args[1:], "--json")
         check(f"overflow: {cmd} {target} counted in --json",
               r.returncode == 0 and json.loads(r.stdout)["overflowed"] == count, r.stdout + r.stderr)
@@ -473,8 +476,9 @@ def check_all_or_nothing(exe, root, src):
             f.write(data)
     before = digest(out)
     r = run(exe, "quantize", src, out, "--layout", "deepseek", "--force")
-    check("all or nothing: exit 1 (I/O), one line", r.returncode == 1 and "1_Pooling" in r.stderr and
-          len(r.stderr.strip().splitlines()) == 1, r.stderr)
+    # (named in OUT, where the user looks: not in the staging directory, removed by then)
+    check("all or nothing: exit 1 (I/O), one line", r.returncode == 1 and f"{out}/1_Pooling" in r.stderr and
+          ".tmp-" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr)
     check("all or nothing: the output as it was", digest(out) == before and sorted(os.listdir(out)) == sorted(old),
           str(sorted(os.listdir(out))))
     # A directory where a file goes (README.md here) is found before the first rename: nothing renamed either.
@@ -884,7 +888,11 @@ def main():
         pickle = os.path.join(root, "pytorch_model.bin")
         with open(pickle, "wb") as f:
             f.write(b"\x80\x02}q\x00.")
+        folder_config = os.path.join(root, "folder-config")  # (its output had no config.json, and said nothing)
+        shutil.copytree(src, folder_config, ignore=shutil.ignore_patterns("config.json"))
+        os.makedirs(os.path.join(folder_config, "config.json"))
         bad = [
+            (["dequantize", folder_config, os.path.join(root, "x0")], "dequantize", "config.json' is not a file"),
             (["quantize", src, os.path.join(root, "x1"), "--scheme", "fp8"], "quantize", "unknown --scheme"),
             (["quantize", src, os.path.join(root, "x1")], "quantize", "--scheme is needed"),
             (["quantize", src, os.path.join(root, "x1"), "--layout", "compressed-tensors"], "quantize",

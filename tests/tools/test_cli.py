@@ -409,6 +409,9 @@ def cast_bad_inputs():
     check_usage_error(["cast", "--json"], "line 3", stdin="1\n2\n1,5\n4\n")
     check_usage_error(["cast"], "abc", stdin="1.0\n" * 200000 + "abc\n")
     check_usage_error(["formats", "--bogus"], "--bogus")
+    # a mistyped option is named, not what CLI11 found missing first ("--to is required")
+    check_usage_error(["convert", "in.safetensors", "out.safetensors", "--too", "f32"], "unknown option '--too'")
+    check_usage_error(["analyze", "--tensr", "w", "x.npy"], "unknown option '--tensr'")
     check_usage_error(["bench"], "bench")
     # a format listed twice (under two spellings too) was printed twice; train --compare refused the same mistake
     check_usage_error(["cast", "--to", "e4m3fn,float8_e4m3fn", "1"], "format e4m3fn is listed twice")

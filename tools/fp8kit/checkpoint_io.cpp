@@ -197,6 +197,12 @@ CheckpointInput open_checkpoint_input(const std::string& path) {
   const fs::path p(path);
   if (!fs::exists(p, ec)) throw PathError("'" + path + "' does not exist", true);
   CheckpointInput in{p, fs::is_directory(p, ec), ShardedCheckpoint::open(p), std::nullopt, {}};
+  // A config.json that is not a file (a folder, a link to nothing) would be left out of the output unsaid.
+  if (in.is_directory && fs::symlink_status(p / "config.json", ec).type() != fs::file_type::not_found &&
+      !fs::is_regular_file(p / "config.json", ec)) {
+    throw UsageError("'" + (p / "config.json").string() +
+                     "' is not a file (a folder, or a link to nothing); make it the model's config.json or remove it");
+  }
   if (in.is_directory && fs::is_regular_file(p / "config.json", ec)) {
     in.config = read_text(p / "config.json");
     // Checked strictly once, before any command parses it (nesting, UTF-8, duplicate keys, the quantization_config's
@@ -264,8 +270,9 @@ void check_output(const CheckpointInput& in, const std::string& out, bool force,
   } else {
     if (fs::is_directory(o, ec))
       throw UsageError("'" + out + "' is a directory; the input is a file, so is the output");
-    if (fs::exists(o, ec) && !force) throw UsageError("'" + out + "' exists; pass --force to replace it");
+    // (the name first: --force would not make /dev/null an output)
     if (o.extension() != ".safetensors") throw UsageError("'" + out + "': the output file must end in .safetensors");
+    if (fs::exists(o, ec) && !force) throw UsageError("'" + out + "' exists; pass --force to replace it");
   }
 }
 
@@ -302,10 +309,16 @@ CompanionFiles write_checkpoint_output(const CheckpointInput& in, const std::str
   // (hard links), except an earlier checkpoint's shards and index, which this one replaces. Where OUT cannot be
   // swapped (a symbolic link, a mount point, a file system without RENAME_EXCHANGE) the files are staged in OUT
   // itself and renamed into place one by one, the weights first, their index last, then config.json and the rest.
-  std::vector<fs::path> made;  // folders this command created inside OUT (in place), outermost first
+  std::vector<fs::path> made;         // folders this command created inside OUT (in place), outermost first
+  const auto remove_made = [&made] {  // (the staged files are gone already: AtomicFile, AtomicDirectory)
+    std::error_code ec;
+    for (auto it = made.rbegin(); it != made.rend(); ++it) fs::remove(*it, ec);
+  };
+  std::string staged_at;  // the staging directory, while there is one
   try {
     AtomicDirectory directory(o);
     const fs::path w = directory.path();
+    if (!directory.in_place()) staged_at = w.string();
     StagedShards weights = stage_sharded_safetensors(w, entries, metadata, shards);
     const OpenFileLimitRaised limit;  // outlives the staged files below
     std::vector<std::unique_ptr<AtomicFile>> others;
@@ -326,10 +339,17 @@ CompanionFiles write_checkpoint_output(const CheckpointInput& in, const std::str
     for (auto& f : others) f->commit();
     directory.commit([](const fs::path& relative) { return kept_beside_new_checkpoint(relative); });
     return files;
+  } catch (const Error& e) {
+    remove_made();
+    // A failed write names the file where the user will look for it, not in the staging directory it removed.
+    std::string message = e.what();
+    for (std::size_t at = staged_at.empty() ? std::string::npos : message.find(staged_at); at != std::string::npos;
+         at = message.find(staged_at, at + o.string().size())) {
+      message.replace(at, staged_at.size(), o.string());
+    }
+    throw Error(e.kind(), message, e.file(), e.line());
   } catch (...) {
-    // The staged files are gone already (AtomicFile, AtomicDirectory); what is left of the folders made is empty.
-    std::error_code ec;
-    for (auto it = made.rbegin(); it != made.rend(); ++it) fs::remove(*it, ec);
+    remove_made();
     throw;
   }
 }
@@ -460,8 +480,8 @@ void OverflowCount::add(const std::string& tensor, std::span<const std::byte> in
 
 void OverflowCount::note(DType to, const std::string& advice) const {
   if (values_ == 0) return;
-  fmt::print(stderr, "note: {} finite values of '{}'{} became inf or NaN past {}'s range: {}\n", values_,
-             one_line(first_), tensors_ > 1 ? fmt::format(" and {} more tensors", tensors_ - 1) : "", name(to), advice);
+  fmt::print(stderr, "note: {} of '{}'{} became inf or NaN past {}'s range: {}\n", counted(values_, "finite value"),
+             one_line(first_), tensors_ > 1 ? " and " + counted(tensors_ - 1, "more tensor") : "", name(to), advice);
 }
 
 }  // namespace fp8kit::cli

@@ -4,12 +4,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli_common.hpp"
 #include "fp8kit/common/cpu.hpp"
@@ -82,8 +85,17 @@ UsageError parse_failure(const CLI::App& app, const CLI::ParseError& e) {
   // The deepest command selected ("fp8kit bench" for "fp8kit bench bogus") and what it did not take.
   const CLI::App* at = &app;
   while (!at->get_subcommands().empty()) at = at->get_subcommands().front();
-  if (!at->remaining().empty() && (at == &app || at->get_require_subcommand_min() > 0)) {
-    return UsageError("unknown command or option '" + at->remaining().front() + "' (see --help)");
+  const std::vector<std::string> rest = at->remaining();
+  if (!rest.empty() && (at == &app || at->get_require_subcommand_min() > 0)) {
+    return UsageError("unknown command or option '" + rest.front() + "' (see --help)");
+  }
+  // An option the command does not know, before what CLI11 says first ("--to is required" for a mistyped "--too"):
+  // the token the user typed.
+  const auto is_option = [](const std::string& a) {
+    return a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1])) && a[1] != '.';
+  };
+  if (const auto option = std::find_if(rest.begin(), rest.end(), is_option); option != rest.end()) {
+    return UsageError("unknown option '" + *option + "' (see --help)");
   }
   // CLI11's words for an option given twice ("--steps: At Most 1 required but received 2").
   std::string what = e.what();

@@ -191,8 +191,13 @@ void run_analyze(const AnalyzeArgs& args) {
   }
   // The last dimension is the row; the leading ones are the rows (so [0, 16] is 0 x 16 and [16, 0] is 16 x 0).
   const std::int64_t cols = shape.empty() ? 1 : shape.back();
-  std::int64_t rows = 1;
-  for (std::size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  std::int64_t rows = 1;  // (an empty tensor's leading dimensions can multiply past int64: (3, 2^62, 0))
+  for (std::size_t i = 0; i + 1 < shape.size(); ++i) {
+    if (__builtin_mul_overflow(rows, shape[i], &rows)) {
+      throw UsageError("'" + one_line(args.file) + "': " + source_dtype + " " + shape_string(shape) +
+                       " has more rows than a matrix can index (its leading dimensions multiply past 2^63)");
+    }
+  }
   const MatrixRef view =
       values64 == nullptr ? MatrixRef{values.data(), rows, cols} : MatrixRef{values64, DType::float64, rows, cols};
   const std::vector<Row> results = analyze(view, formats, granularities, overflow);

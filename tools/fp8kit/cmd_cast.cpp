@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -311,10 +313,15 @@ class LineReader {
       start_ = 0;
       const std::size_t old_size = buffer_.size();
       buffer_.resize(old_size + kBlock);
+      errno = 0;
       const std::size_t got = std::fread(buffer_.data() + old_size, 1, kBlock, stdin);
+      const int err = errno;
       buffer_.resize(old_size + got);
       if (got == 0) {
-        if (std::ferror(stdin)) throw std::runtime_error("reading stdin failed");
+        if (std::ferror(stdin)) {
+          throw std::runtime_error(std::string("reading stdin failed: ") +
+                                   (err != 0 ? std::strerror(err) : "a read error"));
+        }
         eof_ = true;
       }
     }

@@ -67,7 +67,10 @@ void run_convert(const ConvertArgs& args) {
   // (only a non-saturating FP8 target or a narrower float can overflow)
   const std::string advice = is_fp8(*to)
                                  ? "--saturate keeps the largest finite value; fp8kit quantize scales into range"
-                                 : "convert to a wider dtype (bf16 or f32) to keep them";
+                             : *to == DType::float16  ? "convert to bf16, f32 or f64 (wider ranges) to keep them"
+                             : *to == DType::float64  ? "the input holds them: a damaged file?"
+                             : *to == DType::bfloat16 ? "convert to f32 or f64 to keep them"
+                                                      : "convert to f64 to keep them";
   std::optional<std::string> config_out;
   if (in.config) {
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(*in.config, nullptr, false);
@@ -98,9 +101,9 @@ void run_convert(const ConvertArgs& args) {
     overflowed->note(*to, advice);
     return;
   }
-  fmt::print(output(), "{} -> {}: cast {} tensors to {}{}; copied {}{}\n", args.in, args.out, cast, name(*to),
-             is_fp8(*to) ? (overflow == Overflow::kSaturate ? " (saturating)" : " (non-saturating)") : "", copied,
-             other_files(files));
+  fmt::print(output(), "{} -> {}: cast {} to {}{}; copied {}{}\n", args.in, args.out, counted(cast, "tensor"),
+             name(*to), is_fp8(*to) ? (overflow == Overflow::kSaturate ? " (saturating)" : " (non-saturating)") : "",
+             counted(copied, "tensor"), other_files(files));
   note_left_out(files);
   overflowed->note(*to, advice);
 }

@@ -126,12 +126,17 @@ void run_dequantize(const DequantizeArgs& args) {
                         {"overflowed", overflow->values()}},
                        files});
   } else {
-    fmt::print(output(), "{} -> {}: dequantized {} {} weights to {}; copied {} tensors, dropped {} scales{}\n", args.in,
-               args.out, weights.size(), name(layout), name(*to), copied, dropped_scales, other_files(files));
+    fmt::print(output(), "{} -> {}: dequantized {} to {}; copied {}, dropped {}{}\n", args.in, args.out,
+               counted(weights.size(), std::string(name(layout)) + " weight"), name(*to), counted(copied, "tensor"),
+               counted(dropped_scales, "scale"), other_files(files));
   }
   note_left_out(files);
-  overflow->note(*to, *to == DType::float32 ? "their scales are past float32's range (a damaged file?)"
-                                            : "dequantize --to bf16 or f32 keeps them");
+  overflow->note(*to,
+                 *to == DType::float16 ? "dequantize --to bf16 or f32 keeps them"
+                 : *to == DType::bfloat16
+                     ? "dequantize --to f32 keeps those below 3.4e38 (larger ones mean scales past float32's range: "
+                       "a damaged file?)"
+                     : "their scales are past float32's range (a damaged file?)");
   if (unscaled_fp8 != 0) {
     fmt::print(stderr, "note: {} FP8 tensors without a scale were copied as they are\n", unscaled_fp8);
   }

@@ -191,10 +191,10 @@ void run_quantize(const QuantizeArgs& args) {
                 "; {} with partial edge blocks (first: {}), which Hugging Face transformers' FP8 dequantization "
                 "(5.25) misreads or refuses",
                 partial_blocks, first_partial);
-  fmt::print(output(), "{} -> {}: quantized {} weights ({} {}, {} layout{}{}); {} tensors copied as they are{}\n",
-             args.in, args.out, quantized, name(*scheme), name(*format), name(layout),
+  fmt::print(output(), "{} -> {}: quantized {} ({} {}, {} layout{}{}); {} copied as they are{}\n", args.in, args.out,
+             counted(quantized, "weight"), name(*scheme), name(*format), name(layout),
              rounding == ScaleRounding::kPowerOfTwoDown ? ", ue8m0 scales" : "", partial,
-             in.checkpoint.size() - quantized, other_files(files));
+             counted(in.checkpoint.size() - quantized, "tensor"), other_files(files));
   note_left_out(files);
 }
 
