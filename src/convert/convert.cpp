@@ -114,7 +114,7 @@ namespace {
 void check_segments(std::string_view op, std::size_t in, std::size_t out, std::size_t segment, std::size_t scales) {
   FP8KIT_CHECK(in == out, op, ": input has ", in, " elements but output has ", out);
   FP8KIT_CHECK(segment >= 1, op, ": segment must be at least 1 element");
-  const std::size_t count = (in + segment - 1) / segment;
+  const std::size_t count = in == 0 ? 0 : (in - 1) / segment + 1;  // (in + segment - 1 wraps for a huge segment)
   FP8KIT_CHECK(scales == count, op, ": ", in, " elements in segments of ", segment, " need ", count, " scales, got ",
                scales);
 }

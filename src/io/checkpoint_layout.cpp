@@ -154,7 +154,10 @@ std::optional<QuantScheme> scheme_of(const Granularity& g) {
   for (const SchemeRow& r : kSchemes) {
     const Granularity& s = r.granularity;
     if (s.kind != g.kind) continue;
-    if (g.kind == Granularity::Kind::kBlock && (s.block_rows != g.block_rows || s.block_cols != g.block_cols)) {
+    // (blocks of another size, and MX blocks other than 1 x 32 (a hand-built Granularity), are no scheme's: an
+    // mx8 tensor's scales overflowed the mxfp8 scale tensor)
+    if ((g.kind == Granularity::Kind::kBlock || g.kind == Granularity::Kind::kMx) &&
+        (s.block_rows != g.block_rows || s.block_cols != g.block_cols)) {
       continue;
     }
     return r.scheme;  // MX: either scale rule (the scheme writes FLOOR scales, as OCP MX specifies)
@@ -392,6 +395,11 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
                       const QuantizationConfig& config, const std::map<std::string, std::string>& native_metadata) {
   weight.check_bytes();
   scale.check_bytes();
+  // (a hand-built QuantizationConfig: a block side of 0 divided by zero below)
+  FP8KIT_CHECK(config.block_rows >= 1 && config.block_cols >= 1 && config.block_rows <= Granularity::kMaxBlockSide &&
+                   config.block_cols <= Granularity::kMaxBlockSide,
+               "the quantization config's block is ", config.block_rows, "x", config.block_cols,
+               "; each side must be 1..", Granularity::kMaxBlockSide, " (weight_block_size in config.json)");
   FP8KIT_CHECK(is_fp8_dtype(weight.dtype), detail::quoted(weight.name), " is ", name(weight.dtype),
                ", not an FP8 weight (F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ)");
   PairInfo p;
@@ -641,7 +649,12 @@ void reencode(MatrixRef x, const ScaledTensor& q, std::uint8_t* codes) {
 // The planned scale tensor holding m's scales: its E8M0 codes (MX), or its float32 scales in the plan's dtype
 // (the caller has checked that dtype holds them exactly).
 Tensor layout_scale_tensor(const PlannedTensor& planned, const ScaledTensor& m) {
-  if (planned.dtype == DType::uint8 || planned.dtype == DType::float8_e8m0fnu) {
+  const bool e8m0 = planned.dtype == DType::uint8 || planned.dtype == DType::float8_e8m0fnu;
+  FP8KIT_CHECK_KIND(
+      numel_of(planned.shape) == static_cast<std::int64_t>(e8m0 ? m.scale_e8m0.size() : m.scale_inv.size()),
+      ErrorKind::kInternal, "the scale tensor ", shape_string(planned.shape), " does not hold the ",
+      e8m0 ? m.scale_e8m0.size() : m.scale_inv.size(), " scales of the ", m.granularity.name(), " grid");
+  if (e8m0) {
     Tensor scale = empty(planned.shape, planned.dtype);
     std::copy(m.scale_e8m0.begin(), m.scale_e8m0.end(), scale.data<std::uint8_t>());
     return scale;
@@ -783,6 +796,12 @@ StoredScaledTensor store_scaled_tensor(const std::string& name, const ScaledTens
   const auto blocks = static_cast<std::size_t>(scaled.grid_rows() * scaled.grid_cols());
   FP8KIT_CHECK((mx ? scaled.scale_e8m0.size() : scaled.scale_inv.size()) == blocks, detail::quoted(name), ": ",
                mx ? scaled.scale_e8m0.size() : scaled.scale_inv.size(), " scales for ", blocks, " blocks");
+  // What fp8kit's own loaders refuse (a NaN, infinite or negative scale) is not written either.
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const float s = mx ? mx_scale_value(scaled.scale_e8m0[b]) : scaled.scale_inv[b];
+    FP8KIT_CHECK(std::isfinite(s) && s >= 0.0f, detail::quoted(name), ": the scale of block ", b, " is ", s,
+                 "; a checkpoint's scales are finite and not negative (quantize the weights again)");
+  }
   if (planned.dtype == DType::bfloat16 || planned.dtype == DType::float16) {
     // The codes were encoded with float32 scales; the layout stores them in a 16-bit dtype, so they must be exact
     // there (quantize_checkpoint rounds the scales first and encodes with the rounded ones).

@@ -337,6 +337,7 @@ void widen_rows(MatrixRef x, std::int64_t r0, std::int64_t rows, float* out) {
   FP8KIT_CHECK((x.dtype == DType::bfloat16 || x.dtype == DType::float16) && r0 >= 0 && rows >= 0 && r0 + rows <= x.rows,
                "widen_rows: rows ", r0, " to ", r0 + rows, " of a ", x.rows, "-row ", name(x.dtype),
                " matrix (a bfloat16 or float16 one, rows within it)");
+  FP8KIT_CHECK(out != nullptr || rows * x.cols == 0, "widen_rows: null output for ", rows, "x", x.cols, " values");
   for (std::int64_t r = 0; r < rows; ++r) {
     float* o = out + r * x.cols;
     if (x.dtype == DType::bfloat16) {
@@ -650,8 +651,12 @@ ScaledTensor quantize_with_scale(MatrixRef x, Format format, float scale, Overfl
   check_shape(x, Granularity::tensor());
   check_element_format(format, "quantize_with_scale");
   // 0 would dequantize every code through 1 / 0, NaN or Inf would encode every value as NaN: never a scale.
-  FP8KIT_CHECK(std::isfinite(scale) && scale > 0.0f, "quantize_with_scale: the scale must be finite and positive, got ",
-               scale);
+  // Below 1 / FLT_MAX (2.9e-39) its dequantization scale 1 / scale is infinite: every code would come back NaN.
+  FP8KIT_CHECK(
+      std::isfinite(scale) && scale > 0.0f && std::isfinite(1.0f / scale),
+      "quantize_with_scale: the scale must be finite and positive, with a finite 1 / scale (at least 2.9e-39), "
+      "got ",
+      scale);
   ScaledTensor q;
   q.format = format;
   q.overflow = overflow;

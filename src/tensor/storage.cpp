@@ -144,11 +144,15 @@ Storage::Storage(std::int64_t nbytes, Device device) : nbytes_(nbytes), device_(
   allocated_ = (nbytes + a - 1) / a * a;
   std::int64_t held = 0;
   if (!counters.reserve(allocated_, &held)) {
-    const auto mb = [](std::int64_t bytes) { return (bytes + 999'999) / 1'000'000; };
-    FP8KIT_THROW(ErrorKind::kUnsupported, "out of memory: ", mb(allocated_), " MB more would take the tensors on ",
-                 to_string(device), " to ", mb(held + allocated_), " MB, past the ",
-                 mb(counters.limit.load(std::memory_order_relaxed)),
-                 " MB this process may use (set_memory_limit); try smaller sizes");
+    // (in bytes below 10 MB: "1 MB more ... past the 1 MB" was all a 64-byte allocation past a 1 MB limit said)
+    const auto amount = [](std::int64_t bytes) {
+      return bytes < 10'000'000 ? std::to_string(bytes) + " bytes"
+                                : std::to_string((bytes + 999'999) / 1'000'000) + " MB";
+    };
+    FP8KIT_THROW(ErrorKind::kUnsupported, "out of memory: ", amount(allocated_), " more would take the tensors on ",
+                 to_string(device), " to ", amount(held + allocated_), ", past the ",
+                 amount(counters.limit.load(std::memory_order_relaxed)),
+                 " this process may use (set_memory_limit); try smaller sizes");
   }
   try {
     if (device.is_cpu()) {

@@ -466,6 +466,13 @@ TEST(Convert, SegmentEntriesRejectBadSizes) {
   EXPECT_THROW(encoder.encode_segments(x, short_q, 32, scales), Error);
   EXPECT_THROW(encoder.encode(x, short_q, 1.0f), Error);
   EXPECT_THROW(decode_segments(q, Format::e4m3fn, out_f, 50, scales), Error);
+  // A segment longer than the input is one segment, one scale: SIZE_MAX wrapped the count to 0 (the call with one
+  // scale refused, the one with none read a scale past the span).
+  const std::span<const float> one = std::span<const float>(scales).first(1), none = one.first(0);
+  EXPECT_NO_THROW(encoder.encode_segments(x, q, SIZE_MAX, one));
+  EXPECT_THROW(encoder.encode_segments(x, q, SIZE_MAX, none), Error);
+  EXPECT_NO_THROW(decode_segments(q, Format::e4m3fn, out_f, SIZE_MAX, one));
+  EXPECT_THROW(decode_segments(q, Format::e4m3fn, out_f, SIZE_MAX, none), Error);
   EXPECT_EQ(stores_for(16u << 20), Stores::kStreaming);
   EXPECT_EQ(stores_for((16u << 20) - 1), Stores::kCached);
 }

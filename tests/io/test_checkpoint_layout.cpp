@@ -558,6 +558,16 @@ TEST(CheckpointLayout, DeepSeekE8m0BlockScales) {
   const SafetensorsTensor& mw = m.tensors[0].name == "x.weight" ? m.tensors[0] : m.tensors[1];
   const SafetensorsTensor& ms = m.tensors[0].name == "x.weight" ? m.tensors[1] : m.tensors[0];
   EXPECT_EQ(scale_granularity(CheckpointLayout::kDeepSeek, mw, ms).kind, Granularity::Kind::kMx);
+  // A hand-built config with a block side of 0 divided by zero (SIGFPE); one past the largest side is refused too.
+  for (const auto& [br, bc] :
+       {std::pair<std::int64_t, std::int64_t>{0, 0}, {128, 0}, {-1, 128}, {Granularity::kMaxBlockSide + 1, 128}}) {
+    QuantizationConfig config;
+    config.block_rows = br;
+    config.block_cols = bc;
+    testing::expect_error(
+        [&] { (void)dequantize_checkpoint_tensor(CheckpointLayout::kDeepSeek, w, s, DType::float32, config); },
+        ErrorKind::kInvalidArgument, {"the quantization config's block is"});
+  }
 }
 
 // quantize_checkpoint_tensor_into reads float64 weights and weights the file does not align to their element size
@@ -688,6 +698,22 @@ TEST(CheckpointLayout, StoreScaledTensorRefusesWhatNoLayoutHoldsExactly) {
   const ScaledTensor blocks = quantize(w, {Format::e4m3fn, Overflow::kSaturate, Granularity::block(1, 128)});
   testing::expect_error([&] { store_scaled_tensor("m.weight", blocks, w.shape(), CheckpointLayout::kNative); },
                         ErrorKind::kInvalidArgument, {"which no checkpoint layout stores"});
+  // Nor MX blocks other than 1 x 32 (a hand-built Granularity): mx8's scales overflowed the mxfp8 scale tensor.
+  for (const std::int64_t width : {8, 16, 64}) {
+    const ScaledTensor mx = quantize(
+        w, {Format::e4m3fn, Overflow::kSaturate, Granularity{Granularity::Kind::kMx, 1, width, MxScaleMode::kFloor}});
+    for (const CheckpointLayout layout : {CheckpointLayout::kMxfp8, CheckpointLayout::kNative}) {
+      testing::expect_error([&] { store_scaled_tensor("m.weight", mx, w.shape(), layout); },
+                            ErrorKind::kInvalidArgument, {"which no checkpoint layout stores"});
+    }
+  }
+  // What the loaders refuse is not written: a NaN, infinite or negative scale.
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -1.0f, std::numeric_limits<float>::infinity()}) {
+    ScaledTensor changed = q;
+    changed.scale_inv[3] = bad;
+    testing::expect_error([&] { store_scaled_tensor("m.weight", changed, w.shape(), CheckpointLayout::kNative); },
+                          ErrorKind::kInvalidArgument, {"the scale of block 3 is", "finite and not negative"});
+  }
   testing::expect_error(
       [&] {
         store_scaled_tensor("m.weight", q, Shape{130, 255}, CheckpointLayout::kFbgemm);

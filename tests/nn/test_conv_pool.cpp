@@ -327,6 +327,14 @@ TEST(MaxPool2d, RejectsBadArguments) {
   EXPECT_THROW(MaxPool2d{Window2d::square(2, 0)}.forward(Context{}, x, saved), Error);
   EXPECT_THROW(MaxPool2d{}.forward(Context{}, zeros({6, 6}, DType::float32), saved), Error);
   EXPECT_THROW(MaxPool2d{}.backward(Context{}, zeros({1, 1, 3, 3}, DType::float32), saved), Error);  // no forward
+  {  // a saved argmax outside its plane (a Saved of another layer, or changed): it wrote outside dx
+    MaxPool2d::Saved changed;
+    const Tensor y = MaxPool2d{}.forward(Context{}, zeros({1, 2, 4, 4}, DType::float32), changed);
+    for (const std::int64_t bad : {std::int64_t{17}, std::int64_t{1} << 40, std::int64_t{-1}}) {
+      changed.argmax.data<std::int64_t>()[0] = bad;
+      EXPECT_THROW(MaxPool2d{}.backward(Context{}, ones(y.shape(), DType::float32), changed), Error) << bad;
+    }
+  }
   MaxPool2d{}.forward(Context{}, x, saved);
   EXPECT_THROW(MaxPool2d{}.backward(Context{}, zeros({1, 1, 3, 4}, DType::float32), saved), Error);
   EXPECT_NO_THROW(MaxPool2d{}.backward(Context{}, zeros({1, 1, 3, 3}, DType::float32), saved));

@@ -525,8 +525,9 @@ TEST(Quantize, RejectsBadArguments) {
     EXPECT_THROW(quantize(MatrixRef{x.data(), 2, 3}, {Format::e8m0fnu, Overflow::kSaturate, g}), Error) << g.name();
   }
   EXPECT_THROW(quantize_with_scale(MatrixRef{x.data(), 2, 3}, Format::e8m0fnu, 1.0f), Error);
+  // (0x1p-130: finite and positive, but its 1 / scale is infinite: every code came back NaN)
   for (const float scale :
-       {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+       {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 0x1p-130f}) {
     EXPECT_THROW(quantize_with_scale(MatrixRef{x.data(), 2, 3}, Format::e4m3fn, scale), Error) << scale;
   }
 }
@@ -651,6 +652,8 @@ TEST(Analysis, BestHoldingIsTheFewestScales) {
   std::vector<float> out;
   dequantize(q, out);  // no pass either
   EXPECT_TRUE(q.scale_inv.empty() && q.data.empty());
+  const std::vector<bfloat16> narrow(4);  // widen_rows into nothing: a null output wrote through null
+  EXPECT_THROW(widen_rows(MatrixRef(narrow.data(), 2, 2), 0, 2, nullptr), Error);
 }
 
 }  // namespace

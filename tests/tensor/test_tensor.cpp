@@ -408,7 +408,8 @@ TEST(Memory, LimitRefusesWhatWouldPassIt) {
   set_memory_limit(before + (8 << 20));
   const Tensor fits = empty({1 << 20}, DType::float32);                  // 4 MiB of 8
   testing::expect_error([] { (void)empty({2 << 20}, DType::float32); },  // 8 MiB more
-                        ErrorKind::kUnsupported, {"out of memory: 9 MB more would take the tensors on cpu to"});
+                        ErrorKind::kUnsupported,
+                        {"out of memory: 8388608 bytes more would take the tensors on cpu to"});
   EXPECT_EQ(memory_stats().current_bytes, before + (4 << 20));  // nothing counted for the refused one
   EXPECT_EQ(memory_limit(), before + (8 << 20));
   set_memory_limit(0);

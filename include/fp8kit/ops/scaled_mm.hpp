@@ -109,8 +109,10 @@ float scaled_mm_into(const ScaledTensorRef& a, const ScaledTensorRef& b, std::sp
 // w the N x K weights with scales per tensor, per output channel (row) or blocks (128 x 128). Per K block,
 // sum_k x[i][k] * decode(w[j][k]) is accumulated in FP32, then multiplied by the block's scale. Small M streams
 // the weights once (GEMV path); larger M decodes weight panels into the packed GEMM. float32 activations run the
-// FP32 FMA GEMM kernels (bit-identical to fp8_weight_mm_reference); bfloat16 ones, exact in bfloat16, the
-// level's bfloat16 kernels where it has them (kFp32Bound). Throws fp8kit::Error naming what does not fit.
+// FP32 FMA GEMM kernels (bit-identical to fp8_weight_mm_reference) and, for M <= kGemvMaxM, the level's register
+// GEMV (lane-parallel partial sums: kFp32Bound, the scalar level's excepted); bfloat16 ones, exact in bfloat16, the
+// level's bfloat16 kernels where it has them (kFp32Bound). `dispatch` says which ran and under which contract.
+// Throws fp8kit::Error naming what does not fit.
 void fp8_weight_mm(MatrixRef x, const ScaledTensorRef& w, std::span<float> out, std::span<const float> bias = {},
                    MmDispatch* dispatch = nullptr);
 // Plain float GEMM on the FP32 FMA kernels (what the fp32 and bf16 training recipes use): out (M x N) = a (M x K)
