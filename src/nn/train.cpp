@@ -145,8 +145,9 @@ std::unique_ptr<Dataset> make_dataset(const TrainConfig& config) {
       std::string text = read_training_text(config.data_path);
       const std::size_t held = text.size() * kHeldOutPercent / 100;
       FP8KIT_CHECK(held > static_cast<std::size_t>(g.seq_len) + 1, "the training text '", config.data_path, "' has ",
-                   text.size(), " bytes; its last ", kHeldOutPercent, "% is held out for the evaluation loss and must ",
-                   "exceed ", g.seq_len + 1, " bytes (give a text of at least ",
+                   text.size(), text.size() == 1 ? " byte" : " bytes", "; its last ", kHeldOutPercent,
+                   "% is held out for the evaluation loss and must ", "exceed ", g.seq_len + 1,
+                   " bytes (give a text of at least ",
                    ((static_cast<std::size_t>(g.seq_len) + 2) * 100 + kHeldOutPercent - 1) / kHeldOutPercent,
                    " bytes)");
       std::string held_out = text.substr(text.size() - held);

@@ -830,6 +830,12 @@ def train_fp32_spread_measures_fp32_against_itself():
     rc, out, err = run("train", "--model", "cnn", "--recipe", "fp32", "--steps", "5", "--eval-batches", "1",
                        "--fp32-spread", "1", timeout=300)
     assert rc == 0 and "fp32 against itself: 1 more run, each initial weight one ulp" in out, (rc, out, err)
+    # The extra runs are the fp32 row's recipe, storage options included: they were plain fp32, so the gap of FP8
+    # moments to FP32 ones (-0.2% here) was reported as fp32's spread (one ulp: -0.003% here).
+    rc, out, err = run("train", "--recipe", "fp32", "--steps", "30", "--eval-batches", "4", "--optimizer-state", "fp8",
+                       "--fp32-spread", "1", "--json", "--quiet", timeout=300)
+    gap = json.loads(out)[0]["fp32_spread"]["loss_gaps"][0] if rc == 0 else None
+    assert rc == 0 and abs(gap) < 5e-4, (rc, gap, err)
 
 
 @test
@@ -880,6 +886,8 @@ def train_bad_usage_exit_2():
                  ("train", "--master-weights", "fp16"), ("train", "--eval-batches", "0"),
                  ("train", "--fp32-spread", "-1"), ("train", "--fp32-spread", "99999999999"), ("train", "--recipe", "bf16", "--fp32-spread", "1"),
                  ("train", "--recipe", "fp32", "--fp32-spread", "1", "--parallel", "ddp"),
+                 ("train", "--recipe", "fp32", "--steps", "1", "--plot", "--json"),  # (wrote an SVG named --json)
+                 ("train", "--recipe", "fp32", "--steps", "1", "--export-fp8", "--json"),
                  ("train", "--seeds", "3-1"), ("train", "--seeds", "1,1"), ("train", "--seeds", "1,x"),
                  ("train", "--seeds", "-1"), ("train", "--seeds", ""), ("train", "--seeds", "1-5000"),
                  ("train", "--seeds", "1-2", "--seed", "3"), ("train", "--seeds", "1-2", "--compare", "bf16,fp8-o2"),
@@ -907,6 +915,10 @@ def train_bad_usage_exit_2():
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",
                        "abort")
     assert rc == 1 and "non-finite gradient" in err and "step 1" in err, (rc, err)
+    # A plot that cannot be written: said naming --plot, after the table (a long run's results were lost).
+    rc, out, err = run("train", "--recipe", "fp32", "--steps", "2", "--eval-batches", "1", "--plot", "/dev/full")
+    assert rc == 1 and out.splitlines()[1].startswith("recipe") and err.startswith("fp8kit train: --plot: "), (
+        rc, out, err)
 
 
 @test

@@ -84,11 +84,6 @@ CompanionFiles stage_companion_files(const CheckpointInput& in, const std::files
 // naming the folder that cannot be made.
 void make_directories(const std::filesystem::path& directory, std::vector<std::filesystem::path>& made);
 
-// "1 tensor", "3 tensors": a count and its noun for a summary line or a note.
-inline std::string counted(std::uint64_t n, std::string_view noun) {
-  return std::to_string(n) + " " + std::string(noun) + (n == 1 ? "" : "s");
-}
-
 // "; 3 other files copied" for a summary line (empty for none).
 inline std::string other_files(const CompanionFiles& files) {
   return files.copied == 0 ? std::string() : "; " + counted(files.copied, "other file") + " copied";

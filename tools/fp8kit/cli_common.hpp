@@ -85,6 +85,12 @@ std::string one_line(std::string_view text);
 // A byte count for people: "512 B", "4.0 KiB", "3.2 MiB", "1.5 GiB".
 std::string byte_size_text(std::uint64_t bytes);
 
+// "1 step", "400 steps": a count and its noun, for summary lines, notes and messages.
+template <typename Count>
+requires std::is_integral_v<Count> std::string counted(Count n, std::string_view noun) {
+  return std::to_string(n) + " " + std::string(noun) + (n == 1 ? "" : "s");
+}
+
 // Where an output file `path` is written through a temporary file and a rename: the path, or what an existing symlink
 // there points to (the link stays a link); nothing for an existing file that is not a regular file (a device, a
 // pipe, /dev/stdout), which is written in place.

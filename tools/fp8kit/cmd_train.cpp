@@ -324,7 +324,10 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
       if (std::isfinite(l)) lo = std::min(lo, l), hi = std::max(hi, l);
   }
   if (!(hi > lo)) hi = lo + 1;
-  static const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
+  // Ten colours, then the same dashed: the seven recipes and their -fake twins all differ (fp8-o2 was fp32's blue).
+  static const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  constexpr std::size_t kColorCount = std::size(kColors);
   out << fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\n", w, h);
   out << kPlotSignature << "\n";  // what a later run looks for before it replaces the file
   out << fmt::format("<rect width=\"{}\" height=\"{}\" fill=\"white\"/>\n", w, h);
@@ -338,8 +341,9 @@ void write_plot(const std::string& path, const std::vector<nn::TrainResult>& res
   }
   out << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\">step 0 .. {}</text>\n", left, h - 12, steps - 1);
   for (std::size_t i = 0; i < results.size(); ++i) {
-    const char* color = kColors[i % 6];
-    out << "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" << color << "\" points=\"";
+    const char* color = kColors[i % kColorCount];
+    out << "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" << color << "\""
+        << (i >= kColorCount ? " stroke-dasharray=\"6 3\"" : "") << " points=\"";
     for (std::size_t s = 0; s < results[i].losses.size(); ++s) {
       const float l = results[i].losses[s];
       if (!std::isfinite(l)) continue;
@@ -510,6 +514,19 @@ std::optional<TrainCheckpointInfo> prepare_checkpoints(TrainArgs& a) {
 // never ends in "cannot write": each output's directory exists and is writable.
 void check_train_files(const TrainArgs& a, bool writes_reports) {
   std::error_code ec;
+  // A path option followed by another option took it as the path (--plot --json wrote an SVG named "--json").
+  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--data", a.data},
+                                     {"--resume", a.resume},
+                                     {"--plot", a.plot},
+                                     {"--profile", a.profile},
+                                     {"--log-scales", a.log_scales},
+                                     {"--save-checkpoint", a.save_checkpoint},
+                                     {"--export-fp8", a.export_fp8}}) {
+    if (path.starts_with("--")) {
+      throw UsageError(std::string(option) + ": '" + path + "' looks like an option; give a path (./" + path +
+                       " for a file of that name)");
+    }
+  }
   if (!a.data.empty() && fs::is_directory(a.data, ec)) {
     throw UsageError("--data: '" + a.data + "' is a directory; give a text file");
   }
@@ -606,11 +623,6 @@ void on_every_rank(Communicator* comm, const std::function<void()>& step) {
       FP8KIT_THROW(ErrorKind::kInvalidArgument, e.what());  // bad input: status 2, as a UsageError
     }
   });
-}
-
-// "1 step", "400 steps".
-std::string counted(std::int64_t n, const char* noun) {
-  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
 // A double for JSON: null where it is not finite.
@@ -875,28 +887,29 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
                      std::to_string(a.fp32_spread));
   }
   if (a.fp32_spread > 0) {
-    if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
-      throw UsageError("--fp32-spread measures fp32 against itself: put fp32 among the recipes (--compare fp32,...)");
-    }
+    // (the conflict first: "put fp32 among the recipes" only led a --resume to another refusal)
     if (a.parallel != "none" || !a.resume.empty() || !a.save_checkpoint.empty() || !a.export_fp8.empty()) {
       throw UsageError(
           "--fp32-spread trains its extra fp32 runs in this process from the start: leave out "
           "--parallel, --resume, --save-checkpoint and --export-fp8");
+    }
+    if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
+      throw UsageError("--fp32-spread measures fp32 against itself: put fp32 among the recipes (--compare fp32,...)");
     }
   }
   std::vector<std::uint64_t> seeds{a.seed};
   if (a.seeds_given) {
     if (a.seed_given) throw UsageError("give --seed or --seeds, not both");
     seeds = parse_seeds(a.seeds);
-    if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
-      throw UsageError(
-          "--seeds compares every recipe with fp32 of the same seed: put fp32 among the recipes (--compare fp32,...)");
-    }
     if (a.parallel != "none" || !a.resume.empty() || !a.save_checkpoint.empty() || !a.export_fp8.empty() ||
         !a.plot.empty() || !a.profile.empty() || !a.log_scales.empty()) {
       throw UsageError(
           "--seeds trains every seed's runs in this process and prints their summary: leave out --parallel, --resume, "
           "--save-checkpoint, --export-fp8, --plot, --profile and --log-scales (or give one seed with --seed)");
+    }
+    if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
+      throw UsageError(
+          "--seeds compares every recipe with fp32 of the same seed: put fp32 among the recipes (--compare fp32,...)");
     }
   }
   if (resumed && recipes.front().name() == resumed->recipe.name()) {
@@ -1138,7 +1151,10 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
       if (quiet) return;
       if (collectives_over) *collectives_over = true;  // rank 0 alone from here: the others wait in run()'s barrier
       // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
-      // 1..K): how far fp32 lands from itself, the floor under every gap in the table.
+      // 1..K): how far fp32 lands from itself, the floor under every gap in the table. The fp32 row's own recipe
+      // (with --optimizer-state and --master-weights: a plain fp32 one made a gap of the storage look like spread).
+      const auto fp32_row =
+          std::find_if(recipes.begin(), recipes.end(), [](const nn::PrecisionRecipe& r) { return r.name() == "fp32"; });
       std::vector<float> spread;
       for (std::int64_t k = 1; k <= a.fp32_spread; ++k) {
         nn::TrainConfig perturbed = config;
@@ -1146,9 +1162,8 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
         perturbed.log_scales = false;
         TrainProgress progress("fp32, perturbed " + std::to_string(k) + "/" + std::to_string(a.fp32_spread) + of_seed,
                                a.steps);
-        spread.push_back(nn::train(perturbed, *nn::PrecisionRecipe::parse("fp32"), nullptr, [&](const nn::StepLog& s) {
-                           progress(s);
-                         }).final_loss);
+        spread.push_back(
+            nn::train(perturbed, *fp32_row, nullptr, [&](const nn::StepLog& s) { progress(s); }).final_loss);
       }
       by_seed.push_back({seed, std::move(results), std::move(spread)});
     }
@@ -1174,117 +1189,135 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
   if (a.seeds_given) return print_seeds(a, by_seed);
   const std::vector<nn::TrainResult>& results = by_seed.front().results;
   const std::vector<float>& spread = by_seed.front().spread;
+  // The trace and the plot: a write that fails is said after the table or the JSON, naming its option, so that a
+  // long run's results are printed all the same (exit 1 then).
+  std::optional<Error> report_failed;
+  const auto write_report = [&](const char* option, const auto& write) {
+    try {
+      write();
+    } catch (const Error& e) {
+      if (!report_failed) report_failed.emplace(e.kind(), std::string(option) + ": " + e.what(), e.file(), e.line());
+    }
+  };
   if (profiler) {
-    Profiler combined;
-    for (ProfileEvent& e : trace) combined.record(std::move(e));
-    std::ostringstream trace_json;
-    combined.write_chrome_trace(trace_json);
-    write_text_file(a.profile, trace_json.str());
+    write_report("--profile", [&] {
+      Profiler combined;
+      for (ProfileEvent& e : trace) combined.record(std::move(e));
+      std::ostringstream trace_json;
+      combined.write_chrome_trace(trace_json);
+      write_text_file(a.profile, trace_json.str());
+    });
   }
-  if (!a.plot.empty()) write_plot(a.plot, results);
-
-  const nn::TrainResult* fp32 = nullptr;
-  for (const auto& r : results)
-    if (r.recipe == "fp32") fp32 = &r;
-  if (a.json) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const auto& r : results) {
-      nlohmann::json o = run_json(a, r, fp32, a.seed);
-      if (comm) {
-        const std::size_t i = static_cast<std::size_t>(&r - results.data());
-        const std::int64_t ran = a.steps - r.start_step;  // this process's steps (a resumed run: from its step)
-        const auto per_step = [&](std::uint64_t bytes) {
-          return ran > 0 ? static_cast<double>(bytes) / static_cast<double>(ran) : 0.0;
-        };
-        o["ranks"] = comm->size();
-        o["parallel"] = a.parallel;
-        o["grad_reduce"] = std::string(name(*grad_payload));
-        o["comm_bytes_per_step"] = {{"all_gather", per_step(comm_bytes[i].all_gather_bytes)},
-                                    {"reduce_scatter", per_step(comm_bytes[i].reduce_scatter_bytes)},
-                                    {"all_reduce", per_step(comm_bytes[i].all_reduce_bytes)}};
-        if (fsdp) {
-          const auto by_payload = [&](const std::map<std::string, GatherCount>& counts) {
-            nlohmann::json by = nlohmann::json::object();
-            for (const auto& [carried, count] : counts) {
-              by[carried] = {{"elements", per_step(count.elements)}, {"bytes", per_step(count.bytes)}};
-            }
-            return by;
+  if (!a.plot.empty()) write_report("--plot", [&] { write_plot(a.plot, results); });
+  const auto print_results = [&] {
+    const nn::TrainResult* fp32 = nullptr;
+    for (const auto& r : results)
+      if (r.recipe == "fp32") fp32 = &r;
+    if (a.json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& r : results) {
+        nlohmann::json o = run_json(a, r, fp32, a.seed);
+        if (comm) {
+          const std::size_t i = static_cast<std::size_t>(&r - results.data());
+          const std::int64_t ran = a.steps - r.start_step;  // this process's steps (a resumed run: from its step)
+          const auto per_step = [&](std::uint64_t bytes) {
+            return ran > 0 ? static_cast<double>(bytes) / static_cast<double>(ran) : 0.0;
           };
-          // Bytes summed over ranks: what every rank handed to MPI for the gathered tensors' elements.
-          o["fsdp_all_gather_per_step"] = {{"gemm_weights", by_payload(gathered[i].gemm_weights)},
-                                           {"other_parameters", by_payload(gathered[i].other_parameters)}};
+          o["ranks"] = comm->size();
+          o["parallel"] = a.parallel;
+          o["grad_reduce"] = std::string(name(*grad_payload));
+          o["comm_bytes_per_step"] = {{"all_gather", per_step(comm_bytes[i].all_gather_bytes)},
+                                      {"reduce_scatter", per_step(comm_bytes[i].reduce_scatter_bytes)},
+                                      {"all_reduce", per_step(comm_bytes[i].all_reduce_bytes)}};
+          if (fsdp) {
+            const auto by_payload = [&](const std::map<std::string, GatherCount>& counts) {
+              nlohmann::json by = nlohmann::json::object();
+              for (const auto& [carried, count] : counts) {
+                by[carried] = {{"elements", per_step(count.elements)}, {"bytes", per_step(count.bytes)}};
+              }
+              return by;
+            };
+            // Bytes summed over ranks: what every rank handed to MPI for the gathered tensors' elements.
+            o["fsdp_all_gather_per_step"] = {{"gemm_weights", by_payload(gathered[i].gemm_weights)},
+                                             {"other_parameters", by_payload(gathered[i].other_parameters)}};
+          }
+          o["replicas_identical"] = static_cast<bool>(identical[i]);
         }
-        o["replicas_identical"] = static_cast<bool>(identical[i]);
+        if (!a.save_checkpoint.empty()) o["checkpoint"] = a.save_checkpoint;
+        if (!a.export_fp8.empty()) o["export_fp8"] = a.export_fp8;
+        if (&r == fp32) add_fp32_spread(o, r, spread);
+        out.push_back(o);
       }
-      if (!a.save_checkpoint.empty()) o["checkpoint"] = a.save_checkpoint;
-      if (!a.export_fp8.empty()) o["export_fp8"] = a.export_fp8;
-      if (&r == fp32) add_fp32_spread(o, r, spread);
-      out.push_back(o);
+      std::fprintf(output(), "%s\n", json_text(out).c_str());
+      return;
     }
-    std::fprintf(output(), "%s\n", json_text(out).c_str());
-    return;
-  }
-  std::fprintf(output(), "model %s, %lld parameters; data: %s; %s, seed %llu, %s\n", a.model.c_str(),
-               static_cast<long long>(results.front().parameters), results.front().data.c_str(),
-               counted(a.steps, "step").c_str(), static_cast<unsigned long long>(a.seed),
-               counted(num_threads(), "thread").c_str());
-  if (comm) {
-    std::fprintf(output(), "%s: %d ranks (%s), gradients summed in %s; replicas identical: %s\n",
-                 fsdp ? "fully sharded data parallel" : "data parallel", comm->size(),
-                 std::string(comm->backend()).c_str(), std::string(name(*grad_payload)).c_str(),
-                 std::all_of(identical.begin(), identical.end(), [](bool b) { return b; }) ? "yes" : "NO");
-  }
-  std::fprintf(output(), "%-18s %12s %8s %12s %8s %11s %9s %8s\n", "recipe", "peak memory", "vs fp32", "step time",
-               "vs fp32", "eval loss", "vs fp32", "skipped");
-  for (const auto& r : results) {
-    const std::string mem_ratio =
-        fp32 ? fmt::format("{:.2f}x", static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes)) : "-";
-    // A run resumed at its end ran no step: no time (NaN), shown as "-".
-    const std::string step_time = std::isfinite(r.step_ms) ? fmt::format("{:.1f} ms", r.step_ms) : "-";
-    const double time_vs = fp32 ? r.step_ms / fp32->step_ms : NAN;
-    const std::string time_ratio = std::isfinite(time_vs) ? fmt::format("{:.2f}x", time_vs) : "-";
-    const std::string gap =
-        fp32 ? fmt::format("{:+.2f}%", 100.0 * (r.final_loss - fp32->final_loss) / fp32->final_loss) : "-";
-    std::fprintf(output(), "%-18s %12s %8s %12s %8s %11.4f %9s %8lld\n", r.recipe.c_str(),
-                 megabytes(r.peak_bytes).c_str(), mem_ratio.c_str(), step_time.c_str(), time_ratio.c_str(),
-                 static_cast<double>(r.final_loss), gap.c_str(), static_cast<long long>(r.skipped_steps));
-  }
-  std::fprintf(output(),
-               "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
-               " temporaries); step time: median; eval loss: held-out data, %lld batch%s\n",
-               static_cast<long long>(a.eval_batches), a.eval_batches == 1 ? "" : "es");
-  if (!spread.empty()) {
-    std::vector<double> gaps;
-    for (const float l : spread) gaps.push_back(100.0 * loss_gap(l, fp32->final_loss));
-    const Summary g = summarize(gaps);
-    const std::string sd = std::isfinite(g.sd) ? fmt::format(", sd {:.2f}%", g.sd) : "";
+    std::fprintf(output(), "model %s, %lld parameters; data: %s; %s, seed %llu, %s\n", a.model.c_str(),
+                 static_cast<long long>(results.front().parameters), results.front().data.c_str(),
+                 counted(a.steps, "step").c_str(), static_cast<unsigned long long>(a.seed),
+                 counted(num_threads(), "thread").c_str());
+    if (comm) {
+      std::fprintf(output(), "%s: %d ranks (%s), gradients summed in %s; replicas identical: %s\n",
+                   fsdp ? "fully sharded data parallel" : "data parallel", comm->size(),
+                   std::string(comm->backend()).c_str(), std::string(name(*grad_payload)).c_str(),
+                   std::all_of(identical.begin(), identical.end(), [](bool b) { return b; }) ? "yes" : "NO");
+    }
+    std::fprintf(output(), "%-18s %12s %8s %12s %8s %11s %9s %8s\n", "recipe", "peak memory", "vs fp32", "step time",
+                 "vs fp32", "eval loss", "vs fp32", "skipped");
+    for (const auto& r : results) {
+      const std::string mem_ratio =
+          fp32 ? fmt::format("{:.2f}x", static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes))
+               : "-";
+      // A run resumed at its end ran no step: no time (NaN), shown as "-".
+      const std::string step_time = std::isfinite(r.step_ms) ? fmt::format("{:.1f} ms", r.step_ms) : "-";
+      const double time_vs = fp32 ? r.step_ms / fp32->step_ms : NAN;
+      const std::string time_ratio = std::isfinite(time_vs) ? fmt::format("{:.2f}x", time_vs) : "-";
+      const std::string gap =
+          fp32 ? fmt::format("{:+.2f}%", 100.0 * (r.final_loss - fp32->final_loss) / fp32->final_loss) : "-";
+      std::fprintf(output(), "%-18s %12s %8s %12s %8s %11.4f %9s %8lld\n", r.recipe.c_str(),
+                   megabytes(r.peak_bytes).c_str(), mem_ratio.c_str(), step_time.c_str(), time_ratio.c_str(),
+                   static_cast<double>(r.final_loss), gap.c_str(), static_cast<long long>(r.skipped_steps));
+    }
     std::fprintf(output(),
-                 "fp32 against itself: %zu more run%s, each initial weight one ulp up or down: eval loss %+.2f%% .. "
-                 "%+.2f%%%s (a gap above inside that range is within fp32's own run-to-run spread)\n",
-                 gaps.size(), gaps.size() == 1 ? "" : "s", g.min, g.max, sd.c_str());
-  }
-  if (resumed) {
-    std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",
-                 a.resume.c_str(), static_cast<long long>(results.front().start_step));
-  }
-  if (!a.save_checkpoint.empty()) {
-    std::fprintf(output(), "checkpoint: %s (step %lld)\n", a.save_checkpoint.c_str(), static_cast<long long>(a.steps));
-  }
-  if (export_options) {
-    std::fprintf(output(), "FP8 export: %s (%s, %s layout)\n", a.export_fp8.c_str(),
-                 std::string(name(export_options->scheme)).c_str(), std::string(name(export_options->layout)).c_str());
-  }
-  for (std::size_t ri = 0; ri < summaries.size(); ++ri) {
-    std::fprintf(output(), "\nprofile (%s): op, calls, path, reason, total time\n", results[ri].recipe.c_str());
-    for (const auto& s : summaries[ri]) {
-      if (s.name == "step") continue;
-      std::fprintf(output(), "  %-40s %7lld %-11s %-28s %10.1f ms\n", s.name.c_str(), static_cast<long long>(s.calls),
-                   s.path.empty() ? "-" : s.path.c_str(), s.reason.empty() ? "-" : s.reason.c_str(),
-                   s.total_us / 1000.0);
+                 "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
+                 " temporaries); step time: median; eval loss: held-out data, %lld batch%s\n",
+                 static_cast<long long>(a.eval_batches), a.eval_batches == 1 ? "" : "es");
+    if (!spread.empty()) {
+      std::vector<double> gaps;
+      for (const float l : spread) gaps.push_back(100.0 * loss_gap(l, fp32->final_loss));
+      const Summary g = summarize(gaps);
+      const std::string sd = std::isfinite(g.sd) ? fmt::format(", sd {:.2f}%", g.sd) : "";
+      std::fprintf(output(),
+                   "fp32 against itself: %zu more run%s, each initial weight one ulp up or down: eval loss %+.2f%% .. "
+                   "%+.2f%%%s (a gap above inside that range is within fp32's own run-to-run spread)\n",
+                   gaps.size(), gaps.size() == 1 ? "" : "s", g.min, g.max, sd.c_str());
     }
-  }
-  if (!a.profile.empty())
-    std::fprintf(output(), "\ntrace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", a.profile.c_str());
+    if (resumed) {
+      std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",
+                   a.resume.c_str(), static_cast<long long>(results.front().start_step));
+    }
+    if (!a.save_checkpoint.empty()) {
+      std::fprintf(output(), "checkpoint: %s (step %lld)\n", a.save_checkpoint.c_str(),
+                   static_cast<long long>(a.steps));
+    }
+    if (export_options) {
+      std::fprintf(output(), "FP8 export: %s (%s, %s layout)\n", a.export_fp8.c_str(),
+                   std::string(name(export_options->scheme)).c_str(),
+                   std::string(name(export_options->layout)).c_str());
+    }
+    for (std::size_t ri = 0; ri < summaries.size(); ++ri) {
+      std::fprintf(output(), "\nprofile (%s): op, calls, path, reason, total time\n", results[ri].recipe.c_str());
+      for (const auto& s : summaries[ri]) {
+        if (s.name == "step") continue;
+        std::fprintf(output(), "  %-40s %7lld %-11s %-28s %10.1f ms\n", s.name.c_str(), static_cast<long long>(s.calls),
+                     s.path.empty() ? "-" : s.path.c_str(), s.reason.empty() ? "-" : s.reason.c_str(),
+                     s.total_us / 1000.0);
+      }
+    }
+    if (!a.profile.empty())
+      std::fprintf(output(), "\ntrace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", a.profile.c_str());
+  };
+  print_results();
+  if (report_failed) throw *report_failed;
 }
 
 // A run over ranks ends at one barrier, whichever way it ends. An error every rank throws together (the settings'
@@ -1372,8 +1405,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--export-layout", args->export_layout,
                   "deepseek, compressed-tensors, autofp8, fbgemm, mxfp8, native (default: the scheme's, as fp8kit "
                   "quantize picks it)");
-  cmd->add_flag("--export-input-scales", args->export_input_scales,
-                "Static activation scales in the export (input_scale per weight, from fp8-delayed's amax histories)");
+  cmd->add_flag(
+      "--export-input-scales", args->export_input_scales,
+      "Static activation scales in the export (input_scale per weight, from the amax histories of a recipe with "
+      "delayed scaling: fp8-delayed, fp8-o2)");
   cmd->add_option("--parallel", args->parallel,
                   "none (default), ddp (data parallel over the ranks of mpirun: each trains on its rows of the "
                   "global --batch) or fsdp (ddp with weights, gradients and AdamW state sharded: weights gathered "
