@@ -226,10 +226,10 @@ def _wide_matrix_input(x: Any, kind: str, what: str, threads: Optional[int], kee
 
 def _scale_grid(scales: Any, shape: tuple, granularity: str) -> Any:
     """Scales (a NumPy array of the block grid: grid rows x grid cols of the matrix whose rows are the last
-    dimension) laid out for an array of `shape`: where each block lies in one row (row, block:1xC, mx32) and the
-    array is not 2-D, its leading dimensions are kept, shape[:-1] + (grid cols,), as PyTorch's and torchao's per-row
-    and MX scales are (a view, no copy; for a 2-D array the same grid, (rows, 0) for empty rows); otherwise the grid
-    as it is."""
+    dimension) laid out for an array of `shape`: where each block lies in one row (row, block:1xC, mx32), the
+    array's leading dimensions and the grid's columns, shape[:-1] + (grid cols,), as PyTorch's and torchao's per-row
+    and MX scales are (a view, no copy; for a 2-D array the grid itself, but (rows, 0) for rows of no element);
+    otherwise the grid as it is."""
     if len(shape) == 0 or not _fp8kit.one_row_blocks(granularity):
         return scales
     return scales.reshape(tuple(shape[:-1]) + (scales.shape[1],))

@@ -343,7 +343,8 @@ CompanionFiles write_checkpoint_output(const CheckpointInput& in, const std::str
     remove_made();
     // A failed write names the file where the user will look for it, not in the staging directory it removed.
     std::string message = e.what();
-    for (std::size_t at = staged_at.empty() ? std::string::npos : message.find(staged_at); at != std::string::npos;
+    if (staged_at.empty() || message.find(staged_at) == std::string::npos) throw;  // (as it was, whatever its type)
+    for (std::size_t at = message.find(staged_at); at != std::string::npos;
          at = message.find(staged_at, at + o.string().size())) {
       message.replace(at, staged_at.size(), o.string());
     }
