@@ -635,6 +635,14 @@ double loss_gap(double loss, double fp32) {
   return std::isfinite(loss) && std::isfinite(fp32) ? (loss - fp32) / fp32 : NAN;
 }
 
+// A gap as the tables print it: "+1.23%", "-" where it is not finite; one that rounds to zero is "+0.00%" (a gap of
+// -1e-7 was "-0.00%").
+std::string signed_percent(double gap) {
+  if (!std::isfinite(gap)) return "-";
+  const double rounded = std::round(gap * 10000.0) / 100.0;
+  return fmt::format("{:+.2f}%", rounded == 0.0 ? 0.0 : rounded);
+}
+
 // One run's JSON object (`fp8kit train --json`): the recipe's result and, beside fp32's of the same seed, its ratios.
 nlohmann::json run_json(const TrainArgs& a, const nn::TrainResult& r, const nn::TrainResult* fp32, std::uint64_t seed) {
   nlohmann::json breakdown = nlohmann::json::object();
@@ -774,7 +782,7 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
   std::fprintf(output(), "model %s, %lld parameters; data: %s; %s, seeds %s, %s\n", a.model.c_str(),
                static_cast<long long>(first.front().parameters), first.front().data.c_str(),
                counted(a.steps, "step").c_str(), a.seeds.c_str(), counted(num_threads(), "thread").c_str());
-  const auto pct = [](double v) { return std::isfinite(v) ? fmt::format("{:+.2f}%", 100.0 * v) : std::string("-"); };
+  const auto pct = [](double v) { return signed_percent(v); };
   // Each seed: fp32's eval loss, the other recipes' gaps to it, fp32 against itself.
   std::string head = fmt::format("{:<8}", "seed");
   for (const auto& r : first) head += fmt::format(" {:>14}", r.recipe);
@@ -1271,8 +1279,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
       const std::string step_time = std::isfinite(r.step_ms) ? fmt::format("{:.1f} ms", r.step_ms) : "-";
       const double time_vs = fp32 ? r.step_ms / fp32->step_ms : NAN;
       const std::string time_ratio = std::isfinite(time_vs) ? fmt::format("{:.2f}x", time_vs) : "-";
-      const std::string gap =
-          fp32 ? fmt::format("{:+.2f}%", 100.0 * (r.final_loss - fp32->final_loss) / fp32->final_loss) : "-";
+      const std::string gap = fp32 ? signed_percent(loss_gap(r.final_loss, fp32->final_loss)) : "-";
       std::fprintf(output(), "%-18s %12s %8s %12s %8s %11.4f %9s %8lld\n", r.recipe.c_str(),
                    megabytes(r.peak_bytes).c_str(), mem_ratio.c_str(), step_time.c_str(), time_ratio.c_str(),
                    static_cast<double>(r.final_loss), gap.c_str(), static_cast<long long>(r.skipped_steps));
