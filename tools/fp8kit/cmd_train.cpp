@@ -1022,7 +1022,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
   std::string steps_note;  // printed once the runs have succeeded: an error stays the one line on stderr
   if (resumed) {
     on_every_rank(comm, [&] { check_resumable(a.resume, *resumed, config, recipes.front()); });
-    if (a.steps != resumed->steps) {
+    if (a.steps != resumed->steps && a.steps > resumed->next_step) {  // (no step runs at its end: nothing to say)
       steps_note = "note: --steps " + std::to_string(a.steps) + " differs from the checkpoint's run (" +
                    std::to_string(resumed->steps) + " steps): from step " + std::to_string(resumed->next_step) +
                    " on, the learning rate followed a " + std::to_string(a.steps) + "-step schedule\n";
