@@ -35,6 +35,7 @@
 #include "fp8kit/common/error.hpp"
 #include "fp8kit/common/version.hpp"
 #include "fp8kit/convert/convert.hpp"
+#include "fp8kit/format/codec.hpp"
 #include "fp8kit/format/format.hpp"
 #include "fp8kit/io/checkpoint_layout.hpp"
 #include "fp8kit/io/safetensors.hpp"
@@ -417,10 +418,10 @@ void refresh_mx_codes(ScaledTensor& q) {
   q.scale_e8m0.resize(q.scale_inv.size());
   for (std::size_t b = 0; b < q.scale_inv.size(); ++b) {
     const float s = q.scale_inv[b];
-    int e = 0;
-    const float m = std::isnan(s) ? 0.0f : std::frexp(s, &e);
-    const int exponent = e - 1;  // s = 2^exponent where m is 0.5
-    if (!std::isnan(s) && !(m == 0.5f && exponent >= -127 && exponent <= 127)) {
+    // The codec's e8m0fnu code of s (NaN for NaN): a scale is one exactly where that code decodes to it again.
+    const std::uint8_t code = fp8kit::encode(s, fp8kit::EncodeSpec{Format::e8m0fnu, Overflow::kNonSaturating});
+    const float back = mx_scale_value(code);
+    if (!std::isnan(s) && std::memcmp(&back, &s, sizeof s) != 0) {
       throw nb::value_error(("an MX ScaledTensor's scale_inv holds " +
                              nb::cast<std::string>(nb::repr(nb::float_(static_cast<double>(s)))) + " at block " +
                              std::to_string(b) +
@@ -428,9 +429,8 @@ void refresh_mx_codes(ScaledTensor& q) {
                              "(quantize again, or change scale_inv only to such powers)")
                                 .c_str());
     }
-    const auto code = static_cast<std::uint8_t>(std::isnan(s) ? 0xFF : exponent + 127);
     q.scale_e8m0[b] = code;
-    q.scale_inv[b] = mx_scale_value(code);  // (a NaN as E8M0's NaN decodes, whatever its payload)
+    q.scale_inv[b] = back;  // (a NaN as E8M0's NaN decodes, whatever its payload)
   }
 }
 

@@ -81,18 +81,25 @@ Tensor MaxPool2d::backward(const Context& ctx, const Tensor& dy, const Saved& sa
   const float* g = dy.data<float>();
   const std::int64_t* arg = saved.argmax.data<std::int64_t>();
   float* out = dx.data<float>();
-  // Each index within its own plane (as Embedding checks its saved ids): a Saved of another layer, or one changed
-  // since, wrote outside dx or into the next channel's gradient.
-  for (std::int64_t i = 0; i < planes * ohw; ++i) {
-    FP8KIT_CHECK(arg[i] >= 0 && arg[i] < hw, "maxpool2d.backward: the saved argmax ", arg[i], " is outside its ",
-                 saved.input_shape[2], "x", saved.input_shape[3], " plane (a Saved of another layer?)");
-  }
-#pragma omp parallel for num_threads(::fp8kit::num_threads()) \
+  // Each index within its own plane (as Embedding checks its saved ids), checked in the same pass: a Saved of
+  // another layer, or one changed since, wrote outside dx or into the next channel's gradient.
+  bool outside = false;
+#pragma omp parallel for num_threads(::fp8kit::num_threads()) reduction(||         \
+                                                                        : outside) \
     schedule(static) if (static_cast <double>(dx.numel() + dy.numel()) >= kParallelWork)
   for (std::int64_t nc = 0; nc < planes; ++nc) {
     float* plane = out + nc * hw;
-    for (std::int64_t p = 0; p < ohw; ++p) plane[arg[nc * ohw + p]] += g[nc * ohw + p];
+    for (std::int64_t p = 0; p < ohw; ++p) {
+      const std::int64_t at = arg[nc * ohw + p];
+      if (at < 0 || at >= hw) {
+        outside = true;
+        continue;
+      }
+      plane[at] += g[nc * ohw + p];
+    }
   }
+  FP8KIT_CHECK(!outside, "maxpool2d.backward: a saved argmax is outside its ", saved.input_shape[2], "x",
+               saved.input_shape[3], " plane (a Saved of another layer?)");
   return dx;
 }
 

@@ -782,7 +782,6 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
   std::fprintf(output(), "model %s, %lld parameters; data: %s; %s, seeds %s, %s\n", a.model.c_str(),
                static_cast<long long>(first.front().parameters), first.front().data.c_str(),
                counted(a.steps, "step").c_str(), a.seeds.c_str(), counted(num_threads(), "thread").c_str());
-  const auto pct = [](double v) { return signed_percent(v); };
   // Each seed: fp32's eval loss, the other recipes' gaps to it, fp32 against itself.
   std::string head = fmt::format("{:<8}", "seed");
   for (const auto& r : first) head += fmt::format(" {:>14}", r.recipe);
@@ -792,25 +791,27 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
     std::string line = fmt::format("{:<8}", s.seed);
     for (const auto& r : s.results) {
       line += &r == s.fp32() ? fmt::format(" {:>14.4f}", static_cast<double>(r.final_loss))
-                             : fmt::format(" {:>14}", pct(loss_gap(r.final_loss, s.fp32()->final_loss)));
+                             : fmt::format(" {:>14}", signed_percent(loss_gap(r.final_loss, s.fp32()->final_loss)));
     }
     if (!s.spread.empty()) {
       std::vector<double> g;
       for (const float l : s.spread) g.push_back(loss_gap(l, s.fp32()->final_loss));
       const Summary own = summarize(g);
-      line += "   " + pct(own.min) + " .. " + pct(own.max);
+      line += "   " + signed_percent(own.min) + " .. " + signed_percent(own.max);
     }
     std::fprintf(output(), "%s\n", line.c_str());
   }
   std::fprintf(output(), "\n%-18s %6s %9s %20s %8s %20s %9s %10s\n", "against fp32", "runs", "median", "mean +- s.e.",
                "sd", "min .. max", "memory", "step time");
   const auto row = [&](const std::string& label, const Summary& g, const std::string& mem, const std::string& t) {
-    const std::string mean =
-        std::isfinite(g.se) ? pct(g.mean) + " +- " + fmt::format("{:.2f}%", 100.0 * g.se) : pct(g.mean);
+    const std::string mean = std::isfinite(g.se)
+                                 ? signed_percent(g.mean) + " +- " + fmt::format("{:.2f}%", 100.0 * g.se)
+                                 : signed_percent(g.mean);
     const std::string sd = std::isfinite(g.sd) ? fmt::format("{:.2f}%", 100.0 * g.sd) : "-";
     const std::string n = g.nonfinite ? fmt::format("{} (+{} not finite)", g.n, g.nonfinite) : std::to_string(g.n);
-    std::fprintf(output(), "%-18s %6s %9s %20s %8s %20s %9s %10s\n", label.c_str(), n.c_str(), pct(g.median).c_str(),
-                 mean.c_str(), sd.c_str(), (pct(g.min) + " .. " + pct(g.max)).c_str(), mem.c_str(), t.c_str());
+    std::fprintf(output(), "%-18s %6s %9s %20s %8s %20s %9s %10s\n", label.c_str(), n.c_str(),
+                 signed_percent(g.median).c_str(), mean.c_str(), sd.c_str(),
+                 (signed_percent(g.min) + " .. " + signed_percent(g.max)).c_str(), mem.c_str(), t.c_str());
   };
   for (std::size_t i = 0; i < first.size(); ++i) {
     if (first[i].recipe == "fp32") continue;
