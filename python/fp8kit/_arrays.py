@@ -134,7 +134,7 @@ def check_float32(name: str, value: Any) -> float:
     value (the one value of an integer array or tensor too)."""
     if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "iu":
         value = int(value.reshape(()))
-    elif type(value).__name__ == "Tensor" and hasattr(value, "numel") and value.numel() == 1 and not (
+    elif _is_torch(value) and value.numel() == 1 and not (
             value.dtype.is_floating_point or value.dtype.is_complex or str(value.dtype) == "torch.bool"):
         value = int(value.item())
     if (type(value) is int or isinstance(value, np.integer)) and not -2**53 <= value <= 2**53:
