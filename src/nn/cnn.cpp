@@ -74,7 +74,8 @@ void Cnn::backward(const Context& ctx) {
     s.blocks[i] = {};  // release this block's saved activations as soon as they are used
   }
   if (s.pool) dx = pool_.backward(ctx, dx, *s.pool);
-  stem_.backward(ctx, Relu::backward(ctx, dx, s.stem.relu), s.stem.conv);  // the images need no gradient
+  // The images need no gradient: the stem computes its weight gradient only.
+  stem_.backward(ctx, Relu::backward(ctx, dx, s.stem.relu), s.stem.conv, Conv2d::InputGradient::kSkip);
   saved_.reset();
 }
 

@@ -98,7 +98,7 @@ Tensor Conv2d::forward(const Context& ctx, const Tensor& x, Saved& saved) {
 }
 
 // dy (N, OC, OH, OW) -> dx (N, C, H, W).
-Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved) {
+Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved, InputGradient input_gradient) {
   const ConvGeometry& g = saved.g;
   const std::int64_t oc = out_channels(), k = g.cols(), rows = g.rows();
   FP8KIT_CHECK(saved.cols_t.rows() == k && saved.cols_t.cols() == rows && g.channels == in_channels(), "conv2d ",
@@ -110,11 +110,14 @@ Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved
   event.arg("shape", shape_string(dy.shape()));
   event.arg("kernel", window_string(window));
   const Tensor dy_rows = nchw_to_rows(ctx, dy);  // (N*OH*OW, OC)
-  // dcols = dy W: A = dy_rows (R, OC), B = W^T (K, OC) as N x K.
+  // dcols = dy W: A = dy_rows (R, OC), B = W^T (K, OC) as N x K. dy is quantized under the dgrad call even when
+  // dx is skipped: its codes are what wgrad transposes, and its amax feeds the same delayed-scaling history.
   const GemmCall dgrad = conv_call(ctx, *this, "dgrad");
   const RecipeOperand dyq = prepare_operand(dgrad, TensorRole::kGradOutput, dy_rows);
-  const RecipeOperand wt = detail::weight_operand_transposed(ctx, dgrad, weight, oc, k);
-  const Tensor dcols = recipe_gemm(dgrad, dyq, wt);  // (R, K)
+  Tensor dcols;
+  if (input_gradient == InputGradient::kCompute) {
+    dcols = recipe_gemm(dgrad, dyq, detail::weight_operand_transposed(ctx, dgrad, weight, oc, k));  // (R, K)
+  }
   // dW = dy^T cols: A = dy_rows^T (OC, R), B = cols^T (K, R) as N x K.
   const GemmCall wgrad = conv_call(ctx, *this, "wgrad");
   const RecipeOperand dyt = prepare_transposed(wgrad, TensorRole::kGradOutput, dy_rows, &dyq);
@@ -135,7 +138,7 @@ Tensor Conv2d::backward(const Context& ctx, const Tensor& dy, const Saved& saved
     }
     db.commit();
   }
-  return col2im(ctx, dcols, g);
+  return input_gradient == InputGradient::kCompute ? col2im(ctx, dcols, g) : Tensor();
 }
 
 std::vector<Parameter*> Conv2d::parameters() {

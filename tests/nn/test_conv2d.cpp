@@ -73,7 +73,9 @@ Context context_for(const PrecisionRecipe& recipe, Profiler* profiler = nullptr)
 
 // One forward and backward of a fresh layer (seeded: the same weights under every recipe), bias 0.25.
 RunResult run(const PrecisionRecipe& recipe, const Tensor& x, const Tensor& dy, std::int64_t oc, const Window2d& win,
-              Profiler* profiler = nullptr, const char* name = "conv") {
+              Profiler* profiler = nullptr, const char* name = "conv",
+              Conv2d::InputGradient input_gradient = Conv2d::InputGradient::kCompute,
+              std::vector<std::vector<float>>* histories = nullptr) {
   Conv2d layer(name, x.size(1), oc, win, true, 7, 0.0, &recipe);
   for (float& v : layer.bias->value.span<float>()) v = 0.25f;
   const Context ctx = context_for(recipe, profiler);
@@ -81,9 +83,15 @@ RunResult run(const PrecisionRecipe& recipe, const Tensor& x, const Tensor& dy, 
   RunResult r;
   r.y = layer.forward(ctx, x, saved);
   r.saved_bytes = saved.cols_t.nbytes();
-  r.dx = layer.backward(ctx, dy, saved);
+  r.dx = layer.backward(ctx, dy, saved, input_gradient);
   r.dw = layer.weight.grad.clone();
   r.db = layer.bias->grad.clone();
+  if (histories != nullptr) {
+    for (TensorRole role : {TensorRole::kInput, TensorRole::kWeight, TensorRole::kGradOutput}) {
+      const std::span<const float> h = layer.fp8.of(role).history();
+      histories->emplace_back(h.begin(), h.end());
+    }
+  }
   return r;
 }
 
@@ -282,6 +290,37 @@ TEST(Conv2d, DispatcherRecordsFallbacksWithReasonsAndCasts) {
   }
 }
 
+TEST(Conv2d, SkippedInputGradientChangesNothingElse) {
+  // A first layer skips dx (Conv2d::InputGradient::kSkip): the weight and bias gradients and every role's recorded
+  // amaxes stay bit for bit those of a full backward, and the dgrad GEMM (with its casts) is gone.
+  const Conv2dCase& c = kCases[0];
+  const Tensor x = random(c.x, 21), dy = random(output_shape(c), 22);
+  for (const char* name :
+       {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-o2", "fp8-current-fake"}) {
+    const PrecisionRecipe recipe = *PrecisionRecipe::parse(name);
+    Profiler full_profile, skip_profile;
+    std::vector<std::vector<float>> full_amaxes, skip_amaxes;
+    const RunResult full =
+        run(recipe, x, dy, c.oc, c.win, &full_profile, "stem", Conv2d::InputGradient::kCompute, &full_amaxes);
+    const RunResult skip =
+        run(recipe, x, dy, c.oc, c.win, &skip_profile, "stem", Conv2d::InputGradient::kSkip, &skip_amaxes);
+    EXPECT_EQ(full.dx.shape(), c.x) << name;
+    EXPECT_EQ(skip.dx.numel(), 0) << name;
+    EXPECT_TRUE(fp8kit::testing::same_bits(full.y, skip.y)) << name;
+    EXPECT_TRUE(fp8kit::testing::same_bits(full.dw, skip.dw)) << name;
+    EXPECT_TRUE(fp8kit::testing::same_bits(full.db, skip.db)) << name;
+    EXPECT_EQ(full_amaxes, skip_amaxes) << name;
+    const ConvEvents full_events = count_events(full_profile), skip_events = count_events(skip_profile);
+    EXPECT_EQ(full_events.gemms, 3) << name;
+    EXPECT_EQ(skip_events.gemms, 2) << name;  // forward, wgrad
+    for (const ProfileEvent& e : skip_profile.events()) EXPECT_NE(e.name, "conv2d.stem.dgrad") << name;
+    if (recipe.is_fp8() && recipe.mode == Fp8Mode::kReal) {
+      EXPECT_EQ(full_events.casts_to_bf16, 6) << name;  // the 7x7 falls back
+      EXPECT_EQ(skip_events.casts_to_bf16, 4) << name;
+    }
+  }
+}
+
 TEST(Conv2d, FallbackEqualsBf16GemmOnFp8RoundedOperands) {
   // The fallback changes the kernel, not the quantization: with fp8-current and the area limit lowered so that a
   // 3x3 falls back, y differs from the FP8 path only by rounding each dequantized operand (code * scale_inv) to
@@ -449,7 +488,8 @@ TEST(Cnn, StemFallsBackAndBlocksRunInFp8) {
     if (e.args.at("path") == "fp8") fp8_ops.insert(e.name);
     if (e.args.at("path") == "bf16") bf16_ops.insert(e.name);
   }
-  EXPECT_EQ(fallback_ops, (std::set<std::string>{"conv2d.stem.forward", "conv2d.stem.dgrad", "conv2d.stem.wgrad"}));
+  // The images need no gradient: the stem has no dgrad GEMM.
+  EXPECT_EQ(fallback_ops, (std::set<std::string>{"conv2d.stem.forward", "conv2d.stem.wgrad"}));
   EXPECT_EQ(fp8_ops.size(), 9u);  // three 3x3 blocks x (forward, dgrad, wgrad)
   for (const std::string& op : fp8_ops) EXPECT_EQ(op.rfind("conv2d.blocks.", 0), 0u) << op;
   EXPECT_EQ(bf16_ops.size(), 3u);  // the head

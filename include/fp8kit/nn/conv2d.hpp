@@ -52,8 +52,13 @@ struct Conv2d {
 
   // x (N, C, H, W) -> y (N, OC, OH, OW), OH = (H + 2 ph - kh) / sh + 1 (floor), likewise OW.
   Tensor forward(const Context& ctx, const Tensor& x, Saved& saved);
-  // dy (N, OC, OH, OW) -> dx (N, C, H, W); accumulates weight.grad and bias.grad.
-  Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved);
+  // Whether backward computes dx: a network's first layer (its input is data, as PyTorch's input without
+  // requires_grad) skips the dgrad GEMM and col2im, the largest temporaries of a CNN stem.
+  enum class InputGradient : bool { kSkip = false, kCompute = true };
+  // dy (N, OC, OH, OW) -> dx (N, C, H, W); accumulates weight.grad and bias.grad. With InputGradient::kSkip it
+  // returns an empty Tensor; the gradient's quantization (scales, delayed-scaling amaxes) is the same either way.
+  Tensor backward(const Context& ctx, const Tensor& dy, const Saved& saved,
+                  InputGradient input_gradient = InputGradient::kCompute);
 
   std::vector<Parameter*> parameters();
   const std::string& name() const { return fp8.layer; }
