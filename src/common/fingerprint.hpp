@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace fp8kit::detail {
 
@@ -17,6 +18,7 @@ class Fingerprint {
       h_ *= 0x100000001b3ull;
     }
   }
+  void add(std::string_view text) { add(std::as_bytes(std::span<const char>(text.data(), text.size()))); }
   std::uint64_t value() const { return h_; }
   std::string hex() const {
     char text[17];

@@ -15,12 +15,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "common/fingerprint.hpp"
 #include "fp8kit/common/error.hpp"
 
 namespace fp8kit {
@@ -136,15 +136,13 @@ std::string temporary_prefix(const std::filesystem::path& destination) {
   std::string name = destination.filename().string();
   constexpr std::size_t kKeptWhole = 200, kCutTo = 180;
   if (name.size() > kKeptWhole) {
-    std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a: the same in every process
-    for (const unsigned char c : name) hash = (hash ^ c) * 0x100000001b3ull;
+    detail::Fingerprint hash;  // FNV-1a: the same in every process
+    hash.add(name);
     std::size_t cut = kCutTo;
     while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
     name.resize(cut);
     name += '~';
-    name += hex;
+    name += hash.hex();
   }
   std::string prefix(1, '.');  // built piecewise: "." + std::string trips a false -Wrestrict in GCC 12
   prefix += name;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <set>
 
+#include "common/fingerprint.hpp"
 #include "common/parallel.hpp"
 #include "fp8kit/common/cpu.hpp"
 #include "fp8kit/common/error.hpp"
@@ -98,9 +99,9 @@ void encode_blocks(const float* in, std::int64_t first, std::int64_t position, s
 // The random stream of a parameter's stochastic rounding at one of its steps (bf16-sr values; the FP8 moments draw
 // from two streams derived from it).
 std::uint64_t rounding_stream(std::uint64_t seed, const std::string& name, std::int64_t step) {
-  std::uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a 64 of the name
-  for (const char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
-  return splitmix64_finalize(splitmix64_finalize(seed ^ h) + static_cast<std::uint64_t>(step));
+  detail::Fingerprint h;  // FNV-1a 64 of the name
+  h.add(name);
+  return splitmix64_finalize(splitmix64_finalize(seed ^ h.value()) + static_cast<std::uint64_t>(step));
 }
 
 AdamW::State make_state(const Parameter& p, const AdamWOptions& o);

@@ -138,7 +138,8 @@ void run_dequantize(const DequantizeArgs& args) {
                        "a damaged file?)"
                      : "their scales are past float32's range (a damaged file?)");
   if (unscaled_fp8 != 0) {
-    fmt::print(stderr, "note: {} FP8 tensors without a scale were copied as they are\n", unscaled_fp8);
+    fmt::print(stderr, "note: {} without a scale {} copied as they {}\n", counted(unscaled_fp8, "FP8 tensor"),
+               unscaled_fp8 == 1 ? "was" : "were", unscaled_fp8 == 1 ? "is" : "are");
   }
 }
 

@@ -891,6 +891,10 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
                      " .. " + std::to_string(a.steps - 1));
   }
   std::vector<nn::PrecisionRecipe> recipes = parse_recipes(a);
+  // fp32's row (--fp32-spread trains it again; --seeds and --fp32-spread need it): null when not compared.
+  const auto fp32_at =
+      std::find_if(recipes.begin(), recipes.end(), [](const nn::PrecisionRecipe& r) { return r.name() == "fp32"; });
+  const nn::PrecisionRecipe* const fp32_recipe = fp32_at == recipes.end() ? nullptr : &*fp32_at;
   if (a.fp32_spread < 0 || a.fp32_spread > static_cast<std::int64_t>(kMaxSeeds)) {
     throw UsageError("--fp32-spread must be 0 to " + std::to_string(kMaxSeeds) + " (extra fp32 runs per seed), got " +
                      std::to_string(a.fp32_spread));
@@ -902,7 +906,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
           "--fp32-spread trains its extra fp32 runs in this process from the start: leave out "
           "--parallel, --resume, --save-checkpoint and --export-fp8");
     }
-    if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
+    if (fp32_recipe == nullptr) {
       throw UsageError("--fp32-spread measures fp32 against itself: put fp32 among the recipes (--compare fp32,...)");
     }
   }
@@ -916,7 +920,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
           "--seeds trains every seed's runs in this process and prints their summary: leave out --parallel, --resume, "
           "--save-checkpoint, --export-fp8, --plot, --profile and --log-scales (or give one seed with --seed)");
     }
-    if (std::none_of(recipes.begin(), recipes.end(), [](const auto& r) { return r.name() == "fp32"; })) {
+    if (fp32_recipe == nullptr) {
       throw UsageError(
           "--seeds compares every recipe with fp32 of the same seed: put fp32 among the recipes (--compare fp32,...)");
     }
@@ -1162,8 +1166,6 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
       // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
       // 1..K): how far fp32 lands from itself, the floor under every gap in the table. The fp32 row's own recipe
       // (with --optimizer-state and --master-weights: a plain fp32 one made a gap of the storage look like spread).
-      const auto fp32_row =
-          std::find_if(recipes.begin(), recipes.end(), [](const nn::PrecisionRecipe& r) { return r.name() == "fp32"; });
       std::vector<float> spread;
       for (std::int64_t k = 1; k <= a.fp32_spread; ++k) {
         nn::TrainConfig perturbed = config;
@@ -1172,7 +1174,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
         TrainProgress progress("fp32, perturbed " + std::to_string(k) + "/" + std::to_string(a.fp32_spread) + of_seed,
                                a.steps);
         spread.push_back(
-            nn::train(perturbed, *fp32_row, nullptr, [&](const nn::StepLog& s) { progress(s); }).final_loss);
+            nn::train(perturbed, *fp32_recipe, nullptr, [&](const nn::StepLog& s) { progress(s); }).final_loss);
       }
       by_seed.push_back({seed, std::move(results), std::move(spread)});
     }
@@ -1219,9 +1221,7 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
   }
   if (!a.plot.empty()) write_report("--plot", [&] { write_plot(a.plot, results); });
   const auto print_results = [&] {
-    const nn::TrainResult* fp32 = nullptr;
-    for (const auto& r : results)
-      if (r.recipe == "fp32") fp32 = &r;
+    const nn::TrainResult* fp32 = by_seed.front().fp32();
     if (a.json) {
       nlohmann::json out = nlohmann::json::array();
       for (const auto& r : results) {
@@ -1291,13 +1291,14 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
                  static_cast<long long>(a.eval_batches), a.eval_batches == 1 ? "" : "es");
     if (!spread.empty()) {
       std::vector<double> gaps;
-      for (const float l : spread) gaps.push_back(100.0 * loss_gap(l, fp32->final_loss));
+      for (const float l : spread) gaps.push_back(loss_gap(l, fp32->final_loss));
       const Summary g = summarize(gaps);
-      const std::string sd = std::isfinite(g.sd) ? fmt::format(", sd {:.2f}%", g.sd) : "";
+      const std::string sd = std::isfinite(g.sd) ? fmt::format(", sd {:.2f}%", 100.0 * g.sd) : "";
       std::fprintf(output(),
-                   "fp32 against itself: %zu more run%s, each initial weight one ulp up or down: eval loss %+.2f%% .. "
-                   "%+.2f%%%s (a gap above inside that range is within fp32's own run-to-run spread)\n",
-                   gaps.size(), gaps.size() == 1 ? "" : "s", g.min, g.max, sd.c_str());
+                   "fp32 against itself: %s, each initial weight one ulp up or down: eval loss %s .. %s%s (a gap "
+                   "above inside that range is within fp32's own run-to-run spread)\n",
+                   counted(gaps.size(), "more run").c_str(), signed_percent(g.min).c_str(),
+                   signed_percent(g.max).c_str(), sd.c_str());
     }
     if (resumed) {
       std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",
