@@ -293,7 +293,8 @@ constinit const GemmKernel kAvx512Gemm{.name = "avx512-fma 12x32",
                                        .pack_left = &pack_f32,
                                        .pack_right = &pack_f32,
                                        .accumulate = &accumulate_avx512,
-                                       .scale_accumulate = &scale_accumulate_avx512};
+                                       .scale_accumulate = &scale_accumulate_avx512,
+                                       .prefetch_next_tile = true};
 constinit const GemvKernel kAvx512Gemv{"avx512-gemv", KernelContract::kFp32Bound, false, &gemv_avx512, 64};
 
 }  // namespace fp8kit::mm_detail

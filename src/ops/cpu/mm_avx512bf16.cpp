@@ -296,7 +296,8 @@ constinit const GemmKernel kAvx512Bf16Gemm{.name = "avx512bf16-dpbf16 12x32",
                                            .pack_left = &pack_bf16_rows,
                                            .pack_right = &pack_bf16_vnni,
                                            .accumulate = &accumulate_dpbf16,
-                                           .scale_accumulate = &scale_accumulate_dpbf16};
+                                           .scale_accumulate = &scale_accumulate_dpbf16,
+                                           .prefetch_next_tile = true};
 constinit const GemvKernel kAvx512Bf16Gemv{"avx512bf16-gemv", KernelContract::kFp32Bound, true, &gemv_dpbf16};
 
 }  // namespace fp8kit::mm_detail
