@@ -351,10 +351,9 @@ std::string_view gemm(const GemmKernel& kern, const MmPlan& p, const Operand& a,
   return kern.name;
 }
 
-// The rebiased activations of a GEMV (see GemvInput), or false when they cannot be made exact: x * 2^(127 - bias -
-// c) must be finite (c > 0 only for FP8 left operands, whose products with FP8 weights stay far above the float
-// subnormals after the 2^-c, so the kernel's sums are the unscaled ones times 2^-c exactly).
-bool rebias(std::span<const float> x, Format weights, bool left_is_fp8, float* out, float& sum_scale) {
+}  // namespace
+
+bool rebias_gemv_input(std::span<const float> x, Format weights, bool left_is_fp8, float* out, float& sum_scale) {
   // max |x| as the largest magnitude bit pattern (their integer order is the floats' order, Inf and NaN above every
   // finite one): an integer reduction with no early exit, which vectorizes where a float max does not.
   std::uint32_t top = 0;
@@ -370,8 +369,6 @@ bool rebias(std::span<const float> x, Format weights, bool left_is_fp8, float* o
   sum_scale = std::ldexp(1.0f, c);
   return true;
 }
-
-}  // namespace
 
 void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int64_t kblock, int chunk, float* out) {
   const int lanes = chunk / 4;
@@ -440,9 +437,10 @@ void gemv(const GemvKernel& fast, const MmPlan& p, const Operand& a, const Opera
     left_rows_bf16(a, p.m, p.k, x.get(), x_bf16.data());
     in.x_bf16 = x_bf16.data();
   }
-  if (!fast.bf16_input) {
+  if (fast.rebiased_input) {
     x_rebiased.reset(new float[count]);
-    if (rebias(std::span<const float>(x.get(), count), b.format, a.codes != nullptr, x_rebiased.get(), in.sum_scale))
+    if (rebias_gemv_input(std::span<const float>(x.get(), count), b.format, a.codes != nullptr, x_rebiased.get(),
+                          in.sum_scale))
       in.rebiased = x_rebiased.get();
   }
   if (fast.lane_chunk != 0) {  // the fast kernel's order, where it reads another

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <optional>
 #include <random>
@@ -500,6 +501,96 @@ TEST(GemvLaneOrder, ChunksOfEachKBlockArePermutedAndTheRestKept) {
       std::sort(sorted.begin(), sorted.end());
       EXPECT_EQ(sorted, x) << "chunk " << chunk << " kblock " << kblock;
     }
+  }
+}
+
+// The float32 GEMVs of the AVX-512 levels, driven directly as gemv() drives them: the level tables name the table
+// decode (kAvx512VbmiGemv) where the CPU has VBMI, so on such a CPU the shift decode (kAvx512Gemv, the kernel of
+// AVX-512 CPUs without VBMI) runs nowhere else in the suite. Both against the exact sums in double within
+// mm_error_bound: every weight format, M 1-4, K blocks whole and of 128 and 32 (partial chunks, partial steps), weight
+// row counts that leave a tail of single rows; the shift decode with the activations rebiased and not, both in its
+// lane order; then one NaN code: the shift decode declines the rows (the driver recomputes them), the table decode
+// multiplies it (NaN in that row only).
+TEST(Avx512FloatGemv, BothDecodesWithinTheBoundDrivenDirectly) {
+  FP8KIT_SKIP_UNLESS_RUNS(Isa::kAvx512);
+  const bool vbmi = cpu_features().avx512vbmi;
+  if (!vbmi) std::printf("[ note ] no avx512vbmi: the table-decode GEMV skipped, the shift decode run\n");
+  const std::int64_t n = 11;
+  std::uint32_t seed = 30000;
+  for (Format f : kWeightFormats) {
+    const mm_detail::DecodeTable& values = mm_detail::decode_table(f);
+    const mm_detail::RegisterDecodeRule rule = mm_detail::register_decode_rule(f);
+    for (std::int64_t m = 1; m <= mm_detail::kGemvRows; ++m)
+      for (const std::int64_t k : {std::int64_t{64}, std::int64_t{200}, std::int64_t{1000}})
+        for (const std::int64_t kblock : {k, std::int64_t{128}, std::int64_t{32}}) {
+          const std::int64_t kbs = (k + kblock - 1) / kblock;
+          const std::string what = std::string(name(f)) + " m " + std::to_string(m) + " k " + std::to_string(k) +
+                                   " kblock " + std::to_string(kblock);
+          std::mt19937 rng(++seed);
+          std::vector<std::uint8_t> w(static_cast<std::size_t>(n * k));
+          for (auto& c : w) {
+            c = static_cast<std::uint8_t>(rng());
+            if ((c & rule.special_mask) == rule.special_value) c = 0x01;  // the smallest subnormal instead
+          }
+          const std::vector<float> x = random_values(m, k, ++seed);
+          std::vector<float> sa_data(static_cast<std::size_t>(m * kbs)), sb_data(static_cast<std::size_t>(n * kbs));
+          for (auto* v : {&sa_data, &sb_data})
+            for (float& s : *v)
+              s = std::ldexp(1.0f + static_cast<float>(rng() % 64) / 64.0f, static_cast<int>(rng() % 9) - 4);
+          const mm_detail::ScaleIndex sa{sa_data.data(), 1, kbs, 1}, sb{sb_data.data(), 1, kbs, 1};
+          // The exact results and the bound.
+          std::vector<double> exact(static_cast<std::size_t>(m * n)), bound(exact.size());
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              double sum = 0, abs_sum = 0, max_scale = 0;
+              for (std::int64_t kb = 0; kb < kbs; ++kb) {
+                const double s = static_cast<double>(sa.at(i, kb)) * sb.at(j, kb);
+                max_scale = std::max(max_scale, std::abs(s));
+                for (std::int64_t t = kb * kblock; t < std::min(k, (kb + 1) * kblock); ++t) {
+                  const double product = static_cast<double>(x[static_cast<std::size_t>(i * k + t)]) *
+                                         values[w[static_cast<std::size_t>(j * k + t)]] * s;
+                  sum += product;
+                  abs_sum += std::abs(product);
+                }
+              }
+              exact[static_cast<std::size_t>(i * n + j)] = sum;
+              bound[static_cast<std::size_t>(i * n + j)] = mm_error_bound(k, abs_sum, std::abs(sum), max_scale);
+            }
+          const auto check = [&](const std::vector<float>& out, const std::string& kernel) {
+            for (std::size_t t = 0; t < out.size(); ++t)
+              EXPECT_LE(std::abs(out[t] - exact[t]), bound[t]) << kernel << " " << what << " output " << t;
+          };
+          // The shift decode, rebiased and not, its activations in lane order.
+          std::vector<float> rebiased(x.size()), lanes(x.size()), out(exact.size());
+          mm_detail::GemvInput in{nullptr, k};
+          ASSERT_TRUE(mm_detail::rebias_gemv_input(x, f, false, rebiased.data(), in.sum_scale)) << what;
+          mm_detail::to_gemv_lane_order(rebiased.data(), m, k, kblock, 64, lanes.data());
+          in.rebiased = lanes.data();
+          ASSERT_TRUE(mm_detail::kAvx512Gemv.run(f, m, 0, n, k, kblock, in, w.data(), sa, sb, out.data(), n)) << what;
+          check(out, "shift decode, rebiased");
+          std::vector<float> x_lanes(x.size());
+          mm_detail::to_gemv_lane_order(x.data(), m, k, kblock, 64, x_lanes.data());
+          const mm_detail::GemvInput plain_lanes{x_lanes.data(), k};
+          ASSERT_TRUE(mm_detail::kAvx512Gemv.run(f, m, 0, n, k, kblock, plain_lanes, w.data(), sa, sb, out.data(), n));
+          check(out, "shift decode");
+          // The table decode, its activations in k order.
+          const mm_detail::GemvInput plain{x.data(), k};
+          if (vbmi) {
+            ASSERT_TRUE(mm_detail::kAvx512VbmiGemv.run(f, m, 0, n, k, kblock, plain, w.data(), sa, sb, out.data(), n));
+            check(out, "table decode");
+          }
+          // A NaN code in weight row 5.
+          const std::uint8_t nan_code = f == Format::e4m3fn ? 0x7F : f == Format::e5m2 ? 0x7E : 0x80;
+          w[static_cast<std::size_t>(5 * k + k / 2)] = nan_code;
+          EXPECT_FALSE(mm_detail::kAvx512Gemv.run(f, m, 0, n, k, kblock, plain_lanes, w.data(), sa, sb, out.data(), n))
+              << what;
+          if (vbmi) {
+            ASSERT_TRUE(mm_detail::kAvx512VbmiGemv.run(f, m, 0, n, k, kblock, plain, w.data(), sa, sb, out.data(), n));
+            for (std::int64_t i = 0; i < m; ++i)
+              for (std::int64_t j = 0; j < n; ++j)
+                EXPECT_EQ(std::isnan(out[static_cast<std::size_t>(i * n + j)]), j == 5) << what << " " << i << "," << j;
+          }
+        }
   }
 }
 

@@ -70,18 +70,6 @@ const ByteTables& byte_tables(Format f) {
   return a;
 }
 
-// 64 codes -> their results' high and low bytes (VBMI), sign and fnuz NaN included.
-[[gnu::always_inline]] inline void lookup64(__m512i code, const ByteTables& t, __m512i& hi, __m512i& lo) {
-  hi = permute2_bytes(t.hi0, code, t.hi1);
-  lo = permute2_bytes(t.lo0, code, t.lo1);
-  hi = _mm512_ternarylogic_epi32(hi, code, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // hi | (code & 0x80)
-  if (t.nan_at_0x80) {
-    const __mmask64 nan = _mm512_cmpeq_epi8_mask(code, _mm512_set1_epi8(static_cast<char>(0x80)));
-    hi = _mm512_mask_mov_epi8(hi, nan, t.nan_hi);
-    lo = _mm512_mask_mov_epi8(lo, nan, t.nan_lo);
-  }
-}
-
 // Byte shuffles that interleave (lo, hi) into 16-bit results (part 0: elements 0-31, part 1: 32-63), or place them
 // in the top half of 32-bit lanes (quarters 0-3) with the low half zeroed by the mask kF32Bytes.
 struct Interleave {
@@ -111,45 +99,86 @@ const Interleave& interleave() {
 }
 constexpr __mmask64 kF32Bytes = 0xCCCCCCCCCCCCCCCCull;
 
-// The tables of one format and the interleave, as values for a loop: made once before the loop, a WordDecoder's
-// vectors stay in zmm registers. (Reached through a reference to the shared tables and the function-local static
-// interleave(), they are reloaded on every step, and the static's guard check makes the compiler spill the loop's
-// accumulators around each decode: that halved the GEMV's speed.) kNanAt0x80: the format is fnuz (0x80 is NaN).
+// The tables of one format, as values for a loop: made once before the loop, the vectors stay in zmm registers.
+// (Reached through a reference to the shared tables and the function-local static interleave(), they are reloaded
+// on every step, and the static's guard check makes the compiler spill the loop's accumulators around each decode:
+// that halved the GEMV's speed.) kNanAt0x80: the format is fnuz (0x80 is NaN).
 template <bool kNanAt0x80>
-struct WordDecoder {
-  explicit WordDecoder(const ByteTables& t)
-      : hi0(t.hi0),
-        hi1(t.hi1),
-        lo0(t.lo0),
-        lo1(t.lo1),
-        nan_hi(t.nan_hi),
-        nan_lo(t.nan_lo),
-        half0(interleave().half[0]),
-        half1(interleave().half[1]) {}
+struct ByteLookup {
+  explicit ByteLookup(const ByteTables& t)
+      : hi0(t.hi0), hi1(t.hi1), lo0(t.lo0), lo1(t.lo1), nan_hi(t.nan_hi), nan_lo(t.nan_lo) {}
 
-  // 64 codes -> 64 bfloat16 (or, with float16 tables, float16) bit patterns in two vectors (codes 0-31, 32-63).
-  [[gnu::always_inline]] void words(__m512i code, __m512i& first, __m512i& second) const {
+  // 64 codes -> their results' high and low bytes, sign and fnuz NaN included.
+  [[gnu::always_inline]] void operator()(__m512i code, __m512i& hi, __m512i& lo) const {
     const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-    __m512i hi = permute2_bytes(hi0, code, hi1);
-    __m512i lo = permute2_bytes(lo0, code, lo1);
+    hi = permute2_bytes(hi0, code, hi1);
+    lo = permute2_bytes(lo0, code, lo1);
     hi = _mm512_ternarylogic_epi32(hi, code, sign, 0xF8);  // hi | (code & 0x80)
     if constexpr (kNanAt0x80) {
       const __mmask64 nan = _mm512_cmpeq_epi8_mask(code, sign);
       hi = _mm512_mask_mov_epi8(hi, nan, nan_hi);
       lo = _mm512_mask_mov_epi8(lo, nan, nan_lo);
     }
+  }
+
+  __m512i hi0, hi1, lo0, lo1, nan_hi, nan_lo;
+};
+
+// 64 codes -> their results' high and low bytes (VBMI), sign and fnuz NaN included, from the shared tables.
+[[gnu::always_inline]] inline void lookup64(__m512i code, const ByteTables& t, __m512i& hi, __m512i& lo) {
+  if (t.nan_at_0x80) {
+    ByteLookup<true>{t}(code, hi, lo);
+  } else {
+    ByteLookup<false>{t}(code, hi, lo);
+  }
+}
+
+template <bool kNanAt0x80>
+struct WordDecoder {
+  explicit WordDecoder(const ByteTables& t) : lookup(t), half0(interleave().half[0]), half1(interleave().half[1]) {}
+
+  // 64 codes -> 64 bfloat16 (or, with float16 tables, float16) bit patterns in two vectors (codes 0-31, 32-63).
+  [[gnu::always_inline]] void words(__m512i code, __m512i& first, __m512i& second) const {
+    __m512i hi, lo;
+    lookup(code, hi, lo);
     first = permute2_bytes(lo, half0, hi);
     second = permute2_bytes(lo, half1, hi);
   }
 
-  __m512i hi0, hi1, lo0, lo1, nan_hi, nan_lo, half0, half1;
+  ByteLookup<kNanAt0x80> lookup;
+  __m512i half0, half1;
 };
 
-// run(decoder) with the WordDecoder of these tables (fnuz or not as a compile-time choice).
+// With bfloat16 tables only: 64 codes -> 64 float32 values, exact (a bfloat16 in the top half of a 32-bit lane is
+// the same number as a float32), in four vectors: codes 0-15, 16-31, 32-47, 48-63. FP8 subnormals come out as
+// normal floats, NaN and Inf codes as NaN and Inf.
+template <bool kNanAt0x80>
+struct FloatDecoder {
+  explicit FloatDecoder(const ByteTables& t)
+      : lookup(t),
+        quarter{interleave().quarter[0], interleave().quarter[1], interleave().quarter[2], interleave().quarter[3]} {}
+
+  [[gnu::always_inline]] void floats(__m512i code, __m512 (&f)[4]) const {
+    __m512i hi, lo;
+    lookup(code, hi, lo);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) f[q] = _mm512_castsi512_ps(permute2_bytes_maskz(kF32Bytes, lo, quarter[q], hi));
+  }
+
+  ByteLookup<kNanAt0x80> lookup;
+  __m512i quarter[4];
+};
+
+// run(decoder) with the WordDecoder (or FloatDecoder) of these tables (fnuz or not as a compile-time choice).
 template <class Run>
 [[gnu::always_inline]] inline decltype(auto) with_word_decoder(const ByteTables& t, Run&& run) {
   if (t.nan_at_0x80) return run(WordDecoder<true>(t));
   return run(WordDecoder<false>(t));
+}
+template <class Run>
+[[gnu::always_inline]] inline decltype(auto) with_float_decoder(const ByteTables& t, Run&& run) {
+  if (t.nan_at_0x80) return run(FloatDecoder<true>(t));
+  return run(FloatDecoder<false>(t));
 }
 
 }  // namespace

@@ -360,6 +360,10 @@ constinit const GemmKernel kAvx2Gemm{.name = "avx2-fma 6x16",
                                      .accumulate = &accumulate_avx2,
                                      .scale_accumulate = &scale_accumulate_avx2,
                                      .prefetch_next_tile = true};
-constinit const GemvKernel kAvx2Gemv{"avx2-gemv", KernelContract::kFp32Bound, false, &gemv_avx2, 32};
+constinit const GemvKernel kAvx2Gemv{.name = "avx2-gemv",
+                                     .contract = KernelContract::kFp32Bound,
+                                     .run = &gemv_avx2,
+                                     .lane_chunk = 32,
+                                     .rebiased_input = true};
 
 }  // namespace fp8kit::mm_detail

@@ -20,6 +20,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "common/cpu/fp8_decode_avx512.hpp"
+#include "fp8kit/common/cpu.hpp"
 #include "mm_kernels.hpp"
 #include "tile_avx512.hpp"
 
@@ -275,6 +277,93 @@ bool gemv_avx512(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
             : gemv_shift<21, false>(d, m, j0, j1, k, kblock, in.x, in.ldx, 1.0f, w, sa, sb, out, ldo);
 }
 
+// The float32 GEMV where the CPU has VBMI: each 64-byte load of codes looked up in the bfloat16 byte tables and
+// placed in the top half of 32-bit lanes (FloatDecoder: two vpermt2b, a ternary logic op and four masked vpermt2b),
+// which is each weight's exact value as a float32, NaN, Inf and subnormal codes included. So, unlike gemv_avx512, it
+// needs no check for special codes, no rebiased activations and no lane order: x in k order, as it is; and seven
+// vector operations decode 64 weights where the shift decode takes nine, with three more for the special codes and
+// a mask register moved to a general one. kM activation rows times kR weight rows starting at row j, all of K; the
+// last partial step of a block under masks (code 0 is +0, and the activations past the block are read as zeros).
+template <int kM, int kR, class Decoder>
+void gemv_rows_vbmi(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kblock, const float* x,
+                    std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out,
+                    std::int64_t ldo) {
+  const std::uint8_t* rows[kR];
+#pragma GCC unroll 4
+  for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
+  const GemvPrefetch<kR, _MM_HINT_T0> prefetch(w, j, k);
+  float total[kM][kR] = {};
+  for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
+    const std::int64_t k1 = std::min(k, k0 + kblock);
+    __m512 acc[kM][kR];
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_setzero_ps();
+    // One step over 64 K (kFull: unmasked; else `len` < 64 of them).
+    const auto step = [&]<bool kFull>(std::int64_t kk, std::int64_t len) {
+      __m512 xs[kM][4];
+#pragma GCC unroll 4
+      for (int i = 0; i < kM; ++i) {
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+          const float* xq = x + i * ldx + kk + 16 * q;
+          if constexpr (kFull) {
+            xs[i][q] = _mm512_loadu_ps(xq);
+          } else {
+            const std::int64_t n = std::clamp<std::int64_t>(len - 16 * q, 0, 16);
+            xs[i][q] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), xq);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) {
+        if constexpr (kFull) prefetch(kk, r, 64);
+        __m512 wv[4];
+        d.floats(
+            kFull ? _mm512_loadu_si512(rows[r] + kk) : _mm512_maskz_loadu_epi8((__mmask64{1} << len) - 1, rows[r] + kk),
+            wv);
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+          for (int i = 0; i < kM; ++i) acc[i][r] = _mm512_fmadd_ps(xs[i][q], wv[q], acc[i][r]);
+      }
+    };
+    std::int64_t kk = k0;
+    for (; kk + 64 <= k1; kk += 64) step.template operator()<true>(kk, 64);
+    if (kk < k1) step.template operator()<false>(kk, k1 - kk);
+      // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).
+#pragma GCC unroll 4
+    for (int i = 0; i < kM; ++i) {
+      const float s = sa.at(i, kb);
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r)
+        total[i][r] = std::fma(_mm512_reduce_add_ps(acc[i][r]) * s, sb.at(j + r, kb), total[i][r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 4
+    for (int r = 0; r < kR; ++r) out[i * ldo + j + r] = total[i][r];
+}
+
+bool gemv_avx512_vbmi(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
+                      const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
+                      std::int64_t ldo) {
+  // Denormals-are-zero on this thread would flush subnormal activations the reference keeps; the CPU check is the
+  // caller's (the table names this kernel only where the CPU has VBMI) and repeated here for direct callers.
+  if ((_mm_getcsr() & 0x0040u) != 0 || !cpu_features().avx512vbmi) return false;
+  return fp8_simd::with_float_decoder(fp8_simd::byte_tables<bfloat16>(f), [&](const auto& d) {
+    return with_gemv_rows(m, [&](auto rows) {
+      constexpr int kR = rows() <= 2 ? 4 : 2;
+      std::int64_t j = j0;
+      for (; j + kR <= j1; j += kR) gemv_rows_vbmi<rows(), kR>(d, j, k, kblock, in.x, in.ldx, w, sa, sb, out, ldo);
+      for (; j < j1; ++j) gemv_rows_vbmi<rows(), 1>(d, j, k, kblock, in.x, in.ldx, w, sa, sb, out, ldo);
+      return true;
+    });
+  });
+}
+
 // Goto blocking: the left strip (12 x 256 floats: 12 KiB) and the right strip (256 x 32: 32 KiB) in L1, the left
 // panel (96 x 256: 96 KiB) in L2, the right panel (256 x 4096: 4 MiB) in L3.
 }  // namespace
@@ -295,6 +384,12 @@ constinit const GemmKernel kAvx512Gemm{.name = "avx512-fma 12x32",
                                        .accumulate = &accumulate_avx512,
                                        .scale_accumulate = &scale_accumulate_avx512,
                                        .prefetch_next_tile = true};
-constinit const GemvKernel kAvx512Gemv{"avx512-gemv", KernelContract::kFp32Bound, false, &gemv_avx512, 64};
+constinit const GemvKernel kAvx512Gemv{.name = "avx512-gemv",
+                                       .contract = KernelContract::kFp32Bound,
+                                       .run = &gemv_avx512,
+                                       .lane_chunk = 64,
+                                       .rebiased_input = true};
+constinit const GemvKernel kAvx512VbmiGemv{
+    .name = "avx512-vbmi-gemv", .contract = KernelContract::kFp32Bound, .run = &gemv_avx512_vbmi};
 
 }  // namespace fp8kit::mm_detail

@@ -202,7 +202,7 @@ void gemv_rows(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kb
   const std::uint8_t* rows[kR];
 #pragma GCC unroll 8
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
-  const GemvPrefetch<kR> prefetch(w, j, k);
+  const GemvPrefetch<kR, _MM_HINT_T0> prefetch(w, j, k);
   float total[kM][kR] = {};
   for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
     const std::int64_t k1 = std::min(k, k0 + kblock);
@@ -298,6 +298,7 @@ constinit const GemmKernel kAvx512Bf16Gemm{.name = "avx512bf16-dpbf16 12x32",
                                            .accumulate = &accumulate_dpbf16,
                                            .scale_accumulate = &scale_accumulate_dpbf16,
                                            .prefetch_next_tile = true};
-constinit const GemvKernel kAvx512Bf16Gemv{"avx512bf16-gemv", KernelContract::kFp32Bound, true, &gemv_dpbf16};
+constinit const GemvKernel kAvx512Bf16Gemv{
+    .name = "avx512bf16-gemv", .contract = KernelContract::kFp32Bound, .bf16_input = true, .run = &gemv_dpbf16};
 
 }  // namespace fp8kit::mm_detail

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -174,7 +175,7 @@ RegisterDecodeRule register_decode_rule(Format f);
 // row's own 2048 bytes ahead. Prefetches never fault: past the last row they fetch nothing anyone reads.
 inline constexpr std::int64_t kGemvPrefetchBytes = 2048;
 inline constexpr std::int64_t kGemvLinearPrefetchMax = std::int64_t{256} << 10;
-template <int kR>
+template <int kR, int kHint = _MM_HINT_T1>
 class GemvPrefetch {
  public:
   // The block of rows [j, j + kR) of weights with k bytes per row.
@@ -186,7 +187,7 @@ class GemvPrefetch {
   [[gnu::always_inline]] void operator()(std::int64_t kk, int r, std::int64_t step) const {
     const std::uintptr_t at = linear_ ? base_ + static_cast<std::uintptr_t>(kk * kR + r * step)
                                       : base_ + static_cast<std::uintptr_t>(r * k_ + kk + kGemvPrefetchBytes);
-    _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(at), static_cast<_mm_hint>(kHint));
   }
 
  private:
@@ -198,13 +199,21 @@ class GemvPrefetch {
 struct GemvKernel {
   std::string_view name;
   KernelContract contract;
-  bool bf16_input;  // reads x_bf16 (and declines when it is null)
+  bool bf16_input = false;  // reads x_bf16 (and declines when it is null)
   GemvFn run;
   // Where not 0, reads x and rebiased in byte-lane order over chunks of this many elements (the bytes of one
   // vector load of codes: 64 for zmm, 32 for ymm; to_gemv_lane_order): the load decodes into four vectors by shifts
   // within each 32-bit lane, code 4i + b landing in lane i of vector b.
   int lane_chunk = 0;
+  // Reads GemvInput::rebiased where the driver can make it (the register decodes that use FP8 codes' bits as floats).
+  bool rebiased_input = false;
 };
+
+// GemvInput::rebiased for the rows x (all of them, in k order) and weights of format `weights` into out, with its
+// sum_scale; false (out unspecified) where that cannot be exact: x * 2^(127 - bias - c) must be finite (c > 0 only
+// for FP8 left operands, whose products with FP8 weights stay far above the float subnormals after the 2^-c, so the
+// kernel's sums are the unscaled ones times 2^-c exactly).
+bool rebias_gemv_input(std::span<const float> x, Format weights, bool left_is_fp8, float* out, float& sum_scale);
 
 // The activations for a GEMV kernel with lane_chunk = chunk (4 L elements): m rows of k (row i at x + i * k)
 // reordered so that, within each K block of kblock elements, every whole chunk from the block's start (elements c
@@ -257,7 +266,7 @@ inline constexpr std::int64_t kWideGemvMaxM = 16;
 // Each level's kernels: constant objects in its mm_<isa>.cpp (constinit: no code of an ISA-flagged file runs until
 // its level is dispatched). mm_tables.cpp, compiled for no particular ISA, composes them into the tables.
 extern const GemmKernel kScalarGemm, kAvx2Gemm, kAvx512Gemm, kAvx512Bf16Gemm, kAmxGemm;
-extern const GemvKernel kScalarGemv, kAvx2Gemv, kAvx512Gemv, kAvx512Bf16Gemv;
+extern const GemvKernel kScalarGemv, kAvx2Gemv, kAvx512Gemv, kAvx512VbmiGemv, kAvx512Bf16Gemv;
 float finish_row_avx2(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out);
 float finish_row_avx512(float* row, std::int64_t n, const float* sa, ScaleIndex sb, const float* bias, bool bf16_out);
 

@@ -185,7 +185,8 @@ constinit const GemmKernel kScalarGemm{.name = "scalar-fma 6x16",
                                        .pack_right = &pack_f32,
                                        .accumulate = &accumulate_scalar,
                                        .scale_accumulate = &scale_accumulate_scalar};
-constinit const GemvKernel kScalarGemv{"scalar-gemv", KernelContract::kBitIdentical, false, &gemv_scalar};
+constinit const GemvKernel kScalarGemv{
+    .name = "scalar-gemv", .contract = KernelContract::kBitIdentical, .run = &gemv_scalar};
 
 ScratchBuffer::~ScratchBuffer() {
   std::free(data_);

@@ -22,9 +22,15 @@ const MmKernelTable& avx2_mm_kernels() {
   return table;
 }
 
+// The float32 GEMV of the AVX-512 levels: the table decode where the CPU has VBMI (AMD EPYC Zen 5, one thread, from
+// DRAM: see docs/gemm.md), else the shift decode.
+const GemvKernel& avx512_gemv_f32() {
+  return cpu_features().avx512vbmi ? kAvx512VbmiGemv : kAvx512Gemv;
+}
+
 const MmKernelTable& avx512_mm_kernels() {
-  static const MmKernelTable table{"avx512",     Isa::kAvx512, &kAvx512Gemm,      nullptr,
-                                   &kAvx512Gemv, nullptr,      &finish_row_avx512};
+  static const MmKernelTable table{"avx512",           Isa::kAvx512, &kAvx512Gemm,      nullptr,
+                                   &avx512_gemv_f32(), nullptr,      &finish_row_avx512};
   return table;
 }
 
@@ -33,7 +39,7 @@ const MmKernelTable& avx512_mm_kernels() {
 const MmKernelTable& avx512bf16_mm_kernels() {
   static const MmKernelTable table{"avx512-bf16",      Isa::kAvx512Bf16,
                                    &kAvx512Gemm,       &kAvx512Bf16Gemm,
-                                   &kAvx512Gemv,       cpu_features().avx512vbmi ? &kAvx512Bf16Gemv : nullptr,
+                                   &avx512_gemv_f32(), cpu_features().avx512vbmi ? &kAvx512Bf16Gemv : nullptr,
                                    &finish_row_avx512, kWideGemvMaxM};
   return table;
 }
@@ -45,7 +51,7 @@ const MmKernelTable& amx_mm_kernels() {
                                    Isa::kAmx,
                                    &kAvx512Gemm,
                                    &kAmxGemm,
-                                   &kAvx512Gemv,
+                                   &avx512_gemv_f32(),
                                    cpu_features().avx512vbmi ? &kAvx512Bf16Gemv : nullptr,
                                    &finish_row_avx512};
   return table;
