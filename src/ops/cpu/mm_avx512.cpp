@@ -13,7 +13,8 @@
 // the driver recomputes those rows exactly. Whole 64-byte chunks are decoded without sign extension: each byte is
 // brought to the top of its 16-bit half and shifted arithmetically into place (split_lanes, decode_lane), so the
 // 16 floats of one vector are the codes 4i + b of the chunk, and the driver hands this kernel its activations in
-// that order (GemvKernel::lane_chunk).
+// that order (GemvKernel::lane_chunk). Where the CPU has VBMI the tables name the table decode instead
+// (gemv_avx512_vbmi: exact float32 weights, activations in k order, nothing declined but denormals-are-zero).
 #include <immintrin.h>
 
 #include <algorithm>

@@ -165,7 +165,9 @@ struct RegisterDecodeRule {
 };
 RegisterDecodeRule register_decode_rule(Format f);
 
-// Where the register GEMVs prefetch their weights (into L2, _MM_HINT_T1). A block of kR weight rows is kR * k
+// Where the register GEMVs prefetch their weights (kHint: _MM_HINT_T1 into L2 for the shift decodes; _MM_HINT_T0 for
+// the two that decode through the VBMI tables, which on a Zen 5 read 10-20% faster from DRAM with it, where the
+// shift decodes measured slower with it on Zen 4 and Zen 5). A block of kR weight rows is kR * k
 // consecutive bytes that the kernel reads as kR streams, `step` bytes of each row per step. The prefetches run one
 // block ahead as a single linear stream: at row r of the step at column kk, the byte kk * kR + r * step of the next
 // block, so the next block is in L2 by the time this one is done. Measured on a 2-vCPU Zen 4 from DRAM (16384 x 8192,
