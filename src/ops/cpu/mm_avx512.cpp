@@ -23,6 +23,7 @@
 
 #include "common/cpu/fp8_decode_avx512.hpp"
 #include "fp8kit/common/cpu.hpp"
+#include "gemv_avx512.hpp"
 #include "mm_kernels.hpp"
 #include "tile_avx512.hpp"
 
@@ -283,8 +284,7 @@ bool gemv_avx512(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
 // which is each weight's exact value as a float32, NaN, Inf and subnormal codes included. So, unlike gemv_avx512, it
 // needs no check for special codes, no rebiased activations and no lane order: x in k order, as it is; and seven
 // vector operations decode 64 weights where the shift decode takes nine, with three more for the special codes and
-// a mask register moved to a general one. kM activation rows times kR weight rows starting at row j, all of K; the
-// last partial step of a block under masks (code 0 is +0, and the activations past the block are read as zeros).
+// a mask register moved to a general one. kM activation rows times kR weight rows starting at row j (gemv_k_blocks).
 template <int kM, int kR, class Decoder>
 void gemv_rows_vbmi(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kblock, const float* x,
                     std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out,
@@ -293,59 +293,28 @@ void gemv_rows_vbmi(const Decoder& d, std::int64_t j, std::int64_t k, std::int64
 #pragma GCC unroll 4
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
   const GemvPrefetch<kR, _MM_HINT_T0> prefetch(w, j, k);
-  float total[kM][kR] = {};
-  for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
-    const std::int64_t k1 = std::min(k, k0 + kblock);
-    __m512 acc[kM][kR];
+  gemv_k_blocks<kM, kR>(j, k, kblock, sa, sb, out, ldo, [&]<bool kFull>(auto& acc, std::int64_t kk, std::int64_t len) {
+    __m512 xs[kM][4];
 #pragma GCC unroll 4
     for (int i = 0; i < kM; ++i)
 #pragma GCC unroll 4
-      for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_setzero_ps();
-    // One step over 64 K (kFull: unmasked; else `len` < 64 of them).
-    const auto step = [&]<bool kFull>(std::int64_t kk, std::int64_t len) {
-      __m512 xs[kM][4];
-#pragma GCC unroll 4
-      for (int i = 0; i < kM; ++i) {
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q) {
-          const float* xq = x + i * ldx + kk + 16 * q;
-          if constexpr (kFull) {
-            xs[i][q] = _mm512_loadu_ps(xq);
-          } else {
-            const std::int64_t n = std::clamp<std::int64_t>(len - 16 * q, 0, 16);
-            xs[i][q] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), xq);
-          }
-        }
+      for (int q = 0; q < 4; ++q) {
+        const float* xq = x + i * ldx + kk + 16 * q;
+        xs[i][q] = kFull ? _mm512_loadu_ps(xq)
+                         : _mm512_maskz_loadu_ps(
+                               static_cast<__mmask16>(first_n64(std::clamp<std::int64_t>(len - 16 * q, 0, 16))), xq);
       }
 #pragma GCC unroll 4
-      for (int r = 0; r < kR; ++r) {
-        if constexpr (kFull) prefetch(kk, r, 64);
-        __m512 wv[4];
-        d.floats(
-            kFull ? _mm512_loadu_si512(rows[r] + kk) : _mm512_maskz_loadu_epi8((__mmask64{1} << len) - 1, rows[r] + kk),
-            wv);
+    for (int r = 0; r < kR; ++r) {
+      if constexpr (kFull) prefetch(kk, r, 64);
+      __m512 wv[4];
+      d.floats(kFull ? _mm512_loadu_si512(rows[r] + kk) : _mm512_maskz_loadu_epi8(first_n64(len), rows[r] + kk), wv);
 #pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q)
+      for (int q = 0; q < 4; ++q)
 #pragma GCC unroll 4
-          for (int i = 0; i < kM; ++i) acc[i][r] = _mm512_fmadd_ps(xs[i][q], wv[q], acc[i][r]);
-      }
-    };
-    std::int64_t kk = k0;
-    for (; kk + 64 <= k1; kk += 64) step.template operator()<true>(kk, 64);
-    if (kk < k1) step.template operator()<false>(kk, k1 - kk);
-      // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).
-#pragma GCC unroll 4
-    for (int i = 0; i < kM; ++i) {
-      const float s = sa.at(i, kb);
-#pragma GCC unroll 4
-      for (int r = 0; r < kR; ++r)
-        total[i][r] = std::fma(_mm512_reduce_add_ps(acc[i][r]) * s, sb.at(j + r, kb), total[i][r]);
+        for (int i = 0; i < kM; ++i) acc[i][r] = _mm512_fmadd_ps(xs[i][q], wv[q], acc[i][r]);
     }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < kM; ++i)
-#pragma GCC unroll 4
-    for (int r = 0; r < kR; ++r) out[i * ldo + j + r] = total[i][r];
+  });
 }
 
 bool gemv_avx512_vbmi(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,

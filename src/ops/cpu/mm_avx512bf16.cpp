@@ -20,6 +20,7 @@
 
 #include "common/cpu/fp8_decode_avx512.hpp"
 #include "fp8kit/common/cpu.hpp"
+#include "gemv_avx512.hpp"
 #include "mm_kernels.hpp"
 #include "tile_avx512.hpp"
 #include "transpose_avx512.hpp"
@@ -190,11 +191,10 @@ void scale_accumulate_dpbf16(const void* left, const void* right, std::int64_t k
 
 // ---------------------------------------------------------------- GEMV
 
-// kM activation rows (bfloat16) times kR weight rows starting at row j, all of K: per step, 64 codes of each row
-// decoded to two vectors of 32 bfloat16 and multiplied pairwise with the activations into one accumulator per output.
-// The full steps load unmasked; the last partial one of a block under masks (code 0 is +0, and the activations past
-// the block are read as zeros). The weights are prefetched into L2 a block ahead (GemvPrefetch); eight rows at a
-// time (M = 1) measured faster from DRAM than one row at a time in longer sequential runs.
+// kM activation rows (bfloat16) times kR weight rows starting at row j, all of K (gemv_k_blocks): per step, 64 codes
+// of each row decoded to two vectors of 32 bfloat16 and multiplied pairwise with the activations into one accumulator
+// per output. The weights are prefetched a block ahead (GemvPrefetch, into L1); eight rows at a time (M = 1) measured
+// faster from DRAM than one row at a time in longer sequential runs.
 template <int kM, int kR, class Decoder>
 void gemv_rows(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kblock, const std::uint16_t* x,
                std::int64_t ldx, const std::uint8_t* w, const ScaleIndex& sa, const ScaleIndex& sb, float* out,
@@ -203,56 +203,28 @@ void gemv_rows(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kb
 #pragma GCC unroll 8
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
   const GemvPrefetch<kR, _MM_HINT_T0> prefetch(w, j, k);
-  float total[kM][kR] = {};
-  for (std::int64_t k0 = 0, kb = 0; k0 < k; k0 += kblock, ++kb) {
-    const std::int64_t k1 = std::min(k, k0 + kblock);
-    __m512 acc[kM][kR];
-#pragma GCC unroll 4
-    for (int i = 0; i < kM; ++i)
-#pragma GCC unroll 8
-      for (int r = 0; r < kR; ++r) acc[i][r] = _mm512_setzero_ps();
-    // One step over 64 K (kFull: unmasked).
-    const auto step = [&]<bool kFull>(std::int64_t kk, __mmask64 valid, __mmask32 lo, __mmask32 hi) {
-      __m512bh xs[kM][2];
-#pragma GCC unroll 4
-      for (int i = 0; i < kM; ++i) {
-        const std::uint16_t* xi = x + i * ldx + kk;
-        xs[i][0] = as_bh(kFull ? _mm512_loadu_si512(xi) : _mm512_maskz_loadu_epi16(lo, xi));
-        xs[i][1] = as_bh(kFull ? _mm512_loadu_si512(xi + 32) : _mm512_maskz_loadu_epi16(hi, xi + 32));
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < kR; ++r) {
-        if constexpr (kFull) prefetch(kk, r, 64);
-        __m512i first, second;
-        d.words(kFull ? _mm512_loadu_si512(rows[r] + kk) : _mm512_maskz_loadu_epi8(valid, rows[r] + kk), first, second);
-#pragma GCC unroll 4
-        for (int i = 0; i < kM; ++i) {
-          acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][0], as_bh(first));
-          acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][1], as_bh(second));
-        }
-      }
-    };
-    std::int64_t kk = k0;
-    for (; kk + 64 <= k1; kk += 64) step.template operator()<true>(kk, 0, 0, 0);
-    if (kk < k1) {
-      const std::int64_t len = k1 - kk;
-      const auto lo = static_cast<__mmask32>(len >= 32 ? 0xFFFFFFFFu : (std::uint32_t{1} << len) - 1u);
-      const auto hi = static_cast<__mmask32>(len <= 32 ? 0u : (std::uint32_t{1} << (len - 32)) - 1u);
-      step.template operator()<false>(kk, (__mmask64{1} << len) - 1, lo, hi);
-    }
-    // This block's sum (its lanes added), scaled as the reference does: total = fma(sum * sa, sb, total).
+  gemv_k_blocks<kM, kR>(j, k, kblock, sa, sb, out, ldo, [&]<bool kFull>(auto& acc, std::int64_t kk, std::int64_t len) {
+    const __mmask64 valid = first_n64(len);
+    __m512bh xs[kM][2];
 #pragma GCC unroll 4
     for (int i = 0; i < kM; ++i) {
-      const float s = sa.at(i, kb);
-#pragma GCC unroll 8
-      for (int r = 0; r < kR; ++r)
-        total[i][r] = std::fma(_mm512_reduce_add_ps(acc[i][r]) * s, sb.at(j + r, kb), total[i][r]);
+      const std::uint16_t* xi = x + i * ldx + kk;
+      xs[i][0] = as_bh(kFull ? _mm512_loadu_si512(xi) : _mm512_maskz_loadu_epi16(static_cast<__mmask32>(valid), xi));
+      xs[i][1] = as_bh(kFull ? _mm512_loadu_si512(xi + 32)
+                             : _mm512_maskz_loadu_epi16(static_cast<__mmask32>(valid >> 32), xi + 32));
     }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < kM; ++i)
 #pragma GCC unroll 8
-    for (int r = 0; r < kR; ++r) out[i * ldo + j + r] = total[i][r];
+    for (int r = 0; r < kR; ++r) {
+      if constexpr (kFull) prefetch(kk, r, 64);
+      __m512i first, second;
+      d.words(kFull ? _mm512_loadu_si512(rows[r] + kk) : _mm512_maskz_loadu_epi8(valid, rows[r] + kk), first, second);
+#pragma GCC unroll 4
+      for (int i = 0; i < kM; ++i) {
+        acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][0], as_bh(first));
+        acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xs[i][1], as_bh(second));
+      }
+    }
+  });
 }
 
 template <int kM, class Decoder>
