@@ -292,7 +292,7 @@ void gemv_rows_vbmi(const Decoder& d, std::int64_t j, std::int64_t k, std::int64
   const std::uint8_t* rows[kR];
 #pragma GCC unroll 4
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
-  const GemvPrefetch<kR, _MM_HINT_T0> prefetch(w, j, k);
+  const GemvPrefetch<kR, kPrefetchToL1> prefetch(w, j, k);
   gemv_k_blocks<kM, kR>(j, k, kblock, sa, sb, out, ldo, [&]<bool kFull>(auto& acc, std::int64_t kk, std::int64_t len) {
     __m512 xs[kM][4];
 #pragma GCC unroll 4

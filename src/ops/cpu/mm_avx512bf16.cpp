@@ -202,7 +202,7 @@ void gemv_rows(const Decoder& d, std::int64_t j, std::int64_t k, std::int64_t kb
   const std::uint8_t* rows[kR];
 #pragma GCC unroll 8
   for (int r = 0; r < kR; ++r) rows[r] = w + (j + r) * k;
-  const GemvPrefetch<kR, _MM_HINT_T0> prefetch(w, j, k);
+  const GemvPrefetch<kR, kPrefetchToL1> prefetch(w, j, k);
   gemv_k_blocks<kM, kR>(j, k, kblock, sa, sb, out, ldo, [&]<bool kFull>(auto& acc, std::int64_t kk, std::int64_t len) {
     const __mmask64 valid = first_n64(len);
     __m512bh xs[kM][2];

@@ -165,19 +165,21 @@ struct RegisterDecodeRule {
 };
 RegisterDecodeRule register_decode_rule(Format f);
 
-// Where the register GEMVs prefetch their weights (kHint: _MM_HINT_T1 into L2 for the shift decodes; _MM_HINT_T0 for
-// the two that decode through the VBMI tables, which on a Zen 5 read 10-20% faster from DRAM with it, where the
-// shift decodes measured slower with it on Zen 4 and Zen 5). A block of kR weight rows is kR * k
-// consecutive bytes that the kernel reads as kR streams, `step` bytes of each row per step. The prefetches run one
-// block ahead as a single linear stream: at row r of the step at column kk, the byte kk * kR + r * step of the next
-// block, so the next block is in L2 by the time this one is done. Measured on a 2-vCPU Zen 4 from DRAM (16384 x 8192,
-// one thread, interleaved with the read probe): the AVX512-BF16 GEMV at 0.6x the probe with L1 prefetches 512 bytes
-// ahead in each row, 0.72-0.76x with L2 prefetches 2048 bytes ahead in each row (1536-2048 the best of those), and
-// ~0.9x one block ahead. Blocks longer than kGemvLinearPrefetchMax (two of them would crowd L2) go back to each
-// row's own 2048 bytes ahead. Prefetches never fault: past the last row they fetch nothing anyone reads.
+// Where the register GEMVs prefetch their weights (kLocality: into L2 for the shift decodes; into L1 for the two that
+// decode through the VBMI tables, which on a Zen 5 read 10-20% faster from DRAM with it, where the shift decodes
+// measured slower with it on Zen 4 and Zen 5). A block of kR weight rows is kR * k consecutive bytes that the kernel
+// reads as kR streams, `step` bytes of each row per step. The prefetches run one block ahead as a single linear stream:
+// at row r of the step at column kk, the byte kk * kR + r * step of the next block, so the next block is in L2 by the
+// time this one is done. Measured on a 2-vCPU Zen 4 from DRAM (16384 x 8192, one thread, interleaved with the read
+// probe): the AVX512-BF16 GEMV at 0.6x the probe with L1 prefetches 512 bytes ahead in each row, 0.72-0.76x with L2
+// prefetches 2048 bytes ahead in each row (1536-2048 the best of those), and ~0.9x one block ahead. Blocks longer than
+// kGemvLinearPrefetchMax (two of them would crowd L2) go back to each row's own 2048 bytes ahead. Prefetches never
+// fault: past the last row they fetch nothing anyone reads.
 inline constexpr std::int64_t kGemvPrefetchBytes = 2048;
 inline constexpr std::int64_t kGemvLinearPrefetchMax = std::int64_t{256} << 10;
-template <int kR, int kHint = _MM_HINT_T1>
+// __builtin_prefetch's locality: 3 into L1 (prefetcht0), 2 into L2 (prefetcht1).
+inline constexpr int kPrefetchToL1 = 3, kPrefetchToL2 = 2;
+template <int kR, int kLocality = kPrefetchToL2>
 class GemvPrefetch {
  public:
   // The block of rows [j, j + kR) of weights with k bytes per row.
@@ -189,7 +191,7 @@ class GemvPrefetch {
   [[gnu::always_inline]] void operator()(std::int64_t kk, int r, std::int64_t step) const {
     const std::uintptr_t at = linear_ ? base_ + static_cast<std::uintptr_t>(kk * kR + r * step)
                                       : base_ + static_cast<std::uintptr_t>(r * k_ + kk + kGemvPrefetchBytes);
-    _mm_prefetch(reinterpret_cast<const char*>(at), static_cast<_mm_hint>(kHint));
+    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, kLocality);
   }
 
  private:
