@@ -389,6 +389,8 @@ void to_gemv_lane_order(const float* x, std::int64_t m, std::int64_t k, std::int
 
 void left_rows_bf16(const Operand& a, std::int64_t m, std::int64_t k, const float* x, bfloat16* out) {
   FP8KIT_CHECK(a.exact_in_bf16(), "left_rows_bf16: float32 values are not exact in bfloat16");
+  // Empty rows (K = 0): nothing to write, and `out` may be null (memcpy's pointers must not be, even for 0 bytes).
+  if (k == 0) return;
   const auto n = static_cast<std::size_t>(k);
   for (std::int64_t i = 0; i < m; ++i) {
     bfloat16* row = out + i * k;
