@@ -1,10 +1,10 @@
 // Internal, shared by the AVX-512 kernels of two layers (the conversions, and GEMM packing and GEMV in ops), so it
 // lives beside the dispatch infrastructure every kernel family shares: FP8 codes decoded exactly to
-// bfloat16 or float16 in registers, 64 at a time, through two 128-entry byte tables (the high and low bytes of the
-// result for each magnitude, taken from the scalar codec) looked up with vpermt2b (VBMI), the sign ORed in and the
-// fnuz NaN 0x80 patched. Include it only from files compiled for the avx512 level or above, and call the VBMI parts
-// only where cpu_features().avx512vbmi: everything here has internal linkage, so each kernel file keeps its own copy
-// compiled with its own flags.
+// bfloat16 or float16 (and, from the bfloat16 tables, float32) in registers, 64 at a time, through two 128-entry byte
+// tables (the high and low bytes of the result for each magnitude, taken from the scalar codec) looked up with vpermt2b
+// (VBMI), the sign ORed in and the fnuz NaN 0x80 patched. Include it only from files compiled for the avx512 level or
+// above, and call the VBMI parts only where cpu_features().avx512vbmi: everything here has internal linkage, so each
+// kernel file keeps its own copy compiled with its own flags.
 #pragma once
 
 #include <immintrin.h>
