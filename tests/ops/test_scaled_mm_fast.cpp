@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <random>
@@ -991,6 +992,33 @@ TEST_P(WeightMm, DenormalsAreZeroOnWorkerThreadsOnly) {
   set_num_threads(before);
   EXPECT_EQ(dispatch.path, MmPath::kGemv);
   EXPECT_TRUE(exact(out, exact_weight_mm(x, w)));
+}
+// The table-decode float32 GEMV under a caller's denormals-are-zero: its weights are normal floats (FP8 subnormal
+// codes included), so it runs instead of declining to the scalar kernel, and gives the bits it gives without DAZ
+// (activations +-2^-2..2^2, subnormal weight codes: every product and sum a normal float).
+TEST(Avx512FloatGemv, TableDecodeRunsUnderDenormalsAreZero) {
+  FP8KIT_SKIP_UNLESS_RUNS(Isa::kAvx512, true);
+  const std::int64_t m = 3, n = 21, k = 300;
+  std::uint32_t seed = 31000;
+  for (Format f : kWeightFormats) {
+    std::mt19937 rng(++seed);
+    std::uniform_int_distribution<int> p(-2, 2), sign(0, 1);
+    std::vector<float> x(static_cast<std::size_t>(m * k));
+    for (float& v : x) v = (sign(rng) ? -1.0f : 1.0f) * std::ldexp(1.0f, p(rng));
+    const std::vector<std::uint8_t> w = subnormal_codes(f, n * k, ++seed);
+    const std::vector<float> ones(static_cast<std::size_t>(n), 1.0f);
+    const mm_detail::ScaleIndex sa{ones.data(), 1, 0, 0}, sb{ones.data(), 1, 1, 0};
+    const mm_detail::GemvInput in{x.data(), k};
+    std::vector<float> plain(static_cast<std::size_t>(m * n)), with_daz(plain.size(), std::nanf(""));
+    ASSERT_TRUE(mm_detail::kAvx512VbmiGemv.run(f, m, 0, n, k, k, in, w.data(), sa, sb, plain.data(), n));
+    bool ran = false;
+    {
+      DenormalsAreZero daz;
+      ran = mm_detail::kAvx512VbmiGemv.run(f, m, 0, n, k, k, in, w.data(), sa, sb, with_daz.data(), n);
+    }
+    EXPECT_TRUE(ran) << name(f);
+    EXPECT_EQ(0, std::memcmp(plain.data(), with_daz.data(), plain.size() * sizeof(float))) << name(f);
+  }
 }
 #endif
 

@@ -326,7 +326,7 @@ bool gemv_shift(const Decode& d, std::int64_t m, std::int64_t j0, std::int64_t j
 
 bool gemv_avx2(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out, std::int64_t ldo) {
-  if ((_mm_getcsr() & 0x0040u) != 0) return false;  // DAZ on this thread would flush the FP8 subnormals' step
+  if (denormals_are_zero()) return false;
   const Decode d = make_decode(f);
   const bool e4 = descriptor(f).mantissa_bits == 3;
   if (in.rebiased != nullptr) {

@@ -14,7 +14,7 @@
 // brought to the top of its 16-bit half and shifted arithmetically into place (split_lanes, decode_lane), so the
 // 16 floats of one vector are the codes 4i + b of the chunk, and the driver hands this kernel its activations in
 // that order (GemvKernel::lane_chunk). Where the CPU has VBMI the tables name the table decode instead
-// (gemv_avx512_vbmi: exact float32 weights, activations in k order, nothing declined but denormals-are-zero).
+// (gemv_avx512_vbmi: exact float32 weights, activations in k order, nothing declined).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -268,7 +268,7 @@ bool gemv_shift(const Decode& d, std::int64_t m, std::int64_t j0, std::int64_t j
 bool gemv_avx512(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                  const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
                  std::int64_t ldo) {
-  if ((_mm_getcsr() & 0x0040u) != 0) return false;  // DAZ on this thread would flush the FP8 subnormals' step
+  if (denormals_are_zero()) return false;
   const Decode d = make_decode(f);
   const bool e4 = descriptor(f).mantissa_bits == 3;
   if (in.rebiased != nullptr) {
@@ -320,9 +320,10 @@ void gemv_rows_vbmi(const Decoder& d, std::int64_t j, std::int64_t k, std::int64
 bool gemv_avx512_vbmi(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std::int64_t k, std::int64_t kblock,
                       const GemvInput& in, const std::uint8_t* w, ScaleIndex sa, ScaleIndex sb, float* out,
                       std::int64_t ldo) {
-  // Denormals-are-zero on this thread would flush subnormal activations the reference keeps; the CPU check is the
-  // caller's (the table names this kernel only where the CPU has VBMI) and repeated here for direct callers.
-  if ((_mm_getcsr() & 0x0040u) != 0 || !cpu_features().avx512vbmi) return false;
+  // The weights are normal floats (FP8 subnormals included), so a caller's denormals-are-zero changes nothing the
+  // scalar kernel would not flush as well: no decline for it. The CPU check is the table's (it names this kernel only
+  // where the CPU has VBMI), repeated here for direct callers.
+  if (!cpu_features().avx512vbmi) return false;
   return fp8_simd::with_float_decoder(fp8_simd::byte_tables<bfloat16>(f), [&](const auto& d) {
     return with_gemv_rows(m, [&](auto rows) {
       constexpr int kR = rows() <= 2 ? 4 : 2;

@@ -91,8 +91,8 @@ struct GemmKernel {
   // The driver prefetches the next output tile's rows while this tile runs. A tile's accumulators start from the
   // output (each K panel adds to the sum so far, in the reference's order), so a tile whose rows are not cached
   // stalls every chain until they arrive: at 4096^3 the output (64 MiB) is read back from memory on each of the 16
-  // K panels. On where it was measured faster: avx2 (Zen 3), avx512 and avx512-bf16 (Zen 5); the AMX kernel has not
-  // been measured with it (docs/gemm.md).
+  // K panels. On for the kernels it made faster: avx2 (Zen 3), avx512 and avx512-bf16 (Zen 5); the AMX kernel has
+  // not been measured with it (docs/gemm.md).
   bool prefetch_next_tile = false;
   void (*start)() = nullptr;   // called by each thread before its first tile (AMX: configure the tiles)
   void (*finish)() = nullptr;  // and after its last (AMX: release the tile state)
@@ -151,6 +151,12 @@ template <class Run>
     default:
       return false;
   }
+}
+
+// Denormals-are-zero on the calling thread (MXCSR bit 6): the shift-decode GEMVs decline then, since their FP8
+// subnormal weights are float subnormals until the rebias multiplies them.
+inline bool denormals_are_zero() {
+  return (_mm_getcsr() & 0x0040u) != 0;
 }
 
 // How the register GEMVs (AVX2, AVX-512 FMA) turn codes into floats: the code sign-extended to 32 bits, shifted

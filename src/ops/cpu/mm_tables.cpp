@@ -22,11 +22,13 @@ const MmKernelTable& avx2_mm_kernels() {
   return table;
 }
 
+namespace {
 // The float32 GEMV of the AVX-512 levels: the table decode where the CPU has VBMI (AMD EPYC Zen 5, one thread, from
 // DRAM: see docs/gemm.md), else the shift decode.
 const GemvKernel& avx512_gemv_f32() {
   return cpu_features().avx512vbmi ? kAvx512VbmiGemv : kAvx512Gemv;
 }
+}  // namespace
 
 const MmKernelTable& avx512_mm_kernels() {
   static const MmKernelTable table{"avx512",           Isa::kAvx512, &kAvx512Gemm,      nullptr,
