@@ -8,6 +8,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -839,6 +840,43 @@ def train_fp32_spread_measures_fp32_against_itself():
 
 
 @test
+def train_starts_compares_recipes_by_their_mean_over_one_ulp_starts():
+    args = ("train", "--model", "cnn", "--compare", "fp32,bf16", "--steps", "40", "--batch", "16", "--threads", "1", "--eval-batches",
+            "2", "--starts", "3", "--json", "--quiet")
+    rc, out, err = run(*args, timeout=300)
+    assert rc == 0, f"fp8kit {' '.join(args)} exited {rc}: {err.strip()}"
+    rows = {r["recipe"]: r for r in json.loads(out)}
+    means = {}
+    for recipe, r in rows.items():
+        starts = r["starts"]
+        losses = starts["final_losses"]
+        # Start 0 is the row's own run; the others moved (one ulp of every initial weight, 40 steps later).
+        assert starts["runs"] == 3 and len(losses) == 3 and losses[0] == r["final_loss"], (recipe, starts)
+        assert len(set(losses)) == 3 and all(abs(l - losses[0]) < 0.2 * losses[0] for l in losses), (recipe, losses)
+        means[recipe] = sum(losses) / 3
+        assert abs(starts["mean_final_loss"] - means[recipe]) <= 1e-6 * means[recipe], (recipe, starts)
+    # The gap is the means' (not start 0's), its standard error the two means' carried through their ratio.
+    gap = means["bf16"] / means["fp32"] - 1
+    assert abs(rows["bf16"]["loss_gap"] - gap) <= 1e-9, (rows["bf16"]["loss_gap"], gap)
+    rel_se = {k: statistics.stdev(rows[k]["starts"]["final_losses"]) / math.sqrt(3) / means[k] for k in means}
+    se = (1 + gap) * math.sqrt(rel_se["bf16"] ** 2 + rel_se["fp32"] ** 2)
+    assert abs(rows["bf16"]["starts"]["loss_gap_standard_error"] - se) <= 1e-6 * se, (rows["bf16"]["starts"], se)
+    assert rows["fp32"]["loss_gap"] == 0 and rows["fp32"]["starts"]["loss_gap_standard_error"] is None, rows["fp32"]
+    # fp32's perturbed starts are its spread, and the same runs --fp32-spread trains (the same one-ulp moves).
+    assert rows["fp32"]["fp32_spread"]["final_losses"] == rows["fp32"]["starts"]["final_losses"][1:], rows["fp32"]
+    rc, out, err = run("train", "--model", "cnn", "--recipe", "fp32", "--steps", "40", "--batch", "16", "--threads", "1",
+                       "--eval-batches", "2", "--fp32-spread", "1", "--json", "--quiet", timeout=300)
+    assert rc == 0 and json.loads(out)[0]["fp32_spread"]["final_losses"] == rows["fp32"]["starts"]["final_losses"][1:2]
+    # The tables say what the loss is and print each gap with its standard error.
+    rc, out, err = run("train", "--model", "cnn", "--compare", "fp32,bf16", "--steps", "20", "--batch", "8", "--threads", "1",
+                       "--eval-batches", "1", "--seeds", "1-2", "--starts", "2", "--quiet", timeout=300)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert [l.split()[0] for l in lines[2:4]] == ["1", "2"] and lines[2].split()[3].startswith("+-"), out
+    assert "the mean over 2 starts of each recipe" in out and "start 1 with each initial weight" in out, out
+
+
+@test
 def train_seeds_summarizes_each_recipe_against_fp32_of_the_same_seed():
     args = ("train", "--compare", "fp32,bf16", "--steps", "3", "--eval-batches", "1", "--seeds", "1,3-4",
             "--fp32-spread", "1", "--json", "--quiet")
@@ -886,6 +924,8 @@ def train_bad_usage_exit_2():
                  ("train", "--master-weights", "fp16"), ("train", "--eval-batches", "0"),
                  ("train", "--fp32-spread", "-1"), ("train", "--fp32-spread", "99999999999"), ("train", "--recipe", "bf16", "--fp32-spread", "1"),
                  ("train", "--recipe", "fp32", "--fp32-spread", "1", "--parallel", "ddp"),
+                 ("train", "--starts", "0"), ("train", "--starts", "1001"), ("train", "--starts", "2", "--fp32-spread", "1"),
+                 ("train", "--starts", "2", "--save-checkpoint", "c.safetensors"), ("train", "--starts", "2", "--parallel", "ddp"),
                  ("train", "--recipe", "fp32", "--steps", "1", "--plot", "--json"),  # (wrote an SVG named --json)
                  ("train", "--recipe", "fp32", "--steps", "1", "--export-fp8", "--json"),
                  ("train", "--seeds", "3-1"), ("train", "--seeds", "1,1"), ("train", "--seeds", "1,x"),
@@ -911,6 +951,7 @@ def train_bad_usage_exit_2():
                           ("99999999999999999999", "is too large for it")):
         check_usage_error(["train", "--steps", value], needle)
     check_usage_error(["train", "--seed", "-1"], "'-1' is negative")
+    check_usage_error(["train", "--starts", "3", "--fp32-spread", "2"], "--starts 3 trains fp32 from the one-ulp starts")
     check_usage_error(["train", "--steps", "2", "--steps", "3"], "--steps is given 2 times; give it once")
     rc, out, err = run("train", "--recipe", "fp8-current", "--steps", "3", "--inject-nan", "1", "--on-nonfinite",
                        "abort")

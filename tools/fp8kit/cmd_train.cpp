@@ -61,6 +61,7 @@ struct TrainArgs {
   std::int64_t steps = 400;
   std::int64_t eval_batches = nn::TrainConfig{}.eval_batches;
   std::int64_t fp32_spread = 0;  // fp32 trained again this many times, each initial weight one ulp away
+  std::int64_t starts = 1;       // --starts: every recipe trained from this many initial states per seed
   std::uint64_t seed = 1;
   std::string seeds;       // --seeds: a list of seeds, each trained under every recipe (empty: --seed alone)
   std::int64_t batch = 0;  // 0: the model's default
@@ -128,6 +129,7 @@ void check_same_settings(Communicator& comm, const TrainArgs& a, const char* giv
                               {"--steps", std::to_string(a.steps)},
                               {"--eval-batches", std::to_string(a.eval_batches)},
                               {"--fp32-spread", std::to_string(a.fp32_spread)},
+                              {"--starts", std::to_string(a.starts)},
                               {"--seed", std::to_string(a.seed)},
                               {"--seeds", a.seeds},
                               {"--batch", std::to_string(a.batch)},
@@ -643,60 +645,6 @@ std::string signed_percent(double gap) {
   return fmt::format("{:+.2f}%", rounded == 0.0 ? 0.0 : rounded);
 }
 
-// One run's JSON object (`fp8kit train --json`): the recipe's result and, beside fp32's of the same seed, its ratios.
-nlohmann::json run_json(const TrainArgs& a, const nn::TrainResult& r, const nn::TrainResult* fp32, std::uint64_t seed) {
-  nlohmann::json breakdown = nlohmann::json::object();
-  for (std::size_t c = 0; c < kMemoryCategories; ++c) {
-    breakdown[std::string(name(static_cast<MemoryCategory>(c)))] = r.peak_by_category[c];
-  }
-  nlohmann::json o = {{"recipe", r.recipe},
-                      {"model", a.model},
-                      {"optimizer_state", r.optimizer_state},
-                      {"master_weights", r.master_weights},
-                      {"peak_breakdown", breakdown},
-                      {"steps", a.steps},
-                      {"eval_batches", a.eval_batches},
-                      {"seed", seed},
-                      {"final_loss", number_or_null(r.final_loss)},
-                      {"train_loss", number_or_null(r.train_loss)},
-                      {"peak_bytes", r.peak_bytes},
-                      {"step_ms", number_or_null(r.step_ms)},
-                      {"skipped_steps", r.skipped_steps},
-                      {"parameters", r.parameters},
-                      {"threads", num_threads()},
-                      {"start_step", r.start_step},
-                      {"losses", r.losses}};
-  if (fp32 != nullptr) {
-    o["memory_ratio"] = static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes);
-    o["step_time_ratio"] = number_or_null(r.step_ms / fp32->step_ms);
-    o["loss_gap"] = number_or_null(loss_gap(r.final_loss, fp32->final_loss));
-  }
-  return o;
-}
-
-// fp32's object gains its --fp32-spread runs: their eval losses and gaps to the unperturbed run.
-void add_fp32_spread(nlohmann::json& o, const nn::TrainResult& fp32, const std::vector<float>& spread) {
-  if (spread.empty()) return;
-  nlohmann::json losses = nlohmann::json::array(), gaps = nlohmann::json::array();
-  for (const float l : spread) {
-    losses.push_back(number_or_null(l));
-    gaps.push_back(number_or_null(loss_gap(l, fp32.final_loss)));
-  }
-  o["fp32_spread"] = {{"runs", spread.size()}, {"final_losses", losses}, {"loss_gaps", gaps}};
-}
-
-// One seed's runs: a result per recipe (in --compare's order) and fp32's --fp32-spread eval losses.
-struct SeedRuns {
-  std::uint64_t seed = 0;
-  std::vector<nn::TrainResult> results;
-  std::vector<float> spread;
-  const nn::TrainResult* fp32() const {
-    for (const auto& r : results)
-      if (r.recipe == "fp32") return &r;
-    return nullptr;
-  }
-};
-
 // A sample's statistics (the finite values; `nonfinite` counts the others).
 struct Summary {
   std::size_t n = 0, nonfinite = 0;
@@ -733,6 +681,109 @@ nlohmann::json summary_json(const Summary& s) {
           {"max_gap", number_or_null(s.max)}};
 }
 
+// One seed's runs: a result per recipe (in --compare's order), fp32's --fp32-spread eval losses, and with --starts
+// every recipe's eval loss from each of its starts.
+struct SeedRuns {
+  std::uint64_t seed = 0;
+  std::vector<nn::TrainResult> results;
+  std::vector<float> spread;
+  // --starts K: per recipe (results' order) the eval losses of its K runs, start 0 (results' own) first; empty
+  // without --starts.
+  std::vector<std::vector<float>> starts;
+  const nn::TrainResult* fp32() const {
+    for (const auto& r : results)
+      if (r.recipe == "fp32") return &r;
+    return nullptr;
+  }
+  // The eval loss results[i]'s recipe is compared by: its run's, or with --starts the mean over its starts (not
+  // finite when one of them is not).
+  double loss(std::size_t i) const {
+    if (starts.empty()) return results[i].final_loss;
+    double sum = 0.0;
+    for (const float l : starts[i]) sum += l;
+    return sum / static_cast<double>(starts[i].size());
+  }
+  // results[i]'s gap to fp32 of this seed (NaN without fp32), and with --starts its standard error: the two means'
+  // standard errors carried through their ratio (delta method), NaN with one start and for fp32's own row.
+  double gap(std::size_t i) const {
+    const nn::TrainResult* f = fp32();
+    return f ? loss_gap(loss(i), loss(index(*f))) : NAN;
+  }
+  double gap_se(std::size_t i) const {
+    const nn::TrainResult* f = fp32();
+    if (starts.empty() || f == nullptr || &results[i] == f) return NAN;
+    const auto relative_se = [&](std::size_t k) {
+      return summarize(std::vector<double>(starts[k].begin(), starts[k].end())).se / loss(k);
+    };
+    const double ratio = loss(i) / loss(index(*f)), a = relative_se(i), b = relative_se(index(*f));
+    return ratio * std::sqrt(a * a + b * b);
+  }
+  std::size_t index(const nn::TrainResult& r) const { return static_cast<std::size_t>(&r - results.data()); }
+};
+
+// One run's JSON object (`fp8kit train --json`): results[i] and, beside fp32's of the same seed, its ratios; fp32's
+// row carries its --fp32-spread runs, every row its --starts.
+nlohmann::json run_json(const TrainArgs& a, const SeedRuns& s, std::size_t i) {
+  const nn::TrainResult& r = s.results[i];
+  const nn::TrainResult* fp32 = s.fp32();
+  nlohmann::json breakdown = nlohmann::json::object();
+  for (std::size_t c = 0; c < kMemoryCategories; ++c) {
+    breakdown[std::string(name(static_cast<MemoryCategory>(c)))] = r.peak_by_category[c];
+  }
+  nlohmann::json o = {{"recipe", r.recipe},
+                      {"model", a.model},
+                      {"optimizer_state", r.optimizer_state},
+                      {"master_weights", r.master_weights},
+                      {"peak_breakdown", breakdown},
+                      {"steps", a.steps},
+                      {"eval_batches", a.eval_batches},
+                      {"seed", s.seed},
+                      {"final_loss", number_or_null(r.final_loss)},
+                      {"train_loss", number_or_null(r.train_loss)},
+                      {"peak_bytes", r.peak_bytes},
+                      {"step_ms", number_or_null(r.step_ms)},
+                      {"skipped_steps", r.skipped_steps},
+                      {"parameters", r.parameters},
+                      {"threads", num_threads()},
+                      {"start_step", r.start_step},
+                      {"losses", r.losses}};
+  if (fp32 != nullptr) {
+    o["memory_ratio"] = static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes);
+    o["step_time_ratio"] = number_or_null(r.step_ms / fp32->step_ms);
+    o["loss_gap"] = number_or_null(s.gap(i));
+  }
+  if (!s.starts.empty()) {
+    nlohmann::json losses = nlohmann::json::array();
+    for (const float l : s.starts[i]) losses.push_back(number_or_null(l));
+    o["starts"] = {{"runs", s.starts[i].size()},
+                   {"final_losses", losses},
+                   {"mean_final_loss", number_or_null(s.loss(i))},
+                   {"loss_gap_standard_error", number_or_null(s.gap_se(i))}};
+  }
+  if (&r == fp32 && !s.spread.empty()) {
+    nlohmann::json losses = nlohmann::json::array(), gaps = nlohmann::json::array();
+    for (const float l : s.spread) {
+      losses.push_back(number_or_null(l));
+      gaps.push_back(number_or_null(loss_gap(l, r.final_loss)));
+    }
+    o["fp32_spread"] = {{"runs", s.spread.size()}, {"final_losses", losses}, {"loss_gaps", gaps}};
+  }
+  return o;
+}
+
+// --starts K's perturbed ones: "start 1" or "starts 1-K".
+std::string perturbed_starts(const TrainArgs& a) {
+  return a.starts == 2 ? "start 1" : "starts 1-" + std::to_string(a.starts - 1);
+}
+// What --starts K made of the eval losses, printed under the tables.
+std::string starts_note(const TrainArgs& a) {
+  return fmt::format(
+      "eval loss (and its gap): the mean over {} starts of each recipe, start 0 from the seed's initialization and "
+      "{} with each initial weight one ulp up or down (the same for every recipe); +- s.e.: the gap's standard "
+      "error from the starts' spread\n",
+      a.starts, perturbed_starts(a));
+}
+
 // `--seeds`: each seed's eval losses (fp32's, the others as gaps to it), then per recipe the gaps' median, mean and
 // standard error, sd and range, with the median memory and step-time ratios; fp32 against itself (--fp32-spread)
 // pooled over the seeds as the last row.
@@ -744,7 +795,7 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
     std::vector<double> g, m, t;
     for (const SeedRuns& s : by_seed) {
       const nn::TrainResult &r = s.results[i], &fp32 = *s.fp32();
-      g.push_back(loss_gap(r.final_loss, fp32.final_loss));
+      g.push_back(s.gap(i));
       m.push_back(static_cast<double>(r.peak_bytes) / static_cast<double>(fp32.peak_bytes));
       t.push_back(r.step_ms / fp32.step_ms);
     }
@@ -761,11 +812,7 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
     nlohmann::json seeds = nlohmann::json::array(), runs = nlohmann::json::array(), summary = nlohmann::json::array();
     for (const SeedRuns& s : by_seed) {
       seeds.push_back(s.seed);
-      for (const auto& r : s.results) {
-        nlohmann::json o = run_json(a, r, s.fp32(), s.seed);
-        if (&r == s.fp32()) add_fp32_spread(o, r, s.spread);
-        runs.push_back(std::move(o));
-      }
+      for (std::size_t i = 0; i < s.results.size(); ++i) runs.push_back(run_json(a, s, i));
     }
     for (std::size_t i = 0; i < first.size(); ++i) {
       nlohmann::json o = summary_json(gaps[i]);
@@ -783,15 +830,23 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
                static_cast<long long>(first.front().parameters), first.front().data.c_str(),
                counted(a.steps, "step").c_str(), a.seeds.c_str(), counted(num_threads(), "thread").c_str());
   // Each seed: fp32's eval loss, the other recipes' gaps to it, fp32 against itself.
+  // (with --starts each gap carries its standard error: wider columns)
+  const std::size_t width = a.starts > 1 ? 18 : 14;
   std::string head = fmt::format("{:<8}", "seed");
-  for (const auto& r : first) head += fmt::format(" {:>14}", r.recipe);
-  if (!self.empty()) head += "   fp32, one ulp (--fp32-spread)";
+  for (const auto& r : first) head += fmt::format(" {:>{}}", r.recipe, width);
+  if (!self.empty()) head += a.starts > 1 ? "   fp32, one ulp (its starts)" : "   fp32, one ulp (--fp32-spread)";
   std::fprintf(output(), "%s\n", head.c_str());
   for (const SeedRuns& s : by_seed) {
     std::string line = fmt::format("{:<8}", s.seed);
-    for (const auto& r : s.results) {
-      line += &r == s.fp32() ? fmt::format(" {:>14.4f}", static_cast<double>(r.final_loss))
-                             : fmt::format(" {:>14}", signed_percent(loss_gap(r.final_loss, s.fp32()->final_loss)));
+    for (std::size_t i = 0; i < s.results.size(); ++i) {
+      if (&s.results[i] == s.fp32()) {
+        line += fmt::format(" {:>{}.4f}", s.loss(i), width);
+        continue;
+      }
+      const double se = s.gap_se(i);
+      line += fmt::format(" {:>{}}",
+                          signed_percent(s.gap(i)) + (std::isfinite(se) ? fmt::format(" +-{:.2f}%", 100.0 * se) : ""),
+                          width);
     }
     if (!s.spread.empty()) {
       std::vector<double> g;
@@ -827,6 +882,7 @@ void print_seeds(const TrainArgs& a, const std::vector<SeedRuns>& by_seed) {
                  "fp32, one ulp: fp32 trained again with each initial weight one ulp away, against fp32 of the same "
                  "seed: a recipe's gaps inside that spread are fp32's own run-to-run variation\n");
   }
+  if (a.starts > 1) std::fputs(starts_note(a).c_str(), output());
 }
 
 // The run, on each rank of a run over ranks (`comm`; nullptr without --parallel). `checked`, when given, turns true
@@ -899,13 +955,23 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
     throw UsageError("--fp32-spread must be 0 to " + std::to_string(kMaxSeeds) + " (extra fp32 runs per seed), got " +
                      std::to_string(a.fp32_spread));
   }
-  if (a.fp32_spread > 0) {
-    // (the conflict first: "put fp32 among the recipes" only led a --resume to another refusal)
-    if (a.parallel != "none" || !a.resume.empty() || !a.save_checkpoint.empty() || !a.export_fp8.empty()) {
-      throw UsageError(
-          "--fp32-spread trains its extra fp32 runs in this process from the start: leave out "
-          "--parallel, --resume, --save-checkpoint and --export-fp8");
+  if (a.starts < 1 || a.starts > static_cast<std::int64_t>(kMaxSeeds)) {
+    throw UsageError("--starts must be 1 to " + std::to_string(kMaxSeeds) + " (runs per recipe and seed), got " +
+                     std::to_string(a.starts));
+  }
+  // (the conflict first: "put fp32 among the recipes" only led a --resume to another refusal)
+  for (const auto& [extra, option] : {std::pair{a.fp32_spread > 0, "--fp32-spread"}, {a.starts > 1, "--starts"}}) {
+    if (extra && (a.parallel != "none" || !a.resume.empty() || !a.save_checkpoint.empty() || !a.export_fp8.empty())) {
+      throw UsageError(std::string(option) +
+                       " trains its extra runs in this process from the start: leave out --parallel, --resume, "
+                       "--save-checkpoint and --export-fp8");
     }
+  }
+  if (a.fp32_spread > 0 && a.starts > 1) {
+    throw UsageError("--starts " + std::to_string(a.starts) + " trains fp32 from the one-ulp starts --fp32-spread " +
+                     "would (and reports its spread over them): leave out --fp32-spread");
+  }
+  if (a.fp32_spread > 0) {
     if (fp32_recipe == nullptr) {
       throw UsageError("--fp32-spread measures fp32 against itself: put fp32 among the recipes (--compare fp32,...)");
     }
@@ -1163,20 +1229,35 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
       }
       if (quiet) return;
       if (collectives_over) *collectives_over = true;  // rank 0 alone from here: the others wait in run()'s barrier
+      // A run of `recipe` with each initial weight one ulp away (perturb_seed k): --fp32-spread's and --starts'
+      // extra runs (without scale log and profile: those are the unperturbed runs').
+      const auto perturbed_loss = [&](const nn::PrecisionRecipe& recipe, std::int64_t k, const std::string& label) {
+        nn::TrainConfig perturbed = config;
+        perturbed.perturb_seed = static_cast<std::uint64_t>(k);
+        perturbed.log_scales = false;
+        TrainProgress progress(label + of_seed, a.steps);
+        return nn::train(perturbed, recipe, nullptr, [&](const nn::StepLog& s) { progress(s); }).final_loss;
+      };
       // --fp32-spread K: fp32 again, K times, each run's initial weights one ulp away from the first's (perturb_seed
       // 1..K): how far fp32 lands from itself, the floor under every gap in the table. The fp32 row's own recipe
       // (with --optimizer-state and --master-weights: a plain fp32 one made a gap of the storage look like spread).
       std::vector<float> spread;
       for (std::int64_t k = 1; k <= a.fp32_spread; ++k) {
-        nn::TrainConfig perturbed = config;
-        perturbed.perturb_seed = static_cast<std::uint64_t>(k);
-        perturbed.log_scales = false;
-        TrainProgress progress("fp32, perturbed " + std::to_string(k) + "/" + std::to_string(a.fp32_spread) + of_seed,
-                               a.steps);
-        spread.push_back(
-            nn::train(perturbed, *fp32_recipe, nullptr, [&](const nn::StepLog& s) { progress(s); }).final_loss);
+        spread.push_back(perturbed_loss(*fp32_recipe, k, fmt::format("fp32, perturbed {}/{}", k, a.fp32_spread)));
       }
-      by_seed.push_back({seed, std::move(results), std::move(spread)});
+      // --starts K: every recipe again from starts 1..K-1 (perturb_seed k: the same initial weights for every
+      // recipe), compared by their means; fp32's extra starts are its spread too.
+      std::vector<std::vector<float>> starts;
+      for (std::size_t ri = 0; ri < recipes.size() && a.starts > 1; ++ri) {
+        std::vector<float> losses{results[ri].final_loss};
+        for (std::int64_t k = 1; k < a.starts; ++k) {
+          losses.push_back(perturbed_loss(
+              recipes[ri], k, fmt::format("{}, perturbed start {}/{}", recipes[ri].name(), k, a.starts - 1)));
+        }
+        if (&recipes[ri] == fp32_recipe) spread.assign(losses.begin() + 1, losses.end());
+        starts.push_back(std::move(losses));
+      }
+      by_seed.push_back({seed, std::move(results), std::move(spread), std::move(starts)});
     }
   } catch (const nn::NonfiniteAbort&) {
     // Agreed on every rank: no collective follows, the others wait in run()'s barrier.
@@ -1221,13 +1302,14 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
   }
   if (!a.plot.empty()) write_report("--plot", [&] { write_plot(a.plot, results); });
   const auto print_results = [&] {
-    const nn::TrainResult* fp32 = by_seed.front().fp32();
+    const SeedRuns& runs = by_seed.front();
+    const nn::TrainResult* fp32 = runs.fp32();
     if (a.json) {
       nlohmann::json out = nlohmann::json::array();
-      for (const auto& r : results) {
-        nlohmann::json o = run_json(a, r, fp32, a.seed);
+      for (std::size_t i = 0; i < results.size(); ++i) {
+        const nn::TrainResult& r = results[i];
+        nlohmann::json o = run_json(a, runs, i);
         if (comm) {
-          const std::size_t i = static_cast<std::size_t>(&r - results.data());
           const std::int64_t ran = a.steps - r.start_step;  // this process's steps (a resumed run: from its step)
           const auto per_step = [&](std::uint64_t bytes) {
             return ran > 0 ? static_cast<double>(bytes) / static_cast<double>(ran) : 0.0;
@@ -1254,7 +1336,6 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
         }
         if (!a.save_checkpoint.empty()) o["checkpoint"] = a.save_checkpoint;
         if (!a.export_fp8.empty()) o["export_fp8"] = a.export_fp8;
-        if (&r == fp32) add_fp32_spread(o, r, spread);
         out.push_back(o);
       }
       std::fprintf(output(), "%s\n", json_text(out).c_str());
@@ -1270,9 +1351,11 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
                    std::string(comm->backend()).c_str(), std::string(name(*grad_payload)).c_str(),
                    std::all_of(identical.begin(), identical.end(), [](bool b) { return b; }) ? "yes" : "NO");
     }
-    std::fprintf(output(), "%-18s %12s %8s %12s %8s %11s %9s %8s\n", "recipe", "peak memory", "vs fp32", "step time",
-                 "vs fp32", "eval loss", "vs fp32", "skipped");
-    for (const auto& r : results) {
+    const int gap_width = a.starts > 1 ? 15 : 9;  // with --starts: the gap and its standard error
+    std::fprintf(output(), "%-18s %12s %8s %12s %8s %11s %*s %8s\n", "recipe", "peak memory", "vs fp32", "step time",
+                 "vs fp32", "eval loss", gap_width, "vs fp32", "skipped");
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const nn::TrainResult& r = results[i];
       const std::string mem_ratio =
           fp32 ? fmt::format("{:.2f}x", static_cast<double>(r.peak_bytes) / static_cast<double>(fp32->peak_bytes))
                : "-";
@@ -1280,10 +1363,12 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
       const std::string step_time = std::isfinite(r.step_ms) ? fmt::format("{:.1f} ms", r.step_ms) : "-";
       const double time_vs = fp32 ? r.step_ms / fp32->step_ms : NAN;
       const std::string time_ratio = std::isfinite(time_vs) ? fmt::format("{:.2f}x", time_vs) : "-";
-      const std::string gap = fp32 ? signed_percent(loss_gap(r.final_loss, fp32->final_loss)) : "-";
-      std::fprintf(output(), "%-18s %12s %8s %12s %8s %11.4f %9s %8lld\n", r.recipe.c_str(),
+      const double se = runs.gap_se(i);
+      const std::string gap =
+          fp32 ? signed_percent(runs.gap(i)) + (std::isfinite(se) ? fmt::format(" +-{:.2f}%", 100.0 * se) : "") : "-";
+      std::fprintf(output(), "%-18s %12s %8s %12s %8s %11.4f %*s %8lld\n", r.recipe.c_str(),
                    megabytes(r.peak_bytes).c_str(), mem_ratio.c_str(), step_time.c_str(), time_ratio.c_str(),
-                   static_cast<double>(r.final_loss), gap.c_str(), static_cast<long long>(r.skipped_steps));
+                   runs.loss(i), gap_width, gap.c_str(), static_cast<long long>(r.skipped_steps));
     }
     std::fprintf(output(),
                  "peak memory: allocation accounting (weights, gradients, AdamW state, activations saved for backward,"
@@ -1294,12 +1379,15 @@ void train_run(TrainArgs a, Communicator* comm, bool* checked = nullptr, bool* c
       for (const float l : spread) gaps.push_back(loss_gap(l, fp32->final_loss));
       const Summary g = summarize(gaps);
       const std::string sd = std::isfinite(g.sd) ? fmt::format(", sd {:.2f}%", 100.0 * g.sd) : "";
-      std::fprintf(output(),
-                   "fp32 against itself: %s, each initial weight one ulp up or down: eval loss %s .. %s%s (a gap "
-                   "above inside that range is within fp32's own run-to-run spread)\n",
-                   counted(gaps.size(), "more run").c_str(), signed_percent(g.min).c_str(),
-                   signed_percent(g.max).c_str(), sd.c_str());
+      std::fprintf(
+          output(), "fp32 against itself: %s, each initial weight one ulp up or down: eval loss %s .. %s%s %s\n",
+          counted(gaps.size(), "more run").c_str(), signed_percent(g.min).c_str(), signed_percent(g.max).c_str(),
+          sd.c_str(),
+          (a.starts > 1 ? "(its " + perturbed_starts(a) + " against start 0)"
+                        : std::string("(a gap above inside that range is within fp32's own run-to-run spread)"))
+              .c_str());
     }
+    if (a.starts > 1) std::fputs(starts_note(a).c_str(), output());
     if (resumed) {
       std::fprintf(output(), "resumed from %s at step %lld (peak memory and step time: this process's steps)\n",
                    a.resume.c_str(), static_cast<long long>(results.front().start_step));
@@ -1381,6 +1469,11 @@ void add_train_command(CLI::App& app) {
   add_integer_option(cmd, "--fp32-spread", args->fp32_spread,
                      "Train fp32 this many more times, each initial weight one ulp up or down, and report how far "
                      "their eval losses land from fp32's (default 0)");
+  add_integer_option(cmd, "--starts", args->starts,
+                     "Train every recipe from this many starts per seed, start 0 as seeded and the others with each "
+                     "initial weight one ulp up or down (the same for every recipe), and compare the recipes by their "
+                     "mean eval loss, with the gap's standard error (default 1; --plot, --profile and --log-scales "
+                     "show start 0)");
   add_integer_option(cmd, "--seed", args->seed, "Seed of the data and the initialization (default 1)");
   cmd->add_option("--seeds", args->seeds,
                   "Train every recipe on each of these seeds (1-10, 1,2,5) and summarize each recipe's eval loss "
