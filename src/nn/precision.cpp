@@ -70,6 +70,12 @@ const RecipeRow kRecipes[] = {
      true,
      {Format::e4m3fn, Format::e4m3fn, Format::e5m2},
      {Granularity::tensor(), Granularity::tensor(), Granularity::tensor()}},
+    {RecipeKind::kFp8DelayedE4M3,
+     "fp8-delayed-e4m3",
+     true,
+     true,
+     {Format::e4m3fn, Format::e4m3fn, Format::e4m3fn},
+     {Granularity::tensor(), Granularity::tensor(), Granularity::tensor()}},
 };
 
 const RecipeRow& row_of(RecipeKind kind) {

@@ -123,7 +123,7 @@ void check_bit_identical_resume(TrainConfig config, const std::string& recipe_na
 }
 
 TEST(TrainCheckpoint, ResumeIsBitIdenticalForEveryRecipe) {
-  for (const char* recipe : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"}) {
+  for (const char* recipe : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-delayed-e4m3"}) {
     check_bit_identical_resume(run_of("gpt", 4), recipe, 2);
   }
 }

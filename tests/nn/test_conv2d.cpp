@@ -206,7 +206,8 @@ TEST(Conv2d, SupportRule) {
   for (const char* name : {"fp32", "bf16"}) {
     EXPECT_EQ(fp8_conv_fallback_reason(*PrecisionRecipe::parse(name), k7), "") << name;
   }
-  for (const char* name : {"fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-delayed-fake"}) {
+  for (const char* name :
+       {"fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-delayed-e4m3", "fp8-delayed-fake"}) {
     PrecisionRecipe r = *PrecisionRecipe::parse(name);
     EXPECT_EQ(fp8_conv_fallback_reason(r, k7), "kernel area 49 > 32") << name;
     EXPECT_EQ(fp8_conv_fallback_reason(r, k3), "") << name;

@@ -76,6 +76,14 @@ TEST(Recipe, TableRows) {
   }
   EXPECT_TRUE(delayed_scaling(r("fp8-delayed")));
   EXPECT_FALSE(delayed_scaling(r("fp8-current")));
+  // Transformer Engine's Format.E4M3 under delayed scaling: the gradients E4M3 too, everything else fp8-delayed's.
+  for (TensorRole role : {TensorRole::kInput, TensorRole::kWeight, TensorRole::kGradOutput}) {
+    EXPECT_EQ(format_of(r("fp8-delayed-e4m3"), role), Format::e4m3fn);
+    EXPECT_EQ(granularity_of(r("fp8-delayed-e4m3"), role).kind, Granularity::Kind::kTensor);
+  }
+  EXPECT_TRUE(delayed_scaling(r("fp8-delayed-e4m3")));
+  EXPECT_TRUE(r("fp8-delayed-e4m3").is_fp8());
+  EXPECT_EQ(r("fp8-delayed-e4m3").optimizer_state, MomentStorage::kFloat32);
   EXPECT_FALSE(delayed_scaling(r("fp8-block")));
   EXPECT_EQ(granularity_of(r("fp8-block"), TensorRole::kWeight).name(), "block:128x128");
   EXPECT_EQ(granularity_of(r("fp8-block"), TensorRole::kInput).name(), "block:1x128");
@@ -86,7 +94,8 @@ TEST(Recipe, TableRows) {
     EXPECT_EQ(g.kind, Granularity::Kind::kMx);
     EXPECT_EQ(g.mx_mode, MxScaleMode::kRceil);
   }
-  for (const char* n : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-block-fake"}) {
+  for (const char* n : {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-o2",
+                        "fp8-delayed-e4m3", "fp8-block-fake", "fp8-delayed-e4m3-fake"}) {
     EXPECT_EQ(r(n).name(), n);
   }
   EXPECT_FALSE(r("fp32").is_fp8());

@@ -255,8 +255,8 @@ std::vector<nn::PrecisionRecipe> parse_recipes(const TrainArgs& a) {
     const auto r = nn::PrecisionRecipe::parse(item);
     if (!r) {
       throw UsageError("unknown recipe '" + item +
-                       "' (use fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2; FP8 ones with -fake "
-                       "for fake quantization)");
+                       "' (use fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2, fp8-delayed-e4m3; "
+                       "FP8 ones with -fake for fake quantization)");
     }
     nn::PrecisionRecipe recipe = *r;
     recipe.fp8_conv_max_kernel_area = a.conv_max_area;
@@ -1454,7 +1454,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--model", args->model,
                   "Model: gpt (default; a small GPT on text) or cnn (a small CNN with a 7x7 stem on generated images)");
   cmd->add_option("--recipe", args->recipe,
-                  "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2");
+                  "One recipe: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2, fp8-delayed-e4m3");
   cmd->add_option("--compare", args->compare, std::string("Comma list of recipes (default ") + kDefaultCompare + ")");
   cmd->add_option("--optimizer-state", args->optimizer_state,
                   "AdamW moments in fp32, bf16 or fp8 (E4M3 m and sqrt(v), 128-element blocks; default: fp8 for "

@@ -1,4 +1,5 @@
-// Precision recipes (one per run: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8), the per-layer FP8
+// Precision recipes (one per run: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2,
+// fp8-delayed-e4m3), the per-layer FP8
 // scaling state, and the recipe-aware GEMM every Linear and Conv2d calls, with its dispatcher and visible fallbacks.
 #pragma once
 
@@ -27,6 +28,9 @@ enum class RecipeKind : std::uint8_t {
   // MS-AMP's O2 level: fp8-delayed's compute, AdamW moments in FP8 with block scales, bfloat16 master weights and
   // gradients with stochastic rounding (its defaults for optimizer_state and master_weights).
   kFp8O2,
+  // Transformer Engine's DelayedScaling(fp8_format=Format.E4M3): fp8-delayed with E4M3 gradients too (the same
+  // delayed per-tensor scaling; E4M3's 3 mantissa bits for the gradients' precision, E5M2's range given up).
+  kFp8DelayedE4M3,
 };
 
 // How FP8 recipes compute: real FP8 GEMMs (scaled_mm), or fake quantization (quantize -> dequantize -> FP32 GEMM,
@@ -51,7 +55,8 @@ struct PrecisionRecipe {
   MasterWeights master_weights = MasterWeights::kFloat32;
 
   bool is_fp8() const;
-  // "fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-o2" (+ "-fake" in fake-quant mode).
+  // "fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "fp8-o2", "fp8-delayed-e4m3" (+ "-fake" in
+  // fake-quant mode).
   std::string name() const;
   // Parses the names above (with or without "-fake"), with each kind's optimizer_state and master_weights; nullopt
   // for anything else.
@@ -68,7 +73,8 @@ std::string_view name(TensorRole role);
 
 // The recipes are rows of one table over the scaling layer's vocabulary (precision.cpp): for an FP8 recipe, the
 // format and the granularity each role is quantized with, and whether its per-tensor scales are delayed (amax
-// histories) or current. HYBRID (fp8-delayed, fp8-current): E4M3 input and weight, E5M2 gradients, per tensor;
+// histories) or current. HYBRID (fp8-delayed, fp8-current, fp8-o2): E4M3 input and weight, E5M2 gradients, per
+// tensor; fp8-delayed-e4m3: E4M3 for all three, per tensor, delayed;
 // fp8-block: E4M3, 1x128 input and gradient blocks, 128x128 weight blocks; mxfp8: E4M3, 1x32 MX blocks (RCEIL).
 Format format_of(const PrecisionRecipe& recipe, TensorRole role);
 Granularity granularity_of(const PrecisionRecipe& recipe, TensorRole role);
