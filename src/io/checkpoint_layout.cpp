@@ -291,6 +291,17 @@ LayoutDetection detect_from_tensors(const std::vector<const SafetensorsTensor*>&
   }
   for (const SafetensorsTensor* t : tensors) {
     if (!is_fp8_dtype(t->dtype)) continue;
+    // Two scales for one weight: each layout would read one and carry the other along as an ordinary tensor, and
+    // the tensors cannot say which of the two dequantizes the weight.
+    std::string scales;
+    int count = 0;
+    for (const char* suffix : {"_scale_inv", ".scale_inv", "_scale"}) {
+      if (find(t->name + suffix) == nullptr) continue;
+      scales += (count++ > 0 ? ", '" : "'") + t->name + suffix + "'";
+    }
+    FP8KIT_CHECK_KIND(count < 2, ErrorKind::kParse, "FP8 tensor '", t->name, "' has ", count, " scales of different ",
+                      "layouts (", scales, "): remove the one that does not dequantize it, or give a config.json ",
+                      "whose quantization_config names the layout");
     if (const SafetensorsTensor* s = find(t->name + "_scale_inv")) {
       return {CheckpointLayout::kDeepSeek, "'" + s->name + "' (" + std::string(name(s->dtype)) + " " +
                                                shape_string(s->shape) + ") is a DeepSeek block scale"};
@@ -321,16 +332,15 @@ LayoutDetection detect_from_tensors(const std::vector<const SafetensorsTensor*>&
 template <typename Lookup>
 LayoutDetection detect_with_config(std::string_view config_json, const std::vector<const SafetensorsTensor*>& tensors,
                                    const Lookup& find, const std::map<std::string, std::string>& metadata) {
-  const LayoutDetection from_tensors = detect_from_tensors(tensors, find, metadata);
-  if (config_json.empty()) return from_tensors;
-  const auto config = parse_quantization_config(config_json);
-  if (!config || !config->layout) return from_tensors;
+  const auto config = config_json.empty() ? std::nullopt : parse_quantization_config(config_json);
+  if (!config || !config->layout) return detect_from_tensors(tensors, find, metadata);
   const std::string said = "config.json quantization_config says " + std::string(name(*config->layout));
   for (const SafetensorsTensor* t : tensors) {
     if (is_fp8_dtype(t->dtype) && find(scale_name(t->name, *config->layout)) != nullptr) {
       return {config->layout, said};
     }
   }
+  const LayoutDetection from_tensors = detect_from_tensors(tensors, find, metadata);
   if (from_tensors.layout)
     return {from_tensors.layout, said + ", but its scales are not there; " + from_tensors.evidence};
   return {std::nullopt, said + ", but no FP8 weight has its scale"};

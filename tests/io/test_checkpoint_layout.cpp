@@ -409,6 +409,25 @@ TEST(CheckpointLayout, DetectionFromTensors) {
       detect_layout(SafetensorsFile::open(plain), R"({"quantization_config":{"quant_method":"fp8"}})");
   EXPECT_FALSE(plain_config.layout);
   EXPECT_EQ(plain_config.evidence, "config.json quantization_config says autofp8, but no FP8 weight has its scale");
+  // A weight with a DeepSeek scale and a compressed-tensors one: the tensors cannot say which dequantizes it, so
+  // detection refuses it, naming both; a config.json that names the layout decides.
+  const QuantizedCheckpointTensor ds =
+      quantize_checkpoint_tensor("a.weight", w, QuantScheme::kFp8Block, Format::e4m3fn, CheckpointLayout::kDeepSeek);
+  std::vector<SafetensorsEntry> both;
+  for (const NamedTensor& t : ds.tensors) both.push_back(safetensors_entry(t.name, t.tensor));
+  const Tensor other = scalar_tensor(0.5, DType::float32);
+  both.push_back(safetensors_entry("a.weight_scale", other));
+  const auto two = dir / "two-scales.safetensors";
+  write_safetensors(two, both, ds.metadata);
+  testing::expect_error(
+      [&] { (void)detect_layout(SafetensorsFile::open(two)); }, ErrorKind::kParse,
+      {"'a.weight' has 2 scales of different layouts ('a.weight_scale_inv', 'a.weight_scale')", "config.json"});
+  testing::expect_error([&] { (void)detect_layout(ShardedCheckpoint::open(two)); }, ErrorKind::kParse,
+                        {"'a.weight' has 2 scales"});
+  const char* block = R"({"quantization_config":{"quant_method":"fp8","weight_block_size":[128,128]}})";
+  EXPECT_EQ(detect_layout(SafetensorsFile::open(two), block).layout, CheckpointLayout::kDeepSeek);
+  EXPECT_EQ(detect_layout(SafetensorsFile::open(two), R"({"quantization_config":{"quant_method":"fp8"}})").layout,
+            CheckpointLayout::kAutoFp8);
 }
 
 TEST(CheckpointLayout, DefaultIgnoreRules) {

@@ -19,7 +19,8 @@ import pytest
 import fp8kit
 
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float16): "F16",
-           np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8", np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2"}
+           np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8", np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2",
+           np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3"}
 
 
 def write_safetensors(path, tensors):
@@ -180,6 +181,18 @@ def test_load_refuses_an_unknown_framework(model):
     src, _ = model
     with pytest.raises(ValueError, match=r"framework must be 'numpy' or 'torch'.*not 'jax'"):
         fp8kit.load(src, framework="jax")
+
+
+def test_load_refuses_a_weight_with_scales_of_two_layouts(tmp_path):
+    # a DeepSeek block scale and a compressed-tensors scalar beside one weight: which dequantizes it is not in the file
+    path = str(tmp_path / "two.safetensors")
+    write_safetensors(path, {"m.weight": np.ones((4, 4), ml_dtypes.float8_e4m3fn),
+                             "m.weight_scale_inv": np.ones((1, 1), np.float32),
+                             "m.weight_scale": np.array(0.5, np.float32)})
+    with pytest.raises(ValueError, match=r"'m.weight' has 2 scales of different layouts \('m.weight_scale_inv', "
+                                         r"'m.weight_scale'\)"):
+        fp8kit.load(path)
+    assert fp8kit.inspect(path)["layout"] is None
 
 
 def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):

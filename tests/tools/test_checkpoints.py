@@ -195,6 +195,27 @@ def check_foreign_files(exe, root, rng):
     check("foreign mixed layouts: refused in one line", one_line_error(r, "dequantize") and
           "'b.weight' has its scale as 'b.weight_scale'" in r.stderr and not os.path.exists(mixed + ".out.safetensors"),
           r.stderr)
+    # One weight with scales of two layouts: which one dequantizes it is not in the tensors. dequantize refuses it
+    # naming both (it took the DeepSeek one and carried the other into the output as an ordinary tensor); inspect
+    # shows the file, the question as its evidence; a config.json naming the layout decides.
+    both = os.path.join(root, "foreign-two-scales.safetensors")
+    save_file({"m.weight": q_ds, "m.weight_scale_inv": s_ds, "m.weight_scale": np.array(0.01, np.float32)}, both)
+    r = run(exe, "dequantize", both, both + ".out.safetensors")
+    check("two scales for one weight: refused in one line", one_line_error(r, "dequantize") and
+          "'m.weight' has 2 scales of different layouts ('m.weight_scale_inv', 'm.weight_scale')" in r.stderr and
+          not os.path.exists(both + ".out.safetensors"), r.stderr)
+    r = run(exe, "inspect", both, "--json")
+    check("two scales for one weight: inspect shows the question", r.returncode == 0 and
+          json.loads(r.stdout)["layout"] is None and "has 2 scales" in json.loads(r.stdout)["evidence"], r.stdout[:300])
+    d = os.path.join(root, "two-scales-model")
+    os.makedirs(d)
+    shutil.copy(both, os.path.join(d, "model.safetensors"))
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, f)
+    r = run(exe, "dequantize", d, d + "-out", "--to", "f32")
+    out, _, _ = read_dir(d + "-out") if r.returncode == 0 else ({}, None, None)
+    check("two scales for one weight: config.json decides", r.returncode == 0 and
+          np.array_equal(out.get("m.weight"), reference_dequant("deepseek", q_ds, s_ds)), r.stderr)
 
 
 def check_model_directory_files(exe, root, rng):

@@ -67,7 +67,12 @@ std::string analysis_text(const Fp8Analysis& a) {
 
 void run_inspect(const InspectArgs& args) {
   const CheckpointInput in = open_checkpoint_input(args.file);
-  const LayoutDetection detection = detect_layout(in.checkpoint, in.config.value_or(""));
+  LayoutDetection detection;
+  try {
+    detection = detect_layout(in.checkpoint, in.config.value_or(""));
+  } catch (const Error& e) {  // a weight with two scales: shown as the evidence, as invalid scales are below
+    detection = {std::nullopt, std::string("undecided: ") + e.what()};
+  }
   const QuantizationConfig config =
       in.config ? parse_quantization_config(*in.config).value_or(QuantizationConfig{}) : QuantizationConfig{};
   // Roles: weight -> its scales, scale -> its weight.

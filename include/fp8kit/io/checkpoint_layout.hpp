@@ -100,7 +100,9 @@ struct LayoutDetection {
 // From config.json's quantization_config when given (its quant_method decides), else fp8kit's metadata (native),
 // else the tensors: a `weight_scale_inv` -> deepseek; a U8/F8_E8M0 `weight_scale` -> mxfp8; a 0-d F32
 // `weight_scale` -> autofp8; a BF16/F16 scale, a [1] scale or a block grid -> compressed-tensors; an F32 [out,1]
-// scale -> fbgemm (compressed-tensors' channel layout in F32 is the same bytes and dequantizes the same).
+// scale -> fbgemm (compressed-tensors' channel layout in F32 is the same bytes and dequantizes the same). Without a
+// config.json that decides, an FP8 tensor with scales of two layouts (`w_scale_inv` and `w_scale`) is refused
+// (kParse, naming both): which one dequantizes it is not in the tensors.
 LayoutDetection detect_layout(const ShardedCheckpoint& checkpoint, std::string_view config_json = {});
 LayoutDetection detect_layout(const SafetensorsFile& file, std::string_view config_json = {});
 
