@@ -462,10 +462,14 @@ PairInfo inspect_pair(CheckpointLayout layout, const SafetensorsTensor& weight, 
   const std::int64_t gr = p.rows == 0 ? 0 : ceil_div(p.rows, p.granularity.rows_per_block(p.rows));
   const std::int64_t gc = p.cols == 0 ? 0 : ceil_div(p.cols, p.granularity.cols_per_block(p.cols));
   p.grid = gr * gc;
+  // An empty weight has no block: its writer's grid may count the blocks of its other side ([0, 2] for [0, 256] in
+  // 128x128 blocks) or keep one per-tensor scale. Either is read (the grid fp8kit holds for it is empty); nothing is
+  // dequantized with them.
+  const bool empty_ok = n == 0 && numel_of(scale.shape) <= 1;
   const bool shape_ok =
-      numel_of(scale.shape) == p.grid &&
-      (scale.shape.size() != 2 || p.granularity.kind == Granularity::Kind::kTensor ||
-       p.granularity.kind == Granularity::Kind::kRow || (scale.shape[0] == gr && scale.shape[1] == gc));
+      empty_ok || (numel_of(scale.shape) == p.grid &&
+                   (scale.shape.size() != 2 || p.granularity.kind == Granularity::Kind::kTensor ||
+                    p.granularity.kind == Granularity::Kind::kRow || (scale.shape[0] == gr && scale.shape[1] == gc)));
   FP8KIT_CHECK(shape_ok || !guessed_block, pair, ": the scale fits no granularity: one element (tensor), [", p.rows,
                ", 1] or [", p.rows, "] (channel), or [", gr, ", ", gc, "] (", p.granularity.name(), ")");
   FP8KIT_CHECK(shape_ok, pair, ": the scale does not fit ", p.granularity.name(), " granularity (", gr, " x ", gc,
@@ -515,7 +519,8 @@ ScaledTensor load_checkpoint_tensor(CheckpointLayout layout, const SafetensorsTe
   const auto n = static_cast<std::size_t>(p.rows * p.cols);
   m.data.resize(n);
   if (n > 0) std::memcpy(m.data.data(), weight.bytes.data(), n);
-  const std::vector<float> scale_inv = dequantization_scales(p, scale);
+  std::vector<float> scale_inv = dequantization_scales(p, scale);
+  scale_inv.resize(static_cast<std::size_t>(p.grid));  // an empty weight's one per-tensor scale: none is held
   m.scale_inv.resize(scale_inv.size());
   std::copy(scale_inv.begin(), scale_inv.end(), m.scale_inv.begin());
   if (p.granularity.kind == Granularity::Kind::kMx) {

@@ -512,6 +512,49 @@ TEST(CheckpointLayout, Refusals) {
             std::string::npos);
 }
 
+// An empty weight ([0, 256]) as other writers leave it: one per-tensor scale, or a block grid that counts the other
+// side's blocks ([0, 2]), or MX codes for none. Each reads as the empty ScaledTensor fp8kit holds (no scales) and
+// dequantizes to an empty tensor of the weight's shape; a scale with more than one element and none to scale is
+// still refused.
+TEST(CheckpointLayout, EmptyWeightWithTheScalesOtherWritersGiveIt) {
+  const Tensor codes = empty({0, 256}, DType::float8_e4m3fn);
+  const Tensor one = scalar_tensor(0.5, DType::float32), grid = empty({0, 2}, DType::float32);
+  Tensor mx = empty({0, 8}, DType::float8_e8m0fnu);
+  const Tensor three = tensor(std::vector<double>{1, 2, 3}, Shape{3}, DType::float32);
+  struct Case {
+    CheckpointLayout layout;
+    const char* scale_name;
+    const Tensor* scale;
+    Granularity::Kind kind;
+  };
+  for (const Case& c : {Case{CheckpointLayout::kAutoFp8, "x.weight_scale", &one, Granularity::Kind::kTensor},
+                        Case{CheckpointLayout::kDeepSeek, "x.weight_scale_inv", &grid, Granularity::Kind::kBlock},
+                        Case{CheckpointLayout::kMxfp8, "x.weight_scale", &mx, Granularity::Kind::kMx}}) {
+    SCOPED_TRACE(std::string(name(c.layout)));
+    std::vector<std::byte> bytes = serialize_safetensors(
+        std::vector<SafetensorsEntry>{safetensors_entry("x.weight", codes), safetensors_entry(c.scale_name, *c.scale)});
+    const SafetensorsView v = parse_safetensors(std::span<const std::byte>(bytes));
+    const SafetensorsTensor& w = v.tensors[0].name == "x.weight" ? v.tensors[0] : v.tensors[1];
+    const SafetensorsTensor& s = v.tensors[0].name == "x.weight" ? v.tensors[1] : v.tensors[0];
+    const ScaledTensor m = load_checkpoint_tensor(c.layout, w, s);
+    EXPECT_EQ(m.granularity.kind, c.kind);
+    EXPECT_TRUE(m.data.empty());
+    EXPECT_TRUE(m.scale_inv.empty());
+    EXPECT_EQ(m.original_shape, (Shape{0, 256}));
+    const Tensor out = dequantize_checkpoint_tensor(c.layout, w, s, DType::bfloat16);
+    EXPECT_EQ(out.shape(), (Shape{0, 256}));
+    std::vector<std::byte> none;
+    EXPECT_NO_THROW(dequantize_checkpoint_tensor_into(c.layout, w, s, DType::float32, none));
+  }
+  std::vector<std::byte> bytes = serialize_safetensors(
+      std::vector<SafetensorsEntry>{safetensors_entry("x.weight", codes), safetensors_entry("x.weight_scale", three)});
+  const SafetensorsView v = parse_safetensors(std::span<const std::byte>(bytes));
+  const SafetensorsTensor& w = v.tensors[0].name == "x.weight" ? v.tensors[0] : v.tensors[1];
+  const SafetensorsTensor& s = v.tensors[0].name == "x.weight" ? v.tensors[1] : v.tensors[0];
+  testing::expect_error([&] { (void)load_checkpoint_tensor(CheckpointLayout::kCompressedTensors, w, s); },
+                        ErrorKind::kInvalidArgument, {"'x.weight' [0, 256] with scale 'x.weight_scale' F32 [3]"});
+}
+
 // A DeepSeek weight written by hand (codes and amax/448 scales computed here) reads back as code * scale.
 TEST(CheckpointLayout, DeepSeekHandWrittenEdgeBlocks) {
   const std::int64_t rows = 130, cols = 129;

@@ -195,6 +195,19 @@ def check_foreign_files(exe, root, rng):
     check("foreign mixed layouts: refused in one line", one_line_error(r, "dequantize") and
           "'b.weight' has its scale as 'b.weight_scale'" in r.stderr and not os.path.exists(mixed + ".out.safetensors"),
           r.stderr)
+    # Empty weights as other writers leave them (a per-tensor scale; a block grid counting the other side's blocks):
+    # read and dequantized to empty tensors of their shape, beside a weight that is not empty.
+    for layout, scale_name, scale in (("autofp8", "e.weight_scale", np.array(0.5, np.float32)),
+                                      ("deepseek", "e.weight_scale_inv", np.ones((0, 2), np.float32))):
+        path = os.path.join(root, f"foreign-empty-{layout}.safetensors")
+        save_file({"e.weight": np.zeros((0, 256), e4), scale_name: scale, "m.weight": q_ds,
+                   "m.weight_scale" if layout == "autofp8" else "m.weight_scale_inv":
+                   np.array(0.01, np.float32) if layout == "autofp8" else s_ds}, path)
+        r = run(exe, "dequantize", path, path + ".f32.safetensors", "--to", "f32")
+        d, _, _ = read_st(path + ".f32.safetensors") if r.returncode == 0 else ({}, None, None)
+        check(f"empty weight, {layout} scale: dequantized to an empty tensor", r.returncode == 0 and
+              sorted(d) == ["e.weight", "m.weight"] and d["e.weight"].shape == (0, 256) and d["m.weight"].shape == (300, 200),
+              r.stderr)
     # One weight with scales of two layouts: which one dequantizes it is not in the tensors. dequantize refuses it
     # naming both (it took the DeepSeek one and carried the other into the output as an ordinary tensor); inspect
     # shows the file, the question as its evidence; a config.json naming the layout decides.
