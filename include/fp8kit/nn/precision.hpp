@@ -1,6 +1,6 @@
-// Precision recipes (one per run: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2,
-// fp8-delayed-e4m3), the per-layer FP8
-// scaling state, and the recipe-aware GEMM every Linear and Conv2d calls, with its dispatcher and visible fallbacks.
+// Precision recipes (one per run: fp32, bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, fp8-o2, fp8-delayed-e4m3),
+// the per-layer FP8 scaling state, and the recipe-aware GEMM every Linear and Conv2d calls, with its dispatcher and
+// visible fallbacks.
 #pragma once
 
 #include <cstdint>
