@@ -795,8 +795,11 @@ StoredScaledTensor store_scaled_tensor(const std::string& name, const ScaledTens
   const std::optional<QuantScheme> scheme = scheme_of(scaled.granularity);
   FP8KIT_CHECK(scheme.has_value(), detail::quoted(name), " is quantized per ", scaled.granularity.name(),
                ", which no checkpoint layout stores; quantize it per tensor, row, 128x128 block or mx32");
-  // The plan reads the matrix off `shape` (its last dimension the row), the scales come from the ScaledTensor's own
-  // grid: the two must be the same matrix, or the scale tensor the plan sizes would not hold the grid's scales.
+  // The plan reads the matrix off `shape` (its last dimension the row; an empty one is refused there, first), the
+  // scales come from the ScaledTensor's own grid: the two must be the same matrix, or the scale tensor the plan sizes
+  // would not hold the grid's scales.
+  StoredScaledTensor out;
+  out.plan = planned_checkpoint_tensors(name, shape, scaled.original_dtype, *scheme, scaled.format, layout);
   const std::int64_t numel = scaled.checked_numel("store_scaled_tensor");
   const std::int64_t cols = shape.empty() ? 1 : shape.back();
   FP8KIT_CHECK(numel_of(shape) == numel && cols == scaled.cols && (cols == 0 || numel / cols == scaled.rows),
@@ -804,8 +807,6 @@ StoredScaledTensor store_scaled_tensor(const std::string& name, const ScaledTens
                " matrix of its codes (the last dimension is the row)");
   FP8KIT_CHECK(scaled.data.size() == static_cast<std::size_t>(numel), detail::quoted(name), ": ", scaled.data.size(),
                " codes for ", scaled.rows, " x ", scaled.cols);
-  StoredScaledTensor out;
-  out.plan = planned_checkpoint_tensors(name, shape, scaled.original_dtype, *scheme, scaled.format, layout);
   const PlannedTensor& planned = out.plan[1];
   const bool mx = planned.dtype == DType::uint8 || planned.dtype == DType::float8_e8m0fnu;
   const auto blocks = static_cast<std::size_t>(scaled.grid_rows() * scaled.grid_cols());

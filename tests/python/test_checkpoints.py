@@ -195,6 +195,19 @@ def test_load_refuses_a_weight_with_scales_of_two_layouts(tmp_path):
     assert fp8kit.inspect(path)["layout"] is None
 
 
+def test_load_reads_an_empty_weight_with_a_per_tensor_scale(tmp_path):
+    # as another writer leaves an empty weight: one per-tensor scale that no element uses
+    path = str(tmp_path / "empty.safetensors")
+    write_safetensors(path, {"e.weight": np.zeros((0, 256), ml_dtypes.float8_e4m3fn),
+                             "e.weight_scale": np.array(0.5, np.float32)})
+    e = fp8kit.load(path)["e.weight"]
+    assert isinstance(e, fp8kit.ScaledTensor) and e.shape == (0, 256) and e.scale_inv.size == 0
+    assert e.dequantize().shape == (0, 256)
+    with pytest.raises(ValueError, match=r"'e.weight' has shape \[0, 256\]; empty tensors are not quantized"):
+        fp8kit.save(str(tmp_path / "again.safetensors"), {"e.weight": e})
+    assert not os.path.exists(tmp_path / "again.safetensors")
+
+
 def test_errors_are_one_line_exceptions_and_leave_files_alone(model, tmp_path):
     src, _ = model
     dst = tmp_path / "exists.safetensors"
