@@ -289,10 +289,10 @@ LayoutDetection detect_from_tensors(const std::vector<const SafetensorsTensor*>&
   if (auto it = metadata.find("fp8kit.layout"); it != metadata.end() && it->second == "native") {
     return {CheckpointLayout::kNative, "__metadata__ fp8kit.layout is 'native'"};
   }
+  // Two scales for one weight (any weight, not only the one that decides below): each layout would read one and
+  // carry the other along as an ordinary tensor, and the tensors cannot say which of the two dequantizes the weight.
   for (const SafetensorsTensor* t : tensors) {
     if (!is_fp8_dtype(t->dtype)) continue;
-    // Two scales for one weight: each layout would read one and carry the other along as an ordinary tensor, and
-    // the tensors cannot say which of the two dequantizes the weight.
     std::string scales;
     int count = 0;
     for (const char* suffix : {"_scale_inv", ".scale_inv", "_scale"}) {
@@ -302,6 +302,9 @@ LayoutDetection detect_from_tensors(const std::vector<const SafetensorsTensor*>&
     FP8KIT_CHECK_KIND(count < 2, ErrorKind::kParse, "FP8 tensor '", t->name, "' has ", count, " scales of different ",
                       "layouts (", scales, "): remove the one that does not dequantize it, or give a config.json ",
                       "whose quantization_config names the layout");
+  }
+  for (const SafetensorsTensor* t : tensors) {
+    if (!is_fp8_dtype(t->dtype)) continue;
     if (const SafetensorsTensor* s = find(t->name + "_scale_inv")) {
       return {CheckpointLayout::kDeepSeek, "'" + s->name + "' (" + std::string(name(s->dtype)) + " " +
                                                shape_string(s->shape) + ") is a DeepSeek block scale"};

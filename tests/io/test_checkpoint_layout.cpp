@@ -424,6 +424,14 @@ TEST(CheckpointLayout, DetectionFromTensors) {
       {"'a.weight' has 2 scales of different layouts ('a.weight_scale_inv', 'a.weight_scale')", "config.json"});
   testing::expect_error([&] { (void)detect_layout(ShardedCheckpoint::open(two)); }, ErrorKind::kParse,
                         {"'a.weight' has 2 scales"});
+  // ... whichever weight it is: here the first (name order) has one scale and decides, the second has two.
+  std::vector<SafetensorsEntry> later = both;
+  for (SafetensorsEntry& e : later) e.name = "z" + e.name.substr(1);
+  for (const NamedTensor& t : ds.tensors) later.push_back(safetensors_entry(t.name, t.tensor));
+  const auto second = dir / "two-scales-second.safetensors";
+  write_safetensors(second, later, ds.metadata);
+  testing::expect_error([&] { (void)detect_layout(SafetensorsFile::open(second)); }, ErrorKind::kParse,
+                        {"'z.weight' has 2 scales"});
   const char* block = R"({"quantization_config":{"quant_method":"fp8","weight_block_size":[128,128]}})";
   EXPECT_EQ(detect_layout(SafetensorsFile::open(two), block).layout, CheckpointLayout::kDeepSeek);
   EXPECT_EQ(detect_layout(SafetensorsFile::open(two), R"({"quantization_config":{"quant_method":"fp8"}})").layout,
