@@ -293,12 +293,14 @@ LayoutDetection detect_from_tensors(const std::vector<const SafetensorsTensor*>&
   // carry the other along as an ordinary tensor, and the tensors cannot say which of the two dequantizes the weight.
   for (const SafetensorsTensor* t : tensors) {
     if (!is_fp8_dtype(t->dtype)) continue;
-    std::string scales;
-    int count = 0;
-    for (const char* suffix : {"_scale_inv", ".scale_inv", "_scale"}) {
-      if (find(t->name + suffix) == nullptr) continue;
-      scales += (count++ > 0 ? ", '" : "'") + t->name + suffix + "'";
+    std::vector<std::string> names;  // the layouts' scale names for this weight (scale_name), each once
+    for (CheckpointLayout layout : kAllCheckpointLayouts) {
+      std::string n = scale_name(t->name, layout);
+      if (find(n) != nullptr && std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
     }
+    const std::size_t count = names.size();
+    std::string scales;
+    for (const std::string& n : names) scales += (scales.empty() ? "'" : ", '") + n + "'";
     FP8KIT_CHECK_KIND(count < 2, ErrorKind::kParse, "FP8 tensor '", t->name, "' has ", count, " scales of different ",
                       "layouts (", scales, "): remove the one that does not dequantize it, or give a config.json ",
                       "whose quantization_config names the layout");
