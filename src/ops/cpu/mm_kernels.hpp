@@ -293,7 +293,8 @@ const detail::IsaTables<MmKernelTable>& mm_tables();
 // at least `bytes` (valid until the thread's next call), and FP8 codes to bfloat16 through the conversion kernels.
 void* thread_scratch(std::size_t bytes);
 // A 64-byte aligned scratch buffer that only grows (one per thread and use: the GEMM driver's packed panels, and
-// thread_scratch's). get() throws fp8kit::Error when it cannot allocate, and allocates again on the next call.
+// thread_scratch's; one per call for the GEMV driver's left rows). get() throws fp8kit::Error when it cannot allocate,
+// and allocates again on the next call.
 class ScratchBuffer {
  public:
   ScratchBuffer() = default;
