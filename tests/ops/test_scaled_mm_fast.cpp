@@ -672,11 +672,11 @@ TEST_P(ScaledMmFast, DispatchReportsTheLevelsKernels) {
 }
 
 // Small and mid M with weights N x K: the kernels' weights-left paths (the fused weight stream up to M = 64, the
-// streamed panels up to 128, the ordinary orientation above), unblocked and blocked scales, N and K off every
-// tile and panel size.
+// streamed panels up to 128, the ordinary orientation above) and both sides of each level's GEMV limit (16 or 24),
+// unblocked and blocked scales, N and K off every tile and panel size.
 TEST_P(ScaledMmFast, SmallAndMidMKeepTheirContract) {
   std::uint32_t seed = 12000;
-  for (std::int64_t m : {5, 16, 17, 33, 64, 65, 128, 129})
+  for (std::int64_t m : {5, 16, 17, 24, 25, 33, 64, 65, 128, 129})
     for (auto [n, k] : {std::tuple{45, 301}, std::tuple{260, 100}})
       for (const GranularityPair& g : {GranularityPair{Granularity::tensor(), Granularity::tensor()},
                                        GranularityPair{Granularity::row(), Granularity::row()},

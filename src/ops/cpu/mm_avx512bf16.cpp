@@ -254,8 +254,8 @@ bool gemv_dpbf16(Format f, std::int64_t m, std::int64_t j0, std::int64_t j1, std
 // (96 x 512: 96 KiB) in L2, the right panel (512 x 2048: 2 MiB) in L2/L3.
 }  // namespace
 
-// 16 < M <= 128 with N x K weights runs in the weights-left orientation (each weight decoded once into an L1 strip;
-// up to M = 16 the GEMV takes FP8 and bfloat16 activations): on a Zen 5, N = K = 4096, 0.67-0.80x oneDNN's bf16
+// 24 < M <= 128 with N x K weights runs in the weights-left orientation (each weight decoded once into an L1 strip;
+// up to M = 24 the GEMV takes FP8 and bfloat16 activations): on a Zen 5, N = K = 4096, 0.67-0.80x oneDNN's bf16
 // matmul packed as for large M, 0.85-1.00x weights-left (docs/gemm.md).
 constinit const GemmKernel kAvx512Bf16Gemm{.name = "avx512bf16-dpbf16 12x32",
                                            .contract = KernelContract::kFp32Bound,

@@ -272,6 +272,11 @@ struct MmKernelTable {
 // e4m3fn, 1 / 2 threads: M = 8 40.7 / 74 -> 77 / 131 GFLOP/s, M = 16 47 / 99 -> 113 / 177 (oneDNN bf16: 101-105 /
 // 190-198), M = 32 82 / 155 -> 81-89 / 163-167 (no gain there, so 32 stays with the GEMM).
 inline constexpr std::int64_t kWideGemvMaxM = 16;
+// AVX512-BF16 without AMX goes further, to M = 24, since the GEMV's left rows are 64-byte aligned (docs/gemm.md).
+// Zen 5, N = K = 4096, e4m3fn, three alternations, 1 / 2 threads, GFLOP/s: M = 17 GEMV 165-166 / 295-338 against the
+// weights-left GEMM's 112-125 / 210-230; M = 24 174-183 / 343-365 against 155-170 / 292-315; M = 28-32 the GEMM is
+// ahead (198-215 against 172-182 on one thread).
+inline constexpr std::int64_t kAvx512Bf16GemvMaxM = 24;
 
 // Each level's kernels: constant objects in its mm_<isa>.cpp (constinit: no code of an ISA-flagged file runs until
 // its level is dispatched). mm_tables.cpp, compiled for no particular ISA, composes them into the tables.

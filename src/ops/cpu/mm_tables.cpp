@@ -37,12 +37,12 @@ const MmKernelTable& avx512_mm_kernels() {
 }
 
 // float32 operands keep the AVX-512 FMA kernels; the bfloat16 GEMV needs VBMI for its in-register decode, and takes
-// M up to kWideGemvMaxM.
+// M up to kAvx512Bf16GemvMaxM.
 const MmKernelTable& avx512bf16_mm_kernels() {
   static const MmKernelTable table{"avx512-bf16",      Isa::kAvx512Bf16,
                                    &kAvx512Gemm,       &kAvx512Bf16Gemm,
                                    &avx512_gemv_f32(), cpu_features().avx512vbmi ? &kAvx512Bf16Gemv : nullptr,
-                                   &finish_row_avx512, kWideGemvMaxM};
+                                   &finish_row_avx512, kAvx512Bf16GemvMaxM};
   return table;
 }
 
