@@ -189,10 +189,12 @@ void apply_threads(int threads) {
                " threads for it; give at most ", blas_threads);
 }
 
-// The same values as bfloat16 bits (round to nearest even), for the BF16 baseline.
-std::vector<std::uint16_t> to_bf16(std::span<const float> x) {
-  std::vector<std::uint16_t> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) out[i] = bfloat16::from_float(x[i]).bits;
+// The same values as bfloat16 bits (round to nearest even), for the BF16 baseline: in a 64-byte aligned buffer, as
+// every operand here (a std::vector's 16-byte alignment splits a library's vector loads across cache lines).
+Buffer to_bf16(std::span<const float> x) {
+  Buffer out(x.size() * sizeof(std::uint16_t));
+  const std::span<std::uint16_t> bits = out.as<std::uint16_t>();
+  for (std::size_t i = 0; i < x.size(); ++i) bits[i] = bfloat16::from_float(x[i]).bits;
   return out;
 }
 
@@ -219,11 +221,8 @@ void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, s
   const ScaledTensor qa = quantize(MatrixRef{a.as<const float>().data(), s.m, s.k}, e4m3fn(Granularity::tensor()));
   const ScaledTensor qb = quantize(MatrixRef{b.as<const float>().data(), s.n, s.k}, e4m3fn(Granularity::tensor()));
   const bool bf16_wanted = options.bf16_baseline && bf16_library().available;
-  std::vector<std::uint16_t> a16, b16;
-  if (bf16_wanted) {
-    a16 = to_bf16(a.as<const float>());
-    b16 = to_bf16(b.as<const float>());
-  }
+  Buffer a16 = to_bf16(a.as<const float>().first(bf16_wanted ? mk : 0));
+  Buffer b16 = to_bf16(b.as<const float>().first(bf16_wanted ? nk : 0));
   const ScaledMmOptions mm{BLayout::kNK, DType::float32, {}};
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   for (int threads : options.threads) {
@@ -234,7 +233,8 @@ void bench_gemm(const GemmShape& s, const GemmBenchOptions& options, int reps, s
     bool with_bf16 = bf16_wanted;
     if (with_bf16) {
       try {
-        bf16 = std::make_unique<Bf16Gemm>(s.m, s.n, s.k, a16.data(), b16.data(), c_bf16.as<float>().data());
+        bf16 = std::make_unique<Bf16Gemm>(s.m, s.n, s.k, a16.as<const std::uint16_t>().data(),
+                                          b16.as<const std::uint16_t>().data(), c_bf16.as<float>().data());
       } catch (const std::exception&) {
         with_bf16 = false;  // oneDNN has no bf16 matmul for this shape on this CPU: the shape has no bf16-gemm row
       }
@@ -295,7 +295,7 @@ void bench_gemv(const GemmShape& s, const GemmBenchOptions& options, int reps, s
   const MatrixRef xv{x.data(), DType::float32, 1, s.k};
   // The same activations in bfloat16: the weight-only product of bfloat16 models (and the path of the bfloat16 GEMV
   // kernels, which need activations exact in bfloat16).
-  const std::vector<std::uint16_t> x16 = to_bf16(x.as<const float>().first(k));
+  Buffer x16 = to_bf16(x.as<const float>().first(k));
   const MatrixRef xv16{x16.data(), DType::bfloat16, 1, s.k};
   Buffer y_fp8_16(n * 4);
   const double flops = 2.0 * static_cast<double>(nk);
