@@ -293,17 +293,17 @@ LayoutDetection detect_from_tensors(const std::vector<const SafetensorsTensor*>&
   // carry the other along as an ordinary tensor, and the tensors cannot say which of the two dequantizes the weight.
   for (const SafetensorsTensor* t : tensors) {
     if (!is_fp8_dtype(t->dtype)) continue;
-    std::vector<std::string> names;  // the layouts' scale names for this weight (scale_name), each once
+    std::vector<std::string> names;  // the layouts' scale names present for this weight (scale_name), each once
     for (CheckpointLayout layout : kAllCheckpointLayouts) {
       std::string n = scale_name(t->name, layout);
       if (find(n) != nullptr && std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
     }
-    const std::size_t count = names.size();
-    std::string scales;
-    for (const std::string& n : names) scales += (scales.empty() ? "'" : ", '") + n + "'";
-    FP8KIT_CHECK_KIND(count < 2, ErrorKind::kParse, "FP8 tensor '", t->name, "' has ", count, " scales of different ",
-                      "layouts (", scales, "): remove the one that does not dequantize it, or give a config.json ",
-                      "whose quantization_config names the layout");
+    if (names.size() < 2) continue;
+    std::string scales;  // the names come from the file: quoted, as every name this file's messages print
+    for (const std::string& n : names) scales += (scales.empty() ? "" : ", ") + detail::quoted(n);
+    FP8KIT_THROW(ErrorKind::kParse, "FP8 tensor ", detail::quoted(t->name), " has ", names.size(),
+                 " scales of different layouts (", scales, "): remove the one that does not dequantize it, or give a ",
+                 "config.json whose quantization_config names the layout");
   }
   for (const SafetensorsTensor* t : tensors) {
     if (!is_fp8_dtype(t->dtype)) continue;

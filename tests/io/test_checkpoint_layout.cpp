@@ -432,6 +432,20 @@ TEST(CheckpointLayout, DetectionFromTensors) {
   write_safetensors(second, later, ds.metadata);
   testing::expect_error([&] { (void)detect_layout(SafetensorsFile::open(second)); }, ErrorKind::kParse,
                         {"'z.weight' has 2 scales"});
+  // The names come from the file: a control character in them is printed escaped, never raw.
+  std::vector<SafetensorsEntry> escaped = both;
+  for (SafetensorsEntry& e : escaped) e.name = "\x1b[2J" + e.name;
+  const auto odd = dir / "two-scales-escaped.safetensors";
+  write_safetensors(odd, escaped, ds.metadata);
+  try {
+    (void)detect_layout(SafetensorsFile::open(odd));
+    ADD_FAILURE() << "two scales with an escape in their names were not refused";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\x1b'), std::string::npos) << what;
+    EXPECT_NE(what.find("'\\x1b[2Ja.weight' has 2 scales"), std::string::npos) << what;
+    EXPECT_NE(what.find("'\\x1b[2Ja.weight_scale'"), std::string::npos) << what;
+  }
   const char* block = R"({"quantization_config":{"quant_method":"fp8","weight_block_size":[128,128]}})";
   EXPECT_EQ(detect_layout(SafetensorsFile::open(two), block).layout, CheckpointLayout::kDeepSeek);
   EXPECT_EQ(detect_layout(SafetensorsFile::open(two), R"({"quantization_config":{"quant_method":"fp8"}})").layout,
