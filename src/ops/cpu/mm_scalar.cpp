@@ -198,7 +198,8 @@ void* ScratchBuffer::get(std::size_t bytes) {
     const std::size_t size = (bytes + 4095) / 4096 * 4096;
     data_ = std::aligned_alloc(64, size);
     size_ = data_ != nullptr ? size : 0;  // after a failure, the next call allocates again
-    FP8KIT_CHECK(data_ != nullptr, "scaled_mm: could not allocate ", size, " bytes of scratch for the packed operands");
+    FP8KIT_CHECK(data_ != nullptr, "scaled_mm: could not allocate ", size,
+                 " bytes of scratch (packed operands or GEMV rows)");
   }
   return data_;
 }
